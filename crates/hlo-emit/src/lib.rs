@@ -1,0 +1,1 @@
+//! Typed StableHLO builder over melior.

@@ -1,0 +1,1 @@
+//! Safe wrapper over the IREE runtime.

@@ -1,0 +1,1 @@
+//! Raw FFI bindings to the IREE runtime C API.

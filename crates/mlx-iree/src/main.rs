@@ -1,0 +1,3 @@
+//! The `mlx-iree` command line.
+
+fn main() {}

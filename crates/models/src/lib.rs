@@ -1,0 +1,1 @@
+//! Models: placeholder filled by the checkpoint issue (#3).

@@ -1,0 +1,1 @@
+//! Weights: placeholder filled by the checkpoint issue (#3).
