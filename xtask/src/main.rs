@@ -1,3 +1,62 @@
-//! Project automation.
+//! `cargo xtask`: project automation, one module per subcommand.
+//!
+//! xtask shells out (apt-get, python, cmake, ninja, cargo) and links no
+//! workspace crate, so it builds before anything IREE- or MLIR-related exists.
 
-fn main() {}
+mod build_iree;
+mod pins;
+mod quickstart;
+mod setup;
+mod test;
+mod util;
+
+use anyhow::{Result, bail};
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [options]
+
+commands:
+  setup                         install what the build needs (Debian packages, the pinned
+                                IREE compiler venv, the IREE runtime source); idempotent
+  build-iree [--target T]       build the IREE runtime for T = cpu (default), cuda, vulkan,
+                                metal into target/iree/<T>/; reuses a finished build
+  test [-- CARGO_TEST_ARGS]     setup + build-iree --target cpu + cargo test --workspace
+  quickstart                    setup + build-iree --target cpu + run the default job
+";
+
+fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &[String]) -> Result<()> {
+    let Some((cmd, rest)) = args.split_first() else {
+        print!("{USAGE}");
+        return Ok(());
+    };
+    match cmd.as_str() {
+        "setup" => {
+            util::no_args("setup", rest)?;
+            setup::run().map(|_| ())
+        }
+        "build-iree" => {
+            let target = build_iree::parse_args(rest)?;
+            build_iree::preflight(target)?;
+            let toolchain = setup::run()?;
+            build_iree::build(&toolchain, target).map(|_| ())
+        }
+        "test" => test::run(rest),
+        "quickstart" => quickstart::run(rest),
+        "-h" | "--help" | "help" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => bail!("unknown command `{other}`\n{USAGE}"),
+    }
+}

@@ -1,0 +1,275 @@
+//! `cargo xtask build-iree --target cpu|cuda|vulkan|metal`: the IREE runtime from source.
+//!
+//! Output layout (what `iree-sys`'s build.rs reads), under `target/iree/<target>/`:
+//! `include/` (runtime + flatcc headers), `lib/` (every static library of the build, flat),
+//! `build/` (the CMake tree, kept for incremental rebuilds) and `build.log`.
+
+use crate::setup::Toolchain;
+use crate::util::{self, progress};
+use anyhow::{Context, Result, bail};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Cpu,
+    Cuda,
+    Vulkan,
+    Metal,
+}
+
+impl Target {
+    fn name(self) -> &'static str {
+        match self {
+            Target::Cpu => "cpu",
+            Target::Cuda => "cuda",
+            Target::Vulkan => "vulkan",
+            Target::Metal => "metal",
+        }
+    }
+
+    /// HAL drivers compiled in: always the CPU ones (so every build can run
+    /// the CPU tests), plus the target's own.
+    fn driver_flags(self) -> Vec<String> {
+        let mut flags = vec![
+            "-DIREE_HAL_DRIVER_LOCAL_SYNC=ON".to_string(),
+            "-DIREE_HAL_DRIVER_LOCAL_TASK=ON".to_string(),
+        ];
+        match self {
+            Target::Cpu => {}
+            Target::Cuda => flags.push("-DIREE_HAL_DRIVER_CUDA=ON".into()),
+            Target::Vulkan => flags.push("-DIREE_HAL_DRIVER_VULKAN=ON".into()),
+            Target::Metal => flags.push("-DIREE_HAL_DRIVER_METAL=ON".into()),
+        }
+        flags
+    }
+}
+
+/// Libraries linked by `iree-sys`; each is a ninja target of the IREE build.
+const NINJA_TARGETS: &[&str] = &[
+    "iree_runtime_unified",
+    "iree_modules_io_parameters_parameters",
+    "iree_io_formats_parser_registry",
+    "iree_io_parameter_index_provider",
+    "iree_io_scope_map",
+];
+
+pub fn parse_args(args: &[String]) -> Result<Target> {
+    let mut target = Target::Cpu;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let value = match a.as_str() {
+            "--target" => it.next().context("--target needs a value: cpu, cuda, vulkan or metal")?.as_str(),
+            s if s.starts_with("--target=") => &s["--target=".len()..],
+            other => bail!("build-iree: unknown argument `{other}` (expected --target cpu|cuda|vulkan|metal)"),
+        };
+        target = match value {
+            "cpu" => Target::Cpu,
+            "cuda" => Target::Cuda,
+            "vulkan" => Target::Vulkan,
+            "metal" => Target::Metal,
+            other => bail!("build-iree: unknown target `{other}` (expected cpu, cuda, vulkan or metal)"),
+        };
+    }
+    Ok(target)
+}
+
+/// Fails before CMake starts when the host cannot build this target.
+pub fn preflight(target: Target) -> Result<Vec<String>> {
+    match target {
+        Target::Cpu | Target::Vulkan => Ok(vec![]),
+        Target::Metal if !cfg!(target_os = "macos") => {
+            bail!("build-iree --target metal: Metal is only available on macOS (this host is {})", std::env::consts::OS)
+        }
+        Target::Metal => Ok(vec![]),
+        Target::Cuda => {
+            // IREE would otherwise try to download the CUDA SDK at configure time,
+            // which this project never does; the driver needs the toolkit headers.
+            let root = cuda_root().context(
+                "build-iree --target cuda: no CUDA toolkit found (need cuda.h under $CUDA_PATH, $CUDA_HOME or /usr/local/cuda); install CUDA >= 12",
+            )?;
+            Ok(vec![format!("-DCUDAToolkit_ROOT={}", root.display())])
+        }
+    }
+}
+
+fn cuda_root() -> Option<PathBuf> {
+    let candidates = ["CUDA_PATH", "CUDA_HOME"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .map(PathBuf::from)
+        .chain([PathBuf::from("/usr/local/cuda")]);
+    candidates.into_iter().find(|p| p.join("include/cuda.h").exists())
+}
+
+pub fn build(tc: &Toolchain, target: Target) -> Result<PathBuf> {
+    let stage = format!("build-iree {}", target.name());
+    let extra = preflight(target)?;
+    let out = util::target_dir().join("iree").join(target.name());
+    let build_dir = out.join("build");
+    let mut flags = vec![
+        "-G".to_string(),
+        "Ninja".into(),
+        "-DCMAKE_BUILD_TYPE=Release".into(),
+        format!("-DCMAKE_MAKE_PROGRAM={}", tc.venv_bin("ninja").display()),
+        "-DIREE_BUILD_COMPILER=OFF".into(),
+        "-DIREE_BUILD_TESTS=OFF".into(),
+        "-DIREE_BUILD_BENCHMARKS=OFF".into(),
+        "-DIREE_BUILD_SAMPLES=OFF".into(),
+        "-DIREE_BUILD_PYTHON_BINDINGS=OFF".into(),
+        "-DIREE_BUILD_BINDINGS_TFLITE=OFF".into(),
+        "-DIREE_BUILD_BINDINGS_TFLITE_JAVA=OFF".into(),
+        "-DIREE_ENABLE_LIBBACKTRACE=OFF".into(),
+        "-DIREE_HAL_DRIVER_DEFAULTS=OFF".into(),
+        // Rust links these archives into position-independent executables.
+        "-DCMAKE_POSITION_INDEPENDENT_CODE=ON".into(),
+    ];
+    flags.extend(target.driver_flags());
+    flags.extend(extra);
+    if let Some((cc, cxx)) = c_compilers() {
+        flags.push(format!("-DCMAKE_C_COMPILER={cc}"));
+        flags.push(format!("-DCMAKE_CXX_COMPILER={cxx}"));
+    }
+    let stamp = out.join(".complete");
+    let stamp_text = format!("src={}\n{}\ntargets={}\n", tc.iree_src.display(), flags.join("\n"), NINJA_TARGETS.join(","));
+    if util::stamp_matches(&stamp, &stamp_text) && out.join("lib/libiree_runtime_unified.a").exists() {
+        progress(&stage, format!("IREE runtime: present at {}", out.display()));
+        return Ok(out);
+    }
+    std::fs::create_dir_all(&build_dir)?;
+    let log_path = out.join("build.log");
+    let mut log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+
+    progress(&stage, format!("configuring with CMake (log: {})", log_path.display()));
+    let mut configure = Command::new(tc.venv_bin("cmake"));
+    configure.arg("-S").arg(&tc.iree_src).arg("-B").arg(&build_dir).args(&flags);
+    run_logged(&mut configure, &mut log, &log_path, |_| {})?;
+
+    progress(&stage, format!("compiling the runtime ({})", NINJA_TARGETS.join(" ")));
+    let mut ninja = Command::new(tc.venv_bin("ninja"));
+    ninja.arg("-C").arg(&build_dir).args(NINJA_TARGETS);
+    let mut last_decile = None;
+    run_logged(&mut ninja, &mut log, &log_path, |line| {
+        // Small totals are ninja re-checking its own files, not the build.
+        if let Some((done, total)) = ninja_progress(line).filter(|&(_, total)| total > 20) {
+            let decile = done * 10 / total.max(1);
+            if last_decile != Some(decile) {
+                last_decile = Some(decile);
+                progress(&stage, format!("  {done}/{total} build steps"));
+            }
+        }
+    })?;
+
+    progress(&stage, format!("installing headers and libraries into {}", out.display()));
+    install(&tc.iree_src, &build_dir, &out)?;
+    util::write_stamp(&stamp, &stamp_text)?;
+    progress(&stage, "done");
+    Ok(out)
+}
+
+/// Prefers clang (what IREE is tested with), else the system cc/c++.
+fn c_compilers() -> Option<(String, String)> {
+    ["clang", "clang-22"]
+        .iter()
+        .find(|cc| util::output(Command::new(cc).arg("--version")).is_some())
+        .map(|cc| (cc.to_string(), cc.replace("clang", "clang++")))
+}
+
+/// `[12/369] Building C object ...` -> (12, 369)
+fn ninja_progress(line: &str) -> Option<(usize, usize)> {
+    let inner = line.strip_prefix('[')?.split(']').next()?;
+    let (a, b) = inner.split_once('/')?;
+    Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+}
+
+/// Runs a command with stdout+stderr appended to the log; each stdout line also
+/// goes to `on_line`. On failure the last log lines are shown.
+fn run_logged(cmd: &mut Command, log: &mut std::fs::File, log_path: &Path, mut on_line: impl FnMut(&str)) -> Result<()> {
+    let shown = util::show(cmd);
+    writeln!(log, "$ {shown}")?;
+    let err_log = log.try_clone()?;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(err_log))
+        .spawn()
+        .with_context(|| format!("could not start `{shown}`"))?;
+    if let Some(stdout) = child.stdout.take() {
+        for line in BufReader::new(stdout).lines() {
+            let line = line?;
+            writeln!(log, "{line}")?;
+            on_line(&line);
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        let text = std::fs::read_to_string(log_path).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(25).collect();
+        for l in tail.iter().rev() {
+            eprintln!("  | {l}");
+        }
+        bail!("`{shown}` failed ({status}); full log: {}", log_path.display());
+    }
+    Ok(())
+}
+
+fn install(src: &Path, build: &Path, out: &Path) -> Result<()> {
+    let include = out.join("include");
+    let lib = out.join("lib");
+    for dir in [&include, &lib] {
+        if dir.exists() {
+            std::fs::remove_dir_all(dir)?;
+        }
+        std::fs::create_dir_all(dir)?;
+    }
+    copy_tree(&src.join("runtime/src"), &include, &|p| has_ext(p, "h"))?;
+    copy_tree(&build.join("runtime/src"), &include, &|p| has_ext(p, "h"))?;
+    copy_tree(&src.join("third_party/flatcc/include"), &include, &|p| has_ext(p, "h"))?;
+    let mut archives = 0;
+    for file in walk(build)? {
+        if has_ext(&file, "a") {
+            let name = file.file_name().context("archive without a name")?;
+            std::fs::copy(&file, lib.join(name))?;
+            archives += 1;
+        }
+    }
+    if !lib.join("libiree_runtime_unified.a").exists() {
+        bail!("the build produced no libiree_runtime_unified.a ({archives} archives found)");
+    }
+    Ok(())
+}
+
+fn has_ext(p: &Path, ext: &str) -> bool {
+    p.extension().is_some_and(|e| e == ext)
+}
+
+fn copy_tree(from: &Path, to: &Path, keep: &dyn Fn(&Path) -> bool) -> Result<()> {
+    for file in walk(from)? {
+        if keep(&file) {
+            let rel = file.strip_prefix(from)?;
+            let dest = to.join(rel);
+            if let Some(parent) = dest.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::copy(&file, &dest).with_context(|| format!("copying {}", file.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn walk(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
+            let entry = entry?;
+            let ty = entry.file_type()?;
+            if ty.is_dir() {
+                stack.push(entry.path());
+            } else if ty.is_file() {
+                files.push(entry.path());
+            }
+        }
+    }
+    Ok(files)
+}

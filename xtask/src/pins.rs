@@ -1,0 +1,62 @@
+//! `third_party/pins.toml`: the pinned external toolchain, read by every step.
+
+use anyhow::{Context, Result};
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+pub struct Pins {
+    #[serde(rename = "iree-compiler")]
+    pub iree_compiler: IreeCompiler,
+    #[serde(rename = "iree-runtime")]
+    pub iree_runtime: IreeRuntime,
+    #[serde(rename = "python-tools")]
+    pub python_tools: PythonTools,
+    pub llvm: Llvm,
+    pub system: System,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct IreeCompiler {
+    pub pypi: String,
+    pub version: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct IreeRuntime {
+    #[serde(rename = "crate")]
+    pub krate: String,
+    pub version: String,
+    pub sha256: String,
+    pub subdir: String,
+    pub iree_version: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PythonTools {
+    pub cmake: String,
+    pub ninja: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Llvm {
+    pub version: String,
+    pub prefix: String,
+    pub debian_packages: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct System {
+    pub debian_packages: Vec<String>,
+}
+
+impl Pins {
+    pub fn load() -> Result<Pins> {
+        let path = crate::util::root().join("third_party/pins.toml");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+}

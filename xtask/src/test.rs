@@ -1,0 +1,32 @@
+//! `cargo xtask test`: the README's test command, also what `.ci/run` calls.
+//!
+//! Set-up first (idempotent), then the whole workspace's tests on CPU.
+
+use crate::build_iree::{self, Target};
+use crate::util::{self, progress};
+use anyhow::Result;
+use std::process::Command;
+
+pub fn run(args: &[String]) -> Result<()> {
+    let passthrough = match args.split_first() {
+        Some((dashdash, rest)) if dashdash == "--" => rest,
+        Some((other, _)) => anyhow::bail!("test: unexpected argument `{other}` (pass cargo test arguments after `--`)"),
+        None => &[],
+    };
+    let toolchain = crate::setup::run()?;
+    build_iree::build(&toolchain, Target::Cpu)?;
+    progress("test", "cargo test --workspace (first run compiles melior and the IREE bindings: several minutes)");
+    let started = std::time::Instant::now();
+    util::run(
+        Command::new(cargo())
+            .current_dir(util::root())
+            .args(["test", "--workspace", "--exclude", "xtask"])
+            .args(passthrough),
+    )?;
+    progress("test", format!("all tests passed in {:.0} s", started.elapsed().as_secs_f64()));
+    Ok(())
+}
+
+pub fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
