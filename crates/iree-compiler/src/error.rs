@@ -34,6 +34,9 @@ pub struct Diagnostic {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Diagnostics(pub Vec<Diagnostic>);
 
+/// Characters of one diagnostic shown by `Display`.
+const MAX_DISPLAYED_CHARS: usize = 4096;
+
 impl fmt::Display for Diagnostics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.0.is_empty() {
@@ -43,7 +46,18 @@ impl fmt::Display for Diagnostics {
             if i > 0 {
                 f.write_str("\n")?;
             }
-            write!(f, "{}: {}", d.severity, d.message)?;
+            write!(f, "{}: ", d.severity)?;
+            // Notes such as "see current operation" can hold whole dispatch regions; keep the
+            // message readable and leave the full text to `Error::diagnostics()`.
+            match d.message.char_indices().nth(MAX_DISPLAYED_CHARS) {
+                Some((cut, _)) => write!(
+                    f,
+                    "{}... [{} more bytes, see Error::diagnostics()]",
+                    &d.message[..cut],
+                    d.message.len() - cut
+                )?,
+                None => f.write_str(&d.message)?,
+            }
         }
         Ok(())
     }
@@ -60,16 +74,27 @@ pub enum Error {
     LibraryNotFound { searched: Vec<PathBuf> },
 
     #[error("cannot load IREE compiler library {}: {source}", path.display())]
-    LibraryLoad { path: PathBuf, source: libloading::Error },
+    LibraryLoad {
+        path: PathBuf,
+        source: libloading::Error,
+    },
 
     #[error("IREE compiler library {} lacks symbol `{symbol}`: {source}", path.display())]
-    MissingSymbol { path: PathBuf, symbol: &'static str, source: libloading::Error },
+    MissingSymbol {
+        path: PathBuf,
+        symbol: &'static str,
+        source: libloading::Error,
+    },
 
     #[error(
         "IREE compiler library {} has embedding API {}.{}, this crate needs {}.{} or a later 1.x",
         path.display(), found.0, found.1, required.0, required.1
     )]
-    UnsupportedApiVersion { path: PathBuf, found: (u32, u32), required: (u32, u32) },
+    UnsupportedApiVersion {
+        path: PathBuf,
+        found: (u32, u32),
+        required: (u32, u32),
+    },
 
     #[error(
         "the IREE compiler is process-global and already loaded from {}; cannot also load {}",
@@ -90,7 +115,10 @@ pub enum Error {
     Parse { diagnostics: Diagnostics },
 
     #[error("IREE compilation failed (flags: {}):\n{diagnostics}", flags.join(" "))]
-    Compile { flags: Vec<String>, diagnostics: Diagnostics },
+    Compile {
+        flags: Vec<String>,
+        diagnostics: Diagnostics,
+    },
 
     #[error("IREE compiler API call {call} failed: {message}")]
     Api { call: &'static str, message: String },
@@ -99,7 +127,10 @@ pub enum Error {
     NotVmfb(String),
 
     #[error("compile cache I/O on {}: {source}", path.display())]
-    CacheIo { path: PathBuf, source: std::io::Error },
+    CacheIo {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 impl Error {
@@ -116,5 +147,9 @@ fn display_paths(paths: &[PathBuf]) -> String {
     if paths.is_empty() {
         return "no candidate paths".to_owned();
     }
-    paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }

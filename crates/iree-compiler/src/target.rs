@@ -53,7 +53,9 @@ impl fmt::Display for Target {
 impl Target {
     /// CPU code tuned for the machine that compiles it.
     pub fn llvm_cpu_host() -> Target {
-        Target::LlvmCpu { cpu: "host".to_owned() }
+        Target::LlvmCpu {
+            cpu: "host".to_owned(),
+        }
     }
 
     pub fn cuda(sm: impl Into<String>) -> Target {
@@ -61,11 +63,15 @@ impl Target {
     }
 
     pub fn vulkan(target: impl Into<String>) -> Target {
-        Target::Vulkan { target: target.into() }
+        Target::Vulkan {
+            target: target.into(),
+        }
     }
 
     pub fn rocm(target: impl Into<String>) -> Target {
-        Target::Rocm { target: target.into() }
+        Target::Rocm {
+            target: target.into(),
+        }
     }
 
     /// The IREE runtime HAL driver that runs modules compiled for this target
@@ -142,7 +148,10 @@ impl Target {
                 format!("--iree-llvmcpu-target-cpu={cpu}"),
             ],
             Target::Cuda { sm } => {
-                vec!["--iree-hal-target-device=cuda".to_owned(), format!("--iree-cuda-target={sm}")]
+                vec![
+                    "--iree-hal-target-device=cuda".to_owned(),
+                    format!("--iree-cuda-target={sm}"),
+                ]
             }
             Target::Metal => vec![
                 "--iree-hal-target-device=metal".to_owned(),
@@ -153,7 +162,10 @@ impl Target {
                 format!("--iree-vulkan-target={target}"),
             ],
             Target::Rocm { target } => {
-                vec!["--iree-hal-target-device=hip".to_owned(), format!("--iree-rocm-target={target}")]
+                vec![
+                    "--iree-hal-target-device=hip".to_owned(),
+                    format!("--iree-rocm-target={target}"),
+                ]
             }
         }
     }
@@ -200,7 +212,10 @@ impl CompileOptions {
 /// The full flag list for a compile: input type, target flags, then the extra flags.
 /// This list (plus the compiler version) is what identifies a compile in the cache.
 pub fn compile_flags(target: &Target, opts: &CompileOptions) -> Vec<String> {
-    let mut flags = vec![format!("--iree-input-type={}", opts.input_type.flag_value())];
+    let mut flags = vec![format!(
+        "--iree-input-type={}",
+        opts.input_type.flag_value()
+    )];
     flags.extend(target.flags());
     flags.extend(opts.extra_flags.iter().cloned());
     flags
@@ -211,7 +226,9 @@ pub fn compile_flags(target: &Target, opts: &CompileOptions) -> Vec<String> {
 fn check_charset(what: &str, value: &str) -> Result<(), Error> {
     let ok = !value.is_empty()
         && value.len() <= 64
-        && value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'+'));
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'+'));
     if ok {
         Ok(())
     } else {
@@ -234,34 +251,160 @@ fn is_adreno_product(target: &str) -> bool {
 /// 3.13.0rc20261016). Names outside its tables crash the compiler instead of failing.
 pub const VULKAN_TARGETS: &[&str] = &[
     // AMD architectures, chips and products.
-    "rdna1", "rdna2", "rdna3", "rdna4", "cdna1", "cdna2", "cdna3", "cdna4", "gfx908", "gfx90a", "gfx942",
-    "gfx950", "gfx1010", "gfx1030", "gfx1100", "gfx1101", "gfx1102", "gfx1150", "gfx1151", "gfx1200",
-    "gfx1201", "gfx1250", "mi100", "mi210", "mi250", "mi250x", "mi300x", "mi300a", "mi308x", "mi325x",
-    "mi350x", "mi355x", "rx7900xtx", "rx7900xt", "rx7800xt", "rx7700xt", "rx9070xt", "rx9070", "rx9060xt",
-    "r9700", "v710", "w7900", "w7800",
+    "rdna1",
+    "rdna2",
+    "rdna3",
+    "rdna4",
+    "cdna1",
+    "cdna2",
+    "cdna3",
+    "cdna4",
+    "gfx908",
+    "gfx90a",
+    "gfx942",
+    "gfx950",
+    "gfx1010",
+    "gfx1030",
+    "gfx1100",
+    "gfx1101",
+    "gfx1102",
+    "gfx1150",
+    "gfx1151",
+    "gfx1200",
+    "gfx1201",
+    "gfx1250",
+    "mi100",
+    "mi210",
+    "mi250",
+    "mi250x",
+    "mi300x",
+    "mi300a",
+    "mi308x",
+    "mi325x",
+    "mi350x",
+    "mi355x",
+    "rx7900xtx",
+    "rx7900xt",
+    "rx7800xt",
+    "rx7700xt",
+    "rx9070xt",
+    "rx9070",
+    "rx9060xt",
+    "r9700",
+    "v710",
+    "w7900",
+    "w7800",
     // ARM Mali.
-    "valhall", "valhall1", "valhall2", "valhall3", "valhall4", "mali-g715", "mali-g710", "mali-g77",
+    "valhall",
+    "valhall1",
+    "valhall2",
+    "valhall3",
+    "valhall4",
+    "mali-g715",
+    "mali-g710",
+    "mali-g77",
     // NVIDIA (no entry for sm_90 and later).
-    "ampere", "turing", "volta", "pascal", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_87", "sm_89",
-    "a100", "rtx3090", "rtx4090",
+    "ampere",
+    "turing",
+    "volta",
+    "pascal",
+    "sm_60",
+    "sm_70",
+    "sm_75",
+    "sm_80",
+    "sm_86",
+    "sm_87",
+    "sm_89",
+    "a100",
+    "rtx3090",
+    "rtx4090",
     // Qualcomm and profiles.
-    "adreno", "vp_android_baseline_2022",
+    "adreno",
+    "vp_android_baseline_2022",
 ];
 
 /// x86-64 CPU names LLVM (as bundled with IREE 3.13) accepts for `--iree-llvmcpu-target-cpu`,
 /// as listed by the compiler's own "List of accepted x86 CPUs" warning.
 pub const X86_64_CPUS: &[&str] = &[
-    "nocona", "core2", "penryn", "bonnell", "atom", "silvermont", "slm", "goldmont", "goldmont-plus",
-    "tremont", "nehalem", "corei7", "westmere", "sandybridge", "corei7-avx", "ivybridge", "core-avx-i",
-    "haswell", "core-avx2", "broadwell", "skylake", "skylake-avx512", "skx", "cascadelake", "cooperlake",
-    "cannonlake", "icelake-client", "rocketlake", "icelake-server", "tigerlake", "sapphirerapids",
-    "alderlake", "raptorlake", "meteorlake", "arrowlake", "arrowlake-s", "lunarlake", "gracemont",
-    "pantherlake", "wildcatlake", "novalake", "sierraforest", "grandridge", "graniterapids",
-    "graniterapids-d", "emeraldrapids", "clearwaterforest", "diamondrapids", "knl", "knm", "k8",
-    "athlon64", "athlon-fx", "opteron", "k8-sse3", "athlon64-sse3", "opteron-sse3", "amdfam10",
-    "barcelona", "btver1", "btver2", "bdver1", "bdver2", "bdver3", "bdver4", "znver1", "znver2", "znver3",
-    "znver4", "znver5", "znver6", "c86-4g-m4", "c86-4g-m6", "c86-4g-m7", "c86-4g-m8", "x86-64",
-    "x86-64-v2", "x86-64-v3", "x86-64-v4",
+    "nocona",
+    "core2",
+    "penryn",
+    "bonnell",
+    "atom",
+    "silvermont",
+    "slm",
+    "goldmont",
+    "goldmont-plus",
+    "tremont",
+    "nehalem",
+    "corei7",
+    "westmere",
+    "sandybridge",
+    "corei7-avx",
+    "ivybridge",
+    "core-avx-i",
+    "haswell",
+    "core-avx2",
+    "broadwell",
+    "skylake",
+    "skylake-avx512",
+    "skx",
+    "cascadelake",
+    "cooperlake",
+    "cannonlake",
+    "icelake-client",
+    "rocketlake",
+    "icelake-server",
+    "tigerlake",
+    "sapphirerapids",
+    "alderlake",
+    "raptorlake",
+    "meteorlake",
+    "arrowlake",
+    "arrowlake-s",
+    "lunarlake",
+    "gracemont",
+    "pantherlake",
+    "wildcatlake",
+    "novalake",
+    "sierraforest",
+    "grandridge",
+    "graniterapids",
+    "graniterapids-d",
+    "emeraldrapids",
+    "clearwaterforest",
+    "diamondrapids",
+    "knl",
+    "knm",
+    "k8",
+    "athlon64",
+    "athlon-fx",
+    "opteron",
+    "k8-sse3",
+    "athlon64-sse3",
+    "opteron-sse3",
+    "amdfam10",
+    "barcelona",
+    "btver1",
+    "btver2",
+    "bdver1",
+    "bdver2",
+    "bdver3",
+    "bdver4",
+    "znver1",
+    "znver2",
+    "znver3",
+    "znver4",
+    "znver5",
+    "znver6",
+    "c86-4g-m4",
+    "c86-4g-m6",
+    "c86-4g-m7",
+    "c86-4g-m8",
+    "x86-64",
+    "x86-64-v2",
+    "x86-64-v3",
+    "x86-64-v4",
 ];
 
 #[cfg(test)]
@@ -281,16 +424,28 @@ mod tests {
                 "--iree-opt-data-tiling",
             ]
         );
-        assert_eq!(Target::cuda("sm_80").flags(), ["--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80"]);
+        assert_eq!(
+            Target::cuda("sm_80").flags(),
+            ["--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80"]
+        );
         assert_eq!(
             Target::Metal.flags(),
-            ["--iree-hal-target-device=metal", "--iree-metal-target-platform=macos"]
+            [
+                "--iree-hal-target-device=metal",
+                "--iree-metal-target-platform=macos"
+            ]
         );
         assert_eq!(
             Target::vulkan("rdna3").flags(),
-            ["--iree-hal-target-device=vulkan", "--iree-vulkan-target=rdna3"]
+            [
+                "--iree-hal-target-device=vulkan",
+                "--iree-vulkan-target=rdna3"
+            ]
         );
-        assert_eq!(Target::rocm("gfx942").flags(), ["--iree-hal-target-device=hip", "--iree-rocm-target=gfx942"]);
+        assert_eq!(
+            Target::rocm("gfx942").flags(),
+            ["--iree-hal-target-device=hip", "--iree-rocm-target=gfx942"]
+        );
     }
 
     #[test]
@@ -298,7 +453,10 @@ mod tests {
         assert!(Target::cuda("sm_80").validate().is_ok());
         assert!(Target::cuda("sm_90a").validate().is_ok());
         let err = Target::cuda("hopper").validate().unwrap_err().to_string();
-        assert!(err.contains("`hopper` is not a compute capability"), "{err}");
+        assert!(
+            err.contains("`hopper` is not a compute capability"),
+            "{err}"
+        );
         assert!(Target::cuda("sm_").validate().is_err());
         assert!(Target::cuda("sm_9ab").validate().is_err());
 
@@ -309,14 +467,32 @@ mod tests {
         assert!(err.contains("unknown Vulkan target `sm_90`"), "{err}");
 
         assert!(Target::rocm("gfx942").validate().is_ok());
-        let err = Target::rocm("gfx942 --x").validate().unwrap_err().to_string();
+        let err = Target::rocm("gfx942 --x")
+            .validate()
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("must be 1-64 characters"), "{err}");
 
         assert!(Target::llvm_cpu_host().validate().is_ok());
-        assert!(Target::LlvmCpu { cpu: "generic".into() }.validate().is_ok());
+        assert!(
+            Target::LlvmCpu {
+                cpu: "generic".into()
+            }
+            .validate()
+            .is_ok()
+        );
         if cfg!(target_arch = "x86_64") {
-            assert!(Target::LlvmCpu { cpu: "znver4".into() }.validate().is_ok());
-            let err = Target::LlvmCpu { cpu: "foo".into() }.validate().unwrap_err().to_string();
+            assert!(
+                Target::LlvmCpu {
+                    cpu: "znver4".into()
+                }
+                .validate()
+                .is_ok()
+            );
+            let err = Target::LlvmCpu { cpu: "foo".into() }
+                .validate()
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("unknown x86-64 CPU `foo`"), "{err}");
         }
     }

@@ -1,0 +1,212 @@
+//! On-disk vmfb cache: a compile keyed by what determines its output is done once, then
+//! read back from `<dir>/<sha256>.vmfb`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use crate::compiler::Compiler;
+use crate::error::Error;
+use crate::target::{CompileOptions, Target, compile_flags};
+use crate::vmfb::check_vmfb;
+
+/// Whether [`CompileCache::compile`] found the module on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheOutcome {
+    /// Read from the cache file.
+    Hit,
+    /// Compiled now and stored.
+    Miss,
+}
+
+/// A module from the cache, with how it was obtained.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    pub vmfb: Vec<u8>,
+    pub outcome: CacheOutcome,
+    /// The cache key (64 hex digits).
+    pub key: String,
+    /// The cache file holding `vmfb`.
+    pub path: PathBuf,
+    /// Time spent reading (hit) or compiling and storing (miss).
+    pub elapsed: Duration,
+}
+
+/// A directory of compiled modules.
+#[derive(Debug, Clone)]
+pub struct CompileCache {
+    dir: PathBuf,
+}
+
+/// Bumped when the key layout changes, so old entries are never misread.
+const KEY_DOMAIN: &[u8] = b"mlx-iree/iree-compiler vmfb cache v1\0";
+
+impl CompileCache {
+    /// Uses (and creates if needed) `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Result<CompileCache, Error> {
+        let dir = dir.into();
+        std::fs::create_dir_all(&dir).map_err(|source| Error::CacheIo {
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(CompileCache { dir })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The key of a compile: sha256 over the MLIR text, the full flag list, the compiler's
+    /// revision and API version, and, for `llvm-cpu` with `cpu = "host"`, a fingerprint of
+    /// this machine's CPU features (so a cache copied to another machine is not reused for
+    /// code that may use instructions that machine lacks).
+    pub fn key(
+        &self,
+        compiler: &Compiler,
+        mlir_text: &str,
+        target: &Target,
+        opts: &CompileOptions,
+    ) -> String {
+        let mut h = Sha256::new();
+        h.update(KEY_DOMAIN);
+        let mut field = |bytes: &[u8]| {
+            h.update((bytes.len() as u64).to_le_bytes());
+            h.update(bytes);
+        };
+        field(compiler.revision().as_bytes());
+        field(compiler.api_version().to_string().as_bytes());
+        let host = match target {
+            Target::LlvmCpu { cpu } if cpu == "host" => host_cpu_fingerprint(),
+            _ => String::new(),
+        };
+        field(host.as_bytes());
+        let flags = compile_flags(target, opts);
+        field(&(flags.len() as u64).to_le_bytes());
+        for flag in &flags {
+            field(flag.as_bytes());
+        }
+        field(mlir_text.as_bytes());
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The file a key is stored in.
+    pub fn path_for(&self, key: &str) -> PathBuf {
+        self.dir.join(format!("{key}.vmfb"))
+    }
+
+    /// Returns the cached module, or compiles and stores it. A cache file that is not a valid
+    /// vmfb (truncated, foreign) is replaced by a fresh compile.
+    pub fn compile(
+        &self,
+        compiler: &Compiler,
+        mlir_text: &str,
+        target: &Target,
+        opts: &CompileOptions,
+    ) -> Result<Compiled, Error> {
+        let start = Instant::now();
+        let key = self.key(compiler, mlir_text, target, opts);
+        let path = self.path_for(&key);
+        match std::fs::read(&path) {
+            Ok(vmfb) if check_vmfb(&vmfb).is_ok() => {
+                return Ok(Compiled {
+                    vmfb,
+                    outcome: CacheOutcome::Hit,
+                    key,
+                    path,
+                    elapsed: start.elapsed(),
+                });
+            }
+            Ok(_) => {} // Corrupt entry: recompile and overwrite below.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(Error::CacheIo { path, source }),
+        }
+        let vmfb = compiler.compile(mlir_text, target, opts)?;
+        self.store(&path, &vmfb)?;
+        Ok(Compiled {
+            vmfb,
+            outcome: CacheOutcome::Miss,
+            key,
+            path,
+            elapsed: start.elapsed(),
+        })
+    }
+
+    /// Writes `bytes` to a temporary file in the cache directory, flushes it to disk, then
+    /// renames it over `path`, so readers see either no file or the whole module.
+    fn store(&self, path: &Path, bytes: &[u8]) -> Result<(), Error> {
+        let io = |source| Error::CacheIo {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".tmp-")
+            .suffix(".vmfb")
+            .tempfile_in(&self.dir)
+            .map_err(io)?;
+        tmp.write_all(bytes).map_err(io)?;
+        tmp.as_file().sync_all().map_err(io)?;
+        tmp.persist(path).map_err(|e| io(e.error))?;
+        Ok(())
+    }
+}
+
+/// Architecture plus the CPU features that decide which instructions `cpu=host` code uses.
+fn host_cpu_fingerprint() -> String {
+    let mut out = std::env::consts::ARCH.to_owned();
+    #[cfg(target_arch = "x86_64")]
+    {
+        let features = [
+            ("sse4.2", std::arch::is_x86_feature_detected!("sse4.2")),
+            ("avx", std::arch::is_x86_feature_detected!("avx")),
+            ("avx2", std::arch::is_x86_feature_detected!("avx2")),
+            ("fma", std::arch::is_x86_feature_detected!("fma")),
+            ("f16c", std::arch::is_x86_feature_detected!("f16c")),
+            ("bmi2", std::arch::is_x86_feature_detected!("bmi2")),
+            ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
+            ("avx512bw", std::arch::is_x86_feature_detected!("avx512bw")),
+            ("avx512vl", std::arch::is_x86_feature_detected!("avx512vl")),
+            ("avx512dq", std::arch::is_x86_feature_detected!("avx512dq")),
+            (
+                "avx512vnni",
+                std::arch::is_x86_feature_detected!("avx512vnni"),
+            ),
+            (
+                "avx512bf16",
+                std::arch::is_x86_feature_detected!("avx512bf16"),
+            ),
+            (
+                "avx512fp16",
+                std::arch::is_x86_feature_detected!("avx512fp16"),
+            ),
+        ];
+        for (name, present) in features {
+            if present {
+                out.push('+');
+                out.push_str(name);
+            }
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        let features = [
+            ("fp16", std::arch::is_aarch64_feature_detected!("fp16")),
+            (
+                "dotprod",
+                std::arch::is_aarch64_feature_detected!("dotprod"),
+            ),
+            ("i8mm", std::arch::is_aarch64_feature_detected!("i8mm")),
+            ("bf16", std::arch::is_aarch64_feature_detected!("bf16")),
+            ("sve", std::arch::is_aarch64_feature_detected!("sve")),
+            ("sve2", std::arch::is_aarch64_feature_detected!("sve2")),
+        ];
+        for (name, present) in features {
+            if present {
+                out.push('+');
+                out.push_str(name);
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,135 @@
+//! The on-disk vmfb cache: miss then hit, key sensitivity, atomic files, corrupt entries.
+
+mod common;
+
+use common::{MODULE, compiler};
+use iree_compiler::{CacheOutcome, CompileCache, CompileOptions, Target, check_vmfb};
+
+#[test]
+fn miss_then_hit_with_identical_bytes() {
+    let c = compiler();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = CompileCache::new(dir.path().join("nested/cache")).unwrap();
+    let target = Target::vulkan("rdna3");
+    let opts = CompileOptions::default();
+
+    let first = cache.compile(&c, MODULE, &target, &opts).unwrap();
+    assert_eq!(first.outcome, CacheOutcome::Miss);
+    assert_eq!(first.key.len(), 64);
+    assert!(first.key.bytes().all(|b| b.is_ascii_hexdigit()));
+    assert_eq!(first.path, cache.dir().join(format!("{}.vmfb", first.key)));
+    assert_eq!(std::fs::read(&first.path).unwrap(), first.vmfb);
+    check_vmfb(&first.vmfb).unwrap();
+
+    let second = cache.compile(&c, MODULE, &target, &opts).unwrap();
+    assert_eq!(second.outcome, CacheOutcome::Hit);
+    assert_eq!(second.key, first.key);
+    assert_eq!(second.vmfb, first.vmfb);
+    eprintln!(
+        "miss {:.3} s, hit {:.6} s",
+        first.elapsed.as_secs_f64(),
+        second.elapsed.as_secs_f64()
+    );
+
+    // Only the module file is left: the temporary file was renamed, not copied.
+    let names: Vec<String> = std::fs::read_dir(cache.dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, [format!("{}.vmfb", first.key)]);
+}
+
+#[test]
+fn key_covers_text_flags_and_target() {
+    let c = compiler();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = CompileCache::new(dir.path()).unwrap();
+    let t = Target::llvm_cpu_host();
+    let base = CompileOptions::default();
+    let k = cache.key(&c, MODULE, &t, &base);
+    assert_eq!(k, cache.key(&c, MODULE, &t, &base));
+    assert_ne!(
+        k,
+        cache.key(
+            &c,
+            MODULE,
+            &t,
+            &base.clone().with_flag("--iree-opt-data-tiling")
+        )
+    );
+    assert_ne!(k, cache.key(&c, &format!("{MODULE}\n"), &t, &base));
+    assert_ne!(
+        k,
+        cache.key(
+            &c,
+            MODULE,
+            &Target::LlvmCpu {
+                cpu: "generic".into()
+            },
+            &base
+        )
+    );
+    assert_ne!(
+        cache.key(&c, MODULE, &Target::cuda("sm_80"), &base),
+        cache.key(&c, MODULE, &Target::cuda("sm_86"), &base)
+    );
+}
+
+#[test]
+fn different_flag_is_a_separate_entry() {
+    let c = compiler();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = CompileCache::new(dir.path()).unwrap();
+    let t = Target::llvm_cpu_host();
+    let a = cache
+        .compile(&c, MODULE, &t, &CompileOptions::default())
+        .unwrap();
+    let tiled = CompileOptions::default().with_flag("--iree-opt-data-tiling");
+    let b = cache.compile(&c, MODULE, &t, &tiled).unwrap();
+    assert_eq!(a.outcome, CacheOutcome::Miss);
+    assert_eq!(b.outcome, CacheOutcome::Miss);
+    assert_ne!(a.key, b.key);
+    assert_eq!(
+        cache.compile(&c, MODULE, &t, &tiled).unwrap().outcome,
+        CacheOutcome::Hit
+    );
+    assert_eq!(
+        cache
+            .compile(&c, MODULE, &t, &CompileOptions::default())
+            .unwrap()
+            .outcome,
+        CacheOutcome::Hit
+    );
+}
+
+#[test]
+fn corrupt_entry_is_recompiled() {
+    let c = compiler();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = CompileCache::new(dir.path()).unwrap();
+    let t = Target::Metal;
+    let opts = CompileOptions::default();
+    let good = cache.compile(&c, MODULE, &t, &opts).unwrap();
+    std::fs::write(&good.path, &good.vmfb[..10]).unwrap();
+    let again = cache.compile(&c, MODULE, &t, &opts).unwrap();
+    assert_eq!(again.outcome, CacheOutcome::Miss);
+    assert_eq!(again.vmfb, good.vmfb);
+    assert_eq!(std::fs::read(&again.path).unwrap(), good.vmfb);
+}
+
+#[test]
+fn failed_compile_stores_nothing() {
+    let c = compiler();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = CompileCache::new(dir.path()).unwrap();
+    let err = cache
+        .compile(
+            &c,
+            "func.func @f(",
+            &Target::llvm_cpu_host(),
+            &CompileOptions::default(),
+        )
+        .unwrap_err();
+    assert!(err.diagnostics().is_some(), "{err}");
+    assert_eq!(std::fs::read_dir(cache.dir()).unwrap().count(), 0);
+}
