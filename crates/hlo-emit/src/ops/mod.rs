@@ -1,0 +1,8 @@
+//! Op families, each an `impl Func` block: elementwise, constants, shapes, gather, reduce, dot.
+
+pub(crate) mod constant;
+pub(crate) mod dot;
+pub(crate) mod elementwise;
+pub(crate) mod gather;
+pub(crate) mod reduce;
+pub(crate) mod shape;
