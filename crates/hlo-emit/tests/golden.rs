@@ -877,33 +877,6 @@ fn errors_leave_module_unchanged() {
     );
 }
 
-/// RMSNorm over the last dim, as sub-graph helper code would write it.
-fn rms_norm<'c, 'b>(
-    f: &Func<'c, 'b>,
-    x: Value<'c, 'b>,
-    w: Value<'c, 'b>,
-    eps: f64,
-) -> Result<Value<'c, 'b>, Error> {
-    let shape = x.shape();
-    let last = shape.len() as i64 - 1;
-    let n = shape[shape.len() - 1] as f64;
-    let ss = f.reduce_sum(f.mul(x, x)?, &[last])?;
-    let inv = f.rsqrt(f.add_scalar(f.mul_scalar(ss, 1.0 / n)?, eps)?)?;
-    let inv = f.broadcast_in_dim(inv, &shape, &(0..last).collect::<Vec<_>>())?;
-    f.mul(f.mul(x, inv)?, f.broadcast_to(w, &shape)?)
-}
-
-/// Softmax over the last dim.
-fn softmax<'c, 'b>(f: &Func<'c, 'b>, x: Value<'c, 'b>) -> Result<Value<'c, 'b>, Error> {
-    let shape = x.shape();
-    let last = shape.len() as i64 - 1;
-    let keep: Vec<i64> = (0..last).collect();
-    let m = f.broadcast_in_dim(f.reduce_max(x, &[last])?, &shape, &keep)?;
-    let e = f.exp(f.sub(x, m)?)?;
-    let s = f.broadcast_in_dim(f.reduce_sum(e, &[last])?, &shape, &keep)?;
-    f.div(e, s)
-}
-
 #[test]
 fn composed_block() {
     check(
@@ -913,9 +886,9 @@ fn composed_block() {
             m.func("block", &[F32.tensor(&[4, 2]), F32.tensor(&[4])], |f, a| {
                 // x: [D, T] columns of activations; W·x keeps the weight on the left.
                 let xt = f.transpose(a[0], &[1, 0])?;
-                let normed = rms_norm(f, xt, a[1], 1e-5)?;
+                let normed = f.rms_norm(xt, a[1], 1e-5)?;
                 let y = f.dot(f.load(&w)?, f.transpose(normed, &[1, 0])?)?;
-                let probs = softmax(f, f.transpose(y, &[1, 0])?)?;
+                let probs = f.softmax(f.transpose(y, &[1, 0])?)?;
                 Ok(vec![probs, f.argmax(probs, 1)?])
             })?;
             Ok(())

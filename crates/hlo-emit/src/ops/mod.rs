@@ -1,5 +1,7 @@
-//! Op families, each an `impl Func` block: elementwise, constants, shapes, gather, reduce, dot.
+//! Op families, each an `impl Func` block: elementwise, constants, shapes, gather, reduce, dot,
+//! and composites (RMSNorm, softmax) built from them.
 
+pub(crate) mod composite;
 pub(crate) mod constant;
 pub(crate) mod dot;
 pub(crate) mod elementwise;
