@@ -1,0 +1,422 @@
+//! Linear (and embedding) layers as stored by MLX: dense, or affine-quantized with packed
+//! `U32` weights plus per-group scales and biases; and dequantization to f32.
+
+use crate::config::{QuantParams, SUPPORTED_BITS};
+use crate::view::floats_to_f32;
+use crate::{Dtype, Error, Result, TensorView};
+
+/// A linear or embedding layer as stored in the checkpoint.
+///
+/// For an embedding (`model.embed_tokens`) `out_features` is the vocabulary size and
+/// `in_features` the hidden size: one row per token.
+#[derive(Debug, Clone, Copy)]
+pub enum Linear<'a> {
+    /// A float weight `[out, in]`.
+    Dense(DenseLinear<'a>),
+    /// MLX affine-quantized weight.
+    Quantized(QuantizedLinear<'a>),
+}
+
+impl<'a> Linear<'a> {
+    /// Whether the layer is quantized.
+    pub fn is_quantized(&self) -> bool {
+        matches!(self, Linear::Quantized(_))
+    }
+
+    /// Rows of the weight (outputs; vocabulary for an embedding).
+    pub fn out_features(&self) -> usize {
+        match self {
+            Linear::Dense(d) => d.out_features(),
+            Linear::Quantized(q) => q.out_features(),
+        }
+    }
+
+    /// Columns of the (unpacked) weight (inputs; hidden size for an embedding).
+    pub fn in_features(&self) -> usize {
+        match self {
+            Linear::Dense(d) => d.in_features(),
+            Linear::Quantized(q) => q.in_features(),
+        }
+    }
+
+    /// The optional `<prefix>.bias` (`[out]`).
+    pub fn bias(&self) -> Option<TensorView<'a>> {
+        match self {
+            Linear::Dense(d) => d.bias(),
+            Linear::Quantized(q) => q.bias(),
+        }
+    }
+
+    /// The whole weight as f32 `[out, in]`, row-major: widened if dense, dequantized if not.
+    pub fn weight_f32(&self) -> Vec<f32> {
+        match self {
+            Linear::Dense(d) => d.weight_f32(),
+            Linear::Quantized(q) => dequantize_f32(q),
+        }
+    }
+
+    /// The given rows of the weight as f32 (`rows.len() * in` values): an embedding lookup
+    /// that touches only those rows.
+    ///
+    /// # Errors
+    /// [`Error::RowOutOfRange`] for a row `>= out_features`.
+    pub fn rows_f32(&self, rows: &[usize]) -> Result<Vec<f32>> {
+        match self {
+            Linear::Dense(d) => d.rows_f32(rows),
+            Linear::Quantized(q) => q.dequantize_rows(rows),
+        }
+    }
+}
+
+/// A dense layer: float weight `[out, in]` and optional bias `[out]`.
+#[derive(Debug, Clone, Copy)]
+pub struct DenseLinear<'a> {
+    weight: TensorView<'a>,
+    bias: Option<TensorView<'a>>,
+}
+
+impl<'a> DenseLinear<'a> {
+    /// Checks that `weight` is a 2-D float tensor and `bias` (if any) a float `[out]`.
+    ///
+    /// # Errors
+    /// [`Error::WrongDtype`] or [`Error::WrongShape`] naming the tensor.
+    pub fn new(weight: TensorView<'a>, bias: Option<TensorView<'a>>) -> Result<Self> {
+        weight.expect_dtype(&Dtype::FLOATS)?;
+        let &[out, _] = weight.shape() else {
+            return Err(weight.wrong_shape("a 2-D [out, in] weight".to_owned()));
+        };
+        if let Some(b) = &bias {
+            check_bias(b, out)?;
+        }
+        Ok(DenseLinear { weight, bias })
+    }
+
+    /// The weight `[out, in]`.
+    pub fn weight(&self) -> TensorView<'a> {
+        self.weight
+    }
+
+    /// The optional bias `[out]`.
+    pub fn bias(&self) -> Option<TensorView<'a>> {
+        self.bias
+    }
+
+    /// Rows of the weight.
+    pub fn out_features(&self) -> usize {
+        self.weight.shape().first().copied().unwrap_or(0)
+    }
+
+    /// Columns of the weight.
+    pub fn in_features(&self) -> usize {
+        self.weight.shape().get(1).copied().unwrap_or(0)
+    }
+
+    /// The weight widened to f32, row-major `[out, in]`.
+    pub fn weight_f32(&self) -> Vec<f32> {
+        floats_to_f32(self.weight.dtype(), self.weight.bytes())
+    }
+
+    /// The given rows widened to f32.
+    ///
+    /// # Errors
+    /// [`Error::RowOutOfRange`] for a row `>= out_features`.
+    pub fn rows_f32(&self, rows: &[usize]) -> Result<Vec<f32>> {
+        check_rows(&self.weight, rows, self.out_features())?;
+        // Saturating: with zero rows the width is unconstrained by the file.
+        let row_bytes = self
+            .in_features()
+            .saturating_mul(self.weight.dtype().size_bytes());
+        let mut out = Vec::with_capacity(rows.len().saturating_mul(self.in_features()));
+        for &r in rows {
+            let bytes = row_slice(self.weight.bytes(), r, row_bytes)
+                .ok_or_else(|| row_error(&self.weight, r, self.out_features()))?;
+            out.extend(floats_to_f32(self.weight.dtype(), bytes));
+        }
+        Ok(out)
+    }
+}
+
+/// An MLX affine-quantized layer.
+///
+/// - `weight`: `U32 [out, in * bits / 32]`; row `r` is a little-endian bit stream in which
+///   element `j` occupies bits `j * bits .. (j + 1) * bits` (for 4 bits: 8 values per word,
+///   element `j` of a word at bits `4j..4j+4`; for 8 bits: 4 per word).
+/// - `scales`, `biases`: `[out, in / group_size]`, F16, BF16 or F32.
+/// - value `(r, c) = q(r, c) * scales[r, c / group_size] + biases[r, c / group_size]`, `q`
+///   unsigned.
+///
+/// Constructed only through [`QuantizedLinear::new`], so the shapes always agree and
+/// dequantization cannot fail.
+#[derive(Debug, Clone, Copy)]
+pub struct QuantizedLinear<'a> {
+    weight: TensorView<'a>,
+    scales: TensorView<'a>,
+    biases: TensorView<'a>,
+    bias: Option<TensorView<'a>>,
+    params: QuantParams,
+    out_features: usize,
+    in_features: usize,
+}
+
+impl<'a> QuantizedLinear<'a> {
+    /// Validates the tensors against `params`. `in` is taken from the scales
+    /// (`scales width * group_size`); the packed weight must then be `[out, in * bits / 32]`.
+    ///
+    /// # Errors
+    /// [`Error::Quantization`] for unsupported `params`; [`Error::WrongDtype`] (weight not
+    /// U32, scales or biases not float); [`Error::WrongShape`] naming the tensor, the
+    /// expected shape (with `bits`/`group_size`) and the actual one.
+    pub fn new(
+        weight: TensorView<'a>,
+        scales: TensorView<'a>,
+        biases: TensorView<'a>,
+        bias: Option<TensorView<'a>>,
+        params: QuantParams,
+    ) -> Result<Self> {
+        let QuantParams { group_size, bits } = params;
+        if let Err(reason) = params.validate() {
+            return Err(Error::Quantization {
+                path: weight.file().to_path_buf(),
+                tensor: weight.name().to_owned(),
+                reason,
+            });
+        }
+        weight.expect_dtype(&[Dtype::U32])?;
+        scales.expect_dtype(&Dtype::FLOATS)?;
+        biases.expect_dtype(&Dtype::FLOATS)?;
+        let &[out, groups] = scales.shape() else {
+            return Err(scales.wrong_shape(format!("a 2-D [out, in / {group_size}] tensor")));
+        };
+        // An absurd width (possible with zero rows, which hold no bytes) must not overflow later.
+        let Some((in_features, row_bits)) = groups
+            .checked_mul(group_size)
+            .and_then(|i| Some((i, i.checked_mul(bits as usize)?)))
+        else {
+            return Err(scales.wrong_shape(format!(
+                "[{out}, groups] with groups * {group_size} * {bits} bits representable"
+            )));
+        };
+        // Group sizes are multiples of 32, so a row is always a whole number of words.
+        let packed = row_bits / 32;
+        let ctx =
+            format!("(bits={bits}, group_size={group_size}, in={in_features} from the scales)");
+        if weight.shape() != [out, packed] {
+            return Err(weight.wrong_shape(format!("[{out}, {packed}] {ctx}")));
+        }
+        if biases.shape() != [out, groups] {
+            return Err(biases.wrong_shape(format!("[{out}, {groups}] like the scales")));
+        }
+        if let Some(b) = &bias {
+            check_bias(b, out)?;
+        }
+        Ok(QuantizedLinear {
+            weight,
+            scales,
+            biases,
+            bias,
+            params,
+            out_features: out,
+            in_features,
+        })
+    }
+
+    /// The packed weight `U32 [out, in * bits / 32]`.
+    pub fn weight(&self) -> TensorView<'a> {
+        self.weight
+    }
+
+    /// Per-group scales `[out, in / group_size]`.
+    pub fn scales(&self) -> TensorView<'a> {
+        self.scales
+    }
+
+    /// Per-group biases (zero points times scale) `[out, in / group_size]`.
+    pub fn biases(&self) -> TensorView<'a> {
+        self.biases
+    }
+
+    /// The layer's own optional additive bias `[out]` (`<prefix>.bias`, not `.biases`).
+    pub fn bias(&self) -> Option<TensorView<'a>> {
+        self.bias
+    }
+
+    /// Bits and group size.
+    pub fn params(&self) -> QuantParams {
+        self.params
+    }
+
+    /// Bits per value.
+    pub fn bits(&self) -> u32 {
+        self.params.bits
+    }
+
+    /// Inputs per scale/bias group.
+    pub fn group_size(&self) -> usize {
+        self.params.group_size
+    }
+
+    /// Rows.
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    /// Unpacked columns.
+    pub fn in_features(&self) -> usize {
+        self.in_features
+    }
+
+    /// The whole weight dequantized, `[out, in]` row-major. See [`dequantize_f32`].
+    pub fn dequantize_f32(&self) -> Vec<f32> {
+        dequantize_f32(self)
+    }
+
+    /// The given rows dequantized (`rows.len() * in` values): an embedding lookup.
+    ///
+    /// # Errors
+    /// [`Error::RowOutOfRange`] for a row `>= out_features`.
+    pub fn dequantize_rows(&self, rows: &[usize]) -> Result<Vec<f32>> {
+        check_rows(&self.weight, rows, self.out_features)?;
+        let mut out = Vec::with_capacity(rows.len().saturating_mul(self.in_features));
+        for &r in rows {
+            self.dequantize_row_into(r, &mut out)
+                .ok_or_else(|| row_error(&self.weight, r, self.out_features))?;
+        }
+        Ok(out)
+    }
+
+    /// Appends row `r`; `None` if it does not exist.
+    fn dequantize_row_into(&self, r: usize, out: &mut Vec<f32>) -> Option<()> {
+        let groups = self.in_features / self.params.group_size;
+        let row_bytes = self.in_features * self.params.bits as usize / 8;
+        let wrow = row_slice(self.weight.bytes(), r, row_bytes)?;
+        let srow = row_slice(
+            self.scales.bytes(),
+            r,
+            groups * self.scales.dtype().size_bytes(),
+        )?;
+        let brow = row_slice(
+            self.biases.bytes(),
+            r,
+            groups * self.biases.dtype().size_bytes(),
+        )?;
+        let scales = floats_to_f32(self.scales.dtype(), srow);
+        let biases = floats_to_f32(self.biases.dtype(), brow);
+        unpack_row_affine(wrow, self.params, &scales, &biases, out);
+        Some(())
+    }
+}
+
+/// Dequantizes the whole weight to f32 `[out, in]`, row-major:
+/// `w[r][c] = q * scale + bias` with `q` the unsigned `bits`-bit field of element `c` in row
+/// `r`, `scale`/`bias` those of group `c / group_size`, computed in f32 as a multiply then an
+/// add (no fused multiply-add, so results are reproducible bit for bit).
+pub fn dequantize_f32(q: &QuantizedLinear<'_>) -> Vec<f32> {
+    // With rows present, out * in values are backed by file bytes, so this cannot overflow.
+    let mut out = Vec::with_capacity(q.out_features.saturating_mul(q.in_features));
+    let scales = floats_to_f32(q.scales.dtype(), q.scales.bytes());
+    let biases = floats_to_f32(q.biases.dtype(), q.biases.bytes());
+    let groups = q.in_features / q.params.group_size;
+    let row_bytes = q.in_features * q.params.bits as usize / 8;
+    if row_bytes == 0 || groups == 0 {
+        return out;
+    }
+    let rows = q
+        .weight
+        .bytes()
+        .chunks_exact(row_bytes)
+        .zip(scales.chunks_exact(groups))
+        .zip(biases.chunks_exact(groups));
+    for ((wrow, srow), brow) in rows {
+        unpack_row_affine(wrow, q.params, srow, brow, &mut out);
+    }
+    out
+}
+
+/// Dequantizes one packed row given that row's scales and biases.
+fn unpack_row_affine(
+    row: &[u8],
+    p: QuantParams,
+    scales: &[f32],
+    biases: &[f32],
+    out: &mut Vec<f32>,
+) {
+    let bits = p.bits as usize;
+    for (g, (&s, &b)) in scales.iter().zip(biases).enumerate() {
+        let first = g * p.group_size;
+        out.extend((first..first + p.group_size).map(|c| unpack(row, c, bits) as f32 * s + b));
+    }
+}
+
+/// The unsigned `bits`-bit field of element `j` in a little-endian bit stream.
+fn unpack(row: &[u8], j: usize, bits: usize) -> u32 {
+    let bit = j * bits;
+    let byte = bit / 8;
+    // bits <= 8 and the shift <= 7, so two bytes always hold the whole field.
+    let lo = u32::from(row.get(byte).copied().unwrap_or(0));
+    let hi = u32::from(row.get(byte + 1).copied().unwrap_or(0));
+    ((lo | hi << 8) >> (bit % 8)) & ((1u32 << bits) - 1)
+}
+
+/// Packs unsigned `bits`-bit values into MLX's layout: each row of `in_features` values
+/// becomes `in_features * bits / 32` little-endian words, element `j` at bit `j * bits` of the
+/// row. The inverse of what [`dequantize_f32`] reads; used to build test checkpoints.
+///
+/// Returns `None` if `bits` is unsupported, a row is not a whole number of words, `values`
+/// is not a whole number of rows, or a value does not fit in `bits`.
+pub fn pack(values: &[u32], in_features: usize, bits: u32) -> Option<Vec<u32>> {
+    let b = bits as usize;
+    let row_bits = in_features.checked_mul(b)?;
+    if !SUPPORTED_BITS.contains(&bits) || in_features == 0 || !row_bits.is_multiple_of(32) {
+        return None;
+    }
+    if !values.len().is_multiple_of(in_features) || values.iter().any(|&v| v >> bits != 0) {
+        return None;
+    }
+    let words_per_row = row_bits / 32;
+    let mut words = Vec::with_capacity(values.len() / in_features * words_per_row);
+    for row in values.chunks_exact(in_features) {
+        let mut bytes = vec![0u8; words_per_row * 4];
+        for (j, &v) in row.iter().enumerate() {
+            let bit = j * b;
+            let field = v << (bit % 8);
+            for (k, byte) in bytes.iter_mut().skip(bit / 8).take(2).enumerate() {
+                *byte |= (field >> (8 * k)) as u8;
+            }
+        }
+        words.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        );
+    }
+    Some(words)
+}
+
+fn check_bias(bias: &TensorView<'_>, out: usize) -> Result<()> {
+    bias.expect_dtype(&Dtype::FLOATS)?;
+    if bias.shape() != [out] {
+        return Err(bias.wrong_shape(format!("[{out}]")));
+    }
+    Ok(())
+}
+
+fn row_slice(bytes: &[u8], r: usize, row_bytes: usize) -> Option<&[u8]> {
+    let start = r.checked_mul(row_bytes)?;
+    bytes.get(start..start.checked_add(row_bytes)?)
+}
+
+fn check_rows(t: &TensorView<'_>, rows: &[usize], out: usize) -> Result<()> {
+    match rows.iter().find(|&&r| r >= out) {
+        Some(&r) => Err(row_error(t, r, out)),
+        None => Ok(()),
+    }
+}
+
+fn row_error(t: &TensorView<'_>, row: usize, rows: usize) -> Error {
+    Error::RowOutOfRange {
+        path: t.file().to_path_buf(),
+        tensor: t.name().to_owned(),
+        row,
+        rows,
+    }
+}
