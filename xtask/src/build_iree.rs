@@ -132,7 +132,7 @@ pub fn build(tc: &Toolchain, target: Target) -> Result<PathBuf> {
         flags.push(format!("-DCMAKE_CXX_COMPILER={cxx}"));
     }
     let stamp = out.join(".complete");
-    let stamp_text = format!("src={}\n{}\ntargets={}\n", tc.iree_src.display(), flags.join("\n"), NINJA_TARGETS.join(","));
+    let stamp_text = format!("layout=2\nsrc={}\n{}\ntargets={}\n", tc.iree_src.display(), flags.join("\n"), NINJA_TARGETS.join(","));
     if util::stamp_matches(&stamp, &stamp_text) && out.join("lib/libiree_runtime_unified.a").exists() {
         progress(&stage, format!("IREE runtime: present at {}", out.display()));
         return Ok(out);
@@ -222,9 +222,11 @@ fn install(src: &Path, build: &Path, out: &Path) -> Result<()> {
         }
         std::fs::create_dir_all(dir)?;
     }
-    copy_tree(&src.join("runtime/src"), &include, &|p| has_ext(p, "h"))?;
-    copy_tree(&build.join("runtime/src"), &include, &|p| has_ext(p, "h"))?;
-    copy_tree(&src.join("third_party/flatcc/include"), &include, &|p| has_ext(p, "h"))?;
+    // Headers pull in textual includes too (.inc, .inl), not only .h files.
+    let is_header = |p: &Path| ["h", "hpp", "inc", "inl"].iter().any(|ext| has_ext(p, ext));
+    copy_tree(&src.join("runtime/src"), &include, &is_header)?;
+    copy_tree(&build.join("runtime/src"), &include, &is_header)?;
+    copy_tree(&src.join("third_party/flatcc/include"), &include, &is_header)?;
     let mut archives = 0;
     for file in walk(build)? {
         if has_ext(&file, "a") {

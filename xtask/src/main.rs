@@ -4,6 +4,8 @@
 //! workspace crate, so it builds before anything IREE- or MLIR-related exists.
 
 mod build_iree;
+mod fixtures;
+mod model;
 mod pins;
 mod quickstart;
 mod setup;
@@ -22,6 +24,10 @@ commands:
                                 metal into target/iree/<T>/; reuses a finished build
   test [-- CARGO_TEST_ARGS]     setup + build-iree --target cpu + cargo test --workspace
   quickstart                    setup + build-iree --target cpu + run the default job
+  fixtures [--force]            regenerate tests/fixtures/ (tiny random MLX checkpoints and
+                                mlx-lm's greedy trajectories) in the venv target/mlx-venv
+  model                         SmolLM2-135M-Instruct as MLX folders (f16, 4-bit) under
+                                target/models/, each with mlx-lm's oracle.json; idempotent
 ";
 
 fn main() -> std::process::ExitCode {
@@ -53,6 +59,8 @@ fn run(args: &[String]) -> Result<()> {
         }
         "test" => test::run(rest),
         "quickstart" => quickstart::run(rest),
+        "fixtures" => fixtures::run(rest),
+        "model" => model::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(())

@@ -13,6 +13,7 @@ pub struct Pins {
     pub python_tools: PythonTools,
     pub llvm: Llvm,
     pub system: System,
+    pub oracle: Oracle,
 }
 
 #[derive(Debug, Deserialize)]
@@ -50,6 +51,20 @@ pub struct Llvm {
 #[serde(rename_all = "kebab-case")]
 pub struct System {
     pub debian_packages: Vec<String>,
+}
+
+/// The mlx-lm reference (fixtures, real-model oracle) and the default real model.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Oracle {
+    pub python_packages: Vec<String>,
+    pub model_wheel: String,
+    /// Path of the GGUF inside the wheel.
+    pub model_file: String,
+    pub model_sha256: String,
+    pub model_name: String,
+    pub q4_group_size: u32,
+    pub oracle_steps: u32,
 }
 
 impl Pins {
