@@ -1,3 +1,49 @@
-//! The `mlx-iree` command line.
+//! The `mlx-iree` command line. Bad input is one line on stderr and exit status 2.
 
-fn main() {}
+mod cache;
+mod demo;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(name = "mlx-iree", version, about = "Run MLX checkpoints on IREE devices")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Build a small RMSNorm + matmul + softmax graph, compile it with IREE and run it,
+    /// checking the result against a plain Rust computation.
+    Demo(demo::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version print in full; usage errors become the one-line contract.
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let rendered = e.render().to_string();
+            let first = rendered.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
+            eprintln!("mlx-iree: error: {first} (see mlx-iree --help)");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match cli.command {
+        Command::Demo(args) => demo::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // One line: the causes joined, so scripts can grep a single line.
+            eprintln!("mlx-iree: error: {}", format!("{err:#}").replace('\n', " "));
+            ExitCode::from(2)
+        }
+    }
+}
