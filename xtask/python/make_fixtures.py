@@ -1,0 +1,405 @@
+#!/usr/bin/env python3
+"""Tiny random-weight MLX checkpoints plus mlx-lm's own greedy trajectories, for tests.
+
+Run by `cargo xtask fixtures` (see tests/fixtures/README.md):
+    python make_fixtures.py --out tests/fixtures
+
+For every fixture below it builds the model with mlx-lm's own model class, fills it
+with seeded random weights, saves it with mlx-lm's save functions as
+  <name>/f32/  float32 weights,
+  <name>/q4/   mlx-lm 4-bit affine quantization, other tensors bfloat16,
+  <name>/q8/   mlx-lm 8-bit affine quantization, other tensors float16,
+each quantized one exactly as `mlx_lm.convert --dtype D -q --q-bits B --q-group-size G`
+would (cast, then `quantize_model`, then `save_model` + `save_config`), and records
+`expected.json` in each folder: mlx-lm's float32 greedy trajectories (40 steps, EOS
+ignored) and first-step logits for three fixed prompts.
+
+A seed is kept only when every trajectory of every variant has several distinct
+tokens and no step is a near tie (top-2 logit gap below MIN_MARGIN), so that another
+float32 implementation can reproduce the ids exactly.
+"""
+
+import argparse
+import contextlib
+import copy
+import io
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import mlx.core as mx
+import mlx_lm
+import numpy as np
+from mlx.utils import tree_flatten, tree_map_with_path, tree_unflatten
+from mlx_lm.utils import _get_classes, quantize_model, save_config, save_model
+
+import oracle
+
+STEPS = 40
+# Prompt lengths 1, 5 and 12; every id is below the smallest fixture vocabulary (256).
+PROMPTS = [
+    [17],
+    [1, 34, 201, 17, 88],
+    [1, 250, 3, 77, 128, 5, 199, 64, 12, 230, 41, 9],
+]
+# Quantized variants: bits and the dtype everything that is not packed is stored in.
+VARIANTS = {
+    "f32": None,
+    "q4": (4, "bfloat16"),
+    "q8": (8, "float16"),
+}
+# Random weights: embedding entries ~ N(0, embed^2), projections ~ N(0, linear^2 / fan_in),
+# norm gains 1 + N(0, norm^2) (the final norm's centred on final_norm, which sets the
+# logit scale), biases ~ N(0, bias^2). A fixture's "scales" override these; the gemma
+# ones need a small embedding (it is multiplied by sqrt(hidden)) or they repeat a token.
+SCALES = {"embed": 1.0, "linear": 3.0, "norm": 0.1, "final_norm": 1.0, "bias": 0.5}
+MIN_DISTINCT = 6
+MIN_MARGIN = 3e-3
+SEED_TRIES = 64
+
+FIXTURES = [
+    {
+        "name": "llama_llama3_tied",
+        "about": "llama, rope_scaling llama3 (all three frequency bands used), GQA 4/2, tied embeddings",
+        "group_size": 64,
+        "config": {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "vocab_size": 256,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0,
+            "rope_scaling": {
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "rope_type": "llama3",
+            },
+            "max_position_embeddings": 512,
+            "tie_word_embeddings": True,
+            "attention_bias": False,
+            "mlp_bias": False,
+            "hidden_act": "silu",
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    },
+    {
+        "name": "llama_linear_untied",
+        "about": "llama, rope_scaling linear factor 2 (old `type` key), MHA, untied lm_head, group size 32",
+        "group_size": 32,
+        "config": {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": 96,
+            "intermediate_size": 192,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 3,
+            "num_key_value_heads": 3,
+            "vocab_size": 320,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "rope_scaling": {"type": "linear", "factor": 2.0},
+            "max_position_embeddings": 512,
+            "tie_word_embeddings": False,
+            "hidden_act": "silu",
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    },
+    {
+        "name": "qwen2",
+        "about": "qwen2, random non-zero q/k/v biases, GQA 4/2, tied embeddings",
+        "group_size": 64,
+        "config": {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": 384,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": True,
+            "hidden_act": "silu",
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    },
+    {
+        "name": "qwen3",
+        "about": "qwen3, q/k RMSNorm, head_dim 32 with hidden 64 and 4 heads, untied; "
+        "intermediate 176 is not a multiple of the group size 64, so quantization leaves down_proj dense",
+        "group_size": 64,
+        "config": {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "hidden_size": 64,
+            "intermediate_size": 176,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "vocab_size": 448,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0,
+            "rope_scaling": None,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": False,
+            "attention_bias": False,
+            "hidden_act": "silu",
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    },
+    {
+        "name": "gemma",
+        "scales": {"embed": 0.25, "final_norm": 4.0},
+        "about": "gemma, GeGLU (mlx-lm: exact erf gelu), RMSNorm (1+w), embedding scale sqrt(hidden), "
+        "MQA, head_dim 32 * 4 heads != hidden 64, tied",
+        "group_size": 64,
+        "config": {
+            "architectures": ["GemmaForCausalLM"],
+            "model_type": "gemma",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "vocab_size": 256,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "max_position_embeddings": 8192,
+            "hidden_act": "gelu_pytorch_tanh",
+            "hidden_activation": "gelu_pytorch_tanh",
+            "tie_word_embeddings": True,
+            "bos_token_id": 2,
+            "eos_token_id": 1,
+            "pad_token_id": 0,
+        },
+    },
+    {
+        "name": "gemma2",
+        "scales": {"embed": 0.02, "final_norm": 25.0},
+        "about": "gemma2, attention (10) and final (15) logit soft-capping, low enough to matter, query_pre_attn_scalar 24 != head_dim 16, "
+        "pre/post feed-forward norms, sliding window 128 on even layers (above the 52 tested positions: "
+        "mlx-lm's gemma2 ignores it)",
+        "group_size": 32,
+        "config": {
+            "architectures": ["Gemma2ForCausalLM"],
+            "model_type": "gemma2",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "vocab_size": 256,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "max_position_embeddings": 8192,
+            "attn_logit_softcapping": 10.0,
+            "final_logit_softcapping": 15.0,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": 128,
+            "hidden_act": "gelu_pytorch_tanh",
+            "hidden_activation": "gelu_pytorch_tanh",
+            "tie_word_embeddings": True,
+            "cache_implementation": "hybrid",
+            "bos_token_id": 2,
+            "eos_token_id": 1,
+            "pad_token_id": 0,
+        },
+    },
+    {
+        "name": "gemma3_text",
+        "scales": {"embed": 0.01, "linear": 4.0, "final_norm": 40.0, "norm": 0.3},
+        "about": "gemma3_text, q/k norm, pattern 3 (layers 0,1,3 local rope base 10000 with sliding window 8, "
+        "layer 2 global rope base 1e6), query_pre_attn_scalar 48, tied; the window is smaller than the "
+        "tested context because mlx-lm's gemma3_text honours it",
+        "group_size": 64,
+        "config": {
+            "architectures": ["Gemma3ForCausalLM"],
+            "model_type": "gemma3_text",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "vocab_size": 256,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0,
+            "rope_local_base_freq": 10000.0,
+            "rope_scaling": None,
+            "query_pre_attn_scalar": 48,
+            "sliding_window": 8,
+            "sliding_window_pattern": 3,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+            "max_position_embeddings": 32768,
+            "final_logit_softcapping": None,
+            "attn_logit_softcapping": None,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "tie_word_embeddings": True,
+            "bos_token_id": 2,
+            "eos_token_id": 1,
+            "pad_token_id": 0,
+        },
+    },
+]
+
+GEMMA_NORMS = {"gemma", "gemma2", "gemma3_text"}
+
+
+def build(config, seed, scales):
+    """mlx-lm's model for `config`, with seeded random float32 weights."""
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    if config["model_type"] == "gemma3_text":
+        # mlx-lm's gemma3_text ties the embeddings when the checkpoint has no lm_head;
+        # its own sanitize drops the module.
+        model.sanitize({})
+    rng = np.random.default_rng(seed)
+    one_plus = config["model_type"] in GEMMA_NORMS
+    params = {}
+    for name, p in sorted(tree_flatten(model.parameters())):
+        shape = p.shape
+        if name.endswith("norm.weight"):
+            # Norm gains near 1, the final norm's near `final_norm` (it sets the logit
+            # scale); gemma stores w with the gain being 1 + w.
+            gain = scales["final_norm"] if name == "model.norm.weight" else 1.0
+            base = gain - 1.0 if one_plus else gain
+            v = base + scales["norm"] * rng.standard_normal(shape)
+        elif name.endswith(".bias"):
+            v = scales["bias"] * rng.standard_normal(shape)
+        elif name.endswith("embed_tokens.weight"):
+            v = scales["embed"] * rng.standard_normal(shape)
+        else:
+            v = scales["linear"] / np.sqrt(shape[-1]) * rng.standard_normal(shape)
+        params[name] = mx.array(v.astype(np.float32))
+    model.update(tree_unflatten(list(params.items())))
+    mx.eval(model.parameters())
+    return model
+
+
+def save_variant(model, config, out, bits, dtype, group_size):
+    """Saves like mlx_lm.convert: cast floating tensors, quantize, save weights + config."""
+    config = copy.deepcopy(config)
+    if bits is None:
+        config["torch_dtype"] = "float32"
+    else:
+        config["torch_dtype"] = dtype
+        target = getattr(mx, dtype)
+        cast_predicate = getattr(model, "cast_predicate", lambda _: True)
+
+        def set_dtype(k, v):
+            if cast_predicate(k) and mx.issubdtype(v.dtype, mx.floating):
+                return v.astype(target)
+            return v
+
+        model.update(tree_map_with_path(set_dtype, model.parameters()))
+        # quantize_model prints a bits-per-weight line; keep the progress output short.
+        with contextlib.redirect_stdout(io.StringIO()):
+            model, config = quantize_model(model, config, group_size, bits)
+    save_model(out, model)
+    save_config(config, config_path=Path(out) / "config.json")
+
+
+def record(model_dir, fixture, variant, seed):
+    """expected.json for one saved variant, computed from the folder as saved."""
+    model, _ = oracle.load_f32(model_dir)
+    trajs = [oracle.trajectory(model, p, STEPS) for p in PROMPTS]
+    q = VARIANTS[variant]
+    return {
+        "fixture": fixture["name"],
+        "variant": variant,
+        "model_type": fixture["config"]["model_type"],
+        "about": fixture["about"],
+        "weights": {
+            "dtype": q[1] if q else "float32",
+            "bits": q[0] if q else None,
+            "group_size": fixture["group_size"] if q else None,
+        },
+        "seed": seed,
+        "steps": STEPS,
+        "generator": {
+            "mlx": mx.__version__,
+            "mlx_lm": mlx_lm.__version__,
+            "script": "xtask/python/make_fixtures.py",
+        },
+        "trajectories": trajs,
+    }
+
+
+def acceptable(doc):
+    for t in doc["trajectories"]:
+        if len(set(t["token_ids"])) < MIN_DISTINCT or t["min_top2_margin"] < MIN_MARGIN:
+            return False
+    return True
+
+
+def make_one(fixture, out_root, scales, first_seed):
+    for seed in range(first_seed, first_seed + SEED_TRIES):
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            docs = {}
+            ok = True
+            for variant, q in VARIANTS.items():
+                model = build(fixture["config"], seed, scales)
+                bits, dtype = q if q else (None, None)
+                save_variant(model, fixture["config"], tmp / variant, bits, dtype, fixture["group_size"])
+                doc = record(tmp / variant, fixture, variant, seed)
+                docs[variant] = doc
+                if not acceptable(doc):
+                    ok = False
+                    break
+            summary = ", ".join(
+                f"{v} min distinct {min(len(set(t['token_ids'])) for t in d['trajectories'])}"
+                f" min margin {min(t['min_top2_margin'] for t in d['trajectories']):.4f}"
+                for v, d in docs.items()
+            )
+            verdict = "kept" if ok else "rejected"
+            print(f"[fixtures] {fixture['name']} seed {seed}: {summary}: {verdict}", flush=True)
+            if not ok:
+                continue
+            dest = out_root / fixture["name"]
+            if dest.exists():
+                shutil.rmtree(dest)
+            dest.mkdir(parents=True)
+            for variant, doc in docs.items():
+                shutil.copytree(tmp / variant, dest / variant)
+                (dest / variant / "expected.json").write_text(json.dumps(doc, indent=1) + "\n")
+            return seed
+    raise SystemExit(f"{fixture['name']}: no seed in {SEED_TRIES} tries gave acceptable trajectories")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="tests/fixtures")
+    ap.add_argument("--only", action="append", help="make only this fixture (repeatable)")
+    args = ap.parse_args()
+    mx.set_default_device(mx.cpu)
+    out_root = Path(args.out)
+    out_root.mkdir(parents=True, exist_ok=True)
+    for fixture in FIXTURES:
+        if args.only and fixture["name"] not in args.only:
+            continue
+        scales = dict(SCALES, **fixture.get("scales", {}))
+        make_one(fixture, out_root, scales, fixture.get("seed", 0))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

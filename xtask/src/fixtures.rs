@@ -1,0 +1,156 @@
+//! `cargo xtask fixtures`: regenerates tests/fixtures/ (tiny random MLX checkpoints and
+//! mlx-lm's greedy trajectories) with xtask/python/make_fixtures.py.
+//!
+//! Also home of the mlx-lm venv (`target/mlx-venv`) that `cargo xtask model` shares.
+//! The fixtures are committed; a stamp under target/ records the scripts, the pinned
+//! packages and a digest of what they produced, so a second run does nothing.
+
+use crate::pins::Pins;
+use crate::util::{self, progress};
+use anyhow::{Context, Result, bail};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+pub fn run(args: &[String]) -> Result<()> {
+    let force = match args {
+        [] => false,
+        [flag] if flag == "--force" => true,
+        [other, ..] => bail!("`fixtures` takes only `--force` (got `{other}`)"),
+    };
+    let started = Instant::now();
+    let pins = Pins::load()?;
+    let venv = mlx_venv(&pins, "fixtures 1/2")?;
+
+    let stage = "fixtures 2/2";
+    let out = fixtures_dir();
+    let stamp = util::target_dir().join("fixtures.stamp");
+    let inputs = format!(
+        "packages: {}\nmake_fixtures.py: {}\noracle.py: {}\n",
+        pins.oracle.python_packages.join(" "),
+        script_digest("make_fixtures.py")?,
+        script_digest("oracle.py")?,
+    );
+    if !force && out.is_dir() {
+        let (digest, bytes, files) = tree_digest(&out)?;
+        if util::stamp_matches(&stamp, &format!("{inputs}tree: {digest}\n")) {
+            progress(
+                stage,
+                format!("fixtures: present at {} ({files} files, {})", out.display(), human(bytes)),
+            );
+            return Ok(());
+        }
+    }
+    progress(stage, format!("making the fixtures with mlx-lm into {}", out.display()));
+    util::run(python(&venv, "make_fixtures.py").arg("--out").arg(&out))?;
+    let (digest, bytes, files) = tree_digest(&out)?;
+    util::write_stamp(&stamp, &format!("{inputs}tree: {digest}\n"))?;
+    progress(
+        stage,
+        format!(
+            "fixtures: {files} files, {} in {} ({:.0} s)",
+            human(bytes),
+            out.display(),
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    Ok(())
+}
+
+pub fn fixtures_dir() -> PathBuf {
+    util::root().join("tests/fixtures")
+}
+
+/// The venv with the pinned mlx-lm, created once (like setup's IREE venv).
+pub fn mlx_venv(pins: &Pins, stage: &str) -> Result<PathBuf> {
+    let venv = util::target_dir().join("mlx-venv");
+    let stamp = venv.join(".mlx-iree-stamp");
+    let reqs = &pins.oracle.python_packages;
+    let stamp_text = format!("{}\n", reqs.join("\n"));
+    if util::stamp_matches(&stamp, &stamp_text) && venv.join("bin/python").exists() {
+        progress(stage, format!("mlx-lm venv: present at {}", venv.display()));
+        return Ok(venv);
+    }
+    if !venv.join("bin/python").exists() {
+        progress(stage, format!("creating Python venv at {}", venv.display()));
+        util::run(Command::new("python3").args(["-m", "venv"]).arg(&venv))
+            .context("python3 -m venv failed (Debian: apt-get install python3-venv)")?;
+    }
+    progress(stage, format!("installing {} into the venv", reqs.join(", ")));
+    util::run(
+        Command::new(venv.join("bin/python"))
+            .args(["-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off"])
+            .args(reqs),
+    )?;
+    // mlx-lm's import pulls in mlx and transformers: a broken install fails here, not later.
+    util::run(Command::new(venv.join("bin/python")).args(["-c", "import mlx.core, mlx_lm, gguf, tokenizers"]))
+        .context("the mlx-lm venv does not import")?;
+    util::write_stamp(&stamp, &stamp_text)?;
+    Ok(venv)
+}
+
+/// `python xtask/python/<script>` from the venv, run in the workspace root, offline
+/// for Hugging Face and without writing `__pycache__` into the source tree.
+pub fn python(venv: &Path, script: &str) -> Command {
+    let mut cmd = Command::new(venv.join("bin/python"));
+    cmd.arg(util::root().join("xtask/python").join(script))
+        .current_dir(util::root())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("HF_HUB_OFFLINE", "1")
+        .env("HF_HUB_DISABLE_TELEMETRY", "1");
+    cmd
+}
+
+/// sha256 of one of the committed scripts, for stamps.
+pub fn script_digest(script: &str) -> Result<String> {
+    let path = util::root().join("xtask/python").join(script);
+    let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(util::sha256_hex(&bytes))
+}
+
+/// A digest over every file below `dir` except README.md (path and content, in
+/// sorted order), with the total size and file count.
+fn tree_digest(dir: &Path) -> Result<(String, u64, usize)> {
+    let mut files = Vec::new();
+    collect(dir, &mut files)?;
+    files.sort();
+    let mut listing = String::new();
+    let mut bytes = 0u64;
+    let mut count = 0usize;
+    for path in &files {
+        let rel = path.strip_prefix(dir).unwrap_or(path);
+        if rel == Path::new("README.md") {
+            continue;
+        }
+        let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        bytes += data.len() as u64;
+        count += 1;
+        listing.push_str(&format!("{} {}\n", util::sha256_hex(&data), rel.display()));
+    }
+    Ok((util::sha256_hex(listing.as_bytes()), bytes, count))
+}
+
+fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        let path = entry?.path();
+        if path.is_dir() {
+            collect(&path, out)?;
+        } else {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+pub fn human(bytes: u64) -> String {
+    // Display only: the precision loss of u64 -> f64 is irrelevant here.
+    #[allow(clippy::cast_precision_loss)]
+    let b = bytes as f64;
+    if b >= 1e9 {
+        format!("{:.2} GB", b / 1e9)
+    } else if b >= 1e6 {
+        format!("{:.1} MB", b / 1e6)
+    } else {
+        format!("{:.0} kB", b / 1e3)
+    }
+}
