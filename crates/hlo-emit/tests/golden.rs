@@ -142,12 +142,13 @@ fn elementwise_unary() {
                     f.abs(x)?,
                     f.sin(x)?,
                     f.cos(x)?,
+                    f.erf(x)?,
                 ])
             })?;
             Ok(())
         },
         r#"module {
-  func.func @unary(%arg0: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) {
+  func.func @unary(%arg0: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) {
     %0 = "stablehlo.negate"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
     %1 = "stablehlo.exponential"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
     %2 = "stablehlo.log"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
@@ -158,7 +159,8 @@ fn elementwise_unary() {
     %7 = "stablehlo.abs"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
     %8 = "stablehlo.sine"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
     %9 = "stablehlo.cosine"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
-    return %0, %1, %2, %3, %4, %5, %6, %7, %8, %9 : tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
+    %10 = "chlo.erf"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
+    return %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10 : tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
   }
 }
 "#,

@@ -199,6 +199,12 @@ impl<'c, 'b> Func<'c, 'b> {
         self.unary("stablehlo.sqrt", Accepts::Float, a)
     }
 
+    /// `erf(a)` (floats). StableHLO has no erf; CHLO's, which IREE's StableHLO input
+    /// legalizes, is the portable spelling (MLX's exact GELU needs it).
+    pub fn erf(&self, a: Value<'c, 'b>) -> Result<Value<'c, 'b>, Error> {
+        self.unary("chlo.erf", Accepts::Float, a)
+    }
+
     /// `tanh(a)` (floats).
     pub fn tanh(&self, a: Value<'c, 'b>) -> Result<Value<'c, 'b>, Error> {
         self.unary("stablehlo.tanh", Accepts::Float, a)
