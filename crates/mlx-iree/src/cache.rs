@@ -1,7 +1,6 @@
 //! Where compiled modules are cached, and compiling through that cache with progress lines.
 
-use anyhow::{Context, Result};
-use iree_compiler::{CacheOutcome, CompileCache, CompileOptions, Compiler, Target};
+use iree_compiler::{CacheOutcome, CompileCache, CompileOptions, Compiler, Error, Target};
 use std::path::PathBuf;
 
 /// `$MLX_IREE_CACHE_DIR`, else `$XDG_CACHE_HOME/mlx-iree`, else `~/.cache/mlx-iree`.
@@ -16,19 +15,46 @@ pub fn dir() -> PathBuf {
     base.join("mlx-iree")
 }
 
-/// Compiles `mlir` for `target`, printing what happens (a user must never stare at a
-/// silent terminal while IREE works) to stderr so stdout stays the program's output.
-pub fn compile(what: &str, mlir: &str, target: &Target, opts: &CompileOptions) -> Result<Vec<u8>> {
-    let compiler = Compiler::new().context("loading the IREE compiler")?;
-    let cache = CompileCache::new(dir()).with_context(|| format!("opening the compile cache {}", dir().display()))?;
+/// How a compile went, for the summary line.
+#[derive(Debug, Clone, Copy)]
+pub enum CompileReport {
+    CacheHit,
+    Compiled { seconds: f64 },
+}
+
+impl std::fmt::Display for CompileReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CompileReport::CacheHit => f.write_str("compile cache hit"),
+            CompileReport::Compiled { seconds } => write!(f, "compiled in {seconds:.1} s"),
+        }
+    }
+}
+
+/// Compiles `mlir` for `target` through the cache, saying on stderr what happens (a user
+/// must never stare at a silent terminal while IREE works; stdout stays the output).
+pub fn compile(
+    what: &str,
+    mlir: &str,
+    target: &Target,
+    opts: &CompileOptions,
+) -> Result<(Vec<u8>, CompileReport), Error> {
+    let compiler = Compiler::new()?;
+    let cache = CompileCache::new(dir())?;
     let key = cache.key(&compiler, mlir, target, opts);
     if !cache.path_for(&key).exists() {
-        eprintln!("compiling {what} for {target} (first run; later runs use the cache)...");
+        eprintln!(
+            "compiling {what} for {target} (first run; later runs use the cache in {})...",
+            dir().display()
+        );
     }
-    let out = cache.compile(&compiler, mlir, target, opts).with_context(|| format!("compiling {what} for {target}"))?;
-    match out.outcome {
-        CacheOutcome::Hit => eprintln!("{what}: compile cache hit ({})", out.path.display()),
-        CacheOutcome::Miss => eprintln!("{what}: compiled in {:.2} s", out.elapsed.as_secs_f64()),
-    }
-    Ok(out.vmfb)
+    let out = cache.compile(&compiler, mlir, target, opts)?;
+    let report = match out.outcome {
+        CacheOutcome::Hit => CompileReport::CacheHit,
+        CacheOutcome::Miss => CompileReport::Compiled {
+            seconds: out.elapsed.as_secs_f64(),
+        },
+    };
+    eprintln!("{what}: {report}");
+    Ok((out.vmfb, report))
 }

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result, bail};
 use hlo_emit::{DotDims, ElementType::F32};
-use iree_compiler::{CompileOptions, Target};
+use iree_compiler::CompileOptions;
 use iree_hal::{Instance, Session};
 use std::time::Instant;
 
@@ -19,17 +19,6 @@ pub struct Args {
     /// IREE device URI: local-task, local-sync or cuda.
     #[arg(long, default_value = "local-task")]
     device: String,
-}
-
-/// The compile target that runs on a device URI; anything else is refused before compiling.
-fn target_for(device: &str) -> Result<Target> {
-    let driver = device.split(':').next().unwrap_or(device);
-    match driver {
-        "local-task" | "local-sync" => Ok(Target::llvm_cpu_host()),
-        // sm_80 PTX also runs on newer GPUs (the driver JIT-compiles it); IREE 3.13 has no sm_90 entry.
-        "cuda" => Ok(Target::cuda("sm_80")),
-        other => bail!("demo: unsupported device `{other}` (expected local-task, local-sync or cuda)"),
-    }
 }
 
 fn graph() -> Result<String> {
@@ -59,9 +48,9 @@ fn reference(x: &[f32], gamma: &[f32], w: &[f32]) -> Vec<f32> {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let target = target_for(&args.device)?;
+    let target = mlx_iree::device::target_for(&args.device).map_err(|e| anyhow::anyhow!("demo: {e}"))?;
     println!("graph: softmax(W · rmsnorm(x)), x [{HIDDEN}], W [{VOCAB}, {HIDDEN}], built with hlo-emit");
-    let vmfb = crate::cache::compile("demo graph", &graph()?, &target, &CompileOptions::default())?;
+    let (vmfb, _) = mlx_iree::cache::compile("demo graph", &graph()?, &target, &CompileOptions::default())?;
 
     let instance = Instance::new()?;
     let device = instance.device(&args.device).with_context(|| format!("opening device `{}`", args.device))?;

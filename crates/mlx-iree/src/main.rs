@@ -1,6 +1,5 @@
 //! The `mlx-iree` command line. Bad input is one line on stderr and exit status 2.
 
-mod cache;
 mod demo;
 
 use clap::{Parser, Subcommand};

@@ -1,1 +1,21 @@
-//! Models: placeholder filled by the checkpoint issue (#3).
+//! One config-driven decoder for Llama, Qwen2/3 and Gemma 1/2/3 checkpoints in MLX format,
+//! emitted as StableHLO with `hlo-emit`.
+//!
+//! - [`ModelConfig`] normalises `config.json`; an unsupported `model_type` or option is an
+//!   error here, before anything is compiled.
+//! - [`param_specs`] lists the parameters (checkpoint names and shapes) the graph binds as
+//!   globals in scope [`graph::SCOPE`]; [`load_f32`] reads each as f32 (dequantized at load).
+//! - [`graph::emit`] writes the `prefill` / `decode` functions; the KV cache is an argument
+//!   and a result, so it stays on the device between calls.
+
+mod config;
+mod error;
+pub mod graph;
+mod params;
+mod rope;
+
+pub use config::{Activation, Family, LayerConfig, ModelConfig, RopeScaling, SUPPORTED};
+pub use error::{Error, Result};
+pub use graph::{GraphShape, emit, kv_cache_shape};
+pub use params::{Kind, ParamSpec, load_f32, param_specs};
+pub use rope::RopeTable;

@@ -1,0 +1,233 @@
+//! Loads an MLX model folder onto an IREE device and runs its prefill/decode graphs.
+//!
+//! Weights are bound once as parameters (scope `model`) and stay resident; the KV cache
+//! lives in device buffers that each call consumes and returns, so nothing but token ids
+//! (and logits when asked) crosses to the host per step.
+
+use crate::cache::{self, CompileReport};
+use iree_compiler::CompileOptions;
+use iree_hal::{BufferView, Device, Instance, Parameters, Session};
+use models::{GraphShape, ModelConfig, graph::SCOPE};
+use std::path::Path;
+use std::time::Instant;
+use weights::Checkpoint;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Weights(#[from] weights::Error),
+    #[error(transparent)]
+    Model(#[from] models::Error),
+    #[error(transparent)]
+    Compile(#[from] iree_compiler::Error),
+    #[error(transparent)]
+    Runtime(#[from] iree_hal::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Weight precision on the device. Only `f32` exists until the precision work lands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    F32,
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(Precision::F32),
+            "f16" | "bf16" | "packed" => Err(format!(
+                "precision `{s}` is not implemented yet (available: f32)"
+            )),
+            other => Err(format!(
+                "unknown precision `{other}` (expected f32, f16, bf16 or packed)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Precision::F32 => "f32",
+        })
+    }
+}
+
+/// Picks static graph sizes for a request: a power-of-two prompt bucket (long prompts are
+/// fed in chunks of it) and a power-of-two cache capacity that holds prompt + new tokens.
+pub fn plan(prompt_len: usize, max_new: usize) -> GraphShape {
+    let prefill = prompt_len.max(1).next_power_of_two().clamp(16, 128);
+    let rounded = prompt_len.div_ceil(prefill) * prefill;
+    let capacity = rounded
+        .max(prompt_len + max_new)
+        .next_power_of_two()
+        .max(64);
+    GraphShape { capacity, prefill }
+}
+
+/// One step's result: the greedy next token and the logits, still on the device.
+#[derive(Debug)]
+pub struct Step {
+    pub next: u32,
+    logits: BufferView,
+}
+
+impl Step {
+    /// Downloads the `[vocab]` logits of this step.
+    pub fn logits(&self) -> Result<Vec<f32>> {
+        Ok(self.logits.to_vec()?)
+    }
+}
+
+#[derive(Debug)]
+pub struct Engine {
+    cfg: ModelConfig,
+    shape: GraphShape,
+    device: Device,
+    session: Session,
+    k: BufferView,
+    v: BufferView,
+    pos: usize,
+    pub compile: CompileReport,
+    pub load_seconds: f64,
+}
+
+impl Engine {
+    /// Opens the checkpoint, refuses what it cannot run (before compiling), compiles the
+    /// graphs for `shape` (cached), and binds the weights on `device_uri`.
+    pub fn load(
+        dir: &Path,
+        device_uri: &str,
+        precision: Precision,
+        shape: GraphShape,
+    ) -> Result<Engine> {
+        let target = crate::device::target_for(device_uri).map_err(Error::Invalid)?;
+        let ckpt = Checkpoint::open(dir)?;
+        let cfg = ModelConfig::for_checkpoint(&ckpt)?;
+        let Precision::F32 = precision;
+
+        let mlir = models::emit(&cfg, shape)?;
+        let what = format!(
+            "{} graph (capacity {}, prompt bucket {})",
+            cfg.model_type, shape.capacity, shape.prefill
+        );
+        let (vmfb, compile) = cache::compile(&what, &mlir, &target, &CompileOptions::default())?;
+
+        let started = Instant::now();
+        let instance = Instance::new()?;
+        let device = instance.device(device_uri)?;
+        let mut session = Session::new(&instance, &device)?;
+        let mut params = Parameters::new(SCOPE)?;
+        for spec in models::param_specs(&cfg) {
+            let data = models::load_f32(&ckpt, &spec)?;
+            let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+            params.add_tensor(&spec.key, &bytes)?;
+        }
+        session.append_parameters(&[&params])?;
+        session.load_vmfb(&vmfb)?;
+        let dims = models::kv_cache_shape(&cfg, shape.capacity);
+        let zeros = vec![0f32; dims.iter().product()];
+        let k = device.upload(&dims, &zeros)?;
+        let v = device.upload(&dims, &zeros)?;
+        let load_seconds = started.elapsed().as_secs_f64();
+        Ok(Engine {
+            cfg,
+            shape,
+            device,
+            session,
+            k,
+            v,
+            pos: 0,
+            compile,
+            load_seconds,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn shape(&self) -> GraphShape {
+        self.shape
+    }
+
+    /// Positions used so far.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Forgets the context; the next call starts at position 0. Stale cache entries are
+    /// never read: a position is written before any query can see it.
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        if let Some(bad) = tokens.iter().find(|t| **t as usize >= self.cfg.vocab) {
+            return Err(Error::Invalid(format!(
+                "token id {bad} is out of range for vocabulary size {}",
+                self.cfg.vocab
+            )));
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, func: &str, padded: &[i32], real: usize) -> Result<Step> {
+        let t = padded.len();
+        if self.pos + t > self.shape.capacity {
+            return Err(Error::Invalid(format!(
+                "context full: position {} + {t} exceeds the cache capacity {}",
+                self.pos, self.shape.capacity
+            )));
+        }
+        let tokens = self.device.upload(&[t], padded)?;
+        let start = self.device.upload::<i32>(&[], &[self.pos as i32])?;
+        let last = self.device.upload::<i32>(&[], &[real as i32 - 1])?;
+        let mut out = self
+            .session
+            .call(func, &[&tokens, &start, &last, &self.k, &self.v])?
+            .into_iter();
+        let (Some(next), Some(logits), Some(k), Some(v)) =
+            (out.next(), out.next(), out.next(), out.next())
+        else {
+            return Err(Error::Invalid(format!(
+                "`{func}` returned fewer than 4 results"
+            )));
+        };
+        self.k = k;
+        self.v = v;
+        self.pos += real;
+        let next: Vec<i32> = next.to_vec()?;
+        Ok(Step {
+            next: next[0] as u32,
+            logits,
+        })
+    }
+
+    /// Feeds the prompt (in chunks of the prompt bucket) and returns the step after its
+    /// last token.
+    pub fn prefill(&mut self, prompt: &[u32]) -> Result<Step> {
+        if prompt.is_empty() {
+            return Err(Error::Invalid("empty prompt".into()));
+        }
+        self.check_tokens(prompt)?;
+        let bucket = self.shape.prefill;
+        let mut last = None;
+        for chunk in prompt.chunks(bucket) {
+            let mut padded: Vec<i32> = chunk.iter().map(|t| *t as i32).collect();
+            padded.resize(bucket, 0);
+            last = Some(self.run("prefill", &padded, chunk.len())?);
+        }
+        last.ok_or_else(|| Error::Invalid("empty prompt".into()))
+    }
+
+    /// Feeds one token.
+    pub fn decode(&mut self, token: u32) -> Result<Step> {
+        self.check_tokens(&[token])?;
+        self.run("decode", &[token as i32], 1)
+    }
+}

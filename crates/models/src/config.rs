@@ -1,0 +1,321 @@
+//! `config.json` -> one normalised [`ModelConfig`]: the Llama/Qwen/Gemma differences become
+//! settings of a single decoder, following what mlx-lm 0.32 does for each `model_type`.
+
+use crate::error::{Error, Result};
+use serde::Deserialize;
+use serde_json::Value;
+use std::path::Path;
+
+pub const SUPPORTED: &str = "llama, qwen2, qwen3, gemma, gemma2, gemma3_text";
+
+/// The checkpoint's `config.json` as written, every field optional; [`ModelConfig::from_json`]
+/// decides per `model_type` which are required and what the defaults are.
+#[derive(Debug, Deserialize)]
+struct RawConfig {
+    model_type: Option<String>,
+    hidden_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    intermediate_size: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    vocab_size: Option<usize>,
+    rms_norm_eps: Option<f64>,
+    rope_theta: Option<f64>,
+    rope_traditional: Option<bool>,
+    rope_scaling: Option<Value>,
+    rope_local_base_freq: Option<f64>,
+    tie_word_embeddings: Option<bool>,
+    attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
+    attn_logit_softcapping: Option<f64>,
+    final_logit_softcapping: Option<f64>,
+    query_pre_attn_scalar: Option<f64>,
+    sliding_window: Option<usize>,
+    sliding_window_pattern: Option<usize>,
+    layer_types: Option<Vec<String>>,
+    max_position_embeddings: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Llama,
+    Qwen2,
+    Qwen3,
+    Gemma,
+    Gemma2,
+    Gemma3,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu(gate) * up` (Llama, Qwen).
+    Silu,
+    /// `gelu(gate) * up` with the exact erf GELU (mlx-lm's `gemma`).
+    GeluErf,
+    /// `gelu_approx(gate) * up`, the tanh approximation (`gemma2`, `gemma3_text`).
+    GeluTanh,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions multiplied by `1 / factor`.
+    Linear { factor: f64 },
+    /// Llama 3.x frequency bands.
+    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: f64 },
+}
+
+/// What differs from layer to layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerConfig {
+    pub rope_theta: f64,
+    pub rope_scaling: RopeScaling,
+    /// Keys older than this many positions are masked (`i - W < j <= i`).
+    pub sliding_window: Option<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub model_type: String,
+    pub family: Family,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab: usize,
+    pub rms_eps: f64,
+    pub layers: Vec<LayerConfig>,
+    /// The output projection reuses the (possibly quantized) embedding.
+    pub tie_embeddings: bool,
+    /// Biases on q/k/v projections (Qwen2; Llama `attention_bias` also on o).
+    pub qkv_bias: bool,
+    pub o_bias: bool,
+    pub mlp_bias: bool,
+    /// RMSNorm of each query and key head (Qwen3, Gemma3).
+    pub qk_norm: bool,
+    /// Gemma's RMSNorm scales by `1 + w` instead of `w`.
+    pub norm_plus_one: bool,
+    /// Norms after attention and around the MLP (Gemma2, Gemma3).
+    pub sandwich_norms: bool,
+    /// Embeddings multiplied by this (Gemma: sqrt(hidden); Gemma3 rounds it to bf16).
+    pub embed_scale: Option<f32>,
+    pub activation: Activation,
+    /// Multiplier of q·k before the softmax.
+    pub attn_scale: f64,
+    pub attn_softcap: Option<f64>,
+    pub final_softcap: Option<f64>,
+    pub max_position_embeddings: Option<usize>,
+}
+
+fn cfg_err(path: &Path, key: &str, reason: impl Into<String>) -> Error {
+    Error::Config { path: path.to_path_buf(), key: key.to_string(), reason: reason.into() }
+}
+
+fn required<T: Copy>(path: &Path, key: &str, v: Option<T>) -> Result<T> {
+    v.ok_or_else(|| cfg_err(path, key, "missing"))
+}
+
+impl ModelConfig {
+    /// Normalises `config.json` (already parsed; `path` names it in errors). Any
+    /// `model_type` or option this crate cannot run is refused here, before any compile.
+    pub fn from_json(value: &Value, path: &Path) -> Result<ModelConfig> {
+        let raw: RawConfig =
+            serde_json::from_value(value.clone()).map_err(|e| cfg_err(path, "config", e.to_string()))?;
+        let model_type = raw.model_type.clone().ok_or_else(|| cfg_err(path, "model_type", "missing"))?;
+        let family = match model_type.as_str() {
+            "llama" => Family::Llama,
+            "qwen2" => Family::Qwen2,
+            "qwen3" => Family::Qwen3,
+            "gemma" => Family::Gemma,
+            "gemma2" => Family::Gemma2,
+            "gemma3_text" => Family::Gemma3,
+            _ => {
+                return Err(Error::UnsupportedModelType { path: path.to_path_buf(), model_type, supported: SUPPORTED });
+            }
+        };
+        let p = path;
+        let hidden = required(p, "hidden_size", raw.hidden_size)?;
+        let n_layers = required(p, "num_hidden_layers", raw.num_hidden_layers)?;
+        let heads = required(p, "num_attention_heads", raw.num_attention_heads)?;
+        let is_gemma = matches!(family, Family::Gemma | Family::Gemma2 | Family::Gemma3);
+        let kv_heads = raw.num_key_value_heads.unwrap_or(heads);
+        let head_dim = match (family, raw.head_dim) {
+            (_, Some(d)) => d,
+            (Family::Llama | Family::Qwen2, None) => hidden / heads.max(1),
+            (_, None) => return Err(cfg_err(p, "head_dim", "missing")),
+        };
+        let unsupported = |key: &str, value: String| Error::Unsupported {
+            path: path.to_path_buf(),
+            model_type: model_type.clone(),
+            key: key.to_string(),
+            value,
+        };
+        if raw.rope_traditional == Some(true) {
+            return Err(unsupported("rope_traditional", "true".into()));
+        }
+        let rope_theta = raw.rope_theta.unwrap_or(match family {
+            Family::Qwen2 | Family::Gemma3 => 1_000_000.0,
+            _ => 10_000.0,
+        });
+        let rope_scaling = match family {
+            Family::Gemma | Family::Gemma2 => RopeScaling::None, // mlx-lm ignores it there
+            _ => parse_rope_scaling(raw.rope_scaling.as_ref(), path, &unsupported)?,
+        };
+
+        let window = raw.sliding_window;
+        let layers: Vec<LayerConfig> = (0..n_layers)
+            .map(|i| -> Result<LayerConfig> {
+                let global = LayerConfig { rope_theta, rope_scaling: rope_scaling.clone(), sliding_window: None };
+                Ok(match family {
+                    Family::Llama => match raw.layer_types.as_ref().map(|t| t.get(i).map(String::as_str)) {
+                        None | Some(Some("full_attention")) => global,
+                        Some(Some("sliding_attention")) => LayerConfig {
+                            sliding_window: Some(required(p, "sliding_window", window)?),
+                            ..global
+                        },
+                        Some(other) => return Err(cfg_err(p, "layer_types", format!("layer {i}: {other:?}"))),
+                    },
+                    // HF's Gemma2 alternates: even layers use the sliding window.
+                    Family::Gemma2 => LayerConfig { sliding_window: window.filter(|_| i % 2 == 0), ..global },
+                    Family::Gemma3 => {
+                        let pattern = raw.sliding_window_pattern.unwrap_or(6).max(1);
+                        if (i + 1) % pattern != 0 {
+                            LayerConfig {
+                                rope_theta: raw.rope_local_base_freq.unwrap_or(10_000.0),
+                                rope_scaling: RopeScaling::None,
+                                sliding_window: Some(window.unwrap_or(512)),
+                            }
+                        } else {
+                            global
+                        }
+                    }
+                    _ => global,
+                })
+            })
+            .collect::<Result<_>>()?;
+
+        let qpas = raw.query_pre_attn_scalar;
+        let attn_scale = match family {
+            Family::Gemma2 => qpas.unwrap_or(144.0).powf(-0.5),
+            Family::Gemma3 => qpas.unwrap_or(256.0).powf(-0.5),
+            _ => (head_dim as f64).powf(-0.5),
+        };
+        let embed_scale = match family {
+            Family::Gemma | Family::Gemma2 => Some((hidden as f64).sqrt() as f32),
+            // mlx-lm: mx.array(hidden ** 0.5, mx.bfloat16)
+            Family::Gemma3 => Some(half::bf16::from_f64((hidden as f64).sqrt()).to_f32()),
+            _ => None,
+        };
+        let attention_bias = raw.attention_bias.unwrap_or(false);
+        Ok(ModelConfig {
+            model_type: model_type.clone(),
+            family,
+            hidden,
+            intermediate: required(p, "intermediate_size", raw.intermediate_size)?,
+            heads,
+            kv_heads,
+            head_dim,
+            vocab: required(p, "vocab_size", raw.vocab_size)?,
+            rms_eps: raw.rms_norm_eps.unwrap_or(if is_gemma { 1e-6 } else { 1e-5 }),
+            layers,
+            tie_embeddings: match family {
+                Family::Gemma | Family::Gemma2 => true,
+                // mlx-lm's gemma3_text decides by whether lm_head.weight exists; the loader
+                // corrects this from the checkpoint.
+                Family::Gemma3 => raw.tie_word_embeddings.unwrap_or(true),
+                Family::Qwen3 => raw.tie_word_embeddings.unwrap_or(false),
+                _ => raw.tie_word_embeddings.unwrap_or(true),
+            },
+            qkv_bias: family == Family::Qwen2 || (family == Family::Llama && attention_bias),
+            o_bias: family == Family::Llama && attention_bias,
+            mlp_bias: family == Family::Llama && raw.mlp_bias.unwrap_or(false),
+            qk_norm: matches!(family, Family::Qwen3 | Family::Gemma3),
+            norm_plus_one: is_gemma,
+            sandwich_norms: matches!(family, Family::Gemma2 | Family::Gemma3),
+            embed_scale,
+            activation: match family {
+                Family::Gemma => Activation::GeluErf,
+                Family::Gemma2 | Family::Gemma3 => Activation::GeluTanh,
+                _ => Activation::Silu,
+            },
+            attn_scale,
+            attn_softcap: if family == Family::Gemma2 { Some(raw.attn_logit_softcapping.unwrap_or(50.0)) } else { None },
+            final_softcap: if family == Family::Gemma2 { Some(raw.final_logit_softcapping.unwrap_or(30.0)) } else { None },
+            max_position_embeddings: raw.max_position_embeddings,
+        }
+        .validated(path)?)
+    }
+
+    fn validated(self, path: &Path) -> Result<Self> {
+        let p = path;
+        for (key, v) in [
+            ("hidden_size", self.hidden),
+            ("num_attention_heads", self.heads),
+            ("num_key_value_heads", self.kv_heads),
+            ("head_dim", self.head_dim),
+            ("vocab_size", self.vocab),
+            ("intermediate_size", self.intermediate),
+            ("num_hidden_layers", self.layers.len()),
+        ] {
+            if v == 0 {
+                return Err(cfg_err(p, key, "must be > 0"));
+            }
+        }
+        if self.heads % self.kv_heads != 0 {
+            return Err(cfg_err(p, "num_key_value_heads", format!("{} does not divide num_attention_heads {}", self.kv_heads, self.heads)));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(cfg_err(p, "head_dim", format!("{} is odd; RoPE needs an even head_dim", self.head_dim)));
+        }
+        if self.layers.iter().any(|l| l.sliding_window == Some(0)) {
+            return Err(cfg_err(p, "sliding_window", "must be > 0"));
+        }
+        Ok(self)
+    }
+
+    /// `path`'s `config.json` loaded and normalised.
+    pub fn from_file(path: &Path) -> Result<ModelConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| cfg_err(path, "config.json", e.to_string()))?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| cfg_err(path, "config.json", e.to_string()))?;
+        Self::from_json(&value, path)
+    }
+
+    /// The config of a checkpoint folder, with what only the tensors can tell: mlx-lm's
+    /// `gemma3_text` ties the output layer exactly when `lm_head.weight` is absent.
+    pub fn for_checkpoint(ckpt: &weights::Checkpoint) -> Result<ModelConfig> {
+        let mut cfg = Self::from_json(ckpt.config(), &ckpt.dir().join("config.json"))?;
+        if cfg.family == Family::Gemma3 {
+            cfg.tie_embeddings = !ckpt.contains("lm_head.weight");
+        }
+        Ok(cfg)
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+}
+
+fn parse_rope_scaling(v: Option<&Value>, path: &Path, unsupported: &dyn Fn(&str, String) -> Error) -> Result<RopeScaling> {
+    let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(RopeScaling::None) };
+    let obj = v.as_object().ok_or_else(|| cfg_err(path, "rope_scaling", "expected an object"))?;
+    let kind = obj.get("rope_type").or_else(|| obj.get("type")).and_then(Value::as_str).unwrap_or("default");
+    let num = |key: &str, default: Option<f64>| -> Result<f64> {
+        match obj.get(key) {
+            Some(x) => x.as_f64().ok_or_else(|| cfg_err(path, &format!("rope_scaling.{key}"), "expected a number")),
+            None => default.ok_or_else(|| cfg_err(path, &format!("rope_scaling.{key}"), "missing")),
+        }
+    };
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear { factor: num("factor", None)? }),
+        "llama3" => Ok(RopeScaling::Llama3 {
+            factor: num("factor", None)?,
+            low_freq_factor: num("low_freq_factor", Some(1.0))?,
+            high_freq_factor: num("high_freq_factor", Some(4.0))?,
+            original_max_position_embeddings: num("original_max_position_embeddings", Some(8192.0))?,
+        }),
+        other => Err(unsupported("rope_scaling.rope_type", format!("\"{other}\""))),
+    }
+}

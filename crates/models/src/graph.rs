@@ -1,0 +1,254 @@
+//! The decoder as StableHLO: one `step` body emitted for a prompt bucket (`prefill`) and for
+//! one token (`decode`), with the KV cache passed in and returned so it stays on the device.
+//!
+//! Function signature (both functions):
+//! `(tokens: i32[T], start: i32, last: i32, k: f32[L,K,S,hd], v: f32[L,K,S,hd])
+//!   -> (next: i32[1], logits: f32[V], k', v')`
+//! tokens sit at positions `start..start+T`; their keys/values are written there; `last`
+//! picks the row whose logits are returned (the last real token of a padded prompt).
+//! Callers keep `start + T <= S` (StableHLO clamps out-of-range update offsets).
+
+use crate::config::{Activation, ModelConfig};
+use crate::error::Result;
+use crate::params::{ParamSpec, layer_prefix, param_specs};
+use crate::rope::RopeTable;
+use hlo_emit::{Cmp, Context, DotDims, ElementType::*, Func, Global, Module, Value};
+use std::collections::HashMap;
+
+/// Static sizes a module is compiled for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphShape {
+    /// KV cache capacity S (positions).
+    pub capacity: usize,
+    /// Prompt bucket T of `prefill`.
+    pub prefill: usize,
+}
+
+/// Parameter scope name the globals are bound to.
+pub const SCOPE: &str = "model";
+
+pub fn kv_cache_shape(cfg: &ModelConfig, capacity: usize) -> [usize; 4] {
+    [cfg.num_layers(), cfg.kv_heads, capacity, cfg.head_dim]
+}
+
+/// Emits the module text: globals for every parameter, then `prefill` and `decode`.
+pub fn emit(cfg: &ModelConfig, shape: GraphShape) -> Result<String> {
+    if shape.prefill == 0 || shape.prefill > shape.capacity {
+        return Err(crate::Error::Invalid(format!(
+            "prefill bucket {} must be in 1..={} (the cache capacity)",
+            shape.prefill, shape.capacity
+        )));
+    }
+    let ctx = Context::new();
+    let m = Module::new(&ctx);
+    let specs = param_specs(cfg);
+    let mut globals = HashMap::new();
+    for (i, ParamSpec { key, shape, .. }) in specs.iter().enumerate() {
+        let dims: Vec<i64> = shape.iter().map(|d| *d as i64).collect();
+        globals.insert(key.clone(), m.global_param(&format!("p{i}"), SCOPE, key, &F32.tensor(&dims))?);
+    }
+    let cache: Vec<i64> = kv_cache_shape(cfg, shape.capacity).iter().map(|d| *d as i64).collect();
+    for (name, t) in [("prefill", shape.prefill), ("decode", 1)] {
+        let inputs = [I32.tensor(&[t as i64]), I32.scalar(), I32.scalar(), F32.tensor(&cache), F32.tensor(&cache)];
+        m.func(name, &inputs, |f, a| {
+            let step = Step { f, cfg, globals: &globals, t: t as i64, s: shape.capacity as i64 };
+            step.emit(a[0], a[1], a[2], a[3], a[4]).map_err(|e| match e {
+                crate::Error::Graph(g) => g,
+                other => hlo_emit::Error::Mlir { what: "decoder step".into(), detail: other.to_string() },
+            })
+        })?;
+    }
+    Ok(m.to_text())
+}
+
+struct Step<'a, 'c, 'b> {
+    f: &'a Func<'c, 'b>,
+    cfg: &'a ModelConfig,
+    globals: &'a HashMap<String, Global>,
+    t: i64,
+    s: i64,
+}
+
+type V<'c, 'b> = Value<'c, 'b>;
+type R<T> = std::result::Result<T, hlo_emit::Error>;
+
+impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
+    fn param(&self, key: &str) -> R<V<'c, 'b>> {
+        let g = self.globals.get(key).ok_or_else(|| hlo_emit::Error::Mlir {
+            what: "parameter".into(),
+            detail: format!("no global for {key}"),
+        })?;
+        self.f.load(g)
+    }
+
+    /// `x [T, in]` through the linear layer `prefix`: `W · xᵀ` with the weight on the
+    /// left (BRIEF 4), then back to `[T, out]`.
+    fn linear(&self, x: V<'c, 'b>, prefix: &str, bias: bool) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let w = self.param(&format!("{prefix}.weight"))?;
+        let y = f.transpose(f.dot_general(w, x, DotDims::contract(&[1], &[1]))?, &[1, 0])?;
+        if bias {
+            let b = self.param(&format!("{prefix}.bias"))?;
+            return f.add(y, f.broadcast_in_dim(b, &y.shape(), &[1])?);
+        }
+        Ok(y)
+    }
+
+    fn norm(&self, x: V<'c, 'b>, key: &str) -> R<V<'c, 'b>> {
+        let mut w = self.param(key)?;
+        if self.cfg.norm_plus_one {
+            w = self.f.add_scalar(w, 1.0)?;
+        }
+        self.f.rms_norm(x, w, self.cfg.rms_eps)
+    }
+
+    /// Rotates `x [T, heads, hd]` by the positions' angles (MLX's non-traditional layout:
+    /// the first and second halves of each head form the pairs).
+    fn rope(&self, x: V<'c, 'b>, cos: V<'c, 'b>, sin: V<'c, 'b>) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let shape = x.shape();
+        let half = shape[2] / 2;
+        let (x1, x2) = (f.slice_dim(x, 2, 0, half)?, f.slice_dim(x, 2, half, 2 * half)?);
+        let hshape = [shape[0], shape[1], half];
+        let c = f.broadcast_in_dim(cos, &hshape, &[0, 2])?;
+        let s = f.broadcast_in_dim(sin, &hshape, &[0, 2])?;
+        let r1 = f.sub(f.mul(x1, c)?, f.mul(x2, s)?)?;
+        let r2 = f.add(f.mul(x1, s)?, f.mul(x2, c)?)?;
+        f.concatenate(&[r1, r2], 2)
+    }
+
+    fn rope_tables(&self, pos_f: V<'c, 'b>, table: &RopeTable) -> R<(V<'c, 'b>, V<'c, 'b>)> {
+        let f = self.f;
+        let half = table.inv_freq.len() as i64;
+        let inv = f.constant_f32(&table.inv_freq, &[half])?;
+        let p = f.mul_scalar(pos_f, table.position_scale as f64)?;
+        let ang = f.mul(f.broadcast_in_dim(p, &[self.t, half], &[0])?, f.broadcast_in_dim(inv, &[self.t, half], &[1])?)?;
+        Ok((f.cos(ang)?, f.sin(ang)?))
+    }
+
+    fn emit(&self, tokens: V<'c, 'b>, start: V<'c, 'b>, last: V<'c, 'b>, mut kc: V<'c, 'b>, mut vc: V<'c, 'b>) -> crate::Result<Vec<V<'c, 'b>>> {
+        let (f, cfg, t, s) = (self.f, self.cfg, self.t, self.s);
+        let (h, k, hd) = (cfg.heads as i64, cfg.kv_heads as i64, cfg.head_dim as i64);
+        let g = h / k;
+
+        let mut x = f.gather_rows(self.param("model.embed_tokens.weight")?, tokens)?;
+        if let Some(scale) = cfg.embed_scale {
+            x = f.mul_scalar(x, scale as f64)?;
+        }
+
+        // Absolute positions of the T rows, and the causal mask over the S cache slots.
+        let pos = f.add(f.iota(&I32.tensor(&[t]), 0)?, f.broadcast_in_dim(start, &[t], &[])?)?;
+        let pos_f = f.convert(pos, F32)?;
+        let kpos = f.iota(&I32.tensor(&[t, s]), 1)?;
+        let qpos = f.broadcast_in_dim(pos, &[t, s], &[0])?;
+        let causal = f.compare(kpos, qpos, Cmp::Le)?;
+        let mut masks: HashMap<Option<usize>, V<'c, 'b>> = HashMap::new();
+        let mut ropes: HashMap<String, (V<'c, 'b>, V<'c, 'b>)> = HashMap::new();
+        let neg = f.splat(f32::MIN as f64, &F32.tensor(&[k, g, t, s]))?;
+        let zero = f.scalar(0.0, I32)?;
+
+        for (l, layer) in cfg.layers.iter().enumerate() {
+            let p = layer_prefix(l);
+            let mask = match masks.get(&layer.sliding_window) {
+                Some(m) => *m,
+                None => {
+                    let m = match layer.sliding_window {
+                        None => causal,
+                        // Key j is visible from query i when i - W < j.
+                        Some(w) => {
+                            let recent = f.compare(f.add(kpos, f.splat(w as f64, &I32.tensor(&[t, s]))?)?, qpos, Cmp::Gt)?;
+                            f.and(causal, recent)?
+                        }
+                    };
+                    masks.insert(layer.sliding_window, m);
+                    m
+                }
+            };
+            let table = RopeTable::new(layer, cfg.head_dim);
+            let rope_key = format!("{:?}", table);
+            let (cos, sin) = match ropes.get(&rope_key) {
+                Some(cs) => *cs,
+                None => {
+                    let cs = self.rope_tables(pos_f, &table)?;
+                    ropes.insert(rope_key, cs);
+                    cs
+                }
+            };
+
+            let hn = self.norm(x, &format!("{p}.input_layernorm.weight"))?;
+            let q = f.reshape(self.linear(hn, &format!("{p}.self_attn.q_proj"), cfg.qkv_bias)?, &[t, h, hd])?;
+            let kk = f.reshape(self.linear(hn, &format!("{p}.self_attn.k_proj"), cfg.qkv_bias)?, &[t, k, hd])?;
+            let vv = f.reshape(self.linear(hn, &format!("{p}.self_attn.v_proj"), cfg.qkv_bias)?, &[t, k, hd])?;
+            let (q, kk) = if cfg.qk_norm {
+                (self.norm(q, &format!("{p}.self_attn.q_norm.weight"))?, self.norm(kk, &format!("{p}.self_attn.k_norm.weight"))?)
+            } else {
+                (q, kk)
+            };
+            let q = self.rope(q, cos, sin)?;
+            let kk = self.rope(kk, cos, sin)?;
+
+            // Write this step's keys/values into layer l of the cache at `start`.
+            let lidx = f.scalar(l as f64, I32)?;
+            let as_cache = |x: V<'c, 'b>| -> R<V<'c, 'b>> { f.reshape(f.transpose(x, &[1, 0, 2])?, &[1, k, t, hd]) };
+            kc = f.dynamic_update_slice(kc, as_cache(kk)?, &[lidx, zero, start, zero])?;
+            vc = f.dynamic_update_slice(vc, as_cache(vv)?, &[lidx, zero, start, zero])?;
+            let kl = f.reshape(f.slice_dim(kc, 0, l as i64, l as i64 + 1)?, &[k, s, hd])?;
+            let vl = f.reshape(f.slice_dim(vc, 0, l as i64, l as i64 + 1)?, &[k, s, hd])?;
+
+            // Grouped-query attention: head n = kv * G + r attends with kv head `kv`.
+            let qh = f.reshape(f.transpose(f.reshape(q, &[t, k, g, hd])?, &[1, 2, 0, 3])?, &[k, g * t, hd])?;
+            let mut scores = f.dot_general(qh, kl, DotDims::contract(&[2], &[2]).batch(&[0], &[0]))?;
+            scores = f.mul_scalar(scores, cfg.attn_scale)?;
+            if let Some(cap) = cfg.attn_softcap {
+                scores = f.mul_scalar(f.tanh(f.mul_scalar(scores, 1.0 / cap)?)?, cap)?;
+            }
+            let scores = f.reshape(scores, &[k, g, t, s])?;
+            let scores = f.select(f.broadcast_in_dim(mask, &[k, g, t, s], &[2, 3])?, scores, neg)?;
+            let probs = f.reshape(f.softmax(scores)?, &[k, g * t, s])?;
+            let o = f.dot_general(probs, vl, DotDims::contract(&[2], &[1]).batch(&[0], &[0]))?;
+            let o = f.reshape(f.transpose(f.reshape(o, &[k, g, t, hd])?, &[2, 0, 1, 3])?, &[t, h * hd])?;
+            let mut a = self.linear(o, &format!("{p}.self_attn.o_proj"), cfg.o_bias)?;
+            if cfg.sandwich_norms {
+                a = self.norm(a, &format!("{p}.post_attention_layernorm.weight"))?;
+            }
+            x = f.add(x, a)?;
+
+            let pre_mlp = if cfg.sandwich_norms { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
+            let hn = self.norm(x, &format!("{p}.{pre_mlp}.weight"))?;
+            let gate = self.linear(hn, &format!("{p}.mlp.gate_proj"), cfg.mlp_bias)?;
+            let up = self.linear(hn, &format!("{p}.mlp.up_proj"), cfg.mlp_bias)?;
+            let act = self.activation(gate)?;
+            let mut mo = self.linear(f.mul(act, up)?, &format!("{p}.mlp.down_proj"), cfg.mlp_bias)?;
+            if cfg.sandwich_norms {
+                mo = self.norm(mo, &format!("{p}.post_feedforward_layernorm.weight"))?;
+            }
+            x = f.add(x, mo)?;
+        }
+
+        let x = self.norm(x, "model.norm.weight")?;
+        let row = f.dynamic_slice(x, &[last, zero], &[1, cfg.hidden as i64])?;
+        let head = if cfg.tie_embeddings { "model.embed_tokens" } else { "lm_head" };
+        let mut logits = f.reshape(self.linear(row, head, false)?, &[cfg.vocab as i64])?;
+        if let Some(cap) = cfg.final_softcap {
+            logits = f.mul_scalar(f.tanh(f.mul_scalar(logits, 1.0 / cap)?)?, cap)?;
+        }
+        let next = f.reshape(f.argmax(logits, 0)?, &[1])?;
+        Ok(vec![next, logits, kc, vc])
+    }
+
+    fn activation(&self, x: V<'c, 'b>) -> R<V<'c, 'b>> {
+        let f = self.f;
+        match self.cfg.activation {
+            Activation::Silu => f.mul(x, f.logistic(x)?),
+            Activation::GeluErf => {
+                let e = f.erf(f.mul_scalar(x, std::f64::consts::FRAC_1_SQRT_2)?)?;
+                f.mul_scalar(f.mul(x, f.add_scalar(e, 1.0)?)?, 0.5)
+            }
+            Activation::GeluTanh => {
+                let x3 = f.mul(f.mul(x, x)?, x)?;
+                let inner = f.mul_scalar(f.add(x, f.mul_scalar(x3, 0.044715)?)?, (2.0 / std::f64::consts::PI).sqrt())?;
+                f.mul_scalar(f.mul(x, f.add_scalar(f.tanh(inner)?, 1.0)?)?, 0.5)
+            }
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! The model's parameters: checkpoint names and shapes derived from the config (one list
+//! shared by the graph and the loader), and their f32 values read from a checkpoint.
+
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use weights::Checkpoint;
+
+/// What a parameter is, which decides how it is read from the checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A projection or embedding weight `[out, in]`, dense or MLX-quantized.
+    Matrix,
+    /// A 1-D tensor stored as is (norm weights, biases).
+    Vector,
+}
+
+/// One graph parameter: its checkpoint tensor name and f32 shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamSpec {
+    pub key: String,
+    pub shape: Vec<usize>,
+    pub kind: Kind,
+}
+
+/// Checkpoint names of one decoder layer's tensors, so the names appear once.
+pub fn layer_prefix(i: usize) -> String {
+    format!("model.layers.{i}")
+}
+
+/// Every parameter the decoder reads, in a fixed order.
+pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
+    let (d, hd) = (cfg.hidden, cfg.head_dim);
+    let (q_out, kv_out) = (cfg.heads * hd, cfg.kv_heads * hd);
+    let mut out = Vec::new();
+    let mut mat = |key: String, o: usize, i: usize| out.push(ParamSpec { key, shape: vec![o, i], kind: Kind::Matrix });
+    mat("model.embed_tokens.weight".into(), cfg.vocab, d);
+    for l in 0..cfg.num_layers() {
+        let p = layer_prefix(l);
+        mat(format!("{p}.self_attn.q_proj.weight"), q_out, d);
+        mat(format!("{p}.self_attn.k_proj.weight"), kv_out, d);
+        mat(format!("{p}.self_attn.v_proj.weight"), kv_out, d);
+        mat(format!("{p}.self_attn.o_proj.weight"), d, q_out);
+        mat(format!("{p}.mlp.gate_proj.weight"), cfg.intermediate, d);
+        mat(format!("{p}.mlp.up_proj.weight"), cfg.intermediate, d);
+        mat(format!("{p}.mlp.down_proj.weight"), d, cfg.intermediate);
+    }
+    if !cfg.tie_embeddings {
+        mat("lm_head.weight".into(), cfg.vocab, d);
+    }
+    let mut vec = |key: String, n: usize| out.push(ParamSpec { key, shape: vec![n], kind: Kind::Vector });
+    for l in 0..cfg.num_layers() {
+        let p = layer_prefix(l);
+        vec(format!("{p}.input_layernorm.weight"), d);
+        vec(format!("{p}.post_attention_layernorm.weight"), d);
+        if cfg.sandwich_norms {
+            vec(format!("{p}.pre_feedforward_layernorm.weight"), d);
+            vec(format!("{p}.post_feedforward_layernorm.weight"), d);
+        }
+        if cfg.qk_norm {
+            vec(format!("{p}.self_attn.q_norm.weight"), hd);
+            vec(format!("{p}.self_attn.k_norm.weight"), hd);
+        }
+        if cfg.qkv_bias {
+            vec(format!("{p}.self_attn.q_proj.bias"), q_out);
+            vec(format!("{p}.self_attn.k_proj.bias"), kv_out);
+            vec(format!("{p}.self_attn.v_proj.bias"), kv_out);
+        }
+        if cfg.o_bias {
+            vec(format!("{p}.self_attn.o_proj.bias"), d);
+        }
+        if cfg.mlp_bias {
+            vec(format!("{p}.mlp.gate_proj.bias"), cfg.intermediate);
+            vec(format!("{p}.mlp.up_proj.bias"), cfg.intermediate);
+            vec(format!("{p}.mlp.down_proj.bias"), d);
+        }
+    }
+    vec("model.norm.weight".into(), d);
+    out
+}
+
+/// Reads one parameter as f32 (widened exactly, or dequantized at load), checking its shape.
+pub fn load_f32(ckpt: &Checkpoint, spec: &ParamSpec) -> Result<Vec<f32>> {
+    match spec.kind {
+        Kind::Matrix => {
+            let prefix = spec.key.strip_suffix(".weight").unwrap_or(&spec.key);
+            let linear = ckpt.linear(prefix)?;
+            let (o, i) = (linear.out_features(), linear.in_features());
+            if [o, i] != spec.shape[..] {
+                return Err(shape_error(ckpt, &spec.key, &spec.shape, &[o, i]));
+            }
+            Ok(linear.weight_f32())
+        }
+        Kind::Vector => {
+            let t = ckpt.tensor(&spec.key)?;
+            if t.shape() != &spec.shape[..] {
+                return Err(shape_error(ckpt, &spec.key, &spec.shape, t.shape()));
+            }
+            Ok(t.to_f32_vec()?)
+        }
+    }
+}
+
+fn shape_error(ckpt: &Checkpoint, key: &str, expected: &[usize], got: &[usize]) -> Error {
+    Error::Invalid(format!(
+        "{}: tensor {key}: expected shape {expected:?} from config.json, got {got:?}",
+        ckpt.dir().display()
+    ))
+}
