@@ -22,8 +22,9 @@ commands:
                                 IREE compiler venv, the IREE runtime source); idempotent
   build-iree [--target T]       build the IREE runtime for T = cpu (default), cuda, vulkan,
                                 metal into target/iree/<T>/; reuses a finished build
-  test [-- CARGO_TEST_ARGS]     setup + build-iree --target cpu + cargo test --workspace
-  quickstart                    setup + build-iree --target cpu + run the default job
+  test [-- CARGO_TEST_ARGS]     setup + build-iree --target cpu + model + cargo test --workspace
+  quickstart                    setup + build-iree --target cpu + model + a chat answer from
+                                SmolLM2 (mlx-iree generate --chat)
   fixtures [--force]            regenerate tests/fixtures/ (tiny random MLX checkpoints and
                                 mlx-lm's greedy trajectories) in the venv target/mlx-venv
   model                         SmolLM2-135M-Instruct as MLX folders (f16, 4-bit) under

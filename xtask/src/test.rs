@@ -15,6 +15,8 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     let toolchain = crate::setup::run()?;
     build_iree::build(&toolchain, Target::Cpu)?;
+    // The SmolLM2 tests compare against mlx-lm's trajectories on the converted model.
+    crate::model::run(&[])?;
     progress("test", "cargo test --workspace (first run compiles melior and the IREE bindings: several minutes)");
     let started = std::time::Instant::now();
     util::run(

@@ -1,7 +1,7 @@
 //! Where compiled modules are cached, and compiling through that cache with progress lines.
 
 use iree_compiler::{CacheOutcome, CompileCache, CompileOptions, Compiler, Error, Target};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// `$MLX_IREE_CACHE_DIR`, else `$XDG_CACHE_HOME/mlx-iree`, else `~/.cache/mlx-iree`.
 pub fn dir() -> PathBuf {
@@ -33,20 +33,23 @@ impl std::fmt::Display for CompileReport {
 
 /// Compiles `mlir` for `target` through the cache, saying on stderr what happens (a user
 /// must never stare at a silent terminal while IREE works; stdout stays the output).
-pub fn compile(
+pub fn compile(what: &str, mlir: &str, target: &Target, opts: &CompileOptions) -> Result<(Vec<u8>, CompileReport), Error> {
+    compile_in(&dir(), what, mlir, target, opts)
+}
+
+/// [`compile`] with an explicit cache folder.
+pub fn compile_in(
+    cache_dir: &Path,
     what: &str,
     mlir: &str,
     target: &Target,
     opts: &CompileOptions,
 ) -> Result<(Vec<u8>, CompileReport), Error> {
     let compiler = Compiler::new()?;
-    let cache = CompileCache::new(dir())?;
+    let cache = CompileCache::new(cache_dir)?;
     let key = cache.key(&compiler, mlir, target, opts);
     if !cache.path_for(&key).exists() {
-        eprintln!(
-            "compiling {what} for {target} (first run; later runs use the cache in {})...",
-            dir().display()
-        );
+        eprintln!("compiling {what} for {target} (first run; later runs use the cache in {})...", cache_dir.display());
     }
     let out = cache.compile(&compiler, mlir, target, opts)?;
     let report = match out.outcome {

@@ -99,11 +99,17 @@ pub struct Engine {
 impl Engine {
     /// Opens the checkpoint, refuses what it cannot run (before compiling), compiles the
     /// graphs for `shape` (cached), and binds the weights on `device_uri`.
-    pub fn load(
+    pub fn load(dir: &Path, device_uri: &str, precision: Precision, shape: GraphShape) -> Result<Engine> {
+        Self::load_cached(dir, device_uri, precision, shape, &cache::dir())
+    }
+
+    /// [`Engine::load`] with an explicit compile-cache folder.
+    pub fn load_cached(
         dir: &Path,
         device_uri: &str,
         precision: Precision,
         shape: GraphShape,
+        cache_dir: &Path,
     ) -> Result<Engine> {
         let target = crate::device::target_for(device_uri).map_err(Error::Invalid)?;
         let ckpt = Checkpoint::open(dir)?;
@@ -115,7 +121,7 @@ impl Engine {
             "{} graph (capacity {}, prompt bucket {})",
             cfg.model_type, shape.capacity, shape.prefill
         );
-        let (vmfb, compile) = cache::compile(&what, &mlir, &target, &CompileOptions::default())?;
+        let (vmfb, compile) = cache::compile_in(cache_dir, &what, &mlir, &target, &CompileOptions::default())?;
 
         let started = Instant::now();
         let instance = Instance::new()?;

@@ -1,6 +1,7 @@
 //! The `mlx-iree` command line. Bad input is one line on stderr and exit status 2.
 
 mod demo;
+mod run;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -17,6 +18,10 @@ enum Command {
     /// Build a small RMSNorm + matmul + softmax graph, compile it with IREE and run it,
     /// checking the result against a plain Rust computation.
     Demo(demo::Args),
+    /// Generate text from a prompt, streamed to stdout as it is produced.
+    Generate(run::GenerateArgs),
+    /// Record a greedy trajectory (token ids, EOS ignored) as JSON.
+    Trajectory(run::TrajectoryArgs),
 }
 
 fn main() -> ExitCode {
@@ -36,6 +41,8 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
+        Command::Generate(args) => run::generate(&args),
+        Command::Trajectory(args) => run::trajectory(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

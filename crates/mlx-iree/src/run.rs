@@ -1,0 +1,190 @@
+//! `mlx-iree generate` and `mlx-iree trajectory`: the CLI contract of BRIEF section 6.
+
+use anyhow::{Context, Result, bail};
+use mlx_iree::chat::{ChatTemplate, Message};
+use mlx_iree::engine::{Engine, Precision, plan};
+use mlx_iree::sampler::{Sampler, SamplingParams};
+use mlx_iree::stream::StreamDecoder;
+use mlx_iree::tokenizer::{Tokenizer, eos_ids};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(clap::Args, Debug)]
+pub struct ModelArgs {
+    /// MLX model folder (config.json, *.safetensors, tokenizer.json).
+    #[arg(long)]
+    model: PathBuf,
+    /// IREE device URI: local-task, local-sync or cuda.
+    #[arg(long, default_value = "local-task")]
+    device: String,
+    /// Weight precision on the device.
+    #[arg(long, default_value = "f32")]
+    precision: Precision,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The prompt text.
+    #[arg(long)]
+    prompt: String,
+    /// Apply the model's chat template to the prompt (as one user message).
+    #[arg(long)]
+    chat: bool,
+    /// Most tokens to generate (generation also stops at an end-of-sequence token).
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Nucleus sampling: keep the most likely tokens up to this total probability.
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Keep only the K most likely tokens.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Random seed for sampling (the same seed gives the same text).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(clap::Args, Debug)]
+#[command(group = clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_ids"]))]
+pub struct TrajectoryArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt text (encoded with the model's tokenizer, no chat template).
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Prompt as token ids, e.g. 1,2,3.
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    /// Greedy steps to record (end-of-sequence tokens do not stop it).
+    #[arg(long)]
+    steps: usize,
+    /// Where to write the trajectory JSON.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+fn check_model_dir(dir: &Path) -> Result<()> {
+    if !dir.is_dir() {
+        bail!("model folder {} does not exist", dir.display());
+    }
+    Ok(())
+}
+
+fn load(model: &ModelArgs, prompt_len: usize, new_tokens: usize) -> Result<Engine> {
+    let shape = plan(prompt_len, new_tokens);
+    let engine = Engine::load(&model.model, &model.device, model.precision, shape)
+        .with_context(|| format!("loading {}", model.model.display()))?;
+    Ok(engine)
+}
+
+pub fn generate(args: &GenerateArgs) -> Result<()> {
+    let dir = &args.model.model;
+    check_model_dir(dir)?;
+    if args.max_tokens == 0 {
+        bail!("--max-tokens must be at least 1");
+    }
+    let mut sampler = Sampler::new(SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
+    })?;
+    let tokenizer = Tokenizer::from_dir(dir)?;
+    let prompt = if args.chat {
+        ChatTemplate::from_dir(dir)?.encode(&tokenizer, &[Message::user(&args.prompt)])?
+    } else {
+        tokenizer.encode(&args.prompt, true)?
+    };
+    if prompt.is_empty() {
+        bail!("--prompt encodes to no tokens");
+    }
+    let eos = eos_ids(dir, &tokenizer)?;
+    let mut engine = load(&args.model, prompt.len(), args.max_tokens)?;
+    let greedy = args.temperature == 0.0;
+    let text_vocab = tokenizer.vocab_size();
+    // Embedding tables can be padded past the tokenizer's vocabulary: those ids decode to
+    // nothing, so they are never chosen.
+    let mut pick = |step: &mlx_iree::engine::Step| -> Result<u32> {
+        if greedy && (step.next as usize) < text_vocab {
+            return Ok(step.next);
+        }
+        let mut logits = step.logits()?;
+        logits.iter_mut().skip(text_vocab).for_each(|l| *l = f32::NEG_INFINITY);
+        Ok(sampler.sample(&logits)?)
+    };
+
+    let started = Instant::now();
+    let mut step = engine.prefill(&prompt)?;
+    let prefill_s = started.elapsed().as_secs_f64();
+    let mut stream = StreamDecoder::new(true);
+    let mut stdout = std::io::stdout().lock();
+    let mut generated = 0usize;
+    let decode_started = Instant::now();
+    loop {
+        let token = pick(&step)?;
+        if eos.contains(&token) {
+            break;
+        }
+        generated += 1;
+        write!(stdout, "{}", stream.push(&tokenizer, token)?)?;
+        stdout.flush()?;
+        if generated == args.max_tokens || engine.position() >= engine.shape().capacity {
+            break;
+        }
+        step = engine.decode(token)?;
+    }
+    writeln!(stdout, "{}", stream.finish(&tokenizer)?)?;
+    let decode_s = decode_started.elapsed().as_secs_f64();
+    // The first generated token came from prefill; the rest from decode steps.
+    let decode_steps = generated.saturating_sub(1);
+    eprintln!(
+        "prompt tokens: {}, generated tokens: {generated}, prefill: {:.1} tok/s, decode: {:.1} tok/s, {}, weights loaded in {:.1} s ({}, {})",
+        prompt.len(),
+        prompt.len() as f64 / prefill_s,
+        if decode_steps > 0 { decode_steps as f64 / decode_s } else { 0.0 },
+        engine.compile,
+        engine.load_seconds,
+        args.model.device,
+        args.model.precision,
+    );
+    Ok(())
+}
+
+pub fn trajectory(args: &TrajectoryArgs) -> Result<()> {
+    let dir = &args.model.model;
+    check_model_dir(dir)?;
+    if args.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    let prompt = match (&args.prompt, &args.prompt_ids) {
+        (_, Some(ids)) if ids.is_empty() => bail!("--prompt-ids is empty"),
+        (_, Some(ids)) => ids.clone(),
+        (Some(text), None) => Tokenizer::from_dir(dir)?.encode(text, true)?,
+        (None, None) => bail!("one of --prompt or --prompt-ids is required"),
+    };
+    let mut engine = load(&args.model, prompt.len(), args.steps)?;
+    let mut step = engine.prefill(&prompt)?;
+    let mut tokens = vec![step.next];
+    while tokens.len() < args.steps {
+        step = engine.decode(step.next)?;
+        tokens.push(step.next);
+    }
+    let json = serde_json::json!({
+        "prompt_ids": prompt,
+        "token_ids": tokens,
+        "device": args.model.device,
+        "precision": args.model.precision.to_string(),
+    });
+    // Written next to the target and renamed, so a failure never leaves a partial file.
+    let tmp = args.out.with_extension("json.partial");
+    std::fs::write(&tmp, serde_json::to_string(&json)? + "\n").with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &args.out).with_context(|| format!("writing {}", args.out.display()))?;
+    eprintln!("wrote {} ({} steps)", args.out.display(), tokens.len());
+    Ok(())
+}

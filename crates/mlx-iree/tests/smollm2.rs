@@ -1,0 +1,102 @@
+//! The default real model: SmolLM2-135M-Instruct converted by `cargo xtask model` (GGUF ->
+//! HF -> mlx_lm.convert f16 and 4-bit). On local-task at f32, greedy trajectories equal the
+//! float32 mlx-lm oracle's (`oracle.json`, made by the same command) for all 48 steps.
+
+use mlx_iree::engine::{Engine, Precision, plan};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// |logit difference| allowed against mlx-lm's float32 first-step logits (magnitudes ~20).
+const LOGIT_TOL: f32 = 1e-3;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn model(name: &str) -> PathBuf {
+    let dir = root().join("target/models").join(name);
+    assert!(dir.join("oracle.json").exists(), "test model missing at {}: run `cargo xtask model` first", dir.display());
+    dir
+}
+
+/// A compile cache shared by these tests and reruns (the graph is the same for both models).
+fn cache_dir() -> PathBuf {
+    root().join("target/test-compile-cache")
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+/// Engines in one process take turns: see the note in tests/fixtures.rs.
+static ONE_ENGINE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn check(name: &str) {
+    let _turn = ONE_ENGINE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = model(name);
+    let oracle: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
+    let steps = oracle["steps"].as_u64().unwrap() as usize;
+    assert!(steps >= 32);
+    let trajectories = oracle["trajectories"].as_array().unwrap();
+    let longest = trajectories.iter().map(|t| ids(&t["prompt_ids"]).len()).max().unwrap();
+    let mut engine = Engine::load_cached(&dir, "local-task", Precision::F32, plan(longest, steps), &cache_dir()).unwrap();
+    for t in trajectories {
+        let (prompt, want) = (ids(&t["prompt_ids"]), ids(&t["token_ids"]));
+        engine.reset();
+        let first = engine.prefill(&prompt).unwrap();
+        let mlx: Vec<f32> = t["first_logits"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+        let diff = first.logits().unwrap().iter().zip(&mlx).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(diff <= LOGIT_TOL, "{name} {}: first logits differ from mlx-lm by {diff}", t["kind"]);
+        let mut got = vec![first.next];
+        while got.len() < steps {
+            got.push(engine.decode(*got.last().unwrap()).unwrap().next);
+        }
+        let exact = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        assert_eq!(got, want, "{name} {}: token-exact for {exact} of {steps} steps", t["kind"]);
+    }
+}
+
+#[test]
+fn f16_checkpoint_matches_mlx_lm() {
+    check("smollm2-135m-instruct-f16");
+}
+
+#[test]
+fn q4_checkpoint_matches_mlx_lm() {
+    check("smollm2-135m-instruct-4bit");
+}
+
+fn cli(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree")).args(args).env("MLX_IREE_CACHE_DIR", cache_dir()).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+#[test]
+fn generate_chat_answers_paris() {
+    let dir = model("smollm2-135m-instruct-4bit");
+    let (code, stdout, stderr) =
+        cli(&["generate", "--model", dir.to_str().unwrap(), "--chat", "--prompt", "What is the capital of France?", "--max-tokens", "24"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("Paris"), "answer: {stdout}");
+    assert!(stderr.contains("prompt tokens: 37"), "summary line: {stderr}");
+    assert!(stderr.contains("decode:") && stderr.contains("tok/s"), "{stderr}");
+}
+
+#[test]
+fn trajectory_cli_writes_the_oracle_ids() {
+    let dir = model("smollm2-135m-instruct-f16");
+    let oracle: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
+    let raw = oracle["trajectories"].as_array().unwrap().iter().find(|t| t["kind"] == "raw").unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let file = out.path().join("t.json");
+    let (code, _, stderr) = cli(&[
+        "trajectory", "--model", dir.to_str().unwrap(), "--prompt", "The capital of France is", "--steps", "32", "--out", file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let got: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(got["prompt_ids"], raw["prompt_ids"]);
+    assert_eq!(ids(&got["token_ids"]), ids(&raw["token_ids"])[..32].to_vec());
+    assert_eq!(got["device"], "local-task");
+    assert_eq!(got["precision"], "f32");
+}
