@@ -37,10 +37,10 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
     /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     temperature: f32,
     /// Nucleus sampling: keep the most likely tokens up to this total probability.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     top_p: Option<f32>,
     /// Keep only the K most likely tokens.
     #[arg(long)]
@@ -69,11 +69,13 @@ pub struct TrajectoryArgs {
     out: PathBuf,
 }
 
-fn check_model_dir(dir: &Path) -> Result<()> {
+/// Reads and normalises the model's config.json, so unsupported models and out-of-range
+/// inputs are refused before anything is compiled.
+fn check_model_dir(dir: &Path) -> Result<models::ModelConfig> {
     if !dir.is_dir() {
         bail!("model folder {} does not exist", dir.display());
     }
-    Ok(())
+    Ok(models::ModelConfig::from_file(&dir.join("config.json"))?)
 }
 
 fn load(model: &ModelArgs, prompt_len: usize, new_tokens: usize) -> Result<Engine> {
@@ -158,7 +160,7 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
 
 pub fn trajectory(args: &TrajectoryArgs) -> Result<()> {
     let dir = &args.model.model;
-    check_model_dir(dir)?;
+    let config = check_model_dir(dir)?;
     if args.steps == 0 {
         bail!("--steps must be at least 1");
     }
@@ -168,6 +170,9 @@ pub fn trajectory(args: &TrajectoryArgs) -> Result<()> {
         (Some(text), None) => Tokenizer::from_dir(dir)?.encode(text, true)?,
         (None, None) => bail!("one of --prompt or --prompt-ids is required"),
     };
+    if let Some(bad) = prompt.iter().find(|t| **t as usize >= config.vocab) {
+        bail!("token id {bad} is out of range for vocabulary size {}", config.vocab);
+    }
     let mut engine = load(&args.model, prompt.len(), args.steps)?;
     let mut step = engine.prefill(&prompt)?;
     let mut tokens = vec![step.next];
