@@ -17,6 +17,10 @@ ignored) and first-step logits for three fixed prompts.
 A seed is kept only when every trajectory of every variant has several distinct
 tokens and no step is a near tie (top-2 logit gap below MIN_MARGIN), so that another
 float32 implementation can reproduce the ids exactly.
+
+One fixture (`gemma2_window`) needs a reference mlx-lm does not give: mlx-lm's gemma2
+ignores `sliding_window`, Hugging Face's Gemma2 slides it on even layers. Its expected
+trajectories come from mlx-lm's own gemma2 layers with that mask (see `WindowedGemma2`).
 """
 
 import argparse
@@ -33,6 +37,8 @@ import mlx.core as mx
 import mlx_lm
 import numpy as np
 from mlx.utils import tree_flatten, tree_map_with_path, tree_unflatten
+from mlx_lm.models import gemma2
+from mlx_lm.models.base import create_causal_mask
 from mlx_lm.utils import _get_classes, quantize_model, save_config, save_model
 
 import oracle
@@ -224,6 +230,41 @@ FIXTURES = [
         },
     },
     {
+        # Same sizes and scales as gemma2, but a window far below the tested context.
+        "name": "gemma2_window",
+        "scales": {"embed": 0.02, "final_norm": 25.0},
+        "reference": "gemma2_even_layer_window",
+        "about": "gemma2 with sliding window 6 on even layers (0 and 2 local, 1 global), below the 52 tested "
+        "positions; reference: mlx-lm gemma2 classes with HF's even-layer sliding-window mask "
+        "(mlx-lm itself ignores the window)",
+        "group_size": 32,
+        "config": {
+            "architectures": ["Gemma2ForCausalLM"],
+            "model_type": "gemma2",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "vocab_size": 256,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "max_position_embeddings": 8192,
+            "attn_logit_softcapping": 10.0,
+            "final_logit_softcapping": 15.0,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": 6,
+            "hidden_act": "gelu_pytorch_tanh",
+            "hidden_activation": "gelu_pytorch_tanh",
+            "tie_word_embeddings": True,
+            "cache_implementation": "hybrid",
+            "bos_token_id": 2,
+            "eos_token_id": 1,
+            "pad_token_id": 0,
+        },
+    },
+    {
         "name": "gemma3_text",
         "scales": {"embed": 0.01, "linear": 4.0, "final_norm": 40.0, "norm": 0.3},
         "about": "gemma3_text, q/k norm, pattern 3 (layers 0,1,3 local rope base 10000 with sliding window 8, "
@@ -317,10 +358,114 @@ def save_variant(model, config, out, bits, dtype, group_size):
     save_config(config, config_path=Path(out) / "config.json")
 
 
+class WindowedGemma2(gemma2.GemmaModel):
+    """mlx-lm's GemmaModel (gemma2) with Hugging Face's attention masks.
+
+    HF's Gemma2 attends through a sliding window on even layers (`layer_idx % 2 == 0`:
+    query i sees keys j with i - W < j <= i) and causally on odd ones; mlx-lm's gemma2
+    gives every layer the plain causal mask. Only the masks differ from mlx-lm's
+    `GemmaModel.__call__`; the layers, norms and embedding are mlx-lm's own. No KV cache:
+    every step recomputes the whole sequence, so the mask is the full N x N one and the
+    window is obviously applied at every position. `window` None gives mlx-lm's masks.
+    """
+
+    window = None
+
+    def __call__(self, inputs, cache=None):
+        if cache is not None:
+            raise ValueError("WindowedGemma2 recomputes every step; it takes no cache")
+        h = self.embed_tokens(inputs)
+        h = h * (self.args.hidden_size**0.5)
+        n = h.shape[1]
+        full = create_causal_mask(n)
+        local = full if self.window is None else create_causal_mask(n, window_size=self.window)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, local if i % 2 == 0 else full, None)
+        return self.norm(h)
+
+
+def recompute_trajectory(model, prompt_ids, steps, window):
+    """Greedy trajectory (oracle.trajectory's record) with every step a full recompute.
+
+    `model` is an mlx-lm gemma2 Model; its GemmaModel is switched to WindowedGemma2 with
+    `window` for the duration, so Model.__call__ (tied output, final soft-capping) is
+    mlx-lm's own.
+    """
+    inner = model.model
+    saved = inner.__class__
+    inner.__class__ = WindowedGemma2
+    inner.window = window
+    try:
+        seq = [int(i) for i in prompt_ids]
+        out, margins, first = [], [], None
+        for _ in range(steps):
+            logits = model(mx.array(seq, dtype=mx.uint32)[None])
+            row = logits[0, -1].astype(mx.float32)
+            top2 = mx.topk(row, 2)
+            mx.eval(row, top2)
+            if first is None:
+                first = np.array(row)
+            t = np.sort(np.array(top2))
+            margins.append(float(t[-1] - t[-2]))
+            tok = int(mx.argmax(row).item())
+            out.append(tok)
+            seq.append(tok)
+    finally:
+        inner.__class__ = saved
+        del inner.window
+    return {
+        "prompt_ids": [int(i) for i in prompt_ids],
+        "token_ids": out,
+        "device": oracle.DEVICE,
+        "precision": oracle.PRECISION,
+        "min_top2_margin": round(min(margins), 6),
+        "first_logits": oracle.f32_list(first),
+    }
+
+
+def windowed_trajectories(model, fixture):
+    """gemma2_window's trajectories: HF's even-layer window, with mlx-lm's own ids
+    (window ignored) alongside as `token_ids_window_ignored`.
+
+    Checks the recompute reference first: with the window off it must give exactly the
+    ids of mlx-lm's generate_step, else the reference itself is wrong.
+    """
+    window = fixture["config"]["sliding_window"]
+    trajs = []
+    for p in PROMPTS:
+        ignored = oracle.trajectory(model, p, STEPS)["token_ids"]
+        plain = recompute_trajectory(model, p, STEPS, None)["token_ids"]
+        if plain != ignored:
+            raise SystemExit(
+                f"{fixture['name']}: the recompute reference without a window disagrees with mlx-lm's "
+                f"generate_step for prompt {p}: {plain} vs {ignored}"
+            )
+        t = recompute_trajectory(model, p, STEPS, window)
+        t["token_ids_window_ignored"] = ignored
+        trajs.append(t)
+    return trajs
+
+
+def window_differences(doc):
+    """(prompt length, first differing step) for each trajectory the window changes."""
+    diffs = []
+    for t in doc["trajectories"]:
+        ignored = t.get("token_ids_window_ignored")
+        if ignored is None:
+            continue
+        steps = [i for i, (a, b) in enumerate(zip(t["token_ids"], ignored)) if a != b]
+        if steps:
+            diffs.append((len(t["prompt_ids"]), steps[0]))
+    return diffs
+
+
 def record(model_dir, fixture, variant, seed):
     """expected.json for one saved variant, computed from the folder as saved."""
     model, _ = oracle.load_f32(model_dir)
-    trajs = [oracle.trajectory(model, p, STEPS) for p in PROMPTS]
+    if fixture.get("reference") == "gemma2_even_layer_window":
+        trajs = windowed_trajectories(model, fixture)
+    else:
+        trajs = [oracle.trajectory(model, p, STEPS) for p in PROMPTS]
     q = VARIANTS[variant]
     return {
         "fixture": fixture["name"],
@@ -343,10 +488,13 @@ def record(model_dir, fixture, variant, seed):
     }
 
 
-def acceptable(doc):
+def acceptable(doc, fixture):
     for t in doc["trajectories"]:
         if len(set(t["token_ids"])) < MIN_DISTINCT or t["min_top2_margin"] < MIN_MARGIN:
             return False
+    # A window test is only a test if the window changes the answer.
+    if fixture.get("reference") == "gemma2_even_layer_window" and not window_differences(doc):
+        return False
     return True
 
 
@@ -362,7 +510,7 @@ def make_one(fixture, out_root, scales, first_seed):
                 save_variant(model, fixture["config"], tmp / variant, bits, dtype, fixture["group_size"])
                 doc = record(tmp / variant, fixture, variant, seed)
                 docs[variant] = doc
-                if not acceptable(doc):
+                if not acceptable(doc, fixture):
                     ok = False
                     break
             summary = ", ".join(
@@ -370,6 +518,11 @@ def make_one(fixture, out_root, scales, first_seed):
                 f" min margin {min(t['min_top2_margin'] for t in d['trajectories']):.4f}"
                 for v, d in docs.items()
             )
+            if fixture.get("reference") == "gemma2_even_layer_window":
+                summary += "; window changes " + ", ".join(
+                    f"{v} " + (" ".join(f"prompt len {n} from step {k}" for n, k in window_differences(d)) or "nothing")
+                    for v, d in docs.items()
+                )
             verdict = "kept" if ok else "rejected"
             print(f"[fixtures] {fixture['name']} seed {seed}: {summary}: {verdict}", flush=True)
             if not ok:
