@@ -33,7 +33,12 @@ impl std::fmt::Display for CompileReport {
 
 /// Compiles `mlir` for `target` through the cache, saying on stderr what happens (a user
 /// must never stare at a silent terminal while IREE works; stdout stays the output).
-pub fn compile(what: &str, mlir: &str, target: &Target, opts: &CompileOptions) -> Result<(Vec<u8>, CompileReport), Error> {
+pub fn compile(
+    what: &str,
+    mlir: &str,
+    target: &Target,
+    opts: &CompileOptions,
+) -> Result<(Vec<u8>, CompileReport), Error> {
     compile_in(&dir(), what, mlir, target, opts)
 }
 
@@ -48,15 +53,22 @@ pub fn compile_in(
     let compiler = Compiler::new()?;
     let cache = CompileCache::new(cache_dir)?;
     let key = cache.key(&compiler, mlir, target, opts);
+    // For debugging the compiler on our graphs: MLX_IREE_DUMP_MLIR=1 keeps the input next
+    // to the cache entry, with the flags used, ready for iree-compile.
+    if std::env::var_os("MLX_IREE_DUMP_MLIR").is_some() {
+        let path = cache.path_for(&key).with_extension("mlir");
+        let flags = iree_compiler::compile_flags(target, opts).join(" ");
+        if std::fs::write(&path, format!("// iree-compile {flags}\n{mlir}")).is_ok() {
+            eprintln!("{what}: MLIR written to {}", path.display());
+        }
+    }
     if !cache.path_for(&key).exists() {
         eprintln!("compiling {what} for {target} (first run; later runs use the cache in {})...", cache_dir.display());
     }
     let out = cache.compile(&compiler, mlir, target, opts)?;
     let report = match out.outcome {
         CacheOutcome::Hit => CompileReport::CacheHit,
-        CacheOutcome::Miss => CompileReport::Compiled {
-            seconds: out.elapsed.as_secs_f64(),
-        },
+        CacheOutcome::Miss => CompileReport::Compiled { seconds: out.elapsed.as_secs_f64() },
     };
     eprintln!("{what}: {report}");
     Ok((out.vmfb, report))

@@ -34,10 +34,7 @@ pub struct Message {
 
 impl Message {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self {
-            role: role.into(),
-            content: content.into(),
-        }
+        Self { role: role.into(), content: content.into() }
     }
 
     /// A `user` turn.
@@ -75,19 +72,14 @@ impl ChatTemplate {
         }
         let jinja_path = dir.join("chat_template.jinja");
         let (path, source) = if jinja_path.exists() {
-            let source =
-                std::fs::read_to_string(&jinja_path).map_err(|source| TokenizerError::Io {
-                    path: jinja_path.clone(),
-                    source,
-                })?;
+            let source = std::fs::read_to_string(&jinja_path)
+                .map_err(|source| TokenizerError::Io { path: jinja_path.clone(), source })?;
             (jinja_path, source)
         } else {
             match template_in_config(&config, &config_path)? {
                 Some(source) => (config_path, source),
                 None => {
-                    return Err(ChatError::NoTemplate {
-                        dir: dir.to_owned(),
-                    });
+                    return Err(ChatError::NoTemplate { dir: dir.to_owned() });
                 }
             }
         };
@@ -95,11 +87,7 @@ impl ChatTemplate {
     }
 
     /// A template from its source text; `path` is named in errors.
-    pub fn from_source(
-        source: String,
-        path: PathBuf,
-        special_tokens: Vec<(&'static str, String)>,
-    ) -> Result<Self> {
+    pub fn from_source(source: String, path: PathBuf, special_tokens: Vec<(&'static str, String)>) -> Result<Self> {
         let mut env = Environment::new();
         // transformers renders with jinja2's ImmutableSandboxedEnvironment(trim_blocks=True,
         // lstrip_blocks=True) plus the loopcontrols extension; match its whitespace rules.
@@ -107,24 +95,14 @@ impl ChatTemplate {
             .trim_blocks(true)
             .lstrip_blocks(true)
             .build()
-            .map_err(|e| ChatError::Syntax {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| ChatError::Syntax { path: path.clone(), reason: e.to_string() })?;
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned(TEMPLATE_NAME, source)
-            .map_err(|e| ChatError::Syntax {
-                path: path.clone(),
-                reason: one_line(&e),
-            })?;
-        Ok(Self {
-            env,
-            path,
-            special_tokens,
-        })
+            .map_err(|e| ChatError::Syntax { path: path.clone(), reason: one_line(&e) })?;
+        Ok(Self { env, path, special_tokens })
     }
 
     /// The file the template was read from.
@@ -139,23 +117,13 @@ impl ChatTemplate {
             ("add_generation_prompt", Value::from(add_generation_prompt)),
         ];
         // Unset tokens stay undefined (rendering as ""), as in transformers; `none` would print.
-        ctx.extend(
-            self.special_tokens
-                .iter()
-                .map(|(k, v)| (*k, Value::from(v.as_str()))),
-        );
+        ctx.extend(self.special_tokens.iter().map(|(k, v)| (*k, Value::from(v.as_str()))));
         let ctx = Value::from_pairs(ctx);
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
-            .map_err(|e| ChatError::Syntax {
-                path: self.path.clone(),
-                reason: one_line(&e),
-            })?;
-        template.render(ctx).map_err(|e| ChatError::Render {
-            path: self.path.clone(),
-            reason: one_line(&e),
-        })
+            .map_err(|e| ChatError::Syntax { path: self.path.clone(), reason: one_line(&e) })?;
+        template.render(ctx).map_err(|e| ChatError::Render { path: self.path.clone(), reason: one_line(&e) })
     }
 
     /// Prompt ids for `messages` with the generation prompt, tokenized as transformers'
@@ -169,10 +137,7 @@ impl ChatTemplate {
 
 /// `chat_template` of tokenizer_config.json, if any.
 fn template_in_config(config: &Json, path: &Path) -> Result<Option<String>> {
-    let invalid = |what: String| ChatError::Invalid {
-        path: path.to_owned(),
-        what,
-    };
+    let invalid = |what: String| ChatError::Invalid { path: path.to_owned(), what };
     match config.get("chat_template") {
         None | Some(Json::Null) => Ok(None),
         Some(Json::String(s)) => Ok(Some(s.clone())),
@@ -185,21 +150,15 @@ fn template_in_config(config: &Json, path: &Path) -> Result<Option<String>> {
                     (Some("default"), Some(t)) => return Ok(Some(t.to_owned())),
                     (Some(n), Some(_)) => names.push(n.to_owned()),
                     _ => {
-                        return Err(invalid(
-                            "chat_template list entries need string \"name\" and \"template\""
-                                .into(),
-                        ));
+                        return Err(invalid("chat_template list entries need string \"name\" and \"template\"".into()));
                     }
                 }
             }
-            Err(invalid(format!(
-                "chat_template has no \"default\" entry (it has {})",
-                names.join(", ")
-            )))
+            Err(invalid(format!("chat_template has no \"default\" entry (it has {})", names.join(", "))))
         }
-        Some(other) => Err(invalid(format!(
-            "chat_template must be a string or a list of {{name, template}}, got {other}"
-        ))),
+        Some(other) => {
+            Err(invalid(format!("chat_template must be a string or a list of {{name, template}}, got {other}")))
+        }
     }
 }
 
@@ -217,10 +176,7 @@ fn one_line(e: &JinjaError) -> String {
 
 /// Templates call `raise_exception('...')` to reject conversations they cannot format.
 fn raise_exception(message: String) -> std::result::Result<Value, JinjaError> {
-    Err(JinjaError::new(
-        ErrorKind::InvalidOperation,
-        format!("raise_exception: {message}"),
-    ))
+    Err(JinjaError::new(ErrorKind::InvalidOperation, format!("raise_exception: {message}")))
 }
 
 /// `strftime_now(format)` as transformers provides it (Llama 3 templates print today's date).
@@ -228,21 +184,11 @@ fn raise_exception(message: String) -> std::result::Result<Value, JinjaError> {
 fn strftime_now(format: String) -> std::result::Result<String, JinjaError> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_err(|e| {
-            JinjaError::new(
-                ErrorKind::InvalidOperation,
-                format!("strftime_now: clock before 1970: {e}"),
-            )
-        })?;
-    let secs = i64::try_from(now.as_secs()).map_err(|_| {
-        JinjaError::new(
-            ErrorKind::InvalidOperation,
-            "strftime_now: clock out of range",
-        )
-    })?;
-    strftime(&format, secs).map_err(|what| {
-        JinjaError::new(ErrorKind::InvalidOperation, format!("strftime_now: {what}"))
-    })
+        .map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, format!("strftime_now: clock before 1970: {e}")))?;
+    let secs = i64::try_from(now.as_secs())
+        .map_err(|_| JinjaError::new(ErrorKind::InvalidOperation, "strftime_now: clock out of range"))?;
+    strftime(&format, secs)
+        .map_err(|what| JinjaError::new(ErrorKind::InvalidOperation, format!("strftime_now: {what}")))
 }
 
 const MONTHS: [&str; 12] = [
@@ -259,15 +205,7 @@ const MONTHS: [&str; 12] = [
     "November",
     "December",
 ];
-const WEEKDAYS: [&str; 7] = [
-    "Sunday",
-    "Monday",
-    "Tuesday",
-    "Wednesday",
-    "Thursday",
-    "Friday",
-    "Saturday",
-];
+const WEEKDAYS: [&str; 7] = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
 
 /// Formats a Unix time (UTC) with the common C `strftime` directives.
 pub(crate) fn strftime(format: &str, unix_secs: i64) -> std::result::Result<String, String> {
@@ -286,9 +224,7 @@ pub(crate) fn strftime(format: &str, unix_secs: i64) -> std::result::Result<Stri
             out.push(c);
             continue;
         }
-        let directive = chars
-            .next()
-            .ok_or_else(|| "format ends with a lone %".to_owned())?;
+        let directive = chars.next().ok_or_else(|| "format ends with a lone %".to_owned())?;
         match directive {
             'Y' => out.push_str(&year.to_string()),
             'y' => out.push_str(&format!("{:02}", year.rem_euclid(100))),
@@ -386,19 +322,9 @@ mod tests {
             "model {} has no chat template (no chat_template.jinja, no chat_template in tokenizer_config.json)",
             d.path().display()
         );
-        assert_eq!(
-            ChatTemplate::from_dir(d.path()).unwrap_err().to_string(),
-            want
-        );
-        write(
-            d.path(),
-            "tokenizer_config.json",
-            r#"{"eos_token": "</s>"}"#,
-        );
-        assert_eq!(
-            ChatTemplate::from_dir(d.path()).unwrap_err().to_string(),
-            want
-        );
+        assert_eq!(ChatTemplate::from_dir(d.path()).unwrap_err().to_string(), want);
+        write(d.path(), "tokenizer_config.json", r#"{"eos_token": "</s>"}"#);
+        assert_eq!(ChatTemplate::from_dir(d.path()).unwrap_err().to_string(), want);
     }
 
     #[test]
@@ -411,14 +337,8 @@ mod tests {
             r#"{"chat_template": "cfg:{{ bos_token }}{{ messages[0].content }}{{ eos_token }}",
                 "bos_token": {"__type": "AddedToken", "content": "<s>"}, "eos_token": "</s>"}"#,
         );
-        assert_eq!(
-            template(d.path()).render(&msgs, true).unwrap(),
-            "cfg:<s>hi</s>"
-        );
-        assert_eq!(
-            template(d.path()).path(),
-            d.path().join("tokenizer_config.json")
-        );
+        assert_eq!(template(d.path()).render(&msgs, true).unwrap(), "cfg:<s>hi</s>");
+        assert_eq!(template(d.path()).path(), d.path().join("tokenizer_config.json"));
 
         write(
             d.path(),
@@ -429,55 +349,25 @@ mod tests {
         assert_eq!(template(d.path()).render(&msgs, true).unwrap(), "default:1");
 
         // chat_template.jinja wins over tokenizer_config.json; unset tokens render empty.
-        write(
-            d.path(),
-            "chat_template.jinja",
-            "file:[{{ bos_token }}]{{ messages[0]['role'] }}\n",
-        );
-        assert_eq!(
-            template(d.path()).render(&msgs, true).unwrap(),
-            "file:[]user"
-        );
+        write(d.path(), "chat_template.jinja", "file:[{{ bos_token }}]{{ messages[0]['role'] }}\n");
+        assert_eq!(template(d.path()).render(&msgs, true).unwrap(), "file:[]user");
 
         std::fs::remove_file(d.path().join("chat_template.jinja")).unwrap();
-        write(
-            d.path(),
-            "tokenizer_config.json",
-            r#"{"chat_template": [{"name": "tool_use", "template": "t"}]}"#,
-        );
+        write(d.path(), "tokenizer_config.json", r#"{"chat_template": [{"name": "tool_use", "template": "t"}]}"#);
         let err = ChatTemplate::from_dir(d.path()).unwrap_err().to_string();
         let path = d.path().join("tokenizer_config.json");
-        assert_eq!(
-            err,
-            format!(
-                "{}: chat_template has no \"default\" entry (it has tool_use)",
-                path.display()
-            )
-        );
+        assert_eq!(err, format!("{}: chat_template has no \"default\" entry (it has tool_use)", path.display()));
 
         write(d.path(), "tokenizer_config.json", r#"{"chat_template": 3}"#);
         let err = ChatTemplate::from_dir(d.path()).unwrap_err().to_string();
         assert_eq!(
             err,
-            format!(
-                "{}: chat_template must be a string or a list of {{name, template}}, got 3",
-                path.display()
-            )
+            format!("{}: chat_template must be a string or a list of {{name, template}}, got 3", path.display())
         );
 
-        write(
-            d.path(),
-            "tokenizer_config.json",
-            r#"{"chat_template": "x", "eos_token": 5}"#,
-        );
+        write(d.path(), "tokenizer_config.json", r#"{"chat_template": "x", "eos_token": 5}"#);
         let err = ChatTemplate::from_dir(d.path()).unwrap_err().to_string();
-        assert_eq!(
-            err,
-            format!(
-                "{}: eos_token must be a string or an object with \"content\", got 5",
-                path.display()
-            )
-        );
+        assert_eq!(err, format!("{}: eos_token must be a string or an object with \"content\", got 5", path.display()));
     }
 
     /// The whitespace, loop-control and Python-method behaviour of transformers' jinja2 setup.
@@ -493,58 +383,27 @@ mod tests {
 ASSISTANT:
 {% endif %}
 ";
-        let chat =
-            ChatTemplate::from_source(template.into(), "t.jinja".into(), Vec::new()).unwrap();
-        let msgs = [
-            Message::user("  hello  world "),
-            Message::user("# skipped"),
-            Message::user("never"),
-        ];
+        let chat = ChatTemplate::from_source(template.into(), "t.jinja".into(), Vec::new()).unwrap();
+        let msgs = [Message::user("  hello  world "), Message::user("# skipped"), Message::user("never")];
         // Expected strings are jinja2 3.1.6's output with transformers' settings.
-        assert_eq!(
-            chat.render(&msgs, true).unwrap(),
-            "  USER: hello world\nASSISTANT:\n"
-        );
-        assert_eq!(
-            chat.render(&msgs[..1], false).unwrap(),
-            "  USER: hello world\n"
-        );
+        assert_eq!(chat.render(&msgs, true).unwrap(), "  USER: hello world\nASSISTANT:\n");
+        assert_eq!(chat.render(&msgs[..1], false).unwrap(), "  USER: hello world\n");
     }
 
     #[test]
     fn raise_exception_and_syntax_errors_name_the_file() {
         let t = "{% if messages[0].role != 'system' %}{{ raise_exception('Conversations must start with a system message') }}{% endif %}";
-        let chat = ChatTemplate::from_source(t.into(), "m/chat_template.jinja".into(), Vec::new())
-            .unwrap();
-        let err = chat
-            .render(&[Message::user("x")], true)
+        let chat = ChatTemplate::from_source(t.into(), "m/chat_template.jinja".into(), Vec::new()).unwrap();
+        let err = chat.render(&[Message::user("x")], true).unwrap_err().to_string();
+        assert!(err.starts_with("m/chat_template.jinja: chat template failed: "), "{err}");
+        assert!(err.contains("raise_exception: Conversations must start with a system message"), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+        assert_eq!(chat.render(&[Message::new("system", "s")], true).unwrap(), "");
+
+        let err = ChatTemplate::from_source("{% for %}".into(), "m/chat_template.jinja".into(), Vec::new())
             .unwrap_err()
             .to_string();
-        assert!(
-            err.starts_with("m/chat_template.jinja: chat template failed: "),
-            "{err}"
-        );
-        assert!(
-            err.contains("raise_exception: Conversations must start with a system message"),
-            "{err}"
-        );
-        assert!(!err.contains('\n'), "{err}");
-        assert_eq!(
-            chat.render(&[Message::new("system", "s")], true).unwrap(),
-            ""
-        );
-
-        let err = ChatTemplate::from_source(
-            "{% for %}".into(),
-            "m/chat_template.jinja".into(),
-            Vec::new(),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            err.starts_with("m/chat_template.jinja: chat template does not parse: "),
-            "{err}"
-        );
+        assert!(err.starts_with("m/chat_template.jinja: chat template does not parse: "), "{err}");
         assert!(!err.contains('\n'), "{err}");
     }
 
@@ -552,11 +411,7 @@ ASSISTANT:
     fn strftime_formats_utc() {
         assert_eq!(strftime("%d %b %Y", 0).unwrap(), "01 Jan 1970");
         assert_eq!(
-            strftime(
-                "%Y-%m-%d %H:%M:%S %A %a %B %b %y %j %I %p %%",
-                1_700_000_000
-            )
-            .unwrap(),
+            strftime("%Y-%m-%d %H:%M:%S %A %a %B %b %y %j %I %p %%", 1_700_000_000).unwrap(),
             "2023-11-14 22:13:20 Tuesday Tue November Nov 23 318 10 PM %"
         );
         // Leap day, last second.
@@ -570,12 +425,7 @@ ASSISTANT:
             assert_eq!(days_from_civil(y, m, d), days);
         }
         // strftime_now is callable from templates and gives today's shape.
-        let chat = ChatTemplate::from_source(
-            "{{ strftime_now('%d %b %Y') }}".into(),
-            "t".into(),
-            Vec::new(),
-        )
-        .unwrap();
+        let chat = ChatTemplate::from_source("{{ strftime_now('%d %b %Y') }}".into(), "t".into(), Vec::new()).unwrap();
         let today = chat.render(&[], true).unwrap();
         assert_eq!(today.len(), 11, "{today}");
         assert!(MONTHS.iter().any(|m| today[3..6] == m[..3]), "{today}");

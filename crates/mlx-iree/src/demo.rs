@@ -35,13 +35,16 @@ fn graph() -> Result<String> {
 
 /// Deterministic inputs in [-1, 1) without a random-number dependency.
 fn inputs(seed: u32, n: usize) -> Vec<f32> {
-    (0..n).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32 / (1u32 << 23) as f32 - 1.0).collect()
+    (0..n)
+        .map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32 / (1u32 << 23) as f32 - 1.0)
+        .collect()
 }
 
 fn reference(x: &[f32], gamma: &[f32], w: &[f32]) -> Vec<f32> {
     let inv = 1.0 / (x.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>() / x.len() as f64 + EPS).sqrt();
     let normed: Vec<f64> = x.iter().zip(gamma).map(|(a, g)| f64::from(*a) * inv * f64::from(*g)).collect();
-    let logits: Vec<f64> = w.chunks(x.len()).map(|row| row.iter().zip(&normed).map(|(a, b)| f64::from(*a) * b).sum()).collect();
+    let logits: Vec<f64> =
+        w.chunks(x.len()).map(|row| row.iter().zip(&normed).map(|(a, b)| f64::from(*a) * b).sum()).collect();
     let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let sum: f64 = logits.iter().map(|l| (l - max).exp()).sum();
     logits.iter().map(|l| ((l - max).exp() / sum) as f32).collect()

@@ -11,8 +11,6 @@ pub fn target_for(device: &str) -> Result<Target, String> {
         // sm_80 PTX runs on newer GPUs too (the driver JIT-compiles it); IREE 3.13's
         // target table has no sm_90 entry.
         "cuda" => Ok(Target::cuda("sm_80")),
-        other => Err(format!(
-            "unsupported device `{other}` (expected local-task, local-sync or cuda)"
-        )),
+        other => Err(format!("unsupported device `{other}` (expected local-task, local-sync or cuda)")),
     }
 }

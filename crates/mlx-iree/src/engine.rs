@@ -7,6 +7,7 @@
 use crate::cache::{self, CompileReport};
 use iree_compiler::CompileOptions;
 use iree_hal::{BufferView, Device, Instance, Parameters, Session};
+pub use models::Precision;
 use models::{GraphShape, ModelConfig, graph::SCOPE};
 use std::path::Path;
 use std::time::Instant;
@@ -28,33 +29,14 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Weight precision on the device. Only `f32` exists until the precision work lands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Precision {
-    F32,
-}
+/// Several `local-task` devices making calls at the same time in one process have failed
+/// intermittently inside IREE ("ref is null" from a call; never with `local-sync`, never
+/// one engine at a time). Until that is understood, engines in one process take turns:
+/// loading and each call hold this lock. One engine per process (the CLI) never waits.
+static IREE_TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-impl std::str::FromStr for Precision {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "f32" => Ok(Precision::F32),
-            "f16" | "bf16" | "packed" => Err(format!(
-                "precision `{s}` is not implemented yet (available: f32)"
-            )),
-            other => Err(format!(
-                "unknown precision `{other}` (expected f32, f16, bf16 or packed)"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for Precision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Precision::F32 => "f32",
-        })
-    }
+fn iree_turn() -> std::sync::MutexGuard<'static, ()> {
+    IREE_TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Picks static graph sizes for a request: a power-of-two prompt bucket (long prompts are
@@ -62,10 +44,7 @@ impl std::fmt::Display for Precision {
 pub fn plan(prompt_len: usize, max_new: usize) -> GraphShape {
     let prefill = prompt_len.max(1).next_power_of_two().clamp(16, 128);
     let rounded = prompt_len.div_ceil(prefill) * prefill;
-    let capacity = rounded
-        .max(prompt_len + max_new)
-        .next_power_of_two()
-        .max(64);
+    let capacity = rounded.max(prompt_len + max_new).next_power_of_two().max(64);
     GraphShape { capacity, prefill }
 }
 
@@ -94,6 +73,15 @@ pub struct Engine {
     pos: usize,
     pub compile: CompileReport,
     pub load_seconds: f64,
+    /// Bytes of all parameters bound on the device.
+    pub weight_bytes: usize,
+}
+
+/// Compile flags per target: the defaults for now. `--iree-opt-data-tiling`, which made a
+/// lone f16 matvec 2.9x faster (BRIEF 4), crashes IREE 3.13 in MaterializeDeviceEncoding
+/// on the whole decoder graph (see docs/PERFORMANCE.md).
+pub fn compile_options(_target: &iree_compiler::Target) -> CompileOptions {
+    CompileOptions::default()
 }
 
 impl Engine {
@@ -114,23 +102,24 @@ impl Engine {
         let target = crate::device::target_for(device_uri).map_err(Error::Invalid)?;
         let ckpt = Checkpoint::open(dir)?;
         let cfg = ModelConfig::for_checkpoint(&ckpt)?;
-        let Precision::F32 = precision;
 
-        let mlir = models::emit(&cfg, shape)?;
+        let mlir = models::emit(&cfg, precision, shape)?;
         let what = format!(
-            "{} graph (capacity {}, prompt bucket {})",
+            "{} {precision} graph (capacity {}, prompt bucket {})",
             cfg.model_type, shape.capacity, shape.prefill
         );
-        let (vmfb, compile) = cache::compile_in(cache_dir, &what, &mlir, &target, &CompileOptions::default())?;
+        let (vmfb, compile) = cache::compile_in(cache_dir, &what, &mlir, &target, &compile_options(&target))?;
 
         let started = Instant::now();
+        let _turn = iree_turn();
         let instance = Instance::new()?;
         let device = instance.device(device_uri)?;
         let mut session = Session::new(&instance, &device)?;
         let mut params = Parameters::new(SCOPE)?;
+        let mut weight_bytes = 0;
         for spec in models::param_specs(&cfg) {
-            let data = models::load_f32(&ckpt, &spec)?;
-            let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let bytes = models::load_param(&ckpt, &spec, precision)?;
+            weight_bytes += bytes.len();
             params.add_tensor(&spec.key, &bytes)?;
         }
         session.append_parameters(&[&params])?;
@@ -140,17 +129,7 @@ impl Engine {
         let k = device.upload(&dims, &zeros)?;
         let v = device.upload(&dims, &zeros)?;
         let load_seconds = started.elapsed().as_secs_f64();
-        Ok(Engine {
-            cfg,
-            shape,
-            device,
-            session,
-            k,
-            v,
-            pos: 0,
-            compile,
-            load_seconds,
-        })
+        Ok(Engine { cfg, shape, device, session, k, v, pos: 0, compile, load_seconds, weight_bytes })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -190,28 +169,19 @@ impl Engine {
                 self.pos, self.shape.capacity
             )));
         }
+        let _turn = iree_turn();
         let tokens = self.device.upload(&[t], padded)?;
         let start = self.device.upload::<i32>(&[], &[self.pos as i32])?;
         let last = self.device.upload::<i32>(&[], &[real as i32 - 1])?;
-        let mut out = self
-            .session
-            .call(func, &[&tokens, &start, &last, &self.k, &self.v])?
-            .into_iter();
-        let (Some(next), Some(logits), Some(k), Some(v)) =
-            (out.next(), out.next(), out.next(), out.next())
-        else {
-            return Err(Error::Invalid(format!(
-                "`{func}` returned fewer than 4 results"
-            )));
+        let mut out = self.session.call(func, &[&tokens, &start, &last, &self.k, &self.v])?.into_iter();
+        let (Some(next), Some(logits), Some(k), Some(v)) = (out.next(), out.next(), out.next(), out.next()) else {
+            return Err(Error::Invalid(format!("`{func}` returned fewer than 4 results")));
         };
         self.k = k;
         self.v = v;
         self.pos += real;
         let next: Vec<i32> = next.to_vec()?;
-        Ok(Step {
-            next: next[0] as u32,
-            logits,
-        })
+        Ok(Step { next: next[0] as u32, logits })
     }
 
     /// Feeds the prompt (in chunks of the prompt bucket) and returns the step after its

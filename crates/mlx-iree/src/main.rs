@@ -1,5 +1,6 @@
 //! The `mlx-iree` command line. Bad input is one line on stderr and exit status 2.
 
+mod bench;
 mod demo;
 mod run;
 
@@ -15,6 +16,9 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Measure prefill and decode speed, time to first token, memory, compile time and
+    /// dispatches per decode step of one model on one device at one precision.
+    Bench(bench::Args),
     /// Build a small RMSNorm + matmul + softmax graph, compile it with IREE and run it,
     /// checking the result against a plain Rust computation.
     Demo(demo::Args),
@@ -22,6 +26,8 @@ enum Command {
     Generate(run::GenerateArgs),
     /// Record a greedy trajectory (token ids, EOS ignored) as JSON.
     Trajectory(run::TrajectoryArgs),
+    /// Check a precision (or device) against a reference trajectory; exit status 1 if it fails.
+    Gate(run::GateArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,9 +46,15 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
+        Command::Bench(args) => bench::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Generate(args) => run::generate(&args),
         Command::Trajectory(args) => run::trajectory(&args),
+        Command::Gate(args) => match run::gate(&args) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::from(1),
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
     /// MLX model folder (config.json, *.safetensors, tokenizer.json).
     #[arg(long)]
@@ -192,4 +192,108 @@ pub fn trajectory(args: &TrajectoryArgs) -> Result<()> {
     std::fs::rename(&tmp, &args.out).with_context(|| format!("writing {}", args.out.display()))?;
     eprintln!("wrote {} ({} steps)", args.out.display(), tokens.len());
     Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct GateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// What to compare against: `f32` (the f32 path on the same device, run here) or a
+    /// trajectory JSON (`mlx-iree trajectory` output, or a file with a `trajectories` list
+    /// such as a fixture's expected.json or a model's oracle.json).
+    #[arg(long, default_value = "f32")]
+    reference: String,
+    /// Steps per prompt.
+    #[arg(long, default_value_t = 32)]
+    steps: usize,
+}
+
+/// Prompts used when the reference is computed here: text when the model has a tokenizer,
+/// else fixed id lists (taken modulo the vocabulary).
+fn gate_prompts(dir: &Path, vocab: usize) -> Result<Vec<Vec<u32>>> {
+    const TEXTS: [&str; 4] = [
+        "The capital of France is",
+        "Once upon a time, there was a",
+        "def fibonacci(n):",
+        "The three primary colors are",
+    ];
+    const IDS: [&[u32]; 3] = [&[17], &[1, 34, 201, 17, 88], &[1, 250, 3, 77, 128, 5, 199, 64, 12, 230, 41, 9]];
+    if dir.join("tokenizer.json").exists() {
+        let tok = Tokenizer::from_dir(dir)?;
+        return TEXTS.iter().map(|t| Ok(tok.encode(t, true)?)).collect();
+    }
+    Ok(IDS.iter().map(|ids| ids.iter().map(|i| i % vocab as u32).collect()).collect())
+}
+
+/// Returns whether the gate passed (the caller turns a failure into exit status 1).
+pub fn gate(args: &GateArgs) -> Result<bool> {
+    use mlx_iree::gate::{self, MIN_AGREEMENT, Reference};
+    let dir = &args.model.model;
+    let config = check_model_dir(dir)?;
+    if args.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    let from_file = args.reference != "f32";
+    let mut references = if from_file {
+        let text = std::fs::read_to_string(&args.reference)
+            .with_context(|| format!("reading --reference {}", args.reference))?;
+        let refs =
+            gate::references_from_json(&text).map_err(|e| anyhow::anyhow!("--reference {}: {e}", args.reference))?;
+        if let Some(short) = refs.iter().find(|r| r.token_ids.len() < args.steps) {
+            bail!(
+                "--reference {} has only {} steps, fewer than --steps {}",
+                args.reference,
+                short.token_ids.len(),
+                args.steps
+            );
+        }
+        refs
+    } else {
+        gate_prompts(dir, config.vocab)?.into_iter().map(|p| Reference { prompt_ids: p, token_ids: vec![] }).collect()
+    };
+    for r in &mut references {
+        r.token_ids.truncate(args.steps);
+        if let Some(bad) = r.prompt_ids.iter().chain(&r.token_ids).find(|t| **t as usize >= config.vocab) {
+            bail!("token id {bad} is out of range for vocabulary size {}", config.vocab);
+        }
+    }
+    let longest = references.iter().map(|r| r.prompt_ids.len()).max().unwrap_or(1);
+    if !from_file {
+        let mut reference = load(&ModelArgs { precision: Precision::F32, ..args.model.clone() }, longest, args.steps)?;
+        for r in &mut references {
+            r.token_ids = gate::trajectory(&mut reference, &r.prompt_ids, args.steps)?;
+        }
+    }
+    let mut candidate = load(&args.model, longest, args.steps)?;
+    let report = gate::check(&mut candidate, &references)?;
+
+    println!(
+        "gate: {} at {} on {} against {} ({} prompts x {} steps)",
+        dir.display(),
+        args.model.precision,
+        args.model.device,
+        if from_file { args.reference.clone() } else { format!("f32 on {}", args.model.device) },
+        references.len(),
+        args.steps
+    );
+    for (i, p) in report.prompts.iter().enumerate() {
+        let divergence = p.first_divergence.map(|d| format!(" (first divergence at step {d})")).unwrap_or_default();
+        println!(
+            "  prompt {} ({} tokens): token-exact {}/{}{divergence}, teacher-forced top-1 agreement {:.1}%",
+            i + 1,
+            p.prompt_len,
+            p.exact_steps,
+            p.steps,
+            100.0 * p.agreement()
+        );
+    }
+    let passed = report.passed();
+    println!(
+        "  overall: token-exact on every prompt: {}; teacher-forced top-1 agreement {:.1}% (threshold {:.0}%) -> {}",
+        if report.all_exact() { "yes" } else { "no" },
+        100.0 * report.agreement(),
+        100.0 * MIN_AGREEMENT,
+        if passed { "PASS" } else { "FAIL" }
+    );
+    Ok(passed)
 }

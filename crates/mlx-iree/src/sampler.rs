@@ -17,12 +17,7 @@ pub struct SamplingParams {
 impl Default for SamplingParams {
     /// Greedy.
     fn default() -> Self {
-        Self {
-            temperature: 0.0,
-            top_k: None,
-            top_p: None,
-            seed: 0,
-        }
+        Self { temperature: 0.0, top_k: None, top_p: None, seed: 0 }
     }
 }
 
@@ -69,11 +64,7 @@ impl Sampler {
         if params.top_k == Some(0) {
             return Err(SamplingError::TopK(0));
         }
-        Ok(Self {
-            params,
-            rng: Xoshiro256StarStar::seed_from_u64(params.seed),
-            candidates: Vec::new(),
-        })
+        Ok(Self { params, rng: Xoshiro256StarStar::seed_from_u64(params.seed), candidates: Vec::new() })
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -90,19 +81,16 @@ impl Sampler {
         let inv_t = 1.0 / f64::from(self.params.temperature);
         // Softmax numerators in f64; tokens whose probability underflows to 0 cannot be drawn.
         self.candidates.clear();
-        self.candidates
-            .extend(logits.iter().enumerate().filter_map(|(i, &l)| {
-                let w = ((f64::from(l) - max) * inv_t).exp();
-                // Vocabularies are far below 2^32 entries, and the slice index came from enumerate.
-                (w > 0.0).then_some((i as u32, w))
-            }));
+        self.candidates.extend(logits.iter().enumerate().filter_map(|(i, &l)| {
+            let w = ((f64::from(l) - max) * inv_t).exp();
+            // Vocabularies are far below 2^32 entries, and the slice index came from enumerate.
+            (w > 0.0).then_some((i as u32, w))
+        }));
         // Most likely first, ties to the lower id, so filtering and the draw are deterministic.
-        let by_probability =
-            |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        let by_probability = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if let Some(k) = self.params.top_k {
             if k < self.candidates.len() {
-                self.candidates
-                    .select_nth_unstable_by(k - 1, by_probability);
+                self.candidates.select_nth_unstable_by(k - 1, by_probability);
                 self.candidates.truncate(k);
             }
             // Sorting the survivors also fixes their order, so the sums below do not depend on
@@ -119,8 +107,7 @@ impl Sampler {
             let head = NUCLEUS_HEAD.min(len);
             if self.params.top_k.is_none() {
                 if head < len {
-                    self.candidates
-                        .select_nth_unstable_by(head - 1, by_probability);
+                    self.candidates.select_nth_unstable_by(head - 1, by_probability);
                 }
                 self.candidates[..head].sort_unstable_by(by_probability);
             }
@@ -221,21 +208,12 @@ mod tests {
     use super::*;
 
     fn sampler(temperature: f32, top_k: Option<usize>, top_p: Option<f32>, seed: u64) -> Sampler {
-        Sampler::new(SamplingParams {
-            temperature,
-            top_k,
-            top_p,
-            seed,
-        })
-        .unwrap()
+        Sampler::new(SamplingParams { temperature, top_k, top_p, seed }).unwrap()
     }
 
     fn softmax(logits: &[f32], t: f64) -> Vec<f64> {
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let w: Vec<f64> = logits
-            .iter()
-            .map(|&l| ((l as f64 - max) / t).exp())
-            .collect();
+        let w: Vec<f64> = logits.iter().map(|&l| ((l as f64 - max) / t).exp()).collect();
         let s: f64 = w.iter().sum();
         w.iter().map(|x| x / s).collect()
     }
@@ -255,40 +233,17 @@ mod tests {
         let got: Vec<u64> = (0..5).map(|_| sm.next_u64()).collect();
         assert_eq!(
             got,
-            [
-                6457827717110365317,
-                3203168211198807973,
-                9817491932198370423,
-                4593380528125082431,
-                16408922859458223821
-            ]
+            [6457827717110365317, 3203168211198807973, 9817491932198370423, 4593380528125082431, 16408922859458223821]
         );
         // xoshiro256starstar.c with state {1, 2, 3, 4}.
         let mut x = Xoshiro256StarStar([1, 2, 3, 4]);
         let got: Vec<u64> = (0..6).map(|_| x.next_u64()).collect();
-        assert_eq!(
-            got,
-            [
-                11520,
-                0,
-                1509978240,
-                1215971899390074240,
-                1216172134540287360,
-                607988272756665600
-            ]
-        );
+        assert_eq!(got, [11520, 0, 1509978240, 1215971899390074240, 1216172134540287360, 607988272756665600]);
         // Seeding is part of the reproducibility contract: the first draws of seed 42.
         // (computed with an independent Python transcription of the two reference programs).
         let mut x = Xoshiro256StarStar::seed_from_u64(42);
         let got: Vec<u64> = (0..3).map(|_| x.next_u64()).collect();
-        assert_eq!(
-            got,
-            [
-                1546998764402558742,
-                6990951692964543102,
-                12544586762248559009
-            ]
-        );
+        assert_eq!(got, [1546998764402558742, 6990951692964543102, 12544586762248559009]);
     }
 
     #[test]
@@ -296,11 +251,7 @@ mod tests {
         let mut s = sampler(0.0, None, None, 1);
         assert_eq!(s.sample(&[0.1, 3.0, -2.0, 2.9]).unwrap(), 1);
         assert_eq!(s.sample(&[0.5, 7.0, 7.0, 7.0, 1.0]).unwrap(), 1);
-        assert_eq!(
-            s.sample(&[f32::NEG_INFINITY, -1e30, f32::NEG_INFINITY])
-                .unwrap(),
-            1
-        );
+        assert_eq!(s.sample(&[f32::NEG_INFINITY, -1e30, f32::NEG_INFINITY]).unwrap(), 1);
         assert_eq!(s.sample(&[4.0]).unwrap(), 0);
         // Greedy ignores top-k/top-p and the seed.
         let mut other = sampler(0.0, Some(3), Some(0.5), 99);
@@ -309,9 +260,7 @@ mod tests {
 
     #[test]
     fn top_k_one_is_greedy_at_any_temperature() {
-        let logits: Vec<f32> = (0..1000)
-            .map(|i| ((i * 7919) % 1000) as f32 / 100.0)
-            .collect();
+        let logits: Vec<f32> = (0..1000).map(|i| ((i * 7919) % 1000) as f32 / 100.0).collect();
         let greedy = argmax(&logits).unwrap();
         let tied = [1.0, 5.0, 2.0, 5.0];
         for (t, seed) in [(0.1, 0), (1.0, 1), (5.0, 2), (100.0, 3)] {
@@ -328,9 +277,7 @@ mod tests {
         let flat = vec![0.0f32; 64];
         let run = |seed| {
             let mut s = sampler(1.0, None, None, seed);
-            (0..200)
-                .map(|_| s.sample(&flat).unwrap())
-                .collect::<Vec<u32>>()
+            (0..200).map(|_| s.sample(&flat).unwrap()).collect::<Vec<u32>>()
         };
         assert_eq!(run(7), run(7));
         assert_ne!(run(7), run(8));
@@ -361,10 +308,7 @@ mod tests {
         let got = frequencies(&mut sampler(1.0, Some(2), None, 5), &logits, 100_000);
         let want = softmax(&[2.0, 3.0], 1.0);
         assert_eq!((got[0], got[2], got[4]), (0.0, 0.0, 0.0));
-        assert!(
-            (got[1] - want[0]).abs() < 0.006 && (got[3] - want[1]).abs() < 0.006,
-            "{got:?} vs {want:?}"
-        );
+        assert!((got[1] - want[0]).abs() < 0.006 && (got[3] - want[1]).abs() < 0.006, "{got:?} vs {want:?}");
     }
 
     #[test]
@@ -389,11 +333,7 @@ mod tests {
     }
 
     /// The sampler written the slow, obvious way: full sort, then the same sums and draw.
-    fn reference_sample(
-        params: SamplingParams,
-        rng: &mut Xoshiro256StarStar,
-        logits: &[f32],
-    ) -> u32 {
+    fn reference_sample(params: SamplingParams, rng: &mut Xoshiro256StarStar, logits: &[f32]) -> u32 {
         let max = f64::from(logits[argmax(logits).unwrap() as usize]);
         let t = f64::from(params.temperature);
         let mut c: Vec<(u32, f64)> = logits
@@ -430,12 +370,8 @@ mod tests {
     #[test]
     fn matches_the_plain_reference_on_a_large_vocabulary() {
         // 5000 tokens: a near-flat one (the nucleus outgrows NUCLEUS_HEAD) and a peaked one.
-        let flat: Vec<f32> = (0..5000)
-            .map(|i| ((i * 7919 % 5000) as f32) / 5000.0)
-            .collect();
-        let peaked: Vec<f32> = (0..5000)
-            .map(|i| -((i * 104_729 % 5000) as f32) / 50.0)
-            .collect();
+        let flat: Vec<f32> = (0..5000).map(|i| ((i * 7919 % 5000) as f32) / 5000.0).collect();
+        let peaked: Vec<f32> = (0..5000).map(|i| -((i * 104_729 % 5000) as f32) / 50.0).collect();
         for logits in [&flat, &peaked] {
             for (temperature, top_k, top_p) in [
                 (1.0, None, Some(0.95)),
@@ -444,12 +380,7 @@ mod tests {
                 (1.0, Some(40), None),
                 (0.8, None, None),
             ] {
-                let params = SamplingParams {
-                    temperature,
-                    top_k,
-                    top_p,
-                    seed: 77,
-                };
+                let params = SamplingParams { temperature, top_k, top_p, seed: 77 };
                 let mut s = Sampler::new(params).unwrap();
                 let mut rng = Xoshiro256StarStar::seed_from_u64(77);
                 for step in 0..300 {
@@ -463,58 +394,22 @@ mod tests {
     #[test]
     fn bad_settings_are_errors_naming_the_flag() {
         let err = |temperature, top_k, top_p| {
-            Sampler::new(SamplingParams {
-                temperature,
-                top_k,
-                top_p,
-                seed: 0,
-            })
-            .unwrap_err()
-            .to_string()
+            Sampler::new(SamplingParams { temperature, top_k, top_p, seed: 0 }).unwrap_err().to_string()
         };
-        assert_eq!(
-            err(-0.5, None, None),
-            "--temperature must be a finite number >= 0, got -0.5"
-        );
-        assert_eq!(
-            err(f32::NAN, None, None),
-            "--temperature must be a finite number >= 0, got NaN"
-        );
-        assert_eq!(
-            err(f32::INFINITY, None, None),
-            "--temperature must be a finite number >= 0, got inf"
-        );
-        assert_eq!(
-            err(1.0, None, Some(0.0)),
-            "--top-p must be greater than 0 and at most 1, got 0"
-        );
-        assert_eq!(
-            err(1.0, None, Some(1.5)),
-            "--top-p must be greater than 0 and at most 1, got 1.5"
-        );
-        assert_eq!(
-            err(1.0, None, Some(f32::NAN)),
-            "--top-p must be greater than 0 and at most 1, got NaN"
-        );
+        assert_eq!(err(-0.5, None, None), "--temperature must be a finite number >= 0, got -0.5");
+        assert_eq!(err(f32::NAN, None, None), "--temperature must be a finite number >= 0, got NaN");
+        assert_eq!(err(f32::INFINITY, None, None), "--temperature must be a finite number >= 0, got inf");
+        assert_eq!(err(1.0, None, Some(0.0)), "--top-p must be greater than 0 and at most 1, got 0");
+        assert_eq!(err(1.0, None, Some(1.5)), "--top-p must be greater than 0 and at most 1, got 1.5");
+        assert_eq!(err(1.0, None, Some(f32::NAN)), "--top-p must be greater than 0 and at most 1, got NaN");
         assert_eq!(err(1.0, Some(0), None), "--top-k must be at least 1, got 0");
-        assert!(
-            Sampler::new(SamplingParams {
-                temperature: 0.0,
-                top_k: Some(1),
-                top_p: Some(1.0),
-                seed: 0
-            })
-            .is_ok()
-        );
+        assert!(Sampler::new(SamplingParams { temperature: 0.0, top_k: Some(1), top_p: Some(1.0), seed: 0 }).is_ok());
     }
 
     #[test]
     fn bad_logits_are_errors() {
         let mut s = sampler(1.0, None, None, 0);
-        assert_eq!(
-            s.sample(&[]).unwrap_err().to_string(),
-            "no logits to sample from"
-        );
+        assert_eq!(s.sample(&[]).unwrap_err().to_string(), "no logits to sample from");
         assert_eq!(
             s.sample(&[0.0, f32::NAN]).unwrap_err().to_string(),
             "logit 1 is NaN: logits must be finite (or -inf for a masked token)"
@@ -523,10 +418,7 @@ mod tests {
             s.sample(&[f32::INFINITY]).unwrap_err().to_string(),
             "logit 0 is inf: logits must be finite (or -inf for a masked token)"
         );
-        assert_eq!(
-            s.sample(&[f32::NEG_INFINITY; 3]).unwrap_err().to_string(),
-            "every one of the 3 logits is -inf"
-        );
+        assert_eq!(s.sample(&[f32::NEG_INFINITY; 3]).unwrap_err().to_string(), "every one of the 3 logits is -inf");
         // Masked tokens are never drawn.
         let logits = [0.0, f32::NEG_INFINITY, 0.0];
         assert!((0..1000).all(|_| s.sample(&logits).unwrap() != 1));

@@ -24,21 +24,13 @@ pub struct StreamDecoder {
 impl StreamDecoder {
     /// A decoder for a new sequence; `skip_special` leaves out special tokens such as `<|im_end|>`.
     pub fn new(skip_special: bool) -> Self {
-        Self {
-            ids: Vec::new(),
-            prefix_offset: 0,
-            read_offset: 0,
-            skip_special,
-        }
+        Self { ids: Vec::new(), prefix_offset: 0, read_offset: 0, skip_special }
     }
 
     /// Adds one token and returns the text that is now complete (possibly empty).
     pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
         self.ids.push(id);
-        let prefix = tokenizer.decode(
-            &self.ids[self.prefix_offset..self.read_offset],
-            self.skip_special,
-        )?;
+        let prefix = tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset], self.skip_special)?;
         let full = tokenizer.decode(&self.ids[self.prefix_offset..], self.skip_special)?;
         if full.ends_with('\u{FFFD}') {
             return Ok(String::new());
@@ -60,10 +52,7 @@ impl StreamDecoder {
 
     /// Text still held back at the end of generation (an incomplete character, shown as U+FFFD).
     pub fn finish(&mut self, tokenizer: &Tokenizer) -> Result<String, TokenizerError> {
-        let prefix = tokenizer.decode(
-            &self.ids[self.prefix_offset..self.read_offset],
-            self.skip_special,
-        )?;
+        let prefix = tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset], self.skip_special)?;
         let full = tokenizer.decode(&self.ids[self.prefix_offset..], self.skip_special)?;
         self.prefix_offset = self.read_offset;
         self.read_offset = self.ids.len();
@@ -99,23 +88,14 @@ mod tests {
         let text = "Un café à Tōkyō: 日本語 🦀🎉 naïve.";
         let ids = tok.encode(text, false).unwrap();
         // The text must really split characters over tokens, or the test proves nothing.
-        let partial = ids
-            .iter()
-            .filter(|&&id| tok.decode(&[id], false).unwrap().contains('\u{FFFD}'))
-            .count();
-        assert!(
-            partial >= 4,
-            "only {partial} tokens hold partial characters"
-        );
+        let partial = ids.iter().filter(|&&id| tok.decode(&[id], false).unwrap().contains('\u{FFFD}')).count();
+        assert!(partial >= 4, "only {partial} tokens hold partial characters");
 
         let pieces = stream(&tok, &ids, false);
         assert_eq!(pieces.concat(), text);
         assert!(pieces.iter().all(|p| !p.contains('\u{FFFD}')), "{pieces:?}");
         // Held back: some steps print nothing while a character is incomplete.
-        assert!(
-            pieces[..ids.len()].iter().any(String::is_empty),
-            "{pieces:?}"
-        );
+        assert!(pieces[..ids.len()].iter().any(String::is_empty), "{pieces:?}");
         assert_eq!(pieces.last().unwrap(), "", "nothing left at the end");
     }
 
@@ -137,10 +117,7 @@ mod tests {
         let cut = &ids[..ids.len() - 1];
         let pieces = stream(&tok, cut, false);
         let (last, printed) = pieces.split_last().unwrap();
-        assert!(
-            printed.concat().starts_with("ok") && !printed.concat().contains('\u{FFFD}'),
-            "{pieces:?}"
-        );
+        assert!(printed.concat().starts_with("ok") && !printed.concat().contains('\u{FFFD}'), "{pieces:?}");
         assert!(last.ends_with('\u{FFFD}'), "{pieces:?}");
         assert_eq!(pieces.concat(), tok.decode(cut, false).unwrap());
     }
@@ -152,18 +129,11 @@ mod tests {
             let out = ids(&trajectory(kind)["token_ids"]);
             for skip in [false, true] {
                 let pieces = stream(&tok, &out, skip);
-                assert_eq!(
-                    pieces.concat(),
-                    tok.decode(&out, skip).unwrap(),
-                    "{kind} skip={skip}"
-                );
+                assert_eq!(pieces.concat(), tok.decode(&out, skip).unwrap(), "{kind} skip={skip}");
             }
             // Every token of these English continuations prints at once.
             let pieces = stream(&tok, &out, false);
-            assert!(
-                pieces[..out.len()].iter().all(|p| !p.is_empty()),
-                "{kind}: {pieces:?}"
-            );
+            assert!(pieces[..out.len()].iter().all(|p| !p.is_empty()), "{kind}: {pieces:?}");
         }
         let chat = ids(&trajectory("chat")["token_ids"]);
         let pieces = stream(&tok, &chat, true);

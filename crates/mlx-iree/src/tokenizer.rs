@@ -11,15 +11,9 @@ pub enum TokenizerError {
     #[error("{}: not found", path.display())]
     Missing { path: PathBuf },
     #[error("{}: cannot read: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("{}: invalid JSON: {source}", path.display())]
-    Json {
-        path: PathBuf,
-        source: serde_json::Error,
-    },
+    Json { path: PathBuf, source: serde_json::Error },
     #[error("{}: not a usable tokenizer: {reason}", path.display())]
     Load { path: PathBuf, reason: String },
     #[error("{}: {what}", path.display())]
@@ -42,10 +36,7 @@ pub struct Tokenizer {
 impl fmt::Debug for Tokenizer {
     // The inner tokenizer would print its whole vocabulary.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Tokenizer")
-            .field("path", &self.path)
-            .field("vocab_size", &self.vocab_size())
-            .finish()
+        f.debug_struct("Tokenizer").field("path", &self.path).field("vocab_size", &self.vocab_size()).finish()
     }
 }
 
@@ -58,23 +49,12 @@ impl Tokenizer {
     /// Loads a `tokenizer.json` file.
     pub fn from_file(path: &Path) -> Result<Self> {
         if !path.is_file() {
-            return Err(TokenizerError::Missing {
-                path: path.to_owned(),
-            });
+            return Err(TokenizerError::Missing { path: path.to_owned() });
         }
-        let bytes = std::fs::read(path).map_err(|source| TokenizerError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
-        let inner =
-            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| TokenizerError::Load {
-                path: path.to_owned(),
-                reason: e.to_string(),
-            })?;
-        Ok(Self {
-            inner,
-            path: path.to_owned(),
-        })
+        let bytes = std::fs::read(path).map_err(|source| TokenizerError::Io { path: path.to_owned(), source })?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| TokenizerError::Load { path: path.to_owned(), reason: e.to_string() })?;
+        Ok(Self { inner, path: path.to_owned() })
     }
 
     /// The file this tokenizer came from.
@@ -89,10 +69,7 @@ impl Tokenizer {
         let encoding = self
             .inner
             .encode_fast(text, add_special_tokens)
-            .map_err(|e| TokenizerError::Encode {
-                path: self.path.clone(),
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| TokenizerError::Encode { path: self.path.clone(), reason: e.to_string() })?;
         Ok(encoding.get_ids().to_vec())
     }
 
@@ -102,18 +79,12 @@ impl Tokenizer {
         if let Some(&bad) = ids.iter().find(|&&id| self.inner.id_to_token(id).is_none()) {
             return Err(TokenizerError::Decode {
                 path: self.path.clone(),
-                reason: format!(
-                    "token id {bad} is not in the vocabulary (size {})",
-                    self.vocab_size()
-                ),
+                reason: format!("token id {bad} is not in the vocabulary (size {})", self.vocab_size()),
             });
         }
         self.inner
             .decode(ids, skip_special)
-            .map_err(|e| TokenizerError::Decode {
-                path: self.path.clone(),
-                reason: e.to_string(),
-            })
+            .map_err(|e| TokenizerError::Decode { path: self.path.clone(), reason: e.to_string() })
     }
 
     /// The id of a token given in its vocabulary spelling (`<|im_end|>`, `Ġthe`).
@@ -138,16 +109,8 @@ pub(crate) fn read_json_opt(path: &Path) -> Result<Option<Value>> {
     if !path.exists() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path).map_err(|source| TokenizerError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|source| TokenizerError::Json {
-            path: path.to_owned(),
-            source,
-        })
+    let text = std::fs::read_to_string(path).map_err(|source| TokenizerError::Io { path: path.to_owned(), source })?;
+    serde_json::from_str(&text).map(Some).map_err(|source| TokenizerError::Json { path: path.to_owned(), source })
 }
 
 /// A special token entry of `tokenizer_config.json` (`bos_token`, `eos_token`, ...): written
@@ -176,11 +139,7 @@ fn eos_token_ids(config: &Value, path: &Path) -> Result<Vec<u32>> {
         path: path.to_owned(),
         what: format!("eos_token_id must be a token id or a list of token ids, got {v}"),
     };
-    let one = |v: &Value| {
-        v.as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| invalid(v))
-    };
+    let one = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| invalid(v));
     match config.get("eos_token_id") {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(items)) => items.iter().map(one).collect(),
@@ -212,15 +171,10 @@ pub fn eos_ids(dir: &Path, tokenizer: &Tokenizer) -> Result<Vec<u32>> {
     if let Some(tok_config) = read_json_opt(&tok_config_path)?
         && let Some(eos) = special_token(&tok_config, "eos_token", &tok_config_path)?
     {
-        let id = tokenizer
-            .token_to_id(&eos)
-            .ok_or_else(|| TokenizerError::Invalid {
-                path: tok_config_path.clone(),
-                what: format!(
-                    "eos_token {eos:?} is not a token of {}",
-                    tokenizer.path().display()
-                ),
-            })?;
+        let id = tokenizer.token_to_id(&eos).ok_or_else(|| TokenizerError::Invalid {
+            path: tok_config_path.clone(),
+            what: format!("eos_token {eos:?} is not a token of {}", tokenizer.path().display()),
+        })?;
         ids.push(id);
     }
     let mut seen = std::collections::HashSet::new();
@@ -234,8 +188,7 @@ pub(crate) mod test_model {
     use std::path::PathBuf;
 
     pub(crate) fn dir() -> PathBuf {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../target/models/smollm2-135m-instruct-f16");
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/models/smollm2-135m-instruct-f16");
         assert!(
             dir.join("tokenizer.json").is_file() && dir.join("oracle.json").is_file(),
             "test model missing at {}: run `cargo xtask model` first",
@@ -252,21 +205,12 @@ pub(crate) mod test_model {
     /// The oracle trajectory of the given kind ("chat" or "raw").
     pub(crate) fn trajectory(kind: &str) -> serde_json::Value {
         let oracle = oracle();
-        let all = oracle["trajectories"]
-            .as_array()
-            .expect("trajectories array");
-        all.iter()
-            .find(|t| t["kind"] == kind)
-            .unwrap_or_else(|| panic!("no {kind} trajectory"))
-            .clone()
+        let all = oracle["trajectories"].as_array().expect("trajectories array");
+        all.iter().find(|t| t["kind"] == kind).unwrap_or_else(|| panic!("no {kind} trajectory")).clone()
     }
 
     pub(crate) fn ids(v: &serde_json::Value) -> Vec<u32> {
-        v.as_array()
-            .expect("id array")
-            .iter()
-            .map(|x| u32::try_from(x.as_u64().expect("int")).expect("u32"))
-            .collect()
+        v.as_array().expect("id array").iter().map(|x| u32::try_from(x.as_u64().expect("int")).expect("u32")).collect()
     }
 }
 
@@ -282,10 +226,7 @@ mod tests {
         let text = raw["prompt_text"].as_str().unwrap();
         assert_eq!(text, "The capital of France is");
         assert_eq!(tok.encode(text, true).unwrap(), ids(&raw["prompt_ids"]));
-        assert_eq!(
-            tok.encode(text, true).unwrap(),
-            vec![504, 3575, 282, 4649, 314]
-        );
+        assert_eq!(tok.encode(text, true).unwrap(), vec![504, 3575, 282, 4649, 314]);
     }
 
     #[test]
@@ -293,17 +234,11 @@ mod tests {
         let tok = Tokenizer::from_dir(&dir()).unwrap();
         assert_eq!(tok.token_to_id("<|im_start|>"), Some(1));
         assert_eq!(tok.token_to_id("<|im_end|>"), Some(2));
-        assert_eq!(
-            tok.encode("<|im_start|>user\nhi<|im_end|>", false).unwrap()[0],
-            1
-        );
+        assert_eq!(tok.encode("<|im_start|>user\nhi<|im_end|>", false).unwrap()[0], 1);
         let ids = tok.encode("<|im_start|>user\nhi<|im_end|>", false).unwrap();
         assert_eq!(*ids.last().unwrap(), 2);
         // This tokenizer adds no BOS even when asked to add special tokens.
-        assert_eq!(
-            tok.encode("hi", true).unwrap(),
-            tok.encode("hi", false).unwrap()
-        );
+        assert_eq!(tok.encode("hi", true).unwrap(), tok.encode("hi", false).unwrap());
         assert_eq!(tok.vocab_size(), 49152);
     }
 
@@ -314,18 +249,11 @@ mod tests {
             let t = trajectory(kind);
             let out = ids(&t["token_ids"]);
             // The oracle's text is mlx-lm's decode with special tokens kept.
-            assert_eq!(
-                tok.decode(&out, false).unwrap(),
-                t["text"].as_str().unwrap(),
-                "{kind}"
-            );
+            assert_eq!(tok.decode(&out, false).unwrap(), t["text"].as_str().unwrap(), "{kind}");
             assert!(tok.decode(&out, true).unwrap().contains("Paris"), "{kind}");
         }
         let chat = ids(&trajectory("chat")["token_ids"]);
-        assert_eq!(
-            tok.decode(&chat[..7], true).unwrap(),
-            "The capital of France is Paris."
-        );
+        assert_eq!(tok.decode(&chat[..7], true).unwrap(), "The capital of France is Paris.");
         assert!(!tok.decode(&chat, true).unwrap().contains("<|im_end|>"));
     }
 
@@ -333,43 +261,23 @@ mod tests {
     fn round_trip_unicode() {
         let tok = Tokenizer::from_dir(&dir()).unwrap();
         let text = "café 日本 🦀 naïve\n\ttabs  and  spaces";
-        assert_eq!(
-            tok.decode(&tok.encode(text, false).unwrap(), false)
-                .unwrap(),
-            text
-        );
+        assert_eq!(tok.decode(&tok.encode(text, false).unwrap(), false).unwrap(), text);
     }
 
     #[test]
     fn bad_ids_and_files_are_errors() {
         let tok = Tokenizer::from_dir(&dir()).unwrap();
         let err = tok.decode(&[504, 49152], false).unwrap_err().to_string();
-        assert!(
-            err.ends_with("cannot decode: token id 49152 is not in the vocabulary (size 49152)"),
-            "{err}"
-        );
+        assert!(err.ends_with("cannot decode: token id 49152 is not in the vocabulary (size 49152)"), "{err}");
 
         let empty = tempfile::tempdir().unwrap();
         let err = Tokenizer::from_dir(empty.path()).unwrap_err().to_string();
-        assert_eq!(
-            err,
-            format!(
-                "{}: not found",
-                empty.path().join("tokenizer.json").display()
-            )
-        );
+        assert_eq!(err, format!("{}: not found", empty.path().join("tokenizer.json").display()));
 
-        std::fs::write(
-            empty.path().join("tokenizer.json"),
-            "{\"version\": \"1.0\", \"model\": 7}",
-        )
-        .unwrap();
+        std::fs::write(empty.path().join("tokenizer.json"), "{\"version\": \"1.0\", \"model\": 7}").unwrap();
         let err = Tokenizer::from_dir(empty.path()).unwrap_err().to_string();
         assert!(
-            err.starts_with(&format!(
-                "{}: not a usable tokenizer: ",
-                empty.path().join("tokenizer.json").display()
-            )),
+            err.starts_with(&format!("{}: not a usable tokenizer: ", empty.path().join("tokenizer.json").display())),
             "{err}"
         );
     }
@@ -384,11 +292,7 @@ mod tests {
     fn eos_ids_union_in_order() {
         let tok = Tokenizer::from_dir(&dir()).unwrap();
         let d = tempfile::tempdir().unwrap();
-        std::fs::write(
-            d.path().join("generation_config.json"),
-            r#"{"eos_token_id": [7, 2]}"#,
-        )
-        .unwrap();
+        std::fs::write(d.path().join("generation_config.json"), r#"{"eos_token_id": [7, 2]}"#).unwrap();
         std::fs::write(d.path().join("config.json"), r#"{"eos_token_id": 9}"#).unwrap();
         std::fs::write(
             d.path().join("tokenizer_config.json"),
@@ -398,11 +302,7 @@ mod tests {
         assert_eq!(eos_ids(d.path(), &tok).unwrap(), vec![7, 2, 9, 0]);
 
         // Multimodal configs keep it in text_config; repeats are dropped.
-        std::fs::write(
-            d.path().join("config.json"),
-            r#"{"text_config": {"eos_token_id": [0, 5]}}"#,
-        )
-        .unwrap();
+        std::fs::write(d.path().join("config.json"), r#"{"text_config": {"eos_token_id": [0, 5]}}"#).unwrap();
         assert_eq!(eos_ids(d.path(), &tok).unwrap(), vec![7, 2, 0, 5]);
 
         std::fs::write(d.path().join("config.json"), r#"{"eos_token_id": "two"}"#).unwrap();
@@ -410,30 +310,17 @@ mod tests {
         let path = d.path().join("config.json");
         assert_eq!(
             err,
-            format!(
-                "{}: eos_token_id must be a token id or a list of token ids, got \"two\"",
-                path.display()
-            )
+            format!("{}: eos_token_id must be a token id or a list of token ids, got \"two\"", path.display())
         );
 
         std::fs::write(d.path().join("config.json"), "{").unwrap();
         let err = eos_ids(d.path(), &tok).unwrap_err().to_string();
-        assert!(
-            err.starts_with(&format!("{}: invalid JSON: ", path.display())),
-            "{err}"
-        );
+        assert!(err.starts_with(&format!("{}: invalid JSON: ", path.display())), "{err}");
 
         std::fs::remove_file(d.path().join("config.json")).unwrap();
-        std::fs::write(
-            d.path().join("tokenizer_config.json"),
-            r#"{"eos_token": "<nope>"}"#,
-        )
-        .unwrap();
+        std::fs::write(d.path().join("tokenizer_config.json"), r#"{"eos_token": "<nope>"}"#).unwrap();
         let err = eos_ids(d.path(), &tok).unwrap_err().to_string();
-        assert!(
-            err.contains("eos_token \"<nope>\" is not a token of"),
-            "{err}"
-        );
+        assert!(err.contains("eos_token \"<nope>\" is not a token of"), "{err}");
 
         let none = tempfile::tempdir().unwrap();
         assert_eq!(eos_ids(none.path(), &tok).unwrap(), Vec::<u32>::new());

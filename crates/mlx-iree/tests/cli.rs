@@ -54,7 +54,8 @@ fn fixture_with(key: &str, value: serde_json::Value) -> tempfile::TempDir {
     for f in ["model.safetensors", "model.safetensors.index.json"] {
         std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
     }
-    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
     config[key] = value;
     std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
     dir
@@ -66,15 +67,31 @@ fn unsupported_model_type_is_refused_before_compiling() {
     let model = dir.path().to_str().unwrap();
     let out = tempfile::tempdir().unwrap();
     let file = out.path().join("t.json");
-    let args = ["trajectory", "--model", model, "--prompt-ids", "1,2,3", "--steps", "4", "--out", file.to_str().unwrap()];
-    check(&args, 2, "", "unsupported model_type `mistral` (supported: llama, qwen2, qwen3, gemma, gemma2, gemma3_text)");
+    let args =
+        ["trajectory", "--model", model, "--prompt-ids", "1,2,3", "--steps", "4", "--out", file.to_str().unwrap()];
+    check(
+        &args,
+        2,
+        "",
+        "unsupported model_type `mistral` (supported: llama, qwen2, qwen3, gemma, gemma2, gemma3_text)",
+    );
     assert!(!file.exists(), "no partial output file");
 }
 
 #[test]
 fn unsupported_rope_scaling_is_refused() {
     let dir = fixture_with("rope_scaling", serde_json::json!({"rope_type": "yarn", "factor": 4.0}));
-    let args = ["trajectory", "--model", dir.path().to_str().unwrap(), "--prompt-ids", "1", "--steps", "1", "--out", "/tmp/x.json"];
+    let args = [
+        "trajectory",
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--prompt-ids",
+        "1",
+        "--steps",
+        "1",
+        "--out",
+        "/tmp/x.json",
+    ];
     check(&args, 2, "", "unsupported option rope_scaling.rope_type = \"yarn\" for model_type `qwen2`");
 }
 
@@ -82,10 +99,59 @@ fn unsupported_rope_scaling_is_refused() {
 fn bad_requests_are_one_line_errors() {
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/f32");
     let model = fixture.to_str().unwrap();
-    check(&["trajectory", "--model", "/nonexistent/m", "--prompt-ids", "1", "--steps", "2", "--out", "/tmp/x.json"], 2, "", "model folder /nonexistent/m does not exist");
-    check(&["trajectory", "--model", model, "--prompt-ids", "1", "--steps", "2", "--out", "/tmp/x.json", "--precision", "int3"], 2, "", "unknown precision `int3`");
-    check(&["trajectory", "--model", model, "--prompt-ids", "1,99999", "--steps", "2", "--out", "/tmp/x.json"], 2, "", "token id 99999 is out of range for vocabulary size 384");
-    check(&["trajectory", "--model", model, "--prompt-ids", "1", "--steps", "2", "--out", "/tmp/x.json", "--device", "metal"], 2, "", "unsupported device `metal`");
+    check(
+        &["trajectory", "--model", "/nonexistent/m", "--prompt-ids", "1", "--steps", "2", "--out", "/tmp/x.json"],
+        2,
+        "",
+        "model folder /nonexistent/m does not exist",
+    );
+    check(
+        &[
+            "trajectory",
+            "--model",
+            model,
+            "--prompt-ids",
+            "1",
+            "--steps",
+            "2",
+            "--out",
+            "/tmp/x.json",
+            "--precision",
+            "int3",
+        ],
+        2,
+        "",
+        "unknown precision `int3`",
+    );
+    check(
+        &["trajectory", "--model", model, "--prompt-ids", "1,99999", "--steps", "2", "--out", "/tmp/x.json"],
+        2,
+        "",
+        "token id 99999 is out of range for vocabulary size 384",
+    );
+    check(
+        &[
+            "trajectory",
+            "--model",
+            model,
+            "--prompt-ids",
+            "1",
+            "--steps",
+            "2",
+            "--out",
+            "/tmp/x.json",
+            "--device",
+            "metal",
+        ],
+        2,
+        "",
+        "unsupported device `metal`",
+    );
     check(&["generate", "--model", model, "--prompt", "hi"], 2, "", "tokenizer.json");
-    check(&["generate", "--model", model, "--prompt", "hi", "--temperature", "-1"], 2, "", "--temperature must be a finite number >= 0");
+    check(
+        &["generate", "--model", model, "--prompt", "hi", "--temperature", "-1"],
+        2,
+        "",
+        "--temperature must be a finite number >= 0",
+    );
 }

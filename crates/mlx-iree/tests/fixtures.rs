@@ -10,31 +10,32 @@ use std::path::{Path, PathBuf};
 /// both sides are f32, summing in different orders). Measured maximum: 2.3e-5 (gemma q4).
 const LOGIT_TOL: f32 = 1e-4;
 
+/// Compiled modules shared with the other engine tests and reruns (under target/, as CI caches).
+fn cache_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/test-compile-cache")
+}
+
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
 }
 
-/// Several local-task devices running at once in one process have failed intermittently
-/// with "ref is null" from inside a call (never with local-sync, never one at a time):
-/// until that is understood, the engine tests take turns.
-static ONE_ENGINE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn check(fixture: &str, variant: &str) {
-    let _turn = ONE_ENGINE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = fixtures().join(fixture).join(variant);
     let expected: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
     let trajectories = expected["trajectories"].as_array().unwrap();
     let steps = expected["steps"].as_u64().unwrap() as usize;
     let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
     let longest = trajectories.iter().map(|t| ids(&t["prompt_ids"]).len()).max().unwrap();
-    let mut engine = Engine::load(&dir, "local-task", Precision::F32, plan(longest, steps)).unwrap();
+    let mut engine =
+        Engine::load_cached(&dir, "local-task", Precision::F32, plan(longest, steps), &cache_dir()).unwrap();
     for t in trajectories {
         let prompt = ids(&t["prompt_ids"]);
         let want = ids(&t["token_ids"]);
         engine.reset();
         let first = engine.prefill(&prompt).unwrap();
         let logits = first.logits().unwrap();
-        let mlx_logits: Vec<f32> = t["first_logits"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+        let mlx_logits: Vec<f32> =
+            t["first_logits"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
         let diff = logits.iter().zip(&mlx_logits).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
         assert!(diff <= LOGIT_TOL, "{fixture}/{variant} {prompt:?}: first logits differ from mlx-lm by {diff}");
         let mut got = vec![first.next];

@@ -29,18 +29,15 @@ fn ids(v: &Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
-/// Engines in one process take turns: see the note in tests/fixtures.rs.
-static ONE_ENGINE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn check(name: &str) {
-    let _turn = ONE_ENGINE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = model(name);
     let oracle: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
     let steps = oracle["steps"].as_u64().unwrap() as usize;
     assert!(steps >= 32);
     let trajectories = oracle["trajectories"].as_array().unwrap();
     let longest = trajectories.iter().map(|t| ids(&t["prompt_ids"]).len()).max().unwrap();
-    let mut engine = Engine::load_cached(&dir, "local-task", Precision::F32, plan(longest, steps), &cache_dir()).unwrap();
+    let mut engine =
+        Engine::load_cached(&dir, "local-task", Precision::F32, plan(longest, steps), &cache_dir()).unwrap();
     for t in trajectories {
         let (prompt, want) = (ids(&t["prompt_ids"]), ids(&t["token_ids"]));
         engine.reset();
@@ -68,15 +65,31 @@ fn q4_checkpoint_matches_mlx_lm() {
 }
 
 fn cli(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree")).args(args).env("MLX_IREE_CACHE_DIR", cache_dir()).output().unwrap();
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
+        .args(args)
+        .env("MLX_IREE_CACHE_DIR", cache_dir())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
 }
 
 #[test]
 fn generate_chat_answers_paris() {
     let dir = model("smollm2-135m-instruct-4bit");
-    let (code, stdout, stderr) =
-        cli(&["generate", "--model", dir.to_str().unwrap(), "--chat", "--prompt", "What is the capital of France?", "--max-tokens", "24"]);
+    let (code, stdout, stderr) = cli(&[
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--chat",
+        "--prompt",
+        "What is the capital of France?",
+        "--max-tokens",
+        "24",
+    ]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("Paris"), "answer: {stdout}");
     assert!(stderr.contains("prompt tokens: 37"), "summary line: {stderr}");
@@ -91,7 +104,15 @@ fn trajectory_cli_writes_the_oracle_ids() {
     let out = tempfile::tempdir().unwrap();
     let file = out.path().join("t.json");
     let (code, _, stderr) = cli(&[
-        "trajectory", "--model", dir.to_str().unwrap(), "--prompt", "The capital of France is", "--steps", "32", "--out", file.to_str().unwrap(),
+        "trajectory",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "The capital of France is",
+        "--steps",
+        "32",
+        "--out",
+        file.to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{stderr}");
     let got: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();

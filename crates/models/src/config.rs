@@ -61,9 +61,16 @@ pub enum Activation {
 pub enum RopeScaling {
     None,
     /// Positions multiplied by `1 / factor`.
-    Linear { factor: f64 },
+    Linear {
+        factor: f64,
+    },
     /// Llama 3.x frequency bands.
-    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: f64 },
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
 }
 
 /// What differs from layer to layer.
@@ -171,10 +178,9 @@ impl ModelConfig {
                 Ok(match family {
                     Family::Llama => match raw.layer_types.as_ref().map(|t| t.get(i).map(String::as_str)) {
                         None | Some(Some("full_attention")) => global,
-                        Some(Some("sliding_attention")) => LayerConfig {
-                            sliding_window: Some(required(p, "sliding_window", window)?),
-                            ..global
-                        },
+                        Some(Some("sliding_attention")) => {
+                            LayerConfig { sliding_window: Some(required(p, "sliding_window", window)?), ..global }
+                        }
                         Some(other) => return Err(cfg_err(p, "layer_types", format!("layer {i}: {other:?}"))),
                     },
                     // HF's Gemma2 alternates: even layers use the sliding window.
@@ -241,8 +247,16 @@ impl ModelConfig {
                 _ => Activation::Silu,
             },
             attn_scale,
-            attn_softcap: if family == Family::Gemma2 { Some(raw.attn_logit_softcapping.unwrap_or(50.0)) } else { None },
-            final_softcap: if family == Family::Gemma2 { Some(raw.final_logit_softcapping.unwrap_or(30.0)) } else { None },
+            attn_softcap: if family == Family::Gemma2 {
+                Some(raw.attn_logit_softcapping.unwrap_or(50.0))
+            } else {
+                None
+            },
+            final_softcap: if family == Family::Gemma2 {
+                Some(raw.final_logit_softcapping.unwrap_or(30.0))
+            } else {
+                None
+            },
             max_position_embeddings: raw.max_position_embeddings,
         }
         .validated(path)?)
@@ -264,7 +278,11 @@ impl ModelConfig {
             }
         }
         if self.heads % self.kv_heads != 0 {
-            return Err(cfg_err(p, "num_key_value_heads", format!("{} does not divide num_attention_heads {}", self.kv_heads, self.heads)));
+            return Err(cfg_err(
+                p,
+                "num_key_value_heads",
+                format!("{} does not divide num_attention_heads {}", self.kv_heads, self.heads),
+            ));
         }
         if self.head_dim % 2 != 0 {
             return Err(cfg_err(p, "head_dim", format!("{} is odd; RoPE needs an even head_dim", self.head_dim)));
@@ -297,7 +315,11 @@ impl ModelConfig {
     }
 }
 
-fn parse_rope_scaling(v: Option<&Value>, path: &Path, unsupported: &dyn Fn(&str, String) -> Error) -> Result<RopeScaling> {
+fn parse_rope_scaling(
+    v: Option<&Value>,
+    path: &Path,
+    unsupported: &dyn Fn(&str, String) -> Error,
+) -> Result<RopeScaling> {
     let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(RopeScaling::None) };
     let obj = v.as_object().ok_or_else(|| cfg_err(path, "rope_scaling", "expected an object"))?;
     let kind = obj.get("rope_type").or_else(|| obj.get("type")).and_then(Value::as_str).unwrap_or("default");

@@ -10,7 +10,8 @@
 
 use crate::config::{Activation, ModelConfig};
 use crate::error::Result;
-use crate::params::{ParamSpec, layer_prefix, param_specs};
+use crate::params::{Kind, ParamSpec, layer_prefix, param_specs};
+use crate::precision::Precision;
 use crate::rope::RopeTable;
 use hlo_emit::{Cmp, Context, DotDims, ElementType::*, Func, Global, Module, Value};
 use std::collections::HashMap;
@@ -32,7 +33,7 @@ pub fn kv_cache_shape(cfg: &ModelConfig, capacity: usize) -> [usize; 4] {
 }
 
 /// Emits the module text: globals for every parameter, then `prefill` and `decode`.
-pub fn emit(cfg: &ModelConfig, shape: GraphShape) -> Result<String> {
+pub fn emit(cfg: &ModelConfig, precision: Precision, shape: GraphShape) -> Result<String> {
     if shape.prefill == 0 || shape.prefill > shape.capacity {
         return Err(crate::Error::Invalid(format!(
             "prefill bucket {} must be in 1..={} (the cache capacity)",
@@ -43,9 +44,10 @@ pub fn emit(cfg: &ModelConfig, shape: GraphShape) -> Result<String> {
     let m = Module::new(&ctx);
     let specs = param_specs(cfg);
     let mut globals = HashMap::new();
-    for (i, ParamSpec { key, shape, .. }) in specs.iter().enumerate() {
+    for (i, ParamSpec { key, shape, kind }) in specs.iter().enumerate() {
         let dims: Vec<i64> = shape.iter().map(|d| *d as i64).collect();
-        globals.insert(key.clone(), m.global_param(&format!("p{i}"), SCOPE, key, &F32.tensor(&dims))?);
+        let elem = if *kind == Kind::Matrix { precision.matrix_elem() } else { F32 };
+        globals.insert(key.clone(), m.global_param(&format!("p{i}"), SCOPE, key, &elem.tensor(&dims))?);
     }
     let cache: Vec<i64> = kv_cache_shape(cfg, shape.capacity).iter().map(|d| *d as i64).collect();
     for (name, t) in [("prefill", shape.prefill), ("decode", 1)] {
@@ -73,12 +75,17 @@ type V<'c, 'b> = Value<'c, 'b>;
 type R<T> = std::result::Result<T, hlo_emit::Error>;
 
 impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
+    fn global(&self, key: &str) -> R<&'a Global> {
+        self.globals
+            .get(key)
+            .ok_or_else(|| hlo_emit::Error::Mlir { what: "parameter".into(), detail: format!("no global for {key}") })
+    }
+
+    /// A parameter as f32: reduced-precision matrices are widened where they are used, so
+    /// IREE can fold the conversion into the contraction that reads them.
     fn param(&self, key: &str) -> R<V<'c, 'b>> {
-        let g = self.globals.get(key).ok_or_else(|| hlo_emit::Error::Mlir {
-            what: "parameter".into(),
-            detail: format!("no global for {key}"),
-        })?;
-        self.f.load(g)
+        let v = self.f.load(self.global(key)?)?;
+        if v.elem() == F32 { Ok(v) } else { self.f.convert(v, F32) }
     }
 
     /// `x [T, in]` through the linear layer `prefix`: `W · xᵀ` with the weight on the
@@ -122,16 +129,28 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let half = table.inv_freq.len() as i64;
         let inv = f.constant_f32(&table.inv_freq, &[half])?;
         let p = f.mul_scalar(pos_f, table.position_scale as f64)?;
-        let ang = f.mul(f.broadcast_in_dim(p, &[self.t, half], &[0])?, f.broadcast_in_dim(inv, &[self.t, half], &[1])?)?;
+        let ang =
+            f.mul(f.broadcast_in_dim(p, &[self.t, half], &[0])?, f.broadcast_in_dim(inv, &[self.t, half], &[1])?)?;
         Ok((f.cos(ang)?, f.sin(ang)?))
     }
 
-    fn emit(&self, tokens: V<'c, 'b>, start: V<'c, 'b>, last: V<'c, 'b>, mut kc: V<'c, 'b>, mut vc: V<'c, 'b>) -> crate::Result<Vec<V<'c, 'b>>> {
+    fn emit(
+        &self,
+        tokens: V<'c, 'b>,
+        start: V<'c, 'b>,
+        last: V<'c, 'b>,
+        mut kc: V<'c, 'b>,
+        mut vc: V<'c, 'b>,
+    ) -> crate::Result<Vec<V<'c, 'b>>> {
         let (f, cfg, t, s) = (self.f, self.cfg, self.t, self.s);
         let (h, k, hd) = (cfg.heads as i64, cfg.kv_heads as i64, cfg.head_dim as i64);
         let g = h / k;
 
-        let mut x = f.gather_rows(self.param("model.embed_tokens.weight")?, tokens)?;
+        // Gather the rows in the table's own precision, then widen only those.
+        let mut x = f.gather_rows(f.load(self.global("model.embed_tokens.weight")?)?, tokens)?;
+        if x.elem() != F32 {
+            x = f.convert(x, F32)?;
+        }
         if let Some(scale) = cfg.embed_scale {
             x = f.mul_scalar(x, scale as f64)?;
         }
@@ -156,7 +175,8 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
                         None => causal,
                         // Key j is visible from query i when i - W < j.
                         Some(w) => {
-                            let recent = f.compare(f.add(kpos, f.splat(w as f64, &I32.tensor(&[t, s]))?)?, qpos, Cmp::Gt)?;
+                            let recent =
+                                f.compare(f.add(kpos, f.splat(w as f64, &I32.tensor(&[t, s]))?)?, qpos, Cmp::Gt)?;
                             f.and(causal, recent)?
                         }
                     };
@@ -180,7 +200,10 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             let kk = f.reshape(self.linear(hn, &format!("{p}.self_attn.k_proj"), cfg.qkv_bias)?, &[t, k, hd])?;
             let vv = f.reshape(self.linear(hn, &format!("{p}.self_attn.v_proj"), cfg.qkv_bias)?, &[t, k, hd])?;
             let (q, kk) = if cfg.qk_norm {
-                (self.norm(q, &format!("{p}.self_attn.q_norm.weight"))?, self.norm(kk, &format!("{p}.self_attn.k_norm.weight"))?)
+                (
+                    self.norm(q, &format!("{p}.self_attn.q_norm.weight"))?,
+                    self.norm(kk, &format!("{p}.self_attn.k_norm.weight"))?,
+                )
             } else {
                 (q, kk)
             };
@@ -246,7 +269,8 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             }
             Activation::GeluTanh => {
                 let x3 = f.mul(f.mul(x, x)?, x)?;
-                let inner = f.mul_scalar(f.add(x, f.mul_scalar(x3, 0.044715)?)?, (2.0 / std::f64::consts::PI).sqrt())?;
+                let inner =
+                    f.mul_scalar(f.add(x, f.mul_scalar(x3, 0.044715)?)?, (2.0 / std::f64::consts::PI).sqrt())?;
                 f.mul_scalar(f.mul(x, f.add_scalar(f.tanh(inner)?, 1.0)?)?, 0.5)
             }
         }

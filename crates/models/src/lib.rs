@@ -12,10 +12,12 @@ mod config;
 mod error;
 pub mod graph;
 mod params;
+mod precision;
 mod rope;
 
 pub use config::{Activation, Family, LayerConfig, ModelConfig, RopeScaling, SUPPORTED};
 pub use error::{Error, Result};
 pub use graph::{GraphShape, emit, kv_cache_shape};
-pub use params::{Kind, ParamSpec, load_f32, param_specs};
+pub use params::{Kind, ParamSpec, load_f32, load_param, param_specs};
+pub use precision::Precision;
 pub use rope::RopeTable;

@@ -3,7 +3,9 @@
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use weights::Checkpoint;
+use crate::precision::Precision;
+use std::borrow::Cow;
+use weights::{Checkpoint, Dtype, Linear};
 
 /// What a parameter is, which decides how it is read from the checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +78,28 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     }
     vec("model.norm.weight".into(), d);
     out
+}
+
+/// The bytes of one parameter as the graph of `precision` declares it: matrices in the
+/// precision's element type (borrowed from the checkpoint when it already has that dtype,
+/// else converted with round-to-nearest-even, or dequantized then converted), vectors f32.
+pub fn load_param<'a>(ckpt: &'a Checkpoint, spec: &ParamSpec, precision: Precision) -> Result<Cow<'a, [u8]>> {
+    if spec.kind == Kind::Matrix && precision != Precision::F32 {
+        let prefix = spec.key.strip_suffix(".weight").unwrap_or(&spec.key);
+        let wanted = if precision == Precision::F16 { Dtype::F16 } else { Dtype::BF16 };
+        if let Linear::Dense(d) = ckpt.linear(prefix)? {
+            let w = d.weight();
+            if w.dtype() == wanted && w.shape() == &spec.shape[..] {
+                return Ok(Cow::Borrowed(w.bytes()));
+            }
+        }
+    }
+    let data = load_f32(ckpt, spec)?;
+    Ok(Cow::Owned(match (spec.kind, precision) {
+        (Kind::Vector, _) | (_, Precision::F32) => data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        (Kind::Matrix, Precision::F16) => data.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect(),
+        (Kind::Matrix, Precision::BF16) => data.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect(),
+    }))
 }
 
 /// Reads one parameter as f32 (widened exactly, or dequantized at load), checking its shape.

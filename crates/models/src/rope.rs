@@ -19,8 +19,15 @@ impl RopeTable {
         let default: Vec<f64> = (0..half).map(|i| base.powf(-(2.0 * i as f64) / head_dim as f64)).collect();
         match layer.rope_scaling {
             RopeScaling::None => RopeTable { inv_freq: to_f32(&default), position_scale: 1.0 },
-            RopeScaling::Linear { factor } => RopeTable { inv_freq: to_f32(&default), position_scale: (1.0 / factor) as f32 },
-            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings: old } => {
+            RopeScaling::Linear { factor } => {
+                RopeTable { inv_freq: to_f32(&default), position_scale: (1.0 / factor) as f32 }
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings: old,
+            } => {
                 // mlx-lm's Llama3RoPE works with wavelengths `freqs = base^(2i/d)`; angle = pos / freqs.
                 let low_wavelen = old / low_freq_factor;
                 let high_wavelen = old / high_freq_factor;

@@ -43,7 +43,12 @@ fn refusals_name_the_cause() {
         json!({"rope_type": "yarn", "factor": 4.0}),
         "m/config.json: unsupported option rope_scaling.rope_type = \"yarn\" for model_type `llama`",
     );
-    check_err(llama(), "rope_traditional", json!(true), "m/config.json: unsupported option rope_traditional = true for model_type `llama`");
+    check_err(
+        llama(),
+        "rope_traditional",
+        json!(true),
+        "m/config.json: unsupported option rope_traditional = true for model_type `llama`",
+    );
     check_err(
         llama(),
         "num_key_value_heads",
@@ -51,7 +56,12 @@ fn refusals_name_the_cause() {
         "m/config.json: num_key_value_heads: 3 does not divide num_attention_heads 4",
     );
     check_err(llama(), "num_hidden_layers", json!(0), "m/config.json: num_hidden_layers: must be > 0");
-    check_err(llama(), "hidden_size", json!("big"), "m/config.json: config: invalid type: string \"big\", expected usize");
+    check_err(
+        llama(),
+        "hidden_size",
+        json!("big"),
+        "m/config.json: config: invalid type: string \"big\", expected usize",
+    );
 }
 
 #[test]

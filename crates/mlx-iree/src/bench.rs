@@ -1,0 +1,495 @@
+//! `mlx-iree bench`: speed and memory of one (model, device, precision): prefill and decode
+//! tokens per second, time to first token, resident weight bytes, peak RSS, compile time
+//! (cold and cached) and dispatches per decode step. `cargo xtask bench` runs it per row.
+
+use anyhow::{Context, Result, bail};
+use iree_compiler::{CompileOptions, Compiler, Target};
+use mlx_iree::cache::CompileReport;
+use mlx_iree::engine::{Engine, Precision, compile_options, plan};
+use models::ModelConfig;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// MLX model folder (config.json and *.safetensors; no tokenizer needed).
+    #[arg(long)]
+    model: PathBuf,
+    /// IREE device URI: local-task, local-sync or cuda.
+    #[arg(long, default_value = "local-task")]
+    device: String,
+    /// Weight precision on the device.
+    #[arg(long, default_value = "f32")]
+    precision: Precision,
+    /// Prompt length in tokens (a fixed, deterministic sequence of ids).
+    #[arg(long, default_value_t = 128)]
+    prompt_len: usize,
+    /// Decode steps after the prompt.
+    #[arg(long, default_value_t = 128)]
+    steps: usize,
+    /// Repeats of (prompt, decode steps); the medians are reported.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Print one JSON object on one line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What one benchmark measured. Field names are the JSON keys.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    pub model: String,
+    pub device: String,
+    pub precision: String,
+    pub prefill_tok_s: f64,
+    pub decode_tok_s: f64,
+    pub ttft_ms: f64,
+    pub weight_bytes: u64,
+    pub peak_rss_bytes: u64,
+    pub dispatches_per_decode_step: usize,
+    /// Seconds to a compiled module with an empty compile cache (emit + compile) and with
+    /// the warm cache (`Engine::load` less its weight binding: checkpoint header, emit,
+    /// cache read). NaN (JSON null) when the engine did not hit the cache just filled.
+    pub compile_cold_s: f64,
+    pub compile_cached_s: f64,
+    /// Seconds spent binding the weights on the device (the warm load).
+    pub weights_load_s: f64,
+    pub prompt_len: usize,
+    pub decode_steps: usize,
+    pub repeats: usize,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let report = measure(args)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", table(&report));
+    }
+    Ok(())
+}
+
+/// Checks everything cheap before anything is compiled or loaded.
+fn check(args: &Args) -> Result<ModelConfig> {
+    if args.prompt_len == 0 {
+        bail!("--prompt-len must be at least 1");
+    }
+    if args.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    if args.repeats == 0 {
+        bail!("--repeats must be at least 1");
+    }
+    mlx_iree::device::target_for(&args.device).map_err(|e| anyhow::anyhow!(e))?;
+    if !args.model.is_dir() {
+        bail!("model folder {} does not exist", args.model.display());
+    }
+    Ok(ModelConfig::from_file(&args.model.join("config.json"))?)
+}
+
+fn measure(args: &Args) -> Result<Report> {
+    let cfg = check(args)?;
+    let shape = plan(args.prompt_len, args.steps);
+    let prompt = prompt_ids(args.prompt_len, cfg.vocab);
+    let loading = || format!("loading {}", args.model.display());
+
+    // Cold: the engine's graph compiled into an empty cache (no weights needed for that);
+    // the engine then loads from that cache, which checks that this is its very graph.
+    let target = mlx_iree::device::target_for(&args.device).map_err(|e| anyhow::anyhow!(e))?;
+    let options = compile_options(&target);
+    let cache = TempDir::new()?;
+    let started = Instant::now();
+    let mlir = models::emit(&cfg, args.precision, shape)?;
+    let what = format!(
+        "{} {} graph (capacity {}, prompt bucket {})",
+        cfg.model_type, args.precision, shape.capacity, shape.prefill
+    );
+    mlx_iree::cache::compile_in(cache.path(), &what, &mlir, &target, &options)?;
+    let mut compile_cold_s = started.elapsed().as_secs_f64();
+
+    let dispatches_per_decode_step = decode_dispatches(&mlir, &target, &options)?;
+    drop(mlir);
+
+    // Peak RSS from here on: the warm load and the runs, not the compiles above (a warm
+    // `generate` does not compile either). Where the reset is not allowed, the peak covers
+    // the whole process, which the stderr line says.
+    if let Err(err) = reset_peak_rss() {
+        eprintln!("bench: cannot reset the peak RSS ({err}); it includes the compiles");
+    }
+    let started = Instant::now();
+    let mut engine =
+        Engine::load_cached(&args.model, &args.device, args.precision, shape, cache.path()).with_context(loading)?;
+    let mut compile_cached_s = started.elapsed().as_secs_f64() - engine.load_seconds;
+    if let CompileReport::Compiled { seconds } = engine.compile {
+        // The engine compiled a graph other than the one above (its emit or options
+        // changed): its own compile is the cold one, and no cached load was measured.
+        eprintln!("bench: the engine missed the cache just filled; cold compile = its compile, cached = unknown");
+        compile_cold_s = seconds;
+        compile_cached_s = f64::NAN;
+    }
+
+    let mut prefill_s = Vec::with_capacity(args.repeats);
+    let mut decode_s = Vec::with_capacity(args.repeats);
+    for r in 0..args.repeats {
+        engine.reset();
+        let started = Instant::now();
+        let mut token = engine.prefill(&prompt)?.next;
+        let prefilled = started.elapsed().as_secs_f64();
+        let started = Instant::now();
+        for _ in 0..args.steps {
+            token = engine.decode(token)?.next;
+        }
+        let decoded = started.elapsed().as_secs_f64();
+        eprintln!(
+            "bench: repeat {}/{}: prefill {prefilled:.3} s, {} decode steps {decoded:.3} s",
+            r + 1,
+            args.repeats,
+            args.steps
+        );
+        prefill_s.push(prefilled);
+        decode_s.push(decoded);
+    }
+    let peak_rss_bytes = peak_rss()?;
+    let prefill = median(&mut prefill_s);
+    let decode = median(&mut decode_s);
+    Ok(Report {
+        model: args.model.display().to_string(),
+        device: args.device.clone(),
+        precision: args.precision.to_string(),
+        prefill_tok_s: args.prompt_len as f64 / prefill,
+        decode_tok_s: args.steps as f64 / decode,
+        ttft_ms: prefill * 1e3,
+        weight_bytes: engine.weight_bytes as u64,
+        peak_rss_bytes,
+        dispatches_per_decode_step,
+        compile_cold_s,
+        compile_cached_s,
+        weights_load_s: engine.load_seconds,
+        prompt_len: args.prompt_len,
+        decode_steps: args.steps,
+        repeats: args.repeats,
+    })
+}
+
+/// A fixed prompt: ids cycling with a stride through `[1, min(vocab, 1000))`, so every
+/// model sees the same tokens and no id is out of range.
+pub fn prompt_ids(len: usize, vocab: usize) -> Vec<u32> {
+    let span = vocab.clamp(2, 1000) - 1;
+    (0..len).map(|i| (1 + (i * 37) % span) as u32).collect()
+}
+
+/// The middle value (the mean of the middle two for an even count); sorts `xs`.
+pub fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => xs[n / 2],
+        _ => f64::midpoint(xs[n / 2 - 1], xs[n / 2]),
+    }
+}
+
+/// `flow.dispatch` ops one `decode` call runs: the engine's graph compiled to IREE's
+/// `flow` phase, counted inside `@decode` and whatever it calls.
+fn decode_dispatches(mlir: &str, target: &Target, options: &CompileOptions) -> Result<usize> {
+    let started = Instant::now();
+    let flow = Compiler::new()?.compile_to_ir(mlir, target, options, "flow")?;
+    let n = count_dispatches(&flow, "decode").context("counting the dispatches of `decode` in the flow-phase IR")?;
+    eprintln!("bench: {n} dispatches per decode step (flow phase in {:.1} s)", started.elapsed().as_secs_f64());
+    Ok(n)
+}
+
+/// Counts `flow.dispatch @...` ops in function `func` of flow-phase IR text, following
+/// `call`s into other functions of the module (each call counts its callee's dispatches).
+pub fn count_dispatches(ir: &str, func: &str) -> Result<usize> {
+    fn count(ir: &str, func: &str, stack: &mut Vec<String>) -> Result<usize> {
+        if stack.iter().any(|f| f == func) {
+            bail!("recursive call to @{func}");
+        }
+        let body = function_body(ir, func).with_context(|| format!("no function @{func} in the IR"))?;
+        stack.push(func.to_owned());
+        let mut n = 0;
+        for line in body.lines() {
+            let line = line.trim_start();
+            let op = line.split_once(" = ").map_or(line, |(_, rhs)| rhs).trim_start();
+            if op.starts_with("flow.dispatch @") {
+                n += 1;
+            } else if let Some(callee) = call_target(op) {
+                n += count(ir, callee, stack)?;
+            }
+        }
+        stack.pop();
+        Ok(n)
+    }
+    count(ir, func, &mut Vec::new())
+}
+
+/// The callee of a `call @f(...)` / `util.call @f(...)` / `func.call @f(...)` op.
+fn call_target(op: &str) -> Option<&str> {
+    let rest = ["util.call @", "func.call @", "call @"].iter().find_map(|p| op.strip_prefix(p))?;
+    let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '$' | '.' | '-')))?;
+    Some(&rest[..end])
+}
+
+/// The text between the braces of the body of function `@name` (`func.func`, `util.func`,
+/// public or private), found by brace depth from its opening line.
+fn function_body<'a>(ir: &'a str, name: &str) -> Option<&'a str> {
+    let header = format!("@{name}(");
+    let mut offset = 0;
+    for line in ir.split_inclusive('\n') {
+        let t = line.trim_start();
+        let is_func = (t.starts_with("func.func ") || t.starts_with("util.func ")) && t.contains(&header);
+        if is_func {
+            // The body opens at the last `{` of the header line (attribute dictionaries
+            // before it are balanced), and ends where the depth returns to zero.
+            let open = offset + line.rfind('{')?;
+            let mut depth = 0usize;
+            for (i, c) in ir[open..].char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(&ir[open + 1..open + i]);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            return None;
+        }
+        offset += line.len();
+    }
+    None
+}
+
+/// Peak resident set size of this process (`VmHWM` in /proc/self/status), in bytes.
+pub fn peak_rss() -> Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+    parse_vm_hwm(&status).context("no VmHWM line in /proc/self/status")
+}
+
+fn parse_vm_hwm(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.trim_start_matches("VmHWM:").trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Resets `VmHWM` to the current RSS (Linux >= 4.0: writing 5 to /proc/self/clear_refs).
+fn reset_peak_rss() -> std::io::Result<()> {
+    std::fs::write("/proc/self/clear_refs", "5")
+}
+
+/// A folder under the system temp dir, removed on drop (the cold compile cache).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Result<TempDir> {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let path = std::env::temp_dir().join(format!("mlx-iree-bench-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(TempDir(path))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        // Best effort: a leftover cache folder in the temp dir harms nothing.
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn table(r: &Report) -> String {
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    format!(
+        "model                       {}\n\
+         device                      {}\n\
+         precision                   {}\n\
+         prompt / decode / repeats   {} tokens / {} steps / {} (medians)\n\
+         prefill                     {:.1} tok/s\n\
+         time to first token         {:.1} ms\n\
+         decode                      {:.1} tok/s\n\
+         weights on the device       {:.1} MiB\n\
+         peak RSS                    {:.1} MiB\n\
+         compile cold / cached       {:.2} s / {:.2} s\n\
+         weights load                {:.2} s\n\
+         dispatches per decode step  {}\n",
+        r.model,
+        r.device,
+        r.precision,
+        r.prompt_len,
+        r.decode_steps,
+        r.repeats,
+        r.prefill_tok_s,
+        r.ttft_ms,
+        r.decode_tok_s,
+        mib(r.weight_bytes),
+        mib(r.peak_rss_bytes),
+        r.compile_cold_s,
+        r.compile_cached_s,
+        r.weights_load_s,
+        r.dispatches_per_decode_step,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).map(|c| c.args)
+    }
+
+    #[test]
+    fn defaults() {
+        let a = parse(&["--model", "m"]).unwrap();
+        assert_eq!(a.model, PathBuf::from("m"));
+        assert_eq!(a.device, "local-task");
+        assert_eq!(a.precision, Precision::F32);
+        assert_eq!((a.prompt_len, a.steps, a.repeats, a.json), (128, 128, 3, false));
+    }
+
+    #[test]
+    fn every_flag() {
+        let a = parse(&[
+            "--model",
+            "d",
+            "--device",
+            "local-sync",
+            "--precision",
+            "f32",
+            "--prompt-len",
+            "7",
+            "--steps",
+            "5",
+            "--repeats",
+            "2",
+            "--json",
+        ])
+        .unwrap();
+        assert_eq!(a.device, "local-sync");
+        assert_eq!((a.prompt_len, a.steps, a.repeats, a.json), (7, 5, 2, true));
+    }
+
+    #[test]
+    fn bad_flags_are_refused() {
+        assert!(parse(&[]).unwrap_err().to_string().contains("--model"));
+        assert!(parse(&["--model", "m", "--steps", "x"]).unwrap_err().to_string().contains("invalid value 'x'"));
+        let err = parse(&["--model", "m", "--precision", "f64"]).unwrap_err().to_string();
+        assert!(err.contains("unknown precision `f64`"), "{err}");
+    }
+
+    #[test]
+    fn zero_counts_are_refused_before_loading() {
+        for (flag, msg) in [
+            ("--prompt-len", "--prompt-len must be at least 1"),
+            ("--steps", "--steps must be at least 1"),
+            ("--repeats", "--repeats must be at least 1"),
+        ] {
+            let a = parse(&["--model", "/nonexistent", flag, "0"]).unwrap();
+            assert_eq!(check(&a).unwrap_err().to_string(), msg);
+        }
+        let a = parse(&["--model", "/nonexistent"]).unwrap();
+        assert_eq!(check(&a).unwrap_err().to_string(), "model folder /nonexistent does not exist");
+        let a = parse(&["--model", "/nonexistent", "--device", "tpu"]).unwrap();
+        assert!(check(&a).unwrap_err().to_string().contains("unsupported device `tpu`"));
+    }
+
+    #[test]
+    fn prompt_is_fixed_and_in_range() {
+        assert_eq!(prompt_ids(5, 49152), vec![1, 38, 75, 112, 149]);
+        let p = prompt_ids(128, 256);
+        assert_eq!(p.len(), 128);
+        assert!(p.iter().all(|&t| (1..256).contains(&t)), "{p:?}");
+        assert_eq!(prompt_ids(3, 1), vec![1, 1, 1]);
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&mut [7.5]), 7.5);
+        assert!(median(&mut []).is_nan());
+    }
+
+    #[test]
+    fn vm_hwm() {
+        let status = "Name:\tx\nVmPeak:\t  100 kB\nVmHWM:\t    2048 kB\nVmRSS:\t 1000 kB\n";
+        assert_eq!(parse_vm_hwm(status), Some(2048 * 1024));
+        assert_eq!(parse_vm_hwm("VmRSS: 1 kB\n"), None);
+        assert!(peak_rss().unwrap() > 1 << 20);
+    }
+
+    /// Flow-phase text as IREE 3.13 prints it (trimmed): the ABI wrapper calls the body.
+    const FLOW: &str = r#"module {
+  flow.executable private @decode_dispatch_0 {
+    flow.executable.export public @decode_dispatch_0_x workgroups() -> (index, index, index) {
+      flow.return %c1, %c1, %c1 : index, index, index
+    }
+  }
+  util.func public @prefill(%arg0: !hal.buffer_view) -> !hal.buffer_view attributes {iree.abi.stub} {
+    %0 = flow.dispatch @prefill_dispatch_0::@prefill_dispatch_0_x(%a) : (tensor<4xf32>) -> tensor<4xf32>
+    %1 = flow.dispatch @prefill_dispatch_1::@prefill_dispatch_1_x(%0) : (tensor<4xf32>) -> tensor<4xf32>
+    util.return %1 : !hal.buffer_view
+  }
+  util.func private @helper(%arg0: tensor<4xf32>) -> tensor<4xf32> {
+    %0 = flow.dispatch @decode_dispatch_2::@decode_dispatch_2_x(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
+    util.return %0 : tensor<4xf32>
+  }
+  util.func public @decode(%arg0: !hal.buffer_view) -> !hal.buffer_view attributes {iree.abi.stub, iree.reflection = {f = "x"}} {
+    %0 = flow.dispatch @decode_dispatch_0::@decode_dispatch_0_x(%a) : (tensor<4xf32>) -> tensor<4xf32>
+    %1:2 = flow.dispatch @decode_dispatch_1::@decode_dispatch_1_x(%0) {some = {nested}} : (tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
+    %2 = util.call @helper(%1#0) : (tensor<4xf32>) -> tensor<4xf32>
+    flow.dispatch @decode_dispatch_3::@decode_dispatch_3_x(%2) : (tensor<4xf32>) -> ()
+    util.return %2 : !hal.buffer_view
+  }
+}
+"#;
+
+    #[test]
+    fn counts_dispatches_in_one_function_and_its_callees() {
+        assert_eq!(count_dispatches(FLOW, "decode").unwrap(), 4);
+        assert_eq!(count_dispatches(FLOW, "prefill").unwrap(), 2);
+        assert_eq!(count_dispatches(FLOW, "helper").unwrap(), 1);
+        let err = count_dispatches(FLOW, "missing").unwrap_err();
+        assert_eq!(err.to_string(), "no function @missing in the IR");
+    }
+
+    #[test]
+    fn recursion_is_an_error() {
+        let ir = "util.func private @f() {\n  util.call @f() : () -> ()\n}\n";
+        assert_eq!(count_dispatches(ir, "f").unwrap_err().to_string(), "recursive call to @f");
+    }
+
+    /// The real thing: a tiny fixture's graph compiled to `flow`. Its decode step is one
+    /// token through 2 layers; the count is whatever IREE fuses it into, but every
+    /// dispatch in @decode is accounted for exactly once.
+    #[test]
+    fn counts_dispatches_of_a_fixture_decode_graph() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/f32");
+        let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+        let shape = plan(5, 4);
+        let mlir = models::emit(&cfg, Precision::F32, shape).unwrap();
+        let target = mlx_iree::device::target_for("local-task").unwrap();
+        let flow = Compiler::new().unwrap().compile_to_ir(&mlir, &target, &compile_options(&target), "flow").unwrap();
+        let decode = count_dispatches(&flow, "decode").unwrap();
+        let prefill = count_dispatches(&flow, "prefill").unwrap();
+        let all = flow.lines().filter(|l| l.contains("flow.dispatch @")).count();
+        // Every dispatch op belongs to one of the two entry points (nothing else calls).
+        assert_eq!(decode + prefill, all, "{flow}");
+        assert!(decode > 0, "{flow}");
+        // ... and its dispatches are the ones IREE named after it.
+        assert_eq!(flow.matches("flow.dispatch @decode_dispatch_").count(), decode, "{flow}");
+    }
+}

@@ -1,0 +1,122 @@
+//! `mlx-iree bench` end to end on a tiny fixture: one JSON line with every field the
+//! benchmark promises, sane values, and refusals as the one-line CLI contract.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const FIELDS: [&str; 9] = [
+    "model",
+    "device",
+    "precision",
+    "prefill_tok_s",
+    "decode_tok_s",
+    "ttft_ms",
+    "weight_bytes",
+    "peak_rss_bytes",
+    "dispatches_per_decode_step",
+];
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/f32")
+}
+
+fn bench(args: &[&str]) -> std::process::Output {
+    let cache = tempfile::tempdir().expect("a temp dir");
+    Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
+        .arg("bench")
+        .args(args)
+        .env("MLX_IREE_CACHE_DIR", cache.path())
+        .output()
+        .expect("mlx-iree runs")
+}
+
+/// Bytes the engine should bind: matrices at `matrix_bytes` per element, vectors f32.
+fn expected_weight_bytes(matrix_bytes: u64) -> u64 {
+    let cfg = models::ModelConfig::from_file(&fixture().join("config.json")).expect("fixture config");
+    models::param_specs(&cfg)
+        .iter()
+        .map(|s| {
+            let n = s.shape.iter().product::<usize>() as u64;
+            if s.kind == models::Kind::Matrix { n * matrix_bytes } else { n * 4 }
+        })
+        .sum()
+}
+
+fn json_line(precision: &str) -> Value {
+    let model = fixture();
+    let model = model.to_str().expect("a UTF-8 path");
+    let out = bench(&[
+        "--model",
+        model,
+        "--device",
+        "local-sync",
+        "--precision",
+        precision,
+        "--prompt-len",
+        "8",
+        "--steps",
+        "4",
+        "--repeats",
+        "2",
+        "--json",
+    ]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    assert_eq!(stdout.lines().count(), 1, "one JSON line expected:\n{stdout}");
+    let v: Value = serde_json::from_str(stdout.trim()).expect("a JSON object");
+    for f in FIELDS {
+        assert!(v.get(f).is_some(), "field {f} missing from {v}");
+    }
+    assert_eq!(v["model"], model);
+    assert_eq!(v["device"], "local-sync");
+    assert_eq!(v["precision"], precision);
+    let num = |f: &str| v[f].as_f64().unwrap_or_else(|| panic!("{f} is not a number in {v}"));
+    for f in ["prefill_tok_s", "decode_tok_s", "ttft_ms", "compile_cold_s", "compile_cached_s"] {
+        let x = num(f);
+        assert!(x.is_finite() && x > 0.0, "{f} = {x} in {v}");
+    }
+    // ttft is the prefill time: 8 tokens / prefill tok/s, in ms (both are medians of it).
+    let ttft = 8.0 / num("prefill_tok_s") * 1e3;
+    assert!((ttft - num("ttft_ms")).abs() < 1e-6 * ttft, "{v}");
+    assert!(v["peak_rss_bytes"].as_u64().is_some_and(|b| b > 1 << 20), "{v}");
+    assert!(v["dispatches_per_decode_step"].as_u64().is_some_and(|n| n > 0), "{v}");
+    assert_eq!(
+        (v["prompt_len"].as_u64(), v["decode_steps"].as_u64(), v["repeats"].as_u64()),
+        (Some(8), Some(4), Some(2))
+    );
+    assert!(stderr.contains("dispatches per decode step"), "{stderr}");
+    v
+}
+
+#[test]
+fn json_line_has_every_field_f32() {
+    let v = json_line("f32");
+    assert_eq!(v["weight_bytes"].as_u64().unwrap(), expected_weight_bytes(4), "{v}");
+}
+
+#[test]
+fn json_line_has_every_field_f16() {
+    let v = json_line("f16");
+    assert_eq!(v["weight_bytes"].as_u64().unwrap(), expected_weight_bytes(2), "{v}");
+}
+
+#[test]
+fn refusals_are_one_line() {
+    let model = fixture();
+    let m = model.to_str().unwrap();
+    for (args, msg) in [
+        (vec!["--model", m, "--precision", "packed"], "precision `packed` is not implemented yet"),
+        (vec!["--model", m, "--precision", "f64"], "unknown precision `f64`"),
+        (vec!["--model", m, "--steps", "0"], "--steps must be at least 1"),
+        (vec!["--model", "/nonexistent/model"], "model folder /nonexistent/model does not exist"),
+        (vec!["--model", m, "--device", "tpu"], "unsupported device `tpu`"),
+    ] {
+        let out = bench(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.starts_with("mlx-iree: error: ") && stderr.contains(msg), "{args:?}: {stderr}");
+    }
+}
