@@ -1,6 +1,8 @@
 //! End to end on CPU: hlo-emit graphs compiled for llvm-cpu and run through iree-hal,
 //! each compared with a plain-Rust reference.
 
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
+
 use e2e::*;
 use iree_hal::{Instance, Parameters, Session};
 use safetensors::tensor::{Dtype, TensorView};

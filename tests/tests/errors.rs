@@ -1,5 +1,7 @@
 //! Bad input end to end: each case returns a clear error and never panics.
 
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
+
 use e2e::*;
 use hlo_emit::{Context, ElementType::*, Module};
 use iree_compiler::{CompileOptions, Target};

@@ -6,7 +6,7 @@
 //! check the text by hand with iree-compile).
 
 use hlo_emit::ElementType::{BF16, F16, F32, I1, I4, I8, I32, UI4};
-use hlo_emit::{Cmp, Context, DotDims, Error, Func, GatherDims, Module, Value};
+use hlo_emit::{Cmp, Context, DotDims, Error, GatherDims, Module};
 
 /// Builds a module with `build`, verifies it and compares its text with `expect`.
 fn check<F>(name: &str, build: F, expect: &str)

@@ -1,5 +1,7 @@
 //! The CLI contract: exit status 0 on success, 2 with one line on stderr for bad input.
 
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
+
 use std::process::{Command, Output};
 
 fn mlx_iree(args: &[&str], cache: &std::path::Path) -> Output {

@@ -1,5 +1,7 @@
 //! The accuracy gate: its arithmetic, and f16/bf16 against f32 on real weights and fixtures.
 
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
+
 use mlx_iree::engine::{Engine, Precision, plan};
 use mlx_iree::gate::{self, PromptResult, Reference, Report};
 use std::path::{Path, PathBuf};

@@ -215,7 +215,7 @@ impl ModelConfig {
             _ => None,
         };
         let attention_bias = raw.attention_bias.unwrap_or(false);
-        Ok(ModelConfig {
+        ModelConfig {
             model_type: model_type.clone(),
             family,
             hidden,
@@ -259,7 +259,7 @@ impl ModelConfig {
             },
             max_position_embeddings: raw.max_position_embeddings,
         }
-        .validated(path)?)
+        .validated(path)
     }
 
     fn validated(self, path: &Path) -> Result<Self> {
@@ -277,14 +277,14 @@ impl ModelConfig {
                 return Err(cfg_err(p, key, "must be > 0"));
             }
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(cfg_err(
                 p,
                 "num_key_value_heads",
                 format!("{} does not divide num_attention_heads {}", self.kv_heads, self.heads),
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(cfg_err(p, "head_dim", format!("{} is odd; RoPE needs an even head_dim", self.head_dim)));
         }
         if self.layers.iter().any(|l| l.sliding_window == Some(0)) {
