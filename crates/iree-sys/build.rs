@@ -34,6 +34,9 @@ const STATIC_LIBS: &[&str] = &[
 /// Headers bound: the runtime API plus what building parameter providers needs.
 const HEADERS: &[&str] = &[
     "iree/runtime/api.h",
+    "iree/vm/bytecode/module.h",
+    "iree/async/util/proactor_pool.h",
+    "iree/io/file_contents.h",
     "iree/io/file_handle.h",
     "iree/io/parameter_index.h",
     "iree/io/parameter_index_provider.h",
@@ -71,26 +74,19 @@ fn run() -> Result<(), String> {
     let include_dir = runtime_dir.join("include");
     let lib_dir = runtime_dir.join("lib");
 
-    let missing = !include_dir.join("iree/runtime/api.h").is_file()
-        || STATIC_LIBS
-            .iter()
-            .any(|lib| !lib_dir.join(format!("lib{lib}.a")).is_file());
-    // Watch the directory itself too, so installing the runtime later re-runs this script.
-    println!("cargo:rerun-if-changed={}", runtime_dir.display());
-    if missing {
-        return Err(format!(
-            "IREE runtime not found at {}: run `cargo xtask build-iree --target cpu` (or set IREE_RUNTIME_DIR)",
-            runtime_dir.display()
-        ));
+    let hint = "run `cargo xtask build-iree --target cpu` (or set IREE_RUNTIME_DIR)";
+    if !include_dir.join("iree/runtime/api.h").is_file() {
+        // A missing path counts as changed, so the next build looks again.
+        println!("cargo:rerun-if-changed={}", runtime_dir.display());
+        return Err(format!("IREE runtime not found at {}: {hint}", runtime_dir.display()));
     }
+    // Directories are scanned recursively by cargo: a reinstall re-runs this
+    // script. (Not the whole runtime dir: it may hold the CMake build tree.)
     println!("cargo:rerun-if-changed={}", include_dir.display());
-    for lib in STATIC_LIBS {
-        println!(
-            "cargo:rerun-if-changed={}",
-            lib_dir.join(format!("lib{lib}.a")).display()
-        );
+    println!("cargo:rerun-if-changed={}", lib_dir.display());
+    if let Some(lib) = STATIC_LIBS.iter().find(|lib| !lib_dir.join(format!("lib{lib}.a")).is_file()) {
+        return Err(format!("IREE runtime at {} is incomplete (no lib/lib{lib}.a): {hint}", runtime_dir.display()));
     }
-
     link(&lib_dir);
     generate_bindings(&include_dir)?;
 
@@ -123,10 +119,7 @@ fn link(lib_dir: &Path) {
 }
 
 fn generate_bindings(include_dir: &Path) -> Result<(), String> {
-    let wrapper: String = HEADERS
-        .iter()
-        .map(|header| format!("#include \"{header}\"\n"))
-        .collect();
+    let wrapper: String = HEADERS.iter().map(|header| format!("#include \"{header}\"\n")).collect();
 
     let bindings = bindgen::Builder::default()
         .header_contents("iree_sys_wrapper.h", &wrapper)
@@ -147,11 +140,7 @@ fn generate_bindings(include_dir: &Path) -> Result<(), String> {
         .generate()
         .map_err(|err| format!("bindgen failed on the IREE runtime headers in {}: {err}", include_dir.display()))?;
 
-    let out_dir = env::var_os("OUT_DIR")
-        .map(PathBuf::from)
-        .ok_or("OUT_DIR is not set (run through cargo)")?;
+    let out_dir = env::var_os("OUT_DIR").map(PathBuf::from).ok_or("OUT_DIR is not set (run through cargo)")?;
     let out_file = out_dir.join("bindings.rs");
-    bindings
-        .write_to_file(&out_file)
-        .map_err(|err| format!("cannot write {}: {err}", out_file.display()))
+    bindings.write_to_file(&out_file).map_err(|err| format!("cannot write {}: {err}", out_file.display()))
 }

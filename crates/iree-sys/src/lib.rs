@@ -12,19 +12,8 @@
 //! Element type constants (`IREE_HAL_ELEMENT_TYPE_FLOAT_32`, ...) and status
 //! codes (`IREE_STATUS_NOT_FOUND`, ...) are plain constants named as in C.
 
-#![allow(
-    non_upper_case_globals,
-    non_camel_case_types,
-    non_snake_case,
-    dead_code,
-    missing_debug_implementations,
-    unsafe_op_in_unsafe_fn,
-    clippy::all,
-    clippy::undocumented_unsafe_blocks,
-    rustdoc::all
-)]
-
 mod bindings {
+    // Generated code: C naming, unused items, unsafe FFI without per-block comments.
     #![allow(
         non_upper_case_globals,
         non_camel_case_types,
@@ -33,7 +22,8 @@ mod bindings {
         unsafe_op_in_unsafe_fn,
         missing_debug_implementations,
         clippy::all,
-        clippy::undocumented_unsafe_blocks
+        clippy::undocumented_unsafe_blocks,
+        rustdoc::all
     )]
     include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 }
@@ -44,19 +34,13 @@ pub use bindings::*;
 /// a `static inline` there and therefore not bound): `malloc`/`free` through
 /// `iree_allocator_libc_ctl`.
 pub fn allocator_system() -> iree_allocator_t {
-    iree_allocator_t {
-        self_: std::ptr::null_mut(),
-        ctl: Some(iree_allocator_libc_ctl),
-    }
+    iree_allocator_t { self_: std::ptr::null_mut(), ctl: Some(iree_allocator_libc_ctl) }
 }
 
 /// An allocator that fails every allocation and ignores frees
 /// (`iree_allocator_null()` in C). Used as the "do not free" deallocator.
 pub fn allocator_null() -> iree_allocator_t {
-    iree_allocator_t {
-        self_: std::ptr::null_mut(),
-        ctl: None,
-    }
+    iree_allocator_t { self_: std::ptr::null_mut(), ctl: None }
 }
 
 /// The code of a status (`iree_status_code()` in C, a macro): IREE packs the code
@@ -70,11 +54,23 @@ pub fn status_is_ok(status: iree_status_t) -> bool {
     status.is_null()
 }
 
+/// `IREE_TIME_INFINITE_FUTURE` in C (`INT64_MAX`, which bindgen cannot evaluate).
+pub const IREE_TIME_INFINITE_FUTURE: iree_time_t = i64::MAX;
+
+/// A timeout that never expires (`iree_infinite_timeout()` in C).
+pub fn infinite_timeout() -> iree_timeout_t {
+    iree_timeout_t { type_: IREE_TIMEOUT_ABSOLUTE, nanos: IREE_TIME_INFINITE_FUTURE }
+}
+
+/// A status carrying only `code` and no message or allocation
+/// (`iree_status_from_code()` in C). Used by callbacks handed to IREE
+/// (allocator control functions) that must report a failure without allocating.
+pub fn status_from_code(code: iree_status_code_t) -> iree_status_t {
+    (code as usize & IREE_STATUS_CODE_MASK as usize) as iree_status_t
+}
+
 /// A borrowed `iree_string_view_t` over `s` (`iree_make_string_view()` in C).
 /// The view is only valid while `s` is.
 pub fn string_view(s: &str) -> iree_string_view_t {
-    iree_string_view_t {
-        data: s.as_ptr().cast(),
-        size: s.len(),
-    }
+    iree_string_view_t { data: s.as_ptr().cast(), size: s.len() }
 }

@@ -1,0 +1,182 @@
+//! [`Parameters`]: named tensors for one parameter scope (an
+//! `iree_io_parameter_index_t`), filled from `.safetensors`/`.gguf`/`.irpa`
+//! files or host memory, and served to modules through the `io_parameters` VM
+//! module (see [`crate::Session::append_parameters`]).
+
+use std::path::Path;
+use std::ptr::{self, NonNull};
+
+use iree_sys as sys;
+
+use crate::aligned::AlignedBytes;
+use crate::error::{Error, Result, check, string_from_view, take_status};
+
+/// A parameter index for one scope: the `"model"` in
+/// `#stream.parameter.named<"model"::"w">`.
+///
+/// `Clone` retains the same index (entries added through one clone are seen by
+/// all), `Drop` releases. Entries keep their backing file or host memory alive
+/// for as long as IREE needs them. Not `Send`/`Sync`: it wraps a raw IREE
+/// pointer and this crate makes no thread-safety claims for it.
+#[derive(Debug)]
+pub struct Parameters {
+    ptr: NonNull<sys::iree_io_parameter_index_t>,
+    scope: String,
+}
+
+impl Parameters {
+    /// An empty index for `scope` (may be empty for unscoped parameters).
+    pub fn new(scope: &str) -> Result<Self> {
+        let mut raw = ptr::null_mut();
+        // SAFETY: plain allocator value and a valid out-pointer.
+        let status = unsafe { sys::iree_io_parameter_index_create(sys::allocator_system(), &mut raw) };
+        check(status, || format!("creating parameter index for scope `{scope}`"))?;
+        let ptr = NonNull::new(raw)
+            .ok_or_else(|| Error::InvalidArgument("IREE returned a null parameter index".to_owned()))?;
+        Ok(Self { ptr, scope: scope.to_owned() })
+    }
+
+    /// The scope name.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// Adds every tensor of a parameter file, chosen by extension:
+    /// `.safetensors`, `.gguf` or `.irpa`. The file is opened (not read into
+    /// memory) and read by IREE when a module loads the parameters; it must
+    /// stay unchanged while sessions use these parameters.
+    pub fn add_file(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let path_str = path.to_str().ok_or_else(|| {
+            Error::InvalidArgument(format!("parameter file path `{}` is not valid UTF-8", path.display()))
+        })?;
+        let allocator = sys::allocator_system();
+        let mode = sys::IREE_IO_FILE_MODE_READ | sys::IREE_IO_FILE_MODE_SHARE_READ;
+        let mut handle = ptr::null_mut();
+        // SAFETY: the path view borrows `path_str` for the call only; `handle`
+        // is a valid out-pointer.
+        let status = unsafe {
+            sys::iree_io_file_handle_open(
+                mode as sys::iree_io_file_mode_t,
+                sys::string_view(path_str),
+                allocator,
+                &mut handle,
+            )
+        };
+        check(status, || format!("opening parameter file `{path_str}`"))?;
+        // SAFETY: index and handle are live; the path view borrows `path_str`;
+        // the index retains the handle for every entry it adds.
+        let status =
+            unsafe { sys::iree_io_parse_file_index(sys::string_view(path_str), handle, self.ptr.as_ptr(), allocator) };
+        // SAFETY: we own the one reference from open; entries keep their own.
+        unsafe { sys::iree_io_file_handle_release(handle) };
+        check(status, || format!("indexing parameter file `{path_str}` for scope `{}`", self.scope))
+    }
+
+    /// Adds one tensor named `name` whose contents are `bytes` (the raw,
+    /// row-major element data the module's global expects). The bytes are
+    /// copied into 64-byte aligned memory owned by the index.
+    pub fn add_tensor(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
+        if self.contains(name) {
+            return Err(Error::InvalidArgument(format!("parameter `{name}` already exists in scope `{}`", self.scope)));
+        }
+        let copy = AlignedBytes::copy_from(bytes).ok_or_else(|| {
+            Error::InvalidArgument(format!("cannot allocate {} bytes for parameter `{name}`", bytes.len()))
+        })?;
+        let length = copy.len() as u64;
+        let handle = copy
+            .into_file_handle(sys::allocator_system())
+            .map_err(|e| e.with_context(format!("wrapping host memory for parameter `{name}`")))?;
+        let mut entry = sys::iree_io_parameter_index_entry_t {
+            key: sys::string_view(name),
+            length,
+            type_: sys::IREE_IO_PARAMETER_INDEX_ENTRY_STORAGE_TYPE_FILE
+                as sys::iree_io_parameter_index_entry_storage_type_t,
+            ..Default::default()
+        };
+        entry.storage.file.handle = handle;
+        entry.storage.file.offset = 0;
+        // SAFETY: the index is live; `entry` is fully initialised and the
+        // index copies the key and retains the handle.
+        let status = unsafe { sys::iree_io_parameter_index_add(self.ptr.as_ptr(), &entry) };
+        // SAFETY: we own the one reference from wrapping; the index holds its own.
+        unsafe { sys::iree_io_file_handle_release(handle) };
+        check(status, || format!("adding parameter `{name}` to scope `{}`", self.scope))
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        // SAFETY: the index is live.
+        unsafe { sys::iree_io_parameter_index_count(self.ptr.as_ptr()) }
+    }
+
+    /// Whether the index has no entries.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether an entry named `name` exists.
+    pub fn contains(&self, name: &str) -> bool {
+        let mut entry = ptr::null();
+        // SAFETY: the index is live; the key view borrows `name` for the call.
+        let status =
+            unsafe { sys::iree_io_parameter_index_lookup(self.ptr.as_ptr(), sys::string_view(name), &mut entry) };
+        take_status(status).is_ok()
+    }
+
+    /// Names and byte lengths of all entries, in insertion order.
+    pub fn entries(&self) -> Vec<(String, u64)> {
+        (0..self.len())
+            .filter_map(|i| {
+                let mut entry = ptr::null();
+                // SAFETY: the index is live and `i` is below its count.
+                let status = unsafe { sys::iree_io_parameter_index_get(self.ptr.as_ptr(), i, &mut entry) };
+                take_status(status).ok()?;
+                // SAFETY: `entry` points at an index-owned entry, alive while
+                // the index is and copied at once.
+                let entry = unsafe { entry.as_ref()? };
+                // SAFETY: the key view points into the entry's own storage.
+                Some((unsafe { string_from_view(entry.key) }, entry.length))
+            })
+            .collect()
+    }
+
+    /// A provider serving this index under its scope, for the `io_parameters`
+    /// module. The caller owns the returned reference.
+    pub(crate) fn create_provider(&self) -> Result<*mut sys::iree_io_parameter_provider_t> {
+        let mut provider = ptr::null_mut();
+        // SAFETY: the index is live and retained by the provider; the scope
+        // view borrows `self.scope` (the provider copies it).
+        let status = unsafe {
+            sys::iree_io_parameter_index_provider_create(
+                sys::string_view(&self.scope),
+                self.ptr.as_ptr(),
+                sys::IREE_IO_PARAMETER_INDEX_PROVIDER_DEFAULT_MAX_CONCURRENT_OPERATIONS as sys::iree_host_size_t,
+                sys::allocator_system(),
+                &mut provider,
+            )
+        };
+        check(status, || format!("creating parameter provider for scope `{}`", self.scope))?;
+        Ok(provider)
+    }
+
+    /// The raw index pointer, for use with `iree-sys`. Still owned by `self`.
+    pub fn as_ptr(&self) -> *mut sys::iree_io_parameter_index_t {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Clone for Parameters {
+    fn clone(&self) -> Self {
+        // SAFETY: the index is live; the new handle owns the added reference.
+        unsafe { sys::iree_io_parameter_index_retain(self.ptr.as_ptr()) };
+        Self { ptr: self.ptr, scope: self.scope.clone() }
+    }
+}
+
+impl Drop for Parameters {
+    fn drop(&mut self) {
+        // SAFETY: this handle owns exactly one reference, released once here.
+        unsafe { sys::iree_io_parameter_index_release(self.ptr.as_ptr()) };
+    }
+}
