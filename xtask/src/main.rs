@@ -3,6 +3,7 @@
 //! xtask shells out (apt-get, python, cmake, ninja, cargo) and links no
 //! workspace crate, so it builds before anything IREE- or MLIR-related exists.
 
+mod bench;
 mod build_iree;
 mod fixtures;
 mod model;
@@ -29,6 +30,10 @@ commands:
                                 mlx-lm's greedy trajectories) in the venv target/mlx-venv
   model                         SmolLM2-135M-Instruct as MLX folders (f16, 4-bit) under
                                 target/models/, each with mlx-lm's oracle.json; idempotent
+  bench [--model M] [--precision P] [--device URI] [--json]
+                                prefill/decode tok/s, time to first token, memory, compile
+                                time, dispatches per step of SmolLM2 and a 1B Llama per
+                                precision, as one table (`bench --help` for every option)
 ";
 
 fn main() -> std::process::ExitCode {
@@ -62,6 +67,7 @@ fn run(args: &[String]) -> Result<()> {
         "quickstart" => quickstart::run(rest),
         "fixtures" => fixtures::run(rest),
         "model" => model::run(rest),
+        "bench" => bench::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(())

@@ -94,7 +94,9 @@ pub fn models_dir() -> PathBuf {
 
 /// Makes `dest` with `make` unless its stamp already holds `stamp`. `make` writes into
 /// a fresh `<dest>.partial` that is renamed into place only when it succeeded.
-fn step(stage: &str, dest: &Path, stamp: &str, make: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+/// Makes `dest` with `make` (into `<dest>.partial`, renamed when complete) unless its stamp
+/// already holds `stamp`.
+pub(crate) fn step(stage: &str, dest: &Path, stamp: &str, make: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     if util::stamp_matches(&dest.join(STAMP), stamp) {
         progress(stage, format!("{name}: present at {}", dest.display()));

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""A 1B-class Llama with random weights (Llama-3.2-1B's shape), for `cargo xtask bench`.
+
+Run by `cargo xtask bench` (one call per variant, each into its own folder):
+    python make_random_llama.py --variant f16  --out target/models/llama-1b-random-f16
+    python make_random_llama.py --variant 4bit --out target/models/llama-1b-random-4bit
+    python make_random_llama.py --variant 8bit --out target/models/llama-1b-random-8bit
+
+The model is mlx-lm's own Llama class built from Llama-3.2-1B's config.json values
+(no download: the weights are random, only the shape and the RoPE settings matter for
+speed), filled with seeded float16 normals of a small scale, and saved exactly as
+`mlx_lm.convert --dtype float16 [-q --q-bits B --q-group-size 64]` would: cast, then
+`quantize_model`, then `save_model` + `save_config`. The same seed gives the same
+float16 weights for every variant, so the quantized folders are quantizations of the
+f16 one. No tokenizer is written: the benchmark feeds token ids.
+"""
+
+import argparse
+import contextlib
+import io
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.utils import _get_classes, quantize_model, save_config, save_model
+
+# Llama-3.2-1B's config.json (meta-llama/Llama-3.2-1B), minus the token ids of its
+# tokenizer, which a random model has no use for.
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "attention_bias": False,
+    "mlp_bias": False,
+    "hidden_act": "silu",
+    "tie_word_embeddings": True,
+}
+# Small weights (HF's initializer_range for Llama), so activations stay well inside
+# float16's range through 16 layers.
+WEIGHT_STD = 0.02
+NORM_STD = 0.02
+SEED = 0
+GROUP_SIZE = 64
+VARIANTS = {"f16": None, "4bit": 4, "8bit": 8}
+
+
+def build():
+    """mlx-lm's Llama for CONFIG with seeded random float16 weights."""
+    model_class, args_class = _get_classes(CONFIG)
+    model = model_class(args_class.from_dict(CONFIG))
+    names = sorted(tree_flatten(model.parameters()))
+    keys = mx.random.split(mx.random.key(SEED), len(names))
+    params = []
+    # One tensor at a time, each evaluated at once, so peak memory stays near the
+    # float16 model's size (2.5 GB) rather than a float32 copy of it.
+    for k, (name, p) in zip(keys, names):
+        if name.endswith("norm.weight"):
+            v = 1.0 + NORM_STD * mx.random.normal(p.shape, dtype=mx.float32, key=k)
+            v = v.astype(mx.float16)
+        else:
+            v = mx.random.normal(p.shape, dtype=mx.float16, key=k) * mx.array(WEIGHT_STD, dtype=mx.float16)
+        mx.eval(v)
+        params.append((name, v))
+    model.update(tree_unflatten(params))
+    mx.eval(model.parameters())
+    return model
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variant", required=True, choices=sorted(VARIANTS))
+    ap.add_argument("--out", required=True, help="the model folder to write")
+    args = ap.parse_args()
+    mx.set_default_device(mx.cpu)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = build()
+    config = dict(CONFIG, torch_dtype="float16")
+    bits = VARIANTS[args.variant]
+    if bits is not None:
+        # quantize_model prints a bits-per-weight line; keep the progress output short.
+        with contextlib.redirect_stdout(io.StringIO()):
+            model, config = quantize_model(model, config, GROUP_SIZE, bits)
+    save_model(out, model, donate_model=True)
+    save_config(config, config_path=out / "config.json")
+    print(f"wrote {args.variant} random Llama-3.2-1B-shaped model to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
