@@ -64,28 +64,8 @@ pub fn fixtures_dir() -> PathBuf {
 /// The venv with the pinned mlx-lm, created once (like setup's IREE venv).
 pub fn mlx_venv(pins: &Pins, stage: &str) -> Result<PathBuf> {
     let venv = util::target_dir().join("mlx-venv");
-    let stamp = venv.join(".mlx-iree-stamp");
-    let reqs = &pins.oracle.python_packages;
-    let stamp_text = format!("{}\n", reqs.join("\n"));
-    if util::stamp_matches(&stamp, &stamp_text) && venv.join("bin/python").exists() {
-        progress(stage, format!("mlx-lm venv: present at {}", venv.display()));
-        return Ok(venv);
-    }
-    if !venv.join("bin/python").exists() {
-        progress(stage, format!("creating Python venv at {}", venv.display()));
-        util::run(Command::new("python3").args(["-m", "venv"]).arg(&venv))
-            .context("python3 -m venv failed (Debian: apt-get install python3-venv)")?;
-    }
-    progress(stage, format!("installing {} into the venv", reqs.join(", ")));
-    util::run(
-        Command::new(venv.join("bin/python"))
-            .args(["-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off"])
-            .args(reqs),
-    )?;
     // mlx-lm's import pulls in mlx and transformers: a broken install fails here, not later.
-    util::run(Command::new(venv.join("bin/python")).args(["-c", "import mlx.core, mlx_lm, gguf, tokenizers"]))
-        .context("the mlx-lm venv does not import")?;
-    util::write_stamp(&stamp, &stamp_text)?;
+    util::python_venv(&venv, &pins.oracle.python_packages, stage, "mlx-lm", &["-c", "import mlx.core, mlx_lm, gguf, tokenizers"])?;
     Ok(venv)
 }
 

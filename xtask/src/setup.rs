@@ -85,36 +85,17 @@ fn dpkg_installed(pkg: &str) -> bool {
 }
 
 fn python_venv(pins: &Pins) -> Result<PathBuf> {
-    let stage = "setup 2/3";
     let venv = util::target_dir().join("venv");
-    let stamp = venv.join(".mlx-iree-stamp");
     let reqs = [
         format!("{}=={}", pins.iree_compiler.pypi, pins.iree_compiler.version),
         pins.python_tools.cmake.clone(),
         pins.python_tools.ninja.clone(),
     ];
-    let stamp_text = format!("{}\n", reqs.join("\n"));
-    if util::stamp_matches(&stamp, &stamp_text) && venv.join("bin/iree-compile").exists() {
-        progress(stage, format!("IREE compiler {} venv: present at {}", pins.iree_compiler.version, venv.display()));
-        return Ok(venv);
-    }
-    if !venv.join("bin/python").exists() {
-        progress(stage, format!("creating Python venv at {}", venv.display()));
-        util::run(Command::new("python3").args(["-m", "venv"]).arg(&venv))
-            .context("python3 -m venv failed (Debian: apt-get install python3-venv)")?;
-    }
-    progress(stage, format!("installing {} into the venv (the compiler wheel is about 84 MB)", reqs.join(", ")));
-    util::run(
-        Command::new(venv.join("bin/python"))
-            .args(["-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off"])
-            .args(&reqs),
-    )?;
-    for tool in ["iree-compile", "cmake", "ninja"] {
-        if !venv.join("bin").join(tool).exists() {
-            bail!("{tool} missing from {} after pip install", venv.display());
-        }
-    }
-    util::write_stamp(&stamp, &stamp_text)?;
+    let what = format!("IREE compiler {} (about 84 MB), cmake, ninja", pins.iree_compiler.version);
+    let check = "import shutil, sys; sys.exit(not all(shutil.which(t) for t in ('iree-compile', 'cmake', 'ninja')))";
+    // The venv's bin/ is not on PATH here, so look there explicitly.
+    let check = check.replace("shutil.which(t)", "shutil.which(t, path=sys.prefix + '/bin')");
+    util::python_venv(&venv, &reqs, "setup 2/3", &what, &["-c", &check])?;
     Ok(venv)
 }
 

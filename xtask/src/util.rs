@@ -72,3 +72,27 @@ pub fn write_stamp(path: &Path, content: &str) -> Result<()> {
 pub fn is_root() -> bool {
     output(Command::new("id").arg("-u")).is_some_and(|s| s.trim() == "0")
 }
+
+/// A Python venv at `venv` holding exactly `reqs` (pip requirement strings), made or
+/// updated only when its stamp differs; `check` is a command run with the venv's python
+/// (e.g. `-c "import x"`) that must succeed before the stamp is written.
+pub fn python_venv(venv: &Path, reqs: &[String], stage: &str, what: &str, check: &[&str]) -> Result<()> {
+    let stamp = venv.join(".mlx-iree-stamp");
+    let stamp_text = format!("{}\n", reqs.join("\n"));
+    let python = venv.join("bin/python");
+    if stamp_matches(&stamp, &stamp_text) && python.exists() {
+        progress(stage, format!("{what}: present at {}", venv.display()));
+        return Ok(());
+    }
+    if !python.exists() {
+        progress(stage, format!("creating Python venv at {}", venv.display()));
+        run(Command::new("python3").args(["-m", "venv"]).arg(venv))
+            .context("python3 -m venv failed (Debian: apt-get install python3-venv)")?;
+    }
+    progress(stage, format!("{what}: installing {} into the venv", reqs.join(", ")));
+    run(Command::new(&python)
+        .args(["-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off"])
+        .args(reqs))?;
+    run(Command::new(&python).args(check)).with_context(|| format!("the {what} venv at {} is broken", venv.display()))?;
+    write_stamp(&stamp, &stamp_text)
+}

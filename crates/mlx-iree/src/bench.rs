@@ -5,22 +5,15 @@
 use anyhow::{Context, Result, bail};
 use iree_compiler::{CompileOptions, Compiler, Target};
 use mlx_iree::cache::CompileReport;
-use mlx_iree::engine::{Engine, Precision, compile_options, plan};
+use mlx_iree::engine::{Engine, compile_options, plan};
 use models::ModelConfig;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// MLX model folder (config.json and *.safetensors; no tokenizer needed).
-    #[arg(long)]
-    model: PathBuf,
-    /// IREE device URI: local-task, local-sync or cuda.
-    #[arg(long, default_value = "local-task")]
-    device: String,
-    /// Weight precision on the device.
-    #[arg(long, default_value = "f32")]
-    precision: Precision,
+    #[command(flatten)]
+    m: crate::run::ModelArgs,
     /// Prompt length in tokens (a fixed, deterministic sequence of ids).
     #[arg(long, default_value_t = 128)]
     prompt_len: usize,
@@ -80,29 +73,29 @@ fn check(args: &Args) -> Result<ModelConfig> {
     if args.repeats == 0 {
         bail!("--repeats must be at least 1");
     }
-    mlx_iree::device::target_for(&args.device).map_err(|e| anyhow::anyhow!(e))?;
-    if !args.model.is_dir() {
-        bail!("model folder {} does not exist", args.model.display());
+    mlx_iree::device::target_for(&args.m.device).map_err(|e| anyhow::anyhow!(e))?;
+    if !args.m.model.is_dir() {
+        bail!("model folder {} does not exist", args.m.model.display());
     }
-    Ok(ModelConfig::from_file(&args.model.join("config.json"))?)
+    Ok(ModelConfig::from_file(&args.m.model.join("config.json"))?)
 }
 
 fn measure(args: &Args) -> Result<Report> {
     let cfg = check(args)?;
     let shape = plan(args.prompt_len, args.steps);
     let prompt = prompt_ids(args.prompt_len, cfg.vocab);
-    let loading = || format!("loading {}", args.model.display());
+    let loading = || format!("loading {}", args.m.model.display());
 
     // Cold: the engine's graph compiled into an empty cache (no weights needed for that);
     // the engine then loads from that cache, which checks that this is its very graph.
-    let target = mlx_iree::device::target_for(&args.device).map_err(|e| anyhow::anyhow!(e))?;
+    let target = mlx_iree::device::target_for(&args.m.device).map_err(|e| anyhow::anyhow!(e))?;
     let options = compile_options(&target);
     let cache = TempDir::new()?;
     let started = Instant::now();
-    let mlir = models::emit(&cfg, args.precision, shape)?;
+    let mlir = models::emit(&cfg, args.m.precision, shape)?;
     let what = format!(
         "{} {} graph (capacity {}, prompt bucket {})",
-        cfg.model_type, args.precision, shape.capacity, shape.prefill
+        cfg.model_type, args.m.precision, shape.capacity, shape.prefill
     );
     mlx_iree::cache::compile_in(cache.path(), &what, &mlir, &target, &options)?;
     let mut compile_cold_s = started.elapsed().as_secs_f64();
@@ -118,7 +111,7 @@ fn measure(args: &Args) -> Result<Report> {
     }
     let started = Instant::now();
     let mut engine =
-        Engine::load_cached(&args.model, &args.device, args.precision, shape, cache.path()).with_context(loading)?;
+        Engine::load_cached(&args.m.model, &args.m.device, args.m.precision, shape, cache.path()).with_context(loading)?;
     let mut compile_cached_s = started.elapsed().as_secs_f64() - engine.load_seconds;
     if let CompileReport::Compiled { seconds } = engine.compile {
         // The engine compiled a graph other than the one above (its emit or options
@@ -153,9 +146,9 @@ fn measure(args: &Args) -> Result<Report> {
     let prefill = median(&mut prefill_s);
     let decode = median(&mut decode_s);
     Ok(Report {
-        model: args.model.display().to_string(),
-        device: args.device.clone(),
-        precision: args.precision.to_string(),
+        model: args.m.model.display().to_string(),
+        device: args.m.device.clone(),
+        precision: args.m.precision.to_string(),
         prefill_tok_s: args.prompt_len as f64 / prefill,
         decode_tok_s: args.steps as f64 / decode,
         ttft_ms: prefill * 1e3,
@@ -340,6 +333,7 @@ fn table(r: &Report) -> String {
 mod tests {
     use super::*;
     use clap::Parser;
+    use mlx_iree::engine::Precision;
 
     #[derive(Parser)]
     struct Cli {
@@ -354,9 +348,9 @@ mod tests {
     #[test]
     fn defaults() {
         let a = parse(&["--model", "m"]).unwrap();
-        assert_eq!(a.model, PathBuf::from("m"));
-        assert_eq!(a.device, "local-task");
-        assert_eq!(a.precision, Precision::F32);
+        assert_eq!(a.m.model, PathBuf::from("m"));
+        assert_eq!(a.m.device, "local-task");
+        assert_eq!(a.m.precision, Precision::F32);
         assert_eq!((a.prompt_len, a.steps, a.repeats, a.json), (128, 128, 3, false));
     }
 
@@ -378,7 +372,7 @@ mod tests {
             "--json",
         ])
         .unwrap();
-        assert_eq!(a.device, "local-sync");
+        assert_eq!(a.m.device, "local-sync");
         assert_eq!((a.prompt_len, a.steps, a.repeats, a.json), (7, 5, 2, true));
     }
 

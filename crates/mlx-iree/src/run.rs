@@ -12,15 +12,15 @@ use std::time::Instant;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// MLX model folder (config.json, *.safetensors, tokenizer.json).
+    /// MLX model folder (config.json, *.safetensors; tokenizer.json for text prompts).
     #[arg(long)]
-    model: PathBuf,
+    pub model: PathBuf,
     /// IREE device URI: local-task, local-sync or cuda.
     #[arg(long, default_value = "local-task")]
-    device: String,
+    pub device: String,
     /// Weight precision on the device.
     #[arg(long, default_value = "f32")]
-    precision: Precision,
+    pub precision: Precision,
 }
 
 #[derive(clap::Args, Debug)]
