@@ -29,7 +29,11 @@ fn rms_norm_matmul_softmax_block() {
         let out = session
             .call(
                 "block",
-                &[&device.upload(&[d], &x).unwrap(), &device.upload(&[d], &gamma).unwrap(), &device.upload(&[o, d], &w).unwrap()],
+                &[
+                    &device.upload(&[d], &x).unwrap(),
+                    &device.upload(&[d], &gamma).unwrap(),
+                    &device.upload(&[o, d], &w).unwrap(),
+                ],
             )
             .unwrap();
         let probs: Vec<f32> = out[0].to_vec().unwrap();

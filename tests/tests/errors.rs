@@ -11,10 +11,11 @@ use iree_hal::{Instance, Session};
 fn shape_mismatched_op_is_an_hlo_emit_error() {
     let ctx = Context::new();
     let m = Module::new(&ctx);
-    let err = m
-        .func("bad", &[F32.tensor(&[4]), F32.tensor(&[5])], |f, a| Ok(vec![f.add(a[0], a[1])?]))
-        .unwrap_err();
-    assert_eq!(err.to_string(), "stablehlo.add: expected operands of the same type, got tensor<4xf32> and tensor<5xf32>");
+    let err = m.func("bad", &[F32.tensor(&[4]), F32.tensor(&[5])], |f, a| Ok(vec![f.add(a[0], a[1])?])).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "stablehlo.add: expected operands of the same type, got tensor<4xf32> and tensor<5xf32>"
+    );
 }
 
 #[test]

@@ -32,10 +32,8 @@ impl Target {
     /// HAL drivers compiled in: always the CPU ones (so every build can run
     /// the CPU tests), plus the target's own.
     fn driver_flags(self) -> Vec<String> {
-        let mut flags = vec![
-            "-DIREE_HAL_DRIVER_LOCAL_SYNC=ON".to_string(),
-            "-DIREE_HAL_DRIVER_LOCAL_TASK=ON".to_string(),
-        ];
+        let mut flags =
+            vec!["-DIREE_HAL_DRIVER_LOCAL_SYNC=ON".to_string(), "-DIREE_HAL_DRIVER_LOCAL_TASK=ON".to_string()];
         match self {
             Target::Cpu => {}
             Target::Cuda => flags.push("-DIREE_HAL_DRIVER_CUDA=ON".into()),
@@ -132,7 +130,8 @@ pub fn build(tc: &Toolchain, target: Target) -> Result<PathBuf> {
         flags.push(format!("-DCMAKE_CXX_COMPILER={cxx}"));
     }
     let stamp = out.join(".complete");
-    let stamp_text = format!("layout=2\nsrc={}\n{}\ntargets={}\n", tc.iree_src.display(), flags.join("\n"), NINJA_TARGETS.join(","));
+    let stamp_text =
+        format!("layout=2\nsrc={}\n{}\ntargets={}\n", tc.iree_src.display(), flags.join("\n"), NINJA_TARGETS.join(","));
     if util::stamp_matches(&stamp, &stamp_text) && out.join("lib/libiree_runtime_unified.a").exists() {
         progress(&stage, format!("IREE runtime: present at {}", out.display()));
         return Ok(out);
@@ -185,7 +184,12 @@ fn ninja_progress(line: &str) -> Option<(usize, usize)> {
 
 /// Runs a command with stdout+stderr appended to the log; each stdout line also
 /// goes to `on_line`. On failure the last log lines are shown.
-fn run_logged(cmd: &mut Command, log: &mut std::fs::File, log_path: &Path, mut on_line: impl FnMut(&str)) -> Result<()> {
+fn run_logged(
+    cmd: &mut Command,
+    log: &mut std::fs::File,
+    log_path: &Path,
+    mut on_line: impl FnMut(&str),
+) -> Result<()> {
     let shown = util::show(cmd);
     writeln!(log, "$ {shown}")?;
     let err_log = log.try_clone()?;

@@ -34,10 +34,7 @@ pub fn run(args: &[String]) -> Result<()> {
     if !force && out.is_dir() {
         let (digest, bytes, files) = tree_digest(&out)?;
         if util::stamp_matches(&stamp, &format!("{inputs}tree: {digest}\n")) {
-            progress(
-                stage,
-                format!("fixtures: present at {} ({files} files, {})", out.display(), human(bytes)),
-            );
+            progress(stage, format!("fixtures: present at {} ({files} files, {})", out.display(), human(bytes)));
             return Ok(());
         }
     }
@@ -65,7 +62,13 @@ pub fn fixtures_dir() -> PathBuf {
 pub fn mlx_venv(pins: &Pins, stage: &str) -> Result<PathBuf> {
     let venv = util::target_dir().join("mlx-venv");
     // mlx-lm's import pulls in mlx and transformers: a broken install fails here, not later.
-    util::python_venv(&venv, &pins.oracle.python_packages, stage, "mlx-lm", &["-c", "import mlx.core, mlx_lm, gguf, tokenizers"])?;
+    util::python_venv(
+        &venv,
+        &pins.oracle.python_packages,
+        stage,
+        "mlx-lm",
+        &["-c", "import mlx.core, mlx_lm, gguf, tokenizers"],
+    )?;
     Ok(venv)
 }
 

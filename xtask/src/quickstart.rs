@@ -18,11 +18,25 @@ pub fn run(args: &[String]) -> Result<()> {
     build_iree::build(&toolchain, Target::Cpu)?;
     crate::model::run(&[])?;
     let model = crate::model::models_dir().join(DEFAULT_MODEL);
-    progress("quickstart", format!("building mlx-iree, then: mlx-iree generate --model {} --chat --prompt {PROMPT:?}", model.display()));
+    progress(
+        "quickstart",
+        format!("building mlx-iree, then: mlx-iree generate --model {} --chat --prompt {PROMPT:?}", model.display()),
+    );
     util::run(
         Command::new(crate::test::cargo())
             .current_dir(util::root())
-            .args(["run", "--quiet", "--package", "mlx-iree", "--", "generate", "--chat", "--prompt", PROMPT, "--model"])
+            .args([
+                "run",
+                "--quiet",
+                "--package",
+                "mlx-iree",
+                "--",
+                "generate",
+                "--chat",
+                "--prompt",
+                PROMPT,
+                "--model",
+            ])
             .arg(&model)
             .env("MLX_IREE_CACHE_DIR", util::target_dir().join("mlx-iree-cache")),
     )

@@ -33,15 +33,13 @@ pub fn run() -> Result<Toolchain> {
 
 fn debian_packages(pins: &Pins) -> Result<()> {
     let stage = "setup 1/3";
-    let wanted: Vec<&str> = pins
-        .llvm
-        .debian_packages
-        .iter()
-        .chain(&pins.system.debian_packages)
-        .map(String::as_str)
-        .collect();
+    let wanted: Vec<&str> =
+        pins.llvm.debian_packages.iter().chain(&pins.system.debian_packages).map(String::as_str).collect();
     if util::output(Command::new("dpkg-query").arg("--version")).is_none() {
-        progress(stage, "not a Debian system: make sure LLVM/MLIR 22, libclang 22, clang, python3 venv and valgrind are installed");
+        progress(
+            stage,
+            "not a Debian system: make sure LLVM/MLIR 22, libclang 22, clang, python3 venv and valgrind are installed",
+        );
         return Ok(());
     }
     let missing: Vec<&str> = wanted.iter().copied().filter(|p| !dpkg_installed(p)).collect();

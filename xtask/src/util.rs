@@ -93,6 +93,7 @@ pub fn python_venv(venv: &Path, reqs: &[String], stage: &str, what: &str, check:
     run(Command::new(&python)
         .args(["-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off"])
         .args(reqs))?;
-    run(Command::new(&python).args(check)).with_context(|| format!("the {what} venv at {} is broken", venv.display()))?;
+    run(Command::new(&python).args(check))
+        .with_context(|| format!("the {what} venv at {} is broken", venv.display()))?;
     write_stamp(&stamp, &stamp_text)
 }

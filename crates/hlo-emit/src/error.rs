@@ -31,17 +31,10 @@ pub enum Error {
 impl Error {
     /// Builds an [`Error::Op`].
     pub(crate) fn op(op: &'static str, expected: impl Display, got: impl Display) -> Self {
-        Self::Op {
-            op,
-            expected: expected.to_string(),
-            got: got.to_string(),
-        }
+        Self::Op { op, expected: expected.to_string(), got: got.to_string() }
     }
 
     pub(crate) fn mlir(what: impl Display, detail: impl Display) -> Self {
-        Self::Mlir {
-            what: what.to_string(),
-            detail: detail.to_string(),
-        }
+        Self::Mlir { what: what.to_string(), detail: detail.to_string() }
     }
 }

@@ -49,10 +49,7 @@ impl<'c, 'b> Value<'c, 'b> {
 
     /// Full tensor type.
     pub fn ty(&self) -> TensorType {
-        TensorType {
-            shape: self.shape(),
-            elem: self.elem,
-        }
+        TensorType { shape: self.shape(), elem: self.elem }
     }
 
     /// The underlying melior value (escape hatch).
@@ -79,9 +76,7 @@ pub struct Func<'c, 'b> {
 
 impl fmt::Debug for Func<'_, '_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Func")
-            .field("module_id", &self.module_id)
-            .finish_non_exhaustive()
+        f.debug_struct("Func").field("module_id", &self.module_id).finish_non_exhaustive()
     }
 }
 
@@ -101,22 +96,13 @@ where
     let arg_types: Vec<_> = inputs.iter().map(|t| (t.to_mlir(ctx.raw()), loc)).collect();
     let block = Block::new(&arg_types);
     let out_types = {
-        let f = Func {
-            ctx,
-            block: &block,
-            module_id,
-        };
+        let f = Func { ctx, block: &block, module_id };
         let args = inputs
             .iter()
             .enumerate()
             .map(|(i, t)| {
-                let raw = block
-                    .argument(i)
-                    .map_err(|e| Error::mlir("block argument", e))?;
-                Ok(Value {
-                    raw: raw.into(),
-                    elem: t.elem,
-                })
+                let raw = block.argument(i).map_err(|e| Error::mlir("block argument", e))?;
+                Ok(Value { raw: raw.into(), elem: t.elem })
             })
             .collect::<Result<Vec<_>, Error>>()?;
         let outs = build(&f, &args)?;
@@ -156,10 +142,8 @@ impl<'c, 'b> Func<'c, 'b> {
     ) -> Result<Vec<Value<'c, 'b>>, Error> {
         let ctx = self.mctx();
         let raws: Vec<melior::ir::Value<'c, 'b>> = operands.iter().map(|v| v.raw).collect();
-        let attrs: Vec<(Identifier<'c>, Attribute<'c>)> = attrs
-            .into_iter()
-            .map(|(k, v)| (Identifier::new(ctx, k), v))
-            .collect();
+        let attrs: Vec<(Identifier<'c>, Attribute<'c>)> =
+            attrs.into_iter().map(|(k, v)| (Identifier::new(ctx, k), v)).collect();
         let types: Vec<_> = results.iter().map(|t| t.to_mlir(ctx)).collect();
         let built = OperationBuilder::new(op, Location::unknown(ctx))
             .add_operands(&raws)
@@ -174,10 +158,7 @@ impl<'c, 'b> Func<'c, 'b> {
             .enumerate()
             .map(|(i, t)| {
                 let r = op_ref.result(i).map_err(|e| Error::mlir(op, e))?;
-                Ok(Value {
-                    raw: r.into(),
-                    elem: t.elem,
-                })
+                Ok(Value { raw: r.into(), elem: t.elem })
             })
             .collect()
     }
@@ -221,8 +202,7 @@ impl<'c, 'b> Func<'c, 'b> {
 
     /// Parses attribute text (StableHLO attributes parse as opaque attributes).
     pub(crate) fn parse_attr(&self, op: &'static str, text: &str) -> Result<Attribute<'c>, Error> {
-        Attribute::parse(self.mctx(), text)
-            .ok_or_else(|| Error::mlir(format!("{op} attribute"), text))
+        Attribute::parse(self.mctx(), text).ok_or_else(|| Error::mlir(format!("{op} attribute"), text))
     }
 
     /// Reads a parameter-bound global: `util.global.load @name`.
@@ -244,10 +224,7 @@ impl<'c, 'b> Func<'c, 'b> {
             .map_err(|e| Error::mlir(OP, e))?;
         let op_ref = self.block.append_operation(op);
         let r = op_ref.result(0).map_err(|e| Error::mlir(OP, e))?;
-        Ok(Value {
-            raw: r.into(),
-            elem: global.ty.elem,
-        })
+        Ok(Value { raw: r.into(), elem: global.ty.elem })
     }
 }
 
@@ -258,23 +235,14 @@ pub(crate) fn list(v: &[i64]) -> String {
 }
 
 /// Checks that `dims` are distinct and each in `0..rank`.
-pub(crate) fn check_dims(
-    op: &'static str,
-    what: &str,
-    dims: &[i64],
-    rank: usize,
-) -> Result<(), Error> {
+pub(crate) fn check_dims(op: &'static str, what: &str, dims: &[i64], rank: usize) -> Result<(), Error> {
     let mut seen = vec![false; rank];
     for &d in dims {
         let ok = usize::try_from(d).ok().filter(|&u| u < rank);
         match ok {
             Some(u) if !seen[u] => seen[u] = true,
             _ => {
-                return Err(Error::op(
-                    op,
-                    format!("{what} distinct and in 0..{rank}"),
-                    list(dims),
-                ));
+                return Err(Error::op(op, format!("{what} distinct and in 0..{rank}"), list(dims)));
             }
         }
     }
@@ -286,11 +254,7 @@ pub(crate) fn check_sorted(op: &'static str, what: &str, dims: &[i64]) -> Result
     if dims.windows(2).all(|w| w[0] < w[1]) {
         Ok(())
     } else {
-        Err(Error::op(
-            op,
-            format!("{what} sorted ascending"),
-            list(dims),
-        ))
+        Err(Error::op(op, format!("{what} sorted ascending"), list(dims)))
     }
 }
 

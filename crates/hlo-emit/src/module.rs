@@ -82,9 +82,7 @@ pub struct Module<'c> {
 
 impl fmt::Debug for Module<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Module")
-            .field("symbols", &self.symbols.borrow())
-            .finish_non_exhaustive()
+        f.debug_struct("Module").field("symbols", &self.symbols.borrow()).finish_non_exhaustive()
     }
 }
 
@@ -124,13 +122,7 @@ impl<'c> Module<'c> {
     /// a constant global whose value the runtime reads from a parameter archive (e.g. a
     /// safetensors file) under `scope`/`key`. An empty `scope` emits the scope-less form
     /// `#stream.parameter.named<"key">`.
-    pub fn global_param(
-        &self,
-        name: &str,
-        scope: &str,
-        key: &str,
-        ty: &TensorType,
-    ) -> Result<Global, Error> {
+    pub fn global_param(&self, name: &str, scope: &str, key: &str, ty: &TensorType) -> Result<Global, Error> {
         const OP: &str = "util.global";
         self.claim_symbol(name)?;
         ty.validate(OP)?;
@@ -142,28 +134,14 @@ impl<'c> Module<'c> {
         let param = if scope.is_empty() {
             format!("#stream.parameter.named<{}> : {ty}", quote(key))
         } else {
-            format!(
-                "#stream.parameter.named<{}::{}> : {ty}",
-                quote(scope),
-                quote(key)
-            )
+            format!("#stream.parameter.named<{}::{}> : {ty}", quote(scope), quote(key))
         };
-        let initial = Attribute::parse(ctx, &param)
-            .ok_or_else(|| Error::mlir("parameter attribute", &param))?;
+        let initial = Attribute::parse(ctx, &param).ok_or_else(|| Error::mlir("parameter attribute", &param))?;
         let op = OperationBuilder::new(OP, Location::unknown(ctx))
             .add_attributes(&[
-                (
-                    Identifier::new(ctx, "sym_name"),
-                    StringAttribute::new(ctx, name).into(),
-                ),
-                (
-                    Identifier::new(ctx, "sym_visibility"),
-                    StringAttribute::new(ctx, "private").into(),
-                ),
-                (
-                    Identifier::new(ctx, "type"),
-                    TypeAttribute::new(mlir_ty).into(),
-                ),
+                (Identifier::new(ctx, "sym_name"), StringAttribute::new(ctx, name).into()),
+                (Identifier::new(ctx, "sym_visibility"), StringAttribute::new(ctx, "private").into()),
+                (Identifier::new(ctx, "type"), TypeAttribute::new(mlir_ty).into()),
                 (Identifier::new(ctx, "initial_value"), initial),
             ])
             .build()
@@ -173,11 +151,7 @@ impl<'c> Module<'c> {
         self.module.body().insert_operation(at, op);
         self.globals.set(at + 1);
         self.symbols.borrow_mut().insert(name.to_string());
-        Ok(Global {
-            name: name.to_string(),
-            ty: ty.clone(),
-            module_id: self.id,
-        })
+        Ok(Global { name: name.to_string(), ty: ty.clone(), module_id: self.id })
     }
 
     /// Adds a public `func.func @name` taking `inputs`. `build` receives the function
@@ -191,12 +165,7 @@ impl<'c> Module<'c> {
     /// m.func("double", &[F32.tensor(&[4])], |f, a| Ok(vec![f.add(a[0], a[0])?]))?;
     /// # Ok::<(), hlo_emit::Error>(())
     /// ```
-    pub fn func<F>(
-        &self,
-        name: &str,
-        inputs: &[TensorType],
-        build: F,
-    ) -> Result<Vec<TensorType>, Error>
+    pub fn func<F>(&self, name: &str, inputs: &[TensorType], build: F) -> Result<Vec<TensorType>, Error>
     where
         F: for<'b> FnOnce(&Func<'c, 'b>, &[Value<'c, 'b>]) -> Result<Vec<Value<'c, 'b>>, Error>,
     {
@@ -212,10 +181,7 @@ impl<'c> Module<'c> {
         let out_mlir: Vec<Type<'c>> = out_types.iter().map(|t| t.to_mlir(ctx)).collect();
         let op = OperationBuilder::new(OP, loc)
             .add_attributes(&[
-                (
-                    Identifier::new(ctx, "sym_name"),
-                    StringAttribute::new(ctx, name).into(),
-                ),
+                (Identifier::new(ctx, "sym_name"), StringAttribute::new(ctx, name).into()),
                 (
                     Identifier::new(ctx, "function_type"),
                     TypeAttribute::new(FunctionType::new(ctx, &in_types, &out_mlir).into()).into(),
@@ -241,11 +207,7 @@ impl<'c> Module<'c> {
         });
         let ok = self.module.as_operation().verify();
         ctx.detach_diagnostic_handler(id);
-        if ok {
-            Ok(())
-        } else {
-            Err(Error::mlir("module", diags.borrow().join("; ")))
-        }
+        if ok { Ok(()) } else { Err(Error::mlir("module", diags.borrow().join("; "))) }
     }
 
     /// The module as MLIR text (StableHLO and `util` ops in generic form), ready for
@@ -280,14 +242,8 @@ fn quote(s: &str) -> String {
 }
 
 /// `util.global.load @name`, used by [`Func::load`].
-pub(crate) fn global_load_attr<'c>(
-    ctx: &'c Context,
-    g: &Global,
-) -> (Identifier<'c>, Attribute<'c>) {
-    (
-        Identifier::new(&ctx.inner, "global"),
-        FlatSymbolRefAttribute::new(&ctx.inner, &g.name).into(),
-    )
+pub(crate) fn global_load_attr<'c>(ctx: &'c Context, g: &Global) -> (Identifier<'c>, Attribute<'c>) {
+    (Identifier::new(&ctx.inner, "global"), FlatSymbolRefAttribute::new(&ctx.inner, &g.name).into())
 }
 
 impl Context {

@@ -119,18 +119,12 @@ impl ElementType {
 
     /// True for signed integer types (`i4` .. `i64`, not `i1`).
     pub const fn is_signed_integer(self) -> bool {
-        matches!(
-            self,
-            Self::I4 | Self::I8 | Self::I16 | Self::I32 | Self::I64
-        )
+        matches!(self, Self::I4 | Self::I8 | Self::I16 | Self::I32 | Self::I64)
     }
 
     /// True for unsigned integer types.
     pub const fn is_unsigned_integer(self) -> bool {
-        matches!(
-            self,
-            Self::UI4 | Self::UI8 | Self::UI16 | Self::UI32 | Self::UI64
-        )
+        matches!(self, Self::UI4 | Self::UI8 | Self::UI16 | Self::UI32 | Self::UI64)
     }
 
     /// A tensor of this element type: `ElementType::F32.tensor(&[4, 4])`.
@@ -165,9 +159,7 @@ impl ElementType {
             Self::F64 => Type::float64(ctx),
             Self::I1 => IntegerType::new(ctx, 1).into(),
             // Signless iN is StableHLO's signed integer.
-            Self::I4 | Self::I8 | Self::I16 | Self::I32 | Self::I64 => {
-                IntegerType::new(ctx, self.bits()).into()
-            }
+            Self::I4 | Self::I8 | Self::I16 | Self::I32 | Self::I64 => IntegerType::new(ctx, self.bits()).into(),
             Self::UI4 | Self::UI8 | Self::UI16 | Self::UI32 | Self::UI64 => {
                 IntegerType::unsigned(ctx, self.bits()).into()
             }
@@ -193,10 +185,7 @@ pub struct TensorType {
 impl TensorType {
     /// A tensor type of the given shape and element type.
     pub fn new(shape: &[i64], elem: ElementType) -> Self {
-        Self {
-            shape: shape.to_vec(),
-            elem,
-        }
+        Self { shape: shape.to_vec(), elem }
     }
 
     /// Number of dimensions.
@@ -222,11 +211,7 @@ impl TensorType {
     /// Checks that every dimension is non-negative (static shapes only).
     pub(crate) fn validate(&self, op: &'static str) -> Result<(), Error> {
         if self.shape.iter().any(|&d| d < 0) {
-            return Err(Error::op(
-                op,
-                "a static shape with non-negative dimensions",
-                self,
-            ));
+            return Err(Error::op(op, "a static shape with non-negative dimensions", self));
         }
         Ok(())
     }

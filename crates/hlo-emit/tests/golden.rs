@@ -18,17 +18,13 @@ where
     if let Err(e) = build(&m) {
         panic!("{name}: build failed: {e}");
     }
-    m.verify()
-        .unwrap_or_else(|e| panic!("{name}: verify failed: {e}"));
+    m.verify().unwrap_or_else(|e| panic!("{name}: verify failed: {e}"));
     let got = m.to_text();
     if let Ok(dir) = std::env::var("HLO_EMIT_DUMP") {
         std::fs::write(format!("{dir}/{name}.mlir"), &got).expect("dump module");
     }
     if got != expect {
-        panic!(
-            "{name}: module text differs (- expected, + got):\n{}\n--- full text ---\n{got}",
-            diff(expect, &got)
-        );
+        panic!("{name}: module text differs (- expected, + got):\n{}\n--- full text ---\n{got}", diff(expect, &got));
     }
 }
 
@@ -38,11 +34,7 @@ fn diff(a: &str, b: &str) -> String {
     let mut lcs = vec![vec![0usize; b.len() + 1]; a.len() + 1];
     for i in (0..a.len()).rev() {
         for j in (0..b.len()).rev() {
-            lcs[i][j] = if a[i] == b[j] {
-                lcs[i + 1][j + 1] + 1
-            } else {
-                lcs[i + 1][j].max(lcs[i][j + 1])
-            };
+            lcs[i][j] = if a[i] == b[j] { lcs[i + 1][j + 1] + 1 } else { lcs[i + 1][j].max(lcs[i][j + 1]) };
         }
     }
     let (mut i, mut j, mut out) = (0, 0, String::new());
@@ -183,19 +175,15 @@ fn compare_select_convert() {
                 outs.push(f.select(gt, x, y)?);
                 Ok(outs)
             })?;
-            m.func(
-                "convert",
-                &[F32.tensor(&[2]), UI4.tensor(&[2]), I8.tensor(&[2])],
-                |f, a| {
-                    Ok(vec![
-                        f.convert(a[0], F16)?,
-                        f.convert(a[0], BF16)?,
-                        f.convert(a[0], I32)?,
-                        f.convert(a[1], F32)?,
-                        f.convert(a[2], F32)?,
-                    ])
-                },
-            )?;
+            m.func("convert", &[F32.tensor(&[2]), UI4.tensor(&[2]), I8.tensor(&[2])], |f, a| {
+                Ok(vec![
+                    f.convert(a[0], F16)?,
+                    f.convert(a[0], BF16)?,
+                    f.convert(a[0], I32)?,
+                    f.convert(a[1], F32)?,
+                    f.convert(a[2], F32)?,
+                ])
+            })?;
             Ok(())
         },
         r#"module {
@@ -272,20 +260,16 @@ fn scalar_helpers_and_broadcast() {
     check(
         "scalar_helpers_and_broadcast",
         |m| {
-            m.func(
-                "bcast",
-                &[F32.tensor(&[2, 3]), F32.tensor(&[3]), F32.scalar()],
-                |f, a| {
-                    let (x, row, s) = (a[0], a[1], a[2]);
-                    let rows = f.broadcast_to(row, &[2, 3])?;
-                    let same = f.broadcast_to(x, &[2, 3])?;
-                    let col = f.broadcast_in_dim(s, &[2, 1], &[])?;
-                    let cols = f.broadcast_in_dim(col, &[2, 3], &[0, 1])?;
-                    let y = f.add(f.mul(same, rows)?, cols)?;
-                    let z = f.add_scalar(y, 1.0)?;
-                    Ok(vec![f.mul_scalar(z, 0.125)?])
-                },
-            )?;
+            m.func("bcast", &[F32.tensor(&[2, 3]), F32.tensor(&[3]), F32.scalar()], |f, a| {
+                let (x, row, s) = (a[0], a[1], a[2]);
+                let rows = f.broadcast_to(row, &[2, 3])?;
+                let same = f.broadcast_to(x, &[2, 3])?;
+                let col = f.broadcast_in_dim(s, &[2, 1], &[])?;
+                let cols = f.broadcast_in_dim(col, &[2, 3], &[0, 1])?;
+                let y = f.add(f.mul(same, rows)?, cols)?;
+                let z = f.add_scalar(y, 1.0)?;
+                Ok(vec![f.mul_scalar(z, 0.125)?])
+            })?;
             Ok(())
         },
         r#"module {
@@ -311,16 +295,12 @@ fn reshape_transpose_concat() {
     check(
         "reshape_transpose_concat",
         |m| {
-            m.func(
-                "shapes",
-                &[F32.tensor(&[2, 3, 4]), F32.tensor(&[2, 1, 4])],
-                |f, a| {
-                    let r = f.reshape(a[0], &[6, 4])?;
-                    let t = f.transpose(a[0], &[2, 0, 1])?;
-                    let c = f.concatenate(&[a[0], a[1], a[0]], 1)?;
-                    Ok(vec![r, t, c])
-                },
-            )?;
+            m.func("shapes", &[F32.tensor(&[2, 3, 4]), F32.tensor(&[2, 1, 4])], |f, a| {
+                let r = f.reshape(a[0], &[6, 4])?;
+                let t = f.transpose(a[0], &[2, 0, 1])?;
+                let c = f.concatenate(&[a[0], a[1], a[0]], 1)?;
+                Ok(vec![r, t, c])
+            })?;
             Ok(())
         },
         r#"module {
@@ -341,19 +321,15 @@ fn slices() {
         "slices",
         |m| {
             let i = I32.scalar();
-            m.func(
-                "slices",
-                &[F32.tensor(&[4, 6]), F32.tensor(&[1, 6]), i.clone(), i],
-                |f, a| {
-                    let (x, upd, r, c) = (a[0], a[1], a[2], a[3]);
-                    let s = f.slice(x, &[0, 1], &[4, 6], &[2, 2])?;
-                    let half = f.slice_dim(x, 1, 3, 6)?;
-                    let ds = f.dynamic_slice(x, &[r, c], &[2, 3])?;
-                    let zero = f.scalar(0.0, I32)?;
-                    let dus = f.dynamic_update_slice(x, upd, &[r, zero])?;
-                    Ok(vec![s, half, ds, dus])
-                },
-            )?;
+            m.func("slices", &[F32.tensor(&[4, 6]), F32.tensor(&[1, 6]), i.clone(), i], |f, a| {
+                let (x, upd, r, c) = (a[0], a[1], a[2], a[3]);
+                let s = f.slice(x, &[0, 1], &[4, 6], &[2, 2])?;
+                let half = f.slice_dim(x, 1, 3, 6)?;
+                let ds = f.dynamic_slice(x, &[r, c], &[2, 3])?;
+                let zero = f.scalar(0.0, I32)?;
+                let dus = f.dynamic_update_slice(x, upd, &[r, zero])?;
+                Ok(vec![s, half, ds, dus])
+            })?;
             Ok(())
         },
         r#"module {
@@ -375,32 +351,22 @@ fn gathers() {
     check(
         "gathers",
         |m| {
-            m.func(
-                "embed",
-                &[F32.tensor(&[10, 4]), I32.tensor(&[3])],
-                |f, a| Ok(vec![f.gather_rows(a[0], a[1])?]),
-            )?;
-            m.func(
-                "embed2d",
-                &[F32.tensor(&[10, 4]), I32.tensor(&[2, 3])],
-                |f, a| Ok(vec![f.gather_rows(a[0], a[1])?]),
-            )?;
+            m.func("embed", &[F32.tensor(&[10, 4]), I32.tensor(&[3])], |f, a| Ok(vec![f.gather_rows(a[0], a[1])?]))?;
+            m.func("embed2d", &[F32.tensor(&[10, 4]), I32.tensor(&[2, 3])], |f, a| {
+                Ok(vec![f.gather_rows(a[0], a[1])?])
+            })?;
             // Per-batch row pick: out[b, k, :] = x[b, ids[b, k], :].
-            m.func(
-                "batched",
-                &[F32.tensor(&[2, 5, 4]), I32.tensor(&[2, 3])],
-                |f, a| {
-                    let dims = GatherDims {
-                        offset_dims: vec![2],
-                        collapsed_slice_dims: vec![1],
-                        operand_batching_dims: vec![0],
-                        start_indices_batching_dims: vec![0],
-                        start_index_map: vec![1],
-                        index_vector_dim: 2,
-                    };
-                    Ok(vec![f.gather(a[0], a[1], dims, &[1, 1, 4])?])
-                },
-            )?;
+            m.func("batched", &[F32.tensor(&[2, 5, 4]), I32.tensor(&[2, 3])], |f, a| {
+                let dims = GatherDims {
+                    offset_dims: vec![2],
+                    collapsed_slice_dims: vec![1],
+                    operand_batching_dims: vec![0],
+                    start_indices_batching_dims: vec![0],
+                    start_index_map: vec![1],
+                    index_vector_dim: 2,
+                };
+                Ok(vec![f.gather(a[0], a[1], dims, &[1, 1, 4])?])
+            })?;
             Ok(())
         },
         r#"module {
@@ -426,17 +392,9 @@ fn reductions() {
     check(
         "reductions",
         |m| {
-            m.func(
-                "reduce",
-                &[F32.tensor(&[2, 3]), I32.tensor(&[4])],
-                |f, a| {
-                    Ok(vec![
-                        f.reduce_sum(a[0], &[1])?,
-                        f.reduce_max(a[0], &[0, 1])?,
-                        f.reduce_min(a[1], &[0])?,
-                    ])
-                },
-            )?;
+            m.func("reduce", &[F32.tensor(&[2, 3]), I32.tensor(&[4])], |f, a| {
+                Ok(vec![f.reduce_sum(a[0], &[1])?, f.reduce_max(a[0], &[0, 1])?, f.reduce_min(a[1], &[0])?])
+            })?;
             // A general reduce with a hand-built body: sum of squares over dim 0.
             m.func("sumsq", &[F32.tensor(&[3, 2])], |f, a| {
                 let zero = f.scalar(0.0, F32)?;
@@ -490,9 +448,7 @@ fn argmax() {
     check(
         "argmax",
         |m| {
-            m.func("argmax", &[F32.tensor(&[2, 5])], |f, a| {
-                Ok(vec![f.argmax(a[0], 1)?])
-            })?;
+            m.func("argmax", &[F32.tensor(&[2, 5])], |f, a| Ok(vec![f.argmax(a[0], 1)?]))?;
             Ok(())
         },
         r#"module {
@@ -523,25 +479,15 @@ fn dots() {
     check(
         "dots",
         |m| {
-            m.func(
-                "matvec",
-                &[F32.tensor(&[4, 3]), F32.tensor(&[3])],
-                |f, a| Ok(vec![f.dot_general(a[0], a[1], DotDims::matmul())?]),
-            )?;
-            m.func(
-                "matmul",
-                &[F32.tensor(&[4, 3]), F32.tensor(&[3, 5])],
-                |f, a| Ok(vec![f.dot(a[0], a[1])?]),
-            )?;
+            m.func("matvec", &[F32.tensor(&[4, 3]), F32.tensor(&[3])], |f, a| {
+                Ok(vec![f.dot_general(a[0], a[1], DotDims::matmul())?])
+            })?;
+            m.func("matmul", &[F32.tensor(&[4, 3]), F32.tensor(&[3, 5])], |f, a| Ok(vec![f.dot(a[0], a[1])?]))?;
             // Attention scores: q [H, S, D] · k [H, T, D] over D, batched over H -> [H, S, T].
-            m.func(
-                "scores",
-                &[F32.tensor(&[2, 3, 8]), F32.tensor(&[2, 5, 8])],
-                |f, a| {
-                    let dims = DotDims::contract(&[2], &[2]).batch(&[0], &[0]);
-                    Ok(vec![f.dot_general(a[0], a[1], dims)?])
-                },
-            )?;
+            m.func("scores", &[F32.tensor(&[2, 3, 8]), F32.tensor(&[2, 5, 8])], |f, a| {
+                let dims = DotDims::contract(&[2], &[2]).batch(&[0], &[0]);
+                Ok(vec![f.dot_general(a[0], a[1], dims)?])
+            })?;
             Ok(())
         },
         r#"module {
@@ -574,11 +520,7 @@ fn globals_and_multiple_functions() {
                 let y = f.dot(w32, a[0])?;
                 Ok(vec![f.add(y, f.load(&b)?)?])
             })?;
-            m.func(
-                "two_outputs",
-                &[F32.tensor(&[4]), I32.tensor(&[])],
-                |f, a| Ok(vec![a[1], f.neg(a[0])?]),
-            )?;
+            m.func("two_outputs", &[F32.tensor(&[4]), I32.tensor(&[])], |f, a| Ok(vec![a[1], f.neg(a[0])?]))?;
             let q = m.global_param("late", "model", "say \"hi\"", &F32.tensor(&[2]))?;
             m.func("uses_late", &[], |f, _| Ok(vec![f.load(&q)?]))?;
             Ok(())
@@ -621,13 +563,11 @@ macro_rules! op_err {
 #[test]
 fn error_add_shape_mismatch() {
     assert_eq!(
-        op_err!([F32.tensor(&[2, 3]), F32.tensor(&[3, 2])], |f, a| f
-            .add(a[0], a[1])),
+        op_err!([F32.tensor(&[2, 3]), F32.tensor(&[3, 2])], |f, a| f.add(a[0], a[1])),
         "stablehlo.add: expected operands of the same type, got tensor<2x3xf32> and tensor<3x2xf32>"
     );
     assert_eq!(
-        op_err!([F32.tensor(&[2]), F16.tensor(&[2])], |f, a| f
-            .mul(a[0], a[1])),
+        op_err!([F32.tensor(&[2]), F16.tensor(&[2])], |f, a| f.mul(a[0], a[1])),
         "stablehlo.multiply: expected operands of the same type, got tensor<2xf32> and tensor<2xf16>"
     );
 }
@@ -647,16 +587,11 @@ fn error_dtypes() {
         "stablehlo.and: expected an integer or i1 tensor, got tensor<4xf32>"
     );
     assert_eq!(
-        op_err!([F32.tensor(&[4]), F32.tensor(&[4])], |f, a| f
-            .select(a[0], a[0], a[1])),
+        op_err!([F32.tensor(&[4]), F32.tensor(&[4])], |f, a| f.select(a[0], a[0], a[1])),
         "stablehlo.select: expected predicate tensor<4xi1> or tensor<i1>, got tensor<4xf32>"
     );
     assert_eq!(
-        op_err!([F32.tensor(&[4]), I32.tensor(&[4])], |f, a| f.compare(
-            a[0],
-            a[1],
-            Cmp::Lt
-        )),
+        op_err!([F32.tensor(&[4]), I32.tensor(&[4])], |f, a| f.compare(a[0], a[1], Cmp::Lt)),
         "stablehlo.compare: expected operands of the same type, got tensor<4xf32> and tensor<4xi32>"
     );
 }
@@ -664,29 +599,29 @@ fn error_dtypes() {
 #[test]
 fn error_dot_general() {
     assert_eq!(
-        op_err!([F32.tensor(&[4, 3]), F32.tensor(&[5])], |f, a| f
-            .dot_general(a[0], a[1], DotDims::matmul())),
+        op_err!([F32.tensor(&[4, 3]), F32.tensor(&[5])], |f, a| f.dot_general(a[0], a[1], DotDims::matmul())),
         "stablehlo.dot_general: expected contracting dims of equal size (lhs dim 1 of \
          tensor<4x3xf32>, rhs dim 0 of tensor<5xf32>), got 3 and 5"
     );
     assert_eq!(
-        op_err!([F32.tensor(&[2, 3, 8]), F32.tensor(&[4, 5, 8])], |f, a| f
-            .dot_general(
-                a[0],
-                a[1],
-                DotDims::contract(&[2], &[2]).batch(&[0], &[0])
-            )),
+        op_err!([F32.tensor(&[2, 3, 8]), F32.tensor(&[4, 5, 8])], |f, a| f.dot_general(
+            a[0],
+            a[1],
+            DotDims::contract(&[2], &[2]).batch(&[0], &[0])
+        )),
         "stablehlo.dot_general: expected batch dims of equal size (lhs dim 0 of \
          tensor<2x3x8xf32>, rhs dim 0 of tensor<4x5x8xf32>), got 2 and 4"
     );
     assert_eq!(
-        op_err!([F32.tensor(&[4, 3]), F32.tensor(&[3])], |f, a| f
-            .dot_general(a[0], a[1], DotDims::contract(&[2], &[0]))),
+        op_err!([F32.tensor(&[4, 3]), F32.tensor(&[3])], |f, a| f.dot_general(
+            a[0],
+            a[1],
+            DotDims::contract(&[2], &[0])
+        )),
         "stablehlo.dot_general: expected lhs batch and contracting dims distinct and in 0..2, got [2]"
     );
     assert_eq!(
-        op_err!([F16.tensor(&[4, 3]), F32.tensor(&[3])], |f, a| f
-            .dot(a[0], a[1])),
+        op_err!([F16.tensor(&[4, 3]), F32.tensor(&[3])], |f, a| f.dot(a[0], a[1])),
         "stablehlo.dot_general: expected operands of one element type, got tensor<4x3xf16> and tensor<3xf32>"
     );
 }
@@ -702,11 +637,7 @@ fn error_shapes() {
         "stablehlo.transpose: expected permutation distinct and in 0..2, got [0, 0]"
     );
     assert_eq!(
-        op_err!([F32.tensor(&[3])], |f, a| f.broadcast_in_dim(
-            a[0],
-            &[3, 2],
-            &[1]
-        )),
+        op_err!([F32.tensor(&[3])], |f, a| f.broadcast_in_dim(a[0], &[3, 2], &[1])),
         "stablehlo.broadcast_in_dim: expected operand dim 0 of size 1 or 2 (result dim 1 of \
          tensor<3x2xf32>), got size 3 in tensor<3xf32>"
     );
@@ -716,31 +647,25 @@ fn error_shapes() {
          tensor<3x2xf32>), got size 3 in tensor<3xf32>"
     );
     assert_eq!(
-        op_err!([F32.tensor(&[2, 3]), F32.tensor(&[2, 4])], |f, a| f
-            .concatenate(&[a[0], a[1]], 0)),
+        op_err!([F32.tensor(&[2, 3]), F32.tensor(&[2, 4])], |f, a| f.concatenate(&[a[0], a[1]], 0)),
         "stablehlo.concatenate: expected operands matching tensor<2x3xf32> except in dim 0, got tensor<2x4xf32>"
     );
     assert_eq!(
-        op_err!([F32.tensor(&[4, 6])], |f, a| f.slice(
-            a[0],
-            &[0, 2],
-            &[4, 7],
-            &[1, 1]
-        )),
+        op_err!([F32.tensor(&[4, 6])], |f, a| f.slice(a[0], &[0, 2], &[4, 7], &[1, 1])),
         "stablehlo.slice: expected 0 <= start <= limit <= 6 and stride > 0 in dim 1 of \
          tensor<4x6xf32>, got start 2, limit 7, stride 1"
     );
     assert_eq!(
-        op_err!([F32.tensor(&[4, 6]), F32.tensor(&[])], |f, a| f
-            .dynamic_slice(a[0], &[a[1], a[1]], &[2, 2])),
+        op_err!([F32.tensor(&[4, 6]), F32.tensor(&[])], |f, a| f.dynamic_slice(a[0], &[a[1], a[1]], &[2, 2])),
         "stablehlo.dynamic_slice: expected rank-0 integer start indices of one type, got \
          (tensor<f32>, tensor<f32>)"
     );
     assert_eq!(
-        op_err!(
-            [F32.tensor(&[4, 6]), F32.tensor(&[1, 7]), I32.tensor(&[])],
-            |f, a| f.dynamic_update_slice(a[0], a[1], &[a[2], a[2]])
-        ),
+        op_err!([F32.tensor(&[4, 6]), F32.tensor(&[1, 7]), I32.tensor(&[])], |f, a| f.dynamic_update_slice(
+            a[0],
+            a[1],
+            &[a[2], a[2]]
+        )),
         "stablehlo.dynamic_update_slice: expected an update with the rank and element type of \
          tensor<4x6xf32> and no larger, got tensor<1x7xf32>"
     );
@@ -749,24 +674,22 @@ fn error_shapes() {
 #[test]
 fn error_gather_reduce_constants() {
     assert_eq!(
-        op_err!([F32.tensor(&[10, 4]), F32.tensor(&[3])], |f, a| f
-            .gather_rows(a[0], a[1])),
+        op_err!([F32.tensor(&[10, 4]), F32.tensor(&[3])], |f, a| f.gather_rows(a[0], a[1])),
         "stablehlo.gather: expected integer indices, got tensor<3xf32>"
     );
     assert_eq!(
-        op_err!([F32.tensor(&[10, 4]), I32.tensor(&[3, 2])], |f, a| f
-            .gather(
-                a[0],
-                a[1],
-                GatherDims {
-                    offset_dims: vec![1],
-                    collapsed_slice_dims: vec![0],
-                    start_index_map: vec![0],
-                    index_vector_dim: 1,
-                    ..GatherDims::default()
-                },
-                &[1, 4]
-            )),
+        op_err!([F32.tensor(&[10, 4]), I32.tensor(&[3, 2])], |f, a| f.gather(
+            a[0],
+            a[1],
+            GatherDims {
+                offset_dims: vec![1],
+                collapsed_slice_dims: vec![0],
+                start_index_map: vec![0],
+                index_vector_dim: 1,
+                ..GatherDims::default()
+            },
+            &[1, 4]
+        )),
         "stablehlo.gather: expected start_index_map of 2 operand dims (the index vector size), \
          none a batching dim, got [0]"
     );
@@ -778,9 +701,7 @@ fn error_gather_reduce_constants() {
         build_err(|m| {
             m.func("f", &[F32.tensor(&[2, 3])], |f, a| {
                 let init = f.scalar(0.0, F32)?;
-                f.reduce(&[a[0]], &[init], &[1], |b, x| {
-                    Ok(vec![b.convert(x[0], I32)?])
-                })
+                f.reduce(&[a[0]], &[init], &[1], |b, x| Ok(vec![b.convert(x[0], I32)?]))
             })?;
             Ok(())
         }),
@@ -789,8 +710,7 @@ fn error_gather_reduce_constants() {
     assert_eq!(
         op_err!([F32.tensor(&[2, 3])], |f, a| {
             let init = f.scalar(0.0, F16)?;
-            f.reduce(&[a[0]], &[init], &[1], |b, x| Ok(vec![b.add(x[0], x[1])?]))
-                .map(|v| v[0])
+            f.reduce(&[a[0]], &[init], &[1], |b, x| Ok(vec![b.add(x[0], x[1])?])).map(|v| v[0])
         }),
         "stablehlo.reduce: expected init values (tensor<f32>), got (tensor<f16>)"
     );

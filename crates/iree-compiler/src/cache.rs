@@ -47,10 +47,7 @@ impl CompileCache {
     /// Uses (and creates if needed) `dir`.
     pub fn new(dir: impl Into<PathBuf>) -> Result<CompileCache, Error> {
         let dir = dir.into();
-        std::fs::create_dir_all(&dir).map_err(|source| Error::CacheIo {
-            path: dir.clone(),
-            source,
-        })?;
+        std::fs::create_dir_all(&dir).map_err(|source| Error::CacheIo { path: dir.clone(), source })?;
         Ok(CompileCache { dir })
     }
 
@@ -62,13 +59,7 @@ impl CompileCache {
     /// revision and API version, and, for `llvm-cpu` with `cpu = "host"`, a fingerprint of
     /// this machine's CPU features (so a cache copied to another machine is not reused for
     /// code that may use instructions that machine lacks).
-    pub fn key(
-        &self,
-        compiler: &Compiler,
-        mlir_text: &str,
-        target: &Target,
-        opts: &CompileOptions,
-    ) -> String {
+    pub fn key(&self, compiler: &Compiler, mlir_text: &str, target: &Target, opts: &CompileOptions) -> String {
         let mut h = Sha256::new();
         h.update(KEY_DOMAIN);
         let mut field = |bytes: &[u8]| {
@@ -110,13 +101,7 @@ impl CompileCache {
         let path = self.path_for(&key);
         match std::fs::read(&path) {
             Ok(vmfb) if check_vmfb(&vmfb).is_ok() => {
-                return Ok(Compiled {
-                    vmfb,
-                    outcome: CacheOutcome::Hit,
-                    key,
-                    path,
-                    elapsed: start.elapsed(),
-                });
+                return Ok(Compiled { vmfb, outcome: CacheOutcome::Hit, key, path, elapsed: start.elapsed() });
             }
             Ok(_) => {} // Corrupt entry: recompile and overwrite below.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -124,27 +109,14 @@ impl CompileCache {
         }
         let vmfb = compiler.compile(mlir_text, target, opts)?;
         self.store(&path, &vmfb)?;
-        Ok(Compiled {
-            vmfb,
-            outcome: CacheOutcome::Miss,
-            key,
-            path,
-            elapsed: start.elapsed(),
-        })
+        Ok(Compiled { vmfb, outcome: CacheOutcome::Miss, key, path, elapsed: start.elapsed() })
     }
 
     /// Writes `bytes` to a temporary file in the cache directory, flushes it to disk, then
     /// renames it over `path`, so readers see either no file or the whole module.
     fn store(&self, path: &Path, bytes: &[u8]) -> Result<(), Error> {
-        let io = |source| Error::CacheIo {
-            path: path.to_path_buf(),
-            source,
-        };
-        let mut tmp = tempfile::Builder::new()
-            .prefix(".tmp-")
-            .suffix(".vmfb")
-            .tempfile_in(&self.dir)
-            .map_err(io)?;
+        let io = |source| Error::CacheIo { path: path.to_path_buf(), source };
+        let mut tmp = tempfile::Builder::new().prefix(".tmp-").suffix(".vmfb").tempfile_in(&self.dir).map_err(io)?;
         tmp.write_all(bytes).map_err(io)?;
         tmp.as_file().sync_all().map_err(io)?;
         tmp.persist(path).map_err(|e| io(e.error))?;
@@ -168,18 +140,9 @@ fn host_cpu_fingerprint() -> String {
             ("avx512bw", std::arch::is_x86_feature_detected!("avx512bw")),
             ("avx512vl", std::arch::is_x86_feature_detected!("avx512vl")),
             ("avx512dq", std::arch::is_x86_feature_detected!("avx512dq")),
-            (
-                "avx512vnni",
-                std::arch::is_x86_feature_detected!("avx512vnni"),
-            ),
-            (
-                "avx512bf16",
-                std::arch::is_x86_feature_detected!("avx512bf16"),
-            ),
-            (
-                "avx512fp16",
-                std::arch::is_x86_feature_detected!("avx512fp16"),
-            ),
+            ("avx512vnni", std::arch::is_x86_feature_detected!("avx512vnni")),
+            ("avx512bf16", std::arch::is_x86_feature_detected!("avx512bf16")),
+            ("avx512fp16", std::arch::is_x86_feature_detected!("avx512fp16")),
         ];
         for (name, present) in features {
             if present {
@@ -192,10 +155,7 @@ fn host_cpu_fingerprint() -> String {
     {
         let features = [
             ("fp16", std::arch::is_aarch64_feature_detected!("fp16")),
-            (
-                "dotprod",
-                std::arch::is_aarch64_feature_detected!("dotprod"),
-            ),
+            ("dotprod", std::arch::is_aarch64_feature_detected!("dotprod")),
             ("i8mm", std::arch::is_aarch64_feature_detected!("i8mm")),
             ("bf16", std::arch::is_aarch64_feature_detected!("bf16")),
             ("sve", std::arch::is_aarch64_feature_detected!("sve")),

@@ -90,11 +90,7 @@ impl Compiler {
         // it may be called before global initialization.
         let (major, minor) = ffi::split_api_version(unsafe { (api.get_api_version)() });
         if major != ffi::MIN_API_VERSION.0 || minor < ffi::MIN_API_VERSION.1 {
-            return Err(Error::UnsupportedApiVersion {
-                path,
-                found: (major, minor),
-                required: ffi::MIN_API_VERSION,
-            });
+            return Err(Error::UnsupportedApiVersion { path, found: (major, minor), required: ffi::MIN_API_VERSION });
         }
         // SAFETY: called exactly once per process: `LOADED` is locked and still empty, and
         // once filled it is never emptied, so this is never repeated or balanced by a
@@ -139,11 +135,7 @@ impl Compiler {
                 out.push(c_str_to_string(backend));
             }
         }
-        let _guard = self
-            .loaded
-            .compile_lock
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _guard = self.loaded.compile_lock.lock().unwrap_or_else(PoisonError::into_inner);
         let mut out: Vec<String> = Vec::new();
         // SAFETY: the compiler is initialized; the callback matches the declared signature and
         // is only invoked during this call, while `out` is borrowed.
@@ -152,12 +144,7 @@ impl Compiler {
     }
 
     /// Compiles MLIR text to a vmfb for `target`.
-    pub fn compile(
-        &self,
-        mlir_text: &str,
-        target: &Target,
-        opts: &CompileOptions,
-    ) -> Result<Vec<u8>, Error> {
+    pub fn compile(&self, mlir_text: &str, target: &Target, opts: &CompileOptions) -> Result<Vec<u8>, Error> {
         let bytes = self.run(mlir_text, target, opts, Emit::Vmfb)?;
         check_vmfb(&bytes)?;
         Ok(bytes)
@@ -180,13 +167,7 @@ impl Compiler {
         })
     }
 
-    fn run(
-        &self,
-        mlir_text: &str,
-        target: &Target,
-        opts: &CompileOptions,
-        emit: Emit<'_>,
-    ) -> Result<Vec<u8>, Error> {
+    fn run(&self, mlir_text: &str, target: &Target, opts: &CompileOptions, emit: Emit<'_>) -> Result<Vec<u8>, Error> {
         target.validate()?;
         let flags = compile_flags(target, opts);
         let phase = match emit {
@@ -194,11 +175,7 @@ impl Compiler {
             Emit::Vmfb => None,
         };
         let api = &self.loaded.api;
-        let _guard = self
-            .loaded
-            .compile_lock
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _guard = self.loaded.compile_lock.lock().unwrap_or_else(PoisonError::into_inner);
 
         // Declaration order = reverse drop order: output, invocation, source, session go in
         // that order; the sink outlives the invocation that reports into it.
@@ -211,15 +188,10 @@ impl Compiler {
             invocation.set_compile_to_phase(phase);
         }
         if !invocation.parse(&source) {
-            return Err(Error::Parse {
-                diagnostics: sink.take(),
-            });
+            return Err(Error::Parse { diagnostics: sink.take() });
         }
         if !invocation.pipeline_std() {
-            return Err(Error::Compile {
-                flags,
-                diagnostics: sink.take(),
-            });
+            return Err(Error::Compile { flags, diagnostics: sink.take() });
         }
         let output = Output::membuffer(api)?;
         let written = match emit {
@@ -228,11 +200,7 @@ impl Compiler {
         };
         if let Err(err) = written {
             let diagnostics = sink.take();
-            return Err(if diagnostics.0.is_empty() {
-                err
-            } else {
-                Error::Compile { flags, diagnostics }
-            });
+            return Err(if diagnostics.0.is_empty() { err } else { Error::Compile { flags, diagnostics } });
         }
         output.to_vec()
     }
@@ -293,32 +261,23 @@ impl<'a> Session<'a> {
     fn new(api: &'a Api) -> Result<Session<'a>, Error> {
         // SAFETY: the compiler is globally initialized (a `Loaded` exists).
         let raw = unsafe { (api.session_create)() };
-        let raw = NonNull::new(raw).ok_or(Error::Api {
-            call: "ireeCompilerSessionCreate",
-            message: "returned null".to_owned(),
-        })?;
+        let raw = NonNull::new(raw)
+            .ok_or(Error::Api { call: "ireeCompilerSessionCreate", message: "returned null".to_owned() })?;
         Ok(Session { api, raw })
     }
 
     /// Applies session flags; the compiler's own message for a bad flag comes back as
     /// `Error::InvalidFlags`.
     fn set_flags(&self, flags: &[String]) -> Result<(), Error> {
-        let owned = flags
-            .iter()
-            .map(|f| c_string("compiler flag", f))
-            .collect::<Result<Vec<CString>, Error>>()?;
+        let owned = flags.iter().map(|f| c_string("compiler flag", f)).collect::<Result<Vec<CString>, Error>>()?;
         let argv: Vec<*const c_char> = owned.iter().map(|f| f.as_ptr()).collect();
-        let argc = c_int::try_from(argv.len()).map_err(|_| {
-            Error::InvalidInput(format!("{} compiler flags are too many", argv.len()))
-        })?;
+        let argc = c_int::try_from(argv.len())
+            .map_err(|_| Error::InvalidInput(format!("{} compiler flags are too many", argv.len())))?;
         // SAFETY: live session; `argv` holds `argc` pointers to NUL-terminated strings that
         // `owned` keeps alive across the call (the library copies what it keeps).
         let raw = unsafe { (self.api.session_set_flags)(self.raw.as_ptr(), argc, argv.as_ptr()) };
         check(self.api, "ireeCompilerSessionSetFlags", raw).map_err(|e| match e {
-            Error::Api { message, .. } => Error::InvalidFlags {
-                flags: flags.to_vec(),
-                message,
-            },
+            Error::Api { message, .. } => Error::InvalidFlags { flags: flags.to_vec(), message },
             other => other,
         })
     }
@@ -344,9 +303,7 @@ struct Source<'a> {
 impl<'a> Source<'a> {
     fn wrap(session: &'a Session<'a>, name: &str, text: &str) -> Result<Source<'a>, Error> {
         if let Some(at) = text.bytes().position(|b| b == 0) {
-            return Err(Error::InvalidInput(format!(
-                "MLIR text contains a NUL byte at offset {at}"
-            )));
+            return Err(Error::InvalidInput(format!("MLIR text contains a NUL byte at offset {at}")));
         }
         let name = c_string("buffer name", name)?;
         let mut buffer = Vec::with_capacity(text.len() + 1);
@@ -367,16 +324,9 @@ impl<'a> Source<'a> {
             )
         };
         check(session.api, "ireeCompilerSourceWrapBuffer", err)?;
-        let raw = NonNull::new(raw).ok_or(Error::Api {
-            call: "ireeCompilerSourceWrapBuffer",
-            message: "returned no source".to_owned(),
-        })?;
-        Ok(Source {
-            api: session.api,
-            raw,
-            _buffer: buffer,
-            _session: PhantomData,
-        })
+        let raw = NonNull::new(raw)
+            .ok_or(Error::Api { call: "ireeCompilerSourceWrapBuffer", message: "returned no source".to_owned() })?;
+        Ok(Source { api: session.api, raw, _buffer: buffer, _session: PhantomData })
     }
 }
 
@@ -395,22 +345,12 @@ struct DiagnosticSink {
 
 impl DiagnosticSink {
     fn take(&self) -> Diagnostics {
-        Diagnostics(std::mem::take(
-            &mut *self
-                .diagnostics
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-        ))
+        Diagnostics(std::mem::take(&mut *self.diagnostics.lock().unwrap_or_else(PoisonError::into_inner)))
     }
 }
 
 /// The diagnostic callback. Makes no compiler calls, as the API requires.
-unsafe extern "C" fn on_diagnostic(
-    severity: c_int,
-    message: *const c_char,
-    size: usize,
-    user: *mut c_void,
-) {
+unsafe extern "C" fn on_diagnostic(severity: c_int, message: *const c_char, size: usize, user: *mut c_void) {
     // SAFETY: `user` is the `&DiagnosticSink` registered with the invocation, which outlives
     // it (enforced by `Invocation`'s lifetime); only shared access is taken.
     let sink = unsafe { &*user.cast::<DiagnosticSink>() };
@@ -428,10 +368,7 @@ unsafe extern "C" fn on_diagnostic(
         _ => Severity::Error,
     };
     let message = String::from_utf8_lossy(bytes).into_owned();
-    sink.diagnostics
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .push(Diagnostic { severity, message });
+    sink.diagnostics.lock().unwrap_or_else(PoisonError::into_inner).push(Diagnostic { severity, message });
 }
 
 /// `iree_compiler_invocation_t`, destroyed on drop. `'a` covers the session, the diagnostic
@@ -446,15 +383,9 @@ impl<'a> Invocation<'a> {
     fn new(session: &'a Session<'a>, sink: &'a DiagnosticSink) -> Result<Invocation<'a>, Error> {
         // SAFETY: live session.
         let raw = unsafe { (session.api.invocation_create)(session.raw.as_ptr()) };
-        let raw = NonNull::new(raw).ok_or(Error::Api {
-            call: "ireeCompilerInvocationCreate",
-            message: "returned null".to_owned(),
-        })?;
-        let invocation = Invocation {
-            api: session.api,
-            raw,
-            _borrows: PhantomData,
-        };
+        let raw = NonNull::new(raw)
+            .ok_or(Error::Api { call: "ireeCompilerInvocationCreate", message: "returned null".to_owned() })?;
+        let invocation = Invocation { api: session.api, raw, _borrows: PhantomData };
         // SAFETY: live invocation; flags must be 0; `on_diagnostic` matches the callback type
         // and `sink` outlives the invocation ('a), so the user pointer stays valid for every
         // callback until destruction.
@@ -487,16 +418,13 @@ impl<'a> Invocation<'a> {
 
     fn output_vm_bytecode(&self, output: &Output<'_>) -> Result<(), Error> {
         // SAFETY: live invocation after the full pipeline (VM IR); live output.
-        let err = unsafe {
-            (self.api.invocation_output_vm_bytecode)(self.raw.as_ptr(), output.raw.as_ptr())
-        };
+        let err = unsafe { (self.api.invocation_output_vm_bytecode)(self.raw.as_ptr(), output.raw.as_ptr()) };
         check(self.api, "ireeCompilerInvocationOutputVMBytecode", err)
     }
 
     fn output_ir(&self, output: &Output<'_>) -> Result<(), Error> {
         // SAFETY: live invocation and output.
-        let err =
-            unsafe { (self.api.invocation_output_ir)(self.raw.as_ptr(), output.raw.as_ptr()) };
+        let err = unsafe { (self.api.invocation_output_ir)(self.raw.as_ptr(), output.raw.as_ptr()) };
         check(self.api, "ireeCompilerInvocationOutputIR", err)
     }
 }
@@ -520,10 +448,8 @@ impl<'a> Output<'a> {
         // SAFETY: out-pointer to a local; the compiler is initialized.
         let err = unsafe { (api.output_open_membuffer)(&raw mut raw) };
         check(api, "ireeCompilerOutputOpenMembuffer", err)?;
-        let raw = NonNull::new(raw).ok_or(Error::Api {
-            call: "ireeCompilerOutputOpenMembuffer",
-            message: "returned no output".to_owned(),
-        })?;
+        let raw = NonNull::new(raw)
+            .ok_or(Error::Api { call: "ireeCompilerOutputOpenMembuffer", message: "returned no output".to_owned() })?;
         Ok(Output { api, raw })
     }
 
@@ -532,9 +458,7 @@ impl<'a> Output<'a> {
         let mut contents: *mut c_void = ptr::null_mut();
         let mut size: u64 = 0;
         // SAFETY: live membuffer output; out-pointers to locals.
-        let err = unsafe {
-            (self.api.output_map_memory)(self.raw.as_ptr(), &raw mut contents, &raw mut size)
-        };
+        let err = unsafe { (self.api.output_map_memory)(self.raw.as_ptr(), &raw mut contents, &raw mut size) };
         check(self.api, "ireeCompilerOutputMapMemory", err)?;
         let len = usize::try_from(size).map_err(|_| Error::Api {
             call: "ireeCompilerOutputMapMemory",
@@ -544,10 +468,7 @@ impl<'a> Output<'a> {
             return Ok(Vec::new());
         }
         if contents.is_null() {
-            return Err(Error::Api {
-                call: "ireeCompilerOutputMapMemory",
-                message: "null contents".to_owned(),
-            });
+            return Err(Error::Api { call: "ireeCompilerOutputMapMemory", message: "null contents".to_owned() });
         }
         // SAFETY: the mapping holds `len` readable bytes while the output lives (it does for
         // this whole call); they are copied before returning.

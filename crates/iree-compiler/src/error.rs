@@ -74,27 +74,16 @@ pub enum Error {
     LibraryNotFound { searched: Vec<PathBuf> },
 
     #[error("cannot load IREE compiler library {}: {source}", path.display())]
-    LibraryLoad {
-        path: PathBuf,
-        source: libloading::Error,
-    },
+    LibraryLoad { path: PathBuf, source: libloading::Error },
 
     #[error("IREE compiler library {} lacks symbol `{symbol}`: {source}", path.display())]
-    MissingSymbol {
-        path: PathBuf,
-        symbol: &'static str,
-        source: libloading::Error,
-    },
+    MissingSymbol { path: PathBuf, symbol: &'static str, source: libloading::Error },
 
     #[error(
         "IREE compiler library {} has embedding API {}.{}, this crate needs {}.{} or a later 1.x",
         path.display(), found.0, found.1, required.0, required.1
     )]
-    UnsupportedApiVersion {
-        path: PathBuf,
-        found: (u32, u32),
-        required: (u32, u32),
-    },
+    UnsupportedApiVersion { path: PathBuf, found: (u32, u32), required: (u32, u32) },
 
     #[error(
         "the IREE compiler is process-global and already loaded from {}; cannot also load {}",
@@ -115,10 +104,7 @@ pub enum Error {
     Parse { diagnostics: Diagnostics },
 
     #[error("IREE compilation failed (flags: {}):\n{diagnostics}", flags.join(" "))]
-    Compile {
-        flags: Vec<String>,
-        diagnostics: Diagnostics,
-    },
+    Compile { flags: Vec<String>, diagnostics: Diagnostics },
 
     #[error("IREE compiler API call {call} failed: {message}")]
     Api { call: &'static str, message: String },
@@ -127,10 +113,7 @@ pub enum Error {
     NotVmfb(String),
 
     #[error("compile cache I/O on {}: {source}", path.display())]
-    CacheIo {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    CacheIo { path: PathBuf, source: std::io::Error },
 }
 
 impl Error {
@@ -147,9 +130,5 @@ fn display_paths(paths: &[PathBuf]) -> String {
     if paths.is_empty() {
         return "no candidate paths".to_owned();
     }
-    paths
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
+    paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
 }

@@ -62,32 +62,20 @@ pub(crate) type BackendCallback = unsafe extern "C" fn(backend: *const c_char, u
 pub(crate) type GetApiVersionFn = unsafe extern "C" fn() -> c_int;
 pub(crate) type GlobalInitializeFn = unsafe extern "C" fn();
 pub(crate) type GetRevisionFn = unsafe extern "C" fn() -> *const c_char;
-pub(crate) type EnumerateBackendsFn =
-    unsafe extern "C" fn(callback: BackendCallback, user: *mut c_void);
+pub(crate) type EnumerateBackendsFn = unsafe extern "C" fn(callback: BackendCallback, user: *mut c_void);
 pub(crate) type ErrorDestroyFn = unsafe extern "C" fn(error: *mut RawError);
 pub(crate) type ErrorGetMessageFn = unsafe extern "C" fn(error: *mut RawError) -> *const c_char;
 pub(crate) type SessionCreateFn = unsafe extern "C" fn() -> *mut RawSession;
 pub(crate) type SessionDestroyFn = unsafe extern "C" fn(session: *mut RawSession);
-pub(crate) type SessionSetFlagsFn = unsafe extern "C" fn(
-    session: *mut RawSession,
-    argc: c_int,
-    argv: *const *const c_char,
-) -> *mut RawError;
-pub(crate) type InvocationCreateFn =
-    unsafe extern "C" fn(session: *mut RawSession) -> *mut RawInvocation;
+pub(crate) type SessionSetFlagsFn =
+    unsafe extern "C" fn(session: *mut RawSession, argc: c_int, argv: *const *const c_char) -> *mut RawError;
+pub(crate) type InvocationCreateFn = unsafe extern "C" fn(session: *mut RawSession) -> *mut RawInvocation;
 pub(crate) type InvocationDestroyFn = unsafe extern "C" fn(inv: *mut RawInvocation);
-pub(crate) type InvocationEnableCallbackDiagnosticsFn = unsafe extern "C" fn(
-    inv: *mut RawInvocation,
-    flags: c_int,
-    callback: DiagnosticCallback,
-    user: *mut c_void,
-);
-pub(crate) type InvocationParseSourceFn =
-    unsafe extern "C" fn(inv: *mut RawInvocation, source: *mut RawSource) -> bool;
-pub(crate) type InvocationSetCompileToPhaseFn =
-    unsafe extern "C" fn(inv: *mut RawInvocation, phase: *const c_char);
-pub(crate) type InvocationPipelineFn =
-    unsafe extern "C" fn(inv: *mut RawInvocation, pipeline: c_int) -> bool;
+pub(crate) type InvocationEnableCallbackDiagnosticsFn =
+    unsafe extern "C" fn(inv: *mut RawInvocation, flags: c_int, callback: DiagnosticCallback, user: *mut c_void);
+pub(crate) type InvocationParseSourceFn = unsafe extern "C" fn(inv: *mut RawInvocation, source: *mut RawSource) -> bool;
+pub(crate) type InvocationSetCompileToPhaseFn = unsafe extern "C" fn(inv: *mut RawInvocation, phase: *const c_char);
+pub(crate) type InvocationPipelineFn = unsafe extern "C" fn(inv: *mut RawInvocation, pipeline: c_int) -> bool;
 pub(crate) type InvocationOutputFn =
     unsafe extern "C" fn(inv: *mut RawInvocation, output: *mut RawOutput) -> *mut RawError;
 pub(crate) type SourceDestroyFn = unsafe extern "C" fn(source: *mut RawSource);
@@ -100,13 +88,9 @@ pub(crate) type SourceWrapBufferFn = unsafe extern "C" fn(
     out_source: *mut *mut RawSource,
 ) -> *mut RawError;
 pub(crate) type OutputDestroyFn = unsafe extern "C" fn(output: *mut RawOutput);
-pub(crate) type OutputOpenMembufferFn =
-    unsafe extern "C" fn(out_output: *mut *mut RawOutput) -> *mut RawError;
-pub(crate) type OutputMapMemoryFn = unsafe extern "C" fn(
-    output: *mut RawOutput,
-    contents: *mut *mut c_void,
-    size: *mut u64,
-) -> *mut RawError;
+pub(crate) type OutputOpenMembufferFn = unsafe extern "C" fn(out_output: *mut *mut RawOutput) -> *mut RawError;
+pub(crate) type OutputMapMemoryFn =
+    unsafe extern "C" fn(output: *mut RawOutput, contents: *mut *mut c_void, size: *mut u64) -> *mut RawError;
 
 /// Oldest embedding API we accept: 1.4 has everything declared above
 /// (`ireeCompilerGetRevision` is 1.1, `ireeCompilerInvocationRunPassPipeline` 1.4).
@@ -144,9 +128,7 @@ pub(crate) struct Api {
 
 impl std::fmt::Debug for Api {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Api")
-            .field("path", &self.path)
-            .finish_non_exhaustive()
+        f.debug_struct("Api").field("path", &self.path).finish_non_exhaustive()
     }
 }
 
@@ -156,22 +138,18 @@ impl Api {
         // SAFETY: loading runs the library's static initializers. libIREECompiler's are
         // LLVM/MLIR registrations with no preconditions on the host process; the file is the
         // one the caller (or the locate rules) named as the IREE compiler library.
-        let library = unsafe { Library::new(path) }.map_err(|source| Error::LibraryLoad {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let library =
+            unsafe { Library::new(path) }.map_err(|source| Error::LibraryLoad { path: path.to_path_buf(), source })?;
 
         /// Resolves one symbol as the function-pointer type `T` declared above.
         fn sym<T: Copy>(library: &Library, path: &Path, name: &'static str) -> Result<T, Error> {
             // SAFETY: each call site names `T` as the function-pointer type matching the C
             // declaration of `name` in embedding_api.h (see the type aliases above); the
             // pointer is used only while `library` is alive, which is forever (`Api` is leaked).
-            let symbol = unsafe { library.get::<T>(name.as_bytes()) }.map_err(|source| {
-                Error::MissingSymbol {
-                    path: path.to_path_buf(),
-                    symbol: name,
-                    source,
-                }
+            let symbol = unsafe { library.get::<T>(name.as_bytes()) }.map_err(|source| Error::MissingSymbol {
+                path: path.to_path_buf(),
+                symbol: name,
+                source,
             })?;
             Ok(*symbol)
         }
@@ -180,11 +158,7 @@ impl Api {
             get_api_version: sym(&library, path, "ireeCompilerGetAPIVersion")?,
             global_initialize: sym(&library, path, "ireeCompilerGlobalInitialize")?,
             get_revision: sym(&library, path, "ireeCompilerGetRevision")?,
-            enumerate_backends: sym(
-                &library,
-                path,
-                "ireeCompilerEnumerateRegisteredHALTargetBackends",
-            )?,
+            enumerate_backends: sym(&library, path, "ireeCompilerEnumerateRegisteredHALTargetBackends")?,
             error_destroy: sym(&library, path, "ireeCompilerErrorDestroy")?,
             error_get_message: sym(&library, path, "ireeCompilerErrorGetMessage")?,
             session_create: sym(&library, path, "ireeCompilerSessionCreate")?,
@@ -198,17 +172,9 @@ impl Api {
                 "ireeCompilerInvocationEnableCallbackDiagnostics",
             )?,
             invocation_parse_source: sym(&library, path, "ireeCompilerInvocationParseSource")?,
-            invocation_set_compile_to_phase: sym(
-                &library,
-                path,
-                "ireeCompilerInvocationSetCompileToPhase",
-            )?,
+            invocation_set_compile_to_phase: sym(&library, path, "ireeCompilerInvocationSetCompileToPhase")?,
             invocation_pipeline: sym(&library, path, "ireeCompilerInvocationPipeline")?,
-            invocation_output_vm_bytecode: sym(
-                &library,
-                path,
-                "ireeCompilerInvocationOutputVMBytecode",
-            )?,
+            invocation_output_vm_bytecode: sym(&library, path, "ireeCompilerInvocationOutputVMBytecode")?,
             invocation_output_ir: sym(&library, path, "ireeCompilerInvocationOutputIR")?,
             source_destroy: sym(&library, path, "ireeCompilerSourceDestroy")?,
             source_wrap_buffer: sym(&library, path, "ireeCompilerSourceWrapBuffer")?,

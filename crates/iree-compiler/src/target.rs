@@ -53,9 +53,7 @@ impl fmt::Display for Target {
 impl Target {
     /// CPU code tuned for the machine that compiles it.
     pub fn llvm_cpu_host() -> Target {
-        Target::LlvmCpu {
-            cpu: "host".to_owned(),
-        }
+        Target::LlvmCpu { cpu: "host".to_owned() }
     }
 
     pub fn cuda(sm: impl Into<String>) -> Target {
@@ -63,15 +61,11 @@ impl Target {
     }
 
     pub fn vulkan(target: impl Into<String>) -> Target {
-        Target::Vulkan {
-            target: target.into(),
-        }
+        Target::Vulkan { target: target.into() }
     }
 
     pub fn rocm(target: impl Into<String>) -> Target {
-        Target::Rocm {
-            target: target.into(),
-        }
+        Target::Rocm { target: target.into() }
     }
 
     /// The IREE runtime HAL driver that runs modules compiled for this target
@@ -148,24 +142,16 @@ impl Target {
                 format!("--iree-llvmcpu-target-cpu={cpu}"),
             ],
             Target::Cuda { sm } => {
-                vec![
-                    "--iree-hal-target-device=cuda".to_owned(),
-                    format!("--iree-cuda-target={sm}"),
-                ]
+                vec!["--iree-hal-target-device=cuda".to_owned(), format!("--iree-cuda-target={sm}")]
             }
-            Target::Metal => vec![
-                "--iree-hal-target-device=metal".to_owned(),
-                "--iree-metal-target-platform=macos".to_owned(),
-            ],
-            Target::Vulkan { target } => vec![
-                "--iree-hal-target-device=vulkan".to_owned(),
-                format!("--iree-vulkan-target={target}"),
-            ],
+            Target::Metal => {
+                vec!["--iree-hal-target-device=metal".to_owned(), "--iree-metal-target-platform=macos".to_owned()]
+            }
+            Target::Vulkan { target } => {
+                vec!["--iree-hal-target-device=vulkan".to_owned(), format!("--iree-vulkan-target={target}")]
+            }
             Target::Rocm { target } => {
-                vec![
-                    "--iree-hal-target-device=hip".to_owned(),
-                    format!("--iree-rocm-target={target}"),
-                ]
+                vec!["--iree-hal-target-device=hip".to_owned(), format!("--iree-rocm-target={target}")]
             }
         }
     }
@@ -212,10 +198,7 @@ impl CompileOptions {
 /// The full flag list for a compile: input type, target flags, then the extra flags.
 /// This list (plus the compiler version) is what identifies a compile in the cache.
 pub fn compile_flags(target: &Target, opts: &CompileOptions) -> Vec<String> {
-    let mut flags = vec![format!(
-        "--iree-input-type={}",
-        opts.input_type.flag_value()
-    )];
+    let mut flags = vec![format!("--iree-input-type={}", opts.input_type.flag_value())];
     flags.extend(target.flags());
     flags.extend(opts.extra_flags.iter().cloned());
     flags
@@ -226,15 +209,11 @@ pub fn compile_flags(target: &Target, opts: &CompileOptions) -> Vec<String> {
 fn check_charset(what: &str, value: &str) -> Result<(), Error> {
     let ok = !value.is_empty()
         && value.len() <= 64
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'+'));
+        && value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'+'));
     if ok {
         Ok(())
     } else {
-        Err(Error::InvalidTarget(format!(
-            "{what} `{value}` must be 1-64 characters of [A-Za-z0-9_.+-]"
-        )))
+        Err(Error::InvalidTarget(format!("{what} `{value}` must be 1-64 characters of [A-Za-z0-9_.+-]")))
     }
 }
 
@@ -424,28 +403,10 @@ mod tests {
                 "--iree-opt-data-tiling",
             ]
         );
-        assert_eq!(
-            Target::cuda("sm_80").flags(),
-            ["--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80"]
-        );
-        assert_eq!(
-            Target::Metal.flags(),
-            [
-                "--iree-hal-target-device=metal",
-                "--iree-metal-target-platform=macos"
-            ]
-        );
-        assert_eq!(
-            Target::vulkan("rdna3").flags(),
-            [
-                "--iree-hal-target-device=vulkan",
-                "--iree-vulkan-target=rdna3"
-            ]
-        );
-        assert_eq!(
-            Target::rocm("gfx942").flags(),
-            ["--iree-hal-target-device=hip", "--iree-rocm-target=gfx942"]
-        );
+        assert_eq!(Target::cuda("sm_80").flags(), ["--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80"]);
+        assert_eq!(Target::Metal.flags(), ["--iree-hal-target-device=metal", "--iree-metal-target-platform=macos"]);
+        assert_eq!(Target::vulkan("rdna3").flags(), ["--iree-hal-target-device=vulkan", "--iree-vulkan-target=rdna3"]);
+        assert_eq!(Target::rocm("gfx942").flags(), ["--iree-hal-target-device=hip", "--iree-rocm-target=gfx942"]);
     }
 
     #[test]
@@ -453,10 +414,7 @@ mod tests {
         assert!(Target::cuda("sm_80").validate().is_ok());
         assert!(Target::cuda("sm_90a").validate().is_ok());
         let err = Target::cuda("hopper").validate().unwrap_err().to_string();
-        assert!(
-            err.contains("`hopper` is not a compute capability"),
-            "{err}"
-        );
+        assert!(err.contains("`hopper` is not a compute capability"), "{err}");
         assert!(Target::cuda("sm_").validate().is_err());
         assert!(Target::cuda("sm_9ab").validate().is_err());
 
@@ -467,32 +425,14 @@ mod tests {
         assert!(err.contains("unknown Vulkan target `sm_90`"), "{err}");
 
         assert!(Target::rocm("gfx942").validate().is_ok());
-        let err = Target::rocm("gfx942 --x")
-            .validate()
-            .unwrap_err()
-            .to_string();
+        let err = Target::rocm("gfx942 --x").validate().unwrap_err().to_string();
         assert!(err.contains("must be 1-64 characters"), "{err}");
 
         assert!(Target::llvm_cpu_host().validate().is_ok());
-        assert!(
-            Target::LlvmCpu {
-                cpu: "generic".into()
-            }
-            .validate()
-            .is_ok()
-        );
+        assert!(Target::LlvmCpu { cpu: "generic".into() }.validate().is_ok());
         if cfg!(target_arch = "x86_64") {
-            assert!(
-                Target::LlvmCpu {
-                    cpu: "znver4".into()
-                }
-                .validate()
-                .is_ok()
-            );
-            let err = Target::LlvmCpu { cpu: "foo".into() }
-                .validate()
-                .unwrap_err()
-                .to_string();
+            assert!(Target::LlvmCpu { cpu: "znver4".into() }.validate().is_ok());
+            let err = Target::LlvmCpu { cpu: "foo".into() }.validate().unwrap_err().to_string();
             assert!(err.contains("unknown x86-64 CPU `foo`"), "{err}");
         }
     }

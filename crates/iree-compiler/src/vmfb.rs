@@ -19,10 +19,7 @@ const ZIP_LOCAL_HEADER_LEN: usize = 30;
 pub fn flatbuffer_offset(bytes: &[u8]) -> Result<usize, Error> {
     let start = if bytes.starts_with(ZIP_LOCAL_HEADER) {
         if bytes.len() < ZIP_LOCAL_HEADER_LEN {
-            return Err(Error::NotVmfb(format!(
-                "truncated ZIP header ({} bytes)",
-                bytes.len()
-            )));
+            return Err(Error::NotVmfb(format!("truncated ZIP header ({} bytes)", bytes.len())));
         }
         let name_len = u16::from_le_bytes([bytes[26], bytes[27]]) as usize;
         let extra_len = u16::from_le_bytes([bytes[28], bytes[29]]) as usize;

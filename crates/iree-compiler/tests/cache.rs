@@ -25,11 +25,7 @@ fn miss_then_hit_with_identical_bytes() {
     assert_eq!(second.outcome, CacheOutcome::Hit);
     assert_eq!(second.key, first.key);
     assert_eq!(second.vmfb, first.vmfb);
-    eprintln!(
-        "miss {:.3} s, hit {:.6} s",
-        first.elapsed.as_secs_f64(),
-        second.elapsed.as_secs_f64()
-    );
+    eprintln!("miss {:.3} s, hit {:.6} s", first.elapsed.as_secs_f64(), second.elapsed.as_secs_f64());
 
     // Only the module file is left: the temporary file was renamed, not copied.
     let names: Vec<String> = std::fs::read_dir(cache.dir())
@@ -48,27 +44,9 @@ fn key_covers_text_flags_and_target() {
     let base = CompileOptions::default();
     let k = cache.key(&c, MODULE, &t, &base);
     assert_eq!(k, cache.key(&c, MODULE, &t, &base));
-    assert_ne!(
-        k,
-        cache.key(
-            &c,
-            MODULE,
-            &t,
-            &base.clone().with_flag("--iree-opt-data-tiling")
-        )
-    );
+    assert_ne!(k, cache.key(&c, MODULE, &t, &base.clone().with_flag("--iree-opt-data-tiling")));
     assert_ne!(k, cache.key(&c, &format!("{MODULE}\n"), &t, &base));
-    assert_ne!(
-        k,
-        cache.key(
-            &c,
-            MODULE,
-            &Target::LlvmCpu {
-                cpu: "generic".into()
-            },
-            &base
-        )
-    );
+    assert_ne!(k, cache.key(&c, MODULE, &Target::LlvmCpu { cpu: "generic".into() }, &base));
     assert_ne!(
         cache.key(&c, MODULE, &Target::cuda("sm_80"), &base),
         cache.key(&c, MODULE, &Target::cuda("sm_86"), &base)
@@ -81,25 +59,14 @@ fn different_flag_is_a_separate_entry() {
     let dir = tempfile::tempdir().unwrap();
     let cache = CompileCache::new(dir.path()).unwrap();
     let t = Target::llvm_cpu_host();
-    let a = cache
-        .compile(&c, MODULE, &t, &CompileOptions::default())
-        .unwrap();
+    let a = cache.compile(&c, MODULE, &t, &CompileOptions::default()).unwrap();
     let tiled = CompileOptions::default().with_flag("--iree-opt-data-tiling");
     let b = cache.compile(&c, MODULE, &t, &tiled).unwrap();
     assert_eq!(a.outcome, CacheOutcome::Miss);
     assert_eq!(b.outcome, CacheOutcome::Miss);
     assert_ne!(a.key, b.key);
-    assert_eq!(
-        cache.compile(&c, MODULE, &t, &tiled).unwrap().outcome,
-        CacheOutcome::Hit
-    );
-    assert_eq!(
-        cache
-            .compile(&c, MODULE, &t, &CompileOptions::default())
-            .unwrap()
-            .outcome,
-        CacheOutcome::Hit
-    );
+    assert_eq!(cache.compile(&c, MODULE, &t, &tiled).unwrap().outcome, CacheOutcome::Hit);
+    assert_eq!(cache.compile(&c, MODULE, &t, &CompileOptions::default()).unwrap().outcome, CacheOutcome::Hit);
 }
 
 #[test]
@@ -122,14 +89,7 @@ fn failed_compile_stores_nothing() {
     let c = compiler();
     let dir = tempfile::tempdir().unwrap();
     let cache = CompileCache::new(dir.path()).unwrap();
-    let err = cache
-        .compile(
-            &c,
-            "func.func @f(",
-            &Target::llvm_cpu_host(),
-            &CompileOptions::default(),
-        )
-        .unwrap_err();
+    let err = cache.compile(&c, "func.func @f(", &Target::llvm_cpu_host(), &CompileOptions::default()).unwrap_err();
     assert!(err.diagnostics().is_some(), "{err}");
     assert_eq!(std::fs::read_dir(cache.dir()).unwrap().count(), 0);
 }

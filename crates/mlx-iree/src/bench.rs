@@ -110,8 +110,8 @@ fn measure(args: &Args) -> Result<Report> {
         eprintln!("bench: cannot reset the peak RSS ({err}); it includes the compiles");
     }
     let started = Instant::now();
-    let mut engine =
-        Engine::load_cached(&args.m.model, &args.m.device, args.m.precision, shape, cache.path()).with_context(loading)?;
+    let mut engine = Engine::load_cached(&args.m.model, &args.m.device, args.m.precision, shape, cache.path())
+        .with_context(loading)?;
     let mut compile_cached_s = started.elapsed().as_secs_f64() - engine.load_seconds;
     if let CompileReport::Compiled { seconds } = engine.compile {
         // The engine compiled a graph other than the one above (its emit or options

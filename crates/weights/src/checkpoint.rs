@@ -70,13 +70,7 @@ impl Checkpoint {
             let locations = file.names().map(|n| (n.to_owned(), 0)).collect();
             (vec![file], locations)
         };
-        Ok(Checkpoint {
-            dir,
-            config,
-            quantization,
-            shards,
-            locations,
-        })
+        Ok(Checkpoint { dir, config, quantization, shards, locations })
     }
 
     /// The checkpoint folder.
@@ -131,10 +125,7 @@ impl Checkpoint {
     /// # Errors
     /// [`Error::MissingTensor`] naming the tensor and the checkpoint folder.
     pub fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
-        self.get(name).ok_or_else(|| Error::MissingTensor {
-            tensor: name.to_owned(),
-            checkpoint: self.dir.clone(),
-        })
+        self.get(name).ok_or_else(|| Error::MissingTensor { tensor: name.to_owned(), checkpoint: self.dir.clone() })
     }
 
     /// What `config.json` says about layer `prefix`: `None` without a quantization block.
@@ -168,21 +159,15 @@ impl Checkpoint {
         };
         let params = match self.layer_quant(prefix) {
             None => {
-                return Err(layer_error(
-                    "has a `.scales` tensor but config.json has no quantization block",
-                ));
+                return Err(layer_error("has a `.scales` tensor but config.json has no quantization block"));
             }
             Some(LayerQuant::Unquantized) => {
-                return Err(layer_error(
-                    "has a `.scales` tensor but config.json marks it unquantized (false)",
-                ));
+                return Err(layer_error("has a `.scales` tensor but config.json marks it unquantized (false)"));
             }
             Some(LayerQuant::Quantized(p)) => p,
         };
         let biases = self.tensor(&format!("{prefix}.biases"))?;
-        Ok(Linear::Quantized(QuantizedLinear::new(
-            weight, scales, biases, bias, params,
-        )?))
+        Ok(Linear::Quantized(QuantizedLinear::new(weight, scales, biases, bias, params)?))
     }
 
     /// The embedding table at `prefix` (e.g. `model.embed_tokens`): the same layout as a
@@ -208,24 +193,15 @@ impl fmt::Debug for Checkpoint {
 }
 
 fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    serde_json::from_slice(&text).map_err(|source| Error::Json {
-        path: path.to_path_buf(),
-        source,
-    })
+    let text = std::fs::read(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
+    serde_json::from_slice(&text).map_err(|source| Error::Json { path: path.to_path_buf(), source })
 }
 
 type Shards = (Vec<SafetensorsFile>, HashMap<String, usize>);
 
 fn open_sharded(dir: &Path, index_path: &Path) -> Result<Shards> {
     let index = read_json(index_path)?;
-    let bad = |reason: String| Error::Index {
-        path: index_path.to_path_buf(),
-        reason,
-    };
+    let bad = |reason: String| Error::Index { path: index_path.to_path_buf(), reason };
     let Some(Value::Object(weight_map)) = index.get("weight_map") else {
         return Err(bad("no `weight_map` object".to_owned()));
     };
@@ -233,14 +209,9 @@ fn open_sharded(dir: &Path, index_path: &Path) -> Result<Shards> {
     let mut by_shard: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for (tensor, shard) in weight_map {
         let Value::String(shard) = shard else {
-            return Err(bad(format!(
-                "`weight_map` entry for `{tensor}` is not a file name: `{shard}`"
-            )));
+            return Err(bad(format!("`weight_map` entry for `{tensor}` is not a file name: `{shard}`")));
         };
-        let plain = !shard.is_empty()
-            && Path::new(shard)
-                .components()
-                .all(|c| matches!(c, Component::Normal(_)));
+        let plain = !shard.is_empty() && Path::new(shard).components().all(|c| matches!(c, Component::Normal(_)));
         if !plain {
             return Err(bad(format!(
                 "`weight_map` entry for `{tensor}` names `{shard}`, not a file inside the checkpoint folder"

@@ -29,16 +29,10 @@ impl QuantParams {
     /// [`SUPPORTED_GROUP_SIZES`]; the message says which value is wrong.
     pub fn validate(&self) -> std::result::Result<(), String> {
         if !SUPPORTED_BITS.contains(&self.bits) {
-            return Err(format!(
-                "unsupported bits {} (supported: {SUPPORTED_BITS:?})",
-                self.bits
-            ));
+            return Err(format!("unsupported bits {} (supported: {SUPPORTED_BITS:?})", self.bits));
         }
         if !SUPPORTED_GROUP_SIZES.contains(&self.group_size) {
-            return Err(format!(
-                "unsupported group_size {} (supported: {SUPPORTED_GROUP_SIZES:?})",
-                self.group_size
-            ));
+            return Err(format!("unsupported group_size {} (supported: {SUPPORTED_GROUP_SIZES:?})", self.group_size));
         }
         Ok(())
     }
@@ -94,11 +88,7 @@ impl QuantConfig {
         };
         let err = |sub: &str, reason: String| Error::Config {
             path: path.to_path_buf(),
-            key: if sub.is_empty() {
-                key.to_owned()
-            } else {
-                format!("{key}.{sub}")
-            },
+            key: if sub.is_empty() { key.to_owned() } else { format!("{key}.{sub}") },
             reason,
         };
         let Value::Object(block) = block else {
@@ -115,9 +105,8 @@ impl QuantConfig {
                 return Err(err("group_size", format!("missing{method}")));
             }
         };
-        let bits = int_field(block, "bits")
-            .map_err(|r| err("bits", r))?
-            .ok_or_else(|| err("bits", "missing".to_owned()))?;
+        let bits =
+            int_field(block, "bits").map_err(|r| err("bits", r))?.ok_or_else(|| err("bits", "missing".to_owned()))?;
         let global = params(group_size, bits).map_err(|(sub, r)| err(sub, r))?;
 
         let mut overrides = BTreeMap::new();
@@ -131,20 +120,14 @@ impl QuantConfig {
                     let g = int_field(o, "group_size")
                         .map_err(|r| err(&sub("group_size"), r))?
                         .unwrap_or(global.group_size as u64);
-                    let b = int_field(o, "bits")
-                        .map_err(|r| err(&sub("bits"), r))?
-                        .unwrap_or(u64::from(global.bits));
+                    let b = int_field(o, "bits").map_err(|r| err(&sub("bits"), r))?.unwrap_or(u64::from(global.bits));
                     LayerQuant::Quantized(params(g, b).map_err(|(f, r)| err(&sub(f), r))?)
                 }
                 _ => continue,
             };
             overrides.insert(layer.clone(), layer_quant);
         }
-        Ok(Some(QuantConfig {
-            source_key: key,
-            global,
-            overrides,
-        }))
+        Ok(Some(QuantConfig { source_key: key, global, overrides }))
     }
 
     /// Which key the block came from: `"quantization"` or `"quantization_config"`.
@@ -165,10 +148,7 @@ impl QuantConfig {
     /// What applies to layer `prefix` (e.g. `model.layers.0.mlp.down_proj`): its override,
     /// else the global parameters.
     pub fn for_layer(&self, prefix: &str) -> LayerQuant {
-        self.overrides
-            .get(prefix)
-            .copied()
-            .unwrap_or(LayerQuant::Quantized(self.global))
+        self.overrides.get(prefix).copied().unwrap_or(LayerQuant::Quantized(self.global))
     }
 }
 
@@ -176,19 +156,14 @@ fn check_mode(block: &Map<String, Value>) -> std::result::Result<(), String> {
     match block.get("mode") {
         None | Some(Value::Null) => Ok(()),
         Some(Value::String(m)) if m == "affine" => Ok(()),
-        Some(other) => Err(format!(
-            "unsupported quantization mode {other} (only \"affine\" is supported)"
-        )),
+        Some(other) => Err(format!("unsupported quantization mode {other} (only \"affine\" is supported)")),
     }
 }
 
 fn int_field(block: &Map<String, Value>, field: &str) -> std::result::Result<Option<u64>, String> {
     match block.get(field) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .map(Some)
-            .ok_or_else(|| format!("expected a non-negative integer, got `{v}`")),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| format!("expected a non-negative integer, got `{v}`")),
     }
 }
 
@@ -196,10 +171,7 @@ fn int_field(block: &Map<String, Value>, field: &str) -> std::result::Result<Opt
 fn params(group_size: u64, bits: u64) -> std::result::Result<QuantParams, (&'static str, String)> {
     let bits32 = u32::try_from(bits).unwrap_or(u32::MAX);
     if !SUPPORTED_BITS.contains(&bits32) {
-        return Err((
-            "bits",
-            format!("unsupported bits {bits} (supported: {SUPPORTED_BITS:?})"),
-        ));
+        return Err(("bits", format!("unsupported bits {bits} (supported: {SUPPORTED_BITS:?})")));
     }
     let gs = usize::try_from(group_size).unwrap_or(usize::MAX);
     if !SUPPORTED_GROUP_SIZES.contains(&gs) {
@@ -208,8 +180,5 @@ fn params(group_size: u64, bits: u64) -> std::result::Result<QuantParams, (&'sta
             format!("unsupported group_size {group_size} (supported: {SUPPORTED_GROUP_SIZES:?})"),
         ));
     }
-    Ok(QuantParams {
-        group_size: gs,
-        bits: bits32,
-    })
+    Ok(QuantParams { group_size: gs, bits: bits32 })
 }

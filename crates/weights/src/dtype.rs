@@ -34,17 +34,8 @@ pub enum Dtype {
 
 impl Dtype {
     /// Every dtype this crate reads.
-    pub const ALL: [Dtype; 9] = [
-        Dtype::F32,
-        Dtype::F16,
-        Dtype::BF16,
-        Dtype::U32,
-        Dtype::I32,
-        Dtype::I64,
-        Dtype::U8,
-        Dtype::I8,
-        Dtype::Bool,
-    ];
+    pub const ALL: [Dtype; 9] =
+        [Dtype::F32, Dtype::F16, Dtype::BF16, Dtype::U32, Dtype::I32, Dtype::I64, Dtype::U8, Dtype::I8, Dtype::Bool];
 
     /// The float dtypes a weight, scale or bias may have.
     pub const FLOATS: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::BF16];

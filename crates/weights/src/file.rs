@@ -60,24 +60,15 @@ impl SafetensorsFile {
     /// well-formed safetensors file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let io = |source| Error::Io {
-            path: path.clone(),
-            source,
-        };
+        let io = |source| Error::Io { path: path.clone(), source };
         let file = File::open(&path).map_err(io)?;
         let meta = file.metadata().map_err(io)?;
         if !meta.is_file() {
-            return Err(io(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "not a regular file",
-            )));
+            return Err(io(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file")));
         }
         // Checked before mapping: an empty file cannot be mapped, and a short one is an error anyway.
         if meta.len() < 8 {
-            return Err(Error::TooShort {
-                path,
-                len: meta.len(),
-            });
+            return Err(Error::TooShort { path, len: meta.len() });
         }
         // SAFETY: the mapping is read-only and only ever read through shared slices. The
         // contract, stated in the crate docs and on this type, is that nobody modifies or
@@ -85,18 +76,8 @@ impl SafetensorsFile {
         // fault, which Rust cannot guard against for any mmap.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         let header = parse_header(&path, &map)?;
-        let by_name = header
-            .tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.clone(), i))
-            .collect();
-        Ok(SafetensorsFile {
-            path,
-            map,
-            header,
-            by_name,
-        })
+        let by_name = header.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+        Ok(SafetensorsFile { path, map, header, by_name })
     }
 
     /// The file's path, as given to [`SafetensorsFile::open`].
@@ -134,10 +115,7 @@ impl SafetensorsFile {
     /// # Errors
     /// [`Error::MissingTensor`] naming the tensor and this file.
     pub fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
-        self.get(name).ok_or_else(|| Error::MissingTensor {
-            tensor: name.to_owned(),
-            checkpoint: self.path.clone(),
-        })
+        self.get(name).ok_or_else(|| Error::MissingTensor { tensor: name.to_owned(), checkpoint: self.path.clone() })
     }
 
     /// A view of tensor `name`, or `None` if the file does not hold it.
@@ -145,14 +123,7 @@ impl SafetensorsFile {
         let info = self.header.tensors.get(*self.by_name.get(name)?)?;
         // The range was validated against the file length; `get` keeps this panic-free anyway.
         let bytes = self.map.get(info.start..info.end)?;
-        Some(TensorView::new(
-            &info.name,
-            info.dtype,
-            &info.shape,
-            bytes,
-            &self.path,
-            info.start as u64,
-        ))
+        Some(TensorView::new(&info.name, info.dtype, &info.shape, bytes, &self.path, info.start as u64))
     }
 
     /// Views of every tensor, in file order.
@@ -184,10 +155,7 @@ impl<'de> Deserialize<'de> for RawHeader {
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a JSON object mapping tensor names to entries")
             }
-            fn visit_map<A: MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> std::result::Result<RawHeader, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<RawHeader, A::Error> {
                 let mut entries = Vec::new();
                 while let Some((k, v)) = map.next_entry::<String, Value>()? {
                     entries.push((k, v));
@@ -203,46 +171,29 @@ impl<'de> Deserialize<'de> for RawHeader {
 pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header> {
     let file_len = bytes.len() as u64;
     let Some((len_bytes, rest)) = bytes.split_first_chunk::<8>() else {
-        return Err(Error::TooShort {
-            path: path.to_path_buf(),
-            len: file_len,
-        });
+        return Err(Error::TooShort { path: path.to_path_buf(), len: file_len });
     };
     let header_len = u64::from_le_bytes(*len_bytes);
     if header_len > MAX_HEADER_LEN {
-        return Err(Error::HeaderTooLarge {
-            path: path.to_path_buf(),
-            header_len,
-            limit: MAX_HEADER_LEN,
-        });
+        return Err(Error::HeaderTooLarge { path: path.to_path_buf(), header_len, limit: MAX_HEADER_LEN });
     }
     // header_len <= MAX_HEADER_LEN fits in usize on every platform this crate builds for.
     let header_bytes = usize::try_from(header_len)
         .ok()
         .and_then(|n| rest.get(..n))
-        .ok_or_else(|| Error::HeaderPastEnd {
-            path: path.to_path_buf(),
-            header_len,
-            file_len,
-        })?;
+        .ok_or_else(|| Error::HeaderPastEnd { path: path.to_path_buf(), header_len, file_len })?;
     let data_start = 8 + header_bytes.len();
     let data_len = (bytes.len() - data_start) as u64;
 
-    let RawHeader(entries) =
-        serde_json::from_slice(header_bytes).map_err(|source| Error::HeaderJson {
-            path: path.to_path_buf(),
-            source,
-        })?;
+    let RawHeader(entries) = serde_json::from_slice(header_bytes)
+        .map_err(|source| Error::HeaderJson { path: path.to_path_buf(), source })?;
 
     let mut seen = HashSet::new();
     let mut metadata = BTreeMap::new();
     let mut tensors = Vec::with_capacity(entries.len());
     for (name, value) in entries {
         if !seen.insert(name.clone()) {
-            return Err(Error::DuplicateTensor {
-                path: path.to_path_buf(),
-                tensor: name,
-            });
+            return Err(Error::DuplicateTensor { path: path.to_path_buf(), tensor: name });
         }
         if name == "__metadata__" {
             metadata = parse_metadata(path, value)?;
@@ -250,17 +201,9 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header> {
         }
         let (dtype, shape, begin, end) = parse_entry(path, &name, &value)?;
         if end > data_len {
-            return Err(Error::OutOfRange {
-                path: path.to_path_buf(),
-                tensor: name,
-                begin,
-                end,
-                data_len,
-            });
+            return Err(Error::OutOfRange { path: path.to_path_buf(), tensor: name, begin, end, data_len });
         }
-        let expected = shape.iter().try_fold(dtype.size_bytes() as u64, |acc, &d| {
-            acc.checked_mul(d as u64)
-        });
+        let expected = shape.iter().try_fold(dtype.size_bytes() as u64, |acc, &d| acc.checked_mul(d as u64));
         let got = end - begin;
         if expected != Some(got) {
             return Err(Error::SizeMismatch {
@@ -313,11 +256,7 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header> {
         last = Some(t);
     }
     if covered != data_len {
-        return Err(Error::TrailingData {
-            path: path.to_path_buf(),
-            covered,
-            data_len,
-        });
+        return Err(Error::TrailingData { path: path.to_path_buf(), covered, data_len });
     }
     Ok(Header { tensors, metadata })
 }
@@ -341,11 +280,7 @@ fn parse_metadata(path: &Path, value: Value) -> Result<BTreeMap<String, String>>
 
 /// Reads `dtype`, `shape` and `data_offsets` of one entry (offsets relative to the data region).
 fn parse_entry(path: &Path, name: &str, value: &Value) -> Result<(Dtype, Vec<usize>, u64, u64)> {
-    let bad = |reason: String| Error::BadEntry {
-        path: path.to_path_buf(),
-        tensor: name.to_owned(),
-        reason,
-    };
+    let bad = |reason: String| Error::BadEntry { path: path.to_path_buf(), tensor: name.to_owned(), reason };
     let Value::Object(obj) = value else {
         return Err(bad(format!("expected an object, got `{value}`")));
     };
@@ -365,11 +300,7 @@ fn parse_entry(path: &Path, name: &str, value: &Value) -> Result<(Dtype, Vec<usi
             .map(|d| {
                 d.as_u64()
                     .and_then(|d| usize::try_from(d).ok())
-                    .ok_or_else(|| {
-                        bad(format!(
-                            "shape dimension `{d}` is not a non-negative integer"
-                        ))
-                    })
+                    .ok_or_else(|| bad(format!("shape dimension `{d}` is not a non-negative integer")))
             })
             .collect::<Result<Vec<usize>>>()?,
         Some(other) => return Err(bad(format!("`shape` is not an array: `{other}`"))),
@@ -380,25 +311,18 @@ fn parse_entry(path: &Path, name: &str, value: &Value) -> Result<(Dtype, Vec<usi
             [b, e] => match (b.as_u64(), e.as_u64()) {
                 (Some(b), Some(e)) => (b, e),
                 _ => {
-                    return Err(bad(format!(
-                        "`data_offsets` [{b}, {e}] are not non-negative integers"
-                    )));
+                    return Err(bad(format!("`data_offsets` [{b}, {e}] are not non-negative integers")));
                 }
             },
             _ => {
-                return Err(bad(format!(
-                    "`data_offsets` has {} values, not 2",
-                    offsets.len()
-                )));
+                return Err(bad(format!("`data_offsets` has {} values, not 2", offsets.len())));
             }
         },
         Some(other) => return Err(bad(format!("`data_offsets` is not an array: `{other}`"))),
         None => return Err(bad("no `data_offsets`".to_owned())),
     };
     if begin > end {
-        return Err(bad(format!(
-            "`data_offsets` begin {begin} is after end {end}"
-        )));
+        return Err(bad(format!("`data_offsets` begin {begin} is after end {end}")));
     }
     Ok((dtype, shape, begin, end))
 }

@@ -123,9 +123,7 @@ impl<'a> DenseLinear<'a> {
     pub fn rows_f32(&self, rows: &[usize]) -> Result<Vec<f32>> {
         check_rows(&self.weight, rows, self.out_features())?;
         // Saturating: with zero rows the width is unconstrained by the file.
-        let row_bytes = self
-            .in_features()
-            .saturating_mul(self.weight.dtype().size_bytes());
+        let row_bytes = self.in_features().saturating_mul(self.weight.dtype().size_bytes());
         let mut out = Vec::with_capacity(rows.len().saturating_mul(self.in_features()));
         for &r in rows {
             let bytes = row_slice(self.weight.bytes(), r, row_bytes)
@@ -188,18 +186,16 @@ impl<'a> QuantizedLinear<'a> {
             return Err(scales.wrong_shape(format!("a 2-D [out, in / {group_size}] tensor")));
         };
         // An absurd width (possible with zero rows, which hold no bytes) must not overflow later.
-        let Some((in_features, row_bits)) = groups
-            .checked_mul(group_size)
-            .and_then(|i| Some((i, i.checked_mul(bits as usize)?)))
+        let Some((in_features, row_bits)) =
+            groups.checked_mul(group_size).and_then(|i| Some((i, i.checked_mul(bits as usize)?)))
         else {
-            return Err(scales.wrong_shape(format!(
-                "[{out}, groups] with groups * {group_size} * {bits} bits representable"
-            )));
+            return Err(
+                scales.wrong_shape(format!("[{out}, groups] with groups * {group_size} * {bits} bits representable"))
+            );
         };
         // Group sizes are multiples of 32, so a row is always a whole number of words.
         let packed = row_bits / 32;
-        let ctx =
-            format!("(bits={bits}, group_size={group_size}, in={in_features} from the scales)");
+        let ctx = format!("(bits={bits}, group_size={group_size}, in={in_features} from the scales)");
         if weight.shape() != [out, packed] {
             return Err(weight.wrong_shape(format!("[{out}, {packed}] {ctx}")));
         }
@@ -209,15 +205,7 @@ impl<'a> QuantizedLinear<'a> {
         if let Some(b) = &bias {
             check_bias(b, out)?;
         }
-        Ok(QuantizedLinear {
-            weight,
-            scales,
-            biases,
-            bias,
-            params,
-            out_features: out,
-            in_features,
-        })
+        Ok(QuantizedLinear { weight, scales, biases, bias, params, out_features: out, in_features })
     }
 
     /// The packed weight `U32 [out, in * bits / 32]`.
@@ -278,8 +266,7 @@ impl<'a> QuantizedLinear<'a> {
         check_rows(&self.weight, rows, self.out_features)?;
         let mut out = Vec::with_capacity(rows.len().saturating_mul(self.in_features));
         for &r in rows {
-            self.dequantize_row_into(r, &mut out)
-                .ok_or_else(|| row_error(&self.weight, r, self.out_features))?;
+            self.dequantize_row_into(r, &mut out).ok_or_else(|| row_error(&self.weight, r, self.out_features))?;
         }
         Ok(out)
     }
@@ -289,16 +276,8 @@ impl<'a> QuantizedLinear<'a> {
         let groups = self.in_features / self.params.group_size;
         let row_bytes = self.in_features * self.params.bits as usize / 8;
         let wrow = row_slice(self.weight.bytes(), r, row_bytes)?;
-        let srow = row_slice(
-            self.scales.bytes(),
-            r,
-            groups * self.scales.dtype().size_bytes(),
-        )?;
-        let brow = row_slice(
-            self.biases.bytes(),
-            r,
-            groups * self.biases.dtype().size_bytes(),
-        )?;
+        let srow = row_slice(self.scales.bytes(), r, groups * self.scales.dtype().size_bytes())?;
+        let brow = row_slice(self.biases.bytes(), r, groups * self.biases.dtype().size_bytes())?;
         let scales = floats_to_f32(self.scales.dtype(), srow);
         let biases = floats_to_f32(self.biases.dtype(), brow);
         unpack_row_affine(wrow, self.params, &scales, &biases, out);
@@ -320,12 +299,8 @@ pub fn dequantize_f32(q: &QuantizedLinear<'_>) -> Vec<f32> {
     if row_bytes == 0 || groups == 0 {
         return out;
     }
-    let rows = q
-        .weight
-        .bytes()
-        .chunks_exact(row_bytes)
-        .zip(scales.chunks_exact(groups))
-        .zip(biases.chunks_exact(groups));
+    let rows =
+        q.weight.bytes().chunks_exact(row_bytes).zip(scales.chunks_exact(groups)).zip(biases.chunks_exact(groups));
     for ((wrow, srow), brow) in rows {
         unpack_row_affine(wrow, q.params, srow, brow, &mut out);
     }
@@ -333,13 +308,7 @@ pub fn dequantize_f32(q: &QuantizedLinear<'_>) -> Vec<f32> {
 }
 
 /// Dequantizes one packed row given that row's scales and biases.
-fn unpack_row_affine(
-    row: &[u8],
-    p: QuantParams,
-    scales: &[f32],
-    biases: &[f32],
-    out: &mut Vec<f32>,
-) {
+fn unpack_row_affine(row: &[u8], p: QuantParams, scales: &[f32], biases: &[f32], out: &mut Vec<f32>) {
     let bits = p.bits as usize;
     for (g, (&s, &b)) in scales.iter().zip(biases).enumerate() {
         let first = g * p.group_size;
@@ -383,11 +352,7 @@ pub fn pack(values: &[u32], in_features: usize, bits: u32) -> Option<Vec<u32>> {
                 *byte |= (field >> (8 * k)) as u8;
             }
         }
-        words.extend(
-            bytes
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        );
+        words.extend(bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])));
     }
     Some(words)
 }
@@ -413,10 +378,5 @@ fn check_rows(t: &TensorView<'_>, rows: &[usize], out: usize) -> Result<()> {
 }
 
 fn row_error(t: &TensorView<'_>, row: usize, rows: usize) -> Error {
-    Error::RowOutOfRange {
-        path: t.file().to_path_buf(),
-        tensor: t.name().to_owned(),
-        row,
-        rows,
-    }
+    Error::RowOutOfRange { path: t.file().to_path_buf(), tensor: t.name().to_owned(), row, rows }
 }

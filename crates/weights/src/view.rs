@@ -32,14 +32,7 @@ impl<'a> TensorView<'a> {
         file: &'a Path,
         file_offset: u64,
     ) -> Self {
-        TensorView {
-            name,
-            dtype,
-            shape,
-            bytes,
-            file,
-            file_offset,
-        }
+        TensorView { name, dtype, shape, bytes, file, file_offset }
     }
 
     /// The tensor's name.
@@ -152,11 +145,7 @@ impl<'a> TensorView<'a> {
     /// [`Error::WrongDtype`] unless the dtype is U32.
     pub fn as_u32_words(&self) -> Result<Vec<u32>> {
         self.expect_dtype(&[Dtype::U32])?;
-        Ok(self
-            .bytes
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        Ok(self.bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
     }
 
     /// Integer and boolean elements widened to i64.
@@ -164,25 +153,12 @@ impl<'a> TensorView<'a> {
     /// # Errors
     /// [`Error::WrongDtype`] for float dtypes.
     pub fn to_i64_vec(&self) -> Result<Vec<i64>> {
-        const INTS: [Dtype; 6] = [
-            Dtype::U32,
-            Dtype::I32,
-            Dtype::I64,
-            Dtype::U8,
-            Dtype::I8,
-            Dtype::Bool,
-        ];
+        const INTS: [Dtype; 6] = [Dtype::U32, Dtype::I32, Dtype::I64, Dtype::U8, Dtype::I8, Dtype::Bool];
         self.expect_dtype(&INTS)?;
         let b = self.bytes;
         Ok(match self.dtype {
-            Dtype::U32 => b
-                .chunks_exact(4)
-                .map(|c| i64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-                .collect(),
-            Dtype::I32 => b
-                .chunks_exact(4)
-                .map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-                .collect(),
+            Dtype::U32 => b.chunks_exact(4).map(|c| i64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
+            Dtype::I32 => b.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
             Dtype::I64 => b
                 .chunks_exact(8)
                 .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
@@ -208,27 +184,15 @@ impl fmt::Debug for TensorView<'_> {
 }
 
 fn u16_words(bytes: &[u8]) -> Vec<u16> {
-    bytes
-        .chunks_exact(2)
-        .map(|c| u16::from_le_bytes([c[0], c[1]]))
-        .collect()
+    bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()
 }
 
 /// Decodes float bytes of `dtype`; any other dtype gives an empty vector (callers check first).
 pub(crate) fn floats_to_f32(dtype: Dtype, bytes: &[u8]) -> Vec<f32> {
     match dtype {
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        Dtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        Dtype::BF16 => bytes
-            .chunks_exact(2)
-            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
+        Dtype::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        Dtype::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        Dtype::BF16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
         _ => Vec::new(),
     }
 }

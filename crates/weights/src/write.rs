@@ -38,16 +38,8 @@ impl Writer {
     ///
     /// # Errors
     /// [`Error::DuplicateTensor`] or [`Error::SizeMismatch`] (path `<safetensors writer>`).
-    pub fn add(
-        &mut self,
-        name: &str,
-        dtype: Dtype,
-        shape: &[usize],
-        bytes: Vec<u8>,
-    ) -> Result<&mut Self> {
-        let expected = shape.iter().try_fold(dtype.size_bytes() as u64, |acc, &d| {
-            acc.checked_mul(d as u64)
-        });
+    pub fn add(&mut self, name: &str, dtype: Dtype, shape: &[usize], bytes: Vec<u8>) -> Result<&mut Self> {
+        let expected = shape.iter().try_fold(dtype.size_bytes() as u64, |acc, &d| acc.checked_mul(d as u64));
         if expected != Some(bytes.len() as u64) {
             return Err(Error::SizeMismatch {
                 path: in_memory(),
@@ -59,13 +51,9 @@ impl Writer {
             });
         }
         if !self.names.insert(name.to_owned()) || name == "__metadata__" {
-            return Err(Error::DuplicateTensor {
-                path: in_memory(),
-                tensor: name.to_owned(),
-            });
+            return Err(Error::DuplicateTensor { path: in_memory(), tensor: name.to_owned() });
         }
-        self.tensors
-            .push((name.to_owned(), dtype, shape.to_vec(), bytes));
+        self.tensors.push((name.to_owned(), dtype, shape.to_vec(), bytes));
         Ok(self)
     }
 
@@ -83,10 +71,7 @@ impl Writer {
     /// # Errors
     /// As [`Writer::add`].
     pub fn add_f16(&mut self, name: &str, shape: &[usize], values: &[f32]) -> Result<&mut Self> {
-        let bytes = values
-            .iter()
-            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
-            .collect();
+        let bytes = values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
         self.add(name, Dtype::F16, shape, bytes)
     }
 
@@ -95,10 +80,7 @@ impl Writer {
     /// # Errors
     /// As [`Writer::add`].
     pub fn add_bf16(&mut self, name: &str, shape: &[usize], values: &[f32]) -> Result<&mut Self> {
-        let bytes = values
-            .iter()
-            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
-            .collect();
+        let bytes = values.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect();
         self.add(name, Dtype::BF16, shape, bytes)
     }
 
@@ -148,9 +130,6 @@ impl Writer {
     /// [`Error::Io`] naming `path`.
     pub fn write(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        std::fs::write(path, self.to_bytes()).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })
+        std::fs::write(path, self.to_bytes()).map_err(|source| Error::Io { path: path.to_path_buf(), source })
     }
 }

@@ -14,43 +14,17 @@ fn u16_bytes(words: &[u16]) -> Vec<u8> {
 fn mixed_file() -> Vec<u8> {
     let mut w = Writer::new();
     w.metadata("format", "mlx");
-    w.add_f32("f32", &[2, 2], &[1.0, -2.5, 3.25, 1e-30])
-        .expect("f32");
+    w.add_f32("f32", &[2, 2], &[1.0, -2.5, 3.25, 1e-30]).expect("f32");
     // 1.0, -2.0, 1365/4096, 2^-24 (smallest subnormal), 65504 (max), -0.0.
-    w.add(
-        "f16",
-        Dtype::F16,
-        &[6],
-        u16_bytes(&[0x3C00, 0xC000, 0x3555, 0x0001, 0x7BFF, 0x8000]),
-    )
-    .expect("f16");
+    w.add("f16", Dtype::F16, &[6], u16_bytes(&[0x3C00, 0xC000, 0x3555, 0x0001, 0x7BFF, 0x8000])).expect("f16");
     // 1.0, 3.140625, -2^-126.
-    w.add(
-        "bf16",
-        Dtype::BF16,
-        &[3],
-        u16_bytes(&[0x3F80, 0x4049, 0x8080]),
-    )
-    .expect("bf16");
-    w.add(
-        "i32",
-        Dtype::I32,
-        &[2],
-        [-7i32, 9].iter().flat_map(|v| v.to_le_bytes()).collect(),
-    )
-    .expect("i32");
-    w.add(
-        "i64",
-        Dtype::I64,
-        &[1],
-        (-1i64 << 40).to_le_bytes().to_vec(),
-    )
-    .expect("i64");
+    w.add("bf16", Dtype::BF16, &[3], u16_bytes(&[0x3F80, 0x4049, 0x8080])).expect("bf16");
+    w.add("i32", Dtype::I32, &[2], [-7i32, 9].iter().flat_map(|v| v.to_le_bytes()).collect()).expect("i32");
+    w.add("i64", Dtype::I64, &[1], (-1i64 << 40).to_le_bytes().to_vec()).expect("i64");
     w.add("u8", Dtype::U8, &[2], vec![0, 255]).expect("u8");
     w.add("i8", Dtype::I8, &[2], vec![0x80, 0x7F]).expect("i8");
     w.add("mask", Dtype::Bool, &[2], vec![1, 0]).expect("bool");
-    w.add_u32("packed", &[1, 2], &[0xDEAD_BEEF, 7])
-        .expect("u32");
+    w.add_u32("packed", &[1, 2], &[0xDEAD_BEEF, 7]).expect("u32");
     w.to_bytes()
 }
 
@@ -63,20 +37,9 @@ fn single_file_checkpoint_reads_config_and_tensors() {
     assert_eq!(ckpt.config()["hidden_size"], 4);
     assert!(ckpt.quantization().is_none());
     assert_eq!(ckpt.shards().len(), 1);
-    assert_eq!(
-        ckpt.shards()[0]
-            .metadata()
-            .get("format")
-            .map(String::as_str),
-        Some("mlx")
-    );
+    assert_eq!(ckpt.shards()[0].metadata().get("format").map(String::as_str), Some("mlx"));
     assert_eq!(ckpt.len(), 9);
-    assert_eq!(
-        ckpt.tensor_names(),
-        [
-            "bf16", "f16", "f32", "i32", "i64", "i8", "mask", "packed", "u8"
-        ]
-    );
+    assert_eq!(ckpt.tensor_names(), ["bf16", "f16", "f32", "i32", "i64", "i8", "mask", "packed", "u8"]);
 }
 
 #[test]
@@ -85,10 +48,7 @@ fn float_readers_widen_exactly() {
     let ckpt = Checkpoint::open(dir.path()).expect("open");
 
     let f32t = ckpt.tensor("f32").expect("f32");
-    assert_eq!(
-        (f32t.dtype(), f32t.shape(), f32t.numel()),
-        (Dtype::F32, &[2usize, 2][..], 4)
-    );
+    assert_eq!((f32t.dtype(), f32t.shape(), f32t.numel()), (Dtype::F32, &[2usize, 2][..], 4));
     assert_eq!(f32t.to_f32_vec().expect("f32"), [1.0, -2.5, 3.25, 1e-30]);
 
     let f16t = ckpt.tensor("f16").expect("f16");
@@ -98,20 +58,11 @@ fn float_readers_widen_exactly() {
         got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
         want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
     );
-    assert_eq!(
-        f16t.as_f16_bits().expect("bits"),
-        [0x3C00, 0xC000, 0x3555, 0x0001, 0x7BFF, 0x8000]
-    );
+    assert_eq!(f16t.as_f16_bits().expect("bits"), [0x3C00, 0xC000, 0x3555, 0x0001, 0x7BFF, 0x8000]);
 
     let bf16t = ckpt.tensor("bf16").expect("bf16");
-    assert_eq!(
-        bf16t.to_f32_vec().expect("bf16"),
-        [1.0, 3.140625, -(2f32.powi(-126))]
-    );
-    assert_eq!(
-        bf16t.as_bf16_bits().expect("bits"),
-        [0x3F80, 0x4049, 0x8080]
-    );
+    assert_eq!(bf16t.to_f32_vec().expect("bf16"), [1.0, 3.140625, -(2f32.powi(-126))]);
+    assert_eq!(bf16t.as_bf16_bits().expect("bits"), [0x3F80, 0x4049, 0x8080]);
 }
 
 #[test]
@@ -125,26 +76,9 @@ fn integer_readers() {
     assert_eq!(ints("i8"), [-128, 127]);
     assert_eq!(ints("mask"), [1, 0]);
     assert_eq!(ints("packed"), [0xDEAD_BEEF, 7]);
-    assert_eq!(
-        ckpt.tensor("packed")
-            .and_then(|t| t.as_u32_words())
-            .expect("u32"),
-        [0xDEAD_BEEF, 7]
-    );
-    let err = ckpt
-        .tensor("f32")
-        .and_then(|t| t.to_i64_vec())
-        .expect_err("float");
-    assert!(
-        matches!(
-            err,
-            Error::WrongDtype {
-                got: Dtype::F32,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    assert_eq!(ckpt.tensor("packed").and_then(|t| t.as_u32_words()).expect("u32"), [0xDEAD_BEEF, 7]);
+    let err = ckpt.tensor("f32").and_then(|t| t.to_i64_vec()).expect_err("float");
+    assert!(matches!(err, Error::WrongDtype { got: Dtype::F32, .. }), "{err:?}");
 }
 
 #[test]
@@ -160,10 +94,7 @@ fn views_borrow_the_mapping() {
     assert_eq!(a.bytes(), &bytes[off..off + 16]);
     assert_eq!(a.file(), dir.path().join("model.safetensors"));
     let shard = &ckpt.shards()[0];
-    assert_eq!(
-        shard.tensor("f32").expect("f32").bytes().as_ptr(),
-        a.bytes().as_ptr()
-    );
+    assert_eq!(shard.tensor("f32").expect("f32").bytes().as_ptr(), a.bytes().as_ptr());
 }
 
 #[test]
@@ -175,41 +106,17 @@ fn wrong_dtype_and_shape_errors_name_everything() {
     t.expect(Dtype::F32, &[2, 2]).expect("matches");
 
     let err = t.expect(Dtype::F32, &[4]).expect_err("shape");
-    assert!(
-        matches!(&err, Error::WrongShape { tensor, got, .. } if tensor == "f32" && got == &[2, 2]),
-        "{err:?}"
-    );
-    assert_names(
-        &err.to_string(),
-        &[&file, "`f32`", "wrong shape", "expected [4]", "got [2, 2]"],
-    );
+    assert!(matches!(&err, Error::WrongShape { tensor, got, .. } if tensor == "f32" && got == &[2, 2]), "{err:?}");
+    assert_names(&err.to_string(), &[&file, "`f32`", "wrong shape", "expected [4]", "got [2, 2]"]);
 
     let err = t.expect(Dtype::BF16, &[2, 2]).expect_err("dtype");
-    assert!(
-        matches!(
-            err,
-            Error::WrongDtype {
-                got: Dtype::F32,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
-    assert_names(
-        &err.to_string(),
-        &[&file, "`f32`", "wrong dtype", "expected BF16", "got F32"],
-    );
+    assert!(matches!(err, Error::WrongDtype { got: Dtype::F32, .. }), "{err:?}");
+    assert_names(&err.to_string(), &[&file, "`f32`", "wrong dtype", "expected BF16", "got F32"]);
 
     let err = t.as_f16_bits().expect_err("not f16");
     assert_names(&err.to_string(), &["expected F16, got F32"]);
-    let err = ckpt
-        .tensor("packed")
-        .and_then(|t| t.to_f32_vec())
-        .expect_err("u32");
-    assert_names(
-        &err.to_string(),
-        &["`packed`", "expected F32, F16 or BF16, got U32"],
-    );
+    let err = ckpt.tensor("packed").and_then(|t| t.to_f32_vec()).expect_err("u32");
+    assert_names(&err.to_string(), &["`packed`", "expected F32, F16 or BF16, got U32"]);
 }
 
 #[test]
@@ -219,14 +126,8 @@ fn missing_tensor_names_tensor_and_dir() {
     assert!(!ckpt.contains("model.norm.weight"));
     assert!(ckpt.get("model.norm.weight").is_none());
     let err = ckpt.tensor("model.norm.weight").expect_err("missing");
-    assert!(
-        matches!(&err, Error::MissingTensor { tensor, .. } if tensor == "model.norm.weight"),
-        "{err:?}"
-    );
-    assert_names(
-        &err.to_string(),
-        &["`model.norm.weight`", &shown(dir.path())],
-    );
+    assert!(matches!(&err, Error::MissingTensor { tensor, .. } if tensor == "model.norm.weight"), "{err:?}");
+    assert_names(&err.to_string(), &["`model.norm.weight`", &shown(dir.path())]);
 }
 
 fn shard(tensors: &[(&str, f32)]) -> Vec<u8> {
@@ -255,10 +156,7 @@ fn sharded_checkpoint() {
     let ckpt = Checkpoint::open(dir.path()).expect("open");
     assert_eq!(ckpt.shards().len(), 2);
     assert_eq!(ckpt.tensor_names(), ["a", "b", "c"]);
-    for (name, v, file) in [
-        ("a", 1.0, "model-00001-of-00002"),
-        ("c", 3.0, "model-00002-of-00002"),
-    ] {
+    for (name, v, file) in [("a", 1.0, "model-00001-of-00002"), ("c", 3.0, "model-00002-of-00002")] {
         let t = ckpt.tensor(name).expect(name);
         assert_eq!(t.to_f32_vec().expect("f32"), [v]);
         assert_eq!(t.file(), dir.path().join(format!("{file}.safetensors")));
@@ -271,17 +169,11 @@ fn index_wins_over_single_file() {
     let dir = dir_with(&[
         ("config.json", PLAIN_CONFIG.as_bytes()),
         ("model.safetensors", &shard(&[("a", 9.0)])),
-        (
-            "model.safetensors.index.json",
-            br#"{"weight_map": {"a": "s.safetensors"}}"#,
-        ),
+        ("model.safetensors.index.json", br#"{"weight_map": {"a": "s.safetensors"}}"#),
         ("s.safetensors", &shard(&[("a", 1.0), ("extra", 5.0)])),
     ]);
     let ckpt = Checkpoint::open(dir.path()).expect("open");
-    assert_eq!(
-        ckpt.tensor("a").and_then(|t| t.to_f32_vec()).expect("a"),
-        [1.0]
-    );
+    assert_eq!(ckpt.tensor("a").and_then(|t| t.to_f32_vec()).expect("a"), [1.0]);
     // Tensors the index does not name are not reachable.
     assert!(!ckpt.contains("extra"));
 }
@@ -291,16 +183,10 @@ fn missing_shard() {
     let dir = dir_with(&[
         ("config.json", PLAIN_CONFIG.as_bytes()),
         ("model.safetensors.index.json", INDEX.as_bytes()),
-        (
-            "model-00001-of-00002.safetensors",
-            &shard(&[("a", 1.0), ("b", 2.0)]),
-        ),
+        ("model-00001-of-00002.safetensors", &shard(&[("a", 1.0), ("b", 2.0)])),
     ]);
     let err = Checkpoint::open(dir.path()).expect_err("missing shard");
-    assert!(
-        matches!(&err, Error::MissingShard { tensor, .. } if tensor == "c"),
-        "{err:?}"
-    );
+    assert!(matches!(&err, Error::MissingShard { tensor, .. } if tensor == "c"), "{err:?}");
     assert_names(
         &err.to_string(),
         &[
@@ -320,17 +206,8 @@ fn shard_without_indexed_tensor() {
         ("model-00002-of-00002.safetensors", &shard(&[("c", 3.0)])),
     ]);
     let err = Checkpoint::open(dir.path()).expect_err("b missing");
-    assert!(
-        matches!(&err, Error::ShardMissingTensor { tensor, .. } if tensor == "b"),
-        "{err:?}"
-    );
-    assert_names(
-        &err.to_string(),
-        &[
-            "`b`",
-            &shown(&dir.path().join("model-00001-of-00002.safetensors")),
-        ],
-    );
+    assert!(matches!(&err, Error::ShardMissingTensor { tensor, .. } if tensor == "b"), "{err:?}");
+    assert_names(&err.to_string(), &["`b`", &shown(&dir.path().join("model-00001-of-00002.safetensors"))]);
 }
 
 #[test]
@@ -338,18 +215,12 @@ fn bad_shard_header_names_the_shard() {
     let dir = dir_with(&[
         ("config.json", PLAIN_CONFIG.as_bytes()),
         ("model.safetensors.index.json", INDEX.as_bytes()),
-        (
-            "model-00001-of-00002.safetensors",
-            &shard(&[("a", 1.0), ("b", 2.0)]),
-        ),
+        ("model-00001-of-00002.safetensors", &shard(&[("a", 1.0), ("b", 2.0)])),
         ("model-00002-of-00002.safetensors", b"\x02\0\0\0\0\0\0\0{"),
     ]);
     let err = Checkpoint::open(dir.path()).expect_err("bad shard");
     assert!(matches!(err, Error::HeaderPastEnd { .. }), "{err:?}");
-    assert_names(
-        &err.to_string(),
-        &[&shown(&dir.path().join("model-00002-of-00002.safetensors"))],
-    );
+    assert_names(&err.to_string(), &[&shown(&dir.path().join("model-00002-of-00002.safetensors"))]);
 }
 
 #[test]
@@ -358,32 +229,14 @@ fn malformed_index() {
         (b"{", "invalid JSON"),
         (br#"{"metadata": {}}"#, "no `weight_map` object"),
         (br#"{"weight_map": {"a": 3}}"#, "`a` is not a file name"),
-        (
-            br#"{"weight_map": {"a": "../outside.safetensors"}}"#,
-            "not a file inside the checkpoint folder",
-        ),
-        (
-            br#"{"weight_map": {"a": "/etc/passwd"}}"#,
-            "not a file inside the checkpoint folder",
-        ),
+        (br#"{"weight_map": {"a": "../outside.safetensors"}}"#, "not a file inside the checkpoint folder"),
+        (br#"{"weight_map": {"a": "/etc/passwd"}}"#, "not a file inside the checkpoint folder"),
     ];
     for (index, reason) in cases {
-        let dir = dir_with(&[
-            ("config.json", PLAIN_CONFIG.as_bytes()),
-            ("model.safetensors.index.json", index),
-        ]);
+        let dir = dir_with(&[("config.json", PLAIN_CONFIG.as_bytes()), ("model.safetensors.index.json", index)]);
         let err = Checkpoint::open(dir.path()).expect_err("bad index");
-        assert!(
-            matches!(err, Error::Index { .. } | Error::Json { .. }),
-            "{err:?}"
-        );
-        assert_names(
-            &err.to_string(),
-            &[
-                &shown(&dir.path().join("model.safetensors.index.json")),
-                reason,
-            ],
-        );
+        assert!(matches!(err, Error::Index { .. } | Error::Json { .. }), "{err:?}");
+        assert_names(&err.to_string(), &[&shown(&dir.path().join("model.safetensors.index.json")), reason]);
     }
 }
 
@@ -402,10 +255,7 @@ fn folder_problems() {
     let dir = checkpoint("{\"a\": ", &shard(&[("a", 1.0)]));
     let err = Checkpoint::open(dir.path()).expect_err("bad config");
     assert!(matches!(err, Error::Json { .. }), "{err:?}");
-    assert_names(
-        &err.to_string(),
-        &[&shown(&dir.path().join("config.json")), "invalid JSON"],
-    );
+    assert_names(&err.to_string(), &[&shown(&dir.path().join("config.json")), "invalid JSON"]);
 
     let dir = checkpoint("[1]", &shard(&[("a", 1.0)]));
     let err = Checkpoint::open(dir.path()).expect_err("config not an object");
@@ -416,17 +266,7 @@ fn folder_problems() {
 fn writer_rejects_bad_tensors() {
     let mut w = Writer::new();
     let err = w.add_f32("x", &[3], &[1.0, 2.0]).expect_err("size");
-    assert!(
-        matches!(
-            err,
-            Error::SizeMismatch {
-                expected: 12,
-                got: 8,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    assert!(matches!(err, Error::SizeMismatch { expected: 12, got: 8, .. }), "{err:?}");
     w.add_f32("x", &[2], &[1.0, 2.0]).expect("ok");
     let err = w.add_f32("x", &[1], &[1.0]).expect_err("duplicate");
     assert!(matches!(err, Error::DuplicateTensor { .. }), "{err:?}");

@@ -15,51 +15,18 @@ const CONFIG: &str = r#"{"quantization": {"group_size": 32, "bits": 4, "d": {"bi
 fn base_file() -> (String, Vec<u8>) {
     let mut w = Writer::new();
     w.metadata("format", "mlx");
-    w.add_u32(
-        "q.weight",
-        &[2, 8],
-        &[
-            0xFFFF_FFFF,
-            0x7654_3210,
-            0xFEDC_BA98,
-            1,
-            2,
-            3,
-            4,
-            5,
-            6,
-            7,
-            8,
-            9,
-            10,
-            11,
-            12,
-            13,
-        ],
-    )
-    .expect("w");
-    w.add_f16("q.scales", &[2, 2], &[0.5, 0.25, 1.0, -0.5])
-        .expect("s");
-    w.add_bf16("q.biases", &[2, 2], &[-1.0, 2.0, 0.0, 8.0])
-        .expect("b");
-    w.add_f32("q.bias", &[2], &[0.5, -0.5]).expect("bias");
-    w.add_u32("d.weight", &[1, 8], &[0xFF80_0100; 8])
+    w.add_u32("q.weight", &[2, 8], &[0xFFFF_FFFF, 0x7654_3210, 0xFEDC_BA98, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13])
         .expect("w");
+    w.add_f16("q.scales", &[2, 2], &[0.5, 0.25, 1.0, -0.5]).expect("s");
+    w.add_bf16("q.biases", &[2, 2], &[-1.0, 2.0, 0.0, 8.0]).expect("b");
+    w.add_f32("q.bias", &[2], &[0.5, -0.5]).expect("bias");
+    w.add_u32("d.weight", &[1, 8], &[0xFF80_0100; 8]).expect("w");
     w.add_f32("d.scales", &[1, 1], &[0.5]).expect("s");
     w.add_f32("d.biases", &[1, 1], &[-64.0]).expect("b");
-    w.add_bf16("g.weight", &[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
-        .expect("g");
-    w.add(
-        "ids",
-        Dtype::I64,
-        &[2],
-        [3i64, -4].iter().flat_map(|v| v.to_le_bytes()).collect(),
-    )
-    .expect("ids");
-    w.add("mask", Dtype::Bool, &[3], vec![1, 0, 1])
-        .expect("mask");
-    w.add("s", Dtype::F16, &[], 0x3C00u16.to_le_bytes().to_vec())
-        .expect("scalar");
+    w.add_bf16("g.weight", &[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).expect("g");
+    w.add("ids", Dtype::I64, &[2], [3i64, -4].iter().flat_map(|v| v.to_le_bytes()).collect()).expect("ids");
+    w.add("mask", Dtype::Bool, &[3], vec![1, 0, 1]).expect("mask");
+    w.add("s", Dtype::F16, &[], 0x3C00u16.to_le_bytes().to_vec()).expect("scalar");
     w.header_and_data()
 }
 

@@ -46,17 +46,7 @@ fn too_short() {
 #[test]
 fn header_length_past_end_of_file() {
     let (err, path) = open_err(&raw_with_len(1000, b"{}", &[]));
-    assert!(
-        matches!(
-            err,
-            Error::HeaderPastEnd {
-                header_len: 1000,
-                file_len: 10,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    assert!(matches!(err, Error::HeaderPastEnd { header_len: 1000, file_len: 10, .. }), "{err:?}");
     assert_names(&err.to_string(), &[&path, "header length 1000", "10 bytes"]);
 }
 
@@ -64,14 +54,8 @@ fn header_length_past_end_of_file() {
 fn header_length_absurd() {
     for len in [MAX_HEADER_LEN + 1, u64::MAX, 1 << 40] {
         let (err, path) = open_err(&raw_with_len(len, b"{}", &[]));
-        assert!(
-            matches!(err, Error::HeaderTooLarge { header_len, .. } if header_len == len),
-            "{err:?}"
-        );
-        assert_names(
-            &err.to_string(),
-            &[&path, &len.to_string(), "exceeds the limit"],
-        );
+        assert!(matches!(err, Error::HeaderTooLarge { header_len, .. } if header_len == len), "{err:?}");
+        assert_names(&err.to_string(), &[&path, &len.to_string(), "exceeds the limit"]);
     }
 }
 
@@ -101,24 +85,15 @@ fn unknown_dtype() {
 fn size_mismatch() {
     let header = r#"{"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,12]}}"#;
     let (err, path) = open_err(&raw(header, &[0; 12]));
-    assert!(
-        matches!(&err, Error::SizeMismatch { tensor, expected: 16, got: 12, .. } if tensor == "w"),
-        "{err:?}"
-    );
-    assert_names(
-        &err.to_string(),
-        &[&path, "`w`", "F32 [2, 2]", "16 bytes", "span 12"],
-    );
+    assert!(matches!(&err, Error::SizeMismatch { tensor, expected: 16, got: 12, .. } if tensor == "w"), "{err:?}");
+    assert_names(&err.to_string(), &[&path, "`w`", "F32 [2, 2]", "16 bytes", "span 12"]);
 }
 
 #[test]
 fn shape_overflow_is_a_size_mismatch() {
     let header = r#"{"w":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,4]}}"#;
     let (err, _) = open_err(&raw(header, &[0; 4]));
-    assert!(
-        matches!(&err, Error::SizeMismatch { tensor, .. } if tensor == "w"),
-        "{err:?}"
-    );
+    assert!(matches!(&err, Error::SizeMismatch { tensor, .. } if tensor == "w"), "{err:?}");
 }
 
 #[test]
@@ -137,10 +112,7 @@ fn truncated_data_region() {
     let header = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}"#;
     let full = raw(header, &f32_bytes(&[1.0, 2.0, 3.0, 4.0]));
     let (err, path) = open_err(&full[..full.len() - 3]);
-    assert!(
-        matches!(&err, Error::OutOfRange { tensor, data_len: 13, .. } if tensor == "b"),
-        "{err:?}"
-    );
+    assert!(matches!(&err, Error::OutOfRange { tensor, data_len: 13, .. } if tensor == "b"), "{err:?}");
     assert_names(&err.to_string(), &[&path, "`b`", "truncated"]);
 }
 
@@ -163,10 +135,7 @@ fn overlapping_tensors() {
 fn gap_between_tensors() {
     let header = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}"#;
     let (err, path) = open_err(&raw(header, &[0; 12]));
-    assert!(
-        matches!(&err, Error::Gap { tensor, gap_begin: 4, gap_end: 8, .. } if tensor == "b"),
-        "{err:?}"
-    );
+    assert!(matches!(&err, Error::Gap { tensor, gap_begin: 4, gap_end: 8, .. } if tensor == "b"), "{err:?}");
     assert_names(&err.to_string(), &[&path, "`b`", "[4, 8)"]);
 }
 
@@ -176,27 +145,14 @@ fn unordered_offsets_are_fine_when_contiguous() {
     let header = r#"{"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
     let (_dir, path) = file_with("ok.safetensors", &raw(header, &f32_bytes(&[1.0, 2.0])));
     let f = SafetensorsFile::open(&path).expect("contiguous file");
-    assert_eq!(
-        f.tensor("b").and_then(|t| t.to_f32_vec()).expect("b"),
-        [2.0]
-    );
+    assert_eq!(f.tensor("b").and_then(|t| t.to_f32_vec()).expect("b"), [2.0]);
 }
 
 #[test]
 fn trailing_bytes() {
     let header = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
     let (err, path) = open_err(&raw(header, &[0; 6]));
-    assert!(
-        matches!(
-            err,
-            Error::TrailingData {
-                covered: 4,
-                data_len: 6,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    assert!(matches!(err, Error::TrailingData { covered: 4, data_len: 6, .. }), "{err:?}");
     assert_names(&err.to_string(), &[&path, "first 4", "6 bytes"]);
 }
 
@@ -204,10 +160,7 @@ fn trailing_bytes() {
 fn duplicate_names() {
     let header = r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#;
     let (err, path) = open_err(&raw(header, &[0; 8]));
-    assert!(
-        matches!(&err, Error::DuplicateTensor { tensor, .. } if tensor == "w"),
-        "{err:?}"
-    );
+    assert!(matches!(&err, Error::DuplicateTensor { tensor, .. } if tensor == "w"), "{err:?}");
     assert_names(&err.to_string(), &[&path, "`w`", "more than once"]);
 }
 
@@ -215,47 +168,20 @@ fn duplicate_names() {
 fn malformed_entries() {
     let cases = [
         (r#"{"w":{"shape":[1],"data_offsets":[0,4]}}"#, "no `dtype`"),
-        (
-            r#"{"w":{"dtype":7,"shape":[1],"data_offsets":[0,4]}}"#,
-            "`dtype` is not a string",
-        ),
-        (
-            r#"{"w":{"dtype":"F32","data_offsets":[0,4]}}"#,
-            "no `shape`",
-        ),
-        (
-            r#"{"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}"#,
-            "shape dimension `-1`",
-        ),
-        (
-            r#"{"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}}"#,
-            "shape dimension `1.5`",
-        ),
-        (
-            r#"{"w":{"dtype":"F32","shape":"1","data_offsets":[0,4]}}"#,
-            "`shape` is not an array",
-        ),
+        (r#"{"w":{"dtype":7,"shape":[1],"data_offsets":[0,4]}}"#, "`dtype` is not a string"),
+        (r#"{"w":{"dtype":"F32","data_offsets":[0,4]}}"#, "no `shape`"),
+        (r#"{"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}"#, "shape dimension `-1`"),
+        (r#"{"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}}"#, "shape dimension `1.5`"),
+        (r#"{"w":{"dtype":"F32","shape":"1","data_offsets":[0,4]}}"#, "`shape` is not an array"),
         (r#"{"w":{"dtype":"F32","shape":[1]}}"#, "no `data_offsets`"),
-        (
-            r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4,8]}}"#,
-            "has 3 values",
-        ),
-        (
-            r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}}"#,
-            "begin 4 is after end 0",
-        ),
-        (
-            r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,-4]}}"#,
-            "not non-negative integers",
-        ),
+        (r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4,8]}}"#, "has 3 values"),
+        (r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}}"#, "begin 4 is after end 0"),
+        (r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,-4]}}"#, "not non-negative integers"),
         (r#"{"w":[1,2]}"#, "expected an object"),
     ];
     for (header, reason) in cases {
         let (err, path) = open_err(&raw(header, &[0; 4]));
-        assert!(
-            matches!(&err, Error::BadEntry { tensor, .. } if tensor == "w"),
-            "{header}: {err:?}"
-        );
+        assert!(matches!(&err, Error::BadEntry { tensor, .. } if tensor == "w"), "{header}: {err:?}");
         assert_names(&err.to_string(), &[&path, "`w`", reason]);
     }
 }
@@ -264,10 +190,7 @@ fn malformed_entries() {
 fn bad_metadata() {
     let header = r#"{"__metadata__":{"format":1}}"#;
     let (err, path) = open_err(&raw(header, &[]));
-    assert!(
-        matches!(&err, Error::BadEntry { tensor, .. } if tensor == "__metadata__"),
-        "{err:?}"
-    );
+    assert!(matches!(&err, Error::BadEntry { tensor, .. } if tensor == "__metadata__"), "{err:?}");
     assert_names(&err.to_string(), &[&path, "`format`", "not a string"]);
 }
 

@@ -24,18 +24,10 @@ impl<'c, 'b> Func<'c, 'b> {
         } else {
             let (lo, hi) = ty.elem.range();
             if !(value.fract() == 0.0 && value >= lo && value <= hi) {
-                return Err(Error::op(
-                    CONSTANT,
-                    format!("a whole number in {lo}..={hi} for {}", ty.elem),
-                    value,
-                ));
+                return Err(Error::op(CONSTANT, format!("a whole number in {lo}..={hi} for {}", ty.elem), value));
             }
             // Values above i64::MAX only occur for ui64; pass their bit pattern.
-            let bits = if value >= 9_223_372_036_854_775_808.0 {
-                value as u64 as i64
-            } else {
-                value as i64
-            };
+            let bits = if value >= 9_223_372_036_854_775_808.0 { value as u64 as i64 } else { value as i64 };
             IntegerAttribute::new(elem_ty, bits).into()
         };
         let dense = DenseElementsAttribute::splat(ty.to_mlir(ctx), elem_attr);

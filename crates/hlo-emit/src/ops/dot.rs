@@ -26,11 +26,7 @@ impl DotDims {
 
     /// Contract the given dims, no batch dims.
     pub fn contract(lhs: &[i64], rhs: &[i64]) -> Self {
-        Self {
-            lhs_contract: lhs.to_vec(),
-            rhs_contract: rhs.to_vec(),
-            ..Self::default()
-        }
+        Self { lhs_contract: lhs.to_vec(), rhs_contract: rhs.to_vec(), ..Self::default() }
     }
 
     /// Adds batch dims: `DotDims::contract(&[2], &[1]).batch(&[0], &[0])`.
@@ -60,24 +56,13 @@ impl DotDims {
 impl<'c, 'b> Func<'c, 'b> {
     /// General dot product. The result shape is the batch dims, then the remaining lhs
     /// dims, then the remaining rhs dims; operands must share the element type.
-    pub fn dot_general(
-        &self,
-        lhs: Value<'c, 'b>,
-        rhs: Value<'c, 'b>,
-        dims: DotDims,
-    ) -> Result<Value<'c, 'b>, Error> {
+    pub fn dot_general(&self, lhs: Value<'c, 'b>, rhs: Value<'c, 'b>, dims: DotDims) -> Result<Value<'c, 'b>, Error> {
         const OP: &str = "stablehlo.dot_general";
         let (tl, tr) = (lhs.ty(), rhs.ty());
         if tl.elem != tr.elem {
-            return Err(Error::op(
-                OP,
-                "operands of one element type",
-                format!("{tl} and {tr}"),
-            ));
+            return Err(Error::op(OP, "operands of one element type", format!("{tl} and {tr}")));
         }
-        if dims.lhs_batch.len() != dims.rhs_batch.len()
-            || dims.lhs_contract.len() != dims.rhs_contract.len()
-        {
+        if dims.lhs_batch.len() != dims.rhs_batch.len() || dims.lhs_contract.len() != dims.rhs_contract.len() {
             return Err(Error::op(
                 OP,
                 "as many lhs as rhs batch dims, and as many lhs as rhs contracting dims",
@@ -90,55 +75,29 @@ impl<'c, 'b> Func<'c, 'b> {
                 ),
             ));
         }
-        let lhs_all: Vec<i64> = dims
-            .lhs_batch
-            .iter()
-            .chain(&dims.lhs_contract)
-            .copied()
-            .collect();
-        let rhs_all: Vec<i64> = dims
-            .rhs_batch
-            .iter()
-            .chain(&dims.rhs_contract)
-            .copied()
-            .collect();
+        let lhs_all: Vec<i64> = dims.lhs_batch.iter().chain(&dims.lhs_contract).copied().collect();
+        let rhs_all: Vec<i64> = dims.rhs_batch.iter().chain(&dims.rhs_contract).copied().collect();
         check_dims(OP, "lhs batch and contracting dims", &lhs_all, tl.rank())?;
         check_dims(OP, "rhs batch and contracting dims", &rhs_all, tr.rank())?;
-        for (kind, l, r) in [
-            ("batch", &dims.lhs_batch, &dims.rhs_batch),
-            ("contracting", &dims.lhs_contract, &dims.rhs_contract),
-        ] {
+        for (kind, l, r) in
+            [("batch", &dims.lhs_batch, &dims.rhs_batch), ("contracting", &dims.lhs_contract, &dims.rhs_contract)]
+        {
             for (&a, &b) in l.iter().zip(r) {
                 let (sa, sb) = (tl.shape[ix(a)], tr.shape[ix(b)]);
                 if sa != sb {
                     return Err(Error::op(
                         OP,
-                        format!(
-                            "{kind} dims of equal size (lhs dim {a} of {tl}, rhs dim {b} of {tr})"
-                        ),
+                        format!("{kind} dims of equal size (lhs dim {a} of {tl}, rhs dim {b} of {tr})"),
                         format!("{sa} and {sb}"),
                     ));
                 }
             }
         }
         let mut shape: Vec<i64> = dims.lhs_batch.iter().map(|&d| tl.shape[ix(d)]).collect();
-        shape.extend(
-            (0..tl.rank())
-                .filter(|&i| !lhs_all.contains(&(i as i64)))
-                .map(|i| tl.shape[i]),
-        );
-        shape.extend(
-            (0..tr.rank())
-                .filter(|&i| !rhs_all.contains(&(i as i64)))
-                .map(|i| tr.shape[i]),
-        );
+        shape.extend((0..tl.rank()).filter(|&i| !lhs_all.contains(&(i as i64))).map(|i| tl.shape[i]));
+        shape.extend((0..tr.rank()).filter(|&i| !rhs_all.contains(&(i as i64))).map(|i| tr.shape[i]));
         let attr = self.parse_attr(OP, &dims.attr_text())?;
-        self.emit1(
-            OP,
-            &[lhs, rhs],
-            vec![("dot_dimension_numbers", attr)],
-            tl.with_shape(&shape),
-        )
+        self.emit1(OP, &[lhs, rhs], vec![("dot_dimension_numbers", attr)], tl.with_shape(&shape))
     }
 
     /// `lhs · rhs` contracting the last dim of `lhs` with the first of `rhs` (e.g. `W·x`).

@@ -81,11 +81,7 @@ impl Accepts {
 }
 
 fn check_elem(op: &'static str, accepts: Accepts, t: &TensorType) -> Result<(), Error> {
-    if accepts.allows(t.elem) {
-        Ok(())
-    } else {
-        Err(Error::op(op, accepts.describe(), t))
-    }
+    if accepts.allows(t.elem) { Ok(()) } else { Err(Error::op(op, accepts.describe(), t)) }
 }
 
 impl<'c, 'b> Func<'c, 'b> {
@@ -98,22 +94,13 @@ impl<'c, 'b> Func<'c, 'b> {
     ) -> Result<Value<'c, 'b>, Error> {
         let (ta, tb) = (a.ty(), b.ty());
         if ta != tb {
-            return Err(Error::op(
-                op,
-                "operands of the same type",
-                format!("{ta} and {tb}"),
-            ));
+            return Err(Error::op(op, "operands of the same type", format!("{ta} and {tb}")));
         }
         check_elem(op, accepts, &ta)?;
         self.emit1(op, &[a, b], Vec::new(), ta)
     }
 
-    fn unary(
-        &self,
-        op: &'static str,
-        accepts: Accepts,
-        a: Value<'c, 'b>,
-    ) -> Result<Value<'c, 'b>, Error> {
+    fn unary(&self, op: &'static str, accepts: Accepts, a: Value<'c, 'b>) -> Result<Value<'c, 'b>, Error> {
         let t = a.ty();
         check_elem(op, accepts, &t)?;
         self.emit1(op, &[a], Vec::new(), t)
@@ -226,28 +213,14 @@ impl<'c, 'b> Func<'c, 'b> {
     }
 
     /// Elementwise comparison; the result has `a`'s shape and element type `i1`.
-    pub fn compare(
-        &self,
-        a: Value<'c, 'b>,
-        b: Value<'c, 'b>,
-        dir: Cmp,
-    ) -> Result<Value<'c, 'b>, Error> {
+    pub fn compare(&self, a: Value<'c, 'b>, b: Value<'c, 'b>, dir: Cmp) -> Result<Value<'c, 'b>, Error> {
         const OP: &str = "stablehlo.compare";
         let (ta, tb) = (a.ty(), b.ty());
         if ta != tb {
-            return Err(Error::op(
-                OP,
-                "operands of the same type",
-                format!("{ta} and {tb}"),
-            ));
+            return Err(Error::op(OP, "operands of the same type", format!("{ta} and {tb}")));
         }
         let dir_attr = self.parse_attr(OP, &format!("#stablehlo<comparison_direction {dir}>"))?;
-        self.emit1(
-            OP,
-            &[a, b],
-            vec![("comparison_direction", dir_attr)],
-            ta.with_elem(ElementType::I1),
-        )
+        self.emit1(OP, &[a, b], vec![("comparison_direction", dir_attr)], ta.with_elem(ElementType::I1))
     }
 
     /// `pred ? on_true : on_false` elementwise. `pred` is `i1` with the shape of the
@@ -261,18 +234,10 @@ impl<'c, 'b> Func<'c, 'b> {
         const OP: &str = "stablehlo.select";
         let (tp, tt, tf) = (pred.ty(), on_true.ty(), on_false.ty());
         if tt != tf {
-            return Err(Error::op(
-                OP,
-                "branches of the same type",
-                format!("{tt} and {tf}"),
-            ));
+            return Err(Error::op(OP, "branches of the same type", format!("{tt} and {tf}")));
         }
         if tp.elem != ElementType::I1 || !(tp.shape == tt.shape || tp.rank() == 0) {
-            return Err(Error::op(
-                OP,
-                format!("predicate {} or tensor<i1>", tt.with_elem(ElementType::I1)),
-                tp,
-            ));
+            return Err(Error::op(OP, format!("predicate {} or tensor<i1>", tt.with_elem(ElementType::I1)), tp));
         }
         self.emit1(OP, &[pred, on_true, on_false], Vec::new(), tt)
     }

@@ -28,10 +28,7 @@ impl GatherDims {
             ("offset_dims", &self.offset_dims),
             ("collapsed_slice_dims", &self.collapsed_slice_dims),
             ("operand_batching_dims", &self.operand_batching_dims),
-            (
-                "start_indices_batching_dims",
-                &self.start_indices_batching_dims,
-            ),
+            ("start_indices_batching_dims", &self.start_indices_batching_dims),
             ("start_index_map", &self.start_index_map),
         ] {
             // StableHLO's printer omits empty lists; do the same.
@@ -61,35 +58,19 @@ impl<'c, 'b> Func<'c, 'b> {
             return Err(Error::op(OP, "integer indices", ti));
         }
         if dims.index_vector_dim < 0 || ix(dims.index_vector_dim) > ri {
-            return Err(Error::op(
-                OP,
-                format!("index_vector_dim in 0..={ri} for indices {ti}"),
-                dims.index_vector_dim,
-            ));
+            return Err(Error::op(OP, format!("index_vector_dim in 0..={ri} for indices {ti}"), dims.index_vector_dim));
         }
         let ivd = ix(dims.index_vector_dim);
         let index_len = if ivd < ri { ti.shape[ivd] } else { 1 };
-        let fits = slice_sizes.len() == r
-            && slice_sizes
-                .iter()
-                .zip(&t.shape)
-                .all(|(&s, &d)| 0 <= s && s <= d);
+        let fits = slice_sizes.len() == r && slice_sizes.iter().zip(&t.shape).all(|(&s, &d)| 0 <= s && s <= d);
         if !fits {
-            return Err(Error::op(
-                OP,
-                format!("slice_sizes within {t}"),
-                list(slice_sizes),
-            ));
+            return Err(Error::op(OP, format!("slice_sizes within {t}"), list(slice_sizes)));
         }
         check_sorted(OP, "collapsed_slice_dims", &dims.collapsed_slice_dims)?;
         check_dims(OP, "collapsed_slice_dims", &dims.collapsed_slice_dims, r)?;
         check_sorted(OP, "operand_batching_dims", &dims.operand_batching_dims)?;
         check_dims(OP, "operand_batching_dims", &dims.operand_batching_dims, r)?;
-        for &d in dims
-            .collapsed_slice_dims
-            .iter()
-            .chain(&dims.operand_batching_dims)
-        {
+        for &d in dims.collapsed_slice_dims.iter().chain(&dims.operand_batching_dims) {
             if slice_sizes[ix(d)] > 1 {
                 return Err(Error::op(
                     OP,
@@ -98,31 +79,16 @@ impl<'c, 'b> Func<'c, 'b> {
                 ));
             }
         }
-        if dims
-            .collapsed_slice_dims
-            .iter()
-            .any(|d| dims.operand_batching_dims.contains(d))
-        {
+        if dims.collapsed_slice_dims.iter().any(|d| dims.operand_batching_dims.contains(d)) {
             return Err(Error::op(
                 OP,
                 "collapsed_slice_dims disjoint from operand_batching_dims",
-                format!(
-                    "{} and {}",
-                    list(&dims.collapsed_slice_dims),
-                    list(&dims.operand_batching_dims)
-                ),
+                format!("{} and {}", list(&dims.collapsed_slice_dims), list(&dims.operand_batching_dims)),
             ));
         }
-        check_dims(
-            OP,
-            "start_indices_batching_dims",
-            &dims.start_indices_batching_dims,
-            ri,
-        )?;
+        check_dims(OP, "start_indices_batching_dims", &dims.start_indices_batching_dims, ri)?;
         if dims.start_indices_batching_dims.len() != dims.operand_batching_dims.len()
-            || dims
-                .start_indices_batching_dims
-                .contains(&dims.index_vector_dim)
+            || dims.start_indices_batching_dims.contains(&dims.index_vector_dim)
         {
             return Err(Error::op(
                 OP,
@@ -130,11 +96,7 @@ impl<'c, 'b> Func<'c, 'b> {
                 list(&dims.start_indices_batching_dims),
             ));
         }
-        for (&o, &i) in dims
-            .operand_batching_dims
-            .iter()
-            .zip(&dims.start_indices_batching_dims)
-        {
+        for (&o, &i) in dims.operand_batching_dims.iter().zip(&dims.start_indices_batching_dims) {
             if t.shape[ix(o)] != ti.shape[ix(i)] {
                 return Err(Error::op(
                     OP,
@@ -145,23 +107,17 @@ impl<'c, 'b> Func<'c, 'b> {
         }
         check_dims(OP, "start_index_map", &dims.start_index_map, r)?;
         if dims.start_index_map.len() as i64 != index_len
-            || dims
-                .start_index_map
-                .iter()
-                .any(|d| dims.operand_batching_dims.contains(d))
+            || dims.start_index_map.iter().any(|d| dims.operand_batching_dims.contains(d))
         {
             return Err(Error::op(
                 OP,
-                format!(
-                    "start_index_map of {index_len} operand dims (the index vector size), none a batching dim"
-                ),
+                format!("start_index_map of {index_len} operand dims (the index vector size), none a batching dim"),
                 list(&dims.start_index_map),
             ));
         }
         let offset_sizes: Vec<i64> = (0..r)
             .filter(|&i| {
-                !dims.collapsed_slice_dims.contains(&(i as i64))
-                    && !dims.operand_batching_dims.contains(&(i as i64))
+                !dims.collapsed_slice_dims.contains(&(i as i64)) && !dims.operand_batching_dims.contains(&(i as i64))
             })
             .map(|i| slice_sizes[i])
             .collect();
@@ -172,23 +128,13 @@ impl<'c, 'b> Func<'c, 'b> {
         if dims.offset_dims.len() != offset_sizes.len() {
             return Err(Error::op(
                 OP,
-                format!(
-                    "{} offset_dims (operand rank minus collapsed and batching dims)",
-                    offset_sizes.len()
-                ),
+                format!("{} offset_dims (operand rank minus collapsed and batching dims)", offset_sizes.len()),
                 list(&dims.offset_dims),
             ));
         }
         let (mut offs, mut bats) = (offset_sizes.into_iter(), batch_sizes.into_iter());
         let shape: Vec<i64> = (0..out_rank as i64)
-            .map(|d| {
-                if dims.offset_dims.contains(&d) {
-                    offs.next()
-                } else {
-                    bats.next()
-                }
-                .unwrap_or(0)
-            })
+            .map(|d| if dims.offset_dims.contains(&d) { offs.next() } else { bats.next() }.unwrap_or(0))
             .collect();
         let dn = self.parse_attr(OP, &dims.attr_text())?;
         let attrs = vec![
@@ -201,11 +147,7 @@ impl<'c, 'b> Func<'c, 'b> {
 
     /// Embedding lookup: rows of `table` `[V, D]` picked by integer `ids` of any shape
     /// `[...]`, giving `[..., D]`. Out-of-range ids are clamped (StableHLO semantics).
-    pub fn gather_rows(
-        &self,
-        table: Value<'c, 'b>,
-        ids: Value<'c, 'b>,
-    ) -> Result<Value<'c, 'b>, Error> {
+    pub fn gather_rows(&self, table: Value<'c, 'b>, ids: Value<'c, 'b>) -> Result<Value<'c, 'b>, Error> {
         let t = table.ty();
         if t.rank() != 2 {
             return Err(Error::op("gather_rows", "a [V, D] table", t));

@@ -33,35 +33,20 @@ impl<'c, 'b> Func<'c, 'b> {
         let shape = first.shape();
         let in_types: Vec<TensorType> = inputs.iter().map(Value::ty).collect();
         if let Some(bad) = in_types.iter().find(|t| t.shape != shape) {
-            return Err(Error::op(
-                OP,
-                format!("inputs of one shape {}", list(&shape)),
-                bad,
-            ));
+            return Err(Error::op(OP, format!("inputs of one shape {}", list(&shape)), bad));
         }
         let scalars: Vec<TensorType> = in_types.iter().map(|t| t.elem.scalar()).collect();
         let init_types: Vec<TensorType> = inits.iter().map(Value::ty).collect();
         if init_types != scalars {
-            return Err(Error::op(
-                OP,
-                format!("init values {}", types_text(&scalars)),
-                types_text(&init_types),
-            ));
+            return Err(Error::op(OP, format!("init values {}", types_text(&scalars)), types_text(&init_types)));
         }
         check_dims(OP, "dimensions", dims, shape.len())?;
         let body_args: Vec<TensorType> = scalars.iter().chain(&scalars).cloned().collect();
         let (region, outs) = self.region(&body_args, "stablehlo.return", body)?;
         if outs != scalars {
-            return Err(Error::op(
-                OP,
-                format!("body results {}", types_text(&scalars)),
-                types_text(&outs),
-            ));
+            return Err(Error::op(OP, format!("body results {}", types_text(&scalars)), types_text(&outs)));
         }
-        let kept: Vec<i64> = (0..shape.len())
-            .filter(|&i| !dims.contains(&(i as i64)))
-            .map(|i| shape[i])
-            .collect();
+        let kept: Vec<i64> = (0..shape.len()).filter(|&i| !dims.contains(&(i as i64))).map(|i| shape[i]).collect();
         let results: Vec<TensorType> = in_types.iter().map(|t| t.with_shape(&kept)).collect();
         let operands: Vec<Value<'c, 'b>> = inputs.iter().chain(inits).copied().collect();
         let attrs = vec![("dimensions", self.i64_array(dims))];
@@ -73,18 +58,11 @@ impl<'c, 'b> Func<'c, 'b> {
         a: Value<'c, 'b>,
         dims: &[i64],
         init: f64,
-        combine: for<'r> fn(
-            &Func<'c, 'r>,
-            Value<'c, 'r>,
-            Value<'c, 'r>,
-        ) -> Result<Value<'c, 'r>, Error>,
+        combine: for<'r> fn(&Func<'c, 'r>, Value<'c, 'r>, Value<'c, 'r>) -> Result<Value<'c, 'r>, Error>,
     ) -> Result<Value<'c, 'b>, Error> {
         let init = self.scalar(init, a.elem())?;
-        let mut out = self.reduce(&[a], &[init], dims, |b, args| {
-            Ok(vec![combine(b, args[0], args[1])?])
-        })?;
-        out.pop()
-            .ok_or_else(|| Error::mlir("stablehlo.reduce", "no result"))
+        let mut out = self.reduce(&[a], &[init], dims, |b, args| Ok(vec![combine(b, args[0], args[1])?]))?;
+        out.pop().ok_or_else(|| Error::mlir("stablehlo.reduce", "no result"))
     }
 
     /// Sum over `dims`.
@@ -127,7 +105,6 @@ impl<'c, 'b> Func<'c, 'b> {
             let take_a = b.or(gt, tie)?;
             Ok(vec![b.select(take_a, av, bv)?, b.select(take_a, ai, bi)?])
         })?;
-        out.pop()
-            .ok_or_else(|| Error::mlir("stablehlo.reduce", "no result"))
+        out.pop().ok_or_else(|| Error::mlir("stablehlo.reduce", "no result"))
     }
 }

@@ -26,11 +26,7 @@ impl<'c, 'b> Func<'c, 'b> {
         const OP: &str = "stablehlo.transpose";
         let t = a.ty();
         if perm.len() != t.rank() {
-            return Err(Error::op(
-                OP,
-                format!("a permutation of {} dims for {t}", t.rank()),
-                list(perm),
-            ));
+            return Err(Error::op(OP, format!("a permutation of {} dims for {t}", t.rank()), list(perm)));
         }
         check_dims(OP, "permutation", perm, t.rank())?;
         let shape: Vec<i64> = perm.iter().map(|&p| t.shape[ix(p)]).collect();
@@ -40,22 +36,13 @@ impl<'c, 'b> Func<'c, 'b> {
 
     /// Broadcasts to `shape`, mapping operand dim `i` to result dim `dims[i]`; each
     /// operand dim must be 1 or equal to the result dim it maps to.
-    pub fn broadcast_in_dim(
-        &self,
-        a: Value<'c, 'b>,
-        shape: &[i64],
-        dims: &[i64],
-    ) -> Result<Value<'c, 'b>, Error> {
+    pub fn broadcast_in_dim(&self, a: Value<'c, 'b>, shape: &[i64], dims: &[i64]) -> Result<Value<'c, 'b>, Error> {
         const OP: &str = "stablehlo.broadcast_in_dim";
         let t = a.ty();
         let out = t.with_shape(shape);
         out.validate(OP)?;
         if dims.len() != t.rank() {
-            return Err(Error::op(
-                OP,
-                format!("{} broadcast_dimensions for {t}", t.rank()),
-                list(dims),
-            ));
+            return Err(Error::op(OP, format!("{} broadcast_dimensions for {t}", t.rank()), list(dims)));
         }
         check_dims(OP, "broadcast_dimensions", dims, shape.len())?;
         for (i, &d) in dims.iter().enumerate() {
@@ -82,11 +69,7 @@ impl<'c, 'b> Func<'c, 'b> {
         if t.rank() > shape.len() {
             return Err(Error::op(
                 "broadcast_to",
-                format!(
-                    "an operand of rank <= {} for shape {}",
-                    shape.len(),
-                    list(shape)
-                ),
+                format!("an operand of rank <= {} for shape {}", shape.len(), list(shape)),
                 t,
             ));
         }
@@ -112,11 +95,7 @@ impl<'c, 'b> Func<'c, 'b> {
                 && t.elem == t0.elem
                 && (0..t.rank()).all(|i| i == d || t.shape[i] == t0.shape[i]);
             if !same_rest {
-                return Err(Error::op(
-                    OP,
-                    format!("operands matching {t0} except in dim {dim}"),
-                    t,
-                ));
+                return Err(Error::op(OP, format!("operands matching {t0} except in dim {dim}"), t));
             }
             shape[d] += t.shape[d];
         }
@@ -148,10 +127,7 @@ impl<'c, 'b> Func<'c, 'b> {
             if !(0 <= s && s <= l && l <= t.shape[i] && st > 0) {
                 return Err(Error::op(
                     OP,
-                    format!(
-                        "0 <= start <= limit <= {} and stride > 0 in dim {i} of {t}",
-                        t.shape[i]
-                    ),
+                    format!("0 <= start <= limit <= {} and stride > 0 in dim {i} of {t}", t.shape[i]),
                     format!("start {s}, limit {l}, stride {st}"),
                 ));
             }
@@ -166,13 +142,7 @@ impl<'c, 'b> Func<'c, 'b> {
     }
 
     /// Slices `[start, limit)` along one dim, keeping the others whole.
-    pub fn slice_dim(
-        &self,
-        a: Value<'c, 'b>,
-        dim: i64,
-        start: i64,
-        limit: i64,
-    ) -> Result<Value<'c, 'b>, Error> {
+    pub fn slice_dim(&self, a: Value<'c, 'b>, dim: i64, start: i64, limit: i64) -> Result<Value<'c, 'b>, Error> {
         let t = a.ty();
         check_dims("stablehlo.slice", "dim", &[dim], t.rank())?;
         let mut starts = vec![0; t.rank()];
@@ -182,27 +152,15 @@ impl<'c, 'b> Func<'c, 'b> {
         self.slice(a, &starts, &limits, &vec![1; t.rank()])
     }
 
-    fn check_starts(
-        op: &'static str,
-        t: &TensorType,
-        starts: &[Value<'c, 'b>],
-    ) -> Result<(), Error> {
+    fn check_starts(op: &'static str, t: &TensorType, starts: &[Value<'c, 'b>]) -> Result<(), Error> {
         if starts.len() != t.rank() {
-            return Err(Error::op(
-                op,
-                format!("{} start indices for {t}", t.rank()),
-                format!("{}", starts.len()),
-            ));
+            return Err(Error::op(op, format!("{} start indices for {t}", t.rank()), format!("{}", starts.len())));
         }
         let types: Vec<TensorType> = starts.iter().map(Value::ty).collect();
         let one_type = types.windows(2).all(|w| w[0].elem == w[1].elem);
         if !one_type || types.iter().any(|t| t.rank() != 0 || !t.elem.is_integer()) {
             let got: Vec<String> = types.iter().map(TensorType::to_string).collect();
-            return Err(Error::op(
-                op,
-                "rank-0 integer start indices of one type",
-                format!("({})", got.join(", ")),
-            ));
+            return Err(Error::op(op, "rank-0 integer start indices of one type", format!("({})", got.join(", "))));
         }
         Ok(())
     }
@@ -218,24 +176,14 @@ impl<'c, 'b> Func<'c, 'b> {
         const OP: &str = "stablehlo.dynamic_slice";
         let t = a.ty();
         Self::check_starts(OP, &t, starts)?;
-        let fits =
-            sizes.len() == t.rank() && sizes.iter().zip(&t.shape).all(|(&s, &d)| 0 <= s && s <= d);
+        let fits = sizes.len() == t.rank() && sizes.iter().zip(&t.shape).all(|(&s, &d)| 0 <= s && s <= d);
         if !fits {
-            return Err(Error::op(
-                OP,
-                format!("slice_sizes within {t}"),
-                list(sizes),
-            ));
+            return Err(Error::op(OP, format!("slice_sizes within {t}"), list(sizes)));
         }
         let mut operands = vec![a];
         operands.extend_from_slice(starts);
         let attr = self.i64_array(sizes);
-        self.emit1(
-            OP,
-            &operands,
-            vec![("slice_sizes", attr)],
-            t.with_shape(sizes),
-        )
+        self.emit1(OP, &operands, vec![("slice_sizes", attr)], t.with_shape(sizes))
     }
 
     /// Writes `update` into `a` at run-time indices `starts` (clamped so it fits).
@@ -247,15 +195,9 @@ impl<'c, 'b> Func<'c, 'b> {
     ) -> Result<Value<'c, 'b>, Error> {
         const OP: &str = "stablehlo.dynamic_update_slice";
         let (t, tu) = (a.ty(), update.ty());
-        let fits = tu.elem == t.elem
-            && tu.rank() == t.rank()
-            && tu.shape.iter().zip(&t.shape).all(|(&u, &d)| u <= d);
+        let fits = tu.elem == t.elem && tu.rank() == t.rank() && tu.shape.iter().zip(&t.shape).all(|(&u, &d)| u <= d);
         if !fits {
-            return Err(Error::op(
-                OP,
-                format!("an update with the rank and element type of {t} and no larger"),
-                tu,
-            ));
+            return Err(Error::op(OP, format!("an update with the rank and element type of {t} and no larger"), tu));
         }
         Self::check_starts(OP, &t, starts)?;
         let mut operands = vec![a, update];

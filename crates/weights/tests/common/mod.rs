@@ -39,10 +39,7 @@ pub const PLAIN_CONFIG: &str = r#"{"model_type": "llama", "hidden_size": 4}"#;
 
 /// A checkpoint folder with `config` and a single `model.safetensors`.
 pub fn checkpoint(config: &str, weights: &[u8]) -> TempDir {
-    dir_with(&[
-        ("config.json", config.as_bytes()),
-        ("model.safetensors", weights),
-    ])
+    dir_with(&[("config.json", config.as_bytes()), ("model.safetensors", weights)])
 }
 
 /// f32 values as little-endian bytes.
@@ -53,10 +50,7 @@ pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
 /// Asserts `msg` names every one of `parts`.
 pub fn assert_names(msg: &str, parts: &[&str]) {
     for p in parts {
-        assert!(
-            msg.contains(p),
-            "error message {msg:?} does not mention {p:?}"
-        );
+        assert!(msg.contains(p), "error message {msg:?} does not mention {p:?}");
     }
 }
 
