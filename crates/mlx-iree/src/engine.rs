@@ -207,3 +207,29 @@ impl Engine {
         self.run("decode", &[token as i32], 1)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_buckets() {
+        let p = |prompt, new| {
+            let s = plan(prompt, new);
+            (s.prefill, s.capacity)
+        };
+        // Short prompts share the smallest bucket; capacity is at least 64.
+        assert_eq!(p(1, 1), (16, 64));
+        assert_eq!(p(5, 40), (16, 64));
+        // SmolLM2's chat prompt: 37 tokens -> bucket 64; 64 + 40 new > 64 -> 128.
+        assert_eq!(p(37, 40), (64, 128));
+        // Long prompts are fed in 128-token chunks; the cache holds every chunk's padding.
+        assert_eq!(p(300, 10), (128, 512));
+        for (prompt, new) in [(1, 1), (17, 100), (129, 1), (1000, 1000)] {
+            let s = plan(prompt, new);
+            assert!(s.prefill <= s.capacity);
+            assert!(prompt.div_ceil(s.prefill) * s.prefill <= s.capacity, "chunks fit");
+            assert!(prompt + new <= s.capacity, "prompt and new tokens fit");
+        }
+    }
+}
