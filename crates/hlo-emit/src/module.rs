@@ -6,7 +6,7 @@ use crate::types::TensorType;
 use melior::dialect::DialectHandle;
 use melior::ir::attribute::{FlatSymbolRefAttribute, StringAttribute, TypeAttribute};
 use melior::ir::block::BlockLike;
-use melior::ir::operation::{OperationBuilder, OperationLike};
+use melior::ir::operation::{OperationBuilder, OperationLike, OperationMutLike};
 use melior::ir::r#type::FunctionType;
 use melior::ir::{Attribute, Identifier, Location, Type};
 use std::cell::{Cell, RefCell};
@@ -96,6 +96,18 @@ impl<'c> Module<'c> {
             globals: Cell::new(0),
             id: NEXT_MODULE_ID.fetch_add(1, Ordering::Relaxed),
         }
+    }
+
+    /// An empty module named `name` (`module @name`): the IREE runtime knows a compiled
+    /// module by this name, so two modules loaded side by side need different ones.
+    pub fn named(ctx: &'c Context, name: &str) -> Result<Self, Error> {
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(Error::op("module", "a name of letters, digits and '_'", format!("{name:?}")));
+        }
+        let mut m = Self::new(ctx);
+        let attr = StringAttribute::new(&ctx.inner, name);
+        m.module.as_operation_mut().set_attribute("sym_name", attr.into());
+        Ok(m)
     }
 
     /// The context this module lives in.

@@ -876,3 +876,16 @@ fn composed_block() {
 "#,
     );
 }
+
+#[test]
+fn named_module() {
+    let ctx = Context::new();
+    let m = Module::named(&ctx, "decode_graph").unwrap();
+    m.func("id", &[F32.tensor(&[2])], |_, a| Ok(vec![a[0]])).unwrap();
+    assert_eq!(
+        m.to_text(),
+        "module @decode_graph {\n  func.func @id(%arg0: tensor<2xf32>) -> tensor<2xf32> {\n    return %arg0 : tensor<2xf32>\n  }\n}\n"
+    );
+    let err = Module::named(&ctx, "bad name").unwrap_err().to_string();
+    assert_eq!(err, "module: expected a name of letters, digits and '_', got \"bad name\"");
+}

@@ -5,7 +5,7 @@
 use anyhow::{Context, Result, bail};
 use iree_compiler::{CompileOptions, Compiler, Target};
 use mlx_iree::cache::CompileReport;
-use mlx_iree::engine::{Engine, compile_options, plan};
+use mlx_iree::engine::{Engine, graph_modules, plan};
 use models::ModelConfig;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -89,19 +89,20 @@ fn measure(args: &Args) -> Result<Report> {
     // Cold: the engine's graph compiled into an empty cache (no weights needed for that);
     // the engine then loads from that cache, which checks that this is its very graph.
     let target = mlx_iree::device::target_for(&args.m.device).map_err(|e| anyhow::anyhow!(e))?;
-    let options = compile_options(&target);
     let cache = TempDir::new()?;
     let started = Instant::now();
-    let mlir = models::emit(&cfg, args.m.precision, shape)?;
-    let what = format!(
-        "{} {} graph (capacity {}, prompt bucket {})",
-        cfg.model_type, args.m.precision, shape.capacity, shape.prefill
-    );
-    mlx_iree::cache::compile_in(cache.path(), &what, &mlir, &target, &options)?;
+    let modules = graph_modules(&cfg, args.m.precision, shape, &target)?;
+    for module in &modules {
+        mlx_iree::cache::compile_in(cache.path(), &module.what, &module.mlir, &target, &module.options)?;
+    }
     let mut compile_cold_s = started.elapsed().as_secs_f64();
 
-    let dispatches_per_decode_step = decode_dispatches(&mlir, &target, &options)?;
-    drop(mlir);
+    let decode = modules
+        .iter()
+        .find(|m| m.functions.contains(&models::Function::Decode))
+        .context("the engine's graph has no decode function")?;
+    let dispatches_per_decode_step = decode_dispatches(&decode.mlir, &target, &decode.options)?;
+    drop(modules);
 
     // Peak RSS from here on: the warm load and the runs, not the compiles above (a warm
     // `generate` does not compile either). Where the reset is not allowed, the peak covers
@@ -476,7 +477,7 @@ mod tests {
         let shape = plan(5, 4);
         let mlir = models::emit(&cfg, Precision::F32, shape).unwrap();
         let target = mlx_iree::device::target_for("local-task").unwrap();
-        let flow = Compiler::new().unwrap().compile_to_ir(&mlir, &target, &compile_options(&target), "flow").unwrap();
+        let flow = Compiler::new().unwrap().compile_to_ir(&mlir, &target, &CompileOptions::default(), "flow").unwrap();
         let decode = count_dispatches(&flow, "decode").unwrap();
         let prefill = count_dispatches(&flow, "prefill").unwrap();
         let all = flow.lines().filter(|l| l.contains("flow.dispatch @")).count();

@@ -32,8 +32,45 @@ pub fn kv_cache_shape(cfg: &ModelConfig, capacity: usize) -> [usize; 4] {
     [cfg.num_layers(), cfg.kv_heads, capacity, cfg.head_dim]
 }
 
+/// The two entry points, emitted from one step body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Function {
+    /// `T` = the prompt bucket.
+    Prefill,
+    /// `T` = 1.
+    Decode,
+}
+
+impl Function {
+    pub fn name(self) -> &'static str {
+        match self {
+            Function::Prefill => "prefill",
+            Function::Decode => "decode",
+        }
+    }
+
+    fn tokens(self, shape: GraphShape) -> usize {
+        match self {
+            Function::Prefill => shape.prefill,
+            Function::Decode => 1,
+        }
+    }
+}
+
 /// Emits the module text: globals for every parameter, then `prefill` and `decode`.
 pub fn emit(cfg: &ModelConfig, precision: Precision, shape: GraphShape) -> Result<String> {
+    emit_functions(cfg, precision, shape, &[Function::Prefill, Function::Decode], None)
+}
+
+/// Emits only `functions`, in a module named `module_name` when given (modules loaded
+/// side by side in one session need distinct names; they share the parameter scope).
+pub fn emit_functions(
+    cfg: &ModelConfig,
+    precision: Precision,
+    shape: GraphShape,
+    functions: &[Function],
+    module_name: Option<&str>,
+) -> Result<String> {
     if shape.prefill == 0 || shape.prefill > shape.capacity {
         return Err(crate::Error::Invalid(format!(
             "prefill bucket {} must be in 1..={} (the cache capacity)",
@@ -41,7 +78,10 @@ pub fn emit(cfg: &ModelConfig, precision: Precision, shape: GraphShape) -> Resul
         )));
     }
     let ctx = Context::new();
-    let m = Module::new(&ctx);
+    let m = match module_name {
+        Some(name) => Module::named(&ctx, name)?,
+        None => Module::new(&ctx),
+    };
     let specs = param_specs(cfg);
     let mut globals = HashMap::new();
     for (i, ParamSpec { key, shape, kind }) in specs.iter().enumerate() {
@@ -50,7 +90,8 @@ pub fn emit(cfg: &ModelConfig, precision: Precision, shape: GraphShape) -> Resul
         globals.insert(key.clone(), m.global_param(&format!("p{i}"), SCOPE, key, &elem.tensor(&dims))?);
     }
     let cache: Vec<i64> = kv_cache_shape(cfg, shape.capacity).iter().map(|d| *d as i64).collect();
-    for (name, t) in [("prefill", shape.prefill), ("decode", 1)] {
+    for function in functions {
+        let (name, t) = (function.name(), function.tokens(shape));
         let inputs = [I32.tensor(&[t as i64]), I32.scalar(), I32.scalar(), F32.tensor(&cache), F32.tensor(&cache)];
         m.func(name, &inputs, |f, a| {
             let step = Step { f, cfg, globals: &globals, t: t as i64, s: shape.capacity as i64 };

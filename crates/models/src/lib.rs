@@ -17,7 +17,7 @@ mod rope;
 
 pub use config::{Activation, Family, LayerConfig, ModelConfig, RopeScaling, SUPPORTED};
 pub use error::{Error, Result};
-pub use graph::{GraphShape, emit, kv_cache_shape};
+pub use graph::{Function, GraphShape, emit, emit_functions, kv_cache_shape};
 pub use params::{Kind, ParamSpec, load_f32, load_param, param_specs};
 pub use precision::Precision;
 pub use rope::RopeTable;
