@@ -91,7 +91,7 @@ fn measure(args: &Args) -> Result<Report> {
     let target = mlx_iree::device::target_for(&args.m.device).map_err(|e| anyhow::anyhow!(e))?;
     let cache = TempDir::new()?;
     let started = Instant::now();
-    let modules = graph_modules(&cfg, args.m.precision, shape, &target)?;
+    let modules = graph_modules(&cfg, args.m.precision(), shape, &target)?;
     for module in &modules {
         mlx_iree::cache::compile_in(cache.path(), &module.what, &module.mlir, &target, &module.options)?;
     }
@@ -111,7 +111,7 @@ fn measure(args: &Args) -> Result<Report> {
         eprintln!("bench: cannot reset the peak RSS ({err}); it includes the compiles");
     }
     let started = Instant::now();
-    let mut engine = Engine::load_cached(&args.m.model, &args.m.device, args.m.precision, shape, cache.path())
+    let mut engine = Engine::load_cached(&args.m.model, &args.m.device, args.m.precision(), shape, cache.path())
         .with_context(loading)?;
     let mut compile_cached_s = started.elapsed().as_secs_f64() - engine.load_seconds;
     if let CompileReport::Compiled { seconds } = engine.compile {
@@ -149,7 +149,7 @@ fn measure(args: &Args) -> Result<Report> {
     Ok(Report {
         model: args.m.model.display().to_string(),
         device: args.m.device.clone(),
-        precision: args.m.precision.to_string(),
+        precision: args.m.precision().to_string(),
         prefill_tok_s: args.prompt_len as f64 / prefill,
         decode_tok_s: args.steps as f64 / decode,
         ttft_ms: prefill * 1e3,
@@ -351,7 +351,7 @@ mod tests {
         let a = parse(&["--model", "m"]).unwrap();
         assert_eq!(a.m.model, PathBuf::from("m"));
         assert_eq!(a.m.device, "local-task");
-        assert_eq!(a.m.precision, Precision::F32);
+        assert_eq!(a.m.precision(), Precision::F16, "the CPU default");
         assert_eq!((a.prompt_len, a.steps, a.repeats, a.json), (128, 128, 3, false));
     }
 

@@ -14,3 +14,12 @@ pub fn target_for(device: &str) -> Result<Target, String> {
         other => Err(format!("unsupported device `{other}` (expected local-task, local-sync or cuda)")),
     }
 }
+
+/// The precision a device runs when `--precision` is not given, chosen by measurement
+/// (`cargo xtask bench`, docs/PERFORMANCE.md): on CPU, f16 weights with the data-tiled
+/// decode module ran 1.92x f32 on the 1B shape and 1.30x on SmolLM2, token-exact with f32
+/// on SmolLM2 and passing the gate on every fixture. CUDA has no measurement yet; f16 is
+/// the precision GPUs are built for.
+pub fn default_precision(_device: &str) -> models::Precision {
+    models::Precision::F16
+}

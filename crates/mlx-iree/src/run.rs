@@ -18,9 +18,17 @@ pub struct ModelArgs {
     /// IREE device URI: local-task, local-sync or cuda.
     #[arg(long, default_value = "local-task")]
     pub device: String,
-    /// Weight precision on the device.
-    #[arg(long, default_value = "f32")]
-    pub precision: Precision,
+    /// Weight precision on the device: f32, f16, bf16 (default: the device's, see
+    /// `mlx_iree::device::default_precision`).
+    #[arg(long)]
+    pub precision: Option<Precision>,
+}
+
+impl ModelArgs {
+    /// The precision asked for, else the device's measured default.
+    pub fn precision(&self) -> Precision {
+        self.precision.unwrap_or_else(|| mlx_iree::device::default_precision(&self.device))
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -80,7 +88,7 @@ fn check_model_dir(dir: &Path) -> Result<models::ModelConfig> {
 
 fn load(model: &ModelArgs, prompt_len: usize, new_tokens: usize) -> Result<Engine> {
     let shape = plan(prompt_len, new_tokens);
-    let engine = Engine::load(&model.model, &model.device, model.precision, shape)
+    let engine = Engine::load(&model.model, &model.device, model.precision(), shape)
         .with_context(|| format!("loading {}", model.model.display()))?;
     Ok(engine)
 }
@@ -153,7 +161,7 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
         engine.compile,
         engine.load_seconds,
         args.model.device,
-        args.model.precision,
+        args.model.precision(),
     );
     Ok(())
 }
@@ -184,7 +192,7 @@ pub fn trajectory(args: &TrajectoryArgs) -> Result<()> {
         "prompt_ids": prompt,
         "token_ids": tokens,
         "device": args.model.device,
-        "precision": args.model.precision.to_string(),
+        "precision": args.model.precision().to_string(),
     });
     // Written next to the target and renamed, so a failure never leaves a partial file.
     let tmp = args.out.with_extension("json.partial");
@@ -259,7 +267,8 @@ pub fn gate(args: &GateArgs) -> Result<bool> {
     }
     let longest = references.iter().map(|r| r.prompt_ids.len()).max().unwrap_or(1);
     if !from_file {
-        let mut reference = load(&ModelArgs { precision: Precision::F32, ..args.model.clone() }, longest, args.steps)?;
+        let mut reference =
+            load(&ModelArgs { precision: Some(Precision::F32), ..args.model.clone() }, longest, args.steps)?;
         for r in &mut references {
             r.token_ids = gate::trajectory(&mut reference, &r.prompt_ids, args.steps)?;
         }
@@ -270,7 +279,7 @@ pub fn gate(args: &GateArgs) -> Result<bool> {
     println!(
         "gate: {} at {} on {} against {} ({} prompts x {} steps)",
         dir.display(),
-        args.model.precision,
+        args.model.precision(),
         args.model.device,
         if from_file { args.reference.clone() } else { format!("f32 on {}", args.model.device) },
         references.len(),

@@ -96,6 +96,7 @@ fn generate_chat_answers_paris() {
     assert!(stdout.contains("Paris"), "answer: {stdout}");
     assert!(stderr.contains("prompt tokens: 37"), "summary line: {stderr}");
     assert!(stderr.contains("decode:") && stderr.contains("tok/s"), "{stderr}");
+    assert!(stderr.contains("(local-task, f16)"), "f16 is the CPU default: {stderr}");
 }
 
 #[test]
@@ -109,6 +110,8 @@ fn trajectory_cli_writes_the_oracle_ids() {
         "trajectory",
         "--model",
         dir.to_str().unwrap(),
+        "--precision",
+        "f32",
         "--prompt",
         "The capital of France is",
         "--steps",
