@@ -259,7 +259,7 @@ fn prepare(o: &Options) -> Result<()> {
         "cargo build --release -p mlx-iree (the first release build compiles melior, tokenizers and the IREE \
          bindings: several minutes)",
     );
-    let mut cargo = Command::new(crate::test::cargo());
+    let mut cargo = Command::new(util::cargo());
     cargo.current_dir(util::root()).args(["build", "--release", "-p", "mlx-iree"]);
     if runtime != Target::Cpu {
         cargo.env("IREE_RUNTIME_DIR", &runtime_dir);

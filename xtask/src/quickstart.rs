@@ -23,7 +23,7 @@ pub fn run(args: &[String]) -> Result<()> {
         format!("building mlx-iree, then: mlx-iree generate --model {} --chat --prompt {PROMPT:?}", model.display()),
     );
     util::run(
-        Command::new(crate::test::cargo())
+        Command::new(util::cargo())
             .current_dir(util::root())
             .args([
                 "run",

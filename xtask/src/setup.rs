@@ -154,12 +154,8 @@ fn fetch_crate(base: &Path, name: &str, version: &str) -> Result<PathBuf> {
              [dependencies]\n{name} = {{ version = \"={version}\", default-features = false }}\n\n[workspace]\n"
         ),
     )?;
-    util::run(Command::new(env_cargo()).arg("fetch").arg("--manifest-path").arg(fetch.join("Cargo.toml")))?;
+    util::run(Command::new(util::cargo()).arg("fetch").arg("--manifest-path").arg(fetch.join("Cargo.toml")))?;
     find_in_cargo_cache(&file).with_context(|| format!("cargo fetch did not leave {file} in the cargo cache"))
-}
-
-fn env_cargo() -> String {
-    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
 
 fn find_in_cargo_cache(file: &str) -> Option<PathBuf> {

@@ -20,15 +20,11 @@ pub fn run(args: &[String]) -> Result<()> {
     progress("test", "cargo test --workspace (first run compiles melior and the IREE bindings: several minutes)");
     let started = std::time::Instant::now();
     util::run(
-        Command::new(cargo())
+        Command::new(util::cargo())
             .current_dir(util::root())
             .args(["test", "--workspace", "--exclude", "xtask"])
             .args(passthrough),
     )?;
     progress("test", format!("all tests passed in {:.0} s", started.elapsed().as_secs_f64()));
     Ok(())
-}
-
-pub fn cargo() -> String {
-    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }

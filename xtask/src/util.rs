@@ -28,6 +28,11 @@ pub fn no_args(cmd: &str, rest: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The cargo that runs xtask (so the pinned toolchain builds the workspace too).
+pub fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
 /// Runs a command to completion, inheriting stdio; fails naming the command.
 pub fn run(cmd: &mut Command) -> Result<()> {
     let shown = show(cmd);

@@ -22,6 +22,24 @@ pub enum CompileReport {
     Compiled { seconds: f64 },
 }
 
+impl CompileReport {
+    /// The report for two compiles in a row: a hit only if both were hits, else the
+    /// seconds spent compiling added up.
+    pub fn and(self, other: CompileReport) -> CompileReport {
+        match (self, other) {
+            (CompileReport::CacheHit, CompileReport::CacheHit) => CompileReport::CacheHit,
+            (a, b) => CompileReport::Compiled { seconds: a.seconds() + b.seconds() },
+        }
+    }
+
+    fn seconds(self) -> f64 {
+        match self {
+            CompileReport::CacheHit => 0.0,
+            CompileReport::Compiled { seconds } => seconds,
+        }
+    }
+}
+
 impl std::fmt::Display for CompileReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -72,4 +90,17 @@ pub fn compile_in(
     };
     eprintln!("{what}: {report}");
     Ok((out.vmfb, report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CompileReport::{self, CacheHit, Compiled};
+
+    #[test]
+    fn reports_add_up() {
+        let s = |r: CompileReport| r.to_string();
+        assert_eq!(s(CacheHit.and(CacheHit)), "compile cache hit");
+        assert_eq!(s(CacheHit.and(Compiled { seconds: 2.0 })), "compiled in 2.0 s");
+        assert_eq!(s(Compiled { seconds: 1.5 }.and(Compiled { seconds: 2.0 })), "compiled in 3.5 s");
+    }
 }

@@ -148,10 +148,7 @@ impl Engine {
         let mut compile = CompileReport::CacheHit;
         for module in graph_modules(&cfg, precision, shape, &target)? {
             let (vmfb, report) = cache::compile_in(cache_dir, &module.what, &module.mlir, &target, &module.options)?;
-            if let CompileReport::Compiled { seconds } = report {
-                let before = if let CompileReport::Compiled { seconds } = compile { seconds } else { 0.0 };
-                compile = CompileReport::Compiled { seconds: before + seconds };
-            }
+            compile = compile.and(report);
             vmfbs.push(vmfb);
         }
 

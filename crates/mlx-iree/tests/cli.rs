@@ -97,58 +97,21 @@ fn unsupported_rope_scaling_is_refused() {
     check(&args, 2, "", "unsupported option rope_scaling.rope_type = \"yarn\" for model_type `qwen2`");
 }
 
+/// `mlx-iree trajectory` on `model` with `extra` flags must fail with `expect` (one line, status 2).
+fn bad_trajectory(model: &str, ids: &str, extra: &[&str], expect: &str) {
+    let mut args = vec!["trajectory", "--model", model, "--prompt-ids", ids, "--steps", "2", "--out", "/tmp/x.json"];
+    args.extend_from_slice(extra);
+    check(&args, 2, "", expect);
+}
+
 #[test]
 fn bad_requests_are_one_line_errors() {
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/f32");
     let model = fixture.to_str().unwrap();
-    check(
-        &["trajectory", "--model", "/nonexistent/m", "--prompt-ids", "1", "--steps", "2", "--out", "/tmp/x.json"],
-        2,
-        "",
-        "model folder /nonexistent/m does not exist",
-    );
-    check(
-        &[
-            "trajectory",
-            "--model",
-            model,
-            "--prompt-ids",
-            "1",
-            "--steps",
-            "2",
-            "--out",
-            "/tmp/x.json",
-            "--precision",
-            "int3",
-        ],
-        2,
-        "",
-        "unknown precision `int3`",
-    );
-    check(
-        &["trajectory", "--model", model, "--prompt-ids", "1,99999", "--steps", "2", "--out", "/tmp/x.json"],
-        2,
-        "",
-        "token id 99999 is out of range for vocabulary size 384",
-    );
-    check(
-        &[
-            "trajectory",
-            "--model",
-            model,
-            "--prompt-ids",
-            "1",
-            "--steps",
-            "2",
-            "--out",
-            "/tmp/x.json",
-            "--device",
-            "metal",
-        ],
-        2,
-        "",
-        "unsupported device `metal`",
-    );
+    bad_trajectory("/nonexistent/m", "1", &[], "model folder /nonexistent/m does not exist");
+    bad_trajectory(model, "1", &["--precision", "int3"], "unknown precision `int3`");
+    bad_trajectory(model, "1,99999", &[], "token id 99999 is out of range for vocabulary size 384");
+    bad_trajectory(model, "1", &["--device", "metal"], "unsupported device `metal`");
     check(&["generate", "--model", model, "--prompt", "hi"], 2, "", "tokenizer.json");
     check(
         &["generate", "--model", model, "--prompt", "hi", "--temperature", "-1"],
