@@ -129,6 +129,16 @@ impl<'c, 'b> Func<'c, 'b> {
         self.ctx.raw()
     }
 
+    /// The block ops are appended to (for ops built outside [`Func::emit`]).
+    pub(crate) fn block(&self) -> &'b Block<'c> {
+        self.block
+    }
+
+    /// A typed handle for a tensor result built outside [`Func::emit`].
+    pub(crate) fn wrap(&self, raw: melior::ir::Value<'c, 'b>, elem: ElementType) -> Value<'c, 'b> {
+        Value { raw, elem }
+    }
+
     /// Emits `op` in generic form with the given operands, attributes, result types and
     /// regions. Callers have checked everything; MLIR only fails here on malformed input
     /// that would be a bug in this crate, which still surfaces as an error, not a panic.

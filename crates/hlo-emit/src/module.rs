@@ -78,6 +78,8 @@ pub struct Module<'c> {
     symbols: RefCell<BTreeSet<String>>,
     globals: Cell<usize>,
     id: u64,
+    /// Top-level ops given as text (see [`Module::append_source`]).
+    sources: RefCell<Vec<String>>,
 }
 
 impl fmt::Debug for Module<'_> {
@@ -95,6 +97,7 @@ impl<'c> Module<'c> {
             symbols: RefCell::new(BTreeSet::new()),
             globals: Cell::new(0),
             id: NEXT_MODULE_ID.fetch_add(1, Ordering::Relaxed),
+            sources: RefCell::new(Vec::new()),
         }
     }
 
@@ -225,7 +228,25 @@ impl<'c> Module<'c> {
     /// The module as MLIR text (StableHLO and `util` ops in generic form), ready for
     /// `iree-compile --iree-input-type=stablehlo`.
     pub fn to_text(&self) -> String {
-        self.module.as_operation().to_string()
+        let text = self.module.as_operation().to_string();
+        let sources = self.sources.borrow();
+        if sources.is_empty() {
+            return text;
+        }
+        // The module prints as `module ... {` ... `}`: the sources go before the last brace.
+        let body_end = text.trim_end().len() - 1;
+        format!("{}{}}}\n", &text[..body_end], sources.concat())
+    }
+
+    /// Appends top-level ops written as MLIR text, for ops of dialects this crate's context
+    /// does not load (an IREE `hal.executable.source` that a [`crate::Func::dispatch`]
+    /// calls). They are not verified here: the compiler parses them. `symbol` is the symbol
+    /// the text defines; it must be new to the module.
+    pub fn append_source(&self, symbol: &str, text: &str) -> Result<(), Error> {
+        self.claim_symbol(symbol)?;
+        self.symbols.borrow_mut().insert(symbol.to_owned());
+        self.sources.borrow_mut().push(text.to_owned());
+        Ok(())
     }
 }
 

@@ -5,7 +5,7 @@
 //! `HLO_EMIT_DUMP=/some/dir` to also write every module to `<dir>/<name>.mlir` (used to
 //! check the text by hand with iree-compile).
 
-use hlo_emit::ElementType::{BF16, F16, F32, I1, I4, I8, I32, UI4};
+use hlo_emit::ElementType::{BF16, F16, F32, I1, I4, I8, I16, I32, UI4};
 use hlo_emit::{Cmp, Context, DotDims, Error, GatherDims, Module};
 
 /// Builds a module with `build`, verifies it and compares its text with `expect`.
@@ -135,12 +135,13 @@ fn elementwise_unary() {
                     f.sin(x)?,
                     f.cos(x)?,
                     f.erf(x)?,
+                    f.round_nearest_even(x)?,
                 ])
             })?;
             Ok(())
         },
         r#"module {
-  func.func @unary(%arg0: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) {
+  func.func @unary(%arg0: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) {
     %0 = "stablehlo.negate"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
     %1 = "stablehlo.exponential"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
     %2 = "stablehlo.log"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
@@ -152,7 +153,8 @@ fn elementwise_unary() {
     %8 = "stablehlo.sine"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
     %9 = "stablehlo.cosine"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
     %10 = "chlo.erf"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
-    return %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10 : tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
+    %11 = "stablehlo.round_nearest_even"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
+    return %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11 : tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
   }
 }
 "#,
@@ -888,4 +890,49 @@ fn named_module() {
     );
     let err = Module::named(&ctx, "bad name").unwrap_err().to_string();
     assert_eq!(err, "module: expected a name of letters, digits and '_', got \"bad name\"");
+}
+
+#[test]
+fn dispatch_to_an_appended_executable() {
+    check(
+        "dispatch_to_an_appended_executable",
+        |m| {
+            m.append_source("kernels", "  // the executable source\n")?;
+            m.func("f", &[F32.tensor(&[1, 8])], |f, a| {
+                Ok(vec![f.dispatch("kernels", "mv", 2, &[1, 8], &[a[0]], F32.tensor(&[1, 4]))?])
+            })?;
+            Ok(())
+        },
+        r#"module {
+  func.func @f(%arg0: tensor<1x8xf32>) -> tensor<1x4xf32> {
+    %0 = "arith.constant"() {value = 2 : index} : () -> index
+    %1 = "arith.constant"() {value = 1 : i32} : () -> i32
+    %2 = "arith.constant"() {value = 8 : i32} : () -> i32
+    %3 = "flow.dispatch"(%0, %1, %2, %arg0) {entry_points = [@kernels::@mv], operandSegmentSizes = array<i32: 1, 3, 0, 0>, tied_operands = [-1 : index]} : (index, i32, i32, tensor<1x8xf32>) -> tensor<1x4xf32>
+    return %3 : tensor<1x4xf32>
+  }
+  // the executable source
+}
+"#,
+    );
+}
+
+#[test]
+fn dot_general_to_a_wider_integer() {
+    check(
+        "dot_general_to_a_wider_integer",
+        |m| {
+            m.func("f", &[I16.tensor(&[2, 3]), I16.tensor(&[3])], |f, a| {
+                Ok(vec![f.dot_general_to(a[0], a[1], DotDims::contract(&[1], &[0]), I32)?])
+            })?;
+            Ok(())
+        },
+        r#"module {
+  func.func @f(%arg0: tensor<2x3xi16>, %arg1: tensor<3xi16>) -> tensor<2xi32> {
+    %0 = "stablehlo.dot_general"(%arg0, %arg1) {dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>} : (tensor<2x3xi16>, tensor<3xi16>) -> tensor<2xi32>
+    return %0 : tensor<2xi32>
+  }
+}
+"#,
+    );
 }

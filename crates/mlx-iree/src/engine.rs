@@ -8,7 +8,7 @@ use crate::cache::{self, CompileReport};
 use iree_compiler::CompileOptions;
 use iree_hal::{BufferView, Device, Instance, Parameters, Session};
 pub use models::Precision;
-use models::{GraphShape, ModelConfig, graph::SCOPE};
+use models::{GraphShape, Layout, ModelConfig, graph::SCOPE};
 use std::path::Path;
 use std::time::Instant;
 use weights::Checkpoint;
@@ -94,24 +94,25 @@ pub struct GraphModule {
 /// modules share the parameter scope (the repacked copy is the price).
 pub fn graph_modules(
     cfg: &ModelConfig,
-    precision: Precision,
+    layout: &Layout,
     shape: GraphShape,
     target: &iree_compiler::Target,
 ) -> Result<Vec<GraphModule>> {
     use models::Function::{Decode, Prefill};
     let tiled =
         CompileOptions::default().with_flag("--iree-opt-data-tiling").with_flag("--iree-llvmcpu-enable-ukernels=all");
-    let layout: Vec<(Option<&str>, Vec<models::Function>, CompileOptions)> = match target {
+    let modules: Vec<(Option<&str>, Vec<models::Function>, CompileOptions)> = match target {
         iree_compiler::Target::LlvmCpu { .. } => vec![
             (Some("prefill_graph"), vec![Prefill], CompileOptions::default()),
             (Some("decode_graph"), vec![Decode], tiled),
         ],
         _ => vec![(None, vec![Prefill, Decode], CompileOptions::default())],
     };
-    layout
+    modules
         .into_iter()
         .map(|(name, functions, options)| {
-            let mlir = models::emit_functions(cfg, precision, shape, &functions, name)?;
+            let mlir = models::emit_functions(cfg, layout, shape, &functions, name)?;
+            let precision = layout.precision();
             let names: Vec<&str> = functions.iter().map(|f| f.name()).collect();
             let what = format!(
                 "{} {precision} {} graph (capacity {}, prompt bucket {})",
@@ -123,6 +124,34 @@ pub fn graph_modules(
             Ok(GraphModule { what, functions, mlir, options })
         })
         .collect()
+}
+
+/// The device layout of `precision` for this checkpoint and target. Packed matrices use the
+/// hand-written CPU kernels (`kernels::cpu`, installed into `cache_dir`) on an `llvm-cpu`
+/// target whose host has AVX-512, unless `MLX_IREE_PACKED_KERNELS=0`; elsewhere they use the
+/// graph-level form.
+pub fn layout_for(
+    cfg: &ModelConfig,
+    precision: Precision,
+    ckpt: &Checkpoint,
+    target: &iree_compiler::Target,
+    cache_dir: &Path,
+) -> Result<Layout> {
+    let layout = Layout::new(cfg, precision, ckpt)?;
+    let wanted = std::env::var("MLX_IREE_PACKED_KERNELS").map_or(true, |v| v != "0");
+    if precision != Precision::Packed
+        || !wanted
+        || !matches!(target, iree_compiler::Target::LlvmCpu { .. })
+        || !kernels::cpu::host_supported()
+    {
+        return Ok(layout);
+    }
+    let dir = cache_dir.join("kernels");
+    match kernels::cpu::install(&dir) {
+        Ok(Some(object)) => Ok(layout.with_cpu_kernels(cfg, &object)),
+        Ok(None) => Ok(layout),
+        Err(e) => Err(Error::Invalid(format!("writing the CPU kernel object into {}: {e}", dir.display()))),
+    }
 }
 
 impl Engine {
@@ -143,10 +172,11 @@ impl Engine {
         let target = crate::device::target_for(device_uri).map_err(Error::Invalid)?;
         let ckpt = Checkpoint::open(dir)?;
         let cfg = ModelConfig::for_checkpoint(&ckpt)?;
+        let layout = layout_for(&cfg, precision, &ckpt, &target, cache_dir)?;
 
         let mut vmfbs = Vec::new();
         let mut compile = CompileReport::CacheHit;
-        for module in graph_modules(&cfg, precision, shape, &target)? {
+        for module in graph_modules(&cfg, &layout, shape, &target)? {
             let (vmfb, report) = cache::compile_in(cache_dir, &module.what, &module.mlir, &target, &module.options)?;
             compile = compile.and(report);
             vmfbs.push(vmfb);
@@ -159,10 +189,10 @@ impl Engine {
         let mut session = Session::new(&instance, &device)?;
         let mut params = Parameters::new(SCOPE)?;
         let mut weight_bytes = 0;
-        for spec in models::param_specs(&cfg) {
-            let bytes = models::load_param(&ckpt, &spec, precision)?;
+        for param in layout.device_params(&cfg) {
+            let bytes = layout.load(&ckpt, &param)?;
             weight_bytes += bytes.len();
-            params.add_tensor(&spec.key, &bytes)?;
+            params.add_tensor(&param.key, &bytes)?;
         }
         session.append_parameters(&[&params])?;
         for vmfb in &vmfbs {

@@ -1,4 +1,5 @@
-//! The accuracy gate: its arithmetic, and f16/bf16 against f32 on real weights and fixtures.
+//! The accuracy gate: its arithmetic, f16/bf16 against f32 on real weights and fixtures, and
+//! packed against mlx-lm itself.
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
@@ -74,6 +75,29 @@ fn f16_passes_the_gate_on_every_fixture() {
     }
 }
 
+/// Packed 4- and 8-bit weights, dequantized inside the contractions, against mlx-lm's own
+/// float32 trajectories of every quantized fixture: token-exact for all 40 steps.
+#[test]
+fn packed_matches_mlx_lm_on_every_quantized_fixture() {
+    let fixtures = root().join("tests/fixtures");
+    let mut names: Vec<_> =
+        std::fs::read_dir(&fixtures).unwrap().flatten().filter(|e| e.path().is_dir()).map(|e| e.path()).collect();
+    names.sort();
+    assert!(names.len() >= 8);
+    let cache = root().join("target/test-compile-cache");
+    for fixture in names {
+        for variant in ["q4", "q8"] {
+            let dir = fixture.join(variant);
+            let refs =
+                gate::references_from_json(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+            let shape = plan(refs.iter().map(|r| r.prompt_ids.len()).max().unwrap(), 40);
+            let mut packed = Engine::load_cached(&dir, "local-task", Precision::Packed, shape, &cache).unwrap();
+            let report = gate::check(&mut packed, &refs).unwrap();
+            assert!(report.all_exact(), "{}: packed agreement {:.3}", dir.display(), report.agreement());
+        }
+    }
+}
+
 fn gate_cli(model: &str, precision: &str) -> (i32, String) {
     let dir = root().join("target/models").join(model);
     assert!(dir.join("config.json").exists(), "test model missing at {}: run `cargo xtask model` first", dir.display());
@@ -95,16 +119,23 @@ fn smollm2_f16_and_bf16_pass_the_gate() {
     }
 }
 
+/// SmolLM2's 4-bit conversion at the default precision (dequantized to f16 at load) and
+/// packed, against mlx-lm's float32 oracle: token-exact for all 48 steps of both prompts.
 #[test]
 fn gate_against_the_mlx_oracle_file() {
     let dir = root().join("target/models/smollm2-135m-instruct-4bit");
     let oracle = dir.join("oracle.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
-        .args(["gate", "--model", dir.to_str().unwrap(), "--reference", oracle.to_str().unwrap(), "--steps", "48"])
-        .env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}");
-    assert!(stdout.contains("token-exact on every prompt: yes") && stdout.contains("-> PASS"), "{stdout}");
+    for precision in [None, Some("packed")] {
+        let mut args = vec!["gate", "--model", dir.to_str().unwrap(), "--reference", oracle.to_str().unwrap()];
+        args.extend(["--steps", "48"]);
+        args.extend(precision.iter().flat_map(|p| ["--precision", p]));
+        let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
+            .args(&args)
+            .env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{precision:?}: {stdout}");
+        assert!(stdout.contains("token-exact on every prompt: yes") && stdout.contains("-> PASS"), "{stdout}");
+    }
 }

@@ -10,11 +10,12 @@
 
 use crate::config::{Activation, ModelConfig};
 use crate::error::Result;
-use crate::params::{Kind, ParamSpec, layer_prefix, param_specs};
-use crate::precision::Precision;
+use crate::layout::{Layout, Packing};
+use crate::params::layer_prefix;
 use crate::rope::RopeTable;
 use hlo_emit::{Cmp, Context, DotDims, ElementType::*, Func, Global, Module, Value};
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
 
 /// Static sizes a module is compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,15 +59,15 @@ impl Function {
 }
 
 /// Emits the module text: globals for every parameter, then `prefill` and `decode`.
-pub fn emit(cfg: &ModelConfig, precision: Precision, shape: GraphShape) -> Result<String> {
-    emit_functions(cfg, precision, shape, &[Function::Prefill, Function::Decode], None)
+pub fn emit(cfg: &ModelConfig, layout: &Layout, shape: GraphShape) -> Result<String> {
+    emit_functions(cfg, layout, shape, &[Function::Prefill, Function::Decode], None)
 }
 
 /// Emits only `functions`, in a module named `module_name` when given (modules loaded
 /// side by side in one session need distinct names; they share the parameter scope).
 pub fn emit_functions(
     cfg: &ModelConfig,
-    precision: Precision,
+    layout: &Layout,
     shape: GraphShape,
     functions: &[Function],
     module_name: Option<&str>,
@@ -82,24 +83,30 @@ pub fn emit_functions(
         Some(name) => Module::named(&ctx, name)?,
         None => Module::new(&ctx),
     };
-    let specs = param_specs(cfg);
     let mut globals = HashMap::new();
-    for (i, ParamSpec { key, shape, kind }) in specs.iter().enumerate() {
-        let dims: Vec<i64> = shape.iter().map(|d| *d as i64).collect();
-        let elem = if *kind == Kind::Matrix { precision.matrix_elem() } else { F32 };
-        globals.insert(key.clone(), m.global_param(&format!("p{i}"), SCOPE, key, &elem.tensor(&dims))?);
+    for (i, p) in layout.device_params(cfg).iter().enumerate() {
+        let dims: Vec<i64> = p.dims.iter().map(|d| *d as i64).collect();
+        globals.insert(p.key.clone(), m.global_param(&format!("p{i}"), SCOPE, &p.key, &p.elem.tensor(&dims))?);
     }
     let cache: Vec<i64> = kv_cache_shape(cfg, shape.capacity).iter().map(|d| *d as i64).collect();
+    let entries = RefCell::new(BTreeSet::new());
     for function in functions {
         let (name, t) = (function.name(), function.tokens(shape));
         let inputs = [I32.tensor(&[t as i64]), I32.scalar(), I32.scalar(), F32.tensor(&cache), F32.tensor(&cache)];
         m.func(name, &inputs, |f, a| {
-            let step = Step { f, cfg, globals: &globals, t: t as i64, s: shape.capacity as i64 };
+            let step =
+                Step { f, cfg, layout, globals: &globals, entries: &entries, t: t as i64, s: shape.capacity as i64 };
             step.emit(a[0], a[1], a[2], a[3], a[4]).map_err(|e| match e {
                 crate::Error::Graph(g) => g,
                 other => hlo_emit::Error::Mlir { what: "decoder step".into(), detail: other.to_string() },
             })
         })?;
+    }
+    if let Some(object) = layout.kernel_object() {
+        let entries: Vec<_> = entries.into_inner().into_iter().collect();
+        if !entries.is_empty() {
+            m.append_source(kernels::cpu::EXECUTABLE, &kernels::cpu::executable_source(object, &entries))?;
+        }
     }
     Ok(m.to_text())
 }
@@ -107,7 +114,10 @@ pub fn emit_functions(
 struct Step<'a, 'c, 'b> {
     f: &'a Func<'c, 'b>,
     cfg: &'a ModelConfig,
+    layout: &'a Layout,
     globals: &'a HashMap<String, Global>,
+    /// Kernel entry points the functions dispatch (declared once, after emission).
+    entries: &'a RefCell<BTreeSet<kernels::cpu::Entry>>,
     t: i64,
     s: i64,
 }
@@ -133,13 +143,102 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     /// left (BRIEF 4), then back to `[T, out]`.
     fn linear(&self, x: V<'c, 'b>, prefix: &str, bias: bool) -> R<V<'c, 'b>> {
         let f = self.f;
-        let w = self.param(&format!("{prefix}.weight"))?;
-        let y = f.transpose(f.dot_general(w, x, DotDims::contract(&[1], &[1]))?, &[1, 0])?;
+        let y = match self.layout.packing(prefix) {
+            Some(p) => self.packed_linear(x, prefix, p)?,
+            None => {
+                let w = self.param(&format!("{prefix}.weight"))?;
+                f.transpose(f.dot_general(w, x, DotDims::contract(&[1], &[1]))?, &[1, 0])?
+            }
+        };
         if bias {
             let b = self.param(&format!("{prefix}.bias"))?;
             return f.add(y, f.broadcast_in_dim(b, &y.shape(), &[1])?);
         }
         Ok(y)
+    }
+
+    /// `x [T, in]` through a packed matrix, with the dequantization inside the contraction:
+    /// `y[t,o] = sx[t] Σ_g s[o,g] Σ_k q[o,g,k] xq[t,g,k] + Σ_g b[o,g] Σ_k x[t,g,k]`, where
+    /// `q` are the signed packed values, `xq = round(x / sx)` is `x` quantized to i16 per row
+    /// (15 bits of the row's largest magnitude) and `b` the biases with the offset folded in.
+    /// The integer contraction over each group reads the packed weight directly (one
+    /// `batch_matmul ... i16xi4xi32` dispatch); scales and biases apply once per group.
+    fn packed_linear(&self, x: V<'c, 'b>, prefix: &str, p: &Packing) -> R<V<'c, 'b>> {
+        if p.kernel {
+            return self.kernel_dispatch(kernels::cpu::Op::Matvec, x, prefix, p);
+        }
+        let f = self.f;
+        let w = f.load(self.global(&format!("{prefix}.weight"))?)?;
+        let (t, k) = (x.shape()[0], x.shape()[1]);
+        let (o, gs) = (w.shape()[0], p.group_size as i64);
+        let g = k / gs;
+        let w = f.convert(f.reshape(w, &[o, g, gs])?, I16)?;
+
+        const I16_MAX: f64 = 32767.0;
+        let amax = f.max(f.reduce_max(f.abs(x)?, &[1])?, f.splat(1e-30, &F32.tensor(&[t]))?)?;
+        let inv = f.div(f.splat(I16_MAX, &F32.tensor(&[t]))?, amax)?;
+        let xq = f.round_nearest_even(f.mul(x, f.broadcast_in_dim(inv, &[t, k], &[0])?)?)?;
+        let xq = f.transpose(f.reshape(f.convert(xq, I16)?, &[t, g, gs])?, &[1, 0, 2])?;
+        // [G, T, O] integer dot products per group.
+        let acc = f.convert(f.dot_general_to(xq, w, DotDims::contract(&[2], &[2]).batch(&[0], &[1]), I32)?, F32)?;
+
+        let full = [g, t, o];
+        let scales = f.transpose(self.param(&format!("{prefix}.scales"))?, &[1, 0])?;
+        let biases = f.transpose(self.param(&format!("{prefix}.biases"))?, &[1, 0])?;
+        let sx = f.mul_scalar(amax, 1.0 / I16_MAX)?;
+        let xsum = f.transpose(f.reduce_sum(f.reshape(x, &[t, g, gs])?, &[2])?, &[1, 0])?;
+        let scaled =
+            f.mul(f.mul(acc, f.broadcast_in_dim(scales, &full, &[0, 2])?)?, f.broadcast_in_dim(sx, &full, &[1])?)?;
+        let offset = f.mul(f.broadcast_in_dim(biases, &full, &[0, 2])?, f.broadcast_in_dim(xsum, &full, &[0, 1])?)?;
+        f.reduce_sum(f.add(scaled, offset)?, &[0])
+    }
+
+    /// A packed matrix through the hand-written CPU kernel: the matvec `x [T, in] -> [T, out]`
+    /// or the lookup of rows `x` (i32 ids `[T]`) -> `[T, in]`, both f32 and exact.
+    fn kernel_dispatch(&self, op: kernels::cpu::Op, x: V<'c, 'b>, prefix: &str, p: &Packing) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let (w, s, b) = (
+            f.load(self.global(&format!("{prefix}.weight"))?)?,
+            f.load(self.global(&format!("{prefix}.scales"))?)?,
+            f.load(self.global(&format!("{prefix}.biases"))?)?,
+        );
+        let blocks = w.shape()[0];
+        let out = blocks * kernels::cpu::BLOCK_ROWS as i64;
+        let inp = s.shape()[1] / kernels::cpu::BLOCK_ROWS as i64 * p.group_size as i64;
+        let t = x.shape()[0];
+        let (workload, result) = match op {
+            kernels::cpu::Op::Matvec => (blocks, [t, out]),
+            kernels::cpu::Op::Rows => (t, [t, inp]),
+        };
+        let dims = [t, inp, out, p.group_size as i64].map(|d| d as i32);
+        let entry = kernels::cpu::Entry { op, bits: p.bits, scale: p.kernel_scale() };
+        self.entries.borrow_mut().insert(entry);
+        let export = kernels::cpu::export(op, p.bits, p.kernel_scale());
+        f.dispatch(kernels::cpu::EXECUTABLE, &export, workload, &dims, &[x, w, s, b], F32.tensor(&result))
+    }
+
+    /// Rows `tokens` of the embedding table as f32 `[T, hidden]`: gathered in the table's
+    /// own type, then widened (dense) or dequantized (packed) for those rows only.
+    fn embed(&self, tokens: V<'c, 'b>) -> R<V<'c, 'b>> {
+        let f = self.f;
+        const PREFIX: &str = "model.embed_tokens";
+        if let Some(p) = self.layout.packing(PREFIX).filter(|p| p.kernel) {
+            return self.kernel_dispatch(kernels::cpu::Op::Rows, tokens, PREFIX, p);
+        }
+        let rows = f.gather_rows(f.load(self.global(&format!("{PREFIX}.weight"))?)?, tokens)?;
+        let Some(p) = self.layout.packing(PREFIX) else {
+            return if rows.elem() == F32 { Ok(rows) } else { f.convert(rows, F32) };
+        };
+        let (t, d) = (self.t, self.cfg.hidden as i64);
+        let gs = p.group_size as i64;
+        let grouped = [t, d / gs, gs];
+        let gather = |name: &str| -> R<V<'c, 'b>> {
+            let table = f.load(self.global(&format!("{PREFIX}.{name}"))?)?;
+            let v = f.convert(f.gather_rows(table, tokens)?, F32)?;
+            f.broadcast_in_dim(v, &grouped, &[0, 1])
+        };
+        let q = f.reshape(f.convert(rows, F32)?, &grouped)?;
+        f.reshape(f.add(f.mul(q, gather("scales")?)?, gather("biases")?)?, &[t, d])
     }
 
     fn norm(&self, x: V<'c, 'b>, key: &str) -> R<V<'c, 'b>> {
@@ -187,11 +286,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let (h, k, hd) = (cfg.heads as i64, cfg.kv_heads as i64, cfg.head_dim as i64);
         let g = h / k;
 
-        // Gather the rows in the table's own precision, then widen only those.
-        let mut x = f.gather_rows(f.load(self.global("model.embed_tokens.weight")?)?, tokens)?;
-        if x.elem() != F32 {
-            x = f.convert(x, F32)?;
-        }
+        let mut x = self.embed(tokens)?;
         if let Some(scale) = cfg.embed_scale {
             x = f.mul_scalar(x, scale as f64)?;
         }

@@ -5,12 +5,16 @@
 //!   error here, before anything is compiled.
 //! - [`param_specs`] lists the parameters (checkpoint names and shapes) the graph binds as
 //!   globals in scope [`graph::SCOPE`]; [`load_f32`] reads each as f32 (dequantized at load).
+//! - [`Layout`] says how each parameter sits on the device at a precision (dense in the
+//!   precision's type, or MLX-packed for `packed`); the graph's globals and the loader both
+//!   come from its [`Layout::device_params`].
 //! - [`graph::emit`] writes the `prefill` / `decode` functions; the KV cache is an argument
 //!   and a result, so it stays on the device between calls.
 
 mod config;
 mod error;
 pub mod graph;
+mod layout;
 mod params;
 mod precision;
 mod rope;
@@ -18,6 +22,7 @@ mod rope;
 pub use config::{Activation, Family, LayerConfig, ModelConfig, RopeScaling, SUPPORTED};
 pub use error::{Error, Result};
 pub use graph::{Function, GraphShape, emit, emit_functions, kv_cache_shape};
+pub use layout::{DeviceParam, Layout, Packing, Role};
 pub use params::{Kind, ParamSpec, load_f32, load_param, param_specs};
 pub use precision::Precision;
 pub use rope::RopeTable;

@@ -3,7 +3,7 @@
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::precision::Precision;
+use hlo_emit::ElementType;
 use std::borrow::Cow;
 use weights::{Checkpoint, Dtype, Linear};
 
@@ -22,6 +22,13 @@ pub struct ParamSpec {
     pub key: String,
     pub shape: Vec<usize>,
     pub kind: Kind,
+}
+
+impl ParamSpec {
+    /// The layer prefix of a matrix (`model.layers.0.mlp.up_proj` of `...up_proj.weight`).
+    pub fn prefix(&self) -> &str {
+        self.key.strip_suffix(".weight").unwrap_or(&self.key)
+    }
 }
 
 /// Checkpoint names of one decoder layer's tensors, so the names appear once.
@@ -80,34 +87,33 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     out
 }
 
-/// The bytes of one parameter as the graph of `precision` declares it: matrices in the
-/// precision's element type (borrowed from the checkpoint when it already has that dtype,
-/// else converted with round-to-nearest-even, or dequantized then converted), vectors f32.
-pub fn load_param<'a>(ckpt: &'a Checkpoint, spec: &ParamSpec, precision: Precision) -> Result<Cow<'a, [u8]>> {
-    if spec.kind == Kind::Matrix && precision != Precision::F32 {
-        let prefix = spec.key.strip_suffix(".weight").unwrap_or(&spec.key);
-        let wanted = if precision == Precision::F16 { Dtype::F16 } else { Dtype::BF16 };
-        if let Linear::Dense(d) = ckpt.linear(prefix)? {
-            let w = d.weight();
-            if w.dtype() == wanted && w.shape() == &spec.shape[..] {
-                return Ok(Cow::Borrowed(w.bytes()));
-            }
+/// The bytes of one dense parameter as a graph declares it: matrices in `elem` (borrowed
+/// from the checkpoint when it already has that dtype and shape, else converted with
+/// round-to-nearest-even, or dequantized then converted), vectors f32.
+pub fn load_param<'a>(ckpt: &'a Checkpoint, spec: &ParamSpec, elem: ElementType) -> Result<Cow<'a, [u8]>> {
+    let wanted = match elem {
+        ElementType::F16 => Some(Dtype::F16),
+        ElementType::BF16 => Some(Dtype::BF16),
+        _ => None,
+    };
+    if let (Kind::Matrix, Some(wanted)) = (spec.kind, wanted)
+        && let Linear::Dense(d) = ckpt.linear(spec.prefix())?
+    {
+        let w = d.weight();
+        if w.dtype() == wanted && w.shape() == &spec.shape[..] {
+            return Ok(Cow::Borrowed(w.bytes()));
         }
     }
     let data = load_f32(ckpt, spec)?;
-    Ok(Cow::Owned(match (spec.kind, precision) {
-        (Kind::Vector, _) | (_, Precision::F32) => data.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        (Kind::Matrix, Precision::F16) => data.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect(),
-        (Kind::Matrix, Precision::BF16) => data.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect(),
-    }))
+    let elem = if spec.kind == Kind::Vector { ElementType::F32 } else { elem };
+    Ok(Cow::Owned(crate::layout::encode_f32(data.into_iter(), elem)))
 }
 
 /// Reads one parameter as f32 (widened exactly, or dequantized at load), checking its shape.
 pub fn load_f32(ckpt: &Checkpoint, spec: &ParamSpec) -> Result<Vec<f32>> {
     match spec.kind {
         Kind::Matrix => {
-            let prefix = spec.key.strip_suffix(".weight").unwrap_or(&spec.key);
-            let linear = ckpt.linear(prefix)?;
+            let linear = ckpt.linear(spec.prefix())?;
             let (o, i) = (linear.out_features(), linear.in_features());
             if [o, i] != spec.shape[..] {
                 return Err(shape_error(ckpt, &spec.key, &spec.shape, &[o, i]));

@@ -12,24 +12,29 @@ pub enum Precision {
     F16,
     /// The same with bf16.
     BF16,
+    /// MLX 4- and 8-bit quantized matrices stay packed on the device (with their scales and
+    /// biases) and are dequantized inside the contraction; the checkpoint's dense matrices
+    /// are f16. Needs a quantized checkpoint.
+    Packed,
 }
 
 impl Precision {
-    pub const ALL: [Precision; 3] = [Precision::F32, Precision::F16, Precision::BF16];
+    pub const ALL: [Precision; 4] = [Precision::F32, Precision::F16, Precision::BF16, Precision::Packed];
 
     pub fn name(self) -> &'static str {
         match self {
             Precision::F32 => "f32",
             Precision::F16 => "f16",
             Precision::BF16 => "bf16",
+            Precision::Packed => "packed",
         }
     }
 
-    /// Element type of the matrix parameters (projections, embedding, lm_head).
+    /// Element type of the dense matrix parameters (projections, embedding, lm_head).
     pub fn matrix_elem(self) -> ElementType {
         match self {
             Precision::F32 => ElementType::F32,
-            Precision::F16 => ElementType::F16,
+            Precision::F16 | Precision::Packed => ElementType::F16,
             Precision::BF16 => ElementType::BF16,
         }
     }
@@ -48,7 +53,7 @@ impl std::str::FromStr for Precision {
             "f32" => Ok(Precision::F32),
             "f16" => Ok(Precision::F16),
             "bf16" => Ok(Precision::BF16),
-            "packed" => Err("precision `packed` is not implemented yet (available: f32, f16, bf16)".into()),
+            "packed" => Ok(Precision::Packed),
             other => Err(format!("unknown precision `{other}` (expected f32, f16, bf16 or packed)")),
         }
     }

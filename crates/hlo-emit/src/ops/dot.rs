@@ -2,6 +2,7 @@
 
 use crate::error::Error;
 use crate::func::{Func, Value, check_dims, ix, list};
+use crate::types::ElementType;
 
 /// Dimension numbers of [`Func::dot_general`]. Batch dims pair up (`lhs_batch[i]` with
 /// `rhs_batch[i]`), as do contracting dims.
@@ -57,10 +58,31 @@ impl<'c, 'b> Func<'c, 'b> {
     /// General dot product. The result shape is the batch dims, then the remaining lhs
     /// dims, then the remaining rhs dims; operands must share the element type.
     pub fn dot_general(&self, lhs: Value<'c, 'b>, rhs: Value<'c, 'b>, dims: DotDims) -> Result<Value<'c, 'b>, Error> {
+        let elem = lhs.elem();
+        self.dot_general_to(lhs, rhs, dims, elem)
+    }
+
+    /// [`Func::dot_general`] with an explicit result element type: integer operands may
+    /// accumulate into a wider integer (`i16 x i16 -> i32`), floats into a wider float.
+    pub fn dot_general_to(
+        &self,
+        lhs: Value<'c, 'b>,
+        rhs: Value<'c, 'b>,
+        dims: DotDims,
+        out: ElementType,
+    ) -> Result<Value<'c, 'b>, Error> {
         const OP: &str = "stablehlo.dot_general";
         let (tl, tr) = (lhs.ty(), rhs.ty());
         if tl.elem != tr.elem {
             return Err(Error::op(OP, "operands of one element type", format!("{tl} and {tr}")));
+        }
+        let same_kind = (out.is_float() && tl.elem.is_float()) || (out.is_integer() && tl.elem.is_integer());
+        if !same_kind || out.bits() < tl.elem.bits() {
+            return Err(Error::op(
+                OP,
+                format!("a result type of the operands' kind and at least as wide as {}", tl.elem),
+                out,
+            ));
         }
         if dims.lhs_batch.len() != dims.rhs_batch.len() || dims.lhs_contract.len() != dims.rhs_contract.len() {
             return Err(Error::op(
@@ -97,7 +119,7 @@ impl<'c, 'b> Func<'c, 'b> {
         shape.extend((0..tl.rank()).filter(|&i| !lhs_all.contains(&(i as i64))).map(|i| tl.shape[i]));
         shape.extend((0..tr.rank()).filter(|&i| !rhs_all.contains(&(i as i64))).map(|i| tr.shape[i]));
         let attr = self.parse_attr(OP, &dims.attr_text())?;
-        self.emit1(OP, &[lhs, rhs], vec![("dot_dimension_numbers", attr)], tl.with_shape(&shape))
+        self.emit1(OP, &[lhs, rhs], vec![("dot_dimension_numbers", attr)], tl.with_shape(&shape).with_elem(out))
     }
 
     /// `lhs · rhs` contracting the last dim of `lhs` with the first of `rhs` (e.g. `W·x`).

@@ -202,6 +202,11 @@ impl<'c, 'b> Func<'c, 'b> {
         self.unary("stablehlo.logistic", Accepts::Float, a)
     }
 
+    /// Rounds to the nearest integer, ties to even (floats); used to quantize activations.
+    pub fn round_nearest_even(&self, a: Value<'c, 'b>) -> Result<Value<'c, 'b>, Error> {
+        self.unary("stablehlo.round_nearest_even", Accepts::Float, a)
+    }
+
     /// `sin(a)` (floats).
     pub fn sin(&self, a: Value<'c, 'b>) -> Result<Value<'c, 'b>, Error> {
         self.unary("stablehlo.sine", Accepts::Float, a)

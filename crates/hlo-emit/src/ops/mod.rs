@@ -3,6 +3,7 @@
 
 pub(crate) mod composite;
 pub(crate) mod constant;
+pub(crate) mod dispatch;
 pub(crate) mod dot;
 pub(crate) mod elementwise;
 pub(crate) mod gather;

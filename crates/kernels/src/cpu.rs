@@ -1,0 +1,331 @@
+//! The x86-64 (AVX-512) kernels: fused dequant + matvec (`qmv`) and packed-row lookup
+//! (`qrows`), for 4- and 8-bit weights with f16 or f32 scales.
+//!
+//! Invariants shared with `cpu/qmv_x86_64.c`: 16-row blocks; 4-bit tiles of 16 rows x 8 k,
+//! 8-bit tiles of 16 rows x 4 k, 64 bytes each; scales and biases `[O/16][G][16]`; the four
+//! push constants are `T, K, O, group_size`; bindings are (input, weight, scales, biases,
+//! output).
+
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+
+/// Rows computed together (one AVX-512 register of f32).
+pub const BLOCK_ROWS: usize = 16;
+/// Row blocks per workgroup of a matvec dispatch.
+pub const BLOCKS_PER_WORKGROUP: usize = 4;
+/// Name of the `hal.executable.source` holding every entry point.
+pub const EXECUTABLE: &str = "mlx_iree_kernels";
+
+#[cfg(kernels_cpu_object)]
+const OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/qmv_x86_64.o")));
+#[cfg(not(kernels_cpu_object))]
+const OBJECT: Option<&[u8]> = None;
+
+/// The compiled object, when this build has one (x86-64 with a C compiler).
+pub fn object() -> Option<&'static [u8]> {
+    OBJECT
+}
+
+/// True when the kernels can run on this machine: the object exists and the CPU has AVX-512F.
+pub fn host_supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        OBJECT.is_some() && std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Writes the object into `dir` under a name carrying its content hash (so compiled modules
+/// that name it are keyed by the kernel's version) and returns its path. Idempotent.
+pub fn install(dir: &Path) -> std::io::Result<Option<PathBuf>> {
+    let Some(bytes) = OBJECT else { return Ok(None) };
+    let hash: String = Sha256::digest(bytes).iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let path = dir.join(format!("qmv_x86_64-{hash}.o"));
+    if !path.exists() {
+        std::fs::create_dir_all(dir)?;
+        let tmp = dir.join(format!(".qmv_x86_64-{hash}.o.{}", std::process::id()));
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, &path)?;
+    }
+    Ok(Some(path))
+}
+
+/// What an entry point computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Op {
+    /// `y[T, O] = x[T, K] . W^T` (f32 in, f32 out).
+    Matvec,
+    /// `out[T, K] = W[ids[t], :]` dequantized (i32 ids in).
+    Rows,
+}
+
+/// Element type of the scales and biases in the kernel layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scale {
+    F16,
+    F32,
+}
+
+impl Scale {
+    fn name(self) -> &'static str {
+        match self {
+            Scale::F16 => "f16",
+            Scale::F32 => "f32",
+        }
+    }
+
+    /// The memref element the C side reads (f16 travels as its bits).
+    fn memref(self) -> &'static str {
+        match self {
+            Scale::F16 => "i16",
+            Scale::F32 => "f32",
+        }
+    }
+}
+
+/// The export name of an entry point, e.g. `qmv4_f16`.
+pub fn export(op: Op, bits: u32, scale: Scale) -> String {
+    let op = match op {
+        Op::Matvec => "qmv",
+        Op::Rows => "qrows",
+    };
+    format!("{op}{bits}_{}", scale.name())
+}
+
+/// Workgroups per unit of the dispatch's workload (row blocks for a matvec, rows for a
+/// lookup).
+pub fn units_per_workgroup(op: Op) -> usize {
+    match op {
+        Op::Matvec => BLOCKS_PER_WORKGROUP,
+        Op::Rows => 1,
+    }
+}
+
+/// Whether the kernels take a matrix of this shape: whole 16-row blocks, whole tiles and
+/// group sizes that are multiples of 16.
+pub fn supports(bits: u32, out: usize, inp: usize, group_size: usize) -> bool {
+    (bits == 4 || bits == 8)
+        && out.is_multiple_of(BLOCK_ROWS)
+        && group_size > 0
+        && group_size.is_multiple_of(16)
+        && inp.is_multiple_of(group_size)
+}
+
+/// MLX's packed weight (`[out, in * bits / 32]` u32 words as little-endian bytes, value k
+/// of a row at bits `bits * (k % (32 / bits))` of word `k / (32 / bits)`) in the kernel
+/// layout. `bits` is 4 or 8 and the shape passes [`supports`].
+pub fn repack_weight(bits: u32, out: usize, inp: usize, mlx: &[u8]) -> Vec<u8> {
+    let row_bytes = inp * bits as usize / 8;
+    debug_assert_eq!(mlx.len(), out * row_bytes);
+    let q = |r: usize, k: usize| -> u8 {
+        let byte = mlx[r * row_bytes + k * bits as usize / 8];
+        if bits == 8 {
+            byte
+        } else if k.is_multiple_of(2) {
+            byte & 0xF
+        } else {
+            byte >> 4
+        }
+    };
+    let mut packed = vec![0u8; mlx.len()];
+    let tile_k = if bits == 4 { 8 } else { 4 };
+    for rb in 0..out / BLOCK_ROWS {
+        for kt in 0..inp / tile_k {
+            let tile = &mut packed[(rb * (inp / tile_k) + kt) * 64..][..64];
+            for j in 0..4 {
+                for r in 0..BLOCK_ROWS {
+                    let (row, k0) = (rb * BLOCK_ROWS + r, kt * tile_k);
+                    tile[16 * j + r] =
+                        if bits == 4 { q(row, k0 + j) | (q(row, k0 + 4 + j) << 4) } else { q(row, k0 + j) };
+                }
+            }
+        }
+    }
+    packed
+}
+
+/// Per-group values `[out, groups]` (scales or biases, any element) as `[out/16][groups][16]`.
+pub fn repack_groups<T: Copy>(values: &[T], out: usize, groups: usize) -> Vec<T> {
+    debug_assert_eq!(values.len(), out * groups);
+    let mut packed = Vec::with_capacity(values.len());
+    for rb in 0..out / BLOCK_ROWS {
+        for g in 0..groups {
+            packed.extend((0..BLOCK_ROWS).map(|r| values[(rb * BLOCK_ROWS + r) * groups + g]));
+        }
+    }
+    packed
+}
+
+/// An entry point: what it computes, for which packing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Entry {
+    pub op: Op,
+    pub bits: u32,
+    pub scale: Scale,
+}
+
+/// The `hal.executable.source` declaring `entries` (IREE keeps only exports a module
+/// dispatches, so a module declares exactly those it uses), linking `object` (a path from
+/// [`install`]). Each export takes one workload value (see [`units_per_workgroup`]).
+pub fn executable_source(object: &Path, entries: &[Entry]) -> String {
+    let target = r#"#hal.executable.target<"llvm-cpu", "embedded-elf-x86_64", {target_triple = "x86_64-unknown-unknown-eabi-elf"}>"#;
+    let ro = "#hal.pipeline.binding<storage_buffer, ReadOnly>";
+    let layout = format!(
+        "#hal.pipeline.layout<constants = 4, bindings = [{ro}, {ro}, {ro}, {ro}, #hal.pipeline.binding<storage_buffer>]>"
+    );
+    let path = object.display().to_string().replace('\\', "\\\\").replace('"', "\\\"");
+    // One export op per entry, then one inner module holding every entry's function (IREE
+    // reads a single inner module per source).
+    let (mut exports, mut funcs) = (String::new(), String::new());
+    for (i, e) in entries.iter().enumerate() {
+        let (export, func) = export_text(e.op, e.bits, e.scale, i, &layout);
+        exports.push_str(&export);
+        funcs.push_str(&func);
+    }
+    let exports = format!("{exports}    builtin.module {{\n{funcs}    }}\n");
+    format!(
+        "  \"hal.executable.source\"() <{{sym_name = \"{EXECUTABLE}\", sym_visibility = \"private\", objects = #hal.executable.objects<{{{target} = [#hal.executable.object<{{path = \"{path}\"}}>]}}>}}> ({{\n{exports}    \"hal.executable.source_end\"() : () -> ()\n  }}) : () -> ()\n"
+    )
+}
+
+/// The export op and the inner-module functions of one entry point.
+fn export_text(op: Op, bits: u32, scale: Scale, ordinal: usize, layout: &str) -> (String, String) {
+    let name = export(op, bits, scale);
+    let c_name = format!("mlx_iree_{name}");
+    let per = units_per_workgroup(op);
+    let input = if op == Op::Matvec { "f32" } else { "i32" };
+    let s = scale.memref();
+    let params = format!(
+        "memref<{input}>, index, memref<i8>, index, memref<{s}>, index, memref<{s}>, index, memref<f32>, index, index, index, index, index, index, index"
+    );
+    let binding = |i: usize, elem: &str| {
+        format!(
+            "        %b{i} = hal.interface.binding.subspan layout({layout}) binding({i}) alignment(64) offset(%c0) : memref<?x{elem}>{{%n}}\n        %p{i}, %o{i}, %s{i}, %st{i} = memref.extract_strided_metadata %b{i} : memref<?x{elem}> -> memref<{elem}>, index, index, index\n"
+        )
+    };
+    let constant = |i: usize, name: &str| {
+        format!(
+            "        %{name}32 = hal.interface.constant.load layout({layout}) ordinal({i}) : i32\n        %{name} = arith.index_castui %{name}32 : i32 to index\n"
+        )
+    };
+    let export = format!(
+        r#"    hal.executable.export public @{name} ordinal({ordinal}) layout({layout}) count(%device: !hal.device, %units: index) -> (index, index, index) {{
+      %c1 = arith.constant 1 : index
+      %x = affine.apply affine_map<()[s0] -> (s0 ceildiv {per})>()[%units]
+      hal.return %x, %c1, %c1 : index, index, index
+    }}
+"#
+    );
+    let func = format!(
+        r#"      func.func private @{c_name}({params}) attributes {{llvm.bareptr = true, hal.import.static}}
+      func.func @{name}() {{
+        %c0 = arith.constant 0 : index
+        %n = arith.constant 0 : index
+{t}{k}{o}{gs}        %wg = hal.interface.workgroup.id[0] : index
+        %u0 = affine.apply affine_map<()[s0] -> (s0 * {per})>()[%wg]
+        %u1 = affine.apply affine_map<()[s0] -> (s0 * {per} + {per})>()[%wg]
+{b0}{b1}{b2}{b3}{b4}        func.call @{c_name}(%p0, %o0, %p1, %o1, %p2, %o2, %p3, %o3, %p4, %o4, %t, %k, %o, %gs, %u0, %u1) : ({params}) -> ()
+        return
+      }}
+"#,
+        t = constant(0, "t"),
+        k = constant(1, "k"),
+        o = constant(2, "o"),
+        gs = constant(3, "gs"),
+        b0 = binding(0, input),
+        b1 = binding(1, "i8"),
+        b2 = binding(2, s),
+        b3 = binding(3, s),
+        b4 = binding(4, "f32"),
+    );
+    (export, func)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each packed value lands where the C kernel reads it.
+    #[test]
+    fn repacked_weights_follow_the_tile_layout() {
+        let (out, inp) = (32, 16);
+        for bits in [4u32, 8] {
+            let max = (1u32 << bits) - 1;
+            let value = |r: usize, k: usize| ((r * 7 + k * 3) as u32 % (max + 1)) as u8;
+            let row_bytes = inp * bits as usize / 8;
+            let mut mlx = vec![0u8; out * row_bytes];
+            for r in 0..out {
+                for k in 0..inp {
+                    let v = value(r, k);
+                    if bits == 8 {
+                        mlx[r * row_bytes + k] = v;
+                    } else {
+                        mlx[r * row_bytes + k / 2] |= v << (4 * (k % 2));
+                    }
+                }
+            }
+            let packed = repack_weight(bits, out, inp, &mlx);
+            let block_bytes = inp * bits as usize * 16 / 8;
+            for r in 0..out {
+                for k in 0..inp {
+                    let (rb, lane) = (r / 16, r % 16);
+                    let got = if bits == 4 {
+                        let byte = packed[rb * block_bytes + (k / 8) * 64 + (k % 4) * 16 + lane];
+                        if k % 8 < 4 { byte & 0xF } else { byte >> 4 }
+                    } else {
+                        packed[rb * block_bytes + (k / 4) * 64 + (k % 4) * 16 + lane]
+                    };
+                    assert_eq!(got, value(r, k), "bits {bits} row {r} k {k}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn groups_are_blocked_by_16_rows() {
+        let values: Vec<u32> = (0..64).collect(); // [32 rows, 2 groups]
+        let packed = repack_groups(&values, 32, 2);
+        assert_eq!(&packed[..16], &(0..16).map(|r| r * 2).collect::<Vec<_>>()[..]);
+        assert_eq!(&packed[16..32], &(0..16).map(|r| r * 2 + 1).collect::<Vec<_>>()[..]);
+        assert_eq!(packed[32], 32);
+    }
+
+    #[test]
+    fn shapes_the_kernels_take() {
+        assert!(supports(4, 2048, 2048, 64));
+        assert!(supports(8, 128256, 2048, 32));
+        assert!(!supports(4, 100, 64, 32), "rows not a multiple of 16");
+        assert!(!supports(4, 64, 96, 64), "groups do not divide the input");
+        assert!(!supports(3, 64, 64, 64), "3-bit");
+        assert!(!supports(4, 64, 64, 8), "group smaller than 16");
+    }
+
+    #[test]
+    fn the_source_declares_exactly_the_entries_asked_for() {
+        let all: Vec<Entry> = [Op::Matvec, Op::Rows]
+            .into_iter()
+            .flat_map(|op| [4, 8].into_iter().map(move |bits| (op, bits)))
+            .flat_map(|(op, bits)| [Scale::F16, Scale::F32].into_iter().map(move |scale| Entry { op, bits, scale }))
+            .collect();
+        let used = [all[0], all[5]];
+        let text = executable_source(Path::new("/k/qmv.o"), &used);
+        for (i, e) in all.iter().enumerate() {
+            let name = export(e.op, e.bits, e.scale);
+            let expected = usize::from(used.contains(e));
+            assert_eq!(text.matches(&format!("export public @{name} ")).count(), expected, "{name}");
+            assert_eq!(
+                text.matches(&format!("@mlx_iree_{name}(")).count(),
+                2 * expected,
+                "{name}: declared and called"
+            );
+            if expected == 1 {
+                let ordinal = used.iter().position(|u| u == e).unwrap();
+                assert!(text.contains(&format!("@{name} ordinal({ordinal})")), "{i}");
+            }
+        }
+        assert!(text.contains(r#"path = "/k/qmv.o""#));
+    }
+}

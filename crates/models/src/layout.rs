@@ -1,0 +1,305 @@
+//! How every parameter sits on the device for one precision: dense matrices in the
+//! precision's element type, or, for `packed`, MLX-quantized matrices kept packed with their
+//! scales and biases. The graph declares its globals from this list and the loader fills them
+//! from it, so the two cannot disagree.
+
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::params::{Kind, ParamSpec, param_specs};
+use crate::precision::Precision;
+use hlo_emit::ElementType;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use weights::{Checkpoint, Dtype, Linear};
+
+/// An MLX-quantized matrix kept packed on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Packing {
+    /// 4 or 8.
+    pub bits: u32,
+    pub group_size: usize,
+    /// The checkpoint's scale dtype (f16, bf16 or f32), kept as is.
+    pub scale_elem: ElementType,
+    /// Element type of the adjusted biases: f16 beside f16 scales, else f32 (bf16's 8-bit
+    /// mantissa would round the folded offset by up to 3% of a quantization step).
+    pub bias_elem: ElementType,
+    /// Read by the hand-written CPU kernel (`kernels::cpu`) in its own layout instead of the
+    /// graph-level form; scales and biases are then f16 (from f16) or f32, biases as MLX's.
+    pub kernel: bool,
+}
+
+impl Packing {
+    /// Element type of the packed weight in the graph-level form: signed, because IREE 3.13 lowers a `ui4` convert
+    /// inside a fused contraction as signed (BRIEF 4). MLX's unsigned `q` is stored as
+    /// `q ^ 2^(bits-1)`, which reads as `q - 2^(bits-1)`; the bias absorbs the offset.
+    pub fn weight_elem(&self) -> ElementType {
+        if self.bits == 4 { ElementType::I4 } else { ElementType::I8 }
+    }
+
+    /// The offset `2^(bits-1)` folded into the biases.
+    fn offset(&self) -> f32 {
+        (1u32 << (self.bits - 1)) as f32
+    }
+
+    /// The kernel's scale type for this packing.
+    pub fn kernel_scale(&self) -> kernels::cpu::Scale {
+        if self.scale_elem == ElementType::F16 { kernels::cpu::Scale::F16 } else { kernels::cpu::Scale::F32 }
+    }
+}
+
+/// What a device parameter holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A dense matrix `[out, in]` in the layout's dense element type.
+    Dense,
+    /// A 1-D f32 tensor (norm weights, biases of linear layers).
+    Vector,
+    /// Packed weight `[out, in]` of `i4`/`i8` (nibble/byte-flipped MLX bits).
+    PackedWeight,
+    /// Scales `[out, in / group_size]`.
+    PackedScales,
+    /// Biases plus `2^(bits-1) * scales`, `[out, in / group_size]`.
+    PackedBiases,
+}
+
+/// One global of the graph: the parameter key it is bound to, its shape and element type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceParam {
+    pub key: String,
+    pub dims: Vec<usize>,
+    pub elem: ElementType,
+    pub role: Role,
+    /// The checkpoint-level parameter it comes from.
+    pub spec: ParamSpec,
+}
+
+impl DeviceParam {
+    pub fn bytes(&self) -> usize {
+        self.dims.iter().product::<usize>() * self.elem.bits() as usize / 8
+    }
+}
+
+/// The device layout of a model at a precision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layout {
+    precision: Precision,
+    /// Packed matrices by prefix (`model.layers.0.mlp.up_proj`).
+    packed: HashMap<String, Packing>,
+    /// The CPU kernel object linked into the graph, when any packing uses it.
+    kernel_object: Option<PathBuf>,
+}
+
+impl Layout {
+    /// The layout of `precision` for this checkpoint. Dense precisions do not look at the
+    /// checkpoint (quantized weights are dequantized at load); `packed` keeps every 4- and
+    /// 8-bit MLX-quantized matrix packed and stores the checkpoint's dense matrices as f16.
+    ///
+    /// # Errors
+    /// `packed` on a checkpoint without quantized matrices, or with a bit width other than
+    /// 4 or 8, or a group size that does not divide the input size.
+    pub fn new(cfg: &ModelConfig, precision: Precision, ckpt: &Checkpoint) -> Result<Layout> {
+        if precision != Precision::Packed {
+            return Ok(Layout::dense(precision));
+        }
+        let mut packed = HashMap::new();
+        for spec in param_specs(cfg).iter().filter(|s| s.kind == Kind::Matrix) {
+            let prefix = spec.prefix();
+            let Linear::Quantized(q) = ckpt.linear(prefix)? else { continue };
+            let (bits, gs) = (q.bits(), q.group_size());
+            if bits != 4 && bits != 8 {
+                return Err(Error::Invalid(format!(
+                    "precision `packed` runs 4- and 8-bit MLX quantization; {prefix} in {} is {bits}-bit (use f16)",
+                    ckpt.dir().display()
+                )));
+            }
+            if gs == 0 || spec.shape[1] % gs != 0 {
+                return Err(Error::Invalid(format!(
+                    "{prefix}: group size {gs} does not divide the input size {}",
+                    spec.shape[1]
+                )));
+            }
+            let scale_elem = match q.scales().dtype() {
+                Dtype::F16 => ElementType::F16,
+                Dtype::BF16 => ElementType::BF16,
+                Dtype::F32 => ElementType::F32,
+                other => {
+                    return Err(Error::Invalid(format!(
+                        "{prefix}.scales: dtype {} is not a float (expected f16, bf16 or f32)",
+                        other.name()
+                    )));
+                }
+            };
+            let bias_elem = if scale_elem == ElementType::F16 { ElementType::F16 } else { ElementType::F32 };
+            packed.insert(prefix.to_owned(), Packing { bits, group_size: gs, scale_elem, bias_elem, kernel: false });
+        }
+        if packed.is_empty() {
+            return Err(Error::Invalid(format!(
+                "precision `packed` needs an MLX 4- or 8-bit quantized checkpoint; {} has dense weights (use f16, or quantize it with mlx_lm.convert -q)",
+                ckpt.dir().display()
+            )));
+        }
+        Ok(Layout { precision, packed, kernel_object: None })
+    }
+
+    /// Moves every packed matrix the CPU kernels take (`kernels::cpu::supports`) to the
+    /// kernel form, linking `object` (from `kernels::cpu::install`) into the graph. Only for
+    /// an x86-64 `llvm-cpu` target whose CPU has AVX-512 (`kernels::cpu::host_supported`).
+    pub fn with_cpu_kernels(mut self, cfg: &ModelConfig, object: &Path) -> Layout {
+        let shapes: HashMap<String, Vec<usize>> =
+            param_specs(cfg).into_iter().map(|s| (s.prefix().to_owned(), s.shape)).collect();
+        for (prefix, p) in &mut self.packed {
+            let Some(shape) = shapes.get(prefix) else { continue };
+            if kernels::cpu::supports(p.bits, shape[0], shape[1], p.group_size) {
+                p.kernel = true;
+                p.bias_elem = p.scale_elem;
+                if p.scale_elem != ElementType::F16 {
+                    (p.scale_elem, p.bias_elem) = (ElementType::F32, ElementType::F32);
+                }
+                self.kernel_object = Some(object.to_path_buf());
+            }
+        }
+        self
+    }
+
+    /// The CPU kernel object the graph links, if any packed matrix uses it.
+    pub fn kernel_object(&self) -> Option<&Path> {
+        self.kernel_object.as_deref()
+    }
+
+    /// The layout of a dense precision (no checkpoint needed). For `Packed` it has no
+    /// packed matrices; use [`Layout::new`].
+    pub fn dense(precision: Precision) -> Layout {
+        Layout { precision, packed: HashMap::new(), kernel_object: None }
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// The packing of the matrix at `prefix`, if it stays packed.
+    pub fn packing(&self, prefix: &str) -> Option<&Packing> {
+        self.packed.get(prefix)
+    }
+
+    /// Every global the graph declares, in a fixed order.
+    pub fn device_params(&self, cfg: &ModelConfig) -> Vec<DeviceParam> {
+        let mut out = Vec::new();
+        for spec in param_specs(cfg) {
+            let param =
+                |key: String, dims: Vec<usize>, elem, role| DeviceParam { key, dims, elem, role, spec: spec.clone() };
+            match (spec.kind, self.packing(spec.prefix())) {
+                (Kind::Vector, _) => {
+                    out.push(param(spec.key.clone(), spec.shape.clone(), ElementType::F32, Role::Vector))
+                }
+                (Kind::Matrix, None) => {
+                    out.push(param(spec.key.clone(), spec.shape.clone(), self.precision.matrix_elem(), Role::Dense))
+                }
+                (Kind::Matrix, Some(p)) if p.kernel => {
+                    // [O/16, bytes per 16-row block] and [O/16, G * 16]: the kernel's blocks.
+                    let prefix = spec.prefix();
+                    let (o, i) = (spec.shape[0], spec.shape[1]);
+                    let blocks = o / kernels::cpu::BLOCK_ROWS;
+                    let block_bytes = i * p.bits as usize * kernels::cpu::BLOCK_ROWS / 8;
+                    let groups = vec![blocks, i / p.group_size * kernels::cpu::BLOCK_ROWS];
+                    out.push(param(
+                        format!("{prefix}.weight"),
+                        vec![blocks, block_bytes],
+                        ElementType::I8,
+                        Role::PackedWeight,
+                    ));
+                    out.push(param(format!("{prefix}.scales"), groups.clone(), p.scale_elem, Role::PackedScales));
+                    out.push(param(format!("{prefix}.biases"), groups, p.bias_elem, Role::PackedBiases));
+                }
+                (Kind::Matrix, Some(p)) => {
+                    let prefix = spec.prefix();
+                    let (o, i) = (spec.shape[0], spec.shape[1]);
+                    let groups = vec![o, i / p.group_size];
+                    out.push(param(format!("{prefix}.weight"), vec![o, i], p.weight_elem(), Role::PackedWeight));
+                    out.push(param(format!("{prefix}.scales"), groups.clone(), p.scale_elem, Role::PackedScales));
+                    out.push(param(format!("{prefix}.biases"), groups, p.bias_elem, Role::PackedBiases));
+                }
+            }
+        }
+        out
+    }
+
+    /// The bytes of one device parameter: borrowed from the checkpoint when they are already
+    /// in the device form, else converted (dense matrices rounded to nearest even, packed
+    /// weights bit-flipped, biases adjusted).
+    pub fn load<'a>(&self, ckpt: &'a Checkpoint, param: &DeviceParam) -> Result<Cow<'a, [u8]>> {
+        let dims = &param.dims;
+        match param.role {
+            Role::Vector | Role::Dense => crate::params::load_param(ckpt, &param.spec, param.elem),
+            Role::PackedWeight | Role::PackedScales | Role::PackedBiases => {
+                let prefix = param.spec.prefix();
+                let packing = self.packing(prefix).ok_or_else(|| missing_packing(prefix))?;
+                let Linear::Quantized(q) = ckpt.linear(prefix)? else {
+                    return Err(Error::Invalid(format!(
+                        "{prefix}: expected a quantized layer in {}",
+                        ckpt.dir().display()
+                    )));
+                };
+                if [q.out_features(), q.in_features()] != param.spec.shape[..] {
+                    return Err(Error::Invalid(format!(
+                        "{prefix}: expected shape {:?} from config.json, got {:?}",
+                        param.spec.shape,
+                        [q.out_features(), q.in_features()]
+                    )));
+                }
+                if packing.kernel {
+                    return kernel_bytes(&q, packing, param.role);
+                }
+                match param.role {
+                    Role::PackedWeight => {
+                        // Flip each value's top bit: nibbles with 0x88, bytes with 0x80.
+                        let flip = if packing.bits == 4 { 0x88u8 } else { 0x80 };
+                        Ok(Cow::Owned(q.weight().bytes().iter().map(|b| b ^ flip).collect()))
+                    }
+                    Role::PackedScales => Ok(Cow::Borrowed(q.scales().bytes())),
+                    _ => {
+                        let scales = q.scales().to_f32_vec()?;
+                        let biases = q.biases().to_f32_vec()?;
+                        debug_assert_eq!(scales.len(), dims.iter().product::<usize>());
+                        let adjusted = biases.iter().zip(&scales).map(|(b, s)| b + packing.offset() * s);
+                        Ok(Cow::Owned(encode_f32(adjusted, packing.bias_elem)))
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A packed matrix's tensors in the CPU kernel's layout (MLX's unsigned values and biases
+/// as they are; only the order changes, plus f32 for non-f16 scales).
+fn kernel_bytes(q: &weights::QuantizedLinear<'_>, p: &Packing, role: Role) -> Result<Cow<'static, [u8]>> {
+    let (o, i) = (q.out_features(), q.in_features());
+    let groups = i / p.group_size;
+    let values = |t: weights::TensorView<'_>| -> Result<Vec<u8>> {
+        Ok(if p.scale_elem == ElementType::F16 {
+            let bits = t.as_f16_bits()?;
+            kernels::cpu::repack_groups(&bits, o, groups).iter().flat_map(|b| b.to_le_bytes()).collect()
+        } else {
+            let v = t.to_f32_vec()?;
+            kernels::cpu::repack_groups(&v, o, groups).iter().flat_map(|b| b.to_le_bytes()).collect()
+        })
+    };
+    Ok(Cow::Owned(match role {
+        Role::PackedWeight => kernels::cpu::repack_weight(p.bits, o, i, q.weight().bytes()),
+        Role::PackedScales => values(q.scales())?,
+        _ => values(q.biases())?,
+    }))
+}
+
+fn missing_packing(prefix: &str) -> Error {
+    Error::Invalid(format!("{prefix}: no packing in the layout"))
+}
+
+/// f32 values as little-endian bytes of `elem` (f32, f16 or bf16), rounding to nearest even.
+pub(crate) fn encode_f32(values: impl Iterator<Item = f32>, elem: ElementType) -> Vec<u8> {
+    match elem {
+        ElementType::F16 => values.flat_map(|x| half::f16::from_f32(x).to_le_bytes()).collect(),
+        ElementType::BF16 => values.flat_map(|x| half::bf16::from_f32(x).to_le_bytes()).collect(),
+        _ => values.flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}

@@ -1,0 +1,160 @@
+//! Device layouts: which globals a precision declares, and the bytes `packed` binds (MLX
+//! bits flipped to signed storage, the offset folded into the biases).
+
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
+
+use hlo_emit::ElementType;
+use models::{Layout, ModelConfig, Precision, Role};
+use std::path::{Path, PathBuf};
+use weights::{Checkpoint, Linear};
+
+fn fixture(name: &str, variant: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name).join(variant)
+}
+
+fn open(name: &str, variant: &str) -> (Checkpoint, ModelConfig) {
+    let ckpt = Checkpoint::open(fixture(name, variant)).unwrap();
+    let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();
+    (ckpt, cfg)
+}
+
+/// Checks the layout of `precision` on a fixture variant: the (key, dims, elem, role) of
+/// the globals whose key contains `filter`.
+fn check(
+    name: &str,
+    variant: &str,
+    precision: Precision,
+    filter: &str,
+    expected: &[(&str, &[usize], ElementType, Role)],
+) {
+    let (ckpt, cfg) = open(name, variant);
+    let layout = Layout::new(&cfg, precision, &ckpt).unwrap();
+    let got: Vec<_> = layout
+        .device_params(&cfg)
+        .into_iter()
+        .filter(|p| p.key.contains(filter))
+        .map(|p| (p.key, p.dims, p.elem, p.role))
+        .collect();
+    let expected: Vec<_> = expected.iter().map(|(k, d, e, r)| (k.to_string(), d.to_vec(), *e, *r)).collect();
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn dense_precisions_declare_one_matrix_per_weight() {
+    let key = "model.layers.0.mlp.up_proj";
+    for (precision, elem) in [(Precision::F32, ElementType::F32), (Precision::F16, ElementType::F16)] {
+        check("qwen2", "q4", precision, key, &[("model.layers.0.mlp.up_proj.weight", &[128, 64], elem, Role::Dense)]);
+    }
+}
+
+#[test]
+fn packed_keeps_weight_scales_and_biases() {
+    // qwen2's fixtures: hidden 64, intermediate 128, group size 64; q4 has bf16 scales (so
+    // the adjusted biases are f32), q8 f16 scales (biases f16 too).
+    check(
+        "qwen2",
+        "q4",
+        Precision::Packed,
+        "model.layers.0.mlp.up_proj",
+        &[
+            ("model.layers.0.mlp.up_proj.weight", &[128, 64], ElementType::I4, Role::PackedWeight),
+            ("model.layers.0.mlp.up_proj.scales", &[128, 1], ElementType::BF16, Role::PackedScales),
+            ("model.layers.0.mlp.up_proj.biases", &[128, 1], ElementType::F32, Role::PackedBiases),
+        ],
+    );
+    check(
+        "qwen2",
+        "q8",
+        Precision::Packed,
+        "model.embed_tokens",
+        &[
+            ("model.embed_tokens.weight", &[384, 64], ElementType::I8, Role::PackedWeight),
+            ("model.embed_tokens.scales", &[384, 1], ElementType::F16, Role::PackedScales),
+            ("model.embed_tokens.biases", &[384, 1], ElementType::F16, Role::PackedBiases),
+        ],
+    );
+}
+
+/// The packed bytes dequantize to exactly what MLX computes: `s * q + b` with MLX's unsigned
+/// `q` equals `s * signed(q ^ 2^(bits-1)) + (b + 2^(bits-1) s)`, for every element, values
+/// of 8 and above included (IREE 3.13 reads `ui4` as signed; BRIEF 4).
+#[test]
+fn packed_bytes_dequantize_like_mlx() {
+    for (variant, bits) in [("q4", 4u32), ("q8", 8)] {
+        let (ckpt, cfg) = open("llama_linear_untied", variant);
+        let layout = Layout::new(&cfg, Precision::Packed, &ckpt).unwrap();
+        let prefix = "model.layers.1.self_attn.o_proj";
+        let params = layout.device_params(&cfg);
+        let find = |suffix: &str| params.iter().find(|p| p.key == format!("{prefix}.{suffix}")).unwrap().clone();
+        let (w, s, b) = (find("weight"), find("scales"), find("biases"));
+        let wbytes = layout.load(&ckpt, &w).unwrap();
+        assert_eq!(wbytes.len(), w.bytes());
+        let s_vals = floats(s.elem, &layout.load(&ckpt, &s).unwrap());
+        let b_vals = floats(b.elem, &layout.load(&ckpt, &b).unwrap());
+        let signed: Vec<i32> = if bits == 4 {
+            wbytes.iter().flat_map(|&v| [((v << 4) as i8 >> 4) as i32, (v as i8 >> 4) as i32]).collect()
+        } else {
+            wbytes.iter().map(|&v| v as i8 as i32).collect()
+        };
+        let Linear::Quantized(q) = ckpt.linear(prefix).unwrap() else { panic!("{prefix} is quantized") };
+        let mlx = q.dequantize_f32();
+        let (cols, gs) = (w.dims[1], q.group_size());
+        let mut high = 0;
+        for (i, (&value, &want)) in signed.iter().zip(&mlx).enumerate() {
+            let g = (i / cols) * (cols / gs) + (i % cols) / gs;
+            let got = s_vals[g] * value as f32 + b_vals[g];
+            assert!((got - want).abs() <= 1e-6 * want.abs().max(1.0), "{variant} element {i}: {got} vs {want}");
+            high += usize::from(value >= 0); // MLX's q = value + 2^(bits-1) >= 2^(bits-1)
+        }
+        assert_eq!(signed.len(), mlx.len());
+        assert!(high > mlx.len() / 4, "{variant}: the fixture exercises values >= 2^(bits-1)");
+    }
+}
+
+fn floats(elem: ElementType, bytes: &[u8]) -> Vec<f32> {
+    match elem {
+        ElementType::F32 => bytes.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
+        ElementType::BF16 => bytes.chunks(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        ElementType::F16 => bytes.chunks(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        other => panic!("not a float: {other}"),
+    }
+}
+
+#[test]
+fn packed_needs_a_quantized_checkpoint() {
+    let (ckpt, cfg) = open("qwen2", "f32");
+    let err = Layout::new(&cfg, Precision::Packed, &ckpt).unwrap_err().to_string();
+    let dir = fixture("qwen2", "f32");
+    assert_eq!(
+        err,
+        format!(
+            "precision `packed` needs an MLX 4- or 8-bit quantized checkpoint; {} has dense weights (use f16, or quantize it with mlx_lm.convert -q)",
+            dir.display()
+        )
+    );
+}
+
+/// With the CPU kernels, packed matrices take the kernel's 16-row block layout; scales and
+/// biases stay f16 beside f16 checkpoints and become f32 otherwise (biases as MLX's).
+#[test]
+fn cpu_kernel_layout() {
+    for (variant, bits, scale) in [("q4", 4, ElementType::F32), ("q8", 8, ElementType::F16)] {
+        let (ckpt, cfg) = open("qwen2", variant);
+        let layout = Layout::new(&cfg, Precision::Packed, &ckpt).unwrap().with_cpu_kernels(&cfg, Path::new("/k.o"));
+        assert_eq!(layout.kernel_object(), Some(Path::new("/k.o")));
+        let params: Vec<_> = layout
+            .device_params(&cfg)
+            .into_iter()
+            .filter(|p| p.key.starts_with("model.layers.0.mlp.up_proj"))
+            .map(|p| (p.dims, p.elem))
+            .collect();
+        // up_proj [128, 64], group size 64: 8 blocks of 16 rows, 64 * bits * 16 / 8 bytes each.
+        assert_eq!(
+            params,
+            vec![(vec![8, 64 * bits * 16 / 8], ElementType::I8), (vec![8, 16], scale), (vec![8, 16], scale)],
+            "{variant}"
+        );
+        let w = layout.device_params(&cfg).into_iter().find(|p| p.key == "model.layers.0.mlp.up_proj.weight").unwrap();
+        assert_eq!(layout.load(&ckpt, &w).unwrap().len(), w.bytes());
+    }
+}
