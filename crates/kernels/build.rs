@@ -21,7 +21,7 @@ fn main() {
     // Freestanding: the object is linked into IREE's executables, which have no libc, so
     // no stack protector, no unwind tables and no calls to memset/memcpy for loops.
     let status = Command::new(&cc)
-        .args(["-O3", "-mavx512f", "-mfma", "-mf16c", "-fPIC", "-ffreestanding", "-fno-builtin"])
+        .args(["-O3", "-mavx512f", "-mavx512bw", "-mavx512vnni", "-mfma", "-mf16c", "-fPIC", "-ffreestanding"])
         .args(["-fno-stack-protector", "-fno-asynchronous-unwind-tables", "-fno-tree-loop-distribute-patterns"])
         .args(["-c", SOURCE, "-o"])
         .arg(&out)

@@ -4,6 +4,7 @@
 //! `include/` (runtime + flatcc headers), `lib/` (every static library of the build, flat),
 //! `build/` (the CMake tree, kept for incremental rebuilds) and `build.log`.
 
+use crate::pins::Pins;
 use crate::setup::Toolchain;
 use crate::util::{self, progress};
 use anyhow::{Context, Result, bail};
@@ -74,24 +75,115 @@ pub fn parse_args(args: &[String]) -> Result<Target> {
 }
 
 /// Fails before CMake starts when the host cannot build this target.
-pub fn preflight(target: Target) -> Result<Vec<String>> {
+pub fn preflight(target: Target) -> Result<()> {
     match target {
-        Target::Cpu | Target::Vulkan => Ok(vec![]),
         Target::Metal if !cfg!(target_os = "macos") => {
             bail!("build-iree --target metal: Metal is only available on macOS (this host is {})", std::env::consts::OS)
         }
-        Target::Metal => Ok(vec![]),
-        Target::Cuda => {
-            // IREE would otherwise try to download the CUDA SDK at configure time,
-            // which this project never does; the driver needs the toolkit headers.
-            let root = cuda_root().context(
-                "build-iree --target cuda: no CUDA toolkit found (need cuda.h under $CUDA_PATH, $CUDA_HOME or /usr/local/cuda); install CUDA >= 12",
-            )?;
-            Ok(vec![format!("-DCUDAToolkit_ROOT={}", root.display())])
-        }
+        // CUDA needs only headers at build time (the driver loads libcuda at run time): from
+        // an installed toolkit, else from pinned wheels (`cuda_headers`), so any host can
+        // build it, with or without a GPU.
+        Target::Cpu | Target::Vulkan | Target::Metal | Target::Cuda => Ok(()),
     }
 }
 
+/// How CMake finds CUDA: extra `-D` flags and environment for configure and build.
+struct CudaSetup {
+    flags: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+/// Headers for the CUDA HAL driver. An installed toolkit is used as is. Otherwise the pinned
+/// wheels (`[cuda-headers]` in pins.toml: `cuda.h` from the CUDA runtime wheel, the `crt/`
+/// headers and libdevice from the nvcc wheel, `nv/target` from cccl) are fetched with the
+/// venv's pip, each checked against its sha256, and unpacked into `target/iree/cuda-deps`,
+/// which IREE's CMake reads through `IREE_CUDA_DEPS_DIR` (the layout of IREE's own CI
+/// images). IREE would otherwise try to download the CUDA SDK at configure time, which this
+/// project never does.
+fn cuda_headers(tc: &Toolchain, stage: &str) -> Result<CudaSetup> {
+    if let Some(root) = cuda_root() {
+        progress(stage, format!("CUDA headers: toolkit at {}", root.display()));
+        return Ok(CudaSetup { flags: vec![format!("-DCUDAToolkit_ROOT={}", root.display())], env: vec![] });
+    }
+    let pin = Pins::load()?.cuda_headers;
+    let deps = util::target_dir().join("iree").join("cuda-deps");
+    let setup = CudaSetup { flags: vec![], env: vec![("IREE_CUDA_DEPS_DIR".to_string(), deps.display().to_string())] };
+    let needed = [deps.join("include/cuda.h"), deps.join("include/crt/host_config.h"), deps.join("include/nv/target")];
+    let stamp = deps.join(".complete");
+    let mut stamp_text = format!("platform={}\n", pin.platform);
+    for w in &pin.wheels {
+        stamp_text.push_str(&format!(
+            "{}=={} sha256={} extract={}\n",
+            w.pypi,
+            w.version,
+            w.sha256,
+            w.extract.join(",")
+        ));
+    }
+    if util::stamp_matches(&stamp, &stamp_text) && needed.iter().all(|p| p.is_file()) {
+        progress(stage, format!("CUDA headers (no toolkit found): present at {}", deps.display()));
+        return Ok(setup);
+    }
+    if deps.exists() {
+        std::fs::remove_dir_all(&deps)?;
+    }
+    let python = tc.venv_bin("python");
+    for w in &pin.wheels {
+        let download = deps.join("download");
+        std::fs::create_dir_all(&download)?;
+        progress(stage, format!("no CUDA toolkit found: downloading the wheel {}=={} from PyPI", w.pypi, w.version));
+        util::run(
+            Command::new(&python)
+                .args(["-m", "pip", "download", "--disable-pip-version-check", "--progress-bar", "off"])
+                .args(["--no-deps", "--only-binary=:all:", "--platform", &pin.platform, "--dest"])
+                .arg(&download)
+                .arg(format!("{}=={}", w.pypi, w.version)),
+        )?;
+        let wheel = std::fs::read_dir(&download)?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| has_ext(p, "whl"))
+            .with_context(|| format!("pip download left no wheel in {}", download.display()))?;
+        let bytes = std::fs::read(&wheel).with_context(|| format!("reading {}", wheel.display()))?;
+        let got = util::sha256_hex(&bytes);
+        if got != w.sha256 {
+            bail!("checksum mismatch for {}: expected {}, got {got}", wheel.display(), w.sha256);
+        }
+        progress(stage, format!("unpacking {} (sha256 verified) into {}", w.extract.join(" "), deps.display()));
+        util::run(
+            Command::new(&python)
+                .args([
+                    "-c",
+                    "import os, shutil, sys, zipfile\n\
+                     wheel, root, pairs = sys.argv[1], sys.argv[2], sys.argv[3:]\n\
+                     with zipfile.ZipFile(wheel) as z:\n    \
+                         names = z.namelist()\n    \
+                         for pair in pairs:\n        \
+                             src, dest = pair.split(':')\n        \
+                             src = src.rstrip('/') + '/'\n        \
+                             found = [n for n in names if n.startswith(src) and not n.endswith(('/', '__init__.py'))]\n        \
+                             if not found:\n            \
+                                 sys.exit(f'{wheel}: nothing under {src}')\n        \
+                             for name in found:\n            \
+                                 out = os.path.join(root, dest, name[len(src):])\n            \
+                                 os.makedirs(os.path.dirname(out), exist_ok=True)\n            \
+                                 with z.open(name) as f, open(out, 'wb') as g:\n                \
+                                     shutil.copyfileobj(f, g)",
+                ])
+                .arg(&wheel)
+                .arg(&deps)
+                .args(&w.extract),
+        )?;
+        std::fs::remove_dir_all(&download)?;
+    }
+    if let Some(missing) = needed.iter().find(|p| !p.is_file()) {
+        bail!("the pinned CUDA wheels left no {}", missing.display());
+    }
+    util::write_stamp(&stamp, &stamp_text)?;
+    Ok(setup)
+}
+
+/// An installed CUDA toolkit: `$CUDA_PATH`, `$CUDA_HOME` or `/usr/local/cuda`, with `cuda.h`.
 fn cuda_root() -> Option<PathBuf> {
     let candidates = ["CUDA_PATH", "CUDA_HOME"]
         .iter()
@@ -103,7 +195,8 @@ fn cuda_root() -> Option<PathBuf> {
 
 pub fn build(tc: &Toolchain, target: Target) -> Result<PathBuf> {
     let stage = format!("build-iree {}", target.name());
-    let extra = preflight(target)?;
+    preflight(target)?;
+    let cuda = if target == Target::Cuda { Some(cuda_headers(tc, &stage)?) } else { None };
     let out = util::target_dir().join("iree").join(target.name());
     let build_dir = out.join("build");
     let mut flags = vec![
@@ -124,14 +217,23 @@ pub fn build(tc: &Toolchain, target: Target) -> Result<PathBuf> {
         "-DCMAKE_POSITION_INDEPENDENT_CODE=ON".into(),
     ];
     flags.extend(target.driver_flags());
-    flags.extend(extra);
+    let mut env: Vec<(String, String)> = Vec::new();
+    if let Some(cuda) = cuda {
+        flags.extend(cuda.flags);
+        env.extend(cuda.env);
+    }
     if let Some((cc, cxx)) = c_compilers() {
         flags.push(format!("-DCMAKE_C_COMPILER={cc}"));
         flags.push(format!("-DCMAKE_CXX_COMPILER={cxx}"));
     }
     let stamp = out.join(".complete");
-    let stamp_text =
-        format!("layout=2\nsrc={}\n{}\ntargets={}\n", tc.iree_src.display(), flags.join("\n"), NINJA_TARGETS.join(","));
+    let env_lines: String = env.iter().map(|(k, v)| format!("env {k}={v}\n")).collect();
+    let stamp_text = format!(
+        "layout=2\nsrc={}\n{}\n{env_lines}targets={}\n",
+        tc.iree_src.display(),
+        flags.join("\n"),
+        NINJA_TARGETS.join(",")
+    );
     if util::stamp_matches(&stamp, &stamp_text) && out.join("lib/libiree_runtime_unified.a").exists() {
         progress(&stage, format!("IREE runtime: present at {}", out.display()));
         return Ok(out);
@@ -142,12 +244,13 @@ pub fn build(tc: &Toolchain, target: Target) -> Result<PathBuf> {
 
     progress(&stage, format!("configuring with CMake (log: {})", log_path.display()));
     let mut configure = Command::new(tc.venv_bin("cmake"));
-    configure.arg("-S").arg(&tc.iree_src).arg("-B").arg(&build_dir).args(&flags);
+    configure.arg("-S").arg(&tc.iree_src).arg("-B").arg(&build_dir).args(&flags).envs(env.iter().cloned());
     run_logged(&mut configure, &mut log, &log_path, |_| {})?;
 
     progress(&stage, format!("compiling the runtime ({})", NINJA_TARGETS.join(" ")));
     let mut ninja = Command::new(tc.venv_bin("ninja"));
-    ninja.arg("-C").arg(&build_dir).args(NINJA_TARGETS);
+    // The environment too: ninja re-runs CMake itself when a CMakeLists.txt changed.
+    ninja.arg("-C").arg(&build_dir).args(NINJA_TARGETS).envs(env.iter().cloned());
     let mut last_decile = None;
     run_logged(&mut ninja, &mut log, &log_path, |line| {
         // Small totals are ninja re-checking its own files, not the build.

@@ -9,6 +9,8 @@ pub struct Pins {
     pub iree_compiler: IreeCompiler,
     #[serde(rename = "iree-runtime")]
     pub iree_runtime: IreeRuntime,
+    #[serde(rename = "cuda-headers")]
+    pub cuda_headers: CudaHeaders,
     #[serde(rename = "python-tools")]
     pub python_tools: PythonTools,
     pub llvm: Llvm,
@@ -31,6 +33,23 @@ pub struct IreeRuntime {
     pub sha256: String,
     pub subdir: String,
     pub iree_version: String,
+}
+
+/// The PyPI wheels whose headers build the CUDA HAL driver when no toolkit is installed.
+#[derive(Debug, Deserialize)]
+pub struct CudaHeaders {
+    /// pip `--platform` of the files pinned (the headers do not depend on it).
+    pub platform: String,
+    pub wheels: Vec<CudaWheel>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CudaWheel {
+    pub pypi: String,
+    pub version: String,
+    pub sha256: String,
+    /// `folder in the wheel:folder under target/iree/cuda-deps`, each copied whole.
+    pub extract: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -936,3 +936,24 @@ fn dot_general_to_a_wider_integer() {
 "#,
     );
 }
+
+#[test]
+fn shifts() {
+    check(
+        "shifts",
+        |m| {
+            m.func("f", &[I8.tensor(&[2]), I8.tensor(&[2])], |f, a| {
+                Ok(vec![f.shift_left(a[0], a[1])?, f.shift_right_arithmetic(a[0], a[1])?])
+            })?;
+            Ok(())
+        },
+        r#"module {
+  func.func @f(%arg0: tensor<2xi8>, %arg1: tensor<2xi8>) -> (tensor<2xi8>, tensor<2xi8>) {
+    %0 = "stablehlo.shift_left"(%arg0, %arg1) : (tensor<2xi8>, tensor<2xi8>) -> tensor<2xi8>
+    %1 = "stablehlo.shift_right_arithmetic"(%arg0, %arg1) : (tensor<2xi8>, tensor<2xi8>) -> tensor<2xi8>
+    return %0, %1 : tensor<2xi8>, tensor<2xi8>
+  }
+}
+"#,
+    );
+}

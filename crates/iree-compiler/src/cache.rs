@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
-use crate::compiler::Compiler;
+use crate::compiler::{ApiVersion, Compiler, CompilerIdentity};
 use crate::error::Error;
+use crate::locate::locate_library;
 use crate::target::{CompileOptions, Target, compile_flags};
 use crate::vmfb::check_vmfb;
 
@@ -60,14 +61,19 @@ impl CompileCache {
     /// this machine's CPU features (so a cache copied to another machine is not reused for
     /// code that may use instructions that machine lacks).
     pub fn key(&self, compiler: &Compiler, mlir_text: &str, target: &Target, opts: &CompileOptions) -> String {
+        self.key_for(&compiler.identity(), mlir_text, target, opts)
+    }
+
+    /// [`CompileCache::key`] for a compiler known by its identity (no library needed).
+    pub fn key_for(&self, id: &CompilerIdentity, mlir_text: &str, target: &Target, opts: &CompileOptions) -> String {
         let mut h = Sha256::new();
         h.update(KEY_DOMAIN);
         let mut field = |bytes: &[u8]| {
             h.update((bytes.len() as u64).to_le_bytes());
             h.update(bytes);
         };
-        field(compiler.revision().as_bytes());
-        field(compiler.api_version().to_string().as_bytes());
+        field(id.revision.as_bytes());
+        field(id.api_version.to_string().as_bytes());
         let host = match target {
             Target::LlvmCpu { cpu } if cpu == "host" => host_cpu_fingerprint(),
             _ => String::new(),
@@ -112,6 +118,95 @@ impl CompileCache {
         Ok(Compiled { vmfb, outcome: CacheOutcome::Miss, key, path, elapsed: start.elapsed() })
     }
 
+    /// Finds the module in the cache without loading the compiler, for machines that carry
+    /// a filled cache but no compiler, and so that a warm run never pays for loading it.
+    ///
+    /// The key holds the compiler's revision, which only the library can tell; so the cache
+    /// remembers the compilers that filled it ([`CompileCache::remember`], in
+    /// `compilers/`, keyed by the library file's path, size and modification time). If the
+    /// compiler that [`Compiler::new`] would load is already loaded, or its file is one the
+    /// cache remembers, that compiler's key is looked up. If no compiler library can be
+    /// found at all, the key of every remembered compiler is tried. `Ok(None)` means: not
+    /// found this way (a compile, or loading the compiler to learn its revision, is needed).
+    pub fn lookup(&self, mlir_text: &str, target: &Target, opts: &CompileOptions) -> Result<Option<Compiled>, Error> {
+        let start = Instant::now();
+        let ids = match Compiler::loaded() {
+            Some(compiler) => vec![compiler.identity()],
+            None => match locate_library(None) {
+                Ok(lib) => self.remembered(&lib).into_iter().collect(),
+                Err(_) => self.all_remembered(),
+            },
+        };
+        for id in ids {
+            let key = self.key_for(&id, mlir_text, target, opts);
+            let path = self.path_for(&key);
+            match std::fs::read(&path) {
+                Ok(vmfb) if check_vmfb(&vmfb).is_ok() => {
+                    return Ok(Some(Compiled {
+                        vmfb,
+                        outcome: CacheOutcome::Hit,
+                        key,
+                        path,
+                        elapsed: start.elapsed(),
+                    }));
+                }
+                Ok(_) => {} // Corrupt: a compile will replace it.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => return Err(Error::CacheIo { path, source }),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Records `compiler`'s identity in the cache (`compilers/<fingerprint>.id`), so that
+    /// [`CompileCache::lookup`] can compute its keys without loading it. Cheap when already
+    /// recorded (one `stat` of the library).
+    pub fn remember(&self, compiler: &Compiler) -> Result<(), Error> {
+        let lib = compiler.library_path();
+        let Some(record) = self.record_path(lib) else { return Ok(()) };
+        let id = compiler.identity();
+        if self.remembered(lib).as_ref() == Some(&id) {
+            return Ok(());
+        }
+        let dir = self.dir.join(COMPILERS_DIR);
+        std::fs::create_dir_all(&dir).map_err(|source| Error::CacheIo { path: dir.clone(), source })?;
+        let text = format!("{}\n{}\n{}\n", id.revision, id.api_version, lib.display());
+        self.store(&record, text.as_bytes())
+    }
+
+    /// The identity remembered for the library file `lib`, if any.
+    fn remembered(&self, lib: &Path) -> Option<CompilerIdentity> {
+        parse_identity(&std::fs::read_to_string(self.record_path(lib)?).ok()?)
+    }
+
+    /// Every identity the cache remembers (sorted, without duplicates).
+    fn all_remembered(&self) -> Vec<CompilerIdentity> {
+        let Ok(entries) = std::fs::read_dir(self.dir.join(COMPILERS_DIR)) else { return vec![] };
+        let mut ids: Vec<CompilerIdentity> = entries
+            .filter_map(Result::ok)
+            .filter(|e| e.path().extension().is_some_and(|x| x == "id"))
+            .filter_map(|e| parse_identity(&std::fs::read_to_string(e.path()).ok()?))
+            .collect();
+        ids.sort_by(|a, b| (&a.revision, a.api_version).cmp(&(&b.revision, b.api_version)));
+        ids.dedup();
+        ids
+    }
+
+    /// `compilers/<sha256 of (canonical path, size, mtime)>.id`: a rebuilt or replaced
+    /// library gets a new record. `None` when the file cannot be read.
+    fn record_path(&self, lib: &Path) -> Option<PathBuf> {
+        let lib = lib.canonicalize().ok()?;
+        let meta = std::fs::metadata(&lib).ok()?;
+        let mtime = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?;
+        let mut h = Sha256::new();
+        h.update(lib.to_string_lossy().as_bytes());
+        h.update([0]);
+        h.update(meta.len().to_le_bytes());
+        h.update(mtime.as_nanos().to_le_bytes());
+        let hex: String = h.finalize().iter().take(16).map(|b| format!("{b:02x}")).collect();
+        Some(self.dir.join(COMPILERS_DIR).join(format!("{hex}.id")))
+    }
+
     /// Writes `bytes` to a temporary file in the cache directory, flushes it to disk, then
     /// renames it over `path`, so readers see either no file or the whole module.
     fn store(&self, path: &Path, bytes: &[u8]) -> Result<(), Error> {
@@ -122,6 +217,20 @@ impl CompileCache {
         tmp.persist(path).map_err(|e| io(e.error))?;
         Ok(())
     }
+}
+
+/// Sub-folder of a cache holding the identities of the compilers that filled it.
+const COMPILERS_DIR: &str = "compilers";
+
+/// A `compilers/*.id` record: revision, then `major.minor`, then (informational) the path.
+fn parse_identity(text: &str) -> Option<CompilerIdentity> {
+    let mut lines = text.lines();
+    let revision = lines.next()?.to_owned();
+    let (major, minor) = lines.next()?.split_once('.')?;
+    Some(CompilerIdentity {
+        revision,
+        api_version: ApiVersion { major: major.parse().ok()?, minor: minor.parse().ok()? },
+    })
 }
 
 /// Architecture plus the CPU features that decide which instructions `cpu=host` code uses.

@@ -39,6 +39,14 @@ impl std::fmt::Display for ApiVersion {
     }
 }
 
+/// What a compile cache key records about the compiler: its build revision and embedding
+/// API version. Known without the library once [`crate::CompileCache::remember`] stored it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CompilerIdentity {
+    pub revision: String,
+    pub api_version: ApiVersion,
+}
+
 /// The loaded, initialized library; leaked so it lives for the rest of the process.
 #[derive(Debug)]
 struct Loaded {
@@ -108,6 +116,17 @@ impl Compiler {
         }));
         *slot = Some(loaded);
         Ok(Compiler { loaded })
+    }
+
+    /// The compiler this process has already loaded, if any; never loads one.
+    pub fn loaded() -> Option<Compiler> {
+        let slot = LOADED.lock().unwrap_or_else(PoisonError::into_inner);
+        slot.map(|loaded| Compiler { loaded })
+    }
+
+    /// What identifies this compiler in cache keys: revision and API version.
+    pub fn identity(&self) -> CompilerIdentity {
+        CompilerIdentity { revision: self.revision().to_owned(), api_version: self.api_version() }
     }
 
     /// The library file this process loaded.

@@ -114,6 +114,12 @@ pub enum Error {
 
     #[error("compile cache I/O on {}: {source}", path.display())]
     CacheIo { path: PathBuf, source: std::io::Error },
+
+    /// A module was needed that the compile cache does not hold, and the compiler that would
+    /// compile it cannot be loaded (`cause` says why; part of the message, not a `source`,
+    /// so an error chain prints it once).
+    #[error("{what} for {target} is not in the compile cache {} and cannot be compiled here: {cause}", dir.display())]
+    NotCached { what: String, target: String, dir: PathBuf, cause: Box<Error> },
 }
 
 impl Error {

@@ -93,3 +93,25 @@ fn failed_compile_stores_nothing() {
     assert!(err.diagnostics().is_some(), "{err}");
     assert_eq!(std::fs::read_dir(cache.dir()).unwrap().count(), 0);
 }
+
+#[test]
+fn lookup_finds_what_a_remembered_compiler_stored() {
+    let c = compiler();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = CompileCache::new(dir.path()).unwrap();
+    let t = Target::cuda("sm_80");
+    let opts = CompileOptions::default();
+    // The key of a compiler known only by its identity is the key of that compiler.
+    assert_eq!(cache.key_for(&c.identity(), MODULE, &t, &opts), cache.key(&c, MODULE, &t, &opts));
+    assert!(cache.lookup(MODULE, &t, &opts).unwrap().is_none(), "an empty cache has nothing");
+
+    let stored = cache.compile(&c, MODULE, &t, &opts).unwrap();
+    cache.remember(&c).unwrap();
+    cache.remember(&c).unwrap(); // idempotent
+    let records: Vec<_> = std::fs::read_dir(cache.dir().join("compilers")).unwrap().collect();
+    assert_eq!(records.len(), 1, "one record per compiler library");
+    let found = cache.lookup(MODULE, &t, &opts).unwrap().expect("a hit without compiling");
+    assert_eq!(found.outcome, CacheOutcome::Hit);
+    assert_eq!((found.key, found.vmfb), (stored.key, stored.vmfb));
+    assert!(cache.lookup(MODULE, &Target::cuda("sm_86"), &opts).unwrap().is_none(), "other flags: not found");
+}

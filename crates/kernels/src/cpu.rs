@@ -1,10 +1,11 @@
 //! The x86-64 (AVX-512) kernels: fused dequant + matvec (`qmv`) and packed-row lookup
 //! (`qrows`), for 4- and 8-bit weights with f16 or f32 scales.
 //!
-//! Invariants shared with `cpu/qmv_x86_64.c`: 16-row blocks; 4-bit tiles of 16 rows x 8 k,
-//! 8-bit tiles of 16 rows x 4 k, 64 bytes each; scales and biases `[O/16][G][16]`; the four
-//! push constants are `T, K, O, group_size`; bindings are (input, weight, scales, biases,
-//! output).
+//! Invariants shared with `cpu/qmv_x86_64.c`: 16-row blocks; 32-byte tiles of 16 rows x 4 k
+//! (4-bit; byte `2r + p` holds `k0 + p` low, `k0 + 2 + p` high) or 16 rows x 2 k (8-bit;
+//! byte `2r + p` holds `k0 + p`); scales and biases `[O/16][G][16]`; group sizes of 16 to
+//! 128; the four push constants are `T, K, O, group_size`; bindings are (input, weight,
+//! scales, biases, output); a matvec workgroup computes at most 4 blocks.
 
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -26,11 +27,15 @@ pub fn object() -> Option<&'static [u8]> {
     OBJECT
 }
 
-/// True when the kernels can run on this machine: the object exists and the CPU has AVX-512F.
+/// True when the kernels can run on this machine: the object exists and the CPU has
+/// AVX-512 F, BW and VNNI.
 pub fn host_supported() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        OBJECT.is_some() && std::arch::is_x86_feature_detected!("avx512f")
+        OBJECT.is_some()
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -110,6 +115,7 @@ pub fn supports(bits: u32, out: usize, inp: usize, group_size: usize) -> bool {
     (bits == 4 || bits == 8)
         && out.is_multiple_of(BLOCK_ROWS)
         && group_size > 0
+        && group_size <= 128
         && group_size.is_multiple_of(16)
         && inp.is_multiple_of(group_size)
 }
@@ -131,15 +137,15 @@ pub fn repack_weight(bits: u32, out: usize, inp: usize, mlx: &[u8]) -> Vec<u8> {
         }
     };
     let mut packed = vec![0u8; mlx.len()];
-    let tile_k = if bits == 4 { 8 } else { 4 };
+    let tile_k = if bits == 4 { 4 } else { 2 };
     for rb in 0..out / BLOCK_ROWS {
         for kt in 0..inp / tile_k {
-            let tile = &mut packed[(rb * (inp / tile_k) + kt) * 64..][..64];
-            for j in 0..4 {
-                for r in 0..BLOCK_ROWS {
-                    let (row, k0) = (rb * BLOCK_ROWS + r, kt * tile_k);
-                    tile[16 * j + r] =
-                        if bits == 4 { q(row, k0 + j) | (q(row, k0 + 4 + j) << 4) } else { q(row, k0 + j) };
+            let tile = &mut packed[(rb * (inp / tile_k) + kt) * 32..][..32];
+            for r in 0..BLOCK_ROWS {
+                let (row, k0) = (rb * BLOCK_ROWS + r, kt * tile_k);
+                for p in 0..2 {
+                    tile[2 * r + p] =
+                        if bits == 4 { q(row, k0 + p) | (q(row, k0 + 2 + p) << 4) } else { q(row, k0 + p) };
                 }
             }
         }
@@ -273,10 +279,10 @@ mod tests {
                 for k in 0..inp {
                     let (rb, lane) = (r / 16, r % 16);
                     let got = if bits == 4 {
-                        let byte = packed[rb * block_bytes + (k / 8) * 64 + (k % 4) * 16 + lane];
-                        if k % 8 < 4 { byte & 0xF } else { byte >> 4 }
+                        let byte = packed[rb * block_bytes + (k / 4) * 32 + 2 * lane + k % 2];
+                        if k % 4 < 2 { byte & 0xF } else { byte >> 4 }
                     } else {
-                        packed[rb * block_bytes + (k / 4) * 64 + (k % 4) * 16 + lane]
+                        packed[rb * block_bytes + (k / 2) * 32 + 2 * lane + k % 2]
                     };
                     assert_eq!(got, value(r, k), "bits {bits} row {r} k {k}");
                 }
@@ -301,6 +307,7 @@ mod tests {
         assert!(!supports(4, 64, 96, 64), "groups do not divide the input");
         assert!(!supports(3, 64, 64, 64), "3-bit");
         assert!(!supports(4, 64, 64, 8), "group smaller than 16");
+        assert!(!supports(4, 64, 256, 256), "group larger than 128");
     }
 
     #[test]

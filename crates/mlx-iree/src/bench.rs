@@ -6,7 +6,7 @@ use anyhow::{Context, Result, bail};
 use iree_compiler::{CompileOptions, Compiler, Target};
 use mlx_iree::cache::CompileReport;
 use mlx_iree::engine::{Engine, graph_modules, plan};
-use models::ModelConfig;
+use models::{GraphShape, ModelConfig};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -26,6 +26,13 @@ pub struct Args {
     /// Print one JSON object on one line instead of a table.
     #[arg(long)]
     json: bool,
+    /// Load through the normal compile cache (`$MLX_IREE_CACHE_DIR`) and skip the cold
+    /// compile and the dispatch count, which need the IREE compiler: for a machine that
+    /// carries a filled cache but no compiler. A graph missing from the cache is compiled
+    /// if the compiler is there (so this also fills a cache), else it is an error.
+    /// Reports compile_cold_s as null and dispatches_per_decode_step as 0.
+    #[arg(long)]
+    cache_only: bool,
 }
 
 /// What one benchmark measured. Field names are the JSON keys.
@@ -86,23 +93,14 @@ fn measure(args: &Args) -> Result<Report> {
     let prompt = prompt_ids(args.prompt_len, cfg.vocab);
     let loading = || format!("loading {}", args.m.model.display());
 
-    // Cold: the engine's graph compiled into an empty cache (no weights needed for that);
-    // the engine then loads from that cache, which checks that this is its very graph.
     let target = mlx_iree::device::target_for(&args.m.device).map_err(|e| anyhow::anyhow!(e))?;
-    let cache = TempDir::new()?;
-    let started = Instant::now();
-    let modules = graph_modules(&cfg, args.m.precision(), shape, &target)?;
-    for module in &modules {
-        mlx_iree::cache::compile_in(cache.path(), &module.what, &module.mlir, &target, &module.options)?;
-    }
-    let mut compile_cold_s = started.elapsed().as_secs_f64();
-
-    let decode = modules
-        .iter()
-        .find(|m| m.functions.contains(&models::Function::Decode))
-        .context("the engine's graph has no decode function")?;
-    let dispatches_per_decode_step = decode_dispatches(&decode.mlir, &target, &decode.options)?;
-    drop(modules);
+    let cold_cache = TempDir::new()?;
+    let (mut compile_cold_s, dispatches_per_decode_step, cache_dir) = if args.cache_only {
+        (f64::NAN, 0, mlx_iree::cache::dir())
+    } else {
+        let (cold_s, dispatches) = cold_compile(args, &cfg, shape, &target, cold_cache.path())?;
+        (cold_s, dispatches, cold_cache.path().to_path_buf())
+    };
 
     // Peak RSS from here on: the warm load and the runs, not the compiles above (a warm
     // `generate` does not compile either). Where the reset is not allowed, the peak covers
@@ -111,10 +109,14 @@ fn measure(args: &Args) -> Result<Report> {
         eprintln!("bench: cannot reset the peak RSS ({err}); it includes the compiles");
     }
     let started = Instant::now();
-    let mut engine = Engine::load_cached(&args.m.model, &args.m.device, args.m.precision(), shape, cache.path())
+    let mut engine = Engine::load_cached(&args.m.model, &args.m.device, args.m.precision(), shape, &cache_dir)
         .with_context(loading)?;
     let mut compile_cached_s = started.elapsed().as_secs_f64() - engine.load_seconds;
-    if let CompileReport::Compiled { seconds } = engine.compile {
+    if let (true, CompileReport::Compiled { seconds }) = (args.cache_only, engine.compile) {
+        eprintln!("bench: --cache-only: the cache did not hold the graph; it was compiled now ({seconds:.1} s)");
+        compile_cold_s = seconds;
+        compile_cached_s = f64::NAN;
+    } else if let CompileReport::Compiled { seconds } = engine.compile {
         // The engine compiled a graph other than the one above (its emit or options
         // changed): its own compile is the cold one, and no cached load was measured.
         eprintln!("bench: the engine missed the cache just filled; cold compile = its compile, cached = unknown");
@@ -163,6 +165,34 @@ fn measure(args: &Args) -> Result<Report> {
         decode_steps: args.steps,
         repeats: args.repeats,
     })
+}
+
+/// Cold: the engine's graph compiled into the empty cache `cache` (no weights needed for
+/// that); the engine then loads from that cache, which checks that this is its very graph.
+/// Returns the seconds to compiled modules and the dispatches per decode step.
+fn cold_compile(
+    args: &Args,
+    cfg: &ModelConfig,
+    shape: GraphShape,
+    target: &Target,
+    cache: &Path,
+) -> Result<(f64, usize)> {
+    let started = Instant::now();
+    let ckpt = weights::Checkpoint::open(&args.m.model)?;
+    let layout = mlx_iree::engine::layout_for(cfg, args.m.precision(), &ckpt, target, cache)?;
+    drop(ckpt);
+    let modules = graph_modules(cfg, &layout, shape, target)?;
+    for module in &modules {
+        mlx_iree::cache::compile_in(cache, &module.what, &module.mlir, target, &module.options)?;
+    }
+    let compile_cold_s = started.elapsed().as_secs_f64();
+
+    let decode = modules
+        .iter()
+        .find(|m| m.functions.contains(&models::Function::Decode))
+        .context("the engine's graph has no decode function")?;
+    let dispatches_per_decode_step = decode_dispatches(&decode.mlir, target, &decode.options)?;
+    Ok((compile_cold_s, dispatches_per_decode_step))
 }
 
 /// A fixed prompt: ids cycling with a stride through `[1, min(vocab, 1000))`, so every
@@ -352,7 +382,7 @@ mod tests {
         assert_eq!(a.m.model, PathBuf::from("m"));
         assert_eq!(a.m.device, "local-task");
         assert_eq!(a.m.precision(), Precision::F16, "the CPU default");
-        assert_eq!((a.prompt_len, a.steps, a.repeats, a.json), (128, 128, 3, false));
+        assert_eq!((a.prompt_len, a.steps, a.repeats, a.json, a.cache_only), (128, 128, 3, false, false));
     }
 
     #[test]
@@ -371,10 +401,11 @@ mod tests {
             "--repeats",
             "2",
             "--json",
+            "--cache-only",
         ])
         .unwrap();
         assert_eq!(a.m.device, "local-sync");
-        assert_eq!((a.prompt_len, a.steps, a.repeats, a.json), (7, 5, 2, true));
+        assert_eq!((a.prompt_len, a.steps, a.repeats, a.json, a.cache_only), (7, 5, 2, true, true));
     }
 
     #[test]
@@ -475,7 +506,7 @@ mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/f32");
         let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
         let shape = plan(5, 4);
-        let mlir = models::emit(&cfg, Precision::F32, shape).unwrap();
+        let mlir = models::emit(&cfg, &models::Layout::dense(Precision::F32), shape).unwrap();
         let target = mlx_iree::device::target_for("local-task").unwrap();
         let flow = Compiler::new().unwrap().compile_to_ir(&mlir, &target, &CompileOptions::default(), "flow").unwrap();
         let decode = count_dispatches(&flow, "decode").unwrap();

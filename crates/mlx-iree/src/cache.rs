@@ -60,7 +60,9 @@ pub fn compile(
     compile_in(&dir(), what, mlir, target, opts)
 }
 
-/// [`compile`] with an explicit cache folder.
+/// [`compile`] with an explicit cache folder. The compiler library is loaded only when the
+/// module is not in the cache ([`CompileCache::lookup`]), so a warm cache runs on a machine
+/// without the compiler, and a warm run does not pay for loading it.
 pub fn compile_in(
     cache_dir: &Path,
     what: &str,
@@ -68,28 +70,44 @@ pub fn compile_in(
     target: &Target,
     opts: &CompileOptions,
 ) -> Result<(Vec<u8>, CompileReport), Error> {
-    let compiler = Compiler::new()?;
     let cache = CompileCache::new(cache_dir)?;
-    let key = cache.key(&compiler, mlir, target, opts);
-    // For debugging the compiler on our graphs: MLX_IREE_DUMP_MLIR=1 keeps the input next
-    // to the cache entry, with the flags used, ready for iree-compile.
-    if std::env::var_os("MLX_IREE_DUMP_MLIR").is_some() {
-        let path = cache.path_for(&key).with_extension("mlir");
-        let flags = iree_compiler::compile_flags(target, opts).join(" ");
-        if std::fs::write(&path, format!("// iree-compile {flags}\n{mlir}")).is_ok() {
-            eprintln!("{what}: MLIR written to {}", path.display());
-        }
+    if let Some(hit) = cache.lookup(mlir, target, opts)? {
+        dump_mlir(what, &hit.path, mlir, target, opts);
+        eprintln!("{what}: {}", CompileReport::CacheHit);
+        return Ok((hit.vmfb, CompileReport::CacheHit));
     }
+    let compiler = Compiler::new().map_err(|cause| Error::NotCached {
+        what: what.to_owned(),
+        target: target.to_string(),
+        dir: cache_dir.to_path_buf(),
+        cause: Box::new(cause),
+    })?;
+    let key = cache.key(&compiler, mlir, target, opts);
+    dump_mlir(what, &cache.path_for(&key), mlir, target, opts);
     if !cache.path_for(&key).exists() {
         eprintln!("compiling {what} for {target} (first run; later runs use the cache in {})...", cache_dir.display());
     }
     let out = cache.compile(&compiler, mlir, target, opts)?;
+    // So that later runs find this module without loading the compiler.
+    cache.remember(&compiler)?;
     let report = match out.outcome {
         CacheOutcome::Hit => CompileReport::CacheHit,
         CacheOutcome::Miss => CompileReport::Compiled { seconds: out.elapsed.as_secs_f64() },
     };
     eprintln!("{what}: {report}");
     Ok((out.vmfb, report))
+}
+
+/// For debugging the compiler on our graphs: MLX_IREE_DUMP_MLIR=1 keeps the input next to
+/// the cache entry `vmfb_path`, with the flags used, ready for iree-compile.
+fn dump_mlir(what: &str, vmfb_path: &Path, mlir: &str, target: &Target, opts: &CompileOptions) {
+    if std::env::var_os("MLX_IREE_DUMP_MLIR").is_some() {
+        let path = vmfb_path.with_extension("mlir");
+        let flags = iree_compiler::compile_flags(target, opts).join(" ");
+        if std::fs::write(&path, format!("// iree-compile {flags}\n{mlir}")).is_ok() {
+            eprintln!("{what}: MLIR written to {}", path.display());
+        }
+    }
 }
 
 #[cfg(test)]

@@ -189,10 +189,14 @@ impl Engine {
         let mut session = Session::new(&instance, &device)?;
         let mut params = Parameters::new(SCOPE)?;
         let mut weight_bytes = 0;
+        let mut bound = std::collections::HashSet::new();
         for param in layout.device_params(&cfg) {
-            let bytes = layout.load(&ckpt, &param)?;
-            weight_bytes += bytes.len();
-            params.add_tensor(&param.key, &bytes)?;
+            // Globals that view one parameter share its bytes: bind each key once.
+            if bound.insert(param.key.clone()) {
+                let bytes = layout.load(&ckpt, &param)?;
+                weight_bytes += bytes.len();
+                params.add_tensor(&param.key, &bytes)?;
+            }
         }
         session.append_parameters(&[&params])?;
         for vmfb in &vmfbs {

@@ -110,6 +110,12 @@ fn bad_requests_are_one_line_errors() {
     let model = fixture.to_str().unwrap();
     bad_trajectory("/nonexistent/m", "1", &[], "model folder /nonexistent/m does not exist");
     bad_trajectory(model, "1", &["--precision", "int3"], "unknown precision `int3`");
+    bad_trajectory(
+        model,
+        "1",
+        &["--precision", "packed"],
+        "precision `packed` needs an MLX 4- or 8-bit quantized checkpoint",
+    );
     bad_trajectory(model, "1,99999", &[], "token id 99999 is out of range for vocabulary size 384");
     bad_trajectory(model, "1", &["--device", "metal"], "unsupported device `metal`");
     check(&["generate", "--model", model, "--prompt", "hi"], 2, "", "tokenizer.json");
@@ -119,4 +125,46 @@ fn bad_requests_are_one_line_errors() {
         "",
         "--temperature must be a finite number >= 0",
     );
+}
+
+/// A warm compile cache needs no compiler: with `IREE_COMPILER_LIB` naming a file that does
+/// not exist, a run whose modules are all cached reads them and succeeds (the engine never
+/// loads the compiler), while an empty cache is one clear error line.
+#[test]
+fn warm_cache_runs_without_the_compiler() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/f32");
+    let model = fixture.to_str().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let file = out.path().join("t.json");
+    let file = file.to_str().unwrap();
+    let args = ["trajectory", "--model", model, "--device", "local-sync", "--prompt-ids", "1,2,3", "--steps", "4"];
+    let no_compiler = |cache: &std::path::Path, out: &str| {
+        Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
+            .args(args)
+            .args(["--out", out])
+            .env("MLX_IREE_CACHE_DIR", cache)
+            .env("IREE_COMPILER_LIB", "/nonexistent/libIREECompiler.so")
+            .output()
+            .unwrap()
+    };
+
+    let cache = tempfile::tempdir().unwrap();
+    let first = mlx_iree(&[&args[..], &["--out", file]].concat(), cache.path());
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let expected = std::fs::read_to_string(file).unwrap();
+
+    let warm = out.path().join("warm.json");
+    let again = no_compiler(cache.path(), warm.to_str().unwrap());
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success(), "{stderr}");
+    assert!(stderr.contains("compile cache hit") && !stderr.contains("compiling"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&warm).unwrap(), expected, "the same trajectory from the cached modules");
+
+    let empty = tempfile::tempdir().unwrap();
+    let cold = no_compiler(empty.path(), out.path().join("cold.json").to_str().unwrap());
+    let stderr = String::from_utf8_lossy(&cold.stderr);
+    assert_eq!(cold.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line:\n{stderr}");
+    assert!(stderr.contains("is not in the compile cache"), "{stderr}");
+    assert!(stderr.contains("/nonexistent/libIREECompiler.so"), "{stderr}");
 }

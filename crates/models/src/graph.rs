@@ -86,7 +86,7 @@ pub fn emit_functions(
     let mut globals = HashMap::new();
     for (i, p) in layout.device_params(cfg).iter().enumerate() {
         let dims: Vec<i64> = p.dims.iter().map(|d| *d as i64).collect();
-        globals.insert(p.key.clone(), m.global_param(&format!("p{i}"), SCOPE, &p.key, &p.elem.tensor(&dims))?);
+        globals.insert(p.global.clone(), m.global_param(&format!("p{i}"), SCOPE, &p.key, &p.elem.tensor(&dims))?);
     }
     let cache: Vec<i64> = kv_cache_shape(cfg, shape.capacity).iter().map(|d| *d as i64).collect();
     let entries = RefCell::new(BTreeSet::new());
@@ -94,8 +94,16 @@ pub fn emit_functions(
         let (name, t) = (function.name(), function.tokens(shape));
         let inputs = [I32.tensor(&[t as i64]), I32.scalar(), I32.scalar(), F32.tensor(&cache), F32.tensor(&cache)];
         m.func(name, &inputs, |f, a| {
-            let step =
-                Step { f, cfg, layout, globals: &globals, entries: &entries, t: t as i64, s: shape.capacity as i64 };
+            let step = Step {
+                f,
+                cfg,
+                layout,
+                globals: &globals,
+                entries: &entries,
+                merged_out: RefCell::new(HashMap::new()),
+                t: t as i64,
+                s: shape.capacity as i64,
+            };
             step.emit(a[0], a[1], a[2], a[3], a[4]).map_err(|e| match e {
                 crate::Error::Graph(g) => g,
                 other => hlo_emit::Error::Mlir { what: "decoder step".into(), detail: other.to_string() },
@@ -118,6 +126,8 @@ struct Step<'a, 'c, 'b> {
     globals: &'a HashMap<String, Global>,
     /// Kernel entry points the functions dispatch (declared once, after emission).
     entries: &'a RefCell<BTreeSet<kernels::cpu::Entry>>,
+    /// Outputs of merged projections already computed in this function.
+    merged_out: RefCell<HashMap<String, V<'c, 'b>>>,
     t: i64,
     s: i64,
 }
@@ -164,6 +174,20 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     /// The integer contraction over each group reads the packed weight directly (one
     /// `batch_matmul ... i16xi4xi32` dispatch); scales and biases apply once per group.
     fn packed_linear(&self, x: V<'c, 'b>, prefix: &str, p: &Packing) -> R<V<'c, 'b>> {
+        if let Some((merged, first, rows)) = self.layout.merged(prefix) {
+            // One dispatch for all parts (they read this same `x`), computed at the first
+            // part's use; each part is a column slice of it.
+            let cached = self.merged_out.borrow().get(merged).copied();
+            let all = match cached {
+                Some(v) => v,
+                None => {
+                    let v = self.kernel_dispatch(kernels::cpu::Op::Matvec, x, merged, p)?;
+                    self.merged_out.borrow_mut().insert(merged.to_owned(), v);
+                    v
+                }
+            };
+            return self.f.slice_dim(all, 1, first as i64, (first + rows) as i64);
+        }
         if p.kernel {
             return self.kernel_dispatch(kernels::cpu::Op::Matvec, x, prefix, p);
         }
@@ -221,15 +245,27 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     /// own type, then widened (dense) or dequantized (packed) for those rows only.
     fn embed(&self, tokens: V<'c, 'b>) -> R<V<'c, 'b>> {
         let f = self.f;
-        const PREFIX: &str = "model.embed_tokens";
-        if let Some(p) = self.layout.packing(PREFIX).filter(|p| p.kernel) {
-            return self.kernel_dispatch(kernels::cpu::Op::Rows, tokens, PREFIX, p);
-        }
-        let rows = f.gather_rows(f.load(self.global(&format!("{PREFIX}.weight"))?)?, tokens)?;
+        const PREFIX: &str = crate::layout::EMBEDDING;
         let Some(p) = self.layout.packing(PREFIX) else {
+            let rows = f.gather_rows(f.load(self.global(&format!("{PREFIX}.weight"))?)?, tokens)?;
             return if rows.elem() == F32 { Ok(rows) } else { f.convert(rows, F32) };
         };
+        if p.kernel {
+            return self.kernel_dispatch(kernels::cpu::Op::Rows, tokens, PREFIX, p);
+        }
         let (t, d) = (self.t, self.cfg.hidden as i64);
+        let q = if p.bits == 4 {
+            // Gather the rows' bytes, then split each into its two signed nibbles (element
+            // 2j in the low one), interleaved back to [T, d].
+            let bytes = f.gather_rows(f.load(self.global(&format!("{PREFIX}.weight.rows"))?)?, tokens)?;
+            let four = f.splat(4.0, &I8.tensor(&[t, d / 2]))?;
+            let low = f.shift_right_arithmetic(f.shift_left(bytes, four)?, four)?;
+            let high = f.shift_right_arithmetic(bytes, four)?;
+            let pair = |v| f.reshape(v, &[t, d / 2, 1]);
+            f.reshape(f.concatenate(&[pair(low)?, pair(high)?], 2)?, &[t, d])?
+        } else {
+            f.gather_rows(f.load(self.global(&format!("{PREFIX}.weight"))?)?, tokens)?
+        };
         let gs = p.group_size as i64;
         let grouped = [t, d / gs, gs];
         let gather = |name: &str| -> R<V<'c, 'b>> {
@@ -237,7 +273,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             let v = f.convert(f.gather_rows(table, tokens)?, F32)?;
             f.broadcast_in_dim(v, &grouped, &[0, 1])
         };
-        let q = f.reshape(f.convert(rows, F32)?, &grouped)?;
+        let q = f.reshape(f.convert(q, F32)?, &grouped)?;
         f.reshape(f.add(f.mul(q, gather("scales")?)?, gather("biases")?)?, &[t, d])
     }
 
@@ -250,18 +286,22 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     }
 
     /// Rotates `x [T, heads, hd]` by the positions' angles (MLX's non-traditional layout:
-    /// the first and second halves of each head form the pairs).
+    /// the first and second halves of each head form the pairs). Written as one elementwise
+    /// expression, `x * cos + [-x2, x1] * sin` with the swap as a `reverse` of the two
+    /// halves, so it fuses into one dispatch (a `concatenate` became copies of its own).
     fn rope(&self, x: V<'c, 'b>, cos: V<'c, 'b>, sin: V<'c, 'b>) -> R<V<'c, 'b>> {
         let f = self.f;
         let shape = x.shape();
         let half = shape[2] / 2;
-        let (x1, x2) = (f.slice_dim(x, 2, 0, half)?, f.slice_dim(x, 2, half, 2 * half)?);
-        let hshape = [shape[0], shape[1], half];
-        let c = f.broadcast_in_dim(cos, &hshape, &[0, 2])?;
-        let s = f.broadcast_in_dim(sin, &hshape, &[0, 2])?;
-        let r1 = f.sub(f.mul(x1, c)?, f.mul(x2, s)?)?;
-        let r2 = f.add(f.mul(x1, s)?, f.mul(x2, c)?)?;
-        f.concatenate(&[r1, r2], 2)
+        let split = [shape[0], shape[1], 2, half];
+        let x = f.reshape(x, &split)?;
+        let swapped = f.reverse(x, &[2])?;
+        // [-1, 1] along the halves: the first half of the swapped value is -x2.
+        let sign = f.broadcast_in_dim(f.constant_f32(&[-1.0, 1.0], &[2])?, &split, &[2])?;
+        let c = f.broadcast_in_dim(cos, &split, &[0, 3])?;
+        let s = f.broadcast_in_dim(sin, &split, &[0, 3])?;
+        let out = f.add(f.mul(x, c)?, f.mul(f.mul(swapped, sign)?, s)?)?;
+        f.reshape(out, &shape)
     }
 
     fn rope_tables(&self, pos_f: V<'c, 'b>, table: &RopeTable) -> R<(V<'c, 'b>, V<'c, 'b>)> {

@@ -61,17 +61,26 @@ pub enum Role {
     PackedScales,
     /// Biases plus `2^(bits-1) * scales`, `[out, in / group_size]`.
     PackedBiases,
+    /// The packed 4-bit weight's bytes as `i8 [out, in / 2]`, for gathering embedding rows:
+    /// IREE 3.13 cannot gather `i4` rows on CUDA ("failed to emulate bit width").
+    PackedRows,
 }
 
 /// One global of the graph: the parameter key it is bound to, its shape and element type.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeviceParam {
+    /// The parameter key (several globals may view one parameter's bytes).
     pub key: String,
+    /// The graph's name for the global (the key, or `<key>.rows` for a byte view).
+    pub global: String,
     pub dims: Vec<usize>,
     pub elem: ElementType,
     pub role: Role,
-    /// The checkpoint-level parameter it comes from.
+    /// The checkpoint-level parameter it comes from (the first of `parts`).
     pub spec: ParamSpec,
+    /// The checkpoint matrices stacked along the rows into this one (just `spec`, except
+    /// for a merged projection; see [`Layout::merged`]).
+    pub parts: Vec<ParamSpec>,
 }
 
 impl DeviceParam {
@@ -88,6 +97,9 @@ pub struct Layout {
     packed: HashMap<String, Packing>,
     /// The CPU kernel object linked into the graph, when any packing uses it.
     kernel_object: Option<PathBuf>,
+    /// Kernel-packed projections that read the same input, stacked into one matrix so one
+    /// dispatch computes them all: part prefix -> (merged prefix, first row, rows).
+    merged: HashMap<String, (String, usize, usize)>,
 }
 
 impl Layout {
@@ -139,7 +151,7 @@ impl Layout {
                 ckpt.dir().display()
             )));
         }
-        Ok(Layout { precision, packed, kernel_object: None })
+        Ok(Layout { precision, packed, kernel_object: None, merged: HashMap::new() })
     }
 
     /// Moves every packed matrix the CPU kernels take (`kernels::cpu::supports`) to the
@@ -159,7 +171,38 @@ impl Layout {
                 self.kernel_object = Some(object.to_path_buf());
             }
         }
+        // q/k/v and gate/up read the same normed input: one dispatch each instead of 3 and
+        // 2, when the parts share one kernel packing.
+        for l in 0..cfg.num_layers() {
+            let p = crate::params::layer_prefix(l);
+            for (merged, parts) in [
+                (
+                    format!("{p}.self_attn.qkv_proj"),
+                    ["q_proj", "k_proj", "v_proj"].map(|n| format!("{p}.self_attn.{n}")).to_vec(),
+                ),
+                (format!("{p}.mlp.gate_up_proj"), ["gate_proj", "up_proj"].map(|n| format!("{p}.mlp.{n}")).to_vec()),
+            ] {
+                let packings: Vec<Option<&Packing>> = parts.iter().map(|n| self.packed.get(n)).collect();
+                let Some(Some(first)) = packings.first().copied() else { continue };
+                if !first.kernel || packings.iter().any(|q| *q != Some(first)) {
+                    continue;
+                }
+                let first = *first;
+                let mut row = 0;
+                for part in &parts {
+                    let rows = shapes[part][0];
+                    self.merged.insert(part.clone(), (merged.clone(), row, rows));
+                    row += rows;
+                }
+                self.packed.insert(merged, first);
+            }
+        }
         self
+    }
+
+    /// The merged matrix a projection is part of: (merged prefix, first row, rows).
+    pub fn merged(&self, prefix: &str) -> Option<(&str, usize, usize)> {
+        self.merged.get(prefix).map(|(m, first, rows)| (m.as_str(), *first, *rows))
     }
 
     /// The CPU kernel object the graph links, if any packed matrix uses it.
@@ -170,7 +213,7 @@ impl Layout {
     /// The layout of a dense precision (no checkpoint needed). For `Packed` it has no
     /// packed matrices; use [`Layout::new`].
     pub fn dense(precision: Precision) -> Layout {
-        Layout { precision, packed: HashMap::new(), kernel_object: None }
+        Layout { precision, packed: HashMap::new(), kernel_object: None, merged: HashMap::new() }
     }
 
     pub fn precision(&self) -> Precision {
@@ -184,11 +227,32 @@ impl Layout {
 
     /// Every global the graph declares, in a fixed order.
     pub fn device_params(&self, cfg: &ModelConfig) -> Vec<DeviceParam> {
+        let specs = param_specs(cfg);
         let mut out = Vec::new();
-        for spec in param_specs(cfg) {
-            let param =
-                |key: String, dims: Vec<usize>, elem, role| DeviceParam { key, dims, elem, role, spec: spec.clone() };
-            match (spec.kind, self.packing(spec.prefix())) {
+        for spec in &specs {
+            // A merged projection is declared once, where its first part is.
+            let (prefix, parts) = match self.merged(spec.prefix()) {
+                Some((_, first_row, _)) if first_row > 0 => continue,
+                Some((merged, _, _)) => {
+                    let parts: Vec<ParamSpec> = specs
+                        .iter()
+                        .filter(|s| self.merged(s.prefix()).is_some_and(|(m, _, _)| m == merged))
+                        .cloned()
+                        .collect();
+                    (merged.to_owned(), parts)
+                }
+                None => (spec.prefix().to_owned(), vec![spec.clone()]),
+            };
+            let param = |key: String, dims: Vec<usize>, elem, role| DeviceParam {
+                global: key.clone(),
+                key,
+                dims,
+                elem,
+                role,
+                spec: spec.clone(),
+                parts: parts.clone(),
+            };
+            match (spec.kind, self.packing(&prefix)) {
                 (Kind::Vector, _) => {
                     out.push(param(spec.key.clone(), spec.shape.clone(), ElementType::F32, Role::Vector))
                 }
@@ -197,8 +261,8 @@ impl Layout {
                 }
                 (Kind::Matrix, Some(p)) if p.kernel => {
                     // [O/16, bytes per 16-row block] and [O/16, G * 16]: the kernel's blocks.
-                    let prefix = spec.prefix();
-                    let (o, i) = (spec.shape[0], spec.shape[1]);
+                    let o: usize = parts.iter().map(|s| s.shape[0]).sum();
+                    let i = spec.shape[1];
                     let blocks = o / kernels::cpu::BLOCK_ROWS;
                     let block_bytes = i * p.bits as usize * kernels::cpu::BLOCK_ROWS / 8;
                     let groups = vec![blocks, i / p.group_size * kernels::cpu::BLOCK_ROWS];
@@ -212,9 +276,14 @@ impl Layout {
                     out.push(param(format!("{prefix}.biases"), groups, p.bias_elem, Role::PackedBiases));
                 }
                 (Kind::Matrix, Some(p)) => {
-                    let prefix = spec.prefix();
                     let (o, i) = (spec.shape[0], spec.shape[1]);
                     let groups = vec![o, i / p.group_size];
+                    if p.bits == 4 && prefix == EMBEDDING {
+                        let mut rows =
+                            param(format!("{prefix}.weight"), vec![o, i / 2], ElementType::I8, Role::PackedRows);
+                        rows.global = format!("{prefix}.weight.rows");
+                        out.push(rows);
+                    }
                     out.push(param(format!("{prefix}.weight"), vec![o, i], p.weight_elem(), Role::PackedWeight));
                     out.push(param(format!("{prefix}.scales"), groups.clone(), p.scale_elem, Role::PackedScales));
                     out.push(param(format!("{prefix}.biases"), groups, p.bias_elem, Role::PackedBiases));
@@ -231,7 +300,24 @@ impl Layout {
         let dims = &param.dims;
         match param.role {
             Role::Vector | Role::Dense => crate::params::load_param(ckpt, &param.spec, param.elem),
-            Role::PackedWeight | Role::PackedScales | Role::PackedBiases => {
+            Role::PackedWeight | Role::PackedScales | Role::PackedBiases if param.parts.len() > 1 => {
+                // A merged projection: each part in the kernel layout, stacked by rows (whole
+                // 16-row blocks, so stacking the parts' bytes stacks the matrices).
+                let mut bytes = Vec::with_capacity(param.bytes());
+                for part in &param.parts {
+                    let prefix = part.prefix();
+                    let packing = self.packing(prefix).ok_or_else(|| missing_packing(prefix))?;
+                    let Linear::Quantized(q) = ckpt.linear(prefix)? else {
+                        return Err(Error::Invalid(format!(
+                            "{prefix}: expected a quantized layer in {}",
+                            ckpt.dir().display()
+                        )));
+                    };
+                    bytes.extend_from_slice(&kernel_bytes(&q, packing, param.role)?);
+                }
+                Ok(Cow::Owned(bytes))
+            }
+            Role::PackedWeight | Role::PackedScales | Role::PackedBiases | Role::PackedRows => {
                 let prefix = param.spec.prefix();
                 let packing = self.packing(prefix).ok_or_else(|| missing_packing(prefix))?;
                 let Linear::Quantized(q) = ckpt.linear(prefix)? else {
@@ -251,7 +337,7 @@ impl Layout {
                     return kernel_bytes(&q, packing, param.role);
                 }
                 match param.role {
-                    Role::PackedWeight => {
+                    Role::PackedWeight | Role::PackedRows => {
                         // Flip each value's top bit: nibbles with 0x88, bytes with 0x80.
                         let flip = if packing.bits == 4 { 0x88u8 } else { 0x80 };
                         Ok(Cow::Owned(q.weight().bytes().iter().map(|b| b ^ flip).collect()))
@@ -290,6 +376,9 @@ fn kernel_bytes(q: &weights::QuantizedLinear<'_>, p: &Packing, role: Role) -> Re
         _ => values(q.biases())?,
     }))
 }
+
+/// The embedding table's prefix.
+pub const EMBEDDING: &str = "model.embed_tokens";
 
 fn missing_packing(prefix: &str) -> Error {
     Error::Invalid(format!("{prefix}: no packing in the layout"))

@@ -145,16 +145,27 @@ fn cpu_kernel_layout() {
         let params: Vec<_> = layout
             .device_params(&cfg)
             .into_iter()
-            .filter(|p| p.key.starts_with("model.layers.0.mlp.up_proj"))
-            .map(|p| (p.dims, p.elem))
+            .filter(|p| p.key.starts_with("model.layers.0.mlp."))
+            .map(|p| (p.key, p.dims, p.elem))
             .collect();
-        // up_proj [128, 64], group size 64: 8 blocks of 16 rows, 64 * bits * 16 / 8 bytes each.
+        // gate_proj and up_proj [128, 64] read the same input: stacked into one [256, 64]
+        // matrix, group size 64: 16 blocks of 16 rows, 64 * bits * 16 / 8 bytes each.
+        let key = |s: &str| format!("model.layers.0.mlp.{s}");
         assert_eq!(
-            params,
-            vec![(vec![8, 64 * bits * 16 / 8], ElementType::I8), (vec![8, 16], scale), (vec![8, 16], scale)],
+            params[..3],
+            [
+                (key("gate_up_proj.weight"), vec![16, 64 * bits * 16 / 8], ElementType::I8),
+                (key("gate_up_proj.scales"), vec![16, 16], scale),
+                (key("gate_up_proj.biases"), vec![16, 16], scale)
+            ],
             "{variant}"
         );
-        let w = layout.device_params(&cfg).into_iter().find(|p| p.key == "model.layers.0.mlp.up_proj.weight").unwrap();
+        assert_eq!(layout.merged("model.layers.0.mlp.up_proj"), Some(("model.layers.0.mlp.gate_up_proj", 128, 128)));
+        assert_eq!(
+            layout.merged("model.layers.0.self_attn.k_proj").map(|m| m.0),
+            Some("model.layers.0.self_attn.qkv_proj")
+        );
+        let w = layout.device_params(&cfg).into_iter().find(|p| p.key == key("gate_up_proj.weight")).unwrap();
         assert_eq!(layout.load(&ckpt, &w).unwrap().len(), w.bytes());
     }
 }

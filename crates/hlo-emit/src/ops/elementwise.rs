@@ -146,6 +146,16 @@ impl<'c, 'b> Func<'c, 'b> {
         self.binary("stablehlo.and", Accepts::IntOrBool, a, b)
     }
 
+    /// `a << b` (integers; shifts by the bit width or more give 0).
+    pub fn shift_left(&self, a: Value<'c, 'b>, b: Value<'c, 'b>) -> Result<Value<'c, 'b>, Error> {
+        self.binary("stablehlo.shift_left", Accepts::IntOrBool, a, b)
+    }
+
+    /// `a >> b` keeping the sign (integers): the high nibble of a byte, read as signed.
+    pub fn shift_right_arithmetic(&self, a: Value<'c, 'b>, b: Value<'c, 'b>) -> Result<Value<'c, 'b>, Error> {
+        self.binary("stablehlo.shift_right_arithmetic", Accepts::IntOrBool, a, b)
+    }
+
     /// Logical/bitwise or (integers or i1).
     pub fn or(&self, a: Value<'c, 'b>, b: Value<'c, 'b>) -> Result<Value<'c, 'b>, Error> {
         self.binary("stablehlo.or", Accepts::IntOrBool, a, b)

@@ -34,6 +34,15 @@ impl<'c, 'b> Func<'c, 'b> {
         self.emit1(OP, &[a], vec![("permutation", attr)], t.with_shape(&shape))
     }
 
+    /// Reverses the order of elements along `dims` (distinct, each in range).
+    pub fn reverse(&self, a: Value<'c, 'b>, dims: &[i64]) -> Result<Value<'c, 'b>, Error> {
+        const OP: &str = "stablehlo.reverse";
+        let t = a.ty();
+        check_dims(OP, "dimensions", dims, t.rank())?;
+        let attr = self.i64_array(dims);
+        self.emit1(OP, &[a], vec![("dimensions", attr)], t)
+    }
+
     /// Broadcasts to `shape`, mapping operand dim `i` to result dim `dims[i]`; each
     /// operand dim must be 1 or equal to the result dim it maps to.
     pub fn broadcast_in_dim(&self, a: Value<'c, 'b>, shape: &[i64], dims: &[i64]) -> Result<Value<'c, 'b>, Error> {
