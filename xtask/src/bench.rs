@@ -6,9 +6,15 @@
 //! Models: SmolLM2-135M-Instruct 4-bit (`cargo xtask model`) and a Llama-3.2-1B-shaped
 //! model with random weights (xtask/python/make_random_llama.py) saved as f16, MLX 4-bit
 //! and MLX 8-bit under target/models/llama-1b-random-{f16,4bit,8bit}.
+//!
+//! `--peers` adds llama.cpp (f16, Q8_0, Q4_0 of the same weights) and, on SmolLM2,
+//! mlx-lm at f32 (`peers.rs`), and prints one table with our decode and prefill speed
+//! as ratios against the matching peer row and every row against the memory-bandwidth
+//! bound measured in the same run.
 
 use crate::build_iree::{self, Target};
 use crate::fixtures::{self, script_digest};
+use crate::peers;
 use crate::pins::Pins;
 use crate::util;
 use anyhow::{Context, Result, bail};
@@ -28,7 +34,7 @@ const NOT_IMPLEMENTED: &str = "not implemented yet";
 
 pub const USAGE: &str = "\
 usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
-                         [--prompt-len N] [--steps N] [--repeats N] [--prepare-only]
+                         [--prompt-len N] [--steps N] [--repeats N] [--prepare-only] [--peers]
   --model M        smollm2 (SmolLM2-135M-Instruct 4-bit), llama-1b (Llama-3.2-1B shape,
                    random weights: the f16 folder for f32/f16/bf16, the 4-bit and 8-bit
                    folders for packed) or an MLX model folder; repeatable
@@ -41,7 +47,12 @@ usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
                    f32 decode step takes seconds on 2 cores)
   --repeats N      repeats of prompt + decode; medians are reported (default 3)
   --prepare-only   only the set-up steps (runtime, models, release build)
-  --peers          llama.cpp on the same models (not implemented yet)
+  --peers          also llama.cpp's CPU build (llama-cpp-python, compiled once into
+                   target/peers-venv: about 14 minutes on 2 cores) on the same weights
+                   as GGUF f16, Q8_0 and Q4_0, and mlx-lm at f32 on smollm2; one table
+                   with our speed as ratios against them (f16 vs f16, packed 4-bit vs
+                   Q4_0, packed 8-bit vs Q8_0, f32 vs mlx-lm) and every row against the
+                   memory-bandwidth bound measured in the same run
 ";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +73,8 @@ pub struct Options {
     pub steps: Option<usize>,
     pub repeats: usize,
     pub prepare_only: bool,
+    /// Also measure llama.cpp and mlx-lm (`peers.rs`).
+    pub peers: bool,
 }
 
 /// Decode steps per repeat when `--steps` is not given. The 1B model's f32 decode step
@@ -85,6 +98,7 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
         steps: None,
         repeats: 3,
         prepare_only: false,
+        peers: false,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -109,9 +123,7 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
             "--repeats" => o.repeats = count(flag, value()?)?,
             "--json" => o.json = true,
             "--prepare-only" => o.prepare_only = true,
-            "--peers" => {
-                bail!("bench: --peers (llama.cpp through llama-cpp-python on the same models) is not implemented yet")
-            }
+            "--peers" => o.peers = true,
             other => bail!("bench: unknown argument `{other}`\n{USAGE}"),
         }
     }
@@ -198,6 +210,15 @@ pub fn run(args: &[String]) -> Result<()> {
     util::run(Command::new(exe).arg("bench").args(args).arg("--prepare-only").stdout(Stdio::from(std::io::stderr())))?;
     let bin = util::target_dir().join("release/mlx-iree");
     let cases = cases(&opts, &crate::model::models_dir());
+    // Measured first, so that with --json every row can carry its bound as it is printed.
+    let bandwidth = if opts.peers {
+        note("memory read bandwidth (numpy, one thread per CPU)");
+        let b = peers::bandwidth(&peers::venv_dir())?;
+        note(format!("memory read bandwidth: {:.1} GB/s", b / 1e9));
+        Some(b)
+    } else {
+        None
+    };
     let mut rows = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         note(format!(
@@ -210,14 +231,11 @@ pub fn run(args: &[String]) -> Result<()> {
         ));
         let row = measure(&bin, case, &opts)?;
         if opts.json {
-            println!("{}", row.json_line(case, &opts.device));
+            println!("{}", row.json_line(case, &opts.device, bandwidth));
         }
         rows.push(row);
     }
-    if !opts.json {
-        print!("{}", table(&cases, &rows));
-    }
-    let failed: Vec<String> = cases
+    let mut failed: Vec<String> = cases
         .iter()
         .zip(&rows)
         .filter_map(|(c, r)| match r {
@@ -227,6 +245,21 @@ pub fn run(args: &[String]) -> Result<()> {
             _ => None,
         })
         .collect();
+    match bandwidth {
+        Some(bandwidth) => {
+            let mut lines: Vec<Line> = cases.iter().zip(&rows).map(|(c, r)| Line::ours(c, r)).collect();
+            let theirs = measure_peers(&opts, bandwidth)?;
+            failed.extend(theirs.iter().filter_map(|l| {
+                l.result.as_ref().err().map(|e| format!("{} {} {}: {e}", l.engine, l.name, l.precision))
+            }));
+            lines.extend(theirs);
+            if !opts.json {
+                print!("{}", peers_table(&order_by_family(lines), bandwidth));
+            }
+        }
+        None if !opts.json => print!("{}", table(&cases, &rows)),
+        None => {}
+    }
     note(format!("{} rows in {:.0} s", rows.len(), started.elapsed().as_secs_f64()));
     if !failed.is_empty() {
         bail!("{} benchmark(s) failed:\n  {}", failed.len(), failed.join("\n  "));
@@ -249,10 +282,17 @@ fn prepare(o: &Options) -> Result<()> {
     }
     if o.models.contains(&ModelArg::Llama1b) {
         let packed = o.precisions.contains(&"packed");
-        let floats = o.precisions.iter().any(|p| *p != "packed");
+        // The peers convert the f16 folder.
+        let floats = o.peers || o.precisions.iter().any(|p| *p != "packed");
         let variants: Vec<&str> =
             LLAMA_1B_VARIANTS.iter().copied().filter(|v| if *v == "f16" { floats } else { packed }).collect();
         llama_1b(&variants)?;
+    }
+    if o.peers {
+        let venv = peers::venv()?;
+        for m in peer_models(o, &crate::model::models_dir()) {
+            peers::ggufs(&venv, &m.family, &m.src)?;
+        }
     }
     util::progress(
         "bench",
@@ -314,10 +354,13 @@ pub enum Row {
 }
 
 impl Row {
-    fn json_line(&self, case: &Case, device: &str) -> String {
+    /// The row as printed with --json: mlx-iree's own line with `engine` in front and,
+    /// when the bandwidth was measured (--peers), the bound fields at the end.
+    fn json_line(&self, case: &Case, device: &str, bandwidth: Option<f64>) -> String {
         match self {
-            Row::Ok(line, _) => line.clone(),
+            Row::Ok(line, m) => tagged_json(line, ENGINE, bandwidth.map(|b| (b, m.weight_bytes))),
             Row::Failed(error) => serde_json::json!({
+                "engine": ENGINE,
                 "model": case.model.display().to_string(),
                 "device": device,
                 "precision": case.precision,
@@ -326,6 +369,32 @@ impl Row {
             .to_string(),
         }
     }
+}
+
+const ENGINE: &str = "mlx-iree";
+
+/// One JSON object `line` with `"engine"` as its first field (unless it has one) and, given
+/// `(bandwidth, weight_bytes)`, `bandwidth_bytes_s` and `bound_decode_tok_s` (bandwidth /
+/// weight bytes) as its last. Text-level, so the other fields keep their order.
+pub fn tagged_json(line: &str, engine: &str, bound: Option<(f64, u64)>) -> String {
+    let line = line.trim();
+    let Some(body) = line.strip_prefix('{').and_then(|b| b.strip_suffix('}')) else {
+        return line.to_owned();
+    };
+    let body = body.trim();
+    let mut fields = Vec::new();
+    if !body.starts_with("\"engine\"") {
+        fields.push(format!("\"engine\":{}", serde_json::Value::from(engine)));
+    }
+    if !body.is_empty() {
+        fields.push(body.to_owned());
+    }
+    if let Some((bandwidth, weight_bytes)) = bound {
+        fields.push(format!("\"bandwidth_bytes_s\":{}", serde_json::Value::from(bandwidth.round())));
+        let tok_s = bandwidth / weight_bytes.max(1) as f64;
+        fields.push(format!("\"bound_decode_tok_s\":{}", serde_json::Value::from(tok_s)));
+    }
+    format!("{{{}}}", fields.join(","))
 }
 
 /// Runs `mlx-iree bench --json` for one case. Its stderr streams through (compile
@@ -338,10 +407,19 @@ fn measure(bin: &Path, case: &Case, o: &Options) -> Result<Row> {
         .args(["--precision", case.precision, "--device", &o.device, "--json"])
         .args(["--prompt-len", &o.prompt_len.to_string()])
         .args(["--steps", &case.steps.to_string()])
-        .args(["--repeats", &o.repeats.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .args(["--repeats", &o.repeats.to_string()]);
     let shown = util::show(&cmd);
+    match run_child(&mut cmd)? {
+        Ok(stdout) => parse_row(&stdout).with_context(|| format!("`{shown}` printed {stdout:?}")),
+        Err(msg) => Ok(Row::Failed(msg)),
+    }
+}
+
+/// Runs a measuring command with its stderr streamed through, indented. Returns its
+/// stdout, or when it failed, the reason in its last stderr line.
+fn run_child(cmd: &mut Command) -> Result<std::result::Result<String, String>> {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let shown = util::show(cmd);
     let mut child = cmd.spawn().with_context(|| format!("could not start `{shown}`"))?;
     let stderr = child.stderr.take().context("no stderr pipe")?;
     let echo = std::thread::spawn(move || {
@@ -362,9 +440,9 @@ fn measure(bin: &Path, case: &Case, o: &Options) -> Result<Row> {
     let last = echo.join().unwrap_or_default();
     if !status.success() {
         let msg = error_note(&last);
-        return Ok(Row::Failed(if msg.is_empty() { format!("exited with {status}") } else { msg }));
+        return Ok(Err(if msg.is_empty() { format!("exited with {status}") } else { msg }));
     }
-    parse_row(&stdout).with_context(|| format!("`{shown}` printed {stdout:?}"))
+    Ok(Ok(stdout))
 }
 
 /// The reason in `mlx-iree`'s one-line error, without the CLI's framing (prefix, clap's
@@ -446,6 +524,245 @@ pub fn table(cases: &[Case], rows: &[Row]) -> String {
     out
 }
 
+/// A model the peers run: its family (the name rows are grouped by), the float folder
+/// llama.cpp's GGUFs are converted from, and whether mlx-lm gets a row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerModel {
+    pub family: String,
+    pub src: PathBuf,
+    pub steps: usize,
+    pub mlx_lm: bool,
+}
+
+/// One per model argument: SmolLM2's f16 folder (with an mlx-lm f32 row), the 1B model's
+/// f16 folder, or the folder given (which must hold float weights).
+pub fn peer_models(o: &Options, models_dir: &Path) -> Vec<PeerModel> {
+    let mut out: Vec<PeerModel> = Vec::new();
+    for m in &o.models {
+        let steps = o.steps.unwrap_or_else(|| default_steps(m));
+        let (family, src, mlx_lm) = match m {
+            ModelArg::SmolLm2 => {
+                let family = SMOLLM2.trim_end_matches("-4bit");
+                (family.to_owned(), models_dir.join(format!("{family}-f16")), true)
+            }
+            ModelArg::Llama1b => (LLAMA_1B.to_owned(), llama_1b_dir(models_dir, "f16"), false),
+            ModelArg::Dir(dir) => (display_name(dir), dir.clone(), false),
+        };
+        if !out.iter().any(|p| p.family == family) {
+            out.push(PeerModel { family, src, steps, mlx_lm });
+        }
+    }
+    out
+}
+
+/// llama.cpp at f16, Q8_0 and Q4_0 and (SmolLM2) mlx-lm at f32, one process each; with
+/// --json each row is printed as it is measured.
+fn measure_peers(o: &Options, bandwidth: f64) -> Result<Vec<Line>> {
+    let models = peer_models(o, &crate::model::models_dir());
+    let total: usize = models.iter().map(|m| peers::LLAMA_CPP_TYPES.len() + usize::from(m.mlx_lm)).sum();
+    let venv = peers::venv_dir();
+    let mut lines = Vec::new();
+    for m in &models {
+        let ids = peers::prompt_ids(o.prompt_len, peers::vocab_size(&m.src)?);
+        let mut runs: Vec<(&'static str, &'static str, String, usize, Command)> = peers::LLAMA_CPP_TYPES
+            .iter()
+            .map(|t| {
+                let gguf = peers::gguf_path(&m.family, t);
+                let cmd = peers::llama_cpp_command(&venv, &gguf, t, &ids, m.steps, o.repeats);
+                ("llama.cpp", *t, gguf.display().to_string(), m.steps, cmd)
+            })
+            .collect();
+        if m.mlx_lm {
+            let cmd = peers::mlx_lm_command(&util::target_dir().join("mlx-venv"), &m.src, &ids, m.steps);
+            runs.push(("mlx-lm", "f32", m.src.display().to_string(), m.steps.min(peers::MLX_LM_MAX_STEPS), cmd));
+        }
+        for (engine, precision, model, steps, mut cmd) in runs {
+            note(format!("peers {}/{total}: {engine} {precision} on {}", lines.len() + 1, m.family));
+            let result = match run_child(&mut cmd)? {
+                Ok(stdout) => parse_peer(&stdout),
+                Err(e) => Err(e),
+            };
+            if o.json {
+                let line = match &result {
+                    Ok((json, speed)) => tagged_json(json, engine, Some((bandwidth, speed.weight_bytes))),
+                    Err(e) => serde_json::json!({
+                        "engine": engine, "model": model, "device": "cpu", "precision": precision, "error": e,
+                    })
+                    .to_string(),
+                };
+                println!("{line}");
+            }
+            lines.push(Line {
+                engine,
+                family: m.family.clone(),
+                name: m.family.clone(),
+                precision: precision.to_owned(),
+                pair: Some(precision),
+                steps,
+                dispatches: None,
+                result: result.map(|(_, speed)| speed),
+            });
+        }
+    }
+    Ok(lines)
+}
+
+/// A peer script's JSON line and its speed fields.
+pub fn parse_peer(stdout: &str) -> std::result::Result<(String, Speed), String> {
+    let line = stdout.lines().rfind(|l| l.trim_start().starts_with('{')).ok_or("printed no JSON line")?.trim();
+    let speed = serde_json::from_str(line).map_err(|e| format!("bad JSON line ({e}): {line}"))?;
+    Ok((line.to_owned(), speed))
+}
+
+/// The fields every engine's row has.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Speed {
+    pub prefill_tok_s: f64,
+    pub decode_tok_s: f64,
+    pub ttft_ms: f64,
+    pub weight_bytes: u64,
+    pub peak_rss_bytes: u64,
+}
+
+/// One row of the --peers table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Line {
+    pub engine: &'static str,
+    pub family: String,
+    pub name: String,
+    pub precision: String,
+    /// The weight format this row is compared in: a peer row's own precision; for our
+    /// rows `pair_key` (f16, q4_0 or q8_0 for packed, f32), None when nothing compares.
+    pub pair: Option<&'static str>,
+    pub steps: usize,
+    pub dispatches: Option<u64>,
+    pub result: std::result::Result<Speed, String>,
+}
+
+impl Line {
+    fn ours(case: &Case, row: &Row) -> Line {
+        let (result, dispatches) = match row {
+            Row::Ok(_, m) => (
+                Ok(Speed {
+                    prefill_tok_s: m.prefill_tok_s,
+                    decode_tok_s: m.decode_tok_s,
+                    ttft_ms: m.ttft_ms,
+                    weight_bytes: m.weight_bytes,
+                    peak_rss_bytes: m.peak_rss_bytes,
+                }),
+                Some(m.dispatches_per_decode_step),
+            ),
+            Row::Failed(e) => (Err(e.clone()), None),
+        };
+        Line {
+            engine: ENGINE,
+            family: case.family.clone(),
+            name: display_name(&case.model),
+            precision: case.precision.to_owned(),
+            pair: pair_key(case),
+            steps: case.steps,
+            dispatches,
+            result,
+        }
+    }
+}
+
+/// Which peer row one of our rows is compared with: f16 with llama.cpp f16, packed on a
+/// `-4bit` / `-8bit` folder with Q4_0 / Q8_0, f32 with mlx-lm's f32; bf16 with nothing.
+pub fn pair_key(case: &Case) -> Option<&'static str> {
+    let name = display_name(&case.model);
+    match case.precision {
+        "f16" => Some("f16"),
+        "f32" => Some("f32"),
+        "packed" if name.ends_with("-4bit") => Some("q4_0"),
+        "packed" if name.ends_with("-8bit") => Some("q8_0"),
+        _ => None,
+    }
+}
+
+/// Rows grouped by family in order of first appearance, each family's rows in the order
+/// given (ours, then the peers).
+pub fn order_by_family(lines: Vec<Line>) -> Vec<Line> {
+    let mut families: Vec<String> = Vec::new();
+    for l in &lines {
+        if !families.contains(&l.family) {
+            families.push(l.family.clone());
+        }
+    }
+    let mut out = lines;
+    out.sort_by_key(|l| families.iter().position(|f| *f == l.family));
+    out
+}
+
+/// The --peers table: every engine's rows, decode speed against the bandwidth bound
+/// (`bandwidth` / weight bytes: each decode step reads every weight once), and our
+/// decode / prefill speed as ratios against the peer row of the same family and weight
+/// format.
+pub fn peers_table(lines: &[Line], bandwidth: f64) -> String {
+    let peer = |l: &Line| {
+        let key = l.pair?;
+        lines.iter().find_map(|p| match &p.result {
+            Ok(s) if p.engine != ENGINE && p.family == l.family && p.pair == Some(key) => Some((p, s)),
+            _ => None,
+        })
+    };
+    let mib = |b: u64| format!("{:.0}", b as f64 / (1024.0 * 1024.0));
+    let width = lines.iter().map(|l| l.name.len()).max().unwrap_or(5).max(5);
+    let mut out = format!(
+        "{:<9}  {:<width$}  {:<9}  {:>5}  {:>9}  {:>9}  {:>8}  {:>8}  {:>9}  {:>8}  {:>8}  {:>9}  {}\n",
+        "engine",
+        "model",
+        "precision",
+        "steps",
+        "prefill/s",
+        "decode/s",
+        "bound/s",
+        "of bound",
+        "ttft ms",
+        "wts MiB",
+        "RSS MiB",
+        "disp/step",
+        "decode/prefill vs peer",
+    );
+    for l in lines {
+        let head = format!("{:<9}  {:<width$}  {:<9}", l.engine, l.name, l.precision);
+        match &l.result {
+            Ok(s) => {
+                let bound = bandwidth / s.weight_bytes.max(1) as f64;
+                let vs = match (l.engine, peer(l)) {
+                    (ENGINE, Some((p, ps))) => format!(
+                        "{:.2}x / {:.2}x {} {}",
+                        s.decode_tok_s / ps.decode_tok_s,
+                        s.prefill_tok_s / ps.prefill_tok_s,
+                        p.engine,
+                        p.precision
+                    ),
+                    _ => "-".to_owned(),
+                };
+                out += &format!(
+                    "{head}  {:>5}  {:>9.1}  {:>9.2}  {:>8.1}  {:>7.0}%  {:>9.1}  {:>8}  {:>8}  {:>9}  {vs}\n",
+                    l.steps,
+                    s.prefill_tok_s,
+                    s.decode_tok_s,
+                    bound,
+                    100.0 * s.decode_tok_s / bound,
+                    s.ttft_ms,
+                    mib(s.weight_bytes),
+                    mib(s.peak_rss_bytes),
+                    l.dispatches.map_or_else(|| "-".to_owned(), |d| d.to_string()),
+                );
+            }
+            Err(e) => out += &format!("{head}  error: {e}\n"),
+        }
+    }
+    out += &format!(
+        "bound/s = memory read bandwidth {:.1} GB/s (numpy, measured in this run) / weight bytes; of bound = \
+         decode/s / bound/s\n",
+        bandwidth / 1e9
+    );
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -524,7 +841,6 @@ mod tests {
         assert!(err(&["--repeats", "x"]).starts_with("bench: `--repeats` needs a whole number"));
         assert!(err(&["--model"]).starts_with("bench: `--model` needs a value"));
         assert!(err(&["--bogus"]).starts_with("bench: unknown argument `--bogus`"));
-        assert!(err(&["--peers"]).contains("--peers") && err(&["--peers"]).contains("not implemented yet"));
     }
 
     #[test]
@@ -564,13 +880,22 @@ mod tests {
             Row::Ok(_, m) => assert_eq!(m.compile_cached_s, None),
             other => panic!("{other:?}"),
         }
-        let failed = Row::Failed("precision `packed` is not implemented yet".into()).json_line(&case, "local-task");
+        let failed =
+            Row::Failed("precision `packed` is not implemented yet".into()).json_line(&case, "local-task", None);
         let v: serde_json::Value = serde_json::from_str(&failed).unwrap();
+        assert_eq!(v["engine"], "mlx-iree");
         assert_eq!(v["model"], "/m/x");
         assert_eq!(v["precision"], "packed");
         assert_eq!(v["device"], "local-task");
         assert_eq!(v["error"], "precision `packed` is not implemented yet");
-        assert_eq!(row.json_line(&case, "local-task"), line);
+        // Printed as mlx-iree printed it, with the engine in front.
+        assert_eq!(row.json_line(&case, "local-task", None), format!("{{\"engine\":\"mlx-iree\",{}", &line[1..]));
+        // With the bandwidth measured (--peers), the bound at the end: 3 MiB per token.
+        let bound: serde_json::Value =
+            serde_json::from_str(&row.json_line(&case, "local-task", Some(3.0 * 1024.0 * 1024.0 * 50.0))).unwrap();
+        assert_eq!(bound["bandwidth_bytes_s"], 157286400.0);
+        assert_eq!(bound["bound_decode_tok_s"], 50.0);
+        assert_eq!(bound["dispatches_per_decode_step"], 42);
     }
 
     #[test]
@@ -624,5 +949,179 @@ mod tests {
         assert_eq!(lines[3], "a-4bit  packed     error: precision `packed` is not implemented yet");
         // Family b has no f16 row: no ratio against it.
         assert_eq!(cols(lines[4])[..7], ["b", "f32", "1", "100.0", "5.00", "1.00x", "-"]);
+    }
+
+    #[test]
+    fn peers_flag_and_the_models_they_run() {
+        let o =
+            parse_args(&args(&["--peers", "--model", "smollm2", "--model", "llama-1b", "--model", "/x/mine"])).unwrap();
+        assert!(o.peers && !parse_args(&[]).unwrap().peers);
+        let got = peer_models(&o, Path::new("/m"));
+        let want = [
+            ("smollm2-135m-instruct", "/m/smollm2-135m-instruct-f16", 128, true),
+            ("llama-1b-random", "/m/llama-1b-random-f16", 16, false),
+            ("mine", "/x/mine", 128, false),
+        ];
+        let got: Vec<(&str, String, usize, bool)> =
+            got.iter().map(|p| (p.family.as_str(), p.src.display().to_string(), p.steps, p.mlx_lm)).collect();
+        let want: Vec<(&str, String, usize, bool)> =
+            want.iter().map(|(f, s, n, m)| (*f, (*s).to_owned(), *n, *m)).collect();
+        assert_eq!(got, want);
+        // A model named twice runs its peers once; --steps applies to them too.
+        let o = parse_args(&args(&["--peers", "--model", "smollm2", "--model", "smollm2", "--steps", "4"])).unwrap();
+        let got = peer_models(&o, Path::new("/m"));
+        assert_eq!((got.len(), got[0].steps), (1, 4));
+    }
+
+    #[test]
+    fn our_rows_pair_with_the_peer_of_the_same_weight_format() {
+        let o = parse_args(&args(&["--model", "llama-1b", "--model", "smollm2"])).unwrap();
+        let got: Vec<(String, &str, Option<&str>)> =
+            cases(&o, Path::new("/m")).iter().map(|c| (display_name(&c.model), c.precision, pair_key(c))).collect();
+        let want = [
+            ("llama-1b-random-f16", "f32", Some("f32")),
+            ("llama-1b-random-f16", "f16", Some("f16")),
+            ("llama-1b-random-f16", "bf16", None),
+            ("llama-1b-random-4bit", "packed", Some("q4_0")),
+            ("llama-1b-random-8bit", "packed", Some("q8_0")),
+            ("smollm2-135m-instruct-4bit", "f32", Some("f32")),
+            ("smollm2-135m-instruct-4bit", "f16", Some("f16")),
+            ("smollm2-135m-instruct-4bit", "bf16", None),
+            ("smollm2-135m-instruct-4bit", "packed", Some("q4_0")),
+        ];
+        let want: Vec<(String, &str, Option<&str>)> = want.iter().map(|(n, p, k)| ((*n).to_owned(), *p, *k)).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn json_lines_get_the_engine_and_the_bound() {
+        assert_eq!(tagged_json(r#"{"a":1}"#, "mlx-iree", None), r#"{"engine":"mlx-iree","a":1}"#);
+        // A line that names its engine keeps it.
+        assert_eq!(
+            tagged_json(r#"{"engine": "llama.cpp", "a": 1}"#, "x", Some((2e9, 1_000_000_000))),
+            r#"{"engine": "llama.cpp", "a": 1,"bandwidth_bytes_s":2000000000.0,"bound_decode_tok_s":2.0}"#
+        );
+        assert_eq!(tagged_json("{}", "e", None), r#"{"engine":"e"}"#);
+        assert_eq!(tagged_json("not json", "e", None), "not json");
+    }
+
+    fn peer_line(engine: &'static str, family: &str, precision: &'static str, decode: f64) -> Line {
+        Line {
+            engine,
+            family: family.into(),
+            name: family.into(),
+            precision: precision.into(),
+            pair: Some(precision),
+            steps: 16,
+            dispatches: None,
+            result: Ok(Speed {
+                prefill_tok_s: 200.0,
+                decode_tok_s: decode,
+                ttft_ms: 640.0,
+                weight_bytes: 100 << 20,
+                peak_rss_bytes: 200 << 20,
+            }),
+        }
+    }
+
+    #[test]
+    fn peer_rows_parse() {
+        let line = r#"{"engine": "llama.cpp", "model": "/p/a-q4_0.gguf", "device": "cpu", "precision": "q4_0", "prefill_tok_s": 200.0, "decode_tok_s": 40.0, "ttft_ms": 640.0, "weight_bytes": 104857600, "peak_rss_bytes": 209715200, "dispatches_per_decode_step": null, "threads": 2}"#;
+        let (json, speed) = parse_peer(&format!("noise\n{line}\n")).unwrap();
+        assert_eq!(json, line);
+        assert_eq!(Ok(speed), peer_line("llama.cpp", "a", "q4_0", 40.0).result);
+        assert_eq!(parse_peer("").unwrap_err(), "printed no JSON line");
+        assert!(parse_peer("{\"decode_tok_s\": 1}").unwrap_err().starts_with("bad JSON line"));
+    }
+
+    #[test]
+    fn peers_table_shows_ratios_and_the_bound() {
+        let case = |dir: &str, precision| Case { family: "a".into(), model: dir.into(), precision, steps: 16 };
+        let ours = [
+            (case("/m/a-f16", "f16"), Row::Ok(String::new(), measured(20.0))),
+            (case("/m/a-f16", "bf16"), Row::Ok(String::new(), measured(10.0))),
+            (case("/m/a-4bit", "packed"), Row::Failed("precision `packed` is not implemented yet".into())),
+        ];
+        let mut lines: Vec<Line> = ours.iter().map(|(c, r)| Line::ours(c, r)).collect();
+        lines.push(peer_line("llama.cpp", "b", "f16", 1.0));
+        lines.push(peer_line("llama.cpp", "a", "f16", 40.0));
+        lines.push(peer_line("llama.cpp", "a", "q4_0", 80.0));
+        lines.push(Line {
+            result: Err("llama.cpp could not load x".into()),
+            ..peer_line("llama.cpp", "a", "q8_0", 0.0)
+        });
+        let lines = order_by_family(lines);
+        let order: Vec<(&str, &str)> = lines.iter().map(|l| (l.family.as_str(), l.precision.as_str())).collect();
+        assert_eq!(
+            order,
+            [("a", "f16"), ("a", "bf16"), ("a", "packed"), ("a", "f16"), ("a", "q4_0"), ("a", "q8_0"), ("b", "f16")]
+        );
+        // 1 GiB/s over 100 MiB (peers) or 3 MiB (ours) of weights.
+        let t = peers_table(&lines, 1024.0 * 1024.0 * 1024.0);
+        let rows: Vec<&str> = t.lines().collect();
+        assert_eq!(rows.len(), 9, "{t}");
+        let cols = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        assert_eq!(
+            cols(rows[0]),
+            [
+                "engine",
+                "model",
+                "precision",
+                "steps",
+                "prefill/s",
+                "decode/s",
+                "bound/s",
+                "of",
+                "bound",
+                "ttft",
+                "ms",
+                "wts",
+                "MiB",
+                "RSS",
+                "MiB",
+                "disp/step",
+                "decode/prefill",
+                "vs",
+                "peer"
+            ]
+        );
+        assert_eq!(
+            cols(rows[1]),
+            [
+                "mlx-iree",
+                "a-f16",
+                "f16",
+                "16",
+                "100.0",
+                "20.00",
+                "341.3",
+                "6%",
+                "1280.0",
+                "3",
+                "10",
+                "42",
+                "0.50x",
+                "/",
+                "0.50x",
+                "llama.cpp",
+                "f16"
+            ]
+        );
+        // bf16 has no peer; a failed row says why.
+        assert_eq!(cols(rows[2]).last().unwrap(), "-");
+        assert_eq!(
+            rows[3],
+            format!(
+                "{:<9}  {:<5}  {:<9}  error: precision `packed` is not implemented yet",
+                "mlx-iree", "a-4bit", "packed"
+            )
+        );
+        assert_eq!(
+            cols(rows[4])[..12],
+            ["llama.cpp", "a", "f16", "16", "200.0", "40.00", "10.2", "391%", "640.0", "100", "200", "-"]
+        );
+        assert_eq!(cols(rows[4]).last().unwrap(), "-");
+        assert!(rows[6].ends_with("error: llama.cpp could not load x"), "{}", rows[6]);
+        assert!(rows[8].starts_with("bound/s = memory read bandwidth 1.1 GB/s"), "{}", rows[8]);
     }
 }

@@ -7,6 +7,7 @@ mod bench;
 mod build_iree;
 mod fixtures;
 mod model;
+mod peers;
 mod pins;
 mod quickstart;
 mod setup;
