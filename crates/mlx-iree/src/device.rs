@@ -16,10 +16,42 @@ pub fn target_for(device: &str) -> Result<Target, String> {
 }
 
 /// The precision a device runs when `--precision` is not given, chosen by measurement
-/// (`cargo xtask bench`, docs/PERFORMANCE.md): on CPU, f16 weights with the data-tiled
-/// decode module ran 1.92x f32 on the 1B shape and 1.30x on SmolLM2, token-exact with f32
-/// on SmolLM2 and passing the gate on every fixture. CUDA has no measurement yet; f16 is
-/// the precision GPUs are built for.
-pub fn default_precision(_device: &str) -> models::Precision {
-    models::Precision::F16
+/// (`cargo xtask bench`, docs/PERFORMANCE.md): on a CPU with the packed kernels
+/// (`kernels::cpu::host_supported`), `packed` for an MLX 4- or 8-bit checkpoint (about 2-4x
+/// f16's decode on the 1B shape, token-exact with mlx-lm on every quantized fixture and on
+/// SmolLM2); else f16 (1.92x f32 on the 1B shape, 1.30x on SmolLM2 on CPU). CUDA has no
+/// run-level measurement here; f16 is the precision GPUs are built for.
+pub fn default_precision(device: &str, model: &std::path::Path) -> models::Precision {
+    let driver = device.split(':').next().unwrap_or(device);
+    let cpu = matches!(driver, "local-task" | "local-sync");
+    if cpu && kernels::cpu::host_supported() && quantized_4_or_8_bit(model) {
+        models::Precision::Packed
+    } else {
+        models::Precision::F16
+    }
+}
+
+/// Whether `model/config.json` declares MLX 4- or 8-bit quantization.
+fn quantized_4_or_8_bit(model: &std::path::Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(model.join("config.json")) else { return false };
+    let Ok(config) = serde_json::from_str::<serde_json::Value>(&text) else { return false };
+    matches!(config["quantization"]["bits"].as_u64(), Some(4 | 8))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use models::Precision;
+    use std::path::Path;
+
+    #[test]
+    fn defaults_follow_the_checkpoint_and_the_device() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2");
+        let packed = if kernels::cpu::host_supported() { Precision::Packed } else { Precision::F16 };
+        assert_eq!(default_precision("local-task", &fixtures.join("q4")), packed);
+        assert_eq!(default_precision("local-sync", &fixtures.join("q8")), packed);
+        assert_eq!(default_precision("local-task", &fixtures.join("f32")), Precision::F16);
+        assert_eq!(default_precision("cuda", &fixtures.join("q4")), Precision::F16);
+        assert_eq!(default_precision("local-task", Path::new("/nonexistent")), Precision::F16);
+    }
 }

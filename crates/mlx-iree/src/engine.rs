@@ -101,10 +101,13 @@ pub fn graph_modules(
     use models::Function::{Decode, Prefill};
     let tiled =
         CompileOptions::default().with_flag("--iree-opt-data-tiling").with_flag("--iree-llvmcpu-enable-ukernels=all");
+    // The graph-level packed form's i16 weights blow IREE 3.13's vector-size limit when
+    // data-tiled ("One or more operations with large vector sizes"): default flags then.
+    let decode_options = if layout.has_graph_packing() { CompileOptions::default() } else { tiled };
     let modules: Vec<(Option<&str>, Vec<models::Function>, CompileOptions)> = match target {
         iree_compiler::Target::LlvmCpu { .. } => vec![
             (Some("prefill_graph"), vec![Prefill], CompileOptions::default()),
-            (Some("decode_graph"), vec![Decode], tiled),
+            (Some("decode_graph"), vec![Decode], decode_options),
         ],
         _ => vec![(None, vec![Prefill, Decode], CompileOptions::default())],
     };

@@ -27,7 +27,7 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// The precision asked for, else the device's measured default.
     pub fn precision(&self) -> Precision {
-        self.precision.unwrap_or_else(|| mlx_iree::device::default_precision(&self.device))
+        self.precision.unwrap_or_else(|| mlx_iree::device::default_precision(&self.device, &self.model))
     }
 }
 

@@ -98,6 +98,26 @@ fn packed_matches_mlx_lm_on_every_quantized_fixture() {
     }
 }
 
+/// The graph-level packed form (what CUDA and CPUs without the kernel run), forced on CPU
+/// with `MLX_IREE_PACKED_KERNELS=0`, against mlx-lm on one quantized fixture per family.
+#[test]
+fn packed_graph_form_matches_mlx_lm() {
+    for fixture in ["llama_llama3_tied/q4", "qwen3/q8", "gemma2_window/q4", "gemma3_text/q8"] {
+        let dir = root().join("tests/fixtures").join(fixture);
+        let reference = dir.join("expected.json");
+        let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
+            .args(["gate", "--model", dir.to_str().unwrap(), "--precision", "packed", "--steps", "40"])
+            .args(["--reference", reference.to_str().unwrap()])
+            .env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"))
+            .env("MLX_IREE_PACKED_KERNELS", "0")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{fixture}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("token-exact on every prompt: yes"), "{fixture}: {stdout}");
+    }
+}
+
 fn gate_cli(model: &str, precision: &str) -> (i32, String) {
     let dir = root().join("target/models").join(model);
     assert!(dir.join("config.json").exists(), "test model missing at {}: run `cargo xtask model` first", dir.display());
@@ -119,19 +139,22 @@ fn smollm2_f16_and_bf16_pass_the_gate() {
     }
 }
 
-/// SmolLM2's 4-bit conversion at the default precision (dequantized to f16 at load) and
-/// packed, against mlx-lm's float32 oracle: token-exact for all 48 steps of both prompts.
+/// SmolLM2's 4-bit conversion at the default precision, and packed through the CPU kernels
+/// and through the graph-level form, against mlx-lm's float32 oracle: token-exact for all 48
+/// steps of both prompts.
 #[test]
 fn gate_against_the_mlx_oracle_file() {
     let dir = root().join("target/models/smollm2-135m-instruct-4bit");
     let oracle = dir.join("oracle.json");
-    for precision in [None, Some("packed")] {
+    // (precision, packed kernels on CPU)
+    for (precision, kernels) in [(None, "1"), (Some("packed"), "1"), (Some("packed"), "0")] {
         let mut args = vec!["gate", "--model", dir.to_str().unwrap(), "--reference", oracle.to_str().unwrap()];
         args.extend(["--steps", "48"]);
         args.extend(precision.iter().flat_map(|p| ["--precision", p]));
         let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
             .args(&args)
             .env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"))
+            .env("MLX_IREE_PACKED_KERNELS", kernels)
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);

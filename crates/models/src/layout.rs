@@ -200,6 +200,11 @@ impl Layout {
         self
     }
 
+    /// True when some packed matrix uses the graph-level form (not the CPU kernels).
+    pub fn has_graph_packing(&self) -> bool {
+        self.packed.values().any(|p| !p.kernel)
+    }
+
     /// The merged matrix a projection is part of: (merged prefix, first row, rows).
     pub fn merged(&self, prefix: &str) -> Option<(&str, usize, usize)> {
         self.merged.get(prefix).map(|(m, first, rows)| (m.as_str(), *first, *rows))
