@@ -16,11 +16,11 @@ pub fn target_for(device: &str) -> Result<Target, String> {
 }
 
 /// The precision a device runs when `--precision` is not given, chosen by measurement
-/// (`cargo xtask bench`, docs/PERFORMANCE.md): on a CPU with the packed kernels
-/// (`kernels::cpu::host_supported`), `packed` for an MLX 4- or 8-bit checkpoint (about 2-4x
-/// f16's decode on the 1B shape, token-exact with mlx-lm on every quantized fixture and on
-/// SmolLM2); else f16 (1.92x f32 on the 1B shape, 1.30x on SmolLM2 on CPU). CUDA has no
-/// run-level measurement here; f16 is the precision GPUs are built for.
+/// (`cargo xtask bench`, docs/PERFORMANCE.md). On a CPU with the packed kernels
+/// (`kernels::cpu::host_supported`): `packed` for an MLX 4- or 8-bit checkpoint (on the 1B
+/// shape 2.81x f16's decode at 4-bit, 1.88x at 8-bit; token-exact with mlx-lm on every
+/// quantized fixture and on SmolLM2). Otherwise f16: 1.78x f32 on the 1B shape on CPU; on
+/// CUDA (H200) f16 decoded 1.08x f32 and 1.84x packed's graph-level form.
 pub fn default_precision(device: &str, model: &std::path::Path) -> models::Precision {
     let driver = device.split(':').next().unwrap_or(device);
     let cpu = matches!(driver, "local-task" | "local-sync");
