@@ -45,17 +45,22 @@ fn references_from_both_json_forms() {
     );
 }
 
+/// Every fixture folder (one per model family and option), sorted.
+fn fixtures() -> Vec<PathBuf> {
+    let dir = root().join("tests/fixtures");
+    let mut names: Vec<_> =
+        std::fs::read_dir(&dir).unwrap().flatten().filter(|e| e.path().is_dir()).map(|e| e.path()).collect();
+    names.sort();
+    assert!(names.len() >= 8);
+    names
+}
+
 /// f16 weights against the f32 path, teacher-forced along the f32 trajectories of every
 /// fixture variant's prompts (40 steps): the gate passes on all of them.
 #[test]
 fn f16_passes_the_gate_on_every_fixture() {
-    let fixtures = root().join("tests/fixtures");
-    let mut names: Vec<_> =
-        std::fs::read_dir(&fixtures).unwrap().flatten().filter(|e| e.path().is_dir()).map(|e| e.path()).collect();
-    names.sort();
-    assert!(names.len() >= 8);
     let cache = root().join("target/test-compile-cache");
-    for fixture in names {
+    for fixture in fixtures() {
         for variant in ["f32", "q4", "q8"] {
             let dir = fixture.join(variant);
             let text = std::fs::read_to_string(dir.join("expected.json")).unwrap();
@@ -79,13 +84,8 @@ fn f16_passes_the_gate_on_every_fixture() {
 /// float32 trajectories of every quantized fixture: token-exact for all 40 steps.
 #[test]
 fn packed_matches_mlx_lm_on_every_quantized_fixture() {
-    let fixtures = root().join("tests/fixtures");
-    let mut names: Vec<_> =
-        std::fs::read_dir(&fixtures).unwrap().flatten().filter(|e| e.path().is_dir()).map(|e| e.path()).collect();
-    names.sort();
-    assert!(names.len() >= 8);
     let cache = root().join("target/test-compile-cache");
-    for fixture in names {
+    for fixture in fixtures() {
         for variant in ["q4", "q8"] {
             let dir = fixture.join(variant);
             let refs =
