@@ -254,7 +254,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             return self.kernel_dispatch(kernels::cpu::Op::Rows, tokens, PREFIX, p);
         }
         let (t, d) = (self.t, self.cfg.hidden as i64);
-        let q = if p.bits == 4 {
+        let q = if p.weight_elem() == I4 {
             // Gather the rows' bytes, then split each into its two signed nibbles (element
             // 2j in the low one), interleaved back to [T, d].
             let bytes = f.gather_rows(f.load(self.global(&format!("{PREFIX}.weight.rows"))?)?, tokens)?;

@@ -27,6 +27,10 @@ pub struct Packing {
     /// Read by the hand-written CPU kernel (`kernels::cpu`) in its own layout instead of the
     /// graph-level form; scales and biases are then f16 (from f16) or f32, biases as MLX's.
     pub kernel: bool,
+    /// Graph-level form of a 4-bit matrix with a dimension that is not a multiple of 64:
+    /// one value per byte (`i8`), because IREE 3.13 tiles such shapes with masked `i4`
+    /// loads it cannot emulate ("failed to emulate bit width", seen with 176 rows).
+    pub wide: bool,
 }
 
 impl Packing {
@@ -34,7 +38,7 @@ impl Packing {
     /// inside a fused contraction as signed (BRIEF 4). MLX's unsigned `q` is stored as
     /// `q ^ 2^(bits-1)`, which reads as `q - 2^(bits-1)`; the bias absorbs the offset.
     pub fn weight_elem(&self) -> ElementType {
-        if self.bits == 4 { ElementType::I4 } else { ElementType::I8 }
+        if self.bits == 4 && !self.wide { ElementType::I4 } else { ElementType::I8 }
     }
 
     /// The offset `2^(bits-1)` folded into the biases.
@@ -143,7 +147,9 @@ impl Layout {
                 }
             };
             let bias_elem = if scale_elem == ElementType::F16 { ElementType::F16 } else { ElementType::F32 };
-            packed.insert(prefix.to_owned(), Packing { bits, group_size: gs, scale_elem, bias_elem, kernel: false });
+            let wide = bits == 4 && (spec.shape[0] % 64 != 0 || spec.shape[1] % 64 != 0);
+            let packing = Packing { bits, group_size: gs, scale_elem, bias_elem, kernel: false, wide };
+            packed.insert(prefix.to_owned(), packing);
         }
         if packed.is_empty() {
             return Err(Error::Invalid(format!(
@@ -164,6 +170,7 @@ impl Layout {
             let Some(shape) = shapes.get(prefix) else { continue };
             if kernels::cpu::supports(p.bits, shape[0], shape[1], p.group_size) {
                 p.kernel = true;
+                p.wide = false;
                 p.bias_elem = p.scale_elem;
                 if p.scale_elem != ElementType::F16 {
                     (p.scale_elem, p.bias_elem) = (ElementType::F32, ElementType::F32);
@@ -283,7 +290,7 @@ impl Layout {
                 (Kind::Matrix, Some(p)) => {
                     let (o, i) = (spec.shape[0], spec.shape[1]);
                     let groups = vec![o, i / p.group_size];
-                    if p.bits == 4 && prefix == EMBEDDING {
+                    if p.weight_elem() == ElementType::I4 && prefix == EMBEDDING {
                         let mut rows =
                             param(format!("{prefix}.weight"), vec![o, i / 2], ElementType::I8, Role::PackedRows);
                         rows.global = format!("{prefix}.weight.rows");
@@ -342,6 +349,13 @@ impl Layout {
                     return kernel_bytes(&q, packing, param.role);
                 }
                 match param.role {
+                    Role::PackedWeight if packing.wide => {
+                        // Each nibble q as its own byte, q - 8 (element 2j is the low nibble).
+                        let bytes = q.weight().bytes();
+                        Ok(Cow::Owned(
+                            bytes.iter().flat_map(|b| [(b & 0xF).wrapping_sub(8), (b >> 4).wrapping_sub(8)]).collect(),
+                        ))
+                    }
                     Role::PackedWeight | Role::PackedRows => {
                         // Flip each value's top bit: nibbles with 0x88, bytes with 0x80.
                         let flip = if packing.bits == 4 { 0x88u8 } else { 0x80 };

@@ -80,10 +80,15 @@ fn packed_keeps_weight_scales_and_biases() {
 /// of 8 and above included (IREE 3.13 reads `ui4` as signed; BRIEF 4).
 #[test]
 fn packed_bytes_dequantize_like_mlx() {
-    for (variant, bits) in [("q4", 4u32), ("q8", 8)] {
-        let (ckpt, cfg) = open("llama_linear_untied", variant);
+    // qwen3's gate_proj has 176 rows: 4-bit stored one value per byte (`wide`, any
+    // dimension not a multiple of 64).
+    for (name, variant, bits, prefix) in [
+        ("llama_linear_untied", "q4", 4u32, "model.layers.1.self_attn.o_proj"),
+        ("llama_linear_untied", "q8", 8, "model.layers.1.self_attn.o_proj"),
+        ("qwen3", "q4", 4, "model.layers.0.mlp.gate_proj"),
+    ] {
+        let (ckpt, cfg) = open(name, variant);
         let layout = Layout::new(&cfg, Precision::Packed, &ckpt).unwrap();
-        let prefix = "model.layers.1.self_attn.o_proj";
         let params = layout.device_params(&cfg);
         let find = |suffix: &str| params.iter().find(|p| p.key == format!("{prefix}.{suffix}")).unwrap().clone();
         let (w, s, b) = (find("weight"), find("scales"), find("biases"));
@@ -91,7 +96,7 @@ fn packed_bytes_dequantize_like_mlx() {
         assert_eq!(wbytes.len(), w.bytes());
         let s_vals = floats(s.elem, &layout.load(&ckpt, &s).unwrap());
         let b_vals = floats(b.elem, &layout.load(&ckpt, &b).unwrap());
-        let signed: Vec<i32> = if bits == 4 {
+        let signed: Vec<i32> = if w.elem == ElementType::I4 {
             wbytes.iter().flat_map(|&v| [((v << 4) as i8 >> 4) as i32, (v as i8 >> 4) as i32]).collect()
         } else {
             wbytes.iter().map(|&v| v as i8 as i32).collect()
@@ -106,6 +111,8 @@ fn packed_bytes_dequantize_like_mlx() {
             assert!((got - want).abs() <= 1e-6 * want.abs().max(1.0), "{variant} element {i}: {got} vs {want}");
             high += usize::from(value >= 0); // MLX's q = value + 2^(bits-1) >= 2^(bits-1)
         }
+        let wide = w.dims.iter().any(|d| d % 64 != 0);
+        assert_eq!(w.elem, if bits == 4 && !wide { ElementType::I4 } else { ElementType::I8 }, "{name} {variant}");
         assert_eq!(signed.len(), mlx.len());
         assert!(high > mlx.len() / 4, "{variant}: the fixture exercises values >= 2^(bits-1)");
     }
