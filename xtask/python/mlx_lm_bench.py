@@ -13,8 +13,6 @@ medians over the repeats. Prints one JSON line with the fields of a bench row.
 """
 
 import argparse
-import json
-import resource
 import sys
 import time
 
@@ -22,13 +20,8 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
+from bench_row import print_row
 from oracle import load_f32
-
-
-def median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 def main():
@@ -67,29 +60,7 @@ def main():
         prefill_s.append(t1 - t0)
         decode_s.append(t2 - t1)
         tokens = out
-    prefill = median(prefill_s)
-    print(
-        json.dumps(
-            {
-                "engine": "mlx-lm",
-                "model": args.model,
-                "device": "cpu",
-                "precision": "f32",
-                "prefill_tok_s": len(ids) / prefill,
-                "decode_tok_s": args.steps / median(decode_s),
-                "ttft_ms": prefill * 1e3,
-                "weight_bytes": int(weight_bytes),
-                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                "dispatches_per_decode_step": None,
-                "weights_load_s": load_s,
-                "prompt_len": len(ids),
-                "decode_steps": args.steps,
-                "repeats": args.repeats,
-                "first_tokens": tokens[:8],
-            },
-            separators=(",", ":"),
-        )
-    )
+    print_row("mlx-lm", args.model, "f32", ids, args.steps, prefill_s, decode_s, weight_bytes, load_s, tokens)
 
 
 if __name__ == "__main__":

@@ -39,13 +39,14 @@ import ctypes
 import json
 import math
 import os
-import resource
 import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
+
+from bench_row import print_row
 
 
 def log(msg):
@@ -247,12 +248,6 @@ def quantize(args):
     print(json.dumps({"gguf": args.out, "bytes": Path(args.out).stat().st_size}))
 
 
-def median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
-
-
 def bench(args):
     llama_cpp = quiet_llama_cpp()
     ids = [int(x) for x in args.prompt_ids.split(",")]
@@ -304,29 +299,9 @@ def bench(args):
     weight_bytes = llama_cpp.llama_model_size(model)
     llama_cpp.llama_free(ctx)
     llama_cpp.llama_model_free(model)
-    prefill = median(prefill_s)
-    print(
-        json.dumps(
-            {
-                "engine": "llama.cpp",
-                "model": args.gguf,
-                "device": "cpu",
-                "precision": args.precision,
-                "prefill_tok_s": len(ids) / prefill,
-                "decode_tok_s": args.steps / median(decode_s),
-                "ttft_ms": prefill * 1e3,
-                "weight_bytes": int(weight_bytes),
-                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                "dispatches_per_decode_step": None,
-                "threads": n_threads,
-                "weights_load_s": load_s,
-                "prompt_len": len(ids),
-                "decode_steps": args.steps,
-                "repeats": args.repeats,
-                "first_tokens": tokens[:8],
-            },
-            separators=(",", ":"),
-        )
+    print_row(
+        "llama.cpp", args.gguf, args.precision, ids, args.steps, prefill_s, decode_s, weight_bytes, load_s, tokens,
+        threads=n_threads,
     )
 
 
