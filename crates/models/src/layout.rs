@@ -318,26 +318,14 @@ impl Layout {
                 let mut bytes = Vec::with_capacity(param.bytes());
                 for part in &param.parts {
                     let prefix = part.prefix();
-                    let packing = self.packing(prefix).ok_or_else(|| missing_packing(prefix))?;
-                    let Linear::Quantized(q) = ckpt.linear(prefix)? else {
-                        return Err(Error::Invalid(format!(
-                            "{prefix}: expected a quantized layer in {}",
-                            ckpt.dir().display()
-                        )));
-                    };
+                    let (packing, q) = self.packed_layer(ckpt, prefix)?;
                     bytes.extend_from_slice(&kernel_bytes(&q, packing, param.role)?);
                 }
                 Ok(Cow::Owned(bytes))
             }
             Role::PackedWeight | Role::PackedScales | Role::PackedBiases | Role::PackedRows => {
                 let prefix = param.spec.prefix();
-                let packing = self.packing(prefix).ok_or_else(|| missing_packing(prefix))?;
-                let Linear::Quantized(q) = ckpt.linear(prefix)? else {
-                    return Err(Error::Invalid(format!(
-                        "{prefix}: expected a quantized layer in {}",
-                        ckpt.dir().display()
-                    )));
-                };
+                let (packing, q) = self.packed_layer(ckpt, prefix)?;
                 if [q.out_features(), q.in_features()] != param.spec.shape[..] {
                     return Err(Error::Invalid(format!(
                         "{prefix}: expected shape {:?} from config.json, got {:?}",
@@ -399,8 +387,16 @@ fn kernel_bytes(q: &weights::QuantizedLinear<'_>, p: &Packing, role: Role) -> Re
 /// The embedding table's prefix.
 pub const EMBEDDING: &str = "model.embed_tokens";
 
-fn missing_packing(prefix: &str) -> Error {
-    Error::Invalid(format!("{prefix}: no packing in the layout"))
+impl Layout {
+    /// The packing of `prefix` and its quantized layer in the checkpoint.
+    fn packed_layer<'a>(&self, ckpt: &'a Checkpoint, prefix: &str) -> Result<(&Packing, weights::QuantizedLinear<'a>)> {
+        let packing =
+            self.packing(prefix).ok_or_else(|| Error::Invalid(format!("{prefix}: no packing in the layout")))?;
+        let Linear::Quantized(q) = ckpt.linear(prefix)? else {
+            return Err(Error::Invalid(format!("{prefix}: expected a quantized layer in {}", ckpt.dir().display())));
+        };
+        Ok((packing, q))
+    }
 }
 
 /// f32 values as little-endian bytes of `elem` (f32, f16 or bf16), rounding to nearest even.
