@@ -1,8 +1,11 @@
 //! `cargo xtask fixtures`: regenerates tests/fixtures/ (tiny random MLX checkpoints and
-//! mlx-lm's greedy trajectories) with xtask/python/make_fixtures.py.
+//! mlx-lm's greedy trajectories) with xtask/python/make_fixtures.py, then the
+//! bfloat16-weights references (`expected_bf16.json`) with xtask/python/rounded_reference.py,
+//! and tests/fixtures-trained/ (the same architectures trained until confident, for
+//! precision gating) with xtask/python/make_trained_fixtures.py.
 //!
 //! Also home of the mlx-lm venv (`target/mlx-venv`) that `cargo xtask model` shares.
-//! The fixtures are committed; a stamp under target/ records the scripts, the pinned
+//! The fixtures are committed; a stamp per folder under target/ records the scripts, the pinned
 //! packages and a digest of what they produced, so a second run does nothing.
 
 use crate::pins::Pins;
@@ -18,40 +21,73 @@ pub fn run(args: &[String]) -> Result<()> {
         [flag] if flag == "--force" => true,
         [other, ..] => bail!("`fixtures` takes only `--force` (got `{other}`)"),
     };
-    let started = Instant::now();
     let pins = Pins::load()?;
-    let venv = mlx_venv(&pins, "fixtures 1/2")?;
+    let venv = mlx_venv(&pins, "fixtures 1/3")?;
+    let random = Set {
+        stage: "fixtures 2/3",
+        dir: fixtures_dir(),
+        stamp: "fixtures.stamp",
+        scripts: &["make_fixtures.py", "oracle.py", "rounded_reference.py"],
+    };
+    random.make(&pins, force, || {
+        progress(random.stage, format!("making the random-weight fixtures with mlx-lm into {}", random.dir.display()));
+        util::run(python(&venv, "make_fixtures.py").arg("--out").arg(&random.dir))?;
+        progress(random.stage, "recording mlx-lm's trajectories with bfloat16-rounded weights (expected_bf16.json)");
+        util::run(python(&venv, "rounded_reference.py").arg("--fixtures").arg(&random.dir))
+    })?;
+    let trained = Set {
+        stage: "fixtures 3/3",
+        dir: util::root().join("tests/fixtures-trained"),
+        stamp: "fixtures-trained.stamp",
+        scripts: &["make_trained_fixtures.py", "make_fixtures.py", "oracle.py"],
+    };
+    trained.make(&pins, force, || {
+        progress(
+            trained.stage,
+            format!("training the confident fixtures with mlx into {} (about 10 minutes)", trained.dir.display()),
+        );
+        util::run(python(&venv, "make_trained_fixtures.py").arg("--out").arg(&trained.dir))
+    })
+}
 
-    let stage = "fixtures 2/2";
-    let out = fixtures_dir();
-    let stamp = util::target_dir().join("fixtures.stamp");
-    let inputs = format!(
-        "packages: {}\nmake_fixtures.py: {}\noracle.py: {}\n",
-        pins.oracle.python_packages.join(" "),
-        script_digest("make_fixtures.py")?,
-        script_digest("oracle.py")?,
-    );
-    if !force && out.is_dir() {
-        let (digest, bytes, files) = tree_digest(&out)?;
-        if util::stamp_matches(&stamp, &format!("{inputs}tree: {digest}\n")) {
-            progress(stage, format!("fixtures: present at {} ({files} files, {})", out.display(), human(bytes)));
-            return Ok(());
+/// One committed fixture folder and the scripts that make it.
+struct Set {
+    stage: &'static str,
+    dir: PathBuf,
+    /// File name of the stamp under target/.
+    stamp: &'static str,
+    /// Scripts under xtask/python/ whose content the folder depends on.
+    scripts: &'static [&'static str],
+}
+
+impl Set {
+    /// Runs `generate` unless the stamp says the folder is what these scripts and pinned
+    /// packages made; then stamps what it made.
+    fn make(&self, pins: &Pins, force: bool, generate: impl FnOnce() -> Result<()>) -> Result<()> {
+        let started = Instant::now();
+        let stamp = util::target_dir().join(self.stamp);
+        let mut inputs = format!("packages: {}\n", pins.oracle.python_packages.join(" "));
+        for script in self.scripts {
+            inputs.push_str(&format!("{script}: {}\n", script_digest(script)?));
         }
+        if !force && self.dir.is_dir() {
+            let (digest, bytes, files) = tree_digest(&self.dir)?;
+            if util::stamp_matches(&stamp, &format!("{inputs}tree: {digest}\n")) {
+                let what = format!("present at {} ({files} files, {})", self.dir.display(), human(bytes));
+                progress(self.stage, format!("fixtures: {what}"));
+                return Ok(());
+            }
+        }
+        generate()?;
+        let (digest, bytes, files) = tree_digest(&self.dir)?;
+        util::write_stamp(&stamp, &format!("{inputs}tree: {digest}\n"))?;
+        let took = started.elapsed().as_secs_f64();
+        progress(
+            self.stage,
+            format!("fixtures: {files} files, {} in {} ({took:.0} s)", human(bytes), self.dir.display()),
+        );
+        Ok(())
     }
-    progress(stage, format!("making the fixtures with mlx-lm into {}", out.display()));
-    util::run(python(&venv, "make_fixtures.py").arg("--out").arg(&out))?;
-    let (digest, bytes, files) = tree_digest(&out)?;
-    util::write_stamp(&stamp, &format!("{inputs}tree: {digest}\n"))?;
-    progress(
-        stage,
-        format!(
-            "fixtures: {files} files, {} in {} ({:.0} s)",
-            human(bytes),
-            out.display(),
-            started.elapsed().as_secs_f64()
-        ),
-    );
-    Ok(())
 }
 
 pub fn fixtures_dir() -> PathBuf {

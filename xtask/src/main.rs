@@ -28,7 +28,8 @@ commands:
   quickstart                    setup + build-iree --target cpu + model + a chat answer from
                                 SmolLM2 (mlx-iree generate --chat)
   fixtures [--force]            regenerate tests/fixtures/ (tiny random MLX checkpoints and
-                                mlx-lm's greedy trajectories) in the venv target/mlx-venv
+                                mlx-lm's greedy trajectories) and tests/fixtures-trained/
+                                (the same trained until confident) in target/mlx-venv
   model                         SmolLM2-135M-Instruct as MLX folders (f16, 4-bit) under
                                 target/models/, each with mlx-lm's oracle.json; idempotent
   bench [--model M] [--precision P] [--device URI] [--json]
