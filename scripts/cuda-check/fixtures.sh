@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Every fixture family at every precision on a CUDA GPU: the accuracy gate of the trained
+# fixtures (f16, bf16, packed against f32 on cuda) and the random fixtures against mlx-lm
+# (f32 and packed against expected.json, bf16 against expected_bf16.json). See README.md.
+#
+#   bash scripts/cuda-check/fixtures.sh prepare          # here: compile into target/cuda-fixtures
+#   OUT=/dir bash scripts/cuda-check/fixtures.sh run     # on the GPU machine, repository root
+#
+# prepare needs the CUDA-linked binary that prepare.sh builds (target/cuda-bin); run needs
+# only an NVIDIA driver and the carried folder target/cuda-fixtures (the fixtures themselves
+# are in the repository). run never compiles (IREE_COMPILER_LIB points at nothing), gives
+# each command a timeout and the whole run a budget (BUDGET_S, default 300 s).
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT" || exit 1
+DEST=target/cuda-fixtures
+NO_COMPILER=/nonexistent/libIREECompiler.so
+STEPS=40
+
+say() { echo "[cuda-fixtures] $*"; }
+
+# One case a line: `LABEL MODEL_DIR PRECISION REFERENCE` (REFERENCE `f32` = the f32 path on
+# the same device, else a trajectory file). Most informative first: the gate as the issue
+# states it (trained, against f32 on cuda), then exactness against mlx-lm.
+cases() {
+    local d v p
+    for p in bf16 f16 packed; do
+        for d in tests/fixtures-trained/*/; do
+            for v in f32 q4 q8; do
+                [ "$p" = packed ] && [ "$v" = f32 ] && continue
+                echo "gate:$p:trained/$(basename "$d")/$v ${d}$v $p f32"
+            done
+        done
+    done
+    for d in tests/fixtures/*/; do
+        for v in f32 q4 q8; do
+            echo "mlx:bf16:$(basename "$d")/$v ${d}$v bf16 ${d}$v/expected_bf16.json"
+            echo "mlx:f32:$(basename "$d")/$v ${d}$v f32 ${d}$v/expected.json"
+            [ "$v" = f32 ] || echo "mlx:packed:$(basename "$d")/$v ${d}$v packed ${d}$v/expected.json"
+        done
+    done
+}
+
+# Every (model folder, precision) the cases load: the candidate, and f32 where it is the
+# reference.
+loads() {
+    cases | while read -r _ dir p ref; do
+        echo "$dir $p"
+        [ "$ref" = f32 ] && echo "$dir f32"
+    done | sort -u
+}
+
+prepare() {
+    local bin=target/cuda-bin/release/mlx-iree dir p out n=0
+    [ -x "$bin" ] || { say "error: $bin is missing (run scripts/cuda-check/prepare.sh first)"; exit 1; }
+    mkdir -p "$DEST/cache"
+    # Compiling happens before the device is created, so here (no driver) each load compiles
+    # its modules into the cache and then stops at `cannot create IREE device`; a second
+    # time without a compiler proves they are served from the cache. `trajectory` on a
+    # 12-id prompt for 40 steps plans the graphs of the gate (longest prompt 12, 40 steps).
+    while read -r dir p; do
+        n=$((n + 1))
+        for compiler in "" "$NO_COMPILER"; do
+            out=$(
+                export MLX_IREE_CACHE_DIR="$DEST/cache"
+                [ -n "$compiler" ] && export IREE_COMPILER_LIB=$compiler
+                "$bin" trajectory --device cuda --model "$dir" --precision "$p" --steps $STEPS \
+                    --prompt-ids 1,250,3,77,128,5,199,64,12,230,41,9 --out /dev/null 2>&1
+            )
+            if ! grep -q "cannot create IREE device" <<<"$out"; then
+                say "error: $dir $p did not reach the device${compiler:+ without a compiler}:"
+                echo "$out" | tail -5
+                exit 1
+            fi
+        done
+        say "$n $dir $p: compiled, served from the cache without a compiler"
+    done < <(loads)
+    strip -o "$DEST/mlx-iree" "$bin"
+    say "$(cases | wc -l) cases; $(find "$DEST/cache" -name '*.vmfb' | wc -l) modules; $(du -sh "$DEST" | cut -f1) in $DEST"
+}
+
+run() {
+    local out=${OUT:-$PWD/cuda-fixtures-out} start label dir p ref rc line left
+    mkdir -p "$out"
+    exec > >(tee "$out/fixtures.log") 2>&1
+    start=$(date +%s)
+    export MLX_IREE_CACHE_DIR=$DEST/cache IREE_COMPILER_LIB=$NO_COMPILER
+    export CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-4294967296}
+    nvidia-smi -L || true
+    local pass=0 fail=0 skipped=0
+    while read -r label dir p ref; do
+        left=$((${BUDGET_S:-300} - ($(date +%s) - start)))
+        if [ "$left" -lt 10 ]; then
+            skipped=$((skipped + 1))
+            say "SKIPPED (budget spent) $label"
+            continue
+        fi
+        line=$(timeout $((left < 60 ? left : 60)) "$DEST/mlx-iree" gate --device cuda --model "$dir" \
+            --precision "$p" --steps $STEPS --reference "$ref" 2>"$out/err.txt")
+        rc=$?
+        if [ $rc -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
+        say "$(printf '%-40s rc %d  %s' "$label" $rc "$(grep -o 'token-exact on every prompt: [a-z]*; teacher-forced top-1 agreement [0-9.]*%' <<<"$line")")"
+        [ $rc -eq 0 ] || { echo "$line"; tail -3 "$out/err.txt"; }
+    done < <(cases)
+    say "summary: $pass passed, $fail failed, $skipped skipped in $(($(date +%s) - start)) s"
+}
+
+case ${1:-} in
+    prepare) prepare ;;
+    run) run ;;
+    *) echo "usage: $0 prepare|run" >&2; exit 2 ;;
+esac
