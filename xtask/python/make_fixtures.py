@@ -445,12 +445,18 @@ def record(model_dir, fixture, variant, seed):
         trajs = windowed_trajectories(model, fixture)
     else:
         trajs = [oracle.trajectory(model, p, STEPS) for p in PROMPTS]
+    return expected_doc(fixture, variant, seed, trajs, "xtask/python/make_fixtures.py")
+
+
+def expected_doc(fixture, variant, seed, trajs, script, about_suffix="", extra=None):
+    """The expected.json document of one variant (tests/fixtures/README.md); `extra` keys
+    go between `steps` and `generator`."""
     q = VARIANTS[variant]
     return {
         "fixture": fixture["name"],
         "variant": variant,
         "model_type": fixture["config"]["model_type"],
-        "about": fixture["about"],
+        "about": fixture["about"] + about_suffix,
         "weights": {
             "dtype": q[1] if q else "float32",
             "bits": q[0] if q else None,
@@ -458,10 +464,11 @@ def record(model_dir, fixture, variant, seed):
         },
         "seed": seed,
         "steps": STEPS,
+        **(extra or {}),
         "generator": {
             "mlx": mx.__version__,
             "mlx_lm": mlx_lm.__version__,
-            "script": "xtask/python/make_fixtures.py",
+            "script": script,
         },
         "trajectories": trajs,
     }
@@ -506,15 +513,19 @@ def make_one(fixture, out_root, scales, first_seed):
             print(f"[fixtures] {fixture['name']} seed {seed}: {summary}: {verdict}", flush=True)
             if not ok:
                 continue
-            dest = out_root / fixture["name"]
-            if dest.exists():
-                shutil.rmtree(dest)
-            dest.mkdir(parents=True)
-            for variant, doc in docs.items():
-                shutil.copytree(tmp / variant, dest / variant)
-                (dest / variant / "expected.json").write_text(json.dumps(doc, indent=1) + "\n")
+            install(tmp, out_root / fixture["name"], docs)
             return seed
     raise SystemExit(f"{fixture['name']}: no seed in {SEED_TRIES} tries gave acceptable trajectories")
+
+
+def install(tmp, dest, docs):
+    """Replaces `dest` with the variant folders saved under `tmp` and their expected.json."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for variant, doc in docs.items():
+        shutil.copytree(tmp / variant, dest / variant)
+        (dest / variant / "expected.json").write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def main():

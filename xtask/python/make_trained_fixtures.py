@@ -21,8 +21,6 @@ prompts are pieces of the cycle.
 """
 
 import argparse
-import json
-import shutil
 import sys
 import tempfile
 import time
@@ -32,7 +30,6 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
-import mlx_lm
 import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes
@@ -162,43 +159,22 @@ def make_one(fixture, out_root, seed):
             if worst < MIN_MARGIN:
                 raise SystemExit(f"{name} {variant}: a recorded step has a top-2 margin below {MIN_MARGIN}")
             docs[variant] = doc
-        dest = out_root / name
-        if dest.exists():
-            shutil.rmtree(dest)
-        dest.mkdir(parents=True)
-        for variant, doc in docs.items():
-            shutil.copytree(tmp / variant, dest / variant)
-            (dest / variant / "expected.json").write_text(json.dumps(doc, indent=1) + "\n")
+        mf.install(tmp, out_root / name, docs)
 
 
 def record(model_dir, fixture, variant, seed, ps, seq, train_steps, train_margin):
     model, _ = oracle.load_f32(model_dir)
     trajs = [oracle.trajectory(model, p, STEPS) for p in ps]
-    q = mf.VARIANTS[variant]
-    return {
-        "fixture": fixture["name"],
-        "variant": variant,
-        "model_type": fixture["config"]["model_type"],
-        "about": fixture["about"] + "; trained on a cycle of ids",
-        "weights": {
-            "dtype": q[1] if q else "float32",
-            "bits": q[0] if q else None,
-            "group_size": fixture["group_size"] if q else None,
-        },
-        "seed": seed,
-        "steps": STEPS,
-        "training": {
-            "cycle": [int(i) for i in seq],
-            "steps": train_steps,
-            "margin": round(train_margin, 3),
-        },
-        "generator": {
-            "mlx": mx.__version__,
-            "mlx_lm": mlx_lm.__version__,
-            "script": "xtask/python/make_trained_fixtures.py",
-        },
-        "trajectories": trajs,
-    }
+    training = {"cycle": [int(i) for i in seq], "steps": train_steps, "margin": round(train_margin, 3)}
+    return mf.expected_doc(
+        fixture,
+        variant,
+        seed,
+        trajs,
+        "xtask/python/make_trained_fixtures.py",
+        about_suffix="; trained on a cycle of ids",
+        extra={"training": training},
+    )
 
 
 def main():
