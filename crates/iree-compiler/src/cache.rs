@@ -104,15 +104,10 @@ impl CompileCache {
     ) -> Result<Compiled, Error> {
         let start = Instant::now();
         let key = self.key(compiler, mlir_text, target, opts);
-        let path = self.path_for(&key);
-        match std::fs::read(&path) {
-            Ok(vmfb) if check_vmfb(&vmfb).is_ok() => {
-                return Ok(Compiled { vmfb, outcome: CacheOutcome::Hit, key, path, elapsed: start.elapsed() });
-            }
-            Ok(_) => {} // Corrupt entry: recompile and overwrite below.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(Error::CacheIo { path, source }),
+        if let Some(hit) = self.read_hit(key.clone(), start)? {
+            return Ok(hit);
         }
+        let path = self.path_for(&key);
         let vmfb = compiler.compile(mlir_text, target, opts)?;
         self.store(&path, &vmfb)?;
         Ok(Compiled { vmfb, outcome: CacheOutcome::Miss, key, path, elapsed: start.elapsed() })
@@ -138,24 +133,25 @@ impl CompileCache {
             },
         };
         for id in ids {
-            let key = self.key_for(&id, mlir_text, target, opts);
-            let path = self.path_for(&key);
-            match std::fs::read(&path) {
-                Ok(vmfb) if check_vmfb(&vmfb).is_ok() => {
-                    return Ok(Some(Compiled {
-                        vmfb,
-                        outcome: CacheOutcome::Hit,
-                        key,
-                        path,
-                        elapsed: start.elapsed(),
-                    }));
-                }
-                Ok(_) => {} // Corrupt: a compile will replace it.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(source) => return Err(Error::CacheIo { path, source }),
+            if let Some(hit) = self.read_hit(self.key_for(&id, mlir_text, target, opts), start)? {
+                return Ok(Some(hit));
             }
         }
         Ok(None)
+    }
+
+    /// The valid module stored under `key`, if any. A file that is not a valid vmfb
+    /// (truncated, foreign) counts as absent: a compile replaces it.
+    fn read_hit(&self, key: String, start: Instant) -> Result<Option<Compiled>, Error> {
+        let path = self.path_for(&key);
+        match std::fs::read(&path) {
+            Ok(vmfb) if check_vmfb(&vmfb).is_ok() => {
+                Ok(Some(Compiled { vmfb, outcome: CacheOutcome::Hit, key, path, elapsed: start.elapsed() }))
+            }
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(Error::CacheIo { path, source }),
+        }
     }
 
     /// Records `compiler`'s identity in the cache (`compilers/<fingerprint>.id`), so that
