@@ -22,13 +22,14 @@ pub fn target_for(device: &str) -> Result<Target, String> {
 /// quantized fixture and on SmolLM2). Otherwise f16: 1.78x f32 on the 1B shape on CPU; on
 /// CUDA (H200) f16 decoded 1.08x f32 and 1.84x packed's graph-level form.
 pub fn default_precision(device: &str, model: &std::path::Path) -> models::Precision {
-    let driver = device.split(':').next().unwrap_or(device);
-    let cpu = matches!(driver, "local-task" | "local-sync");
-    if cpu && kernels::cpu::host_supported() && quantized_4_or_8_bit(model) {
-        models::Precision::Packed
-    } else {
-        models::Precision::F16
-    }
+    let kernels = target_for(device).is_ok_and(|t| cpu_kernels_run(&t));
+    if kernels && quantized_4_or_8_bit(model) { models::Precision::Packed } else { models::Precision::F16 }
+}
+
+/// Whether code for `target` can use the hand-written CPU kernels (`kernels::cpu`): an
+/// `llvm-cpu` target, on a host with the kernels' AVX-512 features.
+pub fn cpu_kernels_run(target: &Target) -> bool {
+    matches!(target, Target::LlvmCpu { .. }) && kernels::cpu::host_supported()
 }
 
 /// Whether `model/config.json` declares MLX 4- or 8-bit quantization.

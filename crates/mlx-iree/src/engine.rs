@@ -142,11 +142,7 @@ pub fn layout_for(
 ) -> Result<Layout> {
     let layout = Layout::new(cfg, precision, ckpt)?;
     let wanted = std::env::var("MLX_IREE_PACKED_KERNELS").map_or(true, |v| v != "0");
-    if precision != Precision::Packed
-        || !wanted
-        || !matches!(target, iree_compiler::Target::LlvmCpu { .. })
-        || !kernels::cpu::host_supported()
-    {
+    if precision != Precision::Packed || !wanted || !crate::device::cpu_kernels_run(target) {
         return Ok(layout);
     }
     let dir = cache_dir.join("kernels");
