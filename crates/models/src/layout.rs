@@ -317,22 +317,13 @@ impl Layout {
                 // 16-row blocks, so stacking the parts' bytes stacks the matrices).
                 let mut bytes = Vec::with_capacity(param.bytes());
                 for part in &param.parts {
-                    let prefix = part.prefix();
-                    let (packing, q) = self.packed_layer(ckpt, prefix)?;
+                    let (packing, q) = self.packed_layer(ckpt, part)?;
                     bytes.extend_from_slice(&kernel_bytes(&q, packing, param.role)?);
                 }
                 Ok(Cow::Owned(bytes))
             }
             Role::PackedWeight | Role::PackedScales | Role::PackedBiases | Role::PackedRows => {
-                let prefix = param.spec.prefix();
-                let (packing, q) = self.packed_layer(ckpt, prefix)?;
-                if [q.out_features(), q.in_features()] != param.spec.shape[..] {
-                    return Err(Error::Invalid(format!(
-                        "{prefix}: expected shape {:?} from config.json, got {:?}",
-                        param.spec.shape,
-                        [q.out_features(), q.in_features()]
-                    )));
-                }
+                let (packing, q) = self.packed_layer(ckpt, &param.spec)?;
                 if packing.kernel {
                     return kernel_bytes(&q, packing, param.role);
                 }
@@ -361,6 +352,29 @@ impl Layout {
             }
         }
     }
+
+    /// The packing of the matrix `spec` and its quantized layer in the checkpoint, which
+    /// must have the shape config.json gives it.
+    fn packed_layer<'a>(
+        &self,
+        ckpt: &'a Checkpoint,
+        spec: &ParamSpec,
+    ) -> Result<(&Packing, weights::QuantizedLinear<'a>)> {
+        let prefix = spec.prefix();
+        let packing =
+            self.packing(prefix).ok_or_else(|| Error::Invalid(format!("{prefix}: no packing in the layout")))?;
+        let Linear::Quantized(q) = ckpt.linear(prefix)? else {
+            return Err(Error::Invalid(format!("{prefix}: expected a quantized layer in {}", ckpt.dir().display())));
+        };
+        if [q.out_features(), q.in_features()] != spec.shape[..] {
+            return Err(Error::Invalid(format!(
+                "{prefix}: expected shape {:?} from config.json, got {:?}",
+                spec.shape,
+                [q.out_features(), q.in_features()]
+            )));
+        }
+        Ok((packing, q))
+    }
 }
 
 /// A packed matrix's tensors in the CPU kernel's layout (MLX's unsigned values and biases
@@ -386,18 +400,6 @@ fn kernel_bytes(q: &weights::QuantizedLinear<'_>, p: &Packing, role: Role) -> Re
 
 /// The embedding table's prefix.
 pub const EMBEDDING: &str = "model.embed_tokens";
-
-impl Layout {
-    /// The packing of `prefix` and its quantized layer in the checkpoint.
-    fn packed_layer<'a>(&self, ckpt: &'a Checkpoint, prefix: &str) -> Result<(&Packing, weights::QuantizedLinear<'a>)> {
-        let packing =
-            self.packing(prefix).ok_or_else(|| Error::Invalid(format!("{prefix}: no packing in the layout")))?;
-        let Linear::Quantized(q) = ckpt.linear(prefix)? else {
-            return Err(Error::Invalid(format!("{prefix}: expected a quantized layer in {}", ckpt.dir().display())));
-        };
-        Ok((packing, q))
-    }
-}
 
 /// f32 values as little-endian bytes of `elem` (f32, f16 or bf16), rounding to nearest even.
 pub(crate) fn encode_f32(values: impl Iterator<Item = f32>, elem: ElementType) -> Vec<u8> {
