@@ -28,9 +28,6 @@ const PRECISIONS: [&str; 4] = ["f32", "f16", "bf16", "packed"];
 const SMOLLM2: &str = "smollm2-135m-instruct-4bit";
 const LLAMA_1B: &str = "llama-1b-random";
 const LLAMA_1B_VARIANTS: [&str; 3] = ["f16", "4bit", "8bit"];
-/// What a refused precision says (mlx-iree's `Precision` parser); such a row is a note,
-/// not a failure, so the command keeps working while precisions land.
-const NOT_IMPLEMENTED: &str = "not implemented yet";
 
 pub const USAGE: &str = "\
 usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
@@ -239,10 +236,8 @@ pub fn run(args: &[String]) -> Result<()> {
         .iter()
         .zip(&rows)
         .filter_map(|(c, r)| match r {
-            Row::Failed(e) if !e.contains(NOT_IMPLEMENTED) => {
-                Some(format!("{} {}: {e}", display_name(&c.model), c.precision))
-            }
-            _ => None,
+            Row::Failed(e) => Some(format!("{} {}: {e}", display_name(&c.model), c.precision)),
+            Row::Ok(..) => None,
         })
         .collect();
     match bandwidth {
@@ -847,10 +842,10 @@ mod tests {
     fn error_notes_drop_the_cli_framing() {
         assert_eq!(
             error_note(
-                "mlx-iree: error: invalid value 'packed' for '--precision <PRECISION>': precision `packed` is not \
-                 implemented yet (available: f32, f16, bf16) (see mlx-iree --help)\n"
+                "mlx-iree: error: invalid value 'fp8' for '--precision <PRECISION>': unknown precision `fp8` \
+                 (expected f32, f16, bf16 or packed) (see mlx-iree --help)\n"
             ),
-            "precision `packed` is not implemented yet (available: f32, f16, bf16)"
+            "unknown precision `fp8` (expected f32, f16, bf16 or packed)"
         );
         assert_eq!(error_note("mlx-iree: error: loading /m: out of memory"), "loading /m: out of memory");
     }
@@ -880,14 +875,13 @@ mod tests {
             Row::Ok(_, m) => assert_eq!(m.compile_cached_s, None),
             other => panic!("{other:?}"),
         }
-        let failed =
-            Row::Failed("precision `packed` is not implemented yet".into()).json_line(&case, "local-task", None);
+        let failed = Row::Failed("loading /m/a-4bit: out of memory".into()).json_line(&case, "local-task", None);
         let v: serde_json::Value = serde_json::from_str(&failed).unwrap();
         assert_eq!(v["engine"], "mlx-iree");
         assert_eq!(v["model"], "/m/x");
         assert_eq!(v["precision"], "packed");
         assert_eq!(v["device"], "local-task");
-        assert_eq!(v["error"], "precision `packed` is not implemented yet");
+        assert_eq!(v["error"], "loading /m/a-4bit: out of memory");
         // Printed as mlx-iree printed it, with the engine in front.
         assert_eq!(row.json_line(&case, "local-task", None), format!("{{\"engine\":\"mlx-iree\",{}", &line[1..]));
         // With the bandwidth measured (--peers), the bound at the end: 3 MiB per token.
@@ -911,7 +905,7 @@ mod tests {
         let rows = [
             Row::Ok(String::new(), measured(20.0)),
             Row::Ok(String::new(), measured(30.0)),
-            Row::Failed("precision `packed` is not implemented yet".into()),
+            Row::Failed("loading /m/a-4bit: out of memory".into()),
             Row::Ok(String::new(), measured(5.0)),
         ];
         let t = table(&cases, &rows);
@@ -946,7 +940,7 @@ mod tests {
             ["a-4bit", "f32", "1", "100.0", "20.00", "1.00x", "0.67x", "1280.0", "3", "10", "12.5/0.03", "42"]
         );
         assert_eq!(cols(lines[2])[..7], ["a-4bit", "f16", "1", "100.0", "30.00", "1.50x", "1.00x"]);
-        assert_eq!(lines[3], "a-4bit  packed     error: precision `packed` is not implemented yet");
+        assert_eq!(lines[3], "a-4bit  packed     error: loading /m/a-4bit: out of memory");
         // Family b has no f16 row: no ratio against it.
         assert_eq!(cols(lines[4])[..7], ["b", "f32", "1", "100.0", "5.00", "1.00x", "-"]);
     }
@@ -1040,7 +1034,7 @@ mod tests {
         let ours = [
             (case("/m/a-f16", "f16"), Row::Ok(String::new(), measured(20.0))),
             (case("/m/a-f16", "bf16"), Row::Ok(String::new(), measured(10.0))),
-            (case("/m/a-4bit", "packed"), Row::Failed("precision `packed` is not implemented yet".into())),
+            (case("/m/a-4bit", "packed"), Row::Failed("loading /m/a-4bit: out of memory".into())),
         ];
         let mut lines: Vec<Line> = ours.iter().map(|(c, r)| Line::ours(c, r)).collect();
         lines.push(peer_line("llama.cpp", "b", "f16", 1.0));
@@ -1111,10 +1105,7 @@ mod tests {
         assert_eq!(cols(rows[2]).last().unwrap(), "-");
         assert_eq!(
             rows[3],
-            format!(
-                "{:<9}  {:<5}  {:<9}  error: precision `packed` is not implemented yet",
-                "mlx-iree", "a-4bit", "packed"
-            )
+            format!("{:<9}  {:<5}  {:<9}  error: loading /m/a-4bit: out of memory", "mlx-iree", "a-4bit", "packed")
         );
         assert_eq!(
             cols(rows[4])[..12],
