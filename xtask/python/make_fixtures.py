@@ -283,14 +283,21 @@ FIXTURES = [
 GEMMA_NORMS = {"gemma", "gemma2", "gemma3_text"}
 
 
-def build(config, seed, scales):
-    """mlx-lm's model for `config`, with seeded random float32 weights."""
+def new_model(config):
+    """mlx-lm's model for `config` (unquantized), as its loader builds it for a checkpoint
+    without lm_head, with mlx's default initialisation."""
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
     if config["model_type"] == "gemma3_text":
         # mlx-lm's gemma3_text ties the embeddings when the checkpoint has no lm_head;
         # its own sanitize drops the module.
         model.sanitize({})
+    return model
+
+
+def build(config, seed, scales):
+    """mlx-lm's model for `config`, with seeded random float32 weights."""
+    model = new_model(config)
     rng = np.random.default_rng(seed)
     one_plus = config["model_type"] in GEMMA_NORMS
     params = {}

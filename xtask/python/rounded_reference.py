@@ -33,7 +33,6 @@ import mlx.nn as nn
 import mlx_lm
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.utils import _get_classes
 
 import make_fixtures
 import oracle
@@ -47,6 +46,8 @@ ABOUT = (
     "float32, 1-D tensors (norms, biases) unchanged in float32, all compute in float32"
 )
 QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+# Fixtures whose reference is make_fixtures.py's windowed recompute, by name.
+WINDOWED = {f["name"]: f.get("reference") == "gemma2_even_layer_window" for f in make_fixtures.FIXTURES}
 
 
 def bf16_round(w):
@@ -115,12 +116,7 @@ def rounded_model(model_dir):
     config = json.loads((Path(model_dir) / "config.json").read_text())
     config.pop("quantization", None)
     config.pop("quantization_config", None)
-    model_class, args_class = _get_classes(config)
-    model = model_class(args_class.from_dict(config))
-    if config["model_type"] == "gemma3_text":
-        # As in make_fixtures.build: gemma3_text ties the embeddings when the checkpoint
-        # has no lm_head; its own sanitize drops the module.
-        model.sanitize({})
+    model = make_fixtures.new_model(config)
     fresh = dict(tree_flatten(model.parameters()))
     missing = sorted(set(fresh) - set(weights))
     extra = sorted(set(weights) - set(fresh))
@@ -144,7 +140,7 @@ def record(model_dir):
     steps = expected["steps"]
     trajs = []
     for t in expected["trajectories"]:
-        if expected["fixture"] == "gemma2_window":
+        if WINDOWED[expected["fixture"]]:
             rec = make_fixtures.recompute_trajectory(model, t["prompt_ids"], steps, config["sliding_window"])
         else:
             rec = oracle.trajectory(model, t["prompt_ids"], steps)
