@@ -12,8 +12,10 @@
 # each command a timeout and the whole run a budget (BUDGET_S, default 300 s).
 set -uo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$ROOT" || exit 1
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=common.sh
+. "$HERE/common.sh" # GATE_FILL_IDS: the gate's longest built-in prompt
+cd "$HERE/../.." || exit 1
 DEST=target/cuda-fixtures
 NO_COMPILER=/nonexistent/libIREECompiler.so
 STEPS=40
@@ -58,7 +60,8 @@ prepare() {
     # Compiling happens before the device is created, so here (no driver) each load compiles
     # its modules into the cache and then stops at `cannot create IREE device`; a second
     # time without a compiler proves they are served from the cache. `trajectory` on a
-    # 12-id prompt for 40 steps plans the graphs of the gate (longest prompt 12, 40 steps).
+    # 12-id prompt for 40 steps plans the graphs of the gate (longest prompt 12, 40 steps:
+    # the gate's built-in prompts and every fixture's).
     while read -r dir p; do
         n=$((n + 1))
         for compiler in "" "$NO_COMPILER"; do
@@ -66,7 +69,7 @@ prepare() {
                 export MLX_IREE_CACHE_DIR="$DEST/cache"
                 [ -n "$compiler" ] && export IREE_COMPILER_LIB=$compiler
                 "$bin" trajectory --device cuda --model "$dir" --precision "$p" --steps $STEPS \
-                    --prompt-ids 1,250,3,77,128,5,199,64,12,230,41,9 --out /dev/null 2>&1
+                    --prompt-ids "$GATE_FILL_IDS" --out /dev/null 2>&1
             )
             if ! grep -q "cannot create IREE device" <<<"$out"; then
                 say "error: $dir $p did not reach the device${compiler:+ without a compiler}:"
