@@ -1,7 +1,7 @@
 //! Shared helpers for the end-to-end tests: the graphs under test (built with
 //! hlo-emit), their plain-Rust references, and one compile-and-run path on CPU.
 
-use hlo_emit::{Context, DotDims, ElementType::*, Error as HloError, Module};
+use hlo_emit::{Context, DotDims, ElementType::*, Error as HloError, Module, ScatterDims};
 use iree_compiler::{CompileCache, CompileOptions, Compiler, Target};
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -51,6 +51,51 @@ pub fn param_affine(o: i64, i: i64) -> Result<String, HloError> {
     Ok(m.to_text())
 }
 
+/// Layouts of the KV cache `[layers, slots, _, _, head_dim]` that [`kv_scatter`] writes:
+/// which of dims 2 and 3 holds the positions (the other holds the kv heads).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvLayout {
+    /// `[l, s, p, h, d]`: the scattered dims (layer, slot, position) lead. IREE 3.13 compiles this.
+    PositionsFirst,
+    /// `[l, s, h, p, d]`: IREE 3.13 cannot compile this scatter (see the cpu tests).
+    HeadsFirst,
+}
+
+impl KvLayout {
+    /// The cache dim that holds the positions.
+    pub fn pos_dim(self) -> usize {
+        match self {
+            KvLayout::PositionsFirst => 2,
+            KvLayout::HeadsFirst => 3,
+        }
+    }
+
+    /// The cache dim that holds the kv heads.
+    pub fn head_dim(self) -> usize {
+        5 - self.pos_dim()
+    }
+}
+
+/// KV-cache write: `cache` of `shape` (in `layout`) gets `updates` `[b, h, d]` at the
+/// `(layer, slot, position)` rows of `idx` `[b, 3]`, every head at once.
+pub fn kv_scatter(shape: [i64; 5], layout: KvLayout, b: i64) -> Result<String, HloError> {
+    let (h, d) = (shape[layout.head_dim()], shape[4]);
+    let scattered = vec![0, 1, layout.pos_dim() as i64];
+    let ctx = Context::new();
+    let m = Module::new(&ctx);
+    m.func("kv_write", &[F32.tensor(&shape), I32.tensor(&[b, 3]), F32.tensor(&[b, h, d])], |f, a| {
+        let dims = ScatterDims {
+            update_window_dims: vec![1, 2],
+            inserted_window_dims: scattered.clone(),
+            scatter_dims_to_operand_dims: scattered,
+            index_vector_dim: 1,
+            ..ScatterDims::default()
+        };
+        Ok(vec![f.scatter(a[0], a[1], a[2], dims)?])
+    })?;
+    Ok(m.to_text())
+}
+
 /// Every graph above, by name, for the portability tests.
 pub fn all_graphs() -> Result<Vec<(&'static str, String)>, HloError> {
     Ok(vec![
@@ -58,6 +103,7 @@ pub fn all_graphs() -> Result<Vec<(&'static str, String)>, HloError> {
         ("embedding", embedding(100, 16, 5)?),
         ("argmax", argmax(3, 10)?),
         ("param_affine", param_affine(8, 16)?),
+        ("kv_scatter", kv_scatter([2, 3, 5, 4, 6], KvLayout::PositionsFirst, 2)?),
     ])
 }
 
@@ -71,6 +117,30 @@ pub fn ref_rms_matmul_softmax(x: &[f32], gamma: &[f32], w: &[f32]) -> Vec<f32> {
     let exps: Vec<f64> = logits.iter().map(|l| (l - max).exp()).collect();
     let sum: f64 = exps.iter().sum();
     exps.iter().map(|e| (e / sum) as f32).collect()
+}
+
+/// [`kv_scatter`] in plain Rust: a copy of `cache` with `updates[k]` (`[h, d]`) written
+/// at layer, slot, position `idx[k]`, for every head.
+pub fn ref_kv_scatter(
+    cache: &[f32],
+    shape: [usize; 5],
+    layout: KvLayout,
+    idx: &[[i32; 3]],
+    updates: &[f32],
+) -> Vec<f32> {
+    let (h, d) = (shape[layout.head_dim()], shape[4]);
+    let mut out = cache.to_vec();
+    for (k, &[l, slot, pos]) in idx.iter().enumerate() {
+        for head in 0..h {
+            let mut at = [l as usize, slot as usize, 0, 0, 0];
+            at[layout.pos_dim()] = pos as usize;
+            at[layout.head_dim()] = head;
+            let dst = at.iter().zip(&shape).fold(0, |acc, (i, n)| acc * n + i);
+            let src = (k * h + head) * d;
+            out[dst..dst + d].copy_from_slice(&updates[src..src + d]);
+        }
+    }
+    out
 }
 
 /// Index of the first maximum (ties go to the lowest index).

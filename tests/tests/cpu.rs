@@ -114,3 +114,51 @@ fn parameter_bound_globals_from_safetensors() {
         assert!(diff <= TOL, "W·x + b differs from the reference by {diff}");
     }
 }
+
+#[test]
+fn kv_cache_scatter_writes_rows_at_data_positions() {
+    let layout = KvLayout::PositionsFirst;
+    let shape = [2usize, 3, 5, 4, 6]; // layers, slots, positions, kv heads, head dim
+    let (h, d) = (shape[layout.head_dim()], shape[4]);
+    let n: usize = shape.iter().product();
+    let vmfb = compile_cpu(&kv_scatter(shape.map(|x| x as i64), layout, 2).unwrap());
+    let cache = values(8, n);
+    let (device, session) = session("local-task", &vmfb);
+    // The positions are call data: one compiled graph, two different pairs of rows.
+    for (round, idx) in [[[1, 2, 4], [0, 0, 0]], [[0, 1, 3], [1, 1, 3]]].into_iter().enumerate() {
+        let updates = values(9 + round as u64, idx.len() * h * d);
+        let flat: Vec<i32> = idx.iter().flatten().copied().collect();
+        let out = session
+            .call(
+                "kv_write",
+                &[
+                    // A fresh upload each call: IREE may write into an argument's buffer.
+                    &device.upload(&shape, &cache).unwrap(),
+                    &device.upload(&[idx.len(), 3], &flat).unwrap(),
+                    &device.upload(&[idx.len(), h, d], &updates).unwrap(),
+                ],
+            )
+            .unwrap();
+        assert_eq!(out[0].shape(), shape.to_vec());
+        let got: Vec<f32> = out[0].to_vec().unwrap();
+        let expected = ref_kv_scatter(&cache, shape, layout, &idx, &updates);
+        let written = expected.iter().zip(&cache).filter(|(e, c)| e != c).count();
+        assert_eq!(written, idx.len() * h * d, "round {round}: the reference writes every update");
+        for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+            assert_eq!(g.to_bits(), e.to_bits(), "round {round}: element {i} (flat index into {shape:?})");
+        }
+    }
+}
+
+/// IREE 3.13 lowers a scatter only when the scattered operand dims lead: with the
+/// positions after the heads (`[l, s, h, p, d]`, scattered dims 0, 1, 3) its StableHLO to
+/// LinalgExt conversion builds an invalid `iree_linalg_ext.scatter`. When the pinned
+/// compiler handles it this test fails: then both layouts can be offered.
+#[test]
+fn kv_scatter_with_positions_after_heads_is_a_known_gap_of_iree_3_13() {
+    let mlir = kv_scatter([2, 3, 4, 5, 6], KvLayout::HeadsFirst, 2).unwrap();
+    let err = compiler()
+        .compile(&mlir, &iree_compiler::Target::llvm_cpu_host(), &iree_compiler::CompileOptions::default())
+        .expect_err("the heads-first KV scatter compiled: update this test and KvLayout's docs");
+    assert!(err.to_string().contains("expected indices to be equal to batch rank or batch rank + 1"), "{err}");
+}

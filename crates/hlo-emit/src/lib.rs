@@ -43,6 +43,11 @@
 //! Known IREE limits worth remembering (measured with iree-compile 3.13): a sub-byte
 //! tensor (`i4`/`ui4`) crossing the function boundary needs a whole number of bytes (a
 //! rank-0 `i4` result fails to compile); sub-byte tensors inside a function are fine.
+//! [`Func::scatter`] compiles when the scattered operand dims (`scatter_dims_to_operand_dims`)
+//! are the inserted window dims and lead the operand: a KV write at `(layer, slot, position)`
+//! into `[L, S, P, H, D]` compiles, into `[L, S, H, P, D]` it fails in IREE's StableHLO
+//! conversion ("'iree_linalg_ext.scatter' op expected indices to be equal to batch rank or
+//! batch rank + 1").
 
 mod error;
 mod func;
@@ -57,4 +62,5 @@ pub use module::{Context, Global, Module};
 pub use ops::dot::DotDims;
 pub use ops::elementwise::Cmp;
 pub use ops::gather::GatherDims;
+pub use ops::scatter::ScatterDims;
 pub use types::{ElementType, TensorType};

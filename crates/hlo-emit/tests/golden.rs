@@ -6,7 +6,7 @@
 //! check the text by hand with iree-compile).
 
 use hlo_emit::ElementType::{BF16, F16, F32, I1, I4, I8, I16, I32, UI4};
-use hlo_emit::{Cmp, Context, DotDims, Error, GatherDims, Module};
+use hlo_emit::{Cmp, Context, DotDims, Error, GatherDims, Module, ScatterDims};
 
 /// Builds a module with `build`, verifies it and compares its text with `expect`.
 fn check<F>(name: &str, build: F, expect: &str)
@@ -389,6 +389,62 @@ fn gathers() {
     );
 }
 
+/// The KV-cache write: cache `[L, slots, kv_heads, positions, head_dim]`, one
+/// `(layer, slot, position)` row per batch entry, updates `[B, kv_heads, head_dim]`.
+/// Valid StableHLO, but IREE 3.13 compiles the scatter only with the positions before the
+/// heads (tests/tests/cpu.rs runs that layout and pins this one as a known gap).
+fn kv_write_dims() -> ScatterDims {
+    ScatterDims {
+        update_window_dims: vec![1, 2],
+        inserted_window_dims: vec![0, 1, 3],
+        scatter_dims_to_operand_dims: vec![0, 1, 3],
+        index_vector_dim: 1,
+        ..ScatterDims::default()
+    }
+}
+
+#[test]
+fn scatters() {
+    check(
+        "scatters",
+        |m| {
+            m.func(
+                "kv_write",
+                &[F32.tensor(&[2, 3, 4, 5, 6]), I32.tensor(&[2, 3]), F32.tensor(&[2, 4, 6])],
+                |f, a| Ok(vec![f.scatter(a[0], a[1], a[2], kv_write_dims())?]),
+            )?;
+            // out = x; out[ids[k]] = u[k] (the index vector dim is implicit).
+            m.func("put", &[F32.tensor(&[8]), I32.tensor(&[3]), F32.tensor(&[3])], |f, a| {
+                let dims = ScatterDims {
+                    inserted_window_dims: vec![0],
+                    scatter_dims_to_operand_dims: vec![0],
+                    index_vector_dim: 1,
+                    ..ScatterDims::default()
+                };
+                Ok(vec![f.scatter(a[0], a[1], a[2], dims)?])
+            })?;
+            Ok(())
+        },
+        r#"module {
+  func.func @kv_write(%arg0: tensor<2x3x4x5x6xf32>, %arg1: tensor<2x3xi32>, %arg2: tensor<2x4x6xf32>) -> tensor<2x3x4x5x6xf32> {
+    %0 = "stablehlo.scatter"(%arg0, %arg1, %arg2) ({
+    ^bb0(%arg3: tensor<f32>, %arg4: tensor<f32>):
+      "stablehlo.return"(%arg4) : (tensor<f32>) -> ()
+    }) {indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1, 2], inserted_window_dims = [0, 1, 3], scatter_dims_to_operand_dims = [0, 1, 3], index_vector_dim = 1>, unique_indices = false} : (tensor<2x3x4x5x6xf32>, tensor<2x3xi32>, tensor<2x4x6xf32>) -> tensor<2x3x4x5x6xf32>
+    return %0 : tensor<2x3x4x5x6xf32>
+  }
+  func.func @put(%arg0: tensor<8xf32>, %arg1: tensor<3xi32>, %arg2: tensor<3xf32>) -> tensor<8xf32> {
+    %0 = "stablehlo.scatter"(%arg0, %arg1, %arg2) ({
+    ^bb0(%arg3: tensor<f32>, %arg4: tensor<f32>):
+      "stablehlo.return"(%arg4) : (tensor<f32>) -> ()
+    }) {indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false} : (tensor<8xf32>, tensor<3xi32>, tensor<3xf32>) -> tensor<8xf32>
+    return %0 : tensor<8xf32>
+  }
+}
+"#,
+    );
+}
+
 #[test]
 fn reductions() {
     check(
@@ -694,6 +750,61 @@ fn error_gather_reduce_constants() {
         )),
         "stablehlo.gather: expected start_index_map of 2 operand dims (the index vector size), \
          none a batching dim, got [0]"
+    );
+    assert_eq!(
+        op_err!([F32.tensor(&[2, 3, 4, 5, 6]), F32.tensor(&[2, 3]), F32.tensor(&[2, 4, 6])], |f, a| f.scatter(
+            a[0],
+            a[1],
+            a[2],
+            kv_write_dims()
+        )),
+        "stablehlo.scatter: expected integer indices, got tensor<2x3xf32>"
+    );
+    assert_eq!(
+        op_err!([F32.tensor(&[2, 3, 4, 5, 6]), I32.tensor(&[2, 3]), F16.tensor(&[2, 4, 6])], |f, a| f.scatter(
+            a[0],
+            a[1],
+            a[2],
+            kv_write_dims()
+        )),
+        "stablehlo.scatter: expected updates of element type f32 (the operand's), got tensor<2x4x6xf16>"
+    );
+    assert_eq!(
+        op_err!([F32.tensor(&[2, 3, 4, 5, 6]), I32.tensor(&[2, 3]), F32.tensor(&[2, 5, 6])], |f, a| f.scatter(
+            a[0],
+            a[1],
+            a[2],
+            kv_write_dims()
+        )),
+        "stablehlo.scatter: expected updates shaped [2, <=4, <=6], got tensor<2x5x6xf32>"
+    );
+    assert_eq!(
+        op_err!([F32.tensor(&[2, 3, 4, 5, 6]), I32.tensor(&[2, 3]), F32.tensor(&[4, 6])], |f, a| f.scatter(
+            a[0],
+            a[1],
+            a[2],
+            kv_write_dims()
+        )),
+        "stablehlo.scatter: expected updates shaped [2, <=4, <=6], got tensor<4x6xf32>"
+    );
+    assert_eq!(
+        op_err!([F32.tensor(&[2, 3, 4, 5, 6]), I32.tensor(&[2, 2]), F32.tensor(&[2, 4, 6])], |f, a| f.scatter(
+            a[0],
+            a[1],
+            a[2],
+            kv_write_dims()
+        )),
+        "stablehlo.scatter: expected scatter_dims_to_operand_dims of 2 operand dims (the index vector size), \
+         none a batching dim, got [0, 1, 3]"
+    );
+    assert_eq!(
+        op_err!([F32.tensor(&[2, 3, 4, 5, 6]), I32.tensor(&[2, 3]), F32.tensor(&[2, 4, 6])], |f, a| f.scatter(
+            a[0],
+            a[1],
+            a[2],
+            ScatterDims { update_window_dims: vec![1], ..kv_write_dims() }
+        )),
+        "stablehlo.scatter: expected 2 update_window_dims (operand rank minus inserted and batching dims), got [1]"
     );
     assert_eq!(
         op_err!([F32.tensor(&[2, 3])], |f, a| f.reduce_sum(a[0], &[2])),

@@ -1,4 +1,4 @@
-//! Op families, each an `impl Func` block: elementwise, constants, shapes, gather, reduce, dot,
+//! Op families, each an `impl Func` block: elementwise, constants, shapes, gather, scatter, reduce, dot,
 //! and composites (RMSNorm, softmax) built from them.
 
 pub(crate) mod composite;
@@ -8,4 +8,5 @@ pub(crate) mod dot;
 pub(crate) mod elementwise;
 pub(crate) mod gather;
 pub(crate) mod reduce;
+pub(crate) mod scatter;
 pub(crate) mod shape;
