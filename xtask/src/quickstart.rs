@@ -11,6 +11,9 @@ use std::process::Command;
 /// The model `cargo xtask model` converts, and the question the quick start asks it.
 const DEFAULT_MODEL: &str = "smollm2-135m-instruct-4bit";
 const PROMPT: &str = "What is the capital of France?";
+/// The quick start's context: a chat answer needs few positions, and each doubling of the
+/// context adds attention windows to compile on the first run (README, "The first run").
+const MAX_CONTEXT: &str = "1024";
 
 pub fn run(args: &[String]) -> Result<()> {
     util::no_args("quickstart", args)?;
@@ -20,7 +23,10 @@ pub fn run(args: &[String]) -> Result<()> {
     let model = crate::model::models_dir().join(DEFAULT_MODEL);
     progress(
         "quickstart",
-        format!("building mlx-iree, then: mlx-iree generate --model {} --chat --prompt {PROMPT:?}", model.display()),
+        format!(
+            "building mlx-iree, then: mlx-iree generate --model {} --chat --prompt {PROMPT:?} --max-context {MAX_CONTEXT}",
+            model.display()
+        ),
     );
     util::run(
         Command::new(util::cargo())
@@ -35,6 +41,8 @@ pub fn run(args: &[String]) -> Result<()> {
                 "--chat",
                 "--prompt",
                 PROMPT,
+                "--max-context",
+                MAX_CONTEXT,
                 "--model",
             ])
             .arg(&model)

@@ -5,8 +5,8 @@
 use anyhow::{Context, Result, bail};
 use iree_compiler::{CompileOptions, Compiler, Target};
 use mlx_iree::cache::CompileReport;
-use mlx_iree::engine::{Engine, graph_modules, plan};
-use models::{GraphShape, ModelConfig};
+use mlx_iree::engine::{Engine, Plan, graph_modules};
+use models::ModelConfig;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -17,6 +17,13 @@ pub struct Args {
     /// Prompt length in tokens (a fixed, deterministic sequence of ids).
     #[arg(long, default_value_t = 128)]
     prompt_len: usize,
+    /// Sequences decoded together, e.g. 1,4,8,16: one measurement each (aggregate tok/s).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    batch: Vec<usize>,
+    /// Tokens of context before decoding, e.g. 100,2000: one measurement each (each
+    /// sequence's prompt is that long). Default: --prompt-len.
+    #[arg(long, value_delimiter = ',')]
+    context: Vec<usize>,
     /// Decode steps after the prompt.
     #[arg(long, default_value_t = 128)]
     steps: usize,
@@ -41,10 +48,18 @@ pub struct Report {
     pub model: String,
     pub device: String,
     pub precision: String,
+    /// Sequences decoded together; `decode_tok_s` is their aggregate.
+    pub batch: usize,
+    /// Tokens of context (each sequence's prompt) before the decode steps.
+    pub context: usize,
+    /// Positions per sequence the engine was started with.
+    pub max_context: usize,
     pub prefill_tok_s: f64,
     pub decode_tok_s: f64,
     pub ttft_ms: f64,
     pub weight_bytes: u64,
+    /// Device bytes of the KV cache (k and v, every slot).
+    pub kv_bytes: u64,
     pub peak_rss_bytes: u64,
     pub dispatches_per_decode_step: usize,
     /// Seconds to a compiled module with an empty compile cache (emit + compile) and with
@@ -60,11 +75,12 @@ pub struct Report {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let report = measure(args)?;
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        print!("{}", table(&report));
+    for report in measure(args)? {
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            print!("{}", table(&report));
+        }
     }
     Ok(())
 }
@@ -80,6 +96,12 @@ fn check(args: &Args) -> Result<ModelConfig> {
     if args.repeats == 0 {
         bail!("--repeats must be at least 1");
     }
+    if args.batch.contains(&0) {
+        bail!("--batch sizes must be at least 1");
+    }
+    if args.context.contains(&0) {
+        bail!("--context lengths must be at least 1");
+    }
     mlx_iree::device::target_for(&args.m.device).map_err(|e| anyhow::anyhow!(e))?;
     if !args.m.model.is_dir() {
         bail!("model folder {} does not exist", args.m.model.display());
@@ -87,19 +109,27 @@ fn check(args: &Args) -> Result<ModelConfig> {
     Ok(ModelConfig::from_file(&args.m.model.join("config.json"))?)
 }
 
-fn measure(args: &Args) -> Result<Report> {
+fn contexts(args: &Args) -> Vec<usize> {
+    if args.context.is_empty() { vec![args.prompt_len] } else { args.context.clone() }
+}
+
+fn measure(args: &Args) -> Result<Vec<Report>> {
     let cfg = check(args)?;
-    let shape = plan(args.prompt_len, args.steps);
-    let prompt = prompt_ids(args.prompt_len, cfg.vocab);
+    let contexts = contexts(args);
+    let max_batch = args.batch.iter().copied().max().unwrap_or(1);
+    let longest = contexts.iter().copied().max().unwrap_or(1);
+    let plan =
+        args.m.plan(&cfg, max_batch, longest + args.steps, &format!("--context {longest} + --steps {}", args.steps))?;
     let loading = || format!("loading {}", args.m.model.display());
 
     let target = mlx_iree::device::target_for(&args.m.device).map_err(|e| anyhow::anyhow!(e))?;
     let cold_cache = TempDir::new()?;
-    let (mut compile_cold_s, dispatches_per_decode_step, cache_dir) = if args.cache_only {
-        (f64::NAN, 0, mlx_iree::cache::dir())
+    let mut config = args.m.engine_config(max_batch);
+    let (mut compile_cold_s, dispatches_per_decode_step) = if args.cache_only {
+        (f64::NAN, 0)
     } else {
-        let (cold_s, dispatches) = cold_compile(args, &cfg, shape, &target, cold_cache.path())?;
-        (cold_s, dispatches, cold_cache.path().to_path_buf())
+        config.cache_dir = cold_cache.path().to_path_buf();
+        cold_compile(args, &cfg, &plan, &target, &config)?
     };
 
     // Peak RSS from here on: the warm load and the runs, not the compiles above (a warm
@@ -109,35 +139,79 @@ fn measure(args: &Args) -> Result<Report> {
         eprintln!("bench: cannot reset the peak RSS ({err}); it includes the compiles");
     }
     let started = Instant::now();
-    let mut engine = Engine::load_cached(&args.m.model, &args.m.device, args.m.precision(), shape, &cache_dir)
-        .with_context(loading)?;
+    let mut engine = Engine::load(&args.m.model, &config).with_context(loading)?;
     let mut compile_cached_s = started.elapsed().as_secs_f64() - engine.load_seconds;
     if let (true, CompileReport::Compiled { seconds }) = (args.cache_only, engine.compile) {
-        eprintln!("bench: --cache-only: the cache did not hold the graph; it was compiled now ({seconds:.1} s)");
+        eprintln!("bench: --cache-only: the cache did not hold the graphs; they were compiled now ({seconds:.1} s)");
         compile_cold_s = seconds;
         compile_cached_s = f64::NAN;
     } else if let CompileReport::Compiled { seconds } = engine.compile {
-        // The engine compiled a graph other than the one above (its emit or options
+        // The engine compiled graphs other than the ones above (their emit or options
         // changed): its own compile is the cold one, and no cached load was measured.
         eprintln!("bench: the engine missed the cache just filled; cold compile = its compile, cached = unknown");
         compile_cold_s = seconds;
         compile_cached_s = f64::NAN;
     }
 
+    let mut reports = Vec::new();
+    for &context in &contexts {
+        for &batch in &args.batch {
+            let (prefill, decode) = run_batch(args, &mut engine, &cfg, batch, context)?;
+            reports.push(Report {
+                model: args.m.model.display().to_string(),
+                device: args.m.device.clone(),
+                precision: args.m.precision().to_string(),
+                batch,
+                context,
+                max_context: engine.max_context(),
+                prefill_tok_s: context as f64 / prefill,
+                decode_tok_s: (batch * args.steps) as f64 / decode,
+                ttft_ms: prefill * 1e3,
+                weight_bytes: engine.weight_bytes as u64,
+                kv_bytes: engine.kv_bytes as u64,
+                peak_rss_bytes: 0,
+                dispatches_per_decode_step,
+                compile_cold_s,
+                compile_cached_s,
+                weights_load_s: engine.load_seconds,
+                prompt_len: context,
+                decode_steps: args.steps,
+                repeats: args.repeats,
+            });
+        }
+    }
+    let peak_rss_bytes = peak_rss()?;
+    reports.iter_mut().for_each(|r| r.peak_rss_bytes = peak_rss_bytes);
+    Ok(reports)
+}
+
+/// Median seconds of one sequence's prefill of `context` tokens and of `steps` decode steps
+/// of `batch` sequences together, each with that context (prompts differ per sequence).
+fn run_batch(args: &Args, engine: &mut Engine, cfg: &ModelConfig, batch: usize, context: usize) -> Result<(f64, f64)> {
     let mut prefill_s = Vec::with_capacity(args.repeats);
     let mut decode_s = Vec::with_capacity(args.repeats);
     for r in 0..args.repeats {
-        engine.reset();
-        let started = Instant::now();
-        let mut token = engine.prefill(&prompt)?.next;
-        let prefilled = started.elapsed().as_secs_f64();
+        let mut rows = Vec::with_capacity(batch);
+        let mut prefilled = 0.0;
+        for slot in 0..batch {
+            engine.reset(slot);
+            let mut prompt = prompt_ids(context, cfg.vocab);
+            prompt.rotate_left(slot % context);
+            let started = Instant::now();
+            let next = engine.prefill(slot, &prompt)?.next;
+            if slot == 0 {
+                prefilled = started.elapsed().as_secs_f64();
+            }
+            rows.push((slot, next));
+        }
         let started = Instant::now();
         for _ in 0..args.steps {
-            token = engine.decode(token)?.next;
+            let steps = engine.decode(&rows)?;
+            rows.iter_mut().zip(steps).for_each(|(row, step)| row.1 = step.next);
         }
         let decoded = started.elapsed().as_secs_f64();
         eprintln!(
-            "bench: repeat {}/{}: prefill {prefilled:.3} s, {} decode steps {decoded:.3} s",
+            "bench: batch {batch}, context {context}, repeat {}/{}: prefill {prefilled:.3} s, {} decode steps {decoded:.3} s",
             r + 1,
             args.repeats,
             args.steps
@@ -145,53 +219,37 @@ fn measure(args: &Args) -> Result<Report> {
         prefill_s.push(prefilled);
         decode_s.push(decoded);
     }
-    let peak_rss_bytes = peak_rss()?;
-    let prefill = median(&mut prefill_s);
-    let decode = median(&mut decode_s);
-    Ok(Report {
-        model: args.m.model.display().to_string(),
-        device: args.m.device.clone(),
-        precision: args.m.precision().to_string(),
-        prefill_tok_s: args.prompt_len as f64 / prefill,
-        decode_tok_s: args.steps as f64 / decode,
-        ttft_ms: prefill * 1e3,
-        weight_bytes: engine.weight_bytes as u64,
-        peak_rss_bytes,
-        dispatches_per_decode_step,
-        compile_cold_s,
-        compile_cached_s,
-        weights_load_s: engine.load_seconds,
-        prompt_len: args.prompt_len,
-        decode_steps: args.steps,
-        repeats: args.repeats,
-    })
+    Ok((median(&mut prefill_s), median(&mut decode_s)))
 }
 
-/// Cold: the engine's graph compiled into the empty cache `cache` (no weights needed for
-/// that); the engine then loads from that cache, which checks that this is its very graph.
-/// Returns the seconds to compiled modules and the dispatches per decode step.
+/// Cold: the engine's graphs compiled into the empty cache `config.cache_dir` (no weights
+/// needed for that); the engine then loads from that cache, which checks that these are its
+/// very graphs. Returns the seconds to compiled modules and the dispatches of one decode step
+/// of one sequence.
 fn cold_compile(
     args: &Args,
     cfg: &ModelConfig,
-    shape: GraphShape,
+    plan: &Plan,
     target: &Target,
-    cache: &Path,
+    config: &mlx_iree::engine::EngineConfig,
 ) -> Result<(f64, usize)> {
     let started = Instant::now();
     let ckpt = weights::Checkpoint::open(&args.m.model)?;
-    let layout = mlx_iree::engine::layout_for(cfg, args.m.precision(), &ckpt, target, cache)?;
+    let layout =
+        mlx_iree::engine::layout_for(cfg, config.precision, &ckpt, target, config.packed_kernels, &config.cache_dir)?;
     drop(ckpt);
-    let modules = graph_modules(cfg, &layout, shape, target)?;
+    let modules = graph_modules(cfg, &layout, plan, target)?;
     for module in &modules {
-        mlx_iree::cache::compile_in(cache, &module.what, &module.mlir, target, &module.options)?;
+        mlx_iree::cache::compile_in(&config.cache_dir, &module.what, &module.mlir, target, &module.options)?;
     }
     let compile_cold_s = started.elapsed().as_secs_f64();
 
+    let one = models::Function::Decode { rows: 1, window: plan.windows[0] };
     let decode = modules
         .iter()
-        .find(|m| m.functions.contains(&models::Function::Decode))
-        .context("the engine's graph has no decode function")?;
-    let dispatches_per_decode_step = decode_dispatches(&decode.mlir, target, &decode.options)?;
+        .find(|m| m.functions.contains(&one))
+        .context("the engine's graphs have no single-row decode function")?;
+    let dispatches_per_decode_step = decode_dispatches(&decode.mlir, target, &decode.options, &one.name())?;
     Ok((compile_cold_s, dispatches_per_decode_step))
 }
 
@@ -213,12 +271,13 @@ pub fn median(xs: &mut [f64]) -> f64 {
     }
 }
 
-/// `flow.dispatch` ops one `decode` call runs: the engine's graph compiled to IREE's
-/// `flow` phase, counted inside `@decode` and whatever it calls.
-fn decode_dispatches(mlir: &str, target: &Target, options: &CompileOptions) -> Result<usize> {
+/// `flow.dispatch` ops one call of `function` runs: the engine's graph compiled to IREE's
+/// `flow` phase, counted inside `@function` and whatever it calls.
+fn decode_dispatches(mlir: &str, target: &Target, options: &CompileOptions, function: &str) -> Result<usize> {
     let started = Instant::now();
     let flow = Compiler::new()?.compile_to_ir(mlir, target, options, "flow")?;
-    let n = count_dispatches(&flow, "decode").context("counting the dispatches of `decode` in the flow-phase IR")?;
+    let n = count_dispatches(&flow, function)
+        .with_context(|| format!("counting the dispatches of `{function}` in the flow-phase IR"))?;
     eprintln!("bench: {n} dispatches per decode step (flow phase in {:.1} s)", started.elapsed().as_secs_f64());
     Ok(n)
 }
@@ -333,11 +392,13 @@ fn table(r: &Report) -> String {
         "model                       {}\n\
          device                      {}\n\
          precision                   {}\n\
+         batch / context / max       {} sequences / {} tokens / {} positions\n\
          prompt / decode / repeats   {} tokens / {} steps / {} (medians)\n\
          prefill                     {:.1} tok/s\n\
          time to first token         {:.1} ms\n\
-         decode                      {:.1} tok/s\n\
+         decode (all sequences)      {:.1} tok/s\n\
          weights on the device       {:.1} MiB\n\
+         KV cache on the device      {:.1} MiB\n\
          peak RSS                    {:.1} MiB\n\
          compile cold / cached       {:.2} s / {:.2} s\n\
          weights load                {:.2} s\n\
@@ -345,6 +406,9 @@ fn table(r: &Report) -> String {
         r.model,
         r.device,
         r.precision,
+        r.batch,
+        r.context,
+        r.max_context,
         r.prompt_len,
         r.decode_steps,
         r.repeats,
@@ -352,6 +416,7 @@ fn table(r: &Report) -> String {
         r.ttft_ms,
         r.decode_tok_s,
         mib(r.weight_bytes),
+        mib(r.kv_bytes),
         mib(r.peak_rss_bytes),
         r.compile_cold_s,
         r.compile_cached_s,
@@ -383,6 +448,7 @@ mod tests {
         assert_eq!(a.m.device, "local-task");
         assert_eq!(a.m.precision(), Precision::F16, "the CPU default");
         assert_eq!((a.prompt_len, a.steps, a.repeats, a.json, a.cache_only), (128, 128, 3, false, false));
+        assert_eq!((a.batch.as_slice(), a.context.as_slice()), (&[1][..], &[][..]));
     }
 
     #[test]
@@ -402,8 +468,13 @@ mod tests {
             "2",
             "--json",
             "--cache-only",
+            "--batch",
+            "1,4,8",
+            "--context",
+            "100,2000",
         ])
         .unwrap();
+        assert_eq!((a.batch.as_slice(), a.context.as_slice()), (&[1, 4, 8][..], &[100, 2000][..]));
         assert_eq!(a.m.device, "local-sync");
         assert_eq!((a.prompt_len, a.steps, a.repeats, a.json, a.cache_only), (7, 5, 2, true, true));
     }
@@ -422,6 +493,8 @@ mod tests {
             ("--prompt-len", "--prompt-len must be at least 1"),
             ("--steps", "--steps must be at least 1"),
             ("--repeats", "--repeats must be at least 1"),
+            ("--batch", "--batch sizes must be at least 1"),
+            ("--context", "--context lengths must be at least 1"),
         ] {
             let a = parse(&["--model", "/nonexistent", flag, "0"]).unwrap();
             assert_eq!(check(&a).unwrap_err().to_string(), msg);
@@ -505,22 +578,25 @@ mod tests {
     fn counts_dispatches_of_a_fixture_decode_graph() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/f32");
         let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
-        let shape = plan(5, 4);
-        let mlir = models::emit(&cfg, &models::Layout::dense(Precision::F32), shape).unwrap();
+        let cache = models::CacheShape { slots: 2, positions: 64, elem: models::KvElem::F32 };
+        let functions =
+            [models::Function::Prefill { tokens: 16, window: 64 }, models::Function::Decode { rows: 2, window: 64 }];
+        let mlir =
+            models::emit_functions(&cfg, &models::Layout::dense(Precision::F32), cache, &functions, None).unwrap();
         let target = mlx_iree::device::target_for("local-task").unwrap();
         let flow = Compiler::new().unwrap().compile_to_ir(&mlir, &target, &CompileOptions::default(), "flow").unwrap();
-        let decode = count_dispatches(&flow, "decode").unwrap();
-        let prefill = count_dispatches(&flow, "prefill").unwrap();
+        let decode = count_dispatches(&flow, "decode_b2_w64").unwrap();
+        let prefill = count_dispatches(&flow, "prefill_t16_w64").unwrap();
         let all = flow.lines().filter(|l| l.contains("flow.dispatch @")).count();
         // Every dispatch op belongs to one of the two entry points (nothing else calls).
         assert_eq!(decode + prefill, all, "{flow}");
         assert!(decode > 0, "{flow}");
-        // Independently, by indentation: the lines from @decode's header to its closing
-        // brace at the function's indent. (Not by executable name: IREE deduplicates
-        // executables, so decode also runs some named `prefill_dispatch_N`.)
+        // Independently, by indentation: the lines from the decode function's header to its
+        // closing brace at the function's indent. (Not by executable name: IREE deduplicates
+        // executables, so decode also runs some named `prefill_..._dispatch_N`.)
         let by_indent = flow
             .lines()
-            .skip_while(|l| !(l.contains("util.func public @decode(")))
+            .skip_while(|l| !(l.contains("util.func public @decode_b2_w64(")))
             .take_while(|l| *l != "  }")
             .filter(|l| l.contains("flow.dispatch @"))
             .count();

@@ -2,6 +2,16 @@
 
 use iree_compiler::{CacheOutcome, CompileCache, CompileOptions, Compiler, Error, Target};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Modules asked of [`compile_in`] (cache hits included) in this process.
+static COMPILES: AtomicUsize = AtomicUsize::new(0);
+
+/// How many modules this process has compiled or read from the compile cache: an engine
+/// does that only while it loads, never per request (tests hold it to that).
+pub fn compiles() -> usize {
+    COMPILES.load(Ordering::Relaxed)
+}
 
 /// `$MLX_IREE_CACHE_DIR`, else `$XDG_CACHE_HOME/mlx-iree`, else `~/.cache/mlx-iree`.
 pub fn dir() -> PathBuf {
@@ -70,6 +80,7 @@ pub fn compile_in(
     target: &Target,
     opts: &CompileOptions,
 ) -> Result<(Vec<u8>, CompileReport), Error> {
+    COMPILES.fetch_add(1, Ordering::Relaxed);
     let cache = CompileCache::new(cache_dir)?;
     if let Some(hit) = cache.lookup(mlir, target, opts)? {
         dump_mlir(what, &hit.path, mlir, target, opts);

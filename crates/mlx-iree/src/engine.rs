@@ -1,15 +1,21 @@
-//! Loads an MLX model folder onto an IREE device and runs its prefill/decode graphs.
+//! Loads an MLX model folder onto an IREE device and runs many sequences through it.
 //!
-//! Weights are bound once as parameters (scope `model`) and stay resident; the KV cache
-//! lives in device buffers that each call consumes and returns, so nothing but token ids
-//! (and logits when asked) crosses to the host per step.
+//! Every graph shape is fixed when the engine loads ([`Plan`]): the KV cache of `max_batch`
+//! slots x `max_context` positions, batched decode functions, chunked prefill functions and
+//! attention windows, all compiled (or read from the compile cache) then, so no request ever
+//! compiles. Weights are bound once as parameters (scope `model`); the KV cache is updated
+//! in place by every call; per step only token ids, positions and slots go to the device
+//! and next ids (and logits when asked) come back.
 
 use crate::cache::{self, CompileReport};
 use iree_compiler::CompileOptions;
 use iree_hal::{BufferView, Device, Instance, Parameters, Session};
+pub use models::KvElem;
 pub use models::Precision;
-use models::{GraphShape, Layout, ModelConfig, graph::SCOPE};
+use models::{CacheShape, Function, Layout, ModelConfig, graph::SCOPE};
+use std::cell::OnceCell;
 use std::path::Path;
+use std::rc::Rc;
 use std::time::Instant;
 use weights::Checkpoint;
 
@@ -39,90 +45,220 @@ fn iree_turn() -> std::sync::MutexGuard<'static, ()> {
     IREE_TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Picks static graph sizes for a request: a power-of-two prompt bucket (long prompts are
-/// fed in chunks of it) and a power-of-two cache capacity that holds prompt + new tokens.
-pub fn plan(prompt_len: usize, max_new: usize) -> GraphShape {
-    let prefill = prompt_len.max(1).next_power_of_two().clamp(16, 128);
-    let rounded = prompt_len.div_ceil(prefill) * prefill;
-    let capacity = rounded.max(prompt_len + max_new).next_power_of_two().max(64);
-    GraphShape { capacity, prefill }
+/// Settings of an engine, passed as a value: nothing below the binary reads the environment
+/// for them.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// IREE device URI (`local-task`, `local-sync`, `cuda`).
+    pub device: String,
+    pub precision: Precision,
+    /// Most sequences decoded together in one step; the cache holds one slot for each.
+    pub max_batch: usize,
+    /// Positions per sequence (prompt plus generated tokens). `None`: the model's
+    /// `max_position_embeddings`, capped so the KV cache fits `kv_budget_bytes`.
+    pub max_context: Option<usize>,
+    /// Device bytes the KV cache may take when `max_context` is not given.
+    pub kv_budget_bytes: usize,
+    /// Element type of the KV cache.
+    pub kv_elem: KvElem,
+    /// Packed matrices use the hand-written CPU kernels where they run (else the graph form).
+    pub packed_kernels: bool,
+    /// Where compiled modules are cached.
+    pub cache_dir: std::path::PathBuf,
 }
 
-/// One step's result: the greedy next token and the logits, still on the device.
-#[derive(Debug)]
-pub struct Step {
-    pub next: u32,
-    logits: BufferView,
-}
+/// Default KV budget: 4 GiB, a sixth of this project's 24 GiB machines, leaving room for the
+/// weights (and their repacked decode copy) of a 1B-class model several times over.
+pub const DEFAULT_KV_BUDGET: usize = 4 << 30;
 
-impl Step {
-    /// Downloads the `[vocab]` logits of this step.
-    pub fn logits(&self) -> Result<Vec<f32>> {
-        Ok(self.logits.to_vec()?)
+/// Context used when the config has no `max_position_embeddings`.
+const FALLBACK_CONTEXT: usize = 2048;
+
+impl EngineConfig {
+    /// One sequence at a time on `device` at `precision`, context from the model, the
+    /// default KV budget, f32 cache, kernels on, the default compile cache.
+    pub fn new(device: &str, precision: Precision) -> EngineConfig {
+        EngineConfig {
+            device: device.to_owned(),
+            precision,
+            max_batch: 1,
+            max_context: None,
+            kv_budget_bytes: DEFAULT_KV_BUDGET,
+            kv_elem: KvElem::F32,
+            packed_kernels: true,
+            cache_dir: cache::dir(),
+        }
     }
 }
 
+/// The static shapes an engine compiles at load, so no request ever compiles: the cache,
+/// the decode batch sizes, the prefill chunk sizes and the attention windows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub cache: CacheShape,
+    /// Rows per decode call: powers of two below `max_batch`, and `max_batch`.
+    pub batches: Vec<usize>,
+    /// Tokens per prefill call.
+    pub chunks: Vec<usize>,
+    /// Positions attention reads: powers of two from 128 below the context, and the context.
+    pub windows: Vec<usize>,
+}
+
+/// Prompt chunk sizes: short prompts in 16-token calls, long ones in 128-token calls.
+const CHUNKS: [usize; 2] = [16, 128];
+/// The smallest attention window.
+const MIN_WINDOW: usize = 128;
+
+impl Plan {
+    /// The plan for `cfg` under `config`, or why it cannot run (a context that does not fit
+    /// the budget, zero sizes).
+    pub fn new(cfg: &ModelConfig, config: &EngineConfig) -> Result<Plan> {
+        if config.max_batch == 0 {
+            return Err(Error::Invalid("max batch must be at least 1".into()));
+        }
+        let per_position = CacheShape::bytes_per_position(cfg, config.kv_elem);
+        let positions = match config.max_context {
+            Some(0) => return Err(Error::Invalid("max context must be at least 1".into())),
+            Some(n) => n,
+            None => {
+                let model = cfg.max_position_embeddings.unwrap_or(FALLBACK_CONTEXT);
+                let fits = config.kv_budget_bytes / (per_position * config.max_batch);
+                if fits == 0 {
+                    return Err(Error::Invalid(format!(
+                        "a KV budget of {} bytes holds no position for {} sequences ({per_position} bytes per position)",
+                        config.kv_budget_bytes, config.max_batch
+                    )));
+                }
+                model.min(fits)
+            }
+        };
+        let cache = CacheShape { slots: config.max_batch, positions, elem: config.kv_elem };
+        let mut batches: Vec<usize> = (0..).map(|i| 1 << i).take_while(|b| *b < config.max_batch).collect();
+        batches.push(config.max_batch);
+        let mut chunks: Vec<usize> = CHUNKS.iter().copied().filter(|c| *c < positions).collect();
+        if chunks.len() < CHUNKS.len() {
+            chunks.push(positions.min(CHUNKS[CHUNKS.len() - 1]));
+        }
+        chunks.dedup();
+        let mut windows: Vec<usize> = (0..).map(|i| MIN_WINDOW << i).take_while(|w| *w < positions).collect();
+        windows.push(positions);
+        Ok(Plan { cache, batches, chunks, windows })
+    }
+
+    /// Every function the engine can call.
+    pub fn functions(&self) -> Vec<Function> {
+        let prefill = self.chunks.iter().flat_map(|&tokens| {
+            self.windows.iter().filter(move |w| **w >= tokens).map(move |&window| Function::Prefill { tokens, window })
+        });
+        let decode = self
+            .batches
+            .iter()
+            .flat_map(|&rows| self.windows.iter().map(move |&window| Function::Decode { rows, window }));
+        prefill.chain(decode).collect()
+    }
+
+    /// The smallest window holding positions `[0, end)`.
+    fn window(&self, end: usize) -> Option<usize> {
+        self.windows.iter().copied().find(|w| *w >= end)
+    }
+
+    /// The decode call for `rows` rows whose highest position is `top`.
+    fn decode(&self, rows: usize, top: usize) -> Option<Function> {
+        let rows = self.batches.iter().copied().find(|b| *b >= rows)?;
+        Some(Function::Decode { rows, window: self.window(top + 1)? })
+    }
+
+    /// The prefill call for the next of `remaining` prompt tokens at `start`: the smallest
+    /// chunk that takes them all, else the largest; never one whose padding would pass the
+    /// end of the slot. `None` when no chunk fits there (the caller feeds single tokens).
+    fn prefill(&self, start: usize, remaining: usize) -> Option<Function> {
+        let fits: Vec<usize> = self.chunks.iter().copied().filter(|c| start + c <= self.cache.positions).collect();
+        let tokens = fits.iter().copied().find(|c| *c >= remaining).or_else(|| fits.last().copied())?;
+        Some(Function::Prefill { tokens, window: self.window(start + tokens)? })
+    }
+}
+
+/// The logits of one call, `[rows, vocab]`, still on the device; downloaded once, the first
+/// time a row asks.
 #[derive(Debug)]
-pub struct Engine {
-    cfg: ModelConfig,
-    shape: GraphShape,
-    device: Device,
-    session: Session,
-    k: BufferView,
-    v: BufferView,
-    pos: usize,
-    pub compile: CompileReport,
-    pub load_seconds: f64,
-    /// Bytes of all parameters bound on the device.
-    pub weight_bytes: usize,
+struct Logits {
+    view: BufferView,
+    vocab: usize,
+    host: OnceCell<Vec<f32>>,
+}
+
+/// One row's result: the greedy next token, and its logits on demand.
+#[derive(Debug, Clone)]
+pub struct Step {
+    pub next: u32,
+    logits: Rc<Logits>,
+    row: usize,
+}
+
+impl Step {
+    /// This row's `[vocab]` logits (the call's logits are downloaded on the first ask).
+    pub fn logits(&self) -> Result<Vec<f32>> {
+        let all = match self.logits.host.get() {
+            Some(all) => all,
+            None => {
+                let all = self.logits.view.to_vec()?;
+                self.logits.host.get_or_init(|| all)
+            }
+        };
+        let v = self.logits.vocab;
+        Ok(all[self.row * v..(self.row + 1) * v].to_vec())
+    }
 }
 
 /// One compiled module of a model: which functions it holds and how it is compiled.
 #[derive(Debug, Clone)]
 pub struct GraphModule {
-    /// For progress lines, e.g. "llama f16 decode graph (capacity 128)".
+    /// For progress lines, e.g. "llama f16 decode graph (...)".
     pub what: String,
-    pub functions: Vec<models::Function>,
+    pub functions: Vec<Function>,
     pub mlir: String,
     pub options: CompileOptions,
 }
 
-/// The modules an engine compiles for `target`. On CPU, `decode` gets a module of its own
-/// compiled with data tiling and microkernels: its weights are constant globals, so IREE
-/// repacks them once at load, which made decode-only f16 1.76x faster (docs/PERFORMANCE.md).
-/// `prefill` stays on default flags, because data tiling crashes IREE 3.13 on it; the two
-/// modules share the parameter scope (the repacked copy is the price).
+/// The modules an engine compiles for `target`. On CPU the single-row decode functions get a
+/// module of their own compiled with data tiling and microkernels: their weights are constant
+/// globals, so IREE repacks them once at load, which made decode-only f16 1.76x faster
+/// (docs/PERFORMANCE.md). Prefill and the decode functions of several rows stay on default
+/// flags, because data tiling crashes IREE 3.13's compiler on them (a segmentation fault);
+/// the two modules share the parameter scope (the repacked copy is the price).
 pub fn graph_modules(
     cfg: &ModelConfig,
     layout: &Layout,
-    shape: GraphShape,
+    plan: &Plan,
     target: &iree_compiler::Target,
 ) -> Result<Vec<GraphModule>> {
-    use models::Function::{Decode, Prefill};
     let tiled =
         CompileOptions::default().with_flag("--iree-opt-data-tiling").with_flag("--iree-llvmcpu-enable-ukernels=all");
     // The graph-level packed form's i16 weights blow IREE 3.13's vector-size limit when
     // data-tiled ("One or more operations with large vector sizes"): default flags then.
     let decode_options = if layout.has_graph_packing() { CompileOptions::default() } else { tiled };
-    let modules: Vec<(Option<&str>, Vec<models::Function>, CompileOptions)> = match target {
+    let (single, rest): (Vec<Function>, Vec<Function>) =
+        plan.functions().into_iter().partition(|f| matches!(f, Function::Decode { rows: 1, .. }));
+    let modules: Vec<(Option<&str>, &str, Vec<Function>, CompileOptions)> = match target {
         iree_compiler::Target::LlvmCpu { .. } => vec![
-            (Some("prefill_graph"), vec![Prefill], CompileOptions::default()),
-            (Some("decode_graph"), vec![Decode], decode_options),
+            (Some("batch_graph"), "prefill and batched decode", rest, CompileOptions::default()),
+            (Some("decode_graph"), "single-row decode", single, decode_options),
         ],
-        _ => vec![(None, vec![Prefill, Decode], CompileOptions::default())],
+        _ => vec![(None, "prefill+decode", plan.functions(), CompileOptions::default())],
     };
+    let c = plan.cache;
     modules
         .into_iter()
-        .map(|(name, functions, options)| {
-            let mlir = models::emit_functions(cfg, layout, shape, &functions, name)?;
-            let precision = layout.precision();
-            let names: Vec<&str> = functions.iter().map(|f| f.name()).collect();
+        .map(|(name, kind, functions, options)| {
+            let mlir = models::emit_functions(cfg, layout, c, &functions, name)?;
             let what = format!(
-                "{} {precision} {} graph (capacity {}, prompt bucket {})",
+                "{} {} {kind} graphs ({} functions; {} slots x {} positions, {} KV cache)",
                 cfg.model_type,
-                names.join("+"),
-                shape.capacity,
-                shape.prefill
+                layout.precision(),
+                functions.len(),
+                c.slots,
+                c.positions,
+                c.elem
             );
             Ok(GraphModule { what, functions, mlir, options })
         })
@@ -131,18 +267,17 @@ pub fn graph_modules(
 
 /// The device layout of `precision` for this checkpoint and target. Packed matrices use the
 /// hand-written CPU kernels (`kernels::cpu`, installed into `cache_dir`) on an `llvm-cpu`
-/// target whose host has AVX-512, unless `MLX_IREE_PACKED_KERNELS=0`; elsewhere they use the
-/// graph-level form.
+/// target whose host has AVX-512, when `kernels` is set; elsewhere they use the graph form.
 pub fn layout_for(
     cfg: &ModelConfig,
     precision: Precision,
     ckpt: &Checkpoint,
     target: &iree_compiler::Target,
+    kernels: bool,
     cache_dir: &Path,
 ) -> Result<Layout> {
     let layout = Layout::new(cfg, precision, ckpt)?;
-    let wanted = std::env::var("MLX_IREE_PACKED_KERNELS").map_or(true, |v| v != "0");
-    if precision != Precision::Packed || !wanted || !crate::device::cpu_kernels_run(target) {
+    if precision != Precision::Packed || !kernels || !crate::device::cpu_kernels_run(target) {
         return Ok(layout);
     }
     let dir = cache_dir.join("kernels");
@@ -153,30 +288,39 @@ pub fn layout_for(
     }
 }
 
-impl Engine {
-    /// Opens the checkpoint, refuses what it cannot run (before compiling), compiles the
-    /// graphs for `shape` (cached), and binds the weights on `device_uri`.
-    pub fn load(dir: &Path, device_uri: &str, precision: Precision, shape: GraphShape) -> Result<Engine> {
-        Self::load_cached(dir, device_uri, precision, shape, &cache::dir())
-    }
+#[derive(Debug)]
+pub struct Engine {
+    cfg: ModelConfig,
+    plan: Plan,
+    device: Device,
+    session: Session,
+    k: BufferView,
+    v: BufferView,
+    /// Positions in use per slot.
+    lens: Vec<usize>,
+    pub compile: CompileReport,
+    pub load_seconds: f64,
+    /// Bytes of all parameters bound on the device.
+    pub weight_bytes: usize,
+    /// Bytes of the k and v caches on the device.
+    pub kv_bytes: usize,
+}
 
-    /// [`Engine::load`] with an explicit compile-cache folder.
-    pub fn load_cached(
-        dir: &Path,
-        device_uri: &str,
-        precision: Precision,
-        shape: GraphShape,
-        cache_dir: &Path,
-    ) -> Result<Engine> {
-        let target = crate::device::target_for(device_uri).map_err(Error::Invalid)?;
+impl Engine {
+    /// Opens the checkpoint, refuses what it cannot run (before compiling), compiles every
+    /// function of its [`Plan`] (cached), binds the weights and allocates the KV cache.
+    pub fn load(dir: &Path, config: &EngineConfig) -> Result<Engine> {
+        let target = crate::device::target_for(&config.device).map_err(Error::Invalid)?;
         let ckpt = Checkpoint::open(dir)?;
         let cfg = ModelConfig::for_checkpoint(&ckpt)?;
-        let layout = layout_for(&cfg, precision, &ckpt, &target, cache_dir)?;
+        let plan = Plan::new(&cfg, config)?;
+        let layout = layout_for(&cfg, config.precision, &ckpt, &target, config.packed_kernels, &config.cache_dir)?;
 
         let mut vmfbs = Vec::new();
         let mut compile = CompileReport::CacheHit;
-        for module in graph_modules(&cfg, &layout, shape, &target)? {
-            let (vmfb, report) = cache::compile_in(cache_dir, &module.what, &module.mlir, &target, &module.options)?;
+        for module in graph_modules(&cfg, &layout, &plan, &target)? {
+            let (vmfb, report) =
+                cache::compile_in(&config.cache_dir, &module.what, &module.mlir, &target, &module.options)?;
             compile = compile.and(report);
             vmfbs.push(vmfb);
         }
@@ -184,7 +328,7 @@ impl Engine {
         let started = Instant::now();
         let _turn = iree_turn();
         let instance = Instance::new()?;
-        let device = instance.device(device_uri)?;
+        let device = instance.device(&config.device)?;
         let mut session = Session::new(&instance, &device)?;
         let mut params = Parameters::new(SCOPE)?;
         let mut weight_bytes = 0;
@@ -201,31 +345,51 @@ impl Engine {
         for vmfb in &vmfbs {
             session.load_vmfb(vmfb)?;
         }
-        let dims = models::kv_cache_shape(&cfg, shape.capacity);
-        let zeros = vec![0f32; dims.iter().product()];
-        let k = device.upload(&dims, &zeros)?;
-        let v = device.upload(&dims, &zeros)?;
+        let dims = plan.cache.dims(&cfg);
+        // Zeros, not garbage: a masked position still multiplies its value by 0 in attention.
+        let zeros = vec![0u8; dims.iter().product::<usize>() * plan.cache.elem.bytes()];
+        let elem = match plan.cache.elem {
+            KvElem::F32 => iree_hal::ElementType::F32,
+            KvElem::F16 => iree_hal::ElementType::F16,
+        };
+        let k = device.upload_bytes(elem, &dims, &zeros)?;
+        let v = device.upload_bytes(elem, &dims, &zeros)?;
+        drop(zeros);
         let load_seconds = started.elapsed().as_secs_f64();
-        Ok(Engine { cfg, shape, device, session, k, v, pos: 0, compile, load_seconds, weight_bytes })
+        let kv_bytes = plan.cache.bytes(&cfg);
+        let lens = vec![0; plan.cache.slots];
+        Ok(Engine { cfg, plan, device, session, k, v, lens, compile, load_seconds, weight_bytes, kv_bytes })
     }
 
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
     }
 
-    pub fn shape(&self) -> GraphShape {
-        self.shape
+    pub fn plan(&self) -> &Plan {
+        &self.plan
     }
 
-    /// Positions used so far.
-    pub fn position(&self) -> usize {
-        self.pos
+    /// Sequences that can be decoded together (KV slots).
+    pub fn max_batch(&self) -> usize {
+        self.plan.cache.slots
     }
 
-    /// Forgets the context; the next call starts at position 0. Stale cache entries are
+    /// Positions per sequence.
+    pub fn max_context(&self) -> usize {
+        self.plan.cache.positions
+    }
+
+    /// Positions used so far by `slot`.
+    pub fn position(&self, slot: usize) -> usize {
+        self.lens.get(slot).copied().unwrap_or(0)
+    }
+
+    /// Forgets `slot`'s context; its next call starts at position 0. Stale cache entries are
     /// never read: a position is written before any query can see it.
-    pub fn reset(&mut self) {
-        self.pos = 0;
+    pub fn reset(&mut self, slot: usize) {
+        if let Some(len) = self.lens.get_mut(slot) {
+            *len = 0;
+        }
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
@@ -238,50 +402,117 @@ impl Engine {
         Ok(())
     }
 
-    fn run(&mut self, func: &str, padded: &[i32], real: usize) -> Result<Step> {
-        let t = padded.len();
-        if self.pos + t > self.shape.capacity {
-            return Err(Error::Invalid(format!(
-                "context full: position {} + {t} exceeds the cache capacity {}",
-                self.pos, self.shape.capacity
-            )));
+    fn check_slot(&self, slot: usize) -> Result<()> {
+        if slot >= self.lens.len() {
+            return Err(Error::Invalid(format!("slot {slot} does not exist (the engine has {})", self.lens.len())));
         }
+        Ok(())
+    }
+
+    fn context_full(&self, slot: usize, more: usize) -> Error {
+        Error::Invalid(format!(
+            "context full: slot {slot} holds {} positions, {more} more exceed the maximum context {}",
+            self.lens[slot],
+            self.max_context()
+        ))
+    }
+
+    /// Runs `function`; `inputs` are its i32 inputs before the caches.
+    fn call(&mut self, function: Function, inputs: &[(&[i32], usize)]) -> Result<(Vec<i32>, Rc<Logits>)> {
         let _turn = iree_turn();
-        let tokens = self.device.upload(&[t], padded)?;
-        let start = self.device.upload::<i32>(&[], &[self.pos as i32])?;
-        let last = self.device.upload::<i32>(&[], &[real as i32 - 1])?;
-        let mut out = self.session.call(func, &[&tokens, &start, &last, &self.k, &self.v])?.into_iter();
+        let mut views = Vec::with_capacity(inputs.len() + 2);
+        for (data, len) in inputs {
+            views.push(self.device.upload(&[*len], data)?);
+        }
+        let mut args: Vec<&BufferView> = views.iter().collect();
+        args.extend([&self.k, &self.v]);
+        let name = function.name();
+        let mut out = self.session.call(&name, &args)?.into_iter();
         let (Some(next), Some(logits), Some(k), Some(v)) = (out.next(), out.next(), out.next(), out.next()) else {
-            return Err(Error::Invalid(format!("`{func}` returned fewer than 4 results")));
+            return Err(Error::Invalid(format!("`{name}` returned fewer than 4 results")));
         };
         self.k = k;
         self.v = v;
-        self.pos += real;
-        let next: Vec<i32> = next.to_vec()?;
-        Ok(Step { next: next[0] as u32, logits })
+        let logits = Rc::new(Logits { view: logits, vocab: self.cfg.vocab, host: OnceCell::new() });
+        Ok((next.to_vec()?, logits))
     }
 
-    /// Feeds the prompt (in chunks of the prompt bucket) and returns the step after its
-    /// last token.
-    pub fn prefill(&mut self, prompt: &[u32]) -> Result<Step> {
+    /// Appends `prompt` to `slot`'s context (in chunks) and returns the step after its last
+    /// token.
+    pub fn prefill(&mut self, slot: usize, prompt: &[u32]) -> Result<Step> {
         if prompt.is_empty() {
             return Err(Error::Invalid("empty prompt".into()));
         }
+        self.check_slot(slot)?;
         self.check_tokens(prompt)?;
-        let bucket = self.shape.prefill;
+        if self.lens[slot] + prompt.len() > self.max_context() {
+            return Err(self.context_full(slot, prompt.len()));
+        }
+        let mut rest = prompt;
         let mut last = None;
-        for chunk in prompt.chunks(bucket) {
-            let mut padded: Vec<i32> = chunk.iter().map(|t| *t as i32).collect();
-            padded.resize(bucket, 0);
-            last = Some(self.run("prefill", &padded, chunk.len())?);
+        while !rest.is_empty() {
+            let start = self.lens[slot];
+            let Some(function @ Function::Prefill { tokens, .. }) = self.plan.prefill(start, rest.len()) else {
+                // Too close to the end of the slot for any chunk's padding: one token at a time.
+                last = Some(self.decode(&[(slot, rest[0])])?.remove(0));
+                rest = &rest[1..];
+                continue;
+            };
+            let take = tokens.min(rest.len());
+            let mut ids: Vec<i32> = rest[..take].iter().map(|t| *t as i32).collect();
+            ids.resize(tokens, 0);
+            let positions: Vec<i32> = (start..start + tokens).map(|p| p as i32).collect();
+            let inputs: [(&[i32], usize); 4] =
+                [(&ids, tokens), (&positions, tokens), (&[slot as i32], 1), (&[take as i32 - 1], 1)];
+            let (next, logits) = self.call(function, &inputs)?;
+            self.lens[slot] += take;
+            last = Some(Step { next: next[0] as u32, logits, row: 0 });
+            rest = &rest[take..];
         }
         last.ok_or_else(|| Error::Invalid("empty prompt".into()))
     }
 
-    /// Feeds one token.
-    pub fn decode(&mut self, token: u32) -> Result<Step> {
-        self.check_tokens(&[token])?;
-        self.run("decode", &[token as i32], 1)
+    /// One decode step for every `(slot, token)` row at once; slots must be distinct. Returns
+    /// one step per row, in order.
+    pub fn decode(&mut self, rows: &[(usize, u32)]) -> Result<Vec<Step>> {
+        let Some(&first) = rows.first() else {
+            return Err(Error::Invalid("a decode step needs at least one row".into()));
+        };
+        let mut seen = vec![false; self.lens.len()];
+        for &(slot, token) in rows {
+            self.check_slot(slot)?;
+            self.check_tokens(&[token])?;
+            if std::mem::replace(&mut seen[slot], true) {
+                return Err(Error::Invalid(format!("slot {slot} appears twice in one decode step")));
+            }
+            if self.lens[slot] >= self.max_context() {
+                return Err(self.context_full(slot, 1));
+            }
+        }
+        let top = rows.iter().map(|(slot, _)| self.lens[*slot]).max().unwrap_or(0);
+        let function = self.plan.decode(rows.len(), top).ok_or_else(|| {
+            Error::Invalid(format!("{} rows exceed the maximum batch {}", rows.len(), self.max_batch()))
+        })?;
+        // Padding rows repeat the first row: rows are computed independently, so they write
+        // the same bytes to the same place.
+        let b = function.rows();
+        let padded = rows.iter().chain(std::iter::repeat_n(&first, b - rows.len()));
+        let (mut ids, mut positions, mut slots) = (Vec::with_capacity(b), Vec::with_capacity(b), Vec::with_capacity(b));
+        for &(slot, token) in padded {
+            ids.push(token as i32);
+            positions.push(self.lens[slot] as i32);
+            slots.push(slot as i32);
+        }
+        let (next, logits) = self.call(function, &[(&ids, b), (&positions, b), (&slots, b)])?;
+        for &(slot, _) in rows {
+            self.lens[slot] += 1;
+        }
+        Ok((0..rows.len()).map(|row| Step { next: next[row] as u32, logits: Rc::clone(&logits), row }).collect())
+    }
+
+    /// Feeds one token to `slot`.
+    pub fn decode_one(&mut self, slot: usize, token: u32) -> Result<Step> {
+        Ok(self.decode(&[(slot, token)])?.remove(0))
     }
 }
 
@@ -289,24 +520,76 @@ impl Engine {
 mod tests {
     use super::*;
 
+    fn cfg() -> ModelConfig {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/f32");
+        ModelConfig::from_file(&dir.join("config.json")).unwrap()
+    }
+
+    fn config(max_batch: usize, max_context: Option<usize>) -> EngineConfig {
+        EngineConfig { max_batch, max_context, ..EngineConfig::new("local-task", Precision::F32) }
+    }
+
     #[test]
-    fn plan_buckets() {
-        let p = |prompt, new| {
-            let s = plan(prompt, new);
-            (s.prefill, s.capacity)
-        };
-        // Short prompts share the smallest bucket; capacity is at least 64.
-        assert_eq!(p(1, 1), (16, 64));
-        assert_eq!(p(5, 40), (16, 64));
-        // SmolLM2's chat prompt: 37 tokens -> bucket 64; 64 + 40 new > 64 -> 128.
-        assert_eq!(p(37, 40), (64, 128));
-        // Long prompts are fed in 128-token chunks; the cache holds every chunk's padding.
-        assert_eq!(p(300, 10), (128, 512));
-        for (prompt, new) in [(1, 1), (17, 100), (129, 1), (1000, 1000)] {
-            let s = plan(prompt, new);
-            assert!(s.prefill <= s.capacity);
-            assert!(prompt.div_ceil(s.prefill) * s.prefill <= s.capacity, "chunks fit");
-            assert!(prompt + new <= s.capacity, "prompt and new tokens fit");
+    fn plan_sizes() {
+        let p = Plan::new(&cfg(), &config(8, Some(1000))).unwrap();
+        assert_eq!(p.batches, [1, 2, 4, 8]);
+        assert_eq!(p.chunks, [16, 128]);
+        assert_eq!(p.windows, [128, 256, 512, 1000]);
+        assert_eq!(p.cache.slots, 8);
+        let p = Plan::new(&cfg(), &config(6, Some(64))).unwrap();
+        assert_eq!(
+            (p.batches.as_slice(), p.chunks.as_slice(), p.windows.as_slice()),
+            (&[1, 2, 4, 6][..], &[16, 64][..], &[64][..])
+        );
+        let p = Plan::new(&cfg(), &config(1, Some(10))).unwrap();
+        assert_eq!((p.batches.as_slice(), p.chunks.as_slice(), p.windows.as_slice()), (&[1][..], &[10][..], &[10][..]));
+        // Every prefill function's chunk fits its window.
+        for f in Plan::new(&cfg(), &config(3, Some(300))).unwrap().functions() {
+            if let Function::Prefill { tokens, window } = f {
+                assert!(tokens <= window, "{f:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn context_from_the_model_capped_by_the_budget() {
+        let c = cfg();
+        let per = CacheShape::bytes_per_position(&c, KvElem::F32);
+        let model = c.max_position_embeddings.unwrap_or(FALLBACK_CONTEXT);
+        let p = Plan::new(&c, &config(2, None)).unwrap();
+        assert_eq!(p.cache.positions, model.min(DEFAULT_KV_BUDGET / (2 * per)));
+        let tight = EngineConfig { kv_budget_bytes: per * 2 * 100, ..config(2, None) };
+        assert_eq!(Plan::new(&c, &tight).unwrap().cache.positions, 100.min(model));
+        let none = EngineConfig { kv_budget_bytes: 1, ..config(2, None) };
+        let err = Plan::new(&c, &none).unwrap_err().to_string();
+        assert!(err.starts_with("a KV budget of 1 bytes holds no position for 2 sequences"), "{err}");
+        assert_eq!(Plan::new(&c, &config(0, None)).unwrap_err().to_string(), "max batch must be at least 1");
+    }
+
+    #[test]
+    fn calls_pick_the_smallest_fitting_shape() {
+        let p = Plan::new(&cfg(), &config(8, Some(1000))).unwrap();
+        assert_eq!(p.decode(1, 0), Some(Function::Decode { rows: 1, window: 128 }));
+        assert_eq!(p.decode(3, 128), Some(Function::Decode { rows: 4, window: 256 }));
+        assert_eq!(p.decode(8, 999), Some(Function::Decode { rows: 8, window: 1000 }));
+        assert_eq!(p.decode(9, 0), None);
+        assert_eq!(p.prefill(0, 5), Some(Function::Prefill { tokens: 16, window: 128 }));
+        assert_eq!(p.prefill(0, 37), Some(Function::Prefill { tokens: 128, window: 128 }));
+        assert_eq!(p.prefill(128, 300), Some(Function::Prefill { tokens: 128, window: 256 }));
+        // Near the end of the slot: only chunks whose padding stays inside it.
+        assert_eq!(p.prefill(900, 50), Some(Function::Prefill { tokens: 16, window: 1000 }));
+        assert_eq!(p.prefill(990, 5), None);
+        // Every call the plan picks is one it compiles.
+        let all = p.functions();
+        for start in (0..1000).step_by(7) {
+            for remaining in [1, 15, 16, 17, 200] {
+                if let Some(f) = p.prefill(start, remaining) {
+                    assert!(all.contains(&f), "{f:?}");
+                }
+            }
+            for rows in 1..=8 {
+                assert!(all.contains(&p.decode(rows, start).unwrap()));
+            }
         }
     }
 }

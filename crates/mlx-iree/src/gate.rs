@@ -58,11 +58,11 @@ impl Report {
 
 /// Greedy trajectory of `steps` tokens after `prompt` (EOS ignored).
 pub fn trajectory(engine: &mut Engine, prompt: &[u32], steps: usize) -> Result<Vec<u32>> {
-    engine.reset();
-    let mut step = engine.prefill(prompt)?;
+    engine.reset(0);
+    let mut step = engine.prefill(0, prompt)?;
     let mut out = vec![step.next];
     while out.len() < steps {
-        step = engine.decode(step.next)?;
+        step = engine.decode_one(0, step.next)?;
         out.push(step.next);
     }
     Ok(out)
@@ -72,10 +72,10 @@ pub fn trajectory(engine: &mut Engine, prompt: &[u32], steps: usize) -> Result<V
 pub fn check(candidate: &mut Engine, references: &[Reference]) -> Result<Report> {
     let mut prompts = Vec::new();
     for r in references {
-        candidate.reset();
-        let mut choices = vec![candidate.prefill(&r.prompt_ids)?.next];
+        candidate.reset(0);
+        let mut choices = vec![candidate.prefill(0, &r.prompt_ids)?.next];
         for forced in r.token_ids.iter().take(r.token_ids.len().saturating_sub(1)) {
-            choices.push(candidate.decode(*forced)?.next);
+            choices.push(candidate.decode_one(0, *forced)?.next);
         }
         let agree: Vec<bool> = choices.iter().zip(&r.token_ids).map(|(a, b)| a == b).collect();
         let exact_steps = agree.iter().take_while(|a| **a).count();

@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result, bail};
 use mlx_iree::chat::{ChatTemplate, Message};
-use mlx_iree::engine::{Engine, Precision, plan};
+use mlx_iree::engine::{Engine, EngineConfig, KvElem, Plan, Precision};
 use mlx_iree::sampler::{Sampler, SamplingParams};
 use mlx_iree::stream::StreamDecoder;
 use mlx_iree::tokenizer::{Tokenizer, eos_ids};
@@ -22,12 +22,43 @@ pub struct ModelArgs {
     /// `mlx_iree::device::default_precision`).
     #[arg(long)]
     pub precision: Option<Precision>,
+    /// Most positions (prompt plus generated tokens) of a sequence; default: the model's
+    /// max_position_embeddings, capped so the KV cache fits its budget (4 GiB).
+    #[arg(long)]
+    pub max_context: Option<usize>,
+    /// Element type of the KV cache: f32 or f16.
+    #[arg(long, default_value = "f32")]
+    pub kv_cache: KvElem,
 }
 
 impl ModelArgs {
     /// The precision asked for, else the device's measured default.
     pub fn precision(&self) -> Precision {
         self.precision.unwrap_or_else(|| mlx_iree::device::default_precision(&self.device, &self.model))
+    }
+
+    /// The engine settings for these flags, with `max_batch` sequences at once.
+    /// `MLX_IREE_PACKED_KERNELS=0` forces packed weights onto the graph form (for comparisons)
+    /// and `MLX_IREE_CACHE_DIR` moves the compile cache; the binary reads both, the library
+    /// takes them as values.
+    pub fn engine_config(&self, max_batch: usize) -> EngineConfig {
+        EngineConfig {
+            max_batch,
+            max_context: self.max_context,
+            kv_elem: self.kv_cache,
+            packed_kernels: std::env::var("MLX_IREE_PACKED_KERNELS").map_or(true, |v| v != "0"),
+            ..EngineConfig::new(&self.device, self.precision())
+        }
+    }
+
+    /// The shapes an engine for these flags compiles, checked before anything is compiled:
+    /// `need` positions (prompt and new tokens) must fit one sequence's context.
+    pub fn plan(&self, config: &models::ModelConfig, max_batch: usize, need: usize, what: &str) -> Result<Plan> {
+        let plan = Plan::new(config, &self.engine_config(max_batch))?;
+        if need > plan.cache.positions {
+            bail!("{what} needs {need} positions, more than the maximum context {}", plan.cache.positions);
+        }
+        Ok(plan)
     }
 }
 
@@ -86,16 +117,13 @@ fn check_model_dir(dir: &Path) -> Result<models::ModelConfig> {
     Ok(models::ModelConfig::from_file(&dir.join("config.json"))?)
 }
 
-fn load(model: &ModelArgs, prompt_len: usize, new_tokens: usize) -> Result<Engine> {
-    let shape = plan(prompt_len, new_tokens);
-    let engine = Engine::load(&model.model, &model.device, model.precision(), shape)
-        .with_context(|| format!("loading {}", model.model.display()))?;
-    Ok(engine)
+fn load(model: &ModelArgs) -> Result<Engine> {
+    Engine::load(&model.model, &model.engine_config(1)).with_context(|| format!("loading {}", model.model.display()))
 }
 
 pub fn generate(args: &GenerateArgs) -> Result<()> {
     let dir = &args.model.model;
-    check_model_dir(dir)?;
+    let config = check_model_dir(dir)?;
     if args.max_tokens == 0 {
         bail!("--max-tokens must be at least 1");
     }
@@ -115,7 +143,10 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
         bail!("--prompt encodes to no tokens");
     }
     let eos = eos_ids(dir, &tokenizer)?;
-    let mut engine = load(&args.model, prompt.len(), args.max_tokens)?;
+    // Generation stops at the end of the context; the prompt itself (and its first new
+    // token) must fit.
+    args.model.plan(&config, 1, prompt.len() + 1, &format!("the prompt ({} tokens)", prompt.len()))?;
+    let mut engine = load(&args.model)?;
     let greedy = args.temperature == 0.0;
     let text_vocab = tokenizer.vocab_size();
     // Embedding tables can be padded past the tokenizer's vocabulary: those ids decode to
@@ -130,7 +161,7 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
     };
 
     let started = Instant::now();
-    let mut step = engine.prefill(&prompt)?;
+    let mut step = engine.prefill(0, &prompt)?;
     let prefill_s = started.elapsed().as_secs_f64();
     let mut stream = StreamDecoder::new(true);
     let mut stdout = std::io::stdout().lock();
@@ -144,10 +175,10 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
         generated += 1;
         write!(stdout, "{}", stream.push(&tokenizer, token)?)?;
         stdout.flush()?;
-        if generated == args.max_tokens || engine.position() >= engine.shape().capacity {
+        if generated == args.max_tokens || engine.position(0) >= engine.max_context() {
             break;
         }
-        step = engine.decode(token)?;
+        step = engine.decode_one(0, token)?;
     }
     writeln!(stdout, "{}", stream.finish(&tokenizer)?)?;
     let decode_s = decode_started.elapsed().as_secs_f64();
@@ -181,13 +212,14 @@ pub fn trajectory(args: &TrajectoryArgs) -> Result<()> {
     if let Some(bad) = prompt.iter().find(|t| **t as usize >= config.vocab) {
         bail!("token id {bad} is out of range for vocabulary size {}", config.vocab);
     }
-    let mut engine = load(&args.model, prompt.len(), args.steps)?;
-    let mut step = engine.prefill(&prompt)?;
-    let mut tokens = vec![step.next];
-    while tokens.len() < args.steps {
-        step = engine.decode(step.next)?;
-        tokens.push(step.next);
-    }
+    args.model.plan(
+        &config,
+        1,
+        prompt.len() + args.steps - 1,
+        &format!("{} prompt tokens + {} steps", prompt.len(), args.steps),
+    )?;
+    let mut engine = load(&args.model)?;
+    let tokens = mlx_iree::gate::trajectory(&mut engine, &prompt, args.steps)?;
     let json = serde_json::json!({
         "prompt_ids": prompt,
         "token_ids": tokens,
@@ -266,14 +298,19 @@ pub fn gate(args: &GateArgs) -> Result<bool> {
         }
     }
     let longest = references.iter().map(|r| r.prompt_ids.len()).max().unwrap_or(1);
+    args.model.plan(
+        &config,
+        1,
+        longest + args.steps,
+        &format!("the longest prompt ({longest} tokens) + {} steps", args.steps),
+    )?;
     if !from_file {
-        let mut reference =
-            load(&ModelArgs { precision: Some(Precision::F32), ..args.model.clone() }, longest, args.steps)?;
+        let mut reference = load(&ModelArgs { precision: Some(Precision::F32), ..args.model.clone() })?;
         for r in &mut references {
             r.token_ids = gate::trajectory(&mut reference, &r.prompt_ids, args.steps)?;
         }
     }
-    let mut candidate = load(&args.model, longest, args.steps)?;
+    let mut candidate = load(&args.model)?;
     let report = gate::check(&mut candidate, &references)?;
 
     println!(

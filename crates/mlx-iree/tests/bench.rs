@@ -15,6 +15,10 @@ const FIELDS: [&str; 9] = [
     "weight_bytes",
     "peak_rss_bytes",
     "dispatches_per_decode_step",
+    "batch",
+    "context",
+    "max_context",
+    "kv_bytes",
 ];
 
 fn fixture() -> PathBuf {
@@ -59,12 +63,27 @@ fn json_line(precision: &str) -> Value {
         "4",
         "--repeats",
         "2",
+        "--max-context",
+        "64",
+        "--batch",
+        "2,1",
         "--json",
     ]);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "stdout: {stdout}\nstderr: {stderr}");
-    assert_eq!(stdout.lines().count(), 1, "one JSON line expected:\n{stdout}");
-    let v: Value = serde_json::from_str(stdout.trim()).expect("a JSON object");
+    assert_eq!(stdout.lines().count(), 2, "one JSON line per batch size expected:\n{stdout}");
+    let lines: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).expect("a JSON object")).collect();
+    // Two slots of 64 positions, k and v, f32.
+    let cfg = models::ModelConfig::from_file(&fixture().join("config.json")).expect("fixture config");
+    let kv = 2 * cfg.num_layers() * 2 * 64 * cfg.kv_heads * cfg.head_dim * 4;
+    for (v, batch) in lines.iter().zip([2, 1]) {
+        assert_eq!(
+            (v["batch"].as_u64(), v["context"].as_u64(), v["max_context"].as_u64()),
+            (Some(batch), Some(8), Some(64))
+        );
+        assert_eq!(v["kv_bytes"].as_u64(), Some(kv as u64), "{v}");
+    }
+    let v = lines[1].clone();
     for f in FIELDS {
         assert!(v.get(f).is_some(), "field {f} missing from {v}");
     }

@@ -138,9 +138,10 @@ fn warm_cache_runs_without_the_compiler() {
     let file = out.path().join("t.json");
     let file = file.to_str().unwrap();
     let args = ["trajectory", "--model", model, "--device", "local-sync", "--prompt-ids", "1,2,3", "--steps", "4"];
+    let args = [&args[..], &["--max-context", "64"]].concat();
     let no_compiler = |cache: &std::path::Path, out: &str| {
         Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
-            .args(args)
+            .args(&args)
             .args(["--out", out])
             .env("MLX_IREE_CACHE_DIR", cache)
             .env("IREE_COMPILER_LIB", "/nonexistent/libIREECompiler.so")

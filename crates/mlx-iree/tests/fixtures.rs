@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use mlx_iree::engine::{Engine, Precision, plan};
+use mlx_iree::engine::{Engine, EngineConfig, Precision};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -34,12 +34,17 @@ fn check(fixture: &str, variant: &str, precision: Precision, file: &str) {
     let steps = expected["steps"].as_u64().unwrap() as usize;
     let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
     let longest = trajectories.iter().map(|t| ids(&t["prompt_ids"]).len()).max().unwrap();
-    let mut engine = Engine::load_cached(&dir, "local-task", precision, plan(longest, steps), &cache_dir()).unwrap();
+    let config = EngineConfig {
+        max_context: Some((longest + steps).next_power_of_two().max(64)),
+        cache_dir: cache_dir(),
+        ..EngineConfig::new("local-task", precision)
+    };
+    let mut engine = Engine::load(&dir, &config).unwrap();
     for t in trajectories {
         let prompt = ids(&t["prompt_ids"]);
         let want = ids(&t["token_ids"]);
-        engine.reset();
-        let first = engine.prefill(&prompt).unwrap();
+        engine.reset(0);
+        let first = engine.prefill(0, &prompt).unwrap();
         let logits = first.logits().unwrap();
         let mlx_logits: Vec<f32> =
             t["first_logits"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
@@ -49,7 +54,7 @@ fn check(fixture: &str, variant: &str, precision: Precision, file: &str) {
         let mut got = vec![first.next];
         while got.len() < steps {
             let tok = *got.last().unwrap();
-            got.push(engine.decode(tok).unwrap().next);
+            got.push(engine.decode_one(0, tok).unwrap().next);
         }
         let exact = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
         assert_eq!(got, want, "{fixture}/{variant} {precision} {prompt:?}: token-exact for {exact} of {steps} steps");

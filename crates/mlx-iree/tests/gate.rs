@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use mlx_iree::engine::{Engine, Precision, plan};
+use mlx_iree::engine::{Engine, EngineConfig, Precision};
 use mlx_iree::gate::{self, PromptResult, Reference, Report};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -69,8 +69,13 @@ fn references(dir: &Path, file: &str) -> Vec<Reference> {
 fn check(dir: &Path, precision: Precision, refs: &[Reference]) -> Report {
     let cache = root().join("target/test-compile-cache");
     let steps = refs.iter().map(|r| r.token_ids.len()).max().unwrap();
-    let shape = plan(refs.iter().map(|r| r.prompt_ids.len()).max().unwrap(), steps);
-    let mut engine = Engine::load_cached(dir, "local-task", precision, shape, &cache).unwrap();
+    let longest = refs.iter().map(|r| r.prompt_ids.len()).max().unwrap();
+    let config = EngineConfig {
+        max_context: Some((longest + steps).next_power_of_two().max(64)),
+        cache_dir: cache,
+        ..EngineConfig::new("local-task", precision)
+    };
+    let mut engine = Engine::load(dir, &config).unwrap();
     gate::check(&mut engine, refs).unwrap()
 }
 
@@ -130,7 +135,7 @@ fn packed_graph_form_matches_mlx_lm() {
         let reference = dir.join("expected.json");
         let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
             .args(["gate", "--model", dir.to_str().unwrap(), "--precision", "packed", "--steps", "40"])
-            .args(["--reference", reference.to_str().unwrap()])
+            .args(["--reference", reference.to_str().unwrap(), "--max-context", "64"])
             .env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"))
             .env("MLX_IREE_PACKED_KERNELS", "0")
             .output()
@@ -146,6 +151,7 @@ fn gate_cli(dir: &Path, precision: &str, steps: usize) -> (i32, String) {
     assert!(dir.join("config.json").exists(), "test model missing at {}: run `cargo xtask model` first", dir.display());
     let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
         .args(["gate", "--model", dir.to_str().unwrap(), "--precision", precision, "--steps", &steps.to_string()])
+        .args(["--max-context", "64"])
         .env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"))
         .output()
         .unwrap();
@@ -181,7 +187,7 @@ fn gate_against_the_mlx_oracle_file() {
     // (precision, packed kernels on CPU)
     for (precision, kernels) in [(None, "1"), (Some("packed"), "1"), (Some("packed"), "0")] {
         let mut args = vec!["gate", "--model", dir.to_str().unwrap(), "--reference", oracle.to_str().unwrap()];
-        args.extend(["--steps", "48"]);
+        args.extend(["--steps", "48", "--max-context", "128"]);
         args.extend(precision.iter().flat_map(|p| ["--precision", p]));
         let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
             .args(&args)

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use mlx_iree::engine::{Engine, Precision, plan};
+use mlx_iree::engine::{Engine, EngineConfig, Precision};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -38,18 +38,22 @@ fn check(name: &str) {
     assert!(steps >= 32);
     let trajectories = oracle["trajectories"].as_array().unwrap();
     let longest = trajectories.iter().map(|t| ids(&t["prompt_ids"]).len()).max().unwrap();
-    let mut engine =
-        Engine::load_cached(&dir, "local-task", Precision::F32, plan(longest, steps), &cache_dir()).unwrap();
+    let config = EngineConfig {
+        max_context: Some((longest + steps).next_power_of_two()),
+        cache_dir: cache_dir(),
+        ..EngineConfig::new("local-task", Precision::F32)
+    };
+    let mut engine = Engine::load(&dir, &config).unwrap();
     for t in trajectories {
         let (prompt, want) = (ids(&t["prompt_ids"]), ids(&t["token_ids"]));
-        engine.reset();
-        let first = engine.prefill(&prompt).unwrap();
+        engine.reset(0);
+        let first = engine.prefill(0, &prompt).unwrap();
         let mlx: Vec<f32> = t["first_logits"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
         let diff = first.logits().unwrap().iter().zip(&mlx).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
         assert!(diff <= LOGIT_TOL, "{name} {}: first logits differ from mlx-lm by {diff}", t["kind"]);
         let mut got = vec![first.next];
         while got.len() < steps {
-            got.push(engine.decode(*got.last().unwrap()).unwrap().next);
+            got.push(engine.decode_one(0, *got.last().unwrap()).unwrap().next);
         }
         let exact = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
         assert_eq!(got, want, "{name} {}: token-exact for {exact} of {steps} steps", t["kind"]);
@@ -91,6 +95,9 @@ fn generate_chat_answers_paris() {
         "What is the capital of France?",
         "--max-tokens",
         "24",
+        // A small context keeps the test's compile short; the default is the model's 8192.
+        "--max-context",
+        "256",
     ]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("Paris"), "answer: {stdout}");
@@ -118,6 +125,8 @@ fn trajectory_cli_writes_the_oracle_ids() {
         "The capital of France is",
         "--steps",
         "32",
+        "--max-context",
+        "256",
         "--out",
         file.to_str().unwrap(),
     ]);

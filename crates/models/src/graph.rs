@@ -1,82 +1,166 @@
-//! The decoder as StableHLO: one `step` body emitted for a prompt bucket (`prefill`) and for
-//! one token (`decode`), with the KV cache passed in and returned so it stays on the device.
+//! The decoder as StableHLO: one step body emitted for a chunk of one sequence's prompt
+//! (`prefill`) and for one token of each of several sequences (`decode`), over a KV cache of
+//! per-sequence slots that every call updates in place.
 //!
-//! Function signature (both functions):
-//! `(tokens: i32[T], start: i32, last: i32, k: f32[L,K,S,hd], v: f32[L,K,S,hd])
-//!   -> (next: i32[1], logits: f32[V], k', v')`
-//! tokens sit at positions `start..start+T`; their keys/values are written there; `last`
-//! picks the row whose logits are returned (the last real token of a padded prompt).
-//! Callers keep `start + T <= S` (StableHLO clamps out-of-range update offsets).
+//! Function signatures (`R` rows; `n` sequences of `m` rows each: prefill n = 1, m = T;
+//! decode n = B, m = 1):
+//! - `prefill_t{T}_w{W}(tokens: i32[T], positions: i32[T], slots: i32[1], last: i32[1], k, v)
+//!   -> (next: i32[1], logits: f32[1, V], k', v')`
+//! - `decode_b{B}_w{W}(tokens: i32[B], positions: i32[B], slots: i32[B], k, v)
+//!   -> (next: i32[B], logits: f32[B, V], k', v')`
+//!
+//! `k`, `v` are `[layers, slots, positions, kv_heads, head_dim]` in the cache's element type
+//! (positions before heads: IREE 3.13 lowers a scatter only when its inserted dims lead).
+//! Row r's key and value are written at `(slot of its sequence, positions[r])` with a
+//! `scatter` whose indices are data, never slice offsets (a run-time slice offset costs a
+//! host round trip on a GPU, BRIEF 7); attention then reads only positions `[0, W)` of each
+//! sequence's slot (a `gather`), masked to `<= positions[r]`. `last` picks the row of the
+//! prompt chunk whose logits are returned. Callers keep every position below `W` and the
+//! cache's capacity, and never put two rows of one `decode` call on one slot unless the rows
+//! are identical (padding): the rows then write the same bytes.
 
 use crate::config::{Activation, ModelConfig};
 use crate::error::Result;
 use crate::layout::{Layout, Packing};
 use crate::params::layer_prefix;
 use crate::rope::RopeTable;
-use hlo_emit::{Cmp, Context, DotDims, ElementType::*, Func, Global, Module, Value};
+use hlo_emit::{
+    Cmp, Context, DotDims, ElementType, ElementType::*, Func, GatherDims, Global, Module, ScatterDims, Value,
+};
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
-
-/// Static sizes a module is compiled for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GraphShape {
-    /// KV cache capacity S (positions).
-    pub capacity: usize,
-    /// Prompt bucket T of `prefill`.
-    pub prefill: usize,
-}
 
 /// Parameter scope name the globals are bound to.
 pub const SCOPE: &str = "model";
 
-pub fn kv_cache_shape(cfg: &ModelConfig, capacity: usize) -> [usize; 4] {
-    [cfg.num_layers(), cfg.kv_heads, capacity, cfg.head_dim]
+/// Element type of the KV cache on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum KvElem {
+    #[default]
+    F32,
+    F16,
 }
 
-/// The two entry points, emitted from one step body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+impl KvElem {
+    pub fn bytes(self) -> usize {
+        match self {
+            KvElem::F32 => 4,
+            KvElem::F16 => 2,
+        }
+    }
+
+    fn elem(self) -> ElementType {
+        match self {
+            KvElem::F32 => F32,
+            KvElem::F16 => F16,
+        }
+    }
+}
+
+impl std::fmt::Display for KvElem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvElem::F32 => "f32",
+            KvElem::F16 => "f16",
+        })
+    }
+}
+
+impl std::str::FromStr for KvElem {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "f32" => Ok(KvElem::F32),
+            "f16" => Ok(KvElem::F16),
+            other => Err(format!("unknown KV cache type `{other}` (expected f32 or f16)")),
+        }
+    }
+}
+
+/// The KV cache every function of a model reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CacheShape {
+    /// Sequences the cache holds at once.
+    pub slots: usize,
+    /// Positions per slot (the most context a sequence can have).
+    pub positions: usize,
+    pub elem: KvElem,
+}
+
+impl CacheShape {
+    /// `[layers, slots, positions, kv_heads, head_dim]` of one of the two caches (k or v).
+    pub fn dims(&self, cfg: &ModelConfig) -> [usize; 5] {
+        [cfg.num_layers(), self.slots, self.positions, cfg.kv_heads, cfg.head_dim]
+    }
+
+    /// Device bytes of the k and v caches together.
+    pub fn bytes(&self, cfg: &ModelConfig) -> usize {
+        2 * self.dims(cfg).iter().product::<usize>() * self.elem.bytes()
+    }
+
+    /// Device bytes the k and v caches take per position of one slot.
+    pub fn bytes_per_position(cfg: &ModelConfig, elem: KvElem) -> usize {
+        2 * cfg.num_layers() * cfg.kv_heads * cfg.head_dim * elem.bytes()
+    }
+}
+
+/// An entry point of the module. Every function shares the globals and the cache layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Function {
-    /// `T` = the prompt bucket.
-    Prefill,
-    /// `T` = 1.
-    Decode,
+    /// `tokens` consecutive tokens of one sequence; attention reads positions `[0, window)`.
+    Prefill { tokens: usize, window: usize },
+    /// One token for each of `rows` sequences; attention reads positions `[0, window)`.
+    Decode { rows: usize, window: usize },
 }
 
 impl Function {
-    pub fn name(self) -> &'static str {
+    pub fn name(self) -> String {
         match self {
-            Function::Prefill => "prefill",
-            Function::Decode => "decode",
+            Function::Prefill { tokens, window } => format!("prefill_t{tokens}_w{window}"),
+            Function::Decode { rows, window } => format!("decode_b{rows}_w{window}"),
         }
     }
 
-    fn tokens(self, shape: GraphShape) -> usize {
+    /// Sequences and rows per sequence.
+    fn split(self) -> (usize, usize) {
         match self {
-            Function::Prefill => shape.prefill,
-            Function::Decode => 1,
+            Function::Prefill { tokens, .. } => (1, tokens),
+            Function::Decode { rows, .. } => (rows, 1),
         }
+    }
+
+    pub fn window(self) -> usize {
+        match self {
+            Function::Prefill { window, .. } | Function::Decode { window, .. } => window,
+        }
+    }
+
+    /// Rows of the token input.
+    pub fn rows(self) -> usize {
+        let (n, m) = self.split();
+        n * m
     }
 }
 
-/// Emits the module text: globals for every parameter, then `prefill` and `decode`.
-pub fn emit(cfg: &ModelConfig, layout: &Layout, shape: GraphShape) -> Result<String> {
-    emit_functions(cfg, layout, shape, &[Function::Prefill, Function::Decode], None)
-}
-
-/// Emits only `functions`, in a module named `module_name` when given (modules loaded
+/// Emits `functions` over `cache`, in a module named `module_name` when given (modules loaded
 /// side by side in one session need distinct names; they share the parameter scope).
 pub fn emit_functions(
     cfg: &ModelConfig,
     layout: &Layout,
-    shape: GraphShape,
+    cache: CacheShape,
     functions: &[Function],
     module_name: Option<&str>,
 ) -> Result<String> {
-    if shape.prefill == 0 || shape.prefill > shape.capacity {
-        return Err(crate::Error::Invalid(format!(
-            "prefill bucket {} must be in 1..={} (the cache capacity)",
-            shape.prefill, shape.capacity
-        )));
+    for function in functions {
+        let (rows, window) = (function.rows(), function.window());
+        if rows == 0 || window == 0 || window > cache.positions || cache.slots == 0 {
+            return Err(crate::Error::Invalid(format!(
+                "function {} does not fit a cache of {} slots x {} positions",
+                function.name(),
+                cache.slots,
+                cache.positions
+            )));
+        }
     }
     let ctx = Context::new();
     let m = match module_name {
@@ -88,12 +172,16 @@ pub fn emit_functions(
         let dims: Vec<i64> = p.dims.iter().map(|d| *d as i64).collect();
         globals.insert(p.global.clone(), m.global_param(&format!("p{i}"), SCOPE, &p.key, &p.elem.tensor(&dims))?);
     }
-    let cache: Vec<i64> = kv_cache_shape(cfg, shape.capacity).iter().map(|d| *d as i64).collect();
+    let kv = cache.elem.elem().tensor(&cache.dims(cfg).map(|d| d as i64));
     let entries = RefCell::new(BTreeSet::new());
-    for function in functions {
-        let (name, t) = (function.name(), function.tokens(shape));
-        let inputs = [I32.tensor(&[t as i64]), I32.scalar(), I32.scalar(), F32.tensor(&cache), F32.tensor(&cache)];
-        m.func(name, &inputs, |f, a| {
+    for &function in functions {
+        let (n, rows) = (function.split().0 as i64, function.rows() as i64);
+        let mut inputs = vec![I32.tensor(&[rows]), I32.tensor(&[rows]), I32.tensor(&[n])];
+        if let Function::Prefill { .. } = function {
+            inputs.push(I32.tensor(&[1]));
+        }
+        inputs.extend([kv.clone(), kv.clone()]);
+        m.func(&function.name(), &inputs, |f, a| {
             let step = Step {
                 f,
                 cfg,
@@ -101,10 +189,12 @@ pub fn emit_functions(
                 globals: &globals,
                 entries: &entries,
                 merged_out: RefCell::new(HashMap::new()),
-                t: t as i64,
-                s: shape.capacity as i64,
+                function,
+                kv_elem: cache.elem.elem(),
             };
-            step.emit(a[0], a[1], a[2], a[3], a[4]).map_err(|e| match e {
+            let last = if a.len() == 6 { Some(a[3]) } else { None };
+            let (k, v) = (a[a.len() - 2], a[a.len() - 1]);
+            step.emit(a[0], a[1], a[2], last, k, v).map_err(|e| match e {
                 crate::Error::Graph(g) => g,
                 other => hlo_emit::Error::Mlir { what: "decoder step".into(), detail: other.to_string() },
             })
@@ -128,8 +218,8 @@ struct Step<'a, 'c, 'b> {
     entries: &'a RefCell<BTreeSet<kernels::cpu::Entry>>,
     /// Outputs of merged projections already computed in this function.
     merged_out: RefCell<HashMap<String, V<'c, 'b>>>,
-    t: i64,
-    s: i64,
+    function: Function,
+    kv_elem: ElementType,
 }
 
 type V<'c, 'b> = Value<'c, 'b>;
@@ -253,7 +343,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         if p.kernel {
             return self.kernel_dispatch(kernels::cpu::Op::Rows, tokens, PREFIX, p);
         }
-        let (t, d) = (self.t, self.cfg.hidden as i64);
+        let (t, d) = (self.rows(), self.cfg.hidden as i64);
         let q = if p.weight_elem() == I4 {
             // Gather the rows' bytes, then split each into its two signed nibbles (element
             // 2j in the low one), interleaved back to [T, d].
@@ -309,20 +399,70 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let half = table.inv_freq.len() as i64;
         let inv = f.constant_f32(&table.inv_freq, &[half])?;
         let p = f.mul_scalar(pos_f, table.position_scale as f64)?;
-        let ang =
-            f.mul(f.broadcast_in_dim(p, &[self.t, half], &[0])?, f.broadcast_in_dim(inv, &[self.t, half], &[1])?)?;
+        let ang = f.mul(
+            f.broadcast_in_dim(p, &[self.rows(), half], &[0])?,
+            f.broadcast_in_dim(inv, &[self.rows(), half], &[1])?,
+        )?;
         Ok((f.cos(ang)?, f.sin(ang)?))
+    }
+
+    fn rows(&self) -> i64 {
+        self.function.rows() as i64
+    }
+
+    /// `[R, 3]` scatter indices `(layer, slot, position)` of each row.
+    fn write_indices(&self, l: usize, row_slots: V<'c, 'b>, positions: V<'c, 'b>) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let r = self.rows();
+        let column = |v: V<'c, 'b>| f.reshape(v, &[r, 1]);
+        let layer = f.splat(l as f64, &I32.tensor(&[r, 1]))?;
+        f.concatenate(&[layer, column(row_slots)?, column(positions)?], 1)
+    }
+
+    /// Writes `x [R, kv_heads, hd]` into layer `l` of `cache` at each row's (slot, position).
+    fn write_cache(&self, cache: V<'c, 'b>, x: V<'c, 'b>, indices: V<'c, 'b>) -> R<V<'c, 'b>> {
+        let dims = ScatterDims {
+            update_window_dims: vec![1, 2],
+            inserted_window_dims: vec![0, 1, 2],
+            scatter_dims_to_operand_dims: vec![0, 1, 2],
+            index_vector_dim: 1,
+            ..ScatterDims::default()
+        };
+        let x = if x.elem() == self.kv_elem { x } else { self.f.convert(x, self.kv_elem)? };
+        self.f.scatter(cache, indices, x, dims)
+    }
+
+    /// Positions `[0, window)` of layer `l` of each sequence's slot, as f32 `[n, W, kv_heads, hd]`.
+    fn read_cache(&self, cache: V<'c, 'b>, l: usize, slots: V<'c, 'b>) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let n = slots.shape()[0];
+        let (k, hd, w) = (self.cfg.kv_heads as i64, self.cfg.head_dim as i64, self.function.window() as i64);
+        let layer = f.splat(l as f64, &I32.tensor(&[n, 1]))?;
+        let indices = f.concatenate(&[layer, f.reshape(slots, &[n, 1])?], 1)?;
+        let dims = GatherDims {
+            offset_dims: vec![1, 2, 3],
+            collapsed_slice_dims: vec![0, 1],
+            start_index_map: vec![0, 1],
+            index_vector_dim: 1,
+            ..GatherDims::default()
+        };
+        let read = f.gather(cache, indices, dims, &[1, 1, w, k, hd])?;
+        if read.elem() == F32 { Ok(read) } else { f.convert(read, F32) }
     }
 
     fn emit(
         &self,
         tokens: V<'c, 'b>,
-        start: V<'c, 'b>,
-        last: V<'c, 'b>,
+        positions: V<'c, 'b>,
+        slots: V<'c, 'b>,
+        last: Option<V<'c, 'b>>,
         mut kc: V<'c, 'b>,
         mut vc: V<'c, 'b>,
     ) -> crate::Result<Vec<V<'c, 'b>>> {
-        let (f, cfg, t, s) = (self.f, self.cfg, self.t, self.s);
+        let (f, cfg) = (self.f, self.cfg);
+        let (n, m) = self.function.split();
+        let (n, m, w) = (n as i64, m as i64, self.function.window() as i64);
+        let r = n * m;
         let (h, k, hd) = (cfg.heads as i64, cfg.kv_heads as i64, cfg.head_dim as i64);
         let g = h / k;
 
@@ -331,33 +471,35 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             x = f.mul_scalar(x, scale as f64)?;
         }
 
-        // Absolute positions of the T rows, and the causal mask over the S cache slots.
-        let pos = f.add(f.iota(&I32.tensor(&[t]), 0)?, f.broadcast_in_dim(start, &[t], &[])?)?;
-        let pos_f = f.convert(pos, F32)?;
-        let kpos = f.iota(&I32.tensor(&[t, s]), 1)?;
-        let qpos = f.broadcast_in_dim(pos, &[t, s], &[0])?;
+        // Each row's slot, and the mask over the W positions read: key j is visible from row
+        // (sequence i, query q) when j <= its position.
+        let row_slots = f.reshape(f.broadcast_in_dim(slots, &[n, m], &[0])?, &[r])?;
+        let pos_f = f.convert(positions, F32)?;
+        let kpos = f.iota(&I32.tensor(&[n, m, w]), 2)?;
+        let qpos = f.broadcast_in_dim(f.reshape(positions, &[n, m])?, &[n, m, w], &[0, 1])?;
         let causal = f.compare(kpos, qpos, Cmp::Le)?;
         let mut masks: HashMap<Option<usize>, V<'c, 'b>> = HashMap::new();
         let mut ropes: HashMap<String, (V<'c, 'b>, V<'c, 'b>)> = HashMap::new();
-        let neg = f.splat(f32::MIN as f64, &F32.tensor(&[k, g, t, s]))?;
-        let zero = f.scalar(0.0, I32)?;
+        let scores_shape = [n, k, g, m, w];
+        let neg = f.splat(f32::MIN as f64, &F32.tensor(&scores_shape))?;
 
         for (l, layer) in cfg.layers.iter().enumerate() {
             let p = layer_prefix(l);
             let mask = match masks.get(&layer.sliding_window) {
-                Some(m) => *m,
+                Some(mask) => *mask,
                 None => {
-                    let m = match layer.sliding_window {
+                    let mask = match layer.sliding_window {
                         None => causal,
                         // Key j is visible from query i when i - W < j.
-                        Some(w) => {
+                        Some(win) => {
                             let recent =
-                                f.compare(f.add(kpos, f.splat(w as f64, &I32.tensor(&[t, s]))?)?, qpos, Cmp::Gt)?;
+                                f.compare(f.add(kpos, f.splat(win as f64, &I32.tensor(&[n, m, w]))?)?, qpos, Cmp::Gt)?;
                             f.and(causal, recent)?
                         }
                     };
-                    masks.insert(layer.sliding_window, m);
-                    m
+                    let mask = f.broadcast_in_dim(mask, &scores_shape, &[0, 3, 4])?;
+                    masks.insert(layer.sliding_window, mask);
+                    mask
                 }
             };
             let table = RopeTable::new(layer, cfg.head_dim);
@@ -372,9 +514,9 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             };
 
             let hn = self.norm(x, &format!("{p}.input_layernorm.weight"))?;
-            let q = f.reshape(self.linear(hn, &format!("{p}.self_attn.q_proj"), cfg.qkv_bias)?, &[t, h, hd])?;
-            let kk = f.reshape(self.linear(hn, &format!("{p}.self_attn.k_proj"), cfg.qkv_bias)?, &[t, k, hd])?;
-            let vv = f.reshape(self.linear(hn, &format!("{p}.self_attn.v_proj"), cfg.qkv_bias)?, &[t, k, hd])?;
+            let q = f.reshape(self.linear(hn, &format!("{p}.self_attn.q_proj"), cfg.qkv_bias)?, &[r, h, hd])?;
+            let kk = f.reshape(self.linear(hn, &format!("{p}.self_attn.k_proj"), cfg.qkv_bias)?, &[r, k, hd])?;
+            let vv = f.reshape(self.linear(hn, &format!("{p}.self_attn.v_proj"), cfg.qkv_bias)?, &[r, k, hd])?;
             let (q, kk) = if cfg.qk_norm {
                 (
                     self.norm(q, &format!("{p}.self_attn.q_norm.weight"))?,
@@ -386,26 +528,28 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             let q = self.rope(q, cos, sin)?;
             let kk = self.rope(kk, cos, sin)?;
 
-            // Write this step's keys/values into layer l of the cache at `start`.
-            let lidx = f.scalar(l as f64, I32)?;
-            let as_cache = |x: V<'c, 'b>| -> R<V<'c, 'b>> { f.reshape(f.transpose(x, &[1, 0, 2])?, &[1, k, t, hd]) };
-            kc = f.dynamic_update_slice(kc, as_cache(kk)?, &[lidx, zero, start, zero])?;
-            vc = f.dynamic_update_slice(vc, as_cache(vv)?, &[lidx, zero, start, zero])?;
-            let kl = f.reshape(f.slice_dim(kc, 0, l as i64, l as i64 + 1)?, &[k, s, hd])?;
-            let vl = f.reshape(f.slice_dim(vc, 0, l as i64, l as i64 + 1)?, &[k, s, hd])?;
+            // Write this step's keys/values into the cache in place, then read each
+            // sequence's first W positions back (this step's rows included).
+            let at = self.write_indices(l, row_slots, positions)?;
+            kc = self.write_cache(kc, kk, at)?;
+            vc = self.write_cache(vc, vv, at)?;
+            let kl = self.read_cache(kc, l, slots)?;
+            let vl = self.read_cache(vc, l, slots)?;
 
-            // Grouped-query attention: head n = kv * G + r attends with kv head `kv`.
-            let qh = f.reshape(f.transpose(f.reshape(q, &[t, k, g, hd])?, &[1, 2, 0, 3])?, &[k, g * t, hd])?;
-            let mut scores = f.dot_general(qh, kl, DotDims::contract(&[2], &[2]).batch(&[0], &[0]))?;
+            // Grouped-query attention: head j = kv * G + i attends with kv head `kv`.
+            let qh = f.transpose(f.reshape(q, &[n, m, k, g, hd])?, &[0, 2, 3, 1, 4])?;
+            let qh = f.reshape(qh, &[n, k, g * m, hd])?;
+            // [n, K, G*m, W]: batch over (sequence, kv head), the cache read as [n, W, K, hd].
+            let mut scores = f.dot_general(qh, kl, DotDims::contract(&[3], &[3]).batch(&[0, 1], &[0, 2]))?;
             scores = f.mul_scalar(scores, cfg.attn_scale)?;
             if let Some(cap) = cfg.attn_softcap {
                 scores = f.mul_scalar(f.tanh(f.mul_scalar(scores, 1.0 / cap)?)?, cap)?;
             }
-            let scores = f.reshape(scores, &[k, g, t, s])?;
-            let scores = f.select(f.broadcast_in_dim(mask, &[k, g, t, s], &[2, 3])?, scores, neg)?;
-            let probs = f.reshape(f.softmax(scores)?, &[k, g * t, s])?;
-            let o = f.dot_general(probs, vl, DotDims::contract(&[2], &[1]).batch(&[0], &[0]))?;
-            let o = f.reshape(f.transpose(f.reshape(o, &[k, g, t, hd])?, &[2, 0, 1, 3])?, &[t, h * hd])?;
+            let scores = f.select(mask, f.reshape(scores, &scores_shape)?, neg)?;
+            let probs = f.reshape(f.softmax(scores)?, &[n, k, g * m, w])?;
+            let o = f.dot_general(probs, vl, DotDims::contract(&[3], &[1]).batch(&[0, 1], &[0, 2]))?;
+            let o = f.transpose(f.reshape(o, &[n, k, g, m, hd])?, &[0, 3, 1, 2, 4])?;
+            let o = f.reshape(o, &[r, h * hd])?;
             let mut a = self.linear(o, &format!("{p}.self_attn.o_proj"), cfg.o_bias)?;
             if cfg.sandwich_norms {
                 a = self.norm(a, &format!("{p}.post_attention_layernorm.weight"))?;
@@ -425,13 +569,18 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         }
 
         let x = self.norm(x, "model.norm.weight")?;
-        let row = f.dynamic_slice(x, &[last, zero], &[1, cfg.hidden as i64])?;
+        // The rows whose logits are returned: the `last` row of a prompt chunk (an index as
+        // data, not a slice offset), or every row of a decode step.
+        let rows = match last {
+            Some(last) => f.gather_rows(x, last)?,
+            None => x,
+        };
         let head = if cfg.tie_embeddings { "model.embed_tokens" } else { "lm_head" };
-        let mut logits = f.reshape(self.linear(row, head, false)?, &[cfg.vocab as i64])?;
+        let mut logits = self.linear(rows, head, false)?;
         if let Some(cap) = cfg.final_softcap {
             logits = f.mul_scalar(f.tanh(f.mul_scalar(logits, 1.0 / cap)?)?, cap)?;
         }
-        let next = f.reshape(f.argmax(logits, 0)?, &[1])?;
+        let next = f.argmax(logits, 1)?;
         Ok(vec![next, logits, kc, vc])
     }
 

@@ -8,8 +8,8 @@
 //! - [`Layout`] says how each parameter sits on the device at a precision (dense in the
 //!   precision's type, or MLX-packed for `packed`); the graph's globals and the loader both
 //!   come from its [`Layout::device_params`].
-//! - [`graph::emit`] writes the `prefill` / `decode` functions; the KV cache is an argument
-//!   and a result, so it stays on the device between calls.
+//! - [`graph::emit_functions`] writes batched `decode` and chunked `prefill` functions over a
+//!   KV cache of per-sequence slots ([`CacheShape`]), updated in place by every call.
 
 mod config;
 mod error;
@@ -21,7 +21,7 @@ mod rope;
 
 pub use config::{Activation, Family, LayerConfig, ModelConfig, RopeScaling, SUPPORTED};
 pub use error::{Error, Result};
-pub use graph::{Function, GraphShape, emit, emit_functions, kv_cache_shape};
+pub use graph::{CacheShape, Function, KvElem, emit_functions};
 pub use layout::{DeviceParam, Layout, Packing, Role};
 pub use params::{Kind, ParamSpec, load_f32, load_param, param_specs};
 pub use precision::Precision;

@@ -1,0 +1,181 @@
+//! Many sequences in one engine: batched decode gives every row the tokens its prompt gives
+//! alone (mlx-lm's own, on the confident trained fixtures, at every precision), a row's
+//! logits do not depend on the other rows (bit for bit), and nothing is compiled once the
+//! engine has started, whatever the mix of requests.
+
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
+
+use mlx_iree::engine::{Engine, EngineConfig, Precision};
+use mlx_iree::gate::{self, Reference};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The tests of this file take turns: one counts the compiles of the whole process.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+const MAX_BATCH: usize = 8;
+/// Decode steps checked per row.
+const STEPS: usize = 16;
+
+fn engine(dir: &Path, precision: Precision) -> Engine {
+    let config = EngineConfig {
+        max_batch: MAX_BATCH,
+        max_context: Some(64),
+        cache_dir: root().join("target/test-compile-cache"),
+        ..EngineConfig::new("local-task", precision)
+    };
+    Engine::load(dir, &config).unwrap()
+}
+
+/// Eight different prompts on mlx-lm's recorded trajectories (a reference prompt plus the
+/// first k tokens mlx-lm generated after it), each with the STEPS tokens mlx-lm generated next.
+fn cases(dir: &Path) -> Vec<Reference> {
+    let refs = gate::references_from_json(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let mut cases = Vec::new();
+    for k in [0, 3, 7] {
+        for r in &refs {
+            let mut prompt = r.prompt_ids.clone();
+            prompt.extend(&r.token_ids[..k]);
+            cases.push(Reference { prompt_ids: prompt, token_ids: r.token_ids[k..k + STEPS].to_vec() });
+        }
+    }
+    cases.truncate(MAX_BATCH);
+    assert_eq!(cases.len(), MAX_BATCH, "{}", dir.display());
+    cases
+}
+
+/// Prefills every case into its own slot (0, 1, ...), then decodes them all together.
+fn batched(engine: &mut Engine, cases: &[Reference]) -> Vec<Vec<u32>> {
+    let mut rows: Vec<(usize, u32)> = Vec::new();
+    for (slot, c) in cases.iter().enumerate() {
+        engine.reset(slot);
+        rows.push((slot, engine.prefill(slot, &c.prompt_ids).unwrap().next));
+    }
+    let mut out: Vec<Vec<u32>> = rows.iter().map(|r| vec![r.1]).collect();
+    while out[0].len() < STEPS {
+        let steps = engine.decode(&rows).unwrap();
+        for ((row, step), got) in rows.iter_mut().zip(steps).zip(&mut out) {
+            row.1 = step.next;
+            got.push(step.next);
+        }
+    }
+    out
+}
+
+/// Every trained fixture family at f32, and each other precision on some of them (each load
+/// compiles seven functions; all of them on every family would take CI most of an hour):
+/// each of 8 rows decoded together gives the tokens its prompt gives alone, and both are
+/// mlx-lm's.
+#[test]
+fn eight_rows_give_what_each_prompt_gives_alone() {
+    let _turn = serial();
+    let set = root().join("tests/fixtures-trained");
+    let mut families: Vec<PathBuf> = std::fs::read_dir(&set).unwrap().flatten().map(|e| e.path()).collect();
+    families.retain(|p| p.is_dir());
+    families.sort();
+    assert!(families.len() >= 7, "{}", set.display());
+    let mut runs: Vec<(PathBuf, Precision)> = families.iter().map(|f| (f.join("f32"), Precision::F32)).collect();
+    runs.extend([
+        (set.join("llama_llama3_tied/f32"), Precision::F16),
+        (set.join("gemma2/f32"), Precision::BF16),
+        (set.join("qwen3/q4"), Precision::Packed),
+        (set.join("gemma3_text/q4"), Precision::Packed),
+    ]);
+    for (dir, precision) in runs {
+        let cases = cases(&dir);
+        let mut engine = engine(&dir, precision);
+        let what = format!("{} {precision}", dir.display());
+        for c in &cases {
+            let alone = gate::trajectory(&mut engine, &c.prompt_ids, STEPS).unwrap();
+            assert_eq!(alone, c.token_ids, "{what}: alone, prompt {:?}", c.prompt_ids);
+        }
+        let together = batched(&mut engine, &cases);
+        for (got, c) in together.iter().zip(&cases) {
+            assert_eq!(got, &c.token_ids, "{what}: in a batch of {MAX_BATCH}, prompt {:?}", c.prompt_ids);
+        }
+    }
+}
+
+/// The logits of row 0 of a decode step, with slot 0 holding `cases[0]` and the other slots
+/// (and rows) holding `others`.
+fn row0_logits(engine: &mut Engine, first: &Reference, others: &[Reference]) -> Vec<u32> {
+    engine.reset(0);
+    let mut rows = vec![(0, engine.prefill(0, &first.prompt_ids).unwrap().next)];
+    for (i, c) in others.iter().enumerate() {
+        engine.reset(i + 1);
+        rows.push((i + 1, engine.prefill(i + 1, &c.prompt_ids).unwrap().next));
+    }
+    let steps = engine.decode(&rows).unwrap();
+    steps[0].logits().unwrap().iter().map(|x| x.to_bits()).collect()
+}
+
+/// Rows are independent: row 0's logits are bit-identical whatever the other rows of the
+/// same step hold (other prompts, other positions, padding rows), at f32 and packed.
+#[test]
+fn a_rows_logits_do_not_depend_on_the_other_rows() {
+    let _turn = serial();
+    for (variant, precision) in [("f32", Precision::F32), ("q4", Precision::Packed)] {
+        let dir = root().join("tests/fixtures-trained/qwen3").join(variant);
+        let cases = cases(&dir);
+        let mut engine = engine(&dir, precision);
+        let full = row0_logits(&mut engine, &cases[0], &cases[1..]);
+        let mut reversed: Vec<Reference> = cases[1..].to_vec();
+        reversed.reverse();
+        assert_eq!(full, row0_logits(&mut engine, &cases[0], &reversed), "{precision}: other rows reordered");
+        // Five rows run the 8-row function with three padding rows.
+        assert_eq!(full, row0_logits(&mut engine, &cases[0], &cases[3..7]), "{precision}: fewer rows, padded");
+        assert_ne!(full, row0_logits(&mut engine, &cases[1], &cases[2..]), "{precision}: a different row 0 differs");
+    }
+}
+
+/// Once loaded, an engine never compiles: a mix of prompt lengths (crossing chunk sizes and
+/// the end of the context), batch sizes 1 to 8 and slot reuse runs without one compile.
+#[test]
+fn nothing_is_compiled_after_the_engine_has_started() {
+    let _turn = serial();
+    let dir = root().join("tests/fixtures/qwen2/f32");
+    let mut engine = engine(&dir, Precision::F32);
+    let compiles = mlx_iree::cache::compiles();
+    let prompt =
+        |len: usize, seed: usize| -> Vec<u32> { (0..len).map(|i| ((i * 7 + seed * 13) % 300 + 1) as u32).collect() };
+    for (round, lens) in [[1, 17, 63, 5, 16, 40, 2, 33], [64, 1, 1, 20, 50, 15, 8, 60]].iter().enumerate() {
+        let mut rows = Vec::new();
+        for (slot, &len) in lens.iter().enumerate() {
+            engine.reset(slot);
+            rows.push((slot, engine.prefill(slot, &prompt(len, slot + round)).unwrap().next));
+        }
+        for batch in 1..=MAX_BATCH {
+            let live: Vec<(usize, u32)> = rows
+                .iter()
+                .copied()
+                .filter(|(slot, _)| engine.position(*slot) < engine.max_context())
+                .take(batch)
+                .collect();
+            if live.is_empty() {
+                break;
+            }
+            engine.decode(&live).unwrap();
+        }
+    }
+    assert_eq!(mlx_iree::cache::compiles(), compiles, "modules compiled or loaded after start");
+    // A full slot is an error, not a compile of a bigger shape.
+    engine.reset(0);
+    engine.prefill(0, &prompt(64, 0)).unwrap();
+    let err = engine.decode(&[(0, 1)]).unwrap_err().to_string();
+    assert_eq!(err, "context full: slot 0 holds 64 positions, 1 more exceed the maximum context 64");
+    engine.reset(1);
+    let err = engine.prefill(1, &prompt(65, 0)).unwrap_err().to_string();
+    assert_eq!(err, "context full: slot 1 holds 0 positions, 65 more exceed the maximum context 64");
+    let err = engine.decode(&[(1, 1), (1, 2)]).unwrap_err().to_string();
+    assert_eq!(err, "slot 1 appears twice in one decode step");
+    let err = engine.decode(&[(8, 1)]).unwrap_err().to_string();
+    assert_eq!(err, "slot 8 does not exist (the engine has 8)");
+    assert_eq!(mlx_iree::cache::compiles(), compiles);
+}
