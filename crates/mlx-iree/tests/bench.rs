@@ -5,7 +5,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const FIELDS: [&str; 9] = [
+const FIELDS: [&str; 13] = [
     "model",
     "device",
     "precision",
