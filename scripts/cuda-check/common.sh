@@ -3,16 +3,18 @@
 # cache for exactly these cases, so run.sh needs no compiler; keep the two in step by
 # changing things here only. Sourced, not run.
 
-# bench: a 128-token prompt bucket and a 256-position KV cache. Any --steps from 1 to 128
-# keeps these graphs (engine::plan rounds the capacity up to 256), so STEPS may be lowered
-# on the CUDA machine without a cache miss.
+# Every graph shape is fixed by the engine's plan (engine::Plan) from --max-context and the
+# batch sizes, not by the prompt or the steps: one context for every case, so prepare.sh
+# and run.sh share the compiled modules, and STEPS may be lowered on the CUDA machine
+# without a cache miss (prompt + steps must fit MAX_CONTEXT).
+MAX_CONTEXT=256
 BENCH_PROMPT_LEN=128
 BENCH_STEPS=${STEPS:-128}
 BENCH_REPEATS=${REPEATS:-2}
 
 # gate: its default 32 steps with its built-in id prompts (no tokenizer; the longest has
-# 12 ids), so graphs of engine::plan(12, 32). prepare.sh compiles those with `trajectory`
-# on a 12-id prompt and 32 steps, which plans the same graphs.
+# 12 ids). prepare.sh compiles its graphs with `trajectory` on a 12-id prompt and 32 steps
+# at the same --max-context, which plans the same graphs.
 GATE_STEPS=32
 GATE_FILL_IDS=1,250,3,77,128,5,199,64,12,230,41,9
 
@@ -66,10 +68,10 @@ all_cases() {
 
 # The mlx-iree arguments of a case after `--model DIR`.
 bench_args() {
-    echo "--device cuda --precision $1 --prompt-len $BENCH_PROMPT_LEN --steps $BENCH_STEPS --repeats $BENCH_REPEATS --json --cache-only"
+    echo "--device cuda --precision $1 --prompt-len $BENCH_PROMPT_LEN --steps $BENCH_STEPS --repeats $BENCH_REPEATS --max-context $MAX_CONTEXT --json --cache-only"
 }
 gate_args() {
-    echo "--device cuda --precision $1 --steps $GATE_STEPS"
+    echo "--device cuda --precision $1 --steps $GATE_STEPS --max-context $MAX_CONTEXT"
 }
 
 # A python3 with numpy (random_checkpoint.py needs nothing else).

@@ -68,7 +68,7 @@ prepare() {
             out=$(
                 export MLX_IREE_CACHE_DIR="$DEST/cache"
                 [ -n "$compiler" ] && export IREE_COMPILER_LIB=$compiler
-                "$bin" trajectory --device cuda --model "$dir" --precision "$p" --steps $STEPS \
+                "$bin" trajectory --device cuda --model "$dir" --precision "$p" --steps $STEPS --max-context $MAX_CONTEXT \
                     --prompt-ids "$GATE_FILL_IDS" --out /dev/null 2>&1
             )
             if ! grep -q "cannot create IREE device" <<<"$out"; then
@@ -100,7 +100,7 @@ run() {
             continue
         fi
         line=$(timeout $((left < 60 ? left : 60)) "$DEST/mlx-iree" gate --device cuda --model "$dir" \
-            --precision "$p" --steps $STEPS --reference "$ref" 2>"$out/err.txt")
+            --precision "$p" --steps $STEPS --max-context $MAX_CONTEXT --reference "$ref" 2>"$out/err.txt")
         rc=$?
         if [ $rc -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
         say "$(printf '%-40s rc %d  %s' "$label" $rc "$(grep -o 'token-exact on every prompt: [a-z]*; teacher-forced top-1 agreement [0-9.]*%' <<<"$line")")"

@@ -91,7 +91,7 @@ case_commands() {
         echo "bench --model $dir $(bench_args "$precision")"
     else
         for p in f32 "$precision"; do
-            echo "trajectory --model $dir --device cuda --precision $p --prompt-ids $GATE_FILL_IDS --steps $GATE_STEPS --out $WORK/trajectory.json"
+            echo "trajectory --model $dir --device cuda --precision $p --prompt-ids $GATE_FILL_IDS --steps $GATE_STEPS --max-context $MAX_CONTEXT --out $WORK/trajectory.json"
         done
     fi
 }
