@@ -1,7 +1,8 @@
 //! `cargo xtask bench`: the performance numbers. Set-up first (idempotent: packages, the
 //! IREE runtime, the models, a release build of `mlx-iree`), then `mlx-iree bench` once per
-//! (model, precision), and one table with decode speed as ratios against f32 (and f16)
-//! of the same model, measured in one run because the machine is shared and noisy.
+//! (model, precision), which prints one row per (context, batch), and one table with decode
+//! speed as ratios against f32 (and f16) of the same model, batch and context, measured in
+//! one run because the machine is shared and noisy.
 //!
 //! Models: SmolLM2-135M-Instruct 4-bit (`cargo xtask model`) and a Llama-3.2-1B-shaped
 //! model with random weights (xtask/python/make_random_llama.py) saved as f16, MLX 4-bit
@@ -28,28 +29,40 @@ const PRECISIONS: [&str; 4] = ["f32", "f16", "bf16", "packed"];
 const SMOLLM2: &str = "smollm2-135m-instruct-4bit";
 const LLAMA_1B: &str = "llama-1b-random";
 const LLAMA_1B_VARIANTS: [&str; 3] = ["f16", "4bit", "8bit"];
+const KV_CACHE: [&str; 2] = ["f32", "f16"];
 
 pub const USAGE: &str = "\
 usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
-                         [--prompt-len N] [--steps N] [--repeats N] [--prepare-only] [--peers]
+                         [--prompt-len N] [--steps N] [--repeats N] [--batch LIST]
+                         [--context LIST] [--max-context N] [--kv-cache T] [--prepare-only]
+                         [--peers]
   --model M        smollm2 (SmolLM2-135M-Instruct 4-bit), llama-1b (Llama-3.2-1B shape,
                    random weights: the f16 folder for f32/f16/bf16, the 4-bit and 8-bit
                    folders for packed) or an MLX model folder; repeatable
                    (default: smollm2 and llama-1b)
   --precision P    f32, f16, bf16, packed or all (default: all)
   --device URI     local-task (default), local-sync or cuda
-  --json           one JSON object per (model, device, precision) line on stdout
+  --json           one JSON object per (model, device, precision, context, batch) line on
+                   stdout
   --prompt-len N   prompt tokens (default 128)
   --steps N        decode steps after the prompt (default 128; 16 for llama-1b, whose
                    f32 decode step takes seconds on 2 cores)
   --repeats N      repeats of prompt + decode; medians are reported (default 3)
+  --batch LIST     sequences decoded together, e.g. 1,4,8: one row each, decode/s is
+                   their aggregate (default 1)
+  --context LIST   tokens of context before decoding, e.g. 100,2000: one row each
+                   (default: --prompt-len)
+  --max-context N  positions per sequence the engine is built for (default: mlx-iree's,
+                   the model's maximum capped by the KV cache budget)
+  --kv-cache T     KV cache element type: f32 (mlx-iree's default) or f16
   --prepare-only   only the set-up steps (runtime, models, release build)
   --peers          also llama.cpp's CPU build (llama-cpp-python, compiled once into
                    target/peers-venv: about 14 minutes on 2 cores) on the same weights
                    as GGUF f16, Q8_0 and Q4_0, and mlx-lm at f32 on smollm2; one table
                    with our speed as ratios against them (f16 vs f16, packed 4-bit vs
                    Q4_0, packed 8-bit vs Q8_0, f32 vs mlx-lm) and every row against the
-                   memory-bandwidth bound measured in the same run
+                   memory-bandwidth bound measured in the same run; batch 1 at
+                   --prompt-len only (no --batch or --context)
 ";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +82,14 @@ pub struct Options {
     /// None: the model's default (`default_steps`).
     pub steps: Option<usize>,
     pub repeats: usize,
+    /// Batch sizes; mlx-iree prints one row per (context, batch).
+    pub batch: Vec<usize>,
+    /// Empty: mlx-iree's default (one context, --prompt-len).
+    pub context: Vec<usize>,
+    /// None: mlx-iree's default.
+    pub max_context: Option<usize>,
+    /// None: mlx-iree's default (f32).
+    pub kv_cache: Option<&'static str>,
     pub prepare_only: bool,
     /// Also measure llama.cpp and mlx-lm (`peers.rs`).
     pub peers: bool,
@@ -94,6 +115,10 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
         prompt_len: 128,
         steps: None,
         repeats: 3,
+        batch: vec![1],
+        context: Vec::new(),
+        max_context: None,
+        kv_cache: None,
         prepare_only: false,
         peers: false,
     };
@@ -118,6 +143,16 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
             "--prompt-len" => o.prompt_len = count(flag, value()?)?,
             "--steps" => o.steps = Some(count(flag, value()?)?),
             "--repeats" => o.repeats = count(flag, value()?)?,
+            "--batch" => o.batch = list(flag, value()?)?,
+            "--context" => o.context = list(flag, value()?)?,
+            "--max-context" => o.max_context = Some(count(flag, value()?)?),
+            "--kv-cache" => {
+                let t = value()?;
+                o.kv_cache = match KV_CACHE.iter().find(|x| *x == t) {
+                    Some(x) => Some(*x),
+                    None => bail!("bench: unknown KV cache type `{t}` (expected f32 or f16)"),
+                };
+            }
             "--json" => o.json = true,
             "--prepare-only" => o.prepare_only = true,
             "--peers" => o.peers = true,
@@ -127,6 +162,13 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
     if o.models.is_empty() {
         o.models = vec![ModelArg::SmolLm2, ModelArg::Llama1b];
     }
+    // The peer scripts measure one sequence at --prompt-len; a ratio against them at another
+    // batch or context would compare different work.
+    if o.peers && (o.batch != [1] || !o.context.is_empty()) {
+        bail!(
+            "bench: `--peers` with `--batch` or `--context` is not implemented yet (peers run batch 1 at --prompt-len)"
+        );
+    }
     Ok(o)
 }
 
@@ -134,6 +176,14 @@ fn count(flag: &str, v: &str) -> Result<usize> {
     match v.parse::<usize>() {
         Ok(n) if n > 0 => Ok(n),
         _ => bail!("bench: `{flag}` needs a whole number of at least 1 (got `{v}`)"),
+    }
+}
+
+/// Comma-separated counts, as mlx-iree takes them.
+fn list(flag: &str, v: &str) -> Result<Vec<usize>> {
+    match v.split(',').map(|x| x.parse::<usize>().ok().filter(|n| *n > 0)).collect() {
+        Some(ns) => Ok(ns),
+        None => bail!("bench: `{flag}` needs comma-separated whole numbers of at least 1 (got `{v}`)"),
     }
 }
 
@@ -216,7 +266,8 @@ pub fn run(args: &[String]) -> Result<()> {
     } else {
         None
     };
-    let mut rows = Vec::new();
+    // One case gives a row per (context, batch); `row_cases[i]` is the case of `rows[i]`.
+    let (mut row_cases, mut rows) = (Vec::new(), Vec::new());
     for (i, case) in cases.iter().enumerate() {
         note(format!(
             "{}/{}: {} at {} on {}",
@@ -226,12 +277,15 @@ pub fn run(args: &[String]) -> Result<()> {
             case.precision,
             opts.device
         ));
-        let row = measure(&bin, case, &opts)?;
-        if opts.json {
-            println!("{}", row.json_line(case, &opts.device, bandwidth));
+        for row in measure(&bin, case, &opts)? {
+            if opts.json {
+                println!("{}", row.json_line(case, &opts.device, bandwidth));
+            }
+            row_cases.push(case.clone());
+            rows.push(row);
         }
-        rows.push(row);
     }
+    let cases = row_cases;
     let mut failed: Vec<String> = cases
         .iter()
         .zip(&rows)
@@ -330,10 +384,16 @@ fn display_name(dir: &Path) -> String {
 /// What `mlx-iree bench --json` prints (the fields the table shows).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct Measured {
+    /// Sequences decoded together; `decode_tok_s` is their aggregate.
+    pub batch: usize,
+    /// Tokens of context before the decode steps.
+    pub context: usize,
+    pub max_context: usize,
     pub prefill_tok_s: f64,
     pub decode_tok_s: f64,
     pub ttft_ms: f64,
     pub weight_bytes: u64,
+    pub kv_bytes: u64,
     pub peak_rss_bytes: u64,
     pub dispatches_per_decode_step: u64,
     pub compile_cold_s: f64,
@@ -392,9 +452,29 @@ pub fn tagged_json(line: &str, engine: &str, bound: Option<(f64, u64)>) -> Strin
     format!("{{{}}}", fields.join(","))
 }
 
-/// Runs `mlx-iree bench --json` for one case. Its stderr streams through (compile
-/// progress); a failure becomes a row holding its one-line error.
-fn measure(bin: &Path, case: &Case, o: &Options) -> Result<Row> {
+/// Runs `mlx-iree bench --json` for one case: one row per (context, batch). Its stderr
+/// streams through (compile progress); a failure becomes one row holding its one-line error.
+fn measure(bin: &Path, case: &Case, o: &Options) -> Result<Vec<Row>> {
+    let mut cmd = bench_command(bin, case, o);
+    let shown = util::show(&cmd);
+    match run_child(&mut cmd)? {
+        Ok(stdout) => {
+            let rows = parse_rows(&stdout).with_context(|| format!("`{shown}` printed {stdout:?}"))?;
+            // A row missing would silently drop a (context, batch) from the table.
+            let want = o.batch.len() * o.context.len().max(1);
+            if rows.len() != want {
+                bail!("`{shown}` printed {} JSON lines, expected {want}: {stdout:?}", rows.len());
+            }
+            Ok(rows)
+        }
+        Err(msg) => Ok(vec![Row::Failed(msg)]),
+    }
+}
+
+/// The `mlx-iree bench --json` command line of one case; flags left at their default are
+/// left to mlx-iree's default.
+fn bench_command(bin: &Path, case: &Case, o: &Options) -> Command {
+    let join = |ns: &[usize]| ns.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
     let mut cmd = Command::new(bin);
     cmd.arg("bench")
         .arg("--model")
@@ -402,12 +482,18 @@ fn measure(bin: &Path, case: &Case, o: &Options) -> Result<Row> {
         .args(["--precision", case.precision, "--device", &o.device, "--json"])
         .args(["--prompt-len", &o.prompt_len.to_string()])
         .args(["--steps", &case.steps.to_string()])
-        .args(["--repeats", &o.repeats.to_string()]);
-    let shown = util::show(&cmd);
-    match run_child(&mut cmd)? {
-        Ok(stdout) => parse_row(&stdout).with_context(|| format!("`{shown}` printed {stdout:?}")),
-        Err(msg) => Ok(Row::Failed(msg)),
+        .args(["--repeats", &o.repeats.to_string()])
+        .args(["--batch", &join(&o.batch)]);
+    if !o.context.is_empty() {
+        cmd.args(["--context", &join(&o.context)]);
     }
+    if let Some(n) = o.max_context {
+        cmd.args(["--max-context", &n.to_string()]);
+    }
+    if let Some(t) = o.kv_cache {
+        cmd.args(["--kv-cache", t]);
+    }
+    cmd
 }
 
 /// Runs a measuring command with its stderr streamed through, indented. Returns its
@@ -452,29 +538,50 @@ pub fn error_note(line: &str) -> String {
     msg.to_owned()
 }
 
-pub fn parse_row(stdout: &str) -> Result<Row> {
-    let line = stdout.lines().rfind(|l| l.trim_start().starts_with('{')).context("no JSON line")?.trim();
-    let measured: Measured = serde_json::from_str(line)?;
-    Ok(Row::Ok(line.to_owned(), measured))
+/// Every JSON line of `mlx-iree bench --json` (one per (context, batch)) as a row, in order.
+pub fn parse_rows(stdout: &str) -> Result<Vec<Row>> {
+    let rows = stdout
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with('{'))
+        .map(|line| {
+            let measured: Measured = serde_json::from_str(line).with_context(|| format!("bad JSON line: {line}"))?;
+            Ok(Row::Ok(line.to_owned(), measured))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if rows.is_empty() {
+        bail!("no JSON line");
+    }
+    Ok(rows)
 }
 
 /// The human table: one line per row, decode speed also as a ratio against the f32 row
-/// (and the f16 row, when one succeeded) of the same family.
+/// (and the f16 row, when one succeeded) of the same family, batch and context (a
+/// different batch or context is different work).
 pub fn table(cases: &[Case], rows: &[Row]) -> String {
-    let baseline = |family: &str, precision: &str| {
+    let baseline = |family: &str, precision: &str, of: &Measured| {
         cases.iter().zip(rows).find_map(|(c, r)| match r {
-            Row::Ok(_, m) if c.family == family && c.precision == precision => Some(m.decode_tok_s),
+            Row::Ok(_, m)
+                if c.family == family && c.precision == precision && (m.batch, m.context) == (of.batch, of.context) =>
+            {
+                Some(m.decode_tok_s)
+            }
             _ => None,
         })
     };
-    let any_f16 = cases.iter().any(|c| baseline(&c.family, "f16").is_some());
+    let any_f16 = cases.iter().zip(rows).any(|(c, r)| match r {
+        Row::Ok(_, m) => baseline(&c.family, "f16", m).is_some(),
+        Row::Failed(_) => false,
+    });
     let mib = |b: u64| format!("{:.0}", b as f64 / (1024.0 * 1024.0));
     let ratio = |x: f64, base: Option<f64>| base.map_or_else(|| "-".to_owned(), |b| format!("{:.2}x", x / b));
     let width = cases.iter().map(|c| display_name(&c.model).len()).max().unwrap_or(5).max(5);
     let mut out = format!(
-        "{:<width$}  {:<9}  {:>5}  {:>9}  {:>9}  {:>7}{}  {:>9}  {:>8}  {:>8}  {:>13}  {:>10}\n",
+        "{:<width$}  {:<9}  {:>5}  {:>7}  {:>5}  {:>9}  {:>9}  {:>7}{}  {:>9}  {:>8}  {:>7}  {:>8}  {:>13}  {:>10}\n",
         "model",
         "precision",
+        "batch",
+        "context",
         "steps",
         "prefill/s",
         "decode/s",
@@ -482,6 +589,7 @@ pub fn table(cases: &[Case], rows: &[Row]) -> String {
         if any_f16 { format!("  {:>7}", "vs f16") } else { String::new() },
         "ttft ms",
         "wts MiB",
+        "KV MiB",
         "RSS MiB",
         "compile s",
         "disp/step",
@@ -491,19 +599,23 @@ pub fn table(cases: &[Case], rows: &[Row]) -> String {
         match r {
             Row::Ok(_, m) => {
                 out += &format!(
-                    "{name:<width$}  {:<9}  {:>5}  {:>9.1}  {:>9.2}  {:>7}{}  {:>9.1}  {:>8}  {:>8}  {:>13}  {:>10}\n",
+                    "{name:<width$}  {:<9}  {:>5}  {:>7}  {:>5}  {:>9.1}  {:>9.2}  {:>7}{}  {:>9.1}  {:>8}  {:>7}  {:>8}  \
+                     {:>13}  {:>10}\n",
                     c.precision,
+                    m.batch,
+                    m.context,
                     c.steps,
                     m.prefill_tok_s,
                     m.decode_tok_s,
-                    ratio(m.decode_tok_s, baseline(&c.family, "f32")),
+                    ratio(m.decode_tok_s, baseline(&c.family, "f32", m)),
                     if any_f16 {
-                        format!("  {:>7}", ratio(m.decode_tok_s, baseline(&c.family, "f16")))
+                        format!("  {:>7}", ratio(m.decode_tok_s, baseline(&c.family, "f16", m)))
                     } else {
                         String::new()
                     },
                     m.ttft_ms,
                     mib(m.weight_bytes),
+                    mib(m.kv_bytes),
                     mib(m.peak_rss_bytes),
                     format!(
                         "{:.1}/{}",
@@ -772,6 +884,10 @@ mod tests {
         assert_eq!(o.models, vec![ModelArg::SmolLm2, ModelArg::Llama1b]);
         assert_eq!(o.precisions, vec!["f32", "f16", "bf16", "packed"]);
         assert_eq!((o.device.as_str(), o.json, o.prompt_len, o.steps, o.repeats), ("local-task", false, 128, None, 3));
+        assert_eq!(
+            (o.batch.as_slice(), o.context.as_slice(), o.max_context, o.kv_cache),
+            (&[1][..], &[][..], None, None)
+        );
         let m = Path::new("/m");
         let got: Vec<(String, &str, usize)> =
             cases(&o, m).iter().map(|c| (c.model.display().to_string(), c.precision, c.steps)).collect();
@@ -839,6 +955,134 @@ mod tests {
     }
 
     #[test]
+    fn batch_context_and_kv_cache_flags_reach_mlx_iree() {
+        let o = parse_args(&args(&[
+            "--model",
+            "smollm2",
+            "--precision",
+            "f16",
+            "--batch",
+            "1,4,8",
+            "--context",
+            "100,2000",
+            "--max-context",
+            "4096",
+            "--kv-cache",
+            "f16",
+        ]))
+        .unwrap();
+        assert_eq!((o.batch.as_slice(), o.context.as_slice()), (&[1, 4, 8][..], &[100, 2000][..]));
+        assert_eq!((o.max_context, o.kv_cache), (Some(4096), Some("f16")));
+        let shown = |o: &Options| {
+            let cmd = bench_command(Path::new("/b/mlx-iree"), &cases(o, Path::new("/m"))[0], o);
+            cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
+        };
+        assert_eq!(
+            shown(&o),
+            "bench --model /m/smollm2-135m-instruct-4bit --precision f16 --device local-task --json --prompt-len 128 \
+             --steps 128 --repeats 3 --batch 1,4,8 --context 100,2000 --max-context 4096 --kv-cache f16"
+        );
+        // Unset, they are left to mlx-iree's defaults (batch 1 is its default too).
+        let o = parse_args(&args(&["--model", "smollm2", "--precision", "f32", "--steps", "4"])).unwrap();
+        assert_eq!(
+            shown(&o),
+            "bench --model /m/smollm2-135m-instruct-4bit --precision f32 --device local-task --json --prompt-len 128 \
+             --steps 4 --repeats 3 --batch 1"
+        );
+    }
+
+    #[test]
+    fn bad_batch_context_and_kv_cache_values() {
+        let err = |a: &[&str]| parse_args(&args(a)).unwrap_err().to_string();
+        for (flag, v) in [
+            ("--batch", "1,0"),
+            ("--batch", ""),
+            ("--batch", "1,,4"),
+            ("--batch", "-1"),
+            ("--batch", "4,"),
+            ("--context", "x"),
+            ("--context", "100 2000"),
+        ] {
+            assert_eq!(
+                err(&[flag, v]),
+                format!("bench: `{flag}` needs comma-separated whole numbers of at least 1 (got `{v}`)")
+            );
+        }
+        assert_eq!(err(&["--max-context", "0"]), "bench: `--max-context` needs a whole number of at least 1 (got `0`)");
+        assert_eq!(err(&["--kv-cache", "bf16"]), "bench: unknown KV cache type `bf16` (expected f32 or f16)");
+        assert!(err(&["--batch"]).starts_with("bench: `--batch` needs a value"));
+        // The peers measure batch 1 at --prompt-len only.
+        let refused = "bench: `--peers` with `--batch` or `--context` is not implemented yet (peers run batch 1 at \
+                       --prompt-len)";
+        assert_eq!(err(&["--peers", "--batch", "1,4"]), refused);
+        assert_eq!(err(&["--batch", "4", "--peers"]), refused);
+        assert_eq!(err(&["--peers", "--context", "128"]), refused);
+        assert!(parse_args(&args(&["--peers", "--batch", "1", "--kv-cache", "f16"])).unwrap().peers);
+    }
+
+    /// One mlx-iree JSON line as `mlx-iree bench --json` prints it now.
+    fn report_line(context: usize, batch: usize, decode: f64) -> String {
+        format!(
+            r#"{{"model":"/m/a","device":"local-task","precision":"f16","batch":{batch},"context":{context},"max_context":2144,"prefill_tok_s":100.0,"decode_tok_s":{decode:?},"ttft_ms":1280.0,"weight_bytes":3145728,"kv_bytes":{kv},"peak_rss_bytes":10485760,"dispatches_per_decode_step":42,"compile_cold_s":12.5,"compile_cached_s":0.03,"weights_load_s":1.0,"prompt_len":{context},"decode_steps":16,"repeats":3}}"#,
+            kv = batch << 20,
+        )
+    }
+
+    #[test]
+    fn every_json_line_of_one_run_is_a_row() {
+        let want = [(100, 1, 10.0), (100, 4, 36.0), (2000, 1, 8.0), (2000, 4, 28.5)];
+        let lines: Vec<String> = want.iter().map(|&(c, b, d)| report_line(c, b, d)).collect();
+        let stdout = format!("not json\n{}\n\n", lines.join("\n"));
+        let rows = parse_rows(&stdout).unwrap();
+        let got: Vec<(usize, usize, f64, u64, usize)> = rows
+            .iter()
+            .map(|r| match r {
+                Row::Ok(_, m) => (m.context, m.batch, m.decode_tok_s, m.kv_bytes, m.max_context),
+                Row::Failed(e) => panic!("{e}"),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (100, 1, 10.0, 1 << 20, 2144),
+                (100, 4, 36.0, 4 << 20, 2144),
+                (2000, 1, 8.0, 1 << 20, 2144),
+                (2000, 4, 28.5, 4 << 20, 2144)
+            ]
+        );
+        assert!(matches!(&rows[3], Row::Ok(line, _) if *line == lines[3]));
+        // One bad line spoils the run rather than silently dropping a row.
+        let bad = format!("{}\n{{\"decode_tok_s\": 1}}\n", lines[0]);
+        assert!(parse_rows(&bad).unwrap_err().to_string().starts_with("bad JSON line: {\"decode_tok_s\": 1}"));
+
+        // With --json, each row is one line tagged with the engine, carrying its batch,
+        // context and KV bytes beside the weight bytes.
+        let case = Case { family: "a".into(), model: "/m/a".into(), precision: "f16", steps: 16 };
+        let printed: Vec<serde_json::Value> =
+            rows.iter().map(|r| serde_json::from_str(&r.json_line(&case, "local-task", None)).unwrap()).collect();
+        let fields: Vec<(&str, u64, u64, u64, u64)> = printed
+            .iter()
+            .map(|v| {
+                let n = |k: &str| v[k].as_u64().unwrap();
+                (v["engine"].as_str().unwrap(), n("batch"), n("context"), n("kv_bytes"), n("weight_bytes"))
+            })
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                ("mlx-iree", 1, 100, 1 << 20, 3 << 20),
+                ("mlx-iree", 4, 100, 4 << 20, 3 << 20),
+                ("mlx-iree", 1, 2000, 1 << 20, 3 << 20),
+                ("mlx-iree", 4, 2000, 4 << 20, 3 << 20)
+            ]
+        );
+        assert_eq!(
+            rows[1].json_line(&case, "local-task", None),
+            format!("{{\"engine\":\"mlx-iree\",{}", &lines[1][1..])
+        );
+    }
+
+    #[test]
     fn error_notes_drop_the_cli_framing() {
         assert_eq!(
             error_note(
@@ -852,10 +1096,14 @@ mod tests {
 
     fn measured(decode: f64) -> Measured {
         Measured {
+            batch: 1,
+            context: 128,
+            max_context: 2048,
             prefill_tok_s: 100.0,
             decode_tok_s: decode,
             ttft_ms: 1280.0,
             weight_bytes: 3 << 20,
+            kv_bytes: 5 << 20,
             peak_rss_bytes: 10 << 20,
             dispatches_per_decode_step: 42,
             compile_cold_s: 12.5,
@@ -865,14 +1113,15 @@ mod tests {
 
     #[test]
     fn json_lines_parse_and_errors_become_rows() {
-        let line = r#"{"model":"m","device":"local-task","precision":"f32","prefill_tok_s":100.0,"decode_tok_s":20.0,"ttft_ms":1280.0,"weight_bytes":3145728,"peak_rss_bytes":10485760,"dispatches_per_decode_step":42,"compile_cold_s":12.5,"compile_cached_s":0.03,"weights_load_s":1.0}"#;
-        let row = parse_row(&format!("{line}\n")).unwrap();
-        assert_eq!(row, Row::Ok(line.to_owned(), measured(20.0)));
-        assert!(parse_row("no json here\n").is_err());
+        let line = r#"{"model":"m","device":"local-task","precision":"f32","batch":1,"context":128,"max_context":2048,"prefill_tok_s":100.0,"decode_tok_s":20.0,"ttft_ms":1280.0,"weight_bytes":3145728,"kv_bytes":5242880,"peak_rss_bytes":10485760,"dispatches_per_decode_step":42,"compile_cold_s":12.5,"compile_cached_s":0.03,"weights_load_s":1.0,"prompt_len":128,"decode_steps":16,"repeats":3}"#;
+        let rows = parse_rows(&format!("{line}\n")).unwrap();
+        assert_eq!(rows, [Row::Ok(line.to_owned(), measured(20.0))]);
+        let row = rows[0].clone();
+        assert_eq!(parse_rows("no json here\n").unwrap_err().to_string(), "no JSON line");
         let case = Case { family: "f".into(), model: "/m/x".into(), precision: "packed", steps: 1 };
         let null_cached = line.replace("\"compile_cached_s\":0.03", "\"compile_cached_s\":null");
-        match parse_row(&null_cached).unwrap() {
-            Row::Ok(_, m) => assert_eq!(m.compile_cached_s, None),
+        match &parse_rows(&null_cached).unwrap()[..] {
+            [Row::Ok(_, m)] => assert_eq!(m.compile_cached_s, None),
             other => panic!("{other:?}"),
         }
         let failed = Row::Failed("loading /m/a-4bit: out of memory".into()).json_line(&case, "local-task", None);
@@ -917,6 +1166,8 @@ mod tests {
             [
                 "model",
                 "precision",
+                "batch",
+                "context",
                 "steps",
                 "prefill/s",
                 "decode/s",
@@ -928,6 +1179,8 @@ mod tests {
                 "ms",
                 "wts",
                 "MiB",
+                "KV",
+                "MiB",
                 "RSS",
                 "MiB",
                 "compile",
@@ -937,12 +1190,73 @@ mod tests {
         );
         assert_eq!(
             cols(lines[1]),
-            ["a-4bit", "f32", "1", "100.0", "20.00", "1.00x", "0.67x", "1280.0", "3", "10", "12.5/0.03", "42"]
+            [
+                "a-4bit",
+                "f32",
+                "1",
+                "128",
+                "1",
+                "100.0",
+                "20.00",
+                "1.00x",
+                "0.67x",
+                "1280.0",
+                "3",
+                "5",
+                "10",
+                "12.5/0.03",
+                "42"
+            ]
         );
-        assert_eq!(cols(lines[2])[..7], ["a-4bit", "f16", "1", "100.0", "30.00", "1.50x", "1.00x"]);
+        assert_eq!(cols(lines[2])[..9], ["a-4bit", "f16", "1", "128", "1", "100.0", "30.00", "1.50x", "1.00x"]);
         assert_eq!(lines[3], "a-4bit  packed     error: loading /m/a-4bit: out of memory");
         // Family b has no f16 row: no ratio against it.
-        assert_eq!(cols(lines[4])[..7], ["b", "f32", "1", "100.0", "5.00", "1.00x", "-"]);
+        assert_eq!(cols(lines[4])[..9], ["b", "f32", "1", "128", "1", "100.0", "5.00", "1.00x", "-"]);
+    }
+
+    #[test]
+    fn table_ratios_pair_rows_of_the_same_family_batch_and_context() {
+        let case = |family: &str, precision| Case {
+            family: family.into(),
+            model: format!("/m/{family}").into(),
+            precision,
+            steps: 1,
+        };
+        let at = |batch, context, decode| {
+            Row::Ok(String::new(), Measured { batch, context, kv_bytes: (batch as u64) << 20, ..measured(decode) })
+        };
+        // As mlx-iree prints them: contexts outer, batches inner, one case after the other.
+        let rows = [
+            (case("a", "f32"), at(1, 100, 10.0)),
+            (case("a", "f32"), at(4, 100, 32.0)),
+            (case("a", "f32"), at(1, 2000, 8.0)),
+            (case("a", "f16"), at(1, 100, 20.0)),
+            (case("a", "f16"), at(4, 100, 48.0)),
+            (case("a", "f16"), at(1, 2000, 4.0)),
+            (case("a", "f16"), at(4, 2000, 12.0)),
+            (case("b", "f32"), at(4, 100, 1.0)),
+        ];
+        let (cases, rows): (Vec<Case>, Vec<Row>) = rows.into_iter().unzip();
+        let t = table(&cases, &rows);
+        let lines: Vec<Vec<&str>> = t.lines().skip(1).map(|l| l.split_whitespace().collect()).collect();
+        // (precision, batch, context, decode/s, vs f32, vs f16, KV MiB)
+        let got: Vec<[&str; 7]> = lines.iter().map(|c| [c[1], c[2], c[3], c[6], c[7], c[8], c[11]]).collect();
+        assert_eq!(
+            got,
+            [
+                ["f32", "1", "100", "10.00", "1.00x", "0.50x", "1"],
+                ["f32", "4", "100", "32.00", "1.00x", "0.67x", "4"],
+                ["f32", "1", "2000", "8.00", "1.00x", "2.00x", "1"],
+                ["f16", "1", "100", "20.00", "2.00x", "1.00x", "1"],
+                ["f16", "4", "100", "48.00", "1.50x", "1.00x", "4"],
+                ["f16", "1", "2000", "4.00", "0.50x", "1.00x", "1"],
+                // No f32 row at batch 4, context 2000.
+                ["f16", "4", "2000", "12.00", "-", "1.00x", "4"],
+                // Family b's own f32 row is its baseline, not a's, and it has no f16 row.
+                ["f32", "4", "100", "1.00", "1.00x", "-", "4"],
+            ]
+        );
+        assert_eq!(lines[7][0], "b");
     }
 
     #[test]
