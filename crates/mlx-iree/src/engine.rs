@@ -154,7 +154,10 @@ impl Plan {
             .batches
             .iter()
             .flat_map(|&rows| self.windows.iter().map(move |&window| Function::Decode { rows, window }));
-        prefill.chain(decode).collect()
+        let mut writes: Vec<usize> = self.batches.iter().chain(&self.chunks).copied().collect();
+        writes.sort_unstable();
+        writes.dedup();
+        prefill.chain(decode).chain(writes.into_iter().map(|rows| Function::WriteKv { rows })).collect()
     }
 
     /// The smallest window holding positions `[0, end)`.
@@ -417,19 +420,37 @@ impl Engine {
         ))
     }
 
-    /// Runs `function`; `inputs` are its i32 inputs before the caches.
-    fn call(&mut self, function: Function, inputs: &[(&[i32], usize)]) -> Result<(Vec<i32>, Rc<Logits>)> {
+    /// Runs step `function` on `tokens` at `positions` (one per row) for the sequences in
+    /// `slots` (`last`: the prompt row whose logits are wanted), then writes the rows' keys
+    /// and values into the cache at (`row_slots`, `positions`).
+    fn call(
+        &mut self,
+        function: Function,
+        tokens: &[i32],
+        positions: &[i32],
+        slots: &[i32],
+        last: Option<i32>,
+        row_slots: &[i32],
+    ) -> Result<(Vec<i32>, Rc<Logits>)> {
         let _turn = iree_turn();
-        let mut views = Vec::with_capacity(inputs.len() + 2);
-        for (data, len) in inputs {
-            views.push(self.device.upload(&[*len], data)?);
-        }
-        let mut args: Vec<&BufferView> = views.iter().collect();
+        let upload = |data: &[i32]| self.device.upload(&[data.len()], data);
+        let (tokens, positions, slots) = (upload(tokens)?, upload(positions)?, upload(slots)?);
+        let last = last.map(|l| upload(&[l])).transpose()?;
+        let mut args = vec![&tokens, &positions, &slots];
+        args.extend(last.as_ref());
         args.extend([&self.k, &self.v]);
         let name = function.name();
         let mut out = self.session.call(&name, &args)?.into_iter();
-        let (Some(next), Some(logits), Some(k), Some(v)) = (out.next(), out.next(), out.next(), out.next()) else {
+        let (Some(next), Some(logits), Some(new_k), Some(new_v)) = (out.next(), out.next(), out.next(), out.next())
+        else {
             return Err(Error::Invalid(format!("`{name}` returned fewer than 4 results")));
+        };
+        let write = Function::WriteKv { rows: row_slots.len() }.name();
+        let row_slots = upload(row_slots)?;
+        let mut out =
+            self.session.call(&write, &[&positions, &row_slots, &new_k, &new_v, &self.k, &self.v])?.into_iter();
+        let (Some(k), Some(v)) = (out.next(), out.next()) else {
+            return Err(Error::Invalid(format!("`{write}` returned fewer than 2 results")));
         };
         self.k = k;
         self.v = v;
@@ -462,9 +483,9 @@ impl Engine {
             let mut ids: Vec<i32> = rest[..take].iter().map(|t| *t as i32).collect();
             ids.resize(tokens, 0);
             let positions: Vec<i32> = (start..start + tokens).map(|p| p as i32).collect();
-            let inputs: [(&[i32], usize); 4] =
-                [(&ids, tokens), (&positions, tokens), (&[slot as i32], 1), (&[take as i32 - 1], 1)];
-            let (next, logits) = self.call(function, &inputs)?;
+            let slots = vec![slot as i32; tokens];
+            let (next, logits) =
+                self.call(function, &ids, &positions, &[slot as i32], Some(take as i32 - 1), &slots)?;
             self.lens[slot] += take;
             last = Some(Step { next: next[0] as u32, logits, row: 0 });
             rest = &rest[take..];
@@ -503,7 +524,7 @@ impl Engine {
             positions.push(self.lens[slot] as i32);
             slots.push(slot as i32);
         }
-        let (next, logits) = self.call(function, &[(&ids, b), (&positions, b), (&slots, b)])?;
+        let (next, logits) = self.call(function, &ids, &positions, &slots, None, &slots)?;
         for &(slot, _) in rows {
             self.lens[slot] += 1;
         }

@@ -1,23 +1,28 @@
 //! The decoder as StableHLO: one step body emitted for a chunk of one sequence's prompt
 //! (`prefill`) and for one token of each of several sequences (`decode`), over a KV cache of
-//! per-sequence slots that every call updates in place.
+//! per-sequence slots, plus the function that writes a step's keys and values into it.
 //!
 //! Function signatures (`R` rows; `n` sequences of `m` rows each: prefill n = 1, m = T;
-//! decode n = B, m = 1):
+//! decode n = B, m = 1; `L` layers, `K` kv heads, `hd` head dim):
 //! - `prefill_t{T}_w{W}(tokens: i32[T], positions: i32[T], slots: i32[1], last: i32[1], k, v)
-//!   -> (next: i32[1], logits: f32[1, V], k', v')`
+//!   -> (next: i32[1], logits: f32[1, V], new_k: [L, T, K, hd], new_v)`
 //! - `decode_b{B}_w{W}(tokens: i32[B], positions: i32[B], slots: i32[B], k, v)
-//!   -> (next: i32[B], logits: f32[B, V], k', v')`
+//!   -> (next: i32[B], logits: f32[B, V], new_k: [L, B, K, hd], new_v)`
+//! - `write_kv_r{R}(positions: i32[R], slots: i32[R], new_k, new_v, k, v) -> (k', v')`
 //!
 //! `k`, `v` are `[layers, slots, positions, kv_heads, head_dim]` in the cache's element type
 //! (positions before heads: IREE 3.13 lowers a scatter only when its inserted dims lead).
-//! Row r's key and value are written at `(slot of its sequence, positions[r])` with a
-//! `scatter` whose indices are data, never slice offsets (a run-time slice offset costs a
-//! host round trip on a GPU, BRIEF 7); attention then reads only positions `[0, W)` of each
-//! sequence's slot (a `gather`), masked to `<= positions[r]`. `last` picks the row of the
-//! prompt chunk whose logits are returned. Callers keep every position below `W` and the
-//! cache's capacity, and never put two rows of one `decode` call on one slot unless the rows
-//! are identical (padding): the rows then write the same bytes.
+//! The step functions only read the cache: attention gathers positions `[0, W)` of each
+//! sequence's slot and puts the step's own keys and values into that small copy (a
+//! `scatter` at each row's position), masked to `<= positions[r]`. The caller then runs
+//! `write_kv` to scatter the new rows into the cache at (slot, position), in place. Reads and
+//! writes live in separate calls because a cache that one function both updates and reads
+//! back was copied whole by IREE on every call (docs/PERFORMANCE.md); positions and slots
+//! are data, never slice offsets (a run-time slice offset costs a host round trip on a GPU,
+//! BRIEF 7). `last` picks the row of the prompt chunk whose logits are returned. Callers keep
+//! every position below `W` and the cache's capacity, and never put two rows of one call on
+//! one slot and position unless the rows are identical (padding): they then write the same
+//! bytes.
 
 use crate::config::{Activation, ModelConfig};
 use crate::error::Result;
@@ -111,6 +116,8 @@ pub enum Function {
     Prefill { tokens: usize, window: usize },
     /// One token for each of `rows` sequences; attention reads positions `[0, window)`.
     Decode { rows: usize, window: usize },
+    /// Writes `rows` rows of keys and values (a step's `new_k`, `new_v`) into the cache.
+    WriteKv { rows: usize },
 }
 
 impl Function {
@@ -118,6 +125,7 @@ impl Function {
         match self {
             Function::Prefill { tokens, window } => format!("prefill_t{tokens}_w{window}"),
             Function::Decode { rows, window } => format!("decode_b{rows}_w{window}"),
+            Function::WriteKv { rows } => format!("write_kv_r{rows}"),
         }
     }
 
@@ -125,13 +133,15 @@ impl Function {
     fn split(self) -> (usize, usize) {
         match self {
             Function::Prefill { tokens, .. } => (1, tokens),
-            Function::Decode { rows, .. } => (rows, 1),
+            Function::Decode { rows, .. } | Function::WriteKv { rows } => (rows, 1),
         }
     }
 
+    /// Positions attention reads (none for `WriteKv`).
     pub fn window(self) -> usize {
         match self {
             Function::Prefill { window, .. } | Function::Decode { window, .. } => window,
+            Function::WriteKv { .. } => 0,
         }
     }
 
@@ -153,7 +163,8 @@ pub fn emit_functions(
 ) -> Result<String> {
     for function in functions {
         let (rows, window) = (function.rows(), function.window());
-        if rows == 0 || window == 0 || window > cache.positions || cache.slots == 0 {
+        let reads = !matches!(function, Function::WriteKv { .. });
+        if rows == 0 || (reads && window == 0) || window > cache.positions || cache.slots == 0 {
             return Err(crate::Error::Invalid(format!(
                 "function {} does not fit a cache of {} slots x {} positions",
                 function.name(),
@@ -174,8 +185,23 @@ pub fn emit_functions(
     }
     let kv = cache.elem.elem().tensor(&cache.dims(cfg).map(|d| d as i64));
     let entries = RefCell::new(BTreeSet::new());
+    let kv_dims = cache.dims(cfg);
+    let rows_kv =
+        |r: usize| cache.elem.elem().tensor(&[kv_dims[0] as i64, r as i64, kv_dims[3] as i64, kv_dims[4] as i64]);
     for &function in functions {
         let (n, rows) = (function.split().0 as i64, function.rows() as i64);
+        if let Function::WriteKv { .. } = function {
+            let inputs = [
+                I32.tensor(&[rows]),
+                I32.tensor(&[rows]),
+                rows_kv(rows as usize),
+                rows_kv(rows as usize),
+                kv.clone(),
+                kv.clone(),
+            ];
+            m.func(&function.name(), &inputs, |f, a| write_kv(f, a[0], a[1], a[2], a[3], a[4], a[5]))?;
+            continue;
+        }
         let mut inputs = vec![I32.tensor(&[rows]), I32.tensor(&[rows]), I32.tensor(&[n])];
         if let Function::Prefill { .. } = function {
             inputs.push(I32.tensor(&[1]));
@@ -207,6 +233,37 @@ pub fn emit_functions(
         }
     }
     Ok(m.to_text())
+}
+
+/// `write_kv`: every layer's new rows `[L, R, K, hd]` scattered into the cache at
+/// (layer, slot, position), one scatter per cache; nothing else touches the cache here, so
+/// IREE updates it in place.
+fn write_kv<'c, 'b>(
+    f: &Func<'c, 'b>,
+    positions: V<'c, 'b>,
+    slots: V<'c, 'b>,
+    new_k: V<'c, 'b>,
+    new_v: V<'c, 'b>,
+    k: V<'c, 'b>,
+    v: V<'c, 'b>,
+) -> R<Vec<V<'c, 'b>>> {
+    let dims = new_k.shape();
+    let (l, r) = (dims[0], dims[1]);
+    let column = |x: V<'c, 'b>| -> R<V<'c, 'b>> { f.reshape(f.broadcast_in_dim(x, &[l, r], &[1])?, &[l * r, 1]) };
+    let layer = f.reshape(f.iota(&I32.tensor(&[l, r]), 0)?, &[l * r, 1])?;
+    let indices = f.concatenate(&[layer, column(slots)?, column(positions)?], 1)?;
+    let scatter_dims = ScatterDims {
+        update_window_dims: vec![1, 2],
+        inserted_window_dims: vec![0, 1, 2],
+        scatter_dims_to_operand_dims: vec![0, 1, 2],
+        index_vector_dim: 1,
+        ..ScatterDims::default()
+    };
+    let flat = |x: V<'c, 'b>| f.reshape(x, &[l * r, dims[2], dims[3]]);
+    Ok(vec![
+        f.scatter(k, indices, flat(new_k)?, scatter_dims.clone())?,
+        f.scatter(v, indices, flat(new_v)?, scatter_dims)?,
+    ])
 }
 
 struct Step<'a, 'c, 'b> {
@@ -410,30 +467,10 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         self.function.rows() as i64
     }
 
-    /// `[R, 3]` scatter indices `(layer, slot, position)` of each row.
-    fn write_indices(&self, l: usize, row_slots: V<'c, 'b>, positions: V<'c, 'b>) -> R<V<'c, 'b>> {
-        let f = self.f;
-        let r = self.rows();
-        let column = |v: V<'c, 'b>| f.reshape(v, &[r, 1]);
-        let layer = f.splat(l as f64, &I32.tensor(&[r, 1]))?;
-        f.concatenate(&[layer, column(row_slots)?, column(positions)?], 1)
-    }
-
-    /// Writes `x [R, kv_heads, hd]` into layer `l` of `cache` at each row's (slot, position).
-    fn write_cache(&self, cache: V<'c, 'b>, x: V<'c, 'b>, indices: V<'c, 'b>) -> R<V<'c, 'b>> {
-        let dims = ScatterDims {
-            update_window_dims: vec![1, 2],
-            inserted_window_dims: vec![0, 1, 2],
-            scatter_dims_to_operand_dims: vec![0, 1, 2],
-            index_vector_dim: 1,
-            ..ScatterDims::default()
-        };
-        let x = if x.elem() == self.kv_elem { x } else { self.f.convert(x, self.kv_elem)? };
-        self.f.scatter(cache, indices, x, dims)
-    }
-
-    /// Positions `[0, window)` of layer `l` of each sequence's slot, as f32 `[n, W, kv_heads, hd]`.
-    fn read_cache(&self, cache: V<'c, 'b>, l: usize, slots: V<'c, 'b>) -> R<V<'c, 'b>> {
+    /// Positions `[0, window)` of layer `l` of each sequence's slot as f32 `[n, W, kv_heads, hd]`,
+    /// with this step's rows `x [R, kv_heads, hd]` put in at their (sequence, position):
+    /// `at` holds those indices `[R, 2]`.
+    fn window_with(&self, cache: V<'c, 'b>, l: usize, slots: V<'c, 'b>, x: V<'c, 'b>, at: V<'c, 'b>) -> R<V<'c, 'b>> {
         let f = self.f;
         let n = slots.shape()[0];
         let (k, hd, w) = (self.cfg.kv_heads as i64, self.cfg.head_dim as i64, self.function.window() as i64);
@@ -447,7 +484,17 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             ..GatherDims::default()
         };
         let read = f.gather(cache, indices, dims, &[1, 1, w, k, hd])?;
-        if read.elem() == F32 { Ok(read) } else { f.convert(read, F32) }
+        let read = if read.elem() == F32 { read } else { f.convert(read, F32)? };
+        // Round through the cache's type, so attention sees exactly what later steps will read.
+        let x = if self.kv_elem == F32 { x } else { f.convert(f.convert(x, self.kv_elem)?, F32)? };
+        let dims = ScatterDims {
+            update_window_dims: vec![1, 2],
+            inserted_window_dims: vec![0, 1],
+            scatter_dims_to_operand_dims: vec![0, 1],
+            index_vector_dim: 1,
+            ..ScatterDims::default()
+        };
+        f.scatter(read, at, x, dims)
     }
 
     fn emit(
@@ -456,8 +503,8 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         positions: V<'c, 'b>,
         slots: V<'c, 'b>,
         last: Option<V<'c, 'b>>,
-        mut kc: V<'c, 'b>,
-        mut vc: V<'c, 'b>,
+        kc: V<'c, 'b>,
+        vc: V<'c, 'b>,
     ) -> crate::Result<Vec<V<'c, 'b>>> {
         let (f, cfg) = (self.f, self.cfg);
         let (n, m) = self.function.split();
@@ -471,9 +518,11 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             x = f.mul_scalar(x, scale as f64)?;
         }
 
-        // Each row's slot, and the mask over the W positions read: key j is visible from row
-        // (sequence i, query q) when j <= its position.
-        let row_slots = f.reshape(f.broadcast_in_dim(slots, &[n, m], &[0])?, &[r])?;
+        // Each row's (sequence, position) in the window read, and the mask over the W
+        // positions: key j is visible from row (sequence i, query q) when j <= its position.
+        let row_seq = f.reshape(f.iota(&I32.tensor(&[n, m]), 0)?, &[r, 1])?;
+        let at = f.concatenate(&[row_seq, f.reshape(positions, &[r, 1])?], 1)?;
+        let (mut new_k, mut new_v) = (Vec::new(), Vec::new());
         let pos_f = f.convert(positions, F32)?;
         let kpos = f.iota(&I32.tensor(&[n, m, w]), 2)?;
         let qpos = f.broadcast_in_dim(f.reshape(positions, &[n, m])?, &[n, m, w], &[0, 1])?;
@@ -528,13 +577,16 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             let q = self.rope(q, cos, sin)?;
             let kk = self.rope(kk, cos, sin)?;
 
-            // Write this step's keys/values into the cache in place, then read each
-            // sequence's first W positions back (this step's rows included).
-            let at = self.write_indices(l, row_slots, positions)?;
-            kc = self.write_cache(kc, kk, at)?;
-            vc = self.write_cache(vc, vv, at)?;
-            let kl = self.read_cache(kc, l, slots)?;
-            let vl = self.read_cache(vc, l, slots)?;
+            // Each sequence's first W positions, this step's rows included; the rows go to
+            // the cache itself in `write_kv`.
+            let kl = self.window_with(kc, l, slots, kk, at)?;
+            let vl = self.window_with(vc, l, slots, vv, at)?;
+            let as_rows = |x: V<'c, 'b>| -> R<V<'c, 'b>> {
+                let x = if x.elem() == self.kv_elem { x } else { f.convert(x, self.kv_elem)? };
+                f.reshape(x, &[1, r, k, hd])
+            };
+            new_k.push(as_rows(kk)?);
+            new_v.push(as_rows(vv)?);
 
             // Grouped-query attention: head j = kv * G + i attends with kv head `kv`.
             let qh = f.transpose(f.reshape(q, &[n, m, k, g, hd])?, &[0, 2, 3, 1, 4])?;
@@ -581,7 +633,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             logits = f.mul_scalar(f.tanh(f.mul_scalar(logits, 1.0 / cap)?)?, cap)?;
         }
         let next = f.argmax(logits, 1)?;
-        Ok(vec![next, logits, kc, vc])
+        Ok(vec![next, logits, f.concatenate(&new_k, 0)?, f.concatenate(&new_v, 0)?])
     }
 
     fn activation(&self, x: V<'c, 'b>) -> R<V<'c, 'b>> {
