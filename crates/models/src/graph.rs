@@ -472,6 +472,27 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     /// `at` holds those indices `[R, 2]`.
     fn window_with(&self, cache: V<'c, 'b>, l: usize, slots: V<'c, 'b>, x: V<'c, 'b>, at: V<'c, 'b>) -> R<V<'c, 'b>> {
         let f = self.f;
+        let read = self.window(cache, l, slots)?;
+        let x = self.as_cached(x)?;
+        let dims = ScatterDims {
+            update_window_dims: vec![1, 2],
+            inserted_window_dims: vec![0, 1],
+            scatter_dims_to_operand_dims: vec![0, 1],
+            index_vector_dim: 1,
+            ..ScatterDims::default()
+        };
+        f.scatter(read, at, x, dims)
+    }
+
+    /// `x` rounded through the cache's element type, so attention sees exactly what later
+    /// steps will read back.
+    fn as_cached(&self, x: V<'c, 'b>) -> R<V<'c, 'b>> {
+        if self.kv_elem == F32 { Ok(x) } else { self.f.convert(self.f.convert(x, self.kv_elem)?, F32) }
+    }
+
+    /// Positions `[0, window)` of layer `l` of each sequence's slot, as f32 `[n, W, kv_heads, hd]`.
+    fn window(&self, cache: V<'c, 'b>, l: usize, slots: V<'c, 'b>) -> R<V<'c, 'b>> {
+        let f = self.f;
         let n = slots.shape()[0];
         let (k, hd, w) = (self.cfg.kv_heads as i64, self.cfg.head_dim as i64, self.function.window() as i64);
         let layer = f.splat(l as f64, &I32.tensor(&[n, 1]))?;
@@ -484,17 +505,79 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             ..GatherDims::default()
         };
         let read = f.gather(cache, indices, dims, &[1, 1, w, k, hd])?;
-        let read = if read.elem() == F32 { read } else { f.convert(read, F32)? };
-        // Round through the cache's type, so attention sees exactly what later steps will read.
-        let x = if self.kv_elem == F32 { x } else { f.convert(f.convert(x, self.kv_elem)?, F32)? };
-        let dims = ScatterDims {
-            update_window_dims: vec![1, 2],
-            inserted_window_dims: vec![0, 1],
-            scatter_dims_to_operand_dims: vec![0, 1],
-            index_vector_dim: 1,
-            ..ScatterDims::default()
-        };
-        f.scatter(read, at, x, dims)
+        if read.elem() == F32 { Ok(read) } else { f.convert(read, F32) }
+    }
+
+    /// Attention scores `x · key * scale`, soft-capped when the model caps them.
+    fn scaled(&self, scores: V<'c, 'b>) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let scores = f.mul_scalar(scores, self.cfg.attn_scale)?;
+        match self.cfg.attn_softcap {
+            Some(cap) => f.mul_scalar(f.tanh(f.mul_scalar(scores, 1.0 / cap)?)?, cap),
+            None => Ok(scores),
+        }
+    }
+
+    /// Decode attention (one row per sequence): each row's query `q [n, heads, hd]` against
+    /// the positions before its own in the old window (`kl`, `vl`: `[n, W, kv_heads, hd]`)
+    /// and against its own new key and value (`kk`, `vv`: `[n, kv_heads, hd]`), one softmax
+    /// over both. Written as broadcast products and reductions, not contractions: IREE then
+    /// reads the window once, in place, where a contraction's operand was relaid out (data
+    /// tiling) and the window copied again with the row put in, on every call. Returns
+    /// `[n, heads * hd]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_one(
+        &self,
+        q: V<'c, 'b>,
+        kk: V<'c, 'b>,
+        vv: V<'c, 'b>,
+        kl: V<'c, 'b>,
+        vl: V<'c, 'b>,
+        positions: V<'c, 'b>,
+        sliding: Option<usize>,
+    ) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let (n, w) = (kl.shape()[0], kl.shape()[1]);
+        let (k, hd) = (self.cfg.kv_heads as i64, self.cfg.head_dim as i64);
+        let g = self.cfg.heads as i64 / k;
+        let (full, scores) = ([n, w, k, g, hd], [n, w, k, g]);
+        let q = f.reshape(q, &[n, k, g, hd])?;
+        let (kk, vv) = (self.as_cached(kk)?, self.as_cached(vv)?);
+
+        let old = f.mul(f.broadcast_in_dim(q, &full, &[0, 2, 3, 4])?, f.broadcast_in_dim(kl, &full, &[0, 1, 2, 4])?)?;
+        let old = self.scaled(f.reduce_sum(old, &[4])?)?;
+        let own = f.mul(q, f.broadcast_in_dim(kk, &[n, k, g, hd], &[0, 1, 3])?)?;
+        let own = self.scaled(f.reduce_sum(own, &[3])?)?;
+
+        // Old key j is visible from a row at position p when j < p (p itself is this row's
+        // own key) and, under a sliding window W', when p - W' < j.
+        let kpos = f.iota(&I32.tensor(&[n, w]), 1)?;
+        let p = f.broadcast_in_dim(positions, &[n, w], &[0])?;
+        let mut visible = f.compare(kpos, p, Cmp::Lt)?;
+        if let Some(win) = sliding {
+            let recent = f.compare(f.add(kpos, f.splat(win as f64, &I32.tensor(&[n, w]))?)?, p, Cmp::Gt)?;
+            visible = f.and(visible, recent)?;
+        }
+        let old = f.select(
+            f.broadcast_in_dim(visible, &scores, &[0, 1])?,
+            old,
+            f.splat(f32::MIN as f64, &F32.tensor(&scores))?,
+        )?;
+
+        let top = f.max(f.reduce_max(old, &[1])?, own)?;
+        let e_old = f.exp(f.sub(old, f.broadcast_in_dim(top, &scores, &[0, 2, 3])?)?)?;
+        let e_own = f.exp(f.sub(own, top)?)?;
+        let total = f.add(f.reduce_sum(e_old, &[1])?, e_own)?;
+        let o =
+            f.mul(f.broadcast_in_dim(e_old, &full, &[0, 1, 2, 3])?, f.broadcast_in_dim(vl, &full, &[0, 1, 2, 4])?)?;
+        let o = f.reduce_sum(o, &[1])?;
+        let head = [n, k, g, hd];
+        let o = f.add(
+            o,
+            f.mul(f.broadcast_in_dim(e_own, &head, &[0, 1, 2])?, f.broadcast_in_dim(vv, &head, &[0, 1, 3])?)?,
+        )?;
+        let o = f.div(o, f.broadcast_in_dim(total, &head, &[0, 1, 2])?)?;
+        f.reshape(o, &[n, k * g * hd])
     }
 
     fn emit(
@@ -579,8 +662,6 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
 
             // Each sequence's first W positions, this step's rows included; the rows go to
             // the cache itself in `write_kv`.
-            let kl = self.window_with(kc, l, slots, kk, at)?;
-            let vl = self.window_with(vc, l, slots, vv, at)?;
             let as_rows = |x: V<'c, 'b>| -> R<V<'c, 'b>> {
                 let x = if x.elem() == self.kv_elem { x } else { f.convert(x, self.kv_elem)? };
                 f.reshape(x, &[1, r, k, hd])
@@ -589,19 +670,22 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             new_v.push(as_rows(vv)?);
 
             // Grouped-query attention: head j = kv * G + i attends with kv head `kv`.
-            let qh = f.transpose(f.reshape(q, &[n, m, k, g, hd])?, &[0, 2, 3, 1, 4])?;
-            let qh = f.reshape(qh, &[n, k, g * m, hd])?;
-            // [n, K, G*m, W]: batch over (sequence, kv head), the cache read as [n, W, K, hd].
-            let mut scores = f.dot_general(qh, kl, DotDims::contract(&[3], &[3]).batch(&[0, 1], &[0, 2]))?;
-            scores = f.mul_scalar(scores, cfg.attn_scale)?;
-            if let Some(cap) = cfg.attn_softcap {
-                scores = f.mul_scalar(f.tanh(f.mul_scalar(scores, 1.0 / cap)?)?, cap)?;
-            }
-            let scores = f.select(mask, f.reshape(scores, &scores_shape)?, neg)?;
-            let probs = f.reshape(f.softmax(scores)?, &[n, k, g * m, w])?;
-            let o = f.dot_general(probs, vl, DotDims::contract(&[3], &[1]).batch(&[0, 1], &[0, 2]))?;
-            let o = f.transpose(f.reshape(o, &[n, k, g, m, hd])?, &[0, 3, 1, 2, 4])?;
-            let o = f.reshape(o, &[r, h * hd])?;
+            let o = if m == 1 {
+                let (kl, vl) = (self.window(kc, l, slots)?, self.window(vc, l, slots)?);
+                self.attend_one(q, kk, vv, kl, vl, positions, layer.sliding_window)?
+            } else {
+                let kl = self.window_with(kc, l, slots, kk, at)?;
+                let vl = self.window_with(vc, l, slots, vv, at)?;
+                let qh = f.transpose(f.reshape(q, &[n, m, k, g, hd])?, &[0, 2, 3, 1, 4])?;
+                let qh = f.reshape(qh, &[n, k, g * m, hd])?;
+                // [n, K, G*m, W]: batch over (sequence, kv head), the window as [n, W, K, hd].
+                let scores = f.dot_general(qh, kl, DotDims::contract(&[3], &[3]).batch(&[0, 1], &[0, 2]))?;
+                let scores = f.select(mask, f.reshape(self.scaled(scores)?, &scores_shape)?, neg)?;
+                let probs = f.reshape(f.softmax(scores)?, &[n, k, g * m, w])?;
+                let o = f.dot_general(probs, vl, DotDims::contract(&[3], &[1]).batch(&[0, 1], &[0, 2]))?;
+                let o = f.transpose(f.reshape(o, &[n, k, g, m, hd])?, &[0, 3, 1, 2, 4])?;
+                f.reshape(o, &[r, h * hd])?
+            };
             let mut a = self.linear(o, &format!("{p}.self_attn.o_proj"), cfg.o_bias)?;
             if cfg.sandwich_norms {
                 a = self.norm(a, &format!("{p}.post_attention_layernorm.weight"))?;
