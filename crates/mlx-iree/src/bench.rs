@@ -3,9 +3,9 @@
 //! (cold and cached) and dispatches per decode step. `cargo xtask bench` runs it per row.
 
 use anyhow::{Context, Result, bail};
+use engine::cache::CompileReport;
+use engine::{Engine, Plan, graph_modules};
 use iree_compiler::{CompileOptions, Compiler, Target};
-use mlx_iree::cache::CompileReport;
-use mlx_iree::engine::{Engine, Plan, graph_modules};
 use models::ModelConfig;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -102,7 +102,7 @@ fn check(args: &Args) -> Result<ModelConfig> {
     if args.context.contains(&0) {
         bail!("--context lengths must be at least 1");
     }
-    mlx_iree::device::target_for(&args.m.device).map_err(|e| anyhow::anyhow!(e))?;
+    engine::device::target_for(&args.m.device).map_err(|e| anyhow::anyhow!(e))?;
     if !args.m.model.is_dir() {
         bail!("model folder {} does not exist", args.m.model.display());
     }
@@ -122,7 +122,7 @@ fn measure(args: &Args) -> Result<Vec<Report>> {
         args.m.plan(&cfg, max_batch, longest + args.steps, &format!("--context {longest} + --steps {}", args.steps))?;
     let loading = || format!("loading {}", args.m.model.display());
 
-    let target = mlx_iree::device::target_for(&args.m.device).map_err(|e| anyhow::anyhow!(e))?;
+    let target = engine::device::target_for(&args.m.device).map_err(|e| anyhow::anyhow!(e))?;
     let cold_cache = TempDir::new()?;
     let mut config = args.m.engine_config(max_batch);
     let (mut compile_cold_s, dispatches_per_decode_step) = if args.cache_only {
@@ -231,16 +231,15 @@ fn cold_compile(
     cfg: &ModelConfig,
     plan: &Plan,
     target: &Target,
-    config: &mlx_iree::engine::EngineConfig,
+    config: &engine::EngineConfig,
 ) -> Result<(f64, usize)> {
     let started = Instant::now();
     let ckpt = weights::Checkpoint::open(&args.m.model)?;
-    let layout =
-        mlx_iree::engine::layout_for(cfg, config.precision, &ckpt, target, config.packed_kernels, &config.cache_dir)?;
+    let layout = engine::layout_for(cfg, config.precision, &ckpt, target, config.packed_kernels, &config.cache_dir)?;
     drop(ckpt);
     let modules = graph_modules(cfg, &layout, plan, target)?;
     for module in &modules {
-        mlx_iree::cache::compile_in(&config.cache_dir, &module.what, &module.mlir, target, &module.options)?;
+        engine::cache::compile_in(&config.cache_dir, &module.what, &module.mlir, target, &module.options)?;
     }
     let compile_cold_s = started.elapsed().as_secs_f64();
 
@@ -429,7 +428,7 @@ fn table(r: &Report) -> String {
 mod tests {
     use super::*;
     use clap::Parser;
-    use mlx_iree::engine::Precision;
+    use engine::Precision;
 
     #[derive(Parser)]
     struct Cli {
@@ -583,7 +582,7 @@ mod tests {
             [models::Function::Prefill { tokens: 16, window: 64 }, models::Function::Decode { rows: 2, window: 64 }];
         let mlir =
             models::emit_functions(&cfg, &models::Layout::dense(Precision::F32), cache, &functions, None).unwrap();
-        let target = mlx_iree::device::target_for("local-task").unwrap();
+        let target = engine::device::target_for("local-task").unwrap();
         let flow = Compiler::new().unwrap().compile_to_ir(&mlir, &target, &CompileOptions::default(), "flow").unwrap();
         let decode = count_dispatches(&flow, "decode_b2_w64").unwrap();
         let prefill = count_dispatches(&flow, "prefill_t16_w64").unwrap();

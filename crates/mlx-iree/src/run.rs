@@ -1,14 +1,14 @@
 //! `mlx-iree generate` and `mlx-iree trajectory`: the CLI contract of BRIEF section 6.
 
 use anyhow::{Context, Result, bail};
-use mlx_iree::chat::{ChatTemplate, Message};
-use mlx_iree::engine::{Engine, EngineConfig, KvElem, Plan, Precision};
-use mlx_iree::sampler::{Sampler, SamplingParams};
-use mlx_iree::stream::StreamDecoder;
-use mlx_iree::tokenizer::{Tokenizer, eos_ids};
+use engine::{Engine, EngineConfig, KvElem, Plan, Precision};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+use text::chat::{ChatTemplate, Message};
+use text::sampler::{Sampler, SamplingParams};
+use text::stream::StreamDecoder;
+use text::tokenizer::{Tokenizer, eos_ids};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
@@ -19,7 +19,7 @@ pub struct ModelArgs {
     #[arg(long, default_value = "local-task")]
     pub device: String,
     /// Weight precision on the device: f32, f16, bf16 (default: the device's, see
-    /// `mlx_iree::device::default_precision`).
+    /// `engine::device::default_precision`).
     #[arg(long)]
     pub precision: Option<Precision>,
     /// Most positions (prompt plus generated tokens) of a sequence; default: the model's
@@ -34,7 +34,7 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// The precision asked for, else the device's measured default.
     pub fn precision(&self) -> Precision {
-        self.precision.unwrap_or_else(|| mlx_iree::device::default_precision(&self.device, &self.model))
+        self.precision.unwrap_or_else(|| engine::device::default_precision(&self.device, &self.model))
     }
 
     /// The engine settings for these flags, with `max_batch` sequences at once.
@@ -151,7 +151,7 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
     let text_vocab = tokenizer.vocab_size();
     // Embedding tables can be padded past the tokenizer's vocabulary: those ids decode to
     // nothing, so they are never chosen.
-    let mut pick = |step: &mlx_iree::engine::Step| -> Result<u32> {
+    let mut pick = |step: &engine::Step| -> Result<u32> {
         if greedy && (step.next as usize) < text_vocab {
             return Ok(step.next);
         }
@@ -219,7 +219,7 @@ pub fn trajectory(args: &TrajectoryArgs) -> Result<()> {
         &format!("{} prompt tokens + {} steps", prompt.len(), args.steps),
     )?;
     let mut engine = load(&args.model)?;
-    let tokens = mlx_iree::gate::trajectory(&mut engine, &prompt, args.steps)?;
+    let tokens = engine::gate::trajectory(&mut engine, &prompt, args.steps)?;
     let json = serde_json::json!({
         "prompt_ids": prompt,
         "token_ids": tokens,
@@ -267,7 +267,7 @@ fn gate_prompts(dir: &Path, vocab: usize) -> Result<Vec<Vec<u32>>> {
 
 /// Returns whether the gate passed (the caller turns a failure into exit status 1).
 pub fn gate(args: &GateArgs) -> Result<bool> {
-    use mlx_iree::gate::{self, MIN_AGREEMENT, Reference};
+    use engine::gate::{self, MIN_AGREEMENT, Reference};
     let dir = &args.model.model;
     let config = check_model_dir(dir)?;
     if args.steps == 0 {

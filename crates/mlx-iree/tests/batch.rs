@@ -5,8 +5,8 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use mlx_iree::engine::{Engine, EngineConfig, Precision};
-use mlx_iree::gate::{self, Reference};
+use engine::gate::{self, Reference};
+use engine::{Engine, EngineConfig, Precision};
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -142,7 +142,7 @@ fn nothing_is_compiled_after_the_engine_has_started() {
     let _turn = serial();
     let dir = root().join("tests/fixtures/qwen2/f32");
     let mut engine = engine(&dir, Precision::F32);
-    let compiles = mlx_iree::cache::compiles();
+    let compiles = engine::cache::compiles();
     let prompt =
         |len: usize, seed: usize| -> Vec<u32> { (0..len).map(|i| ((i * 7 + seed * 13) % 300 + 1) as u32).collect() };
     for (round, lens) in [[1, 17, 63, 5, 16, 40, 2, 33], [64, 1, 1, 20, 50, 15, 8, 60]].iter().enumerate() {
@@ -164,7 +164,7 @@ fn nothing_is_compiled_after_the_engine_has_started() {
             engine.decode(&live).unwrap();
         }
     }
-    assert_eq!(mlx_iree::cache::compiles(), compiles, "modules compiled or loaded after start");
+    assert_eq!(engine::cache::compiles(), compiles, "modules compiled or loaded after start");
     // A full slot is an error, not a compile of a bigger shape.
     engine.reset(0);
     engine.prefill(0, &prompt(64, 0)).unwrap();
@@ -177,5 +177,5 @@ fn nothing_is_compiled_after_the_engine_has_started() {
     assert_eq!(err, "slot 1 appears twice in one decode step");
     let err = engine.decode(&[(8, 1)]).unwrap_err().to_string();
     assert_eq!(err, "slot 8 does not exist (the engine has 8)");
-    assert_eq!(mlx_iree::cache::compiles(), compiles);
+    assert_eq!(engine::cache::compiles(), compiles);
 }

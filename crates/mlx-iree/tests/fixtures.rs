@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use mlx_iree::engine::{Engine, EngineConfig, Precision};
+use engine::{Engine, EngineConfig, Precision};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -64,7 +64,7 @@ fn check(fixture: &str, variant: &str, precision: Precision, file: &str) {
 macro_rules! fixture_tests {
     ($($name:ident),*) => {$(
         mod $name {
-            use mlx_iree::engine::Precision::{BF16, F32};
+            use engine::Precision::{BF16, F32};
             #[test] fn f32() { super::check(stringify!($name), "f32", F32, "expected.json"); }
             #[test] fn q4() { super::check(stringify!($name), "q4", F32, "expected.json"); }
             #[test] fn q8() { super::check(stringify!($name), "q8", F32, "expected.json"); }

@@ -3,8 +3,8 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use mlx_iree::engine::{Engine, EngineConfig, Precision};
-use mlx_iree::gate::{self, PromptResult, Reference, Report};
+use engine::gate::{self, PromptResult, Reference, Report};
+use engine::{Engine, EngineConfig, Precision};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use mlx_iree::engine::{Engine, EngineConfig, Precision};
+use engine::{Engine, EngineConfig, Precision};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -5,7 +5,7 @@
 //! at every step, so one divergence does not hide how the rest of the run agrees. Its
 //! leading run of agreements is exactly the free-running token-exact prefix.
 
-use crate::engine::{Engine, Result};
+use crate::{Engine, Result};
 
 /// One prompt's reference: what the oracle generated greedily after `prompt_ids`.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,4 +1,6 @@
-//! Loads an MLX model folder onto an IREE device and runs many sequences through it.
+//! The engine: loads an MLX model folder onto an IREE device and runs many sequences
+//! through it (prefill, batched decode, KV slots), with the compile cache ([`cache`]), the
+//! device-to-target mapping ([`device`]) and the teacher-forced accuracy gate ([`gate`]).
 //!
 //! Every graph shape is fixed when the engine loads ([`Plan`]): the KV cache of `max_batch`
 //! slots x `max_context` positions, batched decode functions, chunked prefill functions and
@@ -7,7 +9,11 @@
 //! in place by every call; per step only token ids, positions and slots go to the device
 //! and next ids (and logits when asked) come back.
 
-use crate::cache::{self, CompileReport};
+pub mod cache;
+pub mod device;
+pub mod gate;
+
+use crate::cache::CompileReport;
 use iree_compiler::CompileOptions;
 use iree_hal::{BufferView, Device, Instance, Parameters, Session};
 pub use models::KvElem;

@@ -1,0 +1,7 @@
+//! The text side of generation, independent of any device: the model folder's tokenizer,
+//! its chat template, a UTF-8-safe streaming detokenizer and a reproducible sampler.
+
+pub mod chat;
+pub mod sampler;
+pub mod stream;
+pub mod tokenizer;
