@@ -1,7 +1,10 @@
 //! Exercises every wrapper type once (instance → device → parameters →
 //! session → module → call → download, plus the error paths) and drops
 //! everything; run under valgrind by the `leak_check` test to prove no
-//! definite leaks. Uses `local-sync` so no worker threads are involved.
+//! definite leaks. Calls run on `local-sync`, on the calling thread (the
+//! process's `local-task` driver, made with the instance, only idles). The
+//! runtime instance and drivers live until exit by design, so valgrind counts
+//! them as still reachable, never as lost.
 //!
 //! Usage: leakcheck <matvec-with-parameter.vmfb> <weights.safetensors>
 //! (the vmfb reads `model::w` 4x4 f32 and exports `matvec`).

@@ -36,6 +36,13 @@ impl Device {
         let device_error =
             |code, message| Error::Device { uri: uri.to_owned(), available: instance.driver_names(), code, message };
 
+        // The process's driver for the URI's scheme (IREE's `iree_uri_schema`:
+        // everything before the first `:`), made once per process: creating a
+        // driver per device would rewrite IREE's process-global VM type
+        // registrations while other threads make calls (see `Instance`).
+        let scheme = uri.split(':').next().unwrap_or_default();
+        let driver = crate::instance::Driver::get(scheme).map_err(|e| device_error(e.code, e.message))?;
+
         // Devices need a proactor pool for async I/O; the device retains it, so
         // our reference is released right after creation (as IREE's tools do).
         let mut pool = ptr::null_mut();
@@ -53,11 +60,18 @@ impl Device {
 
         let params = sys::iree_hal_device_create_params_t { proactor_pool: pool, ..Default::default() };
         let mut raw = ptr::null_mut();
-        // SAFETY: `registry` is live (process-wide default registry); the URI
-        // view borrows `uri` for the duration of the call only; `params` and
-        // `raw` are valid locals.
-        let status =
-            unsafe { sys::iree_hal_create_device(registry, sys::string_view(uri), &params, allocator, &mut raw) };
+        // SAFETY: `driver` is a live, retained driver; the URI view borrows
+        // `uri` for the duration of the call only; `params` and `raw` are
+        // valid locals.
+        let status = unsafe {
+            sys::iree_hal_driver_create_device_by_uri(
+                driver.as_ptr(),
+                sys::string_view(uri),
+                &params,
+                allocator,
+                &mut raw,
+            )
+        };
         // SAFETY: we own one reference to `pool` (the device holds its own).
         unsafe { sys::iree_async_proactor_pool_release(pool) };
         take_status(status).map_err(|e| device_error(e.code, e.message))?;

@@ -13,6 +13,12 @@
 //! internally synchronised, this crate does not audit that, so the compiler
 //! keeps every handle on the thread that created it.
 //!
+//! Separate stacks (instance, device, session) on separate threads may run at
+//! the same time, also while other threads load theirs: the process has one
+//! IREE runtime instance and one driver per driver name, both created once
+//! under a lock (see [`Instance`] for the IREE globals that make this
+//! necessary). No lock is taken around calls.
+//!
 //! # Example
 //! ```no_run
 //! # fn main() -> Result<(), iree_hal::Error> {
