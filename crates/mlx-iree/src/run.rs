@@ -305,7 +305,9 @@ pub fn gate(args: &GateArgs) -> Result<bool> {
         &format!("the longest prompt ({longest} tokens) + {} steps", args.steps),
     )?;
     if !from_file {
-        let mut reference = load(&ModelArgs { precision: Some(Precision::F32), ..args.model.clone() })?;
+        // The reference is the f32 path with an f32 cache, so `--kv-cache f16` is gated too.
+        let f32_args = ModelArgs { precision: Some(Precision::F32), kv_cache: KvElem::F32, ..args.model.clone() };
+        let mut reference = load(&f32_args)?;
         for r in &mut references {
             r.token_ids = gate::trajectory(&mut reference, &r.prompt_ids, args.steps)?;
         }

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
 use engine::gate::{self, PromptResult, Reference, Report};
-use engine::{Engine, EngineConfig, Precision};
+use engine::{Engine, EngineConfig, KvElem, Precision};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -67,16 +67,39 @@ fn references(dir: &Path, file: &str) -> Vec<Reference> {
 
 /// The gate's report for `precision` on `dir` (local-task) against `refs`.
 fn check(dir: &Path, precision: Precision, refs: &[Reference]) -> Report {
+    check_kv(dir, precision, KvElem::F32, refs)
+}
+
+/// [`check`] with the KV cache in `kv`.
+fn check_kv(dir: &Path, precision: Precision, kv: KvElem, refs: &[Reference]) -> Report {
     let cache = root().join("target/test-compile-cache");
     let steps = refs.iter().map(|r| r.token_ids.len()).max().unwrap();
     let longest = refs.iter().map(|r| r.prompt_ids.len()).max().unwrap();
     let config = EngineConfig {
         max_context: Some((longest + steps).next_power_of_two().max(64)),
         cache_dir: cache,
+        kv_elem: kv,
         ..EngineConfig::new("local-task", precision)
     };
     let mut engine = Engine::load(dir, &config).unwrap();
     gate::check(&mut engine, refs).unwrap()
+}
+
+/// An f16 KV cache, gated like a weight precision: with f32 weights it is token-exact with
+/// mlx-lm's f32 trajectories on every trained fixture, and with f16 weights on two of them.
+#[test]
+fn f16_kv_cache_passes_the_gate_on_the_trained_fixtures() {
+    for fixture in fixture_set("fixtures-trained", 7) {
+        let dir = fixture.join("f32");
+        let refs = references(&dir, "expected.json");
+        let report = check_kv(&dir, Precision::F32, KvElem::F16, &refs);
+        assert!(report.all_exact(), "{}: f16 KV agreement {:.3}", dir.display(), report.agreement());
+    }
+    for fixture in ["llama_llama3_tied", "gemma2"] {
+        let dir = root().join("tests/fixtures-trained").join(fixture).join("f32");
+        let report = check_kv(&dir, Precision::F16, KvElem::F16, &references(&dir, "expected.json"));
+        assert!(report.all_exact(), "{}: f16 weights and KV agreement {:.3}", dir.display(), report.agreement());
+    }
 }
 
 /// f16 weights against f32, teacher-forced along every fixture variant's f32 trajectories
@@ -156,6 +179,21 @@ fn gate_cli(dir: &Path, precision: &str, steps: usize) -> (i32, String) {
         .output()
         .unwrap();
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `--kv-cache f16` through the CLI gate, against the f32 path with an f32 cache.
+#[test]
+fn smollm2_f16_kv_cache_passes_the_gate() {
+    let dir = root().join("target/models/smollm2-135m-instruct-f16");
+    let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
+        .args(["gate", "--model", dir.to_str().unwrap(), "--precision", "f32", "--kv-cache", "f16"])
+        .args(["--steps", "32", "--max-context", "64"])
+        .env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("-> PASS"), "{stdout}");
 }
 
 #[test]

@@ -472,8 +472,11 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     /// `at` holds those indices `[R, 2]`.
     fn window_with(&self, cache: V<'c, 'b>, l: usize, slots: V<'c, 'b>, x: V<'c, 'b>, at: V<'c, 'b>) -> R<V<'c, 'b>> {
         let f = self.f;
-        let read = self.window(cache, l, slots)?;
-        let x = self.as_cached(x)?;
+        // In the cache's own type, widened after: a conversion between the gather and the
+        // scatter made IREE 3.13 fuse them into one dispatch that keeps the whole window on
+        // the stack ("exceeded stack allocation limit of 32768 bytes") for an f16 cache.
+        let read = self.raw_window(cache, l, slots)?;
+        let x = if x.elem() == self.kv_elem { x } else { f.convert(x, self.kv_elem)? };
         let dims = ScatterDims {
             update_window_dims: vec![1, 2],
             inserted_window_dims: vec![0, 1],
@@ -481,7 +484,8 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             index_vector_dim: 1,
             ..ScatterDims::default()
         };
-        f.scatter(read, at, x, dims)
+        let window = f.scatter(read, at, x, dims)?;
+        if window.elem() == F32 { Ok(window) } else { f.convert(window, F32) }
     }
 
     /// `x` rounded through the cache's element type, so attention sees exactly what later
@@ -492,6 +496,12 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
 
     /// Positions `[0, window)` of layer `l` of each sequence's slot, as f32 `[n, W, kv_heads, hd]`.
     fn window(&self, cache: V<'c, 'b>, l: usize, slots: V<'c, 'b>) -> R<V<'c, 'b>> {
+        let read = self.raw_window(cache, l, slots)?;
+        if read.elem() == F32 { Ok(read) } else { self.f.convert(read, F32) }
+    }
+
+    /// [`Self::window`] in the cache's element type.
+    fn raw_window(&self, cache: V<'c, 'b>, l: usize, slots: V<'c, 'b>) -> R<V<'c, 'b>> {
         let f = self.f;
         let n = slots.shape()[0];
         let (k, hd, w) = (self.cfg.kv_heads as i64, self.cfg.head_dim as i64, self.function.window() as i64);
@@ -504,8 +514,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             index_vector_dim: 1,
             ..GatherDims::default()
         };
-        let read = f.gather(cache, indices, dims, &[1, 1, w, k, hd])?;
-        if read.elem() == F32 { Ok(read) } else { f.convert(read, F32) }
+        f.gather(cache, indices, dims, &[1, 1, w, k, hd])
     }
 
     /// Attention scores `x · key * scale`, soft-capped when the model caps them.
