@@ -41,16 +41,6 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Several `local-task` devices making calls at the same time in one process have failed
-/// intermittently inside IREE ("ref is null" from a call; never with `local-sync`, never
-/// one engine at a time). Until that is understood, engines in one process take turns:
-/// loading and each call hold this lock. One engine per process (the CLI) never waits.
-static IREE_TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn iree_turn() -> std::sync::MutexGuard<'static, ()> {
-    IREE_TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// Settings of an engine, passed as a value: nothing below the binary reads the environment
 /// for them.
 #[derive(Debug, Clone)]
@@ -335,7 +325,6 @@ impl Engine {
         }
 
         let started = Instant::now();
-        let _turn = iree_turn();
         let instance = Instance::new()?;
         let device = instance.device(&config.device)?;
         let mut session = Session::new(&instance, &device)?;
@@ -438,7 +427,6 @@ impl Engine {
         last: Option<i32>,
         row_slots: &[i32],
     ) -> Result<(Vec<i32>, Rc<Logits>)> {
-        let _turn = iree_turn();
         let upload = |data: &[i32]| self.device.upload(&[data.len()], data);
         let (tokens, positions, slots) = (upload(tokens)?, upload(positions)?, upload(slots)?);
         let last = last.map(|l| upload(&[l])).transpose()?;

@@ -179,3 +179,31 @@ fn nothing_is_compiled_after_the_engine_has_started() {
     assert_eq!(err, "slot 8 does not exist (the engine has 8)");
     assert_eq!(engine::cache::compiles(), compiles);
 }
+
+/// Two engines in one process, each on its own thread, loading while the other runs: both
+/// reproduce mlx-lm's trajectories (no process-wide lock orders them; iree-hal makes one
+/// IREE instance per process, see crates/iree-hal/tests/threads.rs for the cause).
+#[test]
+fn two_engines_run_at_the_same_time() {
+    let _turn = serial();
+    let threads: Vec<_> = ["qwen2", "llama_llama3_tied"]
+        .into_iter()
+        .map(|name| {
+            std::thread::spawn(move || {
+                let dir = root().join("tests/fixtures").join(name).join("f32");
+                let refs =
+                    gate::references_from_json(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+                let mut engine = engine(&dir, Precision::F32);
+                for _ in 0..3 {
+                    for r in &refs {
+                        let got = gate::trajectory(&mut engine, &r.prompt_ids, r.token_ids.len()).unwrap();
+                        assert_eq!(got, r.token_ids, "{name}: prompt {:?}", r.prompt_ids);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
