@@ -97,8 +97,8 @@ pub struct Options {
 
 /// Decode steps per repeat when `--steps` is not given. The 1B model's f32 decode step
 /// takes over 2 s on the 2-core machine this was written on; 16 steps keep a full default
-/// run near 15 minutes. Per-step time does not depend on the position (the graph attends
-/// over the whole cache capacity, masked), so fewer steps measure the same rate.
+/// run near 15 minutes. Per-step time changes only where the attention window doubles
+/// (128, 256, ... positions), so a few steps after the prompt measure the rate at that context.
 pub fn default_steps(model: &ModelArg) -> usize {
     match model {
         ModelArg::Llama1b => 16,
