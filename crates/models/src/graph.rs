@@ -468,10 +468,20 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     }
 
     /// Positions `[0, window)` of layer `l` of each sequence's slot as f32 `[n, W, kv_heads, hd]`,
-    /// with this step's rows `x [R, kv_heads, hd]` put in at their (sequence, position):
-    /// `at` holds those indices `[R, 2]`.
-    fn window_with(&self, cache: V<'c, 'b>, l: usize, slots: V<'c, 'b>, x: V<'c, 'b>, at: V<'c, 'b>) -> R<V<'c, 'b>> {
+    /// with this step's rows `x [R, kv_heads, hd]` put in at their (sequence, position).
+    fn window_with(
+        &self,
+        cache: V<'c, 'b>,
+        l: usize,
+        slots: V<'c, 'b>,
+        x: V<'c, 'b>,
+        positions: V<'c, 'b>,
+    ) -> R<V<'c, 'b>> {
         let f = self.f;
+        let (n, m) = self.function.split();
+        let r = (n * m) as i64;
+        let row_seq = f.reshape(f.iota(&I32.tensor(&[n as i64, m as i64]), 0)?, &[r, 1])?;
+        let at = f.concatenate(&[row_seq, f.reshape(positions, &[r, 1])?], 1)?;
         // In the cache's own type, widened after: a conversion between the gather and the
         // scatter made IREE 3.13 fuse them into one dispatch that keeps the whole window on
         // the stack ("exceeded stack allocation limit of 32768 bytes") for an f16 cache.
@@ -525,6 +535,44 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             Some(cap) => f.mul_scalar(f.tanh(f.mul_scalar(scores, 1.0 / cap)?)?, cap),
             None => Ok(scores),
         }
+    }
+
+    /// Chunk attention (prefill: m rows of each of n sequences): queries `q [R, heads, hd]`
+    /// against each sequence's window `kl`, `vl` (`[n, W, kv_heads, hd]`, the chunk's own rows
+    /// included), key j visible from a row at position p when j <= p (and p - W' < j under a
+    /// sliding window W'). Contractions: prefill has enough rows for them. Returns `[R, heads * hd]`.
+    fn attend_chunk(
+        &self,
+        q: V<'c, 'b>,
+        kl: V<'c, 'b>,
+        vl: V<'c, 'b>,
+        positions: V<'c, 'b>,
+        sliding: Option<usize>,
+    ) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let (n, m) = self.function.split();
+        let (n, m, w) = (n as i64, m as i64, self.function.window() as i64);
+        let (k, hd) = (self.cfg.kv_heads as i64, self.cfg.head_dim as i64);
+        let g = self.cfg.heads as i64 / k;
+        let scores_shape = [n, k, g, m, w];
+        let kpos = f.iota(&I32.tensor(&[n, m, w]), 2)?;
+        let qpos = f.broadcast_in_dim(f.reshape(positions, &[n, m])?, &[n, m, w], &[0, 1])?;
+        let mut visible = f.compare(kpos, qpos, Cmp::Le)?;
+        if let Some(win) = sliding {
+            let recent = f.compare(f.add(kpos, f.splat(win as f64, &I32.tensor(&[n, m, w]))?)?, qpos, Cmp::Gt)?;
+            visible = f.and(visible, recent)?;
+        }
+        let visible = f.broadcast_in_dim(visible, &scores_shape, &[0, 3, 4])?;
+        let qh = f.transpose(f.reshape(q, &[n, m, k, g, hd])?, &[0, 2, 3, 1, 4])?;
+        let qh = f.reshape(qh, &[n, k, g * m, hd])?;
+        // [n, K, G*m, W]: batch over (sequence, kv head), the window as [n, W, K, hd].
+        let scores = f.dot_general(qh, kl, DotDims::contract(&[3], &[3]).batch(&[0, 1], &[0, 2]))?;
+        let neg = f.splat(f32::MIN as f64, &F32.tensor(&scores_shape))?;
+        let scores = f.select(visible, f.reshape(self.scaled(scores)?, &scores_shape)?, neg)?;
+        let probs = f.reshape(f.softmax(scores)?, &[n, k, g * m, w])?;
+        let o = f.dot_general(probs, vl, DotDims::contract(&[3], &[1]).batch(&[0, 1], &[0, 2]))?;
+        let o = f.transpose(f.reshape(o, &[n, k, g, m, hd])?, &[0, 3, 1, 2, 4])?;
+        f.reshape(o, &[n * m, k * g * hd])
     }
 
     /// Decode attention (one row per sequence): each row's query `q [n, heads, hd]` against
@@ -599,50 +647,21 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         vc: V<'c, 'b>,
     ) -> crate::Result<Vec<V<'c, 'b>>> {
         let (f, cfg) = (self.f, self.cfg);
-        let (n, m) = self.function.split();
-        let (n, m, w) = (n as i64, m as i64, self.function.window() as i64);
-        let r = n * m;
+        let m = self.function.split().1;
+        let r = self.rows();
         let (h, k, hd) = (cfg.heads as i64, cfg.kv_heads as i64, cfg.head_dim as i64);
-        let g = h / k;
 
         let mut x = self.embed(tokens)?;
         if let Some(scale) = cfg.embed_scale {
             x = f.mul_scalar(x, scale as f64)?;
         }
 
-        // Each row's (sequence, position) in the window read, and the mask over the W
-        // positions: key j is visible from row (sequence i, query q) when j <= its position.
-        let row_seq = f.reshape(f.iota(&I32.tensor(&[n, m]), 0)?, &[r, 1])?;
-        let at = f.concatenate(&[row_seq, f.reshape(positions, &[r, 1])?], 1)?;
-        let (mut new_k, mut new_v) = (Vec::new(), Vec::new());
         let pos_f = f.convert(positions, F32)?;
-        let kpos = f.iota(&I32.tensor(&[n, m, w]), 2)?;
-        let qpos = f.broadcast_in_dim(f.reshape(positions, &[n, m])?, &[n, m, w], &[0, 1])?;
-        let causal = f.compare(kpos, qpos, Cmp::Le)?;
-        let mut masks: HashMap<Option<usize>, V<'c, 'b>> = HashMap::new();
+        let (mut new_k, mut new_v) = (Vec::new(), Vec::new());
         let mut ropes: HashMap<String, (V<'c, 'b>, V<'c, 'b>)> = HashMap::new();
-        let scores_shape = [n, k, g, m, w];
-        let neg = f.splat(f32::MIN as f64, &F32.tensor(&scores_shape))?;
 
         for (l, layer) in cfg.layers.iter().enumerate() {
             let p = layer_prefix(l);
-            let mask = match masks.get(&layer.sliding_window) {
-                Some(mask) => *mask,
-                None => {
-                    let mask = match layer.sliding_window {
-                        None => causal,
-                        // Key j is visible from query i when i - W < j.
-                        Some(win) => {
-                            let recent =
-                                f.compare(f.add(kpos, f.splat(win as f64, &I32.tensor(&[n, m, w]))?)?, qpos, Cmp::Gt)?;
-                            f.and(causal, recent)?
-                        }
-                    };
-                    let mask = f.broadcast_in_dim(mask, &scores_shape, &[0, 3, 4])?;
-                    masks.insert(layer.sliding_window, mask);
-                    mask
-                }
-            };
             let table = RopeTable::new(layer, cfg.head_dim);
             let rope_key = format!("{:?}", table);
             let (cos, sin) = match ropes.get(&rope_key) {
@@ -669,8 +688,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             let q = self.rope(q, cos, sin)?;
             let kk = self.rope(kk, cos, sin)?;
 
-            // Each sequence's first W positions, this step's rows included; the rows go to
-            // the cache itself in `write_kv`.
+            // The step's keys and values go to the cache in `write_kv`, after this call.
             let as_rows = |x: V<'c, 'b>| -> R<V<'c, 'b>> {
                 let x = if x.elem() == self.kv_elem { x } else { f.convert(x, self.kv_elem)? };
                 f.reshape(x, &[1, r, k, hd])
@@ -683,17 +701,9 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
                 let (kl, vl) = (self.window(kc, l, slots)?, self.window(vc, l, slots)?);
                 self.attend_one(q, kk, vv, kl, vl, positions, layer.sliding_window)?
             } else {
-                let kl = self.window_with(kc, l, slots, kk, at)?;
-                let vl = self.window_with(vc, l, slots, vv, at)?;
-                let qh = f.transpose(f.reshape(q, &[n, m, k, g, hd])?, &[0, 2, 3, 1, 4])?;
-                let qh = f.reshape(qh, &[n, k, g * m, hd])?;
-                // [n, K, G*m, W]: batch over (sequence, kv head), the window as [n, W, K, hd].
-                let scores = f.dot_general(qh, kl, DotDims::contract(&[3], &[3]).batch(&[0, 1], &[0, 2]))?;
-                let scores = f.select(mask, f.reshape(self.scaled(scores)?, &scores_shape)?, neg)?;
-                let probs = f.reshape(f.softmax(scores)?, &[n, k, g * m, w])?;
-                let o = f.dot_general(probs, vl, DotDims::contract(&[3], &[1]).batch(&[0, 1], &[0, 2]))?;
-                let o = f.transpose(f.reshape(o, &[n, k, g, m, hd])?, &[0, 3, 1, 2, 4])?;
-                f.reshape(o, &[r, h * hd])?
+                let kl = self.window_with(kc, l, slots, kk, positions)?;
+                let vl = self.window_with(vc, l, slots, vv, positions)?;
+                self.attend_chunk(q, kl, vl, positions, layer.sliding_window)?
             };
             let mut a = self.linear(o, &format!("{p}.self_attn.o_proj"), cfg.o_bias)?;
             if cfg.sandwich_norms {
