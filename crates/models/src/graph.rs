@@ -537,6 +537,17 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         }
     }
 
+    /// Whether key position `kpos` is visible from query position `p` (same shape): `kpos
+    /// cmp p` (`Le`, or `Lt` to leave p itself out), and `p - W' < kpos` under a sliding
+    /// window W'.
+    fn visible(&self, kpos: V<'c, 'b>, p: V<'c, 'b>, cmp: Cmp, sliding: Option<usize>) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let causal = f.compare(kpos, p, cmp)?;
+        let Some(win) = sliding else { return Ok(causal) };
+        let recent = f.compare(f.add(kpos, f.splat(win as f64, &kpos.ty())?)?, p, Cmp::Gt)?;
+        f.and(causal, recent)
+    }
+
     /// Chunk attention (prefill: m rows of each of n sequences): queries `q [R, heads, hd]`
     /// against each sequence's window `kl`, `vl` (`[n, W, kv_heads, hd]`, the chunk's own rows
     /// included), key j visible from a row at position p when j <= p (and p - W' < j under a
@@ -557,11 +568,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let scores_shape = [n, k, g, m, w];
         let kpos = f.iota(&I32.tensor(&[n, m, w]), 2)?;
         let qpos = f.broadcast_in_dim(f.reshape(positions, &[n, m])?, &[n, m, w], &[0, 1])?;
-        let mut visible = f.compare(kpos, qpos, Cmp::Le)?;
-        if let Some(win) = sliding {
-            let recent = f.compare(f.add(kpos, f.splat(win as f64, &I32.tensor(&[n, m, w]))?)?, qpos, Cmp::Gt)?;
-            visible = f.and(visible, recent)?;
-        }
+        let visible = self.visible(kpos, qpos, Cmp::Le, sliding)?;
         let visible = f.broadcast_in_dim(visible, &scores_shape, &[0, 3, 4])?;
         let qh = f.transpose(f.reshape(q, &[n, m, k, g, hd])?, &[0, 2, 3, 1, 4])?;
         let qh = f.reshape(qh, &[n, k, g * m, hd])?;
@@ -607,14 +614,10 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let own = self.scaled(f.reduce_sum(own, &[3])?)?;
 
         // Old key j is visible from a row at position p when j < p (p itself is this row's
-        // own key) and, under a sliding window W', when p - W' < j.
+        // own key).
         let kpos = f.iota(&I32.tensor(&[n, w]), 1)?;
         let p = f.broadcast_in_dim(positions, &[n, w], &[0])?;
-        let mut visible = f.compare(kpos, p, Cmp::Lt)?;
-        if let Some(win) = sliding {
-            let recent = f.compare(f.add(kpos, f.splat(win as f64, &I32.tensor(&[n, w]))?)?, p, Cmp::Gt)?;
-            visible = f.and(visible, recent)?;
-        }
+        let visible = self.visible(kpos, p, Cmp::Lt, sliding)?;
         let old = f.select(
             f.broadcast_in_dim(visible, &scores, &[0, 1])?,
             old,
