@@ -118,6 +118,16 @@ fn bad_requests_are_one_line_errors() {
     );
     bad_trajectory(model, "1,99999", &[], "token id 99999 is out of range for vocabulary size 384");
     bad_trajectory(model, "1", &["--device", "metal"], "unsupported device `metal`");
+    // Context limits are checked before anything is compiled.
+    let long = ["trajectory", "--model", model, "--prompt-ids", "1,2,3", "--steps", "70", "--max-context", "64"];
+    check(
+        &[&long[..], &["--out", "/tmp/x.json"]].concat(),
+        2,
+        "",
+        "3 prompt tokens + 70 steps needs 72 positions, more than the maximum context 64",
+    );
+    bad_trajectory(model, "1", &["--max-context", "0"], "max context must be at least 1");
+    bad_trajectory(model, "1", &["--kv-cache", "bf16"], "unknown KV cache type `bf16` (expected f32 or f16)");
     check(&["generate", "--model", model, "--prompt", "hi"], 2, "", "tokenizer.json");
     check(
         &["generate", "--model", model, "--prompt", "hi", "--temperature", "-1"],
