@@ -222,9 +222,11 @@ pub struct GraphModule {
 /// The modules an engine compiles for `target`. On CPU the single-row decode functions get a
 /// module of their own compiled with data tiling and microkernels: their weights are constant
 /// globals, so IREE repacks them once at load, which made decode-only f16 1.76x faster
-/// (docs/PERFORMANCE.md). Prefill and the decode functions of several rows stay on default
-/// flags, because data tiling crashes IREE 3.13's compiler on them (a segmentation fault);
-/// the two modules share the parameter scope (the repacked copy is the price).
+/// (docs/PERFORMANCE.md). Prefill, `write_kv` and the decode functions of several rows stay
+/// on default flags: with data tiling IREE 3.13's compiler crashes (a segmentation fault in
+/// MaterializeDeviceEncodingPass) on any prefill function, and on a decode function of
+/// several rows next to other functions (alone it compiles). The two modules share the
+/// parameter scope (the repacked copy is the price).
 pub fn graph_modules(
     cfg: &ModelConfig,
     layout: &Layout,
