@@ -70,7 +70,7 @@ fn batched(engine: &mut Engine, cases: &[Reference]) -> Vec<Vec<u32>> {
 }
 
 /// Every trained fixture family at f32, and each other precision on some of them (each load
-/// compiles seven functions; all of them on every family would take CI most of an hour):
+/// compiles twelve functions (2 prefill, 4 decode, 6 cache-write); all of them on every family would take CI most of an hour):
 /// each of 8 rows decoded together gives the tokens its prompt gives alone, and both are
 /// mlx-lm's.
 #[test]
