@@ -13,14 +13,18 @@ pub fn compiles() -> usize {
     COMPILES.load(Ordering::Relaxed)
 }
 
-/// `$MLX_IREE_CACHE_DIR`, else `$XDG_CACHE_HOME/mlx-iree`, else `~/.cache/mlx-iree`.
-pub fn dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("MLX_IREE_CACHE_DIR") {
+/// The usual cache folder given the values of `MLX_IREE_CACHE_DIR`, `XDG_CACHE_HOME` and
+/// `HOME` (looked up through `var`, so the caller decides where settings come from; the
+/// binary passes the process environment): the first, else `$XDG_CACHE_HOME/mlx-iree`, else
+/// `~/.cache/mlx-iree`, else `mlx-iree` under the temporary folder.
+pub fn default_dir(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> PathBuf {
+    if let Some(d) = var("MLX_IREE_CACHE_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(d);
     }
-    let base = std::env::var_os("XDG_CACHE_HOME")
+    let base = var("XDG_CACHE_HOME")
+        .filter(|d| !d.is_empty())
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(std::env::temp_dir);
     base.join("mlx-iree")
 }
@@ -59,32 +63,27 @@ impl std::fmt::Display for CompileReport {
     }
 }
 
-/// Compiles `mlir` for `target` through the cache, saying on stderr what happens (a user
-/// must never stare at a silent terminal while IREE works; stdout stays the output).
-pub fn compile(
-    what: &str,
-    mlir: &str,
-    target: &Target,
-    opts: &CompileOptions,
-) -> Result<(Vec<u8>, CompileReport), Error> {
-    compile_in(&dir(), what, mlir, target, opts)
-}
-
-/// [`compile`] with an explicit cache folder. The compiler library is loaded only when the
-/// module is not in the cache ([`CompileCache::lookup`]), so a warm cache runs on a machine
-/// without the compiler, and a warm run does not pay for loading it.
+/// Compiles `mlir` for `target` through the cache in `cache_dir`, saying what happens as
+/// `tracing` info events (a user must never stare at a silent terminal while IREE works;
+/// the binary prints them on stderr). The compiler library is loaded only when the module
+/// is not in the cache ([`CompileCache::lookup`]), so a warm cache runs on a machine without
+/// the compiler, and a warm run does not pay for loading it. `dump_mlir` also writes the
+/// input next to the cache entry (see [`crate::EngineConfig::dump_mlir`]).
 pub fn compile_in(
     cache_dir: &Path,
     what: &str,
     mlir: &str,
     target: &Target,
     opts: &CompileOptions,
+    dump_mlir: bool,
 ) -> Result<(Vec<u8>, CompileReport), Error> {
     COMPILES.fetch_add(1, Ordering::Relaxed);
     let cache = CompileCache::new(cache_dir)?;
     if let Some(hit) = cache.lookup(mlir, target, opts)? {
-        dump_mlir(what, &hit.path, mlir, target, opts);
-        eprintln!("{what}: {}", CompileReport::CacheHit);
+        if dump_mlir {
+            dump(what, &hit.path, mlir, target, opts);
+        }
+        tracing::info!("{what}: {}", CompileReport::CacheHit);
         return Ok((hit.vmfb, CompileReport::CacheHit));
     }
     let compiler = Compiler::new().map_err(|cause| Error::NotCached {
@@ -94,9 +93,14 @@ pub fn compile_in(
         cause: Box::new(cause),
     })?;
     let key = cache.key(&compiler, mlir, target, opts);
-    dump_mlir(what, &cache.path_for(&key), mlir, target, opts);
+    if dump_mlir {
+        dump(what, &cache.path_for(&key), mlir, target, opts);
+    }
     if !cache.path_for(&key).exists() {
-        eprintln!("compiling {what} for {target} (first run; later runs use the cache in {})...", cache_dir.display());
+        tracing::info!(
+            "compiling {what} for {target} (first run; later runs use the cache in {})...",
+            cache_dir.display()
+        );
     }
     let out = cache.compile(&compiler, mlir, target, opts)?;
     // So that later runs find this module without loading the compiler.
@@ -105,19 +109,18 @@ pub fn compile_in(
         CacheOutcome::Hit => CompileReport::CacheHit,
         CacheOutcome::Miss => CompileReport::Compiled { seconds: out.elapsed.as_secs_f64() },
     };
-    eprintln!("{what}: {report}");
+    tracing::info!("{what}: {report}");
     Ok((out.vmfb, report))
 }
 
-/// For debugging the compiler on our graphs: MLX_IREE_DUMP_MLIR=1 keeps the input next to
-/// the cache entry `vmfb_path`, with the flags used, ready for iree-compile.
-fn dump_mlir(what: &str, vmfb_path: &Path, mlir: &str, target: &Target, opts: &CompileOptions) {
-    if std::env::var_os("MLX_IREE_DUMP_MLIR").is_some() {
-        let path = vmfb_path.with_extension("mlir");
-        let flags = iree_compiler::compile_flags(target, opts).join(" ");
-        if std::fs::write(&path, format!("// iree-compile {flags}\n{mlir}")).is_ok() {
-            eprintln!("{what}: MLIR written to {}", path.display());
-        }
+/// For debugging the compiler on our graphs: keeps the input next to the cache entry
+/// `vmfb_path`, with the flags used, ready for iree-compile.
+fn dump(what: &str, vmfb_path: &Path, mlir: &str, target: &Target, opts: &CompileOptions) {
+    let path = vmfb_path.with_extension("mlir");
+    let flags = iree_compiler::compile_flags(target, opts).join(" ");
+    match std::fs::write(&path, format!("// iree-compile {flags}\n{mlir}")) {
+        Ok(()) => tracing::info!("{what}: MLIR written to {}", path.display()),
+        Err(e) => tracing::warn!("{what}: writing {}: {e}", path.display()),
     }
 }
 
@@ -131,5 +134,24 @@ mod tests {
         assert_eq!(s(CacheHit.and(CacheHit)), "compile cache hit");
         assert_eq!(s(CacheHit.and(Compiled { seconds: 2.0 })), "compiled in 2.0 s");
         assert_eq!(s(Compiled { seconds: 1.5 }.and(Compiled { seconds: 2.0 })), "compiled in 3.5 s");
+    }
+
+    #[test]
+    fn default_dir_follows_the_given_settings() {
+        use super::default_dir;
+        use std::path::PathBuf;
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(name, _)| *name == k).map(|(_, v)| std::ffi::OsString::from(v))
+        };
+        const ALL: [(&str, &str); 3] = [("MLX_IREE_CACHE_DIR", "/c"), ("XDG_CACHE_HOME", "/x"), ("HOME", "/h")];
+        assert_eq!(default_dir(vars(&ALL)), PathBuf::from("/c"));
+        assert_eq!(default_dir(vars(&ALL[1..])), PathBuf::from("/x/mlx-iree"));
+        assert_eq!(default_dir(vars(&ALL[2..])), PathBuf::from("/h/.cache/mlx-iree"));
+        // Empty values count as unset.
+        assert_eq!(
+            default_dir(vars(&[("MLX_IREE_CACHE_DIR", ""), ("HOME", "/h")])),
+            PathBuf::from("/h/.cache/mlx-iree")
+        );
+        assert_eq!(default_dir(vars(&[])), std::env::temp_dir().join("mlx-iree"));
     }
 }

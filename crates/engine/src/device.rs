@@ -3,15 +3,15 @@
 use iree_compiler::Target;
 
 /// The compile target for a device URI (`local-task`, `local-sync`, `cuda`, `cuda://0`, ...),
-/// or a one-line reason why that device is not supported. Checked before compiling.
-pub fn target_for(device: &str) -> Result<Target, String> {
+/// or why that device is not supported. Checked before compiling.
+pub fn target_for(device: &str) -> Result<Target, crate::Error> {
     let driver = device.split(':').next().unwrap_or(device);
     match driver {
         "local-task" | "local-sync" => Ok(Target::llvm_cpu_host()),
         // sm_80 PTX runs on newer GPUs too (the driver JIT-compiles it); IREE 3.13's
         // target table has no sm_90 entry.
         "cuda" => Ok(Target::cuda("sm_80")),
-        other => Err(format!("unsupported device `{other}` (expected local-task, local-sync or cuda)")),
+        other => Err(crate::Error::UnsupportedDevice(other.to_owned())),
     }
 }
 

@@ -11,7 +11,9 @@
 
 pub mod cache;
 pub mod device;
+mod error;
 pub mod gate;
+pub mod scheduler;
 
 use crate::cache::CompileReport;
 use iree_compiler::CompileOptions;
@@ -25,21 +27,7 @@ use std::rc::Rc;
 use std::time::Instant;
 use weights::Checkpoint;
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Weights(#[from] weights::Error),
-    #[error(transparent)]
-    Model(#[from] models::Error),
-    #[error(transparent)]
-    Compile(#[from] iree_compiler::Error),
-    #[error(transparent)]
-    Runtime(#[from] iree_hal::Error),
-    #[error("{0}")]
-    Invalid(String),
-}
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub use crate::error::{BoxError, Error, Result};
 
 /// Settings of an engine, passed as a value: nothing below the binary reads the environment
 /// for them.
@@ -59,8 +47,11 @@ pub struct EngineConfig {
     pub kv_elem: KvElem,
     /// Packed matrices use the hand-written CPU kernels where they run (else the graph form).
     pub packed_kernels: bool,
-    /// Where compiled modules are cached.
+    /// Where compiled modules are cached (see [`cache::default_dir`]).
     pub cache_dir: std::path::PathBuf,
+    /// Also write each compiled module's input MLIR next to its cache entry, with the flags
+    /// on its first line, for reproducing compiler problems with `iree-compile`.
+    pub dump_mlir: bool,
 }
 
 /// Default KV budget: 4 GiB, a sixth of this project's 24 GiB machines, leaving room for the
@@ -72,8 +63,8 @@ const FALLBACK_CONTEXT: usize = 2048;
 
 impl EngineConfig {
     /// One sequence at a time on `device` at `precision`, context from the model, the
-    /// default KV budget, f32 cache, kernels on, the default compile cache.
-    pub fn new(device: &str, precision: Precision) -> EngineConfig {
+    /// default KV budget, f32 cache, kernels on, modules cached in `cache_dir`.
+    pub fn new(device: &str, precision: Precision, cache_dir: impl Into<std::path::PathBuf>) -> EngineConfig {
         EngineConfig {
             device: device.to_owned(),
             precision,
@@ -82,7 +73,8 @@ impl EngineConfig {
             kv_budget_bytes: DEFAULT_KV_BUDGET,
             kv_elem: KvElem::F32,
             packed_kernels: true,
-            cache_dir: cache::dir(),
+            cache_dir: cache_dir.into(),
+            dump_mlir: false,
         }
     }
 }
@@ -110,20 +102,21 @@ impl Plan {
     /// the budget, zero sizes).
     pub fn new(cfg: &ModelConfig, config: &EngineConfig) -> Result<Plan> {
         if config.max_batch == 0 {
-            return Err(Error::Invalid("max batch must be at least 1".into()));
+            return Err(Error::ZeroBatch);
         }
         let per_position = CacheShape::bytes_per_position(cfg, config.kv_elem);
         let positions = match config.max_context {
-            Some(0) => return Err(Error::Invalid("max context must be at least 1".into())),
+            Some(0) => return Err(Error::ZeroContext),
             Some(n) => n,
             None => {
                 let model = cfg.max_position_embeddings.unwrap_or(FALLBACK_CONTEXT);
                 let fits = config.kv_budget_bytes / (per_position * config.max_batch);
                 if fits == 0 {
-                    return Err(Error::Invalid(format!(
-                        "a KV budget of {} bytes holds no position for {} sequences ({per_position} bytes per position)",
-                        config.kv_budget_bytes, config.max_batch
-                    )));
+                    return Err(Error::BudgetTooSmall {
+                        budget: config.kv_budget_bytes,
+                        slots: config.max_batch,
+                        per_position,
+                    });
                 }
                 model.min(fits)
             }
@@ -285,7 +278,7 @@ pub fn layout_for(
     match kernels::cpu::install(&dir) {
         Ok(Some(object)) => Ok(layout.with_cpu_kernels(cfg, &object)),
         Ok(None) => Ok(layout),
-        Err(e) => Err(Error::Invalid(format!("writing the CPU kernel object into {}: {e}", dir.display()))),
+        Err(source) => Err(Error::KernelObject { dir, source }),
     }
 }
 
@@ -311,7 +304,7 @@ impl Engine {
     /// Opens the checkpoint, refuses what it cannot run (before compiling), compiles every
     /// function of its [`Plan`] (cached), binds the weights and allocates the KV cache.
     pub fn load(dir: &Path, config: &EngineConfig) -> Result<Engine> {
-        let target = crate::device::target_for(&config.device).map_err(Error::Invalid)?;
+        let target = crate::device::target_for(&config.device)?;
         let ckpt = Checkpoint::open(dir)?;
         let cfg = ModelConfig::for_checkpoint(&ckpt)?;
         let plan = Plan::new(&cfg, config)?;
@@ -320,8 +313,14 @@ impl Engine {
         let mut vmfbs = Vec::new();
         let mut compile = CompileReport::CacheHit;
         for module in graph_modules(&cfg, &layout, &plan, &target)? {
-            let (vmfb, report) =
-                cache::compile_in(&config.cache_dir, &module.what, &module.mlir, &target, &module.options)?;
+            let (vmfb, report) = cache::compile_in(
+                &config.cache_dir,
+                &module.what,
+                &module.mlir,
+                &target,
+                &module.options,
+                config.dump_mlir,
+            )?;
             compile = compile.and(report);
             vmfbs.push(vmfb);
         }
@@ -394,27 +393,20 @@ impl Engine {
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
         if let Some(bad) = tokens.iter().find(|t| **t as usize >= self.cfg.vocab) {
-            return Err(Error::Invalid(format!(
-                "token id {bad} is out of range for vocabulary size {}",
-                self.cfg.vocab
-            )));
+            return Err(Error::TokenOutOfRange { token: *bad, vocab: self.cfg.vocab });
         }
         Ok(())
     }
 
     fn check_slot(&self, slot: usize) -> Result<()> {
         if slot >= self.lens.len() {
-            return Err(Error::Invalid(format!("slot {slot} does not exist (the engine has {})", self.lens.len())));
+            return Err(Error::NoSuchSlot { slot, slots: self.lens.len() });
         }
         Ok(())
     }
 
     fn context_full(&self, slot: usize, more: usize) -> Error {
-        Error::Invalid(format!(
-            "context full: slot {slot} holds {} positions, {more} more exceed the maximum context {}",
-            self.lens[slot],
-            self.max_context()
-        ))
+        Error::ContextFull { slot, held: self.lens[slot], more, max: self.max_context() }
     }
 
     /// Runs step `function` on `tokens` at `positions` (one per row) for the sequences in
@@ -436,17 +428,17 @@ impl Engine {
         args.extend(last.as_ref());
         args.extend([&self.k, &self.v]);
         let name = function.name();
-        let mut out = self.session.call(&name, &args)?.into_iter();
-        let (Some(next), Some(logits), Some(new_k), Some(new_v)) = (out.next(), out.next(), out.next(), out.next())
-        else {
-            return Err(Error::Invalid(format!("`{name}` returned fewer than 4 results")));
+        let out = self.session.call(&name, &args)?;
+        let got = out.len();
+        let Ok([next, logits, new_k, new_v]) = <[BufferView; 4]>::try_from(out) else {
+            return Err(Error::Abi { function: name, got, expected: 4 });
         };
         let write = Function::WriteKv { rows: row_slots.len() }.name();
         let row_slots = upload(row_slots)?;
-        let mut out =
-            self.session.call(&write, &[&positions, &row_slots, &new_k, &new_v, &self.k, &self.v])?.into_iter();
-        let (Some(k), Some(v)) = (out.next(), out.next()) else {
-            return Err(Error::Invalid(format!("`{write}` returned fewer than 2 results")));
+        let out = self.session.call(&write, &[&positions, &row_slots, &new_k, &new_v, &self.k, &self.v])?;
+        let got = out.len();
+        let Ok([k, v]) = <[BufferView; 2]>::try_from(out) else {
+            return Err(Error::Abi { function: write, got, expected: 2 });
         };
         self.k = k;
         self.v = v;
@@ -458,7 +450,7 @@ impl Engine {
     /// token.
     pub fn prefill(&mut self, slot: usize, prompt: &[u32]) -> Result<Step> {
         if prompt.is_empty() {
-            return Err(Error::Invalid("empty prompt".into()));
+            return Err(Error::EmptyPrompt);
         }
         self.check_slot(slot)?;
         self.check_tokens(prompt)?;
@@ -486,30 +478,29 @@ impl Engine {
             last = Some(Step { next: next[0] as u32, logits, row: 0 });
             rest = &rest[take..];
         }
-        last.ok_or_else(|| Error::Invalid("empty prompt".into()))
+        last.ok_or(Error::EmptyPrompt)
     }
 
     /// One decode step for every `(slot, token)` row at once; slots must be distinct. Returns
     /// one step per row, in order.
     pub fn decode(&mut self, rows: &[(usize, u32)]) -> Result<Vec<Step>> {
         let Some(&first) = rows.first() else {
-            return Err(Error::Invalid("a decode step needs at least one row".into()));
+            return Err(Error::NoRows);
         };
         let mut seen = vec![false; self.lens.len()];
         for &(slot, token) in rows {
             self.check_slot(slot)?;
             self.check_tokens(&[token])?;
             if std::mem::replace(&mut seen[slot], true) {
-                return Err(Error::Invalid(format!("slot {slot} appears twice in one decode step")));
+                return Err(Error::DuplicateSlot { slot });
             }
             if self.lens[slot] >= self.max_context() {
                 return Err(self.context_full(slot, 1));
             }
         }
         let top = rows.iter().map(|(slot, _)| self.lens[*slot]).max().unwrap_or(0);
-        let function = self.plan.decode(rows.len(), top).ok_or_else(|| {
-            Error::Invalid(format!("{} rows exceed the maximum batch {}", rows.len(), self.max_batch()))
-        })?;
+        let function =
+            self.plan.decode(rows.len(), top).ok_or(Error::TooManyRows { rows: rows.len(), max: self.max_batch() })?;
         // Padding rows repeat the first row: rows are computed independently, so they write
         // the same bytes to the same place.
         let b = function.rows();
@@ -543,7 +534,7 @@ mod tests {
     }
 
     fn config(max_batch: usize, max_context: Option<usize>) -> EngineConfig {
-        EngineConfig { max_batch, max_context, ..EngineConfig::new("local-task", Precision::F32) }
+        EngineConfig { max_batch, max_context, ..EngineConfig::new("local-task", Precision::F32, "/nonexistent") }
     }
 
     #[test]

@@ -102,7 +102,7 @@ fn check(args: &Args) -> Result<ModelConfig> {
     if args.context.contains(&0) {
         bail!("--context lengths must be at least 1");
     }
-    engine::device::target_for(&args.m.device).map_err(|e| anyhow::anyhow!(e))?;
+    engine::device::target_for(&args.m.device)?;
     if !args.m.model.is_dir() {
         bail!("model folder {} does not exist", args.m.model.display());
     }
@@ -122,7 +122,7 @@ fn measure(args: &Args) -> Result<Vec<Report>> {
         args.m.plan(&cfg, max_batch, longest + args.steps, &format!("--context {longest} + --steps {}", args.steps))?;
     let loading = || format!("loading {}", args.m.model.display());
 
-    let target = engine::device::target_for(&args.m.device).map_err(|e| anyhow::anyhow!(e))?;
+    let target = engine::device::target_for(&args.m.device)?;
     let cold_cache = TempDir::new()?;
     let mut config = args.m.engine_config(max_batch);
     let (mut compile_cold_s, dispatches_per_decode_step) = if args.cache_only {
@@ -239,7 +239,14 @@ fn cold_compile(
     drop(ckpt);
     let modules = graph_modules(cfg, &layout, plan, target)?;
     for module in &modules {
-        engine::cache::compile_in(&config.cache_dir, &module.what, &module.mlir, target, &module.options)?;
+        engine::cache::compile_in(
+            &config.cache_dir,
+            &module.what,
+            &module.mlir,
+            target,
+            &module.options,
+            config.dump_mlir,
+        )?;
     }
     let compile_cold_s = started.elapsed().as_secs_f64();
 

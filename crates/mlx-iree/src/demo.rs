@@ -51,9 +51,16 @@ fn reference(x: &[f32], gamma: &[f32], w: &[f32]) -> Vec<f32> {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let target = engine::device::target_for(&args.device).map_err(|e| anyhow::anyhow!("demo: {e}"))?;
+    let target = engine::device::target_for(&args.device).context("demo")?;
     println!("graph: softmax(W · rmsnorm(x)), x [{HIDDEN}], W [{VOCAB}, {HIDDEN}], built with hlo-emit");
-    let (vmfb, _) = engine::cache::compile("demo graph", &graph()?, &target, &CompileOptions::default())?;
+    let (vmfb, _) = engine::cache::compile_in(
+        &crate::cache_dir(),
+        "demo graph",
+        &graph()?,
+        &target,
+        &CompileOptions::default(),
+        false,
+    )?;
 
     let instance = Instance::new()?;
     let device = instance.device(&args.device).with_context(|| format!("opening device `{}`", args.device))?;

@@ -30,6 +30,28 @@ enum Command {
     Gate(run::GateArgs),
 }
 
+/// The compile cache folder: `MLX_IREE_CACHE_DIR`, else `$XDG_CACHE_HOME/mlx-iree`, else
+/// `~/.cache/mlx-iree` (the libraries take it as a value).
+pub fn cache_dir() -> std::path::PathBuf {
+    engine::cache::default_dir(|name| std::env::var_os(name))
+}
+
+/// Progress and log lines from the libraries (`tracing`) go to stderr as plain lines, so
+/// stdout stays the output. `MLX_IREE_LOG` filters them (default `info`; e.g. `debug`,
+/// `engine=debug`, `warn`).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MLX_IREE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .without_time()
+        .with_level(false)
+        .with_target(false)
+        .with_ansi(false)
+        .try_init();
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -45,6 +67,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    init_logging();
     let result = match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Demo(args) => demo::run(&args),

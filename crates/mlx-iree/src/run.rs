@@ -1,10 +1,10 @@
 //! `mlx-iree generate` and `mlx-iree trajectory`: the CLI contract of BRIEF section 6.
 
 use anyhow::{Context, Result, bail};
+use engine::scheduler::{Event, Request, Sampling, Scheduler};
 use engine::{Engine, EngineConfig, KvElem, Plan, Precision};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 use text::chat::{ChatTemplate, Message};
 use text::sampler::{Sampler, SamplingParams};
 use text::stream::StreamDecoder;
@@ -38,16 +38,17 @@ impl ModelArgs {
     }
 
     /// The engine settings for these flags, with `max_batch` sequences at once.
-    /// `MLX_IREE_PACKED_KERNELS=0` forces packed weights onto the graph form (for comparisons)
-    /// and `MLX_IREE_CACHE_DIR` moves the compile cache; the binary reads both, the library
-    /// takes them as values.
+    /// `MLX_IREE_PACKED_KERNELS=0` forces packed weights onto the graph form (for comparisons),
+    /// `MLX_IREE_CACHE_DIR` moves the compile cache and `MLX_IREE_DUMP_MLIR` keeps each
+    /// module's input; the binary reads them, the library takes them as values.
     pub fn engine_config(&self, max_batch: usize) -> EngineConfig {
         EngineConfig {
             max_batch,
             max_context: self.max_context,
             kv_elem: self.kv_cache,
             packed_kernels: std::env::var("MLX_IREE_PACKED_KERNELS").map_or(true, |v| v != "0"),
-            ..EngineConfig::new(&self.device, self.precision())
+            dump_mlir: std::env::var_os("MLX_IREE_DUMP_MLIR").is_some(),
+            ..EngineConfig::new(&self.device, self.precision(), crate::cache_dir())
         }
     }
 
@@ -146,51 +147,48 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
     // Generation stops at the end of the context; the prompt itself (and its first new
     // token) must fit.
     args.model.plan(&config, 1, prompt.len() + 1, &format!("the prompt ({} tokens)", prompt.len()))?;
-    let mut engine = load(&args.model)?;
-    let greedy = args.temperature == 0.0;
-    let text_vocab = tokenizer.vocab_size();
-    // Embedding tables can be padded past the tokenizer's vocabulary: those ids decode to
-    // nothing, so they are never chosen.
-    let mut pick = |step: &engine::Step| -> Result<u32> {
-        if greedy && (step.next as usize) < text_vocab {
-            return Ok(step.next);
-        }
-        let mut logits = step.logits()?;
-        logits.iter_mut().skip(text_vocab).for_each(|l| *l = f32::NEG_INFINITY);
-        Ok(sampler.sample(&logits)?)
+    let scheduler = Scheduler::start(&args.model.model, args.model.engine_config(1))
+        .with_context(|| format!("loading {}", dir.display()))?;
+    let sampling = if args.temperature == 0.0 {
+        Sampling::Greedy
+    } else {
+        Sampling::Custom(Box::new(move |logits: &[f32]| Ok(sampler.sample(logits)?)))
     };
-
-    let started = Instant::now();
-    let mut step = engine.prefill(0, &prompt)?;
-    let prefill_s = started.elapsed().as_secs_f64();
+    let request = Request {
+        prompt,
+        max_tokens: args.max_tokens,
+        stop_tokens: eos.into_iter().collect(),
+        // Embedding tables can be padded past the tokenizer's vocabulary: those ids decode
+        // to nothing, so they are never chosen.
+        vocab_limit: Some(tokenizer.vocab_size()),
+        sampling,
+    };
+    let mut generation = scheduler.submit(request)?;
     let mut stream = StreamDecoder::new(true);
     let mut stdout = std::io::stdout().lock();
-    let mut generated = 0usize;
-    let decode_started = Instant::now();
-    loop {
-        let token = pick(&step)?;
-        if eos.contains(&token) {
-            break;
+    let done = loop {
+        match generation.blocking_next() {
+            Some(Ok(Event::Token(token))) => {
+                write!(stdout, "{}", stream.push(&tokenizer, token)?)?;
+                stdout.flush()?;
+            }
+            Some(Ok(Event::Done(done))) => break done,
+            Some(Err(e)) => return Err(e.into()),
+            None => bail!("the engine ended the generation without saying why"),
         }
-        generated += 1;
-        write!(stdout, "{}", stream.push(&tokenizer, token)?)?;
-        stdout.flush()?;
-        if generated == args.max_tokens || engine.position(0) >= engine.max_context() {
-            break;
-        }
-        step = engine.decode_one(0, token)?;
-    }
+    };
     writeln!(stdout, "{}", stream.finish(&tokenizer)?)?;
-    let decode_s = decode_started.elapsed().as_secs_f64();
     // The first generated token came from prefill; the rest from decode steps.
-    let decode_steps = generated.saturating_sub(1);
+    let decode_steps = done.generated.saturating_sub(1);
+    let info = scheduler.info();
     eprintln!(
-        "prompt tokens: {}, generated tokens: {generated}, prefill: {:.1} tok/s, decode: {:.1} tok/s, {}, weights loaded in {:.1} s ({}, {})",
-        prompt.len(),
-        prompt.len() as f64 / prefill_s,
-        if decode_steps > 0 { decode_steps as f64 / decode_s } else { 0.0 },
-        engine.compile,
-        engine.load_seconds,
+        "prompt tokens: {}, generated tokens: {}, prefill: {:.1} tok/s, decode: {:.1} tok/s, {}, weights loaded in {:.1} s ({}, {})",
+        done.prompt_tokens,
+        done.generated,
+        done.prompt_tokens as f64 / done.prefill_seconds,
+        if decode_steps > 0 { decode_steps as f64 / done.decode_seconds } else { 0.0 },
+        info.compile,
+        info.load_seconds,
         args.model.device,
         args.model.precision(),
     );

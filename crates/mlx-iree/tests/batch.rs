@@ -28,8 +28,7 @@ fn engine(dir: &Path, precision: Precision) -> Engine {
     let config = EngineConfig {
         max_batch: MAX_BATCH,
         max_context: Some(64),
-        cache_dir: root().join("target/test-compile-cache"),
-        ..EngineConfig::new("local-task", precision)
+        ..EngineConfig::new("local-task", precision, root().join("target/test-compile-cache"))
     };
     Engine::load(dir, &config).unwrap()
 }

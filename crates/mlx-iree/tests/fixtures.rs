@@ -36,8 +36,7 @@ fn check(fixture: &str, variant: &str, precision: Precision, file: &str) {
     let longest = trajectories.iter().map(|t| ids(&t["prompt_ids"]).len()).max().unwrap();
     let config = EngineConfig {
         max_context: Some((longest + steps).next_power_of_two().max(64)),
-        cache_dir: cache_dir(),
-        ..EngineConfig::new("local-task", precision)
+        ..EngineConfig::new("local-task", precision, cache_dir())
     };
     let mut engine = Engine::load(&dir, &config).unwrap();
     for t in trajectories {

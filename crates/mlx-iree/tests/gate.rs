@@ -77,9 +77,8 @@ fn check_kv(dir: &Path, precision: Precision, kv: KvElem, refs: &[Reference]) ->
     let longest = refs.iter().map(|r| r.prompt_ids.len()).max().unwrap();
     let config = EngineConfig {
         max_context: Some((longest + steps).next_power_of_two().max(64)),
-        cache_dir: cache,
         kv_elem: kv,
-        ..EngineConfig::new("local-task", precision)
+        ..EngineConfig::new("local-task", precision, cache)
     };
     let mut engine = Engine::load(dir, &config).unwrap();
     gate::check(&mut engine, refs).unwrap()

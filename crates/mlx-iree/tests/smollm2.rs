@@ -40,8 +40,7 @@ fn check(name: &str) {
     let longest = trajectories.iter().map(|t| ids(&t["prompt_ids"]).len()).max().unwrap();
     let config = EngineConfig {
         max_context: Some((longest + steps).next_power_of_two()),
-        cache_dir: cache_dir(),
-        ..EngineConfig::new("local-task", Precision::F32)
+        ..EngineConfig::new("local-task", Precision::F32, cache_dir())
     };
     let mut engine = Engine::load(&dir, &config).unwrap();
     for t in trajectories {

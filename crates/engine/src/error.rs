@@ -1,0 +1,84 @@
+//! The engine's errors, one variant per cause a caller can act on (a server maps the
+//! request-shaped ones to 400s and the rest to 500s).
+
+use std::path::PathBuf;
+
+/// A caller's sampling error, passed through unchanged.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Weights(#[from] weights::Error),
+    #[error(transparent)]
+    Model(#[from] models::Error),
+    #[error(transparent)]
+    Compile(#[from] iree_compiler::Error),
+    #[error(transparent)]
+    Runtime(#[from] iree_hal::Error),
+    #[error("unsupported device `{0}` (expected local-task, local-sync or cuda)")]
+    UnsupportedDevice(String),
+    #[error("max batch must be at least 1")]
+    ZeroBatch,
+    #[error("max context must be at least 1")]
+    ZeroContext,
+    #[error(
+        "a KV budget of {budget} bytes holds no position for {slots} sequences ({per_position} bytes per position)"
+    )]
+    BudgetTooSmall { budget: usize, slots: usize, per_position: usize },
+    #[error("writing the CPU kernel object into {}: {source}", dir.display())]
+    KernelObject { dir: PathBuf, source: std::io::Error },
+    /// A compiled function returned other results than the graph ABI says: a bug.
+    #[error("`{function}` returned {got} results, expected {expected}")]
+    Abi { function: String, got: usize, expected: usize },
+    #[error("empty prompt")]
+    EmptyPrompt,
+    #[error("a decode step needs at least one row")]
+    NoRows,
+    #[error("token id {token} is out of range for vocabulary size {vocab}")]
+    TokenOutOfRange { token: u32, vocab: usize },
+    #[error("slot {slot} does not exist (the engine has {slots})")]
+    NoSuchSlot { slot: usize, slots: usize },
+    #[error("slot {slot} appears twice in one decode step")]
+    DuplicateSlot { slot: usize },
+    #[error("{rows} rows exceed the maximum batch {max}")]
+    TooManyRows { rows: usize, max: usize },
+    #[error("context full: slot {slot} holds {held} positions, {more} more exceed the maximum context {max}")]
+    ContextFull { slot: usize, held: usize, more: usize, max: usize },
+    /// A request whose prompt (and its first new token) does not fit one sequence.
+    #[error("the prompt ({prompt} tokens) and its first new token exceed the maximum context {max}")]
+    PromptTooLong { prompt: usize, max: usize },
+    #[error("max_tokens must be at least 1")]
+    ZeroMaxTokens,
+    /// The request's sampler failed (e.g. logits that are not finite).
+    #[error("sampling: {0}")]
+    Sampling(BoxError),
+    /// A batched decode step failed on the device; every sequence in it gets this error
+    /// (the cause, as text, since one error cannot be given to many callers).
+    #[error("a decode step of {rows} rows failed: {cause}")]
+    Step { rows: usize, cause: String },
+    #[error("starting the engine thread: {0}")]
+    Spawn(std::io::Error),
+    /// The engine thread is gone (shut down, or it failed on an earlier error).
+    #[error("the engine has stopped")]
+    Stopped,
+    #[error("the engine thread panicked: {0}")]
+    Panicked(String),
+}
+
+impl Error {
+    /// Whether the request itself was at fault (bad ids, too long, bad settings), as opposed
+    /// to the engine or the device.
+    pub fn is_request_error(&self) -> bool {
+        matches!(
+            self,
+            Error::EmptyPrompt
+                | Error::TokenOutOfRange { .. }
+                | Error::PromptTooLong { .. }
+                | Error::ZeroMaxTokens
+                | Error::ContextFull { .. }
+        )
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

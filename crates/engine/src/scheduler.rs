@@ -1,0 +1,552 @@
+//! The engine on a thread of its own, serving many callers at once: a queue of requests, a
+//! KV slot per running sequence, and one loop that prefills a chunk of one prompt and then
+//! decodes every running sequence's next token in one batched step (continuous batching,
+//! as llama.cpp's server slots and mistral.rs's engine do). Callers hold plain types only: a
+//! [`Request`] goes in, a [`Generation`] of [`Event`]s comes out; IREE handles (not `Send`)
+//! never leave the thread.
+
+use crate::cache::CompileReport;
+use crate::{BoxError, Engine, EngineConfig, Error, Result, Step};
+use models::ModelConfig;
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
+use std::time::Instant;
+use tokio::sync::mpsc as events;
+
+/// A caller's token chooser: given a row's logits (ids at or above the request's
+/// `vocab_limit` already `-inf`), the next id.
+pub type Chooser = Box<dyn FnMut(&[f32]) -> Result<u32, BoxError> + Send>;
+
+/// How a request's next token is chosen.
+pub enum Sampling {
+    /// The most likely token: the device's argmax, with no logits downloaded (unless that id
+    /// is at or above the request's `vocab_limit`).
+    Greedy,
+    /// The caller's chooser (temperature, top-k, top-p, ...).
+    Custom(Chooser),
+}
+
+impl std::fmt::Debug for Sampling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Sampling::Greedy => "Greedy",
+            Sampling::Custom(_) => "Custom(..)",
+        })
+    }
+}
+
+/// One generation asked of the engine.
+#[derive(Debug)]
+pub struct Request {
+    /// Prompt token ids (chat template already applied).
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Ids that end the generation (end of sequence); they are not sent as tokens.
+    pub stop_tokens: Vec<u32>,
+    /// Ids at and above this are never chosen (embedding tables padded past the
+    /// tokenizer's vocabulary decode to nothing). `None`: every id of the model.
+    pub vocab_limit: Option<usize>,
+    pub sampling: Sampling,
+}
+
+impl Request {
+    /// Greedy generation of up to `max_tokens` after `prompt`, no stop tokens.
+    pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
+        Request { prompt, max_tokens, stop_tokens: Vec::new(), vocab_limit: None, sampling: Sampling::Greedy }
+    }
+}
+
+/// What a generation sends, in order: tokens, then one `Done` (or an error).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Token(u32),
+    Done(Finished),
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token was chosen.
+    Stop,
+    /// `max_tokens` were generated.
+    Length,
+    /// The sequence filled the engine's maximum context.
+    ContextFull,
+    /// The caller cancelled it.
+    Cancelled,
+}
+
+/// The end of a generation, with its counts and timings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    pub reason: FinishReason,
+    pub prompt_tokens: usize,
+    /// Tokens sent (stop tokens not counted).
+    pub generated: usize,
+    /// Seconds waiting for a free slot.
+    pub queued_seconds: f64,
+    /// Seconds from taking a slot to the first token (prefill, interleaved with the other
+    /// sequences' decode steps).
+    pub prefill_seconds: f64,
+    /// Seconds from the first token to the last.
+    pub decode_seconds: f64,
+}
+
+/// What the engine loaded, for callers that must not touch it.
+#[derive(Debug, Clone)]
+pub struct EngineInfo {
+    pub model: ModelConfig,
+    pub max_batch: usize,
+    pub max_context: usize,
+    pub weight_bytes: usize,
+    pub kv_bytes: usize,
+    pub compile: CompileReport,
+    pub load_seconds: f64,
+}
+
+/// The caller's end of one request. Dropping it cancels the request (its slot is freed
+/// at the engine's next step).
+#[derive(Debug)]
+pub struct Generation {
+    events: events::UnboundedReceiver<Result<Event>>,
+    cancel: Arc<AtomicBool>,
+    ended: bool,
+}
+
+impl Generation {
+    /// The next event, waiting for it; `None` after the last. From async code use
+    /// [`Generation::next`] instead (this one blocks the thread).
+    pub fn blocking_next(&mut self) -> Option<Result<Event>> {
+        let got = if self.ended { None } else { self.events.blocking_recv() };
+        self.after(got)
+    }
+
+    /// The next event; `None` after the last.
+    pub async fn next(&mut self) -> Option<Result<Event>> {
+        let got = if self.ended { None } else { self.events.recv().await };
+        self.after(got)
+    }
+
+    /// Ends the stream after `Done` or an error; a channel closed before either means the
+    /// engine thread is gone.
+    fn after(&mut self, got: Option<Result<Event>>) -> Option<Result<Event>> {
+        if self.ended {
+            return None;
+        }
+        match got {
+            Some(Ok(Event::Token(t))) => Some(Ok(Event::Token(t))),
+            Some(end) => {
+                self.ended = true;
+                Some(end)
+            }
+            None => {
+                self.ended = true;
+                Some(Err(Error::Stopped))
+            }
+        }
+    }
+
+    /// Asks the engine to stop this generation: it frees the slot at its next step and
+    /// ends the stream with `Done` (reason `Cancelled`).
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// Reads every remaining event: the tokens and how it finished.
+    pub fn collect_blocking(mut self) -> Result<(Vec<u32>, Finished)> {
+        let mut tokens = Vec::new();
+        while let Some(event) = self.blocking_next() {
+            match event? {
+                Event::Token(t) => tokens.push(t),
+                Event::Done(done) => return Ok((tokens, done)),
+            }
+        }
+        Err(Error::Stopped)
+    }
+}
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
+impl Iterator for Generation {
+    type Item = Result<Event>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.blocking_next()
+    }
+}
+
+/// A request on its way to the engine thread.
+struct Pending {
+    request: Request,
+    events: events::UnboundedSender<Result<Event>>,
+    cancel: Arc<AtomicBool>,
+    submitted: Instant,
+}
+
+impl Pending {
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed) || self.events.is_closed()
+    }
+}
+
+/// The engine on its own thread; see the module docs. `Send + Sync`: share it (e.g. in an
+/// `Arc`) between the threads or tasks that submit requests. Dropping it stops the thread:
+/// generations still running end with [`Error::Stopped`].
+#[derive(Debug)]
+pub struct Scheduler {
+    commands: Option<mpsc::Sender<Pending>>,
+    thread: Option<JoinHandle<()>>,
+    info: EngineInfo,
+}
+
+impl Scheduler {
+    /// Starts the engine thread and loads the model there (compiling every shape, see
+    /// [`Engine::load`]); returns once it is ready, or with the load's error.
+    pub fn start(dir: impl Into<PathBuf>, config: EngineConfig) -> Result<Scheduler> {
+        let dir = dir.into();
+        let (commands, inbox) = mpsc::channel();
+        let (ready, loaded) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("mlx-iree-engine".to_owned())
+            .spawn(move || {
+                let engine = match Engine::load(&dir, &config) {
+                    Ok(engine) => engine,
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                        return;
+                    }
+                };
+                let info = EngineInfo {
+                    model: engine.config().clone(),
+                    max_batch: engine.max_batch(),
+                    max_context: engine.max_context(),
+                    weight_bytes: engine.weight_bytes,
+                    kv_bytes: engine.kv_bytes,
+                    compile: engine.compile,
+                    load_seconds: engine.load_seconds,
+                };
+                tracing::info!(
+                    "engine ready: {} slots x {} positions, weights {} MiB, KV cache {} MiB",
+                    info.max_batch,
+                    info.max_context,
+                    info.weight_bytes >> 20,
+                    info.kv_bytes >> 20
+                );
+                if ready.send(Ok(info)).is_ok() {
+                    Loop::new(engine, inbox).run();
+                }
+            })
+            .map_err(Error::Spawn)?;
+        match loaded.recv() {
+            Ok(Ok(info)) => Ok(Scheduler { commands: Some(commands), thread: Some(thread), info }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => Err(Error::Panicked(panic_message(thread.join()))),
+        }
+    }
+
+    pub fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    /// Queues `request`; its events come through the returned [`Generation`]. Requests the
+    /// engine can never run (empty prompt, ids out of range, a prompt longer than the
+    /// context, `max_tokens` 0) are refused here.
+    pub fn submit(&self, request: Request) -> Result<Generation> {
+        self.check(&request)?;
+        let (sender, events) = events::unbounded_channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let pending = Pending { request, events: sender, cancel: Arc::clone(&cancel), submitted: Instant::now() };
+        let commands = self.commands.as_ref().ok_or(Error::Stopped)?;
+        commands.send(pending).map_err(|_| Error::Stopped)?;
+        Ok(Generation { events, cancel, ended: false })
+    }
+
+    fn check(&self, request: &Request) -> Result<()> {
+        if request.prompt.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        if request.max_tokens == 0 {
+            return Err(Error::ZeroMaxTokens);
+        }
+        let vocab = self.info.model.vocab;
+        if let Some(&token) = request.prompt.iter().find(|t| **t as usize >= vocab) {
+            return Err(Error::TokenOutOfRange { token, vocab });
+        }
+        // The prompt and the position of its first new token's successor must fit.
+        if request.prompt.len() >= self.info.max_context {
+            return Err(Error::PromptTooLong { prompt: request.prompt.len(), max: self.info.max_context });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        // Closing the queue tells the loop to stop.
+        self.commands.take();
+        if let Some(thread) = self.thread.take()
+            && let Err(panic) = thread.join()
+        {
+            tracing::error!("the engine thread panicked: {}", panic_message(Err(panic)));
+        }
+    }
+}
+
+fn panic_message(joined: std::thread::Result<()>) -> String {
+    match joined {
+        Ok(()) => "it stopped before the model was loaded".to_owned(),
+        Err(panic) => panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".to_owned()),
+    }
+}
+
+/// A request holding a slot.
+struct Running {
+    slot: usize,
+    pending: Pending,
+    /// Prompt tokens already in the slot.
+    prefilled: usize,
+    /// The token to feed at the next decode step (`None` while prefilling).
+    input: Option<u32>,
+    generated: usize,
+    admitted: Instant,
+    first_token: Option<Instant>,
+}
+
+impl Running {
+    fn finished(&self, reason: FinishReason) -> Finished {
+        let now = Instant::now();
+        let first = self.first_token.unwrap_or(now);
+        Finished {
+            reason,
+            prompt_tokens: self.pending.request.prompt.len(),
+            generated: self.generated,
+            queued_seconds: (self.admitted - self.pending.submitted).as_secs_f64(),
+            prefill_seconds: (first - self.admitted).as_secs_f64(),
+            decode_seconds: (now - first).as_secs_f64(),
+        }
+    }
+}
+
+/// The engine thread's state: the queue, the running sequences and the free slots.
+struct Loop {
+    engine: Engine,
+    inbox: mpsc::Receiver<Pending>,
+    queue: VecDeque<Pending>,
+    running: Vec<Running>,
+    /// Free slots, lowest last (taken first).
+    free: Vec<usize>,
+    /// Most prompt tokens prefilled per loop turn, so one long prompt does not stall the
+    /// decode steps of the others for long.
+    chunk: usize,
+}
+
+impl Loop {
+    fn new(engine: Engine, inbox: mpsc::Receiver<Pending>) -> Loop {
+        let free = (0..engine.max_batch()).rev().collect();
+        let chunk = engine.plan().chunks.iter().copied().max().unwrap_or(1);
+        Loop { engine, inbox, queue: VecDeque::new(), running: Vec::new(), free, chunk }
+    }
+
+    fn run(mut self) {
+        loop {
+            if self.running.is_empty() && self.queue.is_empty() {
+                // Nothing to do: wait for a request (or for the scheduler to go).
+                match self.inbox.recv() {
+                    Ok(pending) => self.queue.push_back(pending),
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match self.inbox.try_recv() {
+                    Ok(pending) => self.queue.push_back(pending),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => return self.stop(),
+                }
+            }
+            self.reap();
+            self.admit();
+            self.prefill();
+            self.decode();
+        }
+    }
+
+    /// The scheduler is gone: everything still open ends with `Stopped`.
+    fn stop(mut self) {
+        for pending in self.queue.drain(..) {
+            let _ = pending.events.send(Err(Error::Stopped));
+        }
+        for running in self.running.drain(..) {
+            let _ = running.pending.events.send(Err(Error::Stopped));
+        }
+    }
+
+    /// Drops cancelled requests, queued or running.
+    fn reap(&mut self) {
+        self.queue.retain(|p| {
+            let cancelled = p.cancelled();
+            if cancelled {
+                let _ = p.events.send(Ok(Event::Done(Finished {
+                    reason: FinishReason::Cancelled,
+                    prompt_tokens: p.request.prompt.len(),
+                    generated: 0,
+                    queued_seconds: p.submitted.elapsed().as_secs_f64(),
+                    prefill_seconds: 0.0,
+                    decode_seconds: 0.0,
+                })));
+            }
+            !cancelled
+        });
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].pending.cancelled() {
+                self.end(i, Ok(FinishReason::Cancelled));
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Gives queued requests free slots, oldest first.
+    fn admit(&mut self) {
+        while !self.free.is_empty() && !self.queue.is_empty() {
+            let (Some(slot), Some(pending)) = (self.free.pop(), self.queue.pop_front()) else { break };
+            self.engine.reset(slot);
+            tracing::debug!("slot {slot}: {} prompt tokens", pending.request.prompt.len());
+            self.running.push(Running {
+                slot,
+                pending,
+                prefilled: 0,
+                input: None,
+                generated: 0,
+                admitted: Instant::now(),
+                first_token: None,
+            });
+        }
+    }
+
+    /// One chunk of the oldest prompt still being prefilled.
+    fn prefill(&mut self) {
+        let Some(i) = self.running.iter().position(|r| r.input.is_none()) else { return };
+        let r = &self.running[i];
+        let prompt = &r.pending.request.prompt;
+        let end = prompt.len().min(r.prefilled + self.chunk);
+        match self.engine.prefill(r.slot, &prompt[r.prefilled..end]) {
+            Ok(step) => {
+                self.running[i].prefilled = end;
+                if end == self.running[i].pending.request.prompt.len() {
+                    self.advance(i, &step);
+                }
+            }
+            Err(e) => self.end(i, Err(e)),
+        }
+    }
+
+    /// One decode step for every sequence past its prompt.
+    fn decode(&mut self) {
+        let rows: Vec<(usize, u32)> = self.running.iter().filter_map(|r| Some((r.slot, r.input?))).collect();
+        if rows.is_empty() {
+            return;
+        }
+        match self.engine.decode(&rows) {
+            Ok(steps) => {
+                // `advance` may remove a sequence, so match steps to sequences by slot.
+                for ((slot, _), step) in rows.iter().zip(steps) {
+                    if let Some(i) = self.running.iter().position(|r| r.slot == *slot) {
+                        self.advance(i, &step);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!("decode step of {} rows failed: {e}", rows.len());
+                let n = rows.len();
+                for (slot, _) in rows {
+                    if let Some(i) = self.running.iter().position(|r| r.slot == slot) {
+                        self.end(i, Err(Error::Step { rows: n, cause: e.to_string() }));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Chooses sequence `i`'s next token from `step`, sends it, and ends the sequence when
+    /// it is done.
+    fn advance(&mut self, i: usize, step: &Step) {
+        let limit = self.running[i].pending.request.vocab_limit.unwrap_or(usize::MAX);
+        let token = match choose(&mut self.running[i].pending.request.sampling, limit, step) {
+            Ok(token) => token,
+            Err(e) => return self.end(i, Err(e)),
+        };
+        let max_context = self.engine.max_context();
+        let r = &mut self.running[i];
+        let now = Instant::now();
+        r.first_token.get_or_insert(now);
+        if r.pending.request.stop_tokens.contains(&token) {
+            return self.end(i, Ok(FinishReason::Stop));
+        }
+        r.generated += 1;
+        if r.pending.events.send(Ok(Event::Token(token))).is_err() {
+            return self.end(i, Ok(FinishReason::Cancelled));
+        }
+        if r.generated >= r.pending.request.max_tokens {
+            self.end(i, Ok(FinishReason::Length))
+        } else if self.engine.position(r.slot) >= max_context {
+            self.end(i, Ok(FinishReason::ContextFull))
+        } else {
+            r.input = Some(token);
+        }
+    }
+
+    /// Ends sequence `i` with `Done(reason)` or an error, and frees its slot.
+    fn end(&mut self, i: usize, how: Result<FinishReason>) {
+        let r = self.running.swap_remove(i);
+        let event = how.map(|reason| Event::Done(r.finished(reason)));
+        tracing::debug!("slot {}: ended after {} tokens ({:?})", r.slot, r.generated, event.as_ref().err());
+        let _ = r.pending.events.send(event);
+        self.engine.reset(r.slot);
+        self.free.push(r.slot);
+        // Lowest slot first, so which slot a request gets does not depend on history.
+        self.free.sort_unstable_by(|a, b| b.cmp(a));
+    }
+}
+
+/// The next token of a row by `sampling`, never one at or above `limit`.
+fn choose(sampling: &mut Sampling, limit: usize, step: &Step) -> Result<u32> {
+    if let Sampling::Greedy = sampling
+        && (step.next as usize) < limit
+    {
+        return Ok(step.next);
+    }
+    let mut logits = step.logits()?;
+    if limit < logits.len() {
+        logits[limit..].fill(f32::NEG_INFINITY);
+    }
+    match sampling {
+        Sampling::Greedy => {
+            let best = logits.iter().enumerate().filter(|(_, l)| !l.is_nan()).fold(
+                None,
+                |best: Option<(usize, f32)>, (i, &l)| match best {
+                    Some((_, b)) if b >= l => best,
+                    _ => Some((i, l)),
+                },
+            );
+            // Vocabularies are far below 2^32 entries.
+            best.map(|(i, _)| i as u32).ok_or_else(|| Error::Sampling("every logit is NaN".into()))
+        }
+        Sampling::Custom(pick) => pick(&logits).map_err(Error::Sampling),
+    }
+}

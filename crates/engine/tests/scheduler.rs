@@ -1,0 +1,212 @@
+//! The engine thread's request API: requests from many callers at once get, each, the
+//! tokens mlx-lm gives their prompt alone; stop tokens, cancellation, the context's end and
+//! shutdown end a generation with the right event; bad requests are refused at submit; and
+//! nothing is compiled once the engine has started.
+
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
+
+use engine::gate::{self, Reference};
+use engine::scheduler::{Event, FinishReason, Request, Sampling, Scheduler};
+use engine::{EngineConfig, Error, Precision};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The shapes of crates/mlx-iree/tests/batch.rs, so both hit the same compiled modules.
+const MAX_BATCH: usize = 8;
+const MAX_CONTEXT: usize = 64;
+const STEPS: usize = 16;
+
+fn fixture() -> PathBuf {
+    root().join("tests/fixtures-trained/qwen3/f32")
+}
+
+/// The tests take turns: the first one compiles the fixture's modules, the rest load them.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn start() -> (Scheduler, std::sync::MutexGuard<'static, ()>) {
+    let turn = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let config = EngineConfig {
+        max_batch: MAX_BATCH,
+        max_context: Some(MAX_CONTEXT),
+        ..EngineConfig::new("local-task", Precision::F32, root().join("target/test-compile-cache"))
+    };
+    (Scheduler::start(fixture(), config).unwrap(), turn)
+}
+
+/// mlx-lm's trajectories cut into prompts (a reference prompt plus the first k tokens
+/// mlx-lm generated after it), each with the STEPS tokens mlx-lm generated next.
+fn cases() -> Vec<Reference> {
+    let refs = gate::references_from_json(&std::fs::read_to_string(fixture().join("expected.json")).unwrap()).unwrap();
+    let mut cases = Vec::new();
+    for k in [0, 3, 7, 1, 5] {
+        for r in &refs {
+            let mut prompt = r.prompt_ids.clone();
+            prompt.extend(&r.token_ids[..k]);
+            cases.push(Reference { prompt_ids: prompt, token_ids: r.token_ids[k..k + STEPS].to_vec() });
+        }
+    }
+    assert!(cases.len() > MAX_BATCH, "{}", cases.len());
+    cases
+}
+
+/// More requests than slots, from as many threads at once: each gets mlx-lm's tokens for
+/// its prompt (the queue, slot reuse and batched steps change nothing), and the engine
+/// compiles nothing after start.
+#[test]
+fn concurrent_requests_get_what_each_prompt_gives_alone() {
+    let (scheduler, _turn) = start();
+    let scheduler = Arc::new(scheduler);
+    let compiles = engine::cache::compiles();
+    let threads: Vec<_> = cases()
+        .into_iter()
+        .map(|c| {
+            let scheduler = Arc::clone(&scheduler);
+            std::thread::spawn(move || {
+                let (tokens, done) =
+                    scheduler.submit(Request::greedy(c.prompt_ids.clone(), STEPS)).unwrap().collect_blocking().unwrap();
+                assert_eq!(tokens, c.token_ids, "prompt {:?}", c.prompt_ids);
+                assert_eq!(
+                    (done.reason, done.generated, done.prompt_tokens),
+                    (FinishReason::Length, STEPS, c.prompt_ids.len())
+                );
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(engine::cache::compiles(), compiles, "modules compiled or loaded after start");
+}
+
+#[test]
+fn stop_tokens_end_a_generation_and_are_not_sent() {
+    let (scheduler, _turn) = start();
+    let c = &cases()[0];
+    // The first position whose token has not appeared before it.
+    let at = (1..STEPS).find(|&i| !c.token_ids[..i].contains(&c.token_ids[i])).unwrap();
+    let request = Request { stop_tokens: vec![c.token_ids[at]], ..Request::greedy(c.prompt_ids.clone(), STEPS) };
+    let (tokens, done) = scheduler.submit(request).unwrap().collect_blocking().unwrap();
+    assert_eq!(tokens, c.token_ids[..at]);
+    assert_eq!((done.reason, done.generated), (FinishReason::Stop, at));
+}
+
+#[test]
+fn a_generation_ends_at_the_end_of_the_context() {
+    let (scheduler, _turn) = start();
+    let c = &cases()[0];
+    let (tokens, done) =
+        scheduler.submit(Request::greedy(c.prompt_ids.clone(), 1000)).unwrap().collect_blocking().unwrap();
+    // One token from the prompt, then one per decode step at positions len..MAX_CONTEXT.
+    assert_eq!(tokens.len(), MAX_CONTEXT - c.prompt_ids.len() + 1);
+    assert_eq!(tokens[..STEPS], c.token_ids[..]);
+    assert_eq!(done.reason, FinishReason::ContextFull);
+}
+
+/// A cancelled or dropped generation frees its slot: with every slot taken and one request
+/// queued, cancelling one running request lets the queued one run to its end.
+#[test]
+fn cancelling_frees_the_slot_for_the_queue() {
+    let (scheduler, _turn) = start();
+    let cases = cases();
+    let mut running: Vec<_> =
+        (0..MAX_BATCH).map(|i| scheduler.submit(Request::greedy(cases[i].prompt_ids.clone(), 1000)).unwrap()).collect();
+    let queued = scheduler.submit(Request::greedy(cases[MAX_BATCH].prompt_ids.clone(), STEPS)).unwrap();
+    // Every running request has its first token before any is cancelled.
+    for g in &mut running {
+        assert!(matches!(g.blocking_next(), Some(Ok(Event::Token(_)))));
+    }
+    let mut first = running.remove(0);
+    first.cancel();
+    let mut events = 0;
+    let done = loop {
+        match first.blocking_next().unwrap().unwrap() {
+            Event::Token(_) => events += 1,
+            Event::Done(done) => break done,
+        }
+        assert!(events <= MAX_CONTEXT, "cancel not seen");
+    };
+    assert_eq!(done.reason, FinishReason::Cancelled);
+    assert!(first.blocking_next().is_none());
+    // Dropping a generation cancels it too.
+    running.truncate(3);
+    let (tokens, done) = queued.collect_blocking().unwrap();
+    assert_eq!(tokens, cases[MAX_BATCH].token_ids);
+    assert_eq!(done.reason, FinishReason::Length);
+}
+
+#[test]
+fn bad_requests_are_refused_at_submit() {
+    let (scheduler, _turn) = start();
+    let vocab = scheduler.info().model.vocab;
+    let err = |r: Request| scheduler.submit(r).unwrap_err();
+    assert!(matches!(err(Request::greedy(vec![], 4)), Error::EmptyPrompt));
+    assert!(matches!(err(Request::greedy(vec![1], 0)), Error::ZeroMaxTokens));
+    let e = err(Request::greedy(vec![1, vocab as u32], 4));
+    assert_eq!(e.to_string(), format!("token id {vocab} is out of range for vocabulary size {vocab}"));
+    let e = err(Request::greedy(vec![1; MAX_CONTEXT], 4));
+    assert_eq!(e.to_string(), "the prompt (64 tokens) and its first new token exceed the maximum context 64");
+    assert!(e.is_request_error());
+    // The engine still serves after refusing.
+    let c = &cases()[0];
+    let (tokens, _) =
+        scheduler.submit(Request::greedy(c.prompt_ids.clone(), STEPS)).unwrap().collect_blocking().unwrap();
+    assert_eq!(tokens, c.token_ids);
+}
+
+/// A caller's chooser sees the row's logits with ids at and above `vocab_limit` masked; its
+/// errors end the generation with `Error::Sampling`.
+#[test]
+fn custom_sampling_and_the_vocab_limit() {
+    let (scheduler, _turn) = start();
+    let c = &cases()[0];
+    let argmax = |l: &[f32]| -> Result<u32, engine::BoxError> {
+        let best = (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b });
+        Ok(best as u32)
+    };
+    let request =
+        Request { sampling: Sampling::Custom(Box::new(argmax)), ..Request::greedy(c.prompt_ids.clone(), STEPS) };
+    let (tokens, _) = scheduler.submit(request).unwrap().collect_blocking().unwrap();
+    assert_eq!(tokens, c.token_ids, "host argmax over downloaded logits = device argmax");
+    // Greedy never picks an id at or above the limit: below mlx-lm's first token, it picks another.
+    let limit = c.token_ids[0] as usize;
+    let request = Request { vocab_limit: Some(limit), ..Request::greedy(c.prompt_ids.clone(), 1) };
+    let (tokens, _) = scheduler.submit(request).unwrap().collect_blocking().unwrap();
+    assert!(tokens[0] < limit as u32, "{tokens:?} with limit {limit}");
+    let failing = |_: &[f32]| -> Result<u32, engine::BoxError> { Err("no luck".into()) };
+    let request =
+        Request { sampling: Sampling::Custom(Box::new(failing)), ..Request::greedy(c.prompt_ids.clone(), STEPS) };
+    let err = scheduler.submit(request).unwrap().collect_blocking().unwrap_err();
+    assert_eq!(err.to_string(), "sampling: no luck");
+}
+
+/// Dropping the scheduler stops its thread: a generation still running ends with
+/// `Error::Stopped` (no hang, no lost error), and a load error comes back from `start`.
+#[test]
+fn shutdown_and_load_errors() {
+    let (scheduler, _turn) = start();
+    let c = &cases()[0];
+    let mut g = scheduler.submit(Request::greedy(c.prompt_ids.clone(), 1000)).unwrap();
+    assert!(matches!(g.blocking_next(), Some(Ok(Event::Token(_)))));
+    drop(scheduler);
+    let mut tokens = 1;
+    let end = loop {
+        match g.blocking_next().unwrap() {
+            Ok(Event::Token(_)) => tokens += 1,
+            other => break other,
+        }
+    };
+    assert!(matches!(end, Err(Error::Stopped)), "{end:?}");
+    assert!(tokens < MAX_CONTEXT, "{tokens}");
+    assert!(g.blocking_next().is_none());
+
+    let config = EngineConfig::new("vulkan", Precision::F32, root().join("target/test-compile-cache"));
+    let err = Scheduler::start(fixture(), config).unwrap_err();
+    assert_eq!(err.to_string(), "unsupported device `vulkan` (expected local-task, local-sync or cuda)");
+    let config = EngineConfig::new("local-task", Precision::F32, root().join("target/test-compile-cache"));
+    let err = Scheduler::start(root().join("no-such-model"), config).unwrap_err().to_string();
+    assert!(err.contains("no-such-model"), "{err}");
+}
