@@ -10,7 +10,7 @@ use crate::{BoxError, Engine, EngineConfig, Error, Result, Step};
 use models::ModelConfig;
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -108,6 +108,48 @@ pub struct EngineInfo {
     pub load_seconds: f64,
 }
 
+/// Live counters of a scheduler, shared with its thread (for `/metrics` and admission).
+#[derive(Debug, Default)]
+pub struct Stats {
+    queued: AtomicUsize,
+    running: AtomicUsize,
+    steps: AtomicU64,
+    step_micros: AtomicU64,
+    /// Decode steps by duration: counts at or below each of [`STEP_BUCKETS`] seconds, then
+    /// above the last.
+    step_buckets: [AtomicU64; STEP_BUCKETS.len() + 1],
+}
+
+/// Upper bounds, in seconds, of the decode-step duration histogram.
+pub const STEP_BUCKETS: [f64; 10] = [0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56];
+
+impl Stats {
+    /// Requests waiting for a slot.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// Requests holding a slot.
+    pub fn running(&self) -> usize {
+        self.running.load(Ordering::Relaxed)
+    }
+
+    /// Decode steps run, their total seconds, and their counts per bucket of
+    /// [`STEP_BUCKETS`] (not cumulative; the last entry counts the steps above the last
+    /// bound).
+    pub fn steps(&self) -> (u64, f64, Vec<u64>) {
+        let buckets = self.step_buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect();
+        (self.steps.load(Ordering::Relaxed), self.step_micros.load(Ordering::Relaxed) as f64 * 1e-6, buckets)
+    }
+
+    fn record_step(&self, seconds: f64) {
+        let bucket = STEP_BUCKETS.iter().position(|b| seconds <= *b).unwrap_or(STEP_BUCKETS.len());
+        self.step_buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        self.step_micros.fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+    }
+}
+
 /// The caller's end of one request. Dropping it cancels the request (its slot is freed
 /// at the engine's next step).
 #[derive(Debug)]
@@ -203,6 +245,7 @@ impl Pending {
 #[derive(Debug)]
 pub struct Scheduler {
     commands: Option<mpsc::Sender<Pending>>,
+    stats: Arc<Stats>,
     thread: Option<JoinHandle<()>>,
     info: EngineInfo,
 }
@@ -214,6 +257,8 @@ impl Scheduler {
         let dir = dir.into();
         let (commands, inbox) = mpsc::channel();
         let (ready, loaded) = mpsc::channel();
+        let stats = Arc::new(Stats::default());
+        let shared = Arc::clone(&stats);
         let thread = std::thread::Builder::new()
             .name("mlx-iree-engine".to_owned())
             .spawn(move || {
@@ -241,12 +286,12 @@ impl Scheduler {
                     info.kv_bytes >> 20
                 );
                 if ready.send(Ok(info)).is_ok() {
-                    Loop::new(engine, inbox).run();
+                    Loop::new(engine, inbox, shared).run();
                 }
             })
             .map_err(Error::Spawn)?;
         match loaded.recv() {
-            Ok(Ok(info)) => Ok(Scheduler { commands: Some(commands), thread: Some(thread), info }),
+            Ok(Ok(info)) => Ok(Scheduler { commands: Some(commands), stats, thread: Some(thread), info }),
             Ok(Err(e)) => {
                 let _ = thread.join();
                 Err(e)
@@ -259,6 +304,11 @@ impl Scheduler {
         &self.info
     }
 
+    /// Queue depth, running requests and decode-step timings, live.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
     /// Queues `request`; its events come through the returned [`Generation`]. Requests the
     /// engine can never run (empty prompt, ids out of range, a prompt longer than the
     /// context, `max_tokens` 0) are refused here.
@@ -268,7 +318,11 @@ impl Scheduler {
         let cancel = Arc::new(AtomicBool::new(false));
         let pending = Pending { request, events: sender, cancel: Arc::clone(&cancel), submitted: Instant::now() };
         let commands = self.commands.as_ref().ok_or(Error::Stopped)?;
-        commands.send(pending).map_err(|_| Error::Stopped)?;
+        self.stats.queued.fetch_add(1, Ordering::Relaxed);
+        if commands.send(pending).is_err() {
+            self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(Error::Stopped);
+        }
         Ok(Generation { events, cancel, ended: false })
     }
 
@@ -353,13 +407,19 @@ struct Loop {
     /// Most prompt tokens prefilled per loop turn, so one long prompt does not stall the
     /// decode steps of the others for long.
     chunk: usize,
+    stats: Arc<Stats>,
 }
 
 impl Loop {
-    fn new(engine: Engine, inbox: mpsc::Receiver<Pending>) -> Loop {
+    fn new(engine: Engine, inbox: mpsc::Receiver<Pending>, stats: Arc<Stats>) -> Loop {
         let free = (0..engine.max_batch()).rev().collect();
         let chunk = engine.plan().chunks.iter().copied().max().unwrap_or(1);
-        Loop { engine, inbox, queue: VecDeque::new(), running: Vec::new(), free, chunk }
+        Loop { engine, inbox, queue: VecDeque::new(), running: Vec::new(), free, chunk, stats }
+    }
+
+    /// Publishes the queue and slot counts (queued counts from `submit` until admitted).
+    fn publish(&self) {
+        self.stats.running.store(self.running.len(), Ordering::Relaxed);
     }
 
     fn run(mut self) {
@@ -380,13 +440,17 @@ impl Loop {
             }
             self.reap();
             self.admit();
+            self.publish();
             self.prefill();
             self.decode();
+            self.publish();
         }
     }
 
     /// The scheduler is gone: everything still open ends with `Stopped`.
     fn stop(mut self) {
+        self.stats.running.store(0, Ordering::Relaxed);
+        self.stats.queued.store(0, Ordering::Relaxed);
         for pending in self.queue.drain(..) {
             let _ = pending.events.send(Err(Error::Stopped));
         }
@@ -409,6 +473,9 @@ impl Loop {
                     decode_seconds: 0.0,
                 })));
             }
+            if cancelled {
+                self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+            }
             !cancelled
         });
         let mut i = 0;
@@ -425,6 +492,7 @@ impl Loop {
     fn admit(&mut self) {
         while !self.free.is_empty() && !self.queue.is_empty() {
             let (Some(slot), Some(pending)) = (self.free.pop(), self.queue.pop_front()) else { break };
+            self.stats.queued.fetch_sub(1, Ordering::Relaxed);
             self.engine.reset(slot);
             tracing::debug!("slot {slot}: {} prompt tokens", pending.request.prompt.len());
             self.running.push(Running {
@@ -462,7 +530,10 @@ impl Loop {
         if rows.is_empty() {
             return;
         }
-        match self.engine.decode(&rows) {
+        let started = Instant::now();
+        let result = self.engine.decode(&rows);
+        self.stats.record_step(started.elapsed().as_secs_f64());
+        match result {
             Ok(steps) => {
                 // `advance` may remove a sequence, so match steps to sequences by slot.
                 for ((slot, _), step) in rows.iter().zip(steps) {

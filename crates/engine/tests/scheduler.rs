@@ -80,6 +80,16 @@ fn concurrent_requests_get_what_each_prompt_gives_alone() {
         t.join().unwrap();
     }
     assert_eq!(engine::cache::compiles(), compiles, "modules compiled or loaded after start");
+    // The counters settle at idle once the loop has seen the last request end.
+    let stats = scheduler.stats();
+    let idle = (0..200).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        stats.running() == 0 && stats.queued() == 0
+    });
+    assert!(idle, "running {} queued {}", stats.running(), stats.queued());
+    let (steps, _, buckets) = stats.steps();
+    assert!(steps >= STEPS as u64, "{steps}");
+    assert_eq!(buckets.iter().sum::<u64>(), steps);
 }
 
 #[test]

@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod run;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -24,6 +25,9 @@ enum Command {
     Demo(demo::Args),
     /// Generate text from a prompt, streamed to stdout as it is produced.
     Generate(run::GenerateArgs),
+    /// Serve the model over HTTP with an OpenAI-compatible API (/v1/completions,
+    /// /v1/chat/completions, /v1/models, /health, /metrics), batching concurrent requests.
+    Serve(serve::ServeArgs),
     /// Record a greedy trajectory (token ids, EOS ignored) as JSON.
     Trajectory(run::TrajectoryArgs),
     /// Check a precision (or device) against a reference trajectory; exit status 1 if it fails.
@@ -72,6 +76,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Generate(args) => run::generate(&args),
+        Command::Serve(args) => serve::run(&args),
         Command::Trajectory(args) => run::trajectory(&args),
         Command::Gate(args) => match run::gate(&args) {
             Ok(true) => Ok(()),

@@ -1,0 +1,602 @@
+//! `mlx-iree serve`: an OpenAI-compatible HTTP server (axum) over the engine's
+//! [`Scheduler`]. It only translates: a request becomes prompt ids, sampling settings and
+//! stop strings, is submitted to the scheduler (which batches every running request into
+//! one decode step), and the token events come back as a JSON body or server-sent events.
+//! Routes: POST `/v1/completions`, POST `/v1/chat/completions`, GET `/v1/models`,
+//! GET `/health`, GET `/metrics`.
+
+pub mod api;
+mod error;
+mod metrics;
+pub mod stop;
+
+pub use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::stop::StopMatcher;
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use engine::EngineConfig;
+use engine::scheduler::{Event, FinishReason, Generation, Request, Sampling, Scheduler};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use text::chat::{ChatTemplate, Message};
+use text::sampler::Sampler;
+use text::stream::StreamDecoder;
+use text::tokenizer::{Tokenizer, eos_ids};
+
+/// Why a model could not be loaded for serving.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Tokenizer(#[from] text::tokenizer::TokenizerError),
+    #[error(transparent)]
+    Engine(#[from] engine::Error),
+}
+
+/// A loaded model: the engine thread and the text side around it.
+#[derive(Debug)]
+pub struct Model {
+    pub scheduler: Scheduler,
+    pub tokenizer: Tokenizer,
+    /// `None` when the folder has no chat template (then `/v1/chat/completions` is a 400).
+    pub chat: Option<ChatTemplate>,
+    pub eos: Vec<u32>,
+}
+
+impl Model {
+    /// Reads the tokenizer and chat template (so a folder without them fails before any
+    /// compile), then starts the engine, compiling or loading every graph.
+    pub fn load(dir: &Path, config: EngineConfig) -> Result<Model, LoadError> {
+        let tokenizer = Tokenizer::from_dir(dir)?;
+        let eos = eos_ids(dir, &tokenizer)?;
+        let chat = match ChatTemplate::from_dir(dir) {
+            Ok(chat) => Some(chat),
+            Err(e) => {
+                tracing::warn!("no chat template ({e}): /v1/chat/completions will answer 400");
+                None
+            }
+        };
+        let scheduler = Scheduler::start(dir, config)?;
+        Ok(Model { scheduler, tokenizer, chat, eos })
+    }
+}
+
+/// Settings of the HTTP side.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The id `/v1/models` lists and requests must name (or leave out).
+    pub model_id: String,
+    /// When set, `/v1/*` needs `Authorization: Bearer KEY`.
+    pub api_key: Option<String>,
+    /// Requests that may wait for a slot beyond the running ones; more get 429.
+    pub queue_limit: usize,
+    pub max_body_bytes: usize,
+    /// After SIGTERM or Ctrl-C, how long requests in flight may take to finish.
+    pub shutdown_timeout: Duration,
+}
+
+impl ServerConfig {
+    /// Defaults: no key, 64 queued requests, 1 MiB bodies, 30 s to drain.
+    pub fn new(model_id: impl Into<String>) -> ServerConfig {
+        ServerConfig {
+            model_id: model_id.into(),
+            api_key: None,
+            queue_limit: 64,
+            max_body_bytes: 1 << 20,
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The server's shared state.
+#[derive(Debug)]
+struct Inner {
+    model: Arc<Model>,
+    config: ServerConfig,
+    metrics: Metrics,
+    in_flight: AtomicUsize,
+    draining: AtomicBool,
+    next_id: AtomicU64,
+    started: u64,
+}
+
+/// One server: its router and its shutdown.
+#[derive(Debug, Clone)]
+pub struct Server(Arc<Inner>);
+
+/// Which endpoint a generation came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Completions,
+    Chat,
+}
+
+impl Endpoint {
+    fn path(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "/v1/completions",
+            Endpoint::Chat => "/v1/chat/completions",
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+impl Server {
+    pub fn new(model: Arc<Model>, config: ServerConfig) -> Server {
+        Server(Arc::new(Inner {
+            model,
+            config,
+            metrics: Metrics::default(),
+            in_flight: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
+            next_id: AtomicU64::new(0),
+            started: unix_now(),
+        }))
+    }
+
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/v1/completions", post(completions))
+            .route("/v1/chat/completions", post(chat))
+            .route("/v1/models", get(models))
+            .route("/health", get(health))
+            .route("/metrics", get(metrics))
+            .fallback(|| async { ApiError::status(StatusCode::NOT_FOUND, "no such endpoint") })
+            .method_not_allowed_fallback(|| async {
+                ApiError::status(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this endpoint")
+            })
+            .layer(DefaultBodyLimit::max(self.0.config.max_body_bytes))
+            .with_state(self.clone())
+    }
+
+    /// Serves on `listener` until `shutdown` completes, then stops accepting, lets the
+    /// requests in flight finish (at most the configured timeout) and returns.
+    pub async fn run(
+        &self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let stopping = Arc::new(tokio::sync::Notify::new());
+        let (notify, inner) = (Arc::clone(&stopping), Arc::clone(&self.0));
+        let serve = axum::serve(listener, self.router()).with_graceful_shutdown(async move {
+            shutdown.await;
+            inner.draining.store(true, Ordering::Relaxed);
+            tracing::info!("shutting down: {} requests in flight", inner.in_flight.load(Ordering::Relaxed));
+            notify.notify_one();
+        });
+        let timeout = self.0.config.shutdown_timeout;
+        tokio::select! {
+            served = serve => served,
+            () = async { stopping.notified().await; tokio::time::sleep(timeout).await } => {
+                tracing::warn!(
+                    "shutdown: {} requests still in flight after {} s, abandoned",
+                    self.0.in_flight.load(Ordering::Relaxed),
+                    timeout.as_secs()
+                );
+                Ok(())
+            }
+        }
+    }
+
+    fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let Some(key) = &self.0.config.api_key else { return Ok(()) };
+        let given =
+            headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        // Compared in time independent of where they differ.
+        let same = given.is_some_and(|g| {
+            g.len() == key.len() && g.bytes().zip(key.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+        });
+        if same {
+            Ok(())
+        } else {
+            Err(ApiError::status(StatusCode::UNAUTHORIZED, "missing or wrong API key (send Authorization: Bearer KEY)"))
+        }
+    }
+
+    /// Takes a place among the requests the server answers at once (running plus queued),
+    /// or says 429.
+    fn admit(&self) -> Result<InFlight, ApiError> {
+        let limit = self.0.model.scheduler.info().max_batch + self.0.config.queue_limit;
+        let inner = Arc::clone(&self.0);
+        let taken = inner.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1));
+        match taken {
+            Ok(_) => Ok(InFlight(inner)),
+            Err(_) => Err(ApiError::status(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("the server is busy ({limit} requests running or queued); retry later"),
+            )),
+        }
+    }
+
+    /// Everything up to the engine: parse, check, tokenize, admit, submit.
+    fn start(
+        &self,
+        endpoint: Endpoint,
+        headers: &HeaderMap,
+        body: Result<Bytes, BytesRejection>,
+    ) -> Result<Job, ApiError> {
+        self.authorize(headers)?;
+        if self.0.draining.load(Ordering::Relaxed) {
+            return Err(ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"));
+        }
+        let bytes = body.map_err(|rejection| match rejection.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => ApiError::status(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body over the limit of {} bytes", self.0.config.max_body_bytes),
+            ),
+            status => ApiError::status(status, rejection.body_text()),
+        })?;
+        let model = &self.0.model;
+        let (prompt, common) = match endpoint {
+            Endpoint::Completions => {
+                let body: api::CompletionBody = api::parse(&bytes)?;
+                let prompt = match body.prompt.single()? {
+                    Ok(text) => {
+                        model.tokenizer.encode(&text, true).map_err(|e| ApiError::field("prompt", e.to_string()))?
+                    }
+                    Err(ids) => ids,
+                };
+                (prompt, body.common)
+            }
+            Endpoint::Chat => {
+                let body: api::ChatBody = api::parse(&bytes)?;
+                let chat = model
+                    .chat
+                    .as_ref()
+                    .ok_or_else(|| ApiError::bad_request("this model has no chat template: use /v1/completions"))?;
+                if body.messages.is_empty() {
+                    return Err(ApiError::field("messages", "messages must not be empty"));
+                }
+                let messages = body.messages.iter().map(|m| Ok(Message::new(&m.role, m.text()?))).collect::<Result<
+                    Vec<_>,
+                    ApiError,
+                >>(
+                )?;
+                let prompt =
+                    chat.encode(&model.tokenizer, &messages).map_err(|e| ApiError::field("messages", e.to_string()))?;
+                (prompt, body.common)
+            }
+        };
+        if let Some(name) = &common.model
+            && *name != self.0.config.model_id
+        {
+            return Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: format!("the model `{name}` does not exist (this server has `{}`)", self.0.config.model_id),
+                param: Some("model"),
+            });
+        }
+        common.check_n()?;
+        if prompt.is_empty() {
+            return Err(ApiError::field("prompt", "the prompt encodes to no tokens"));
+        }
+        let info = model.scheduler.info();
+        let max_tokens = common.max_tokens(prompt.len(), info.max_context)?;
+        let seed = self.0.next_id.load(Ordering::Relaxed)
+            ^ SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        let params = common.sampling(seed)?;
+        let stops = common.stops()?;
+        let sampling = if params.temperature == 0.0 {
+            Sampling::Greedy
+        } else {
+            let mut sampler = Sampler::new(params).map_err(|e| ApiError::bad_request(e.to_string()))?;
+            Sampling::Custom(Box::new(move |logits: &[f32]| Ok(sampler.sample(logits)?)))
+        };
+        let in_flight = self.admit()?;
+        let prompt_tokens = prompt.len();
+        let request = Request {
+            prompt,
+            max_tokens,
+            stop_tokens: model.eos.clone(),
+            vocab_limit: Some(model.tokenizer.vocab_size()),
+            sampling,
+        };
+        let generation = model.scheduler.submit(request)?;
+        let n = self.0.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = match endpoint {
+            Endpoint::Completions => format!("cmpl-{}-{n}", self.0.started),
+            Endpoint::Chat => format!("chatcmpl-{}-{n}", self.0.started),
+        };
+        Ok(Job {
+            server: self.clone(),
+            endpoint,
+            id,
+            created: unix_now(),
+            stream: common.stream,
+            include_usage: common.include_usage(),
+            prompt_tokens,
+            reader: Reader {
+                generation,
+                decoder: StreamDecoder::new(true),
+                stop: StopMatcher::new(stops),
+                end: None,
+                generated: 0,
+                first: false,
+            },
+            _in_flight: in_flight,
+        })
+    }
+
+    async fn generate(&self, endpoint: Endpoint, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+        let arrived = Instant::now();
+        let response = match self.start(endpoint, &headers, body) {
+            Ok(job) if job.stream => job.stream(arrived),
+            Ok(job) => job.complete(arrived).await.unwrap_or_else(IntoResponse::into_response),
+            Err(e) => e.into_response(),
+        };
+        self.0.metrics.request(endpoint.path(), response.status().as_u16());
+        response
+    }
+}
+
+/// A place among the requests being answered; given back when dropped.
+#[derive(Debug)]
+struct InFlight(Arc<Inner>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// One piece of an answer.
+enum Piece {
+    Text(String),
+    End(FinishReason),
+}
+
+/// Turns a generation's token events into text pieces: detokenized as a stream, cut at the
+/// first stop string.
+struct Reader {
+    generation: Generation,
+    decoder: StreamDecoder,
+    stop: StopMatcher,
+    /// Set once the end is known (a stop string, or `Done`); given out after the last text.
+    end: Option<FinishReason>,
+    generated: usize,
+    first: bool,
+}
+
+impl Reader {
+    async fn next(&mut self, model: &Model) -> Result<Piece, ApiError> {
+        if let Some(end) = self.end {
+            return Ok(Piece::End(end));
+        }
+        let internal =
+            |e: text::tokenizer::TokenizerError| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+        match self.generation.next().await {
+            Some(Ok(Event::Token(token))) => {
+                self.generated += 1;
+                let text = self.decoder.push(&model.tokenizer, token).map_err(internal)?;
+                let (out, stopped) = self.stop.push(&text);
+                if stopped {
+                    // Frees the slot now; nothing after the stop string is sent.
+                    self.generation.cancel();
+                    self.end = Some(FinishReason::Stop);
+                }
+                Ok(Piece::Text(out))
+            }
+            Some(Ok(Event::Done(done))) => {
+                self.end = Some(done.reason);
+                let text = self.decoder.finish(&model.tokenizer).map_err(internal)?;
+                let (mut out, stopped) = self.stop.push(&text);
+                if stopped {
+                    self.end = Some(FinishReason::Stop);
+                } else {
+                    out.push_str(&self.stop.finish());
+                }
+                Ok(Piece::Text(out))
+            }
+            Some(Err(e)) => Err(e.into()),
+            None => Err(engine::Error::Stopped.into()),
+        }
+    }
+}
+
+fn finish_reason(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length | FinishReason::ContextFull | FinishReason::Cancelled => "length",
+    }
+}
+
+/// A submitted request and how to answer it.
+struct Job {
+    server: Server,
+    endpoint: Endpoint,
+    id: String,
+    created: u64,
+    stream: bool,
+    include_usage: bool,
+    prompt_tokens: usize,
+    reader: Reader,
+    _in_flight: InFlight,
+}
+
+impl Job {
+    fn usage(&self) -> Value {
+        let completion = self.reader.generated;
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        })
+    }
+
+    /// The next piece, noting the time to the first token.
+    async fn piece(&mut self, arrived: Instant) -> Result<Piece, ApiError> {
+        let piece = self.reader.next(&self.server.0.model).await;
+        if !self.reader.first && self.reader.generated > 0 {
+            self.reader.first = true;
+            self.server.0.metrics.first_token(arrived.elapsed().as_secs_f64());
+        }
+        if let Ok(Piece::End(_)) | Err(_) = &piece {
+            self.server.0.metrics.tokens(self.prompt_tokens, self.reader.generated);
+        }
+        piece
+    }
+
+    fn envelope(&self, object: &str, choices: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.server.0.config.model_id,
+            "choices": choices,
+        })
+    }
+
+    /// The whole answer as one JSON body.
+    async fn complete(mut self, arrived: Instant) -> Result<Response, ApiError> {
+        let mut text = String::new();
+        let reason = loop {
+            match self.piece(arrived).await? {
+                Piece::Text(t) => text.push_str(&t),
+                Piece::End(reason) => break finish_reason(reason),
+            }
+        };
+        let mut body = match self.endpoint {
+            Endpoint::Completions => self.envelope(
+                "text_completion",
+                json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": reason}]),
+            ),
+            Endpoint::Chat => self.envelope(
+                "chat.completion",
+                json!([{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": reason}]),
+            ),
+        };
+        body["usage"] = self.usage();
+        Ok(axum::Json(body).into_response())
+    }
+
+    /// One SSE chunk of this answer.
+    fn chunk(&self, text: Option<&str>, reason: Option<&str>, first: bool) -> Value {
+        match self.endpoint {
+            Endpoint::Completions => self.envelope(
+                "text_completion",
+                json!([{"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": reason}]),
+            ),
+            Endpoint::Chat => {
+                let delta = match (first, text) {
+                    (true, _) => json!({"role": "assistant", "content": ""}),
+                    (false, Some(t)) => json!({"content": t}),
+                    (false, None) => json!({}),
+                };
+                self.envelope(
+                    "chat.completion.chunk",
+                    json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason}]),
+                )
+            }
+        }
+    }
+
+    /// The answer as server-sent events, ending in `data: [DONE]`. A client that goes away
+    /// stops the writer at its next send, which drops the generation and frees the slot.
+    fn stream(mut self, arrived: Instant) -> Response {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::convert::Infallible>>(16);
+        tokio::spawn(async move {
+            let frame = |v: &Value| Ok(Bytes::from(format!("data: {v}\n\n")));
+            if self.endpoint == Endpoint::Chat && tx.send(frame(&self.chunk(None, None, true))).await.is_err() {
+                return;
+            }
+            loop {
+                let event = match self.piece(arrived).await {
+                    Ok(Piece::Text(t)) if t.is_empty() => continue,
+                    Ok(Piece::Text(t)) => self.chunk(Some(&t), None, false),
+                    Ok(Piece::End(reason)) => {
+                        let mut last = vec![self.chunk(None, Some(finish_reason(reason)), false)];
+                        if self.include_usage {
+                            let mut usage = self.envelope(
+                                if self.endpoint == Endpoint::Chat {
+                                    "chat.completion.chunk"
+                                } else {
+                                    "text_completion"
+                                },
+                                json!([]),
+                            );
+                            usage["usage"] = self.usage();
+                            last.push(usage);
+                        }
+                        for v in &last {
+                            if tx.send(frame(v)).await.is_err() {
+                                return;
+                            }
+                        }
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!("stream {} failed: {e}", self.id);
+                        let _ = tx.send(frame(&e.body())).await;
+                        break;
+                    }
+                };
+                if tx.send(frame(&event)).await.is_err() {
+                    tracing::debug!("client of {} went away", self.id);
+                    return;
+                }
+            }
+            let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
+        });
+        let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+        ([(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+    }
+}
+
+async fn completions(
+    State(server): State<Server>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    server.generate(Endpoint::Completions, headers, body).await
+}
+
+async fn chat(State(server): State<Server>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    server.generate(Endpoint::Chat, headers, body).await
+}
+
+async fn models(State(server): State<Server>, headers: HeaderMap) -> Response {
+    let response = match server.authorize(&headers) {
+        Ok(()) => axum::Json(json!({
+            "object": "list",
+            "data": [{
+                "id": server.0.config.model_id,
+                "object": "model",
+                "created": server.0.started,
+                "owned_by": "mlx-iree",
+                "max_context": server.0.model.scheduler.info().max_context,
+            }],
+        }))
+        .into_response(),
+        Err(e) => e.into_response(),
+    };
+    server.0.metrics.request("/v1/models", response.status().as_u16());
+    response
+}
+
+/// 200 while serving (the graphs are loaded before the server listens), 503 once draining.
+async fn health(State(server): State<Server>) -> Response {
+    if server.0.draining.load(Ordering::Relaxed) {
+        (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"status": "draining"}))).into_response()
+    } else {
+        axum::Json(json!({"status": "ok"})).into_response()
+    }
+}
+
+async fn metrics(State(server): State<Server>) -> Response {
+    let inner = &server.0;
+    let info = inner.model.scheduler.info();
+    let text =
+        inner.metrics.render(inner.model.scheduler.stats(), info.max_batch, inner.in_flight.load(Ordering::Relaxed));
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
