@@ -504,13 +504,35 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         if self.kv_elem == F32 { Ok(x) } else { self.f.convert(self.f.convert(x, self.kv_elem)?, F32) }
     }
 
-    /// Positions `[0, window)` of layer `l` of each sequence's slot, as f32 `[n, W, kv_heads, hd]`.
+    /// Positions `[0, window)` of layer `l` of each sequence's slot, as f32 `[n, W, kv_heads, hd]`,
+    /// for reductions that read it where it lies (decode).
     fn window(&self, cache: V<'c, 'b>, l: usize, slots: V<'c, 'b>) -> R<V<'c, 'b>> {
-        let read = self.raw_window(cache, l, slots)?;
-        if read.elem() == F32 { Ok(read) } else { self.f.convert(read, F32) }
+        let f = self.f;
+        let n = slots.shape()[0];
+        let (k, hd, w) = (self.cfg.kv_heads as i64, self.cfg.head_dim as i64, self.function.window() as i64);
+        // The layer is a static slice and only the slot is gathered. With the layer among the
+        // gather's indices IREE 3.13 copied each window into a temporary element by element
+        // (index arithmetic per element): in a probe of 30 layers' decode attention at 2,048
+        // positions, 33 ms a call against 12 ms this way. A cache of one slot then needs no
+        // gather at all (IREE folds it); with more slots the slot gather is still a copy.
+        let s = cache.shape()[1];
+        let layer =
+            f.reshape(f.slice(cache, &[l as i64, 0, 0, 0, 0], &[l as i64 + 1, s, w, k, hd], &[1; 5])?, &[s, w, k, hd])?;
+        let dims = GatherDims {
+            offset_dims: vec![1, 2, 3],
+            collapsed_slice_dims: vec![0],
+            start_index_map: vec![0],
+            index_vector_dim: 1,
+            ..GatherDims::default()
+        };
+        let read = f.gather(layer, f.reshape(slots, &[n, 1])?, dims, &[1, w, k, hd])?;
+        if read.elem() == F32 { Ok(read) } else { f.convert(read, F32) }
     }
 
-    /// [`Self::window`] in the cache's element type.
+    /// Positions `[0, window)` of layer `l` of each sequence's slot in the cache's element type,
+    /// gathered at (layer, slot): a copy, which the prefill's scatter of its own rows needs (a
+    /// static layer slice there made IREE fuse slice and scatter into one dispatch that keeps
+    /// the window on the stack).
     fn raw_window(&self, cache: V<'c, 'b>, l: usize, slots: V<'c, 'b>) -> R<V<'c, 'b>> {
         let f = self.f;
         let n = slots.shape()[0];
@@ -585,10 +607,10 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     /// Decode attention (one row per sequence): each row's query `q [n, heads, hd]` against
     /// the positions before its own in the old window (`kl`, `vl`: `[n, W, kv_heads, hd]`)
     /// and against its own new key and value (`kk`, `vv`: `[n, kv_heads, hd]`), one softmax
-    /// over both. Written as broadcast products and reductions, not contractions: IREE then
-    /// reads the window once, in place, where a contraction's operand was relaid out (data
-    /// tiling) and the window copied again with the row put in, on every call. Returns
-    /// `[n, heads * hd]`.
+    /// over both. Written as broadcast products and reductions, with the row's own key apart,
+    /// so the window is never copied to put the row in. IREE 3.13 still raises the products to
+    /// contractions (`matmul_like`), so in the data-tiled decode module each window is relaid
+    /// out (`set_encoding`, one copy) before its contraction. Returns `[n, heads * hd]`.
     #[allow(clippy::too_many_arguments)]
     fn attend_one(
         &self,
@@ -604,11 +626,14 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let (n, w) = (kl.shape()[0], kl.shape()[1]);
         let (k, hd) = (self.cfg.kv_heads as i64, self.cfg.head_dim as i64);
         let g = self.cfg.heads as i64 / k;
-        let (full, scores) = ([n, w, k, g, hd], [n, w, k, g]);
+        // Scores as [n, K, G, W]: the softmax then reduces over the innermost dim (over the
+        // outer W of [n, W, K, G] each of its reductions cost about a quarter of the window
+        // products).
+        let (full, scores) = ([n, k, g, w, hd], [n, k, g, w]);
         let q = f.reshape(q, &[n, k, g, hd])?;
         let (kk, vv) = (self.as_cached(kk)?, self.as_cached(vv)?);
 
-        let old = f.mul(f.broadcast_in_dim(q, &full, &[0, 2, 3, 4])?, f.broadcast_in_dim(kl, &full, &[0, 1, 2, 4])?)?;
+        let old = f.mul(f.broadcast_in_dim(q, &full, &[0, 1, 2, 4])?, f.broadcast_in_dim(kl, &full, &[0, 3, 1, 4])?)?;
         let old = self.scaled(f.reduce_sum(old, &[4])?)?;
         let own = f.mul(q, f.broadcast_in_dim(kk, &[n, k, g, hd], &[0, 1, 3])?)?;
         let own = self.scaled(f.reduce_sum(own, &[3])?)?;
@@ -619,18 +644,18 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let p = f.broadcast_in_dim(positions, &[n, w], &[0])?;
         let visible = self.visible(kpos, p, Cmp::Lt, sliding)?;
         let old = f.select(
-            f.broadcast_in_dim(visible, &scores, &[0, 1])?,
+            f.broadcast_in_dim(visible, &scores, &[0, 3])?,
             old,
             f.splat(f32::MIN as f64, &F32.tensor(&scores))?,
         )?;
 
-        let top = f.max(f.reduce_max(old, &[1])?, own)?;
-        let e_old = f.exp(f.sub(old, f.broadcast_in_dim(top, &scores, &[0, 2, 3])?)?)?;
+        let top = f.max(f.reduce_max(old, &[3])?, own)?;
+        let e_old = f.exp(f.sub(old, f.broadcast_in_dim(top, &scores, &[0, 1, 2])?)?)?;
         let e_own = f.exp(f.sub(own, top)?)?;
-        let total = f.add(f.reduce_sum(e_old, &[1])?, e_own)?;
+        let total = f.add(f.reduce_sum(e_old, &[3])?, e_own)?;
         let o =
-            f.mul(f.broadcast_in_dim(e_old, &full, &[0, 1, 2, 3])?, f.broadcast_in_dim(vl, &full, &[0, 1, 2, 4])?)?;
-        let o = f.reduce_sum(o, &[1])?;
+            f.mul(f.broadcast_in_dim(e_old, &full, &[0, 1, 2, 3])?, f.broadcast_in_dim(vl, &full, &[0, 3, 1, 4])?)?;
+        let o = f.reduce_sum(o, &[3])?;
         let head = [n, k, g, hd];
         let o = f.add(
             o,
