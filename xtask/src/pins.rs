@@ -16,6 +16,8 @@ pub struct Pins {
     pub llvm: Llvm,
     pub system: System,
     pub oracle: Oracle,
+    #[serde(rename = "test-clients")]
+    pub test_clients: TestClients,
 }
 
 #[derive(Debug, Deserialize)]
@@ -70,6 +72,13 @@ pub struct Llvm {
 #[serde(rename_all = "kebab-case")]
 pub struct System {
     pub debian_packages: Vec<String>,
+}
+
+/// Client libraries the server tests run.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct TestClients {
+    pub python_packages: Vec<String>,
 }
 
 /// The mlx-lm reference (fixtures, real-model oracle) and the default real model.

@@ -53,12 +53,25 @@ fn debian_packages(pins: &Pins) -> Result<()> {
     }
     progress(stage, format!("Debian packages: installing {} missing: {}", missing.len(), missing.join(" ")));
     util::run(Command::new("apt-get").args(["update", "-q"]))?;
-    util::run(
+    // Packages with a service (nginx) must not start it: the tests run their own instance on
+    // loopback. Debian's policy-rc.d hook (exit 101: "action forbidden") is the standard way;
+    // it is removed again unless it was there before.
+    let policy = Path::new("/usr/sbin/policy-rc.d");
+    let ours = !policy.exists() && std::fs::write(policy, "#!/bin/sh\nexit 101\n").is_ok();
+    if ours {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(policy, std::fs::Permissions::from_mode(0o755))?;
+    }
+    let installed = util::run(
         Command::new("apt-get")
             .env("DEBIAN_FRONTEND", "noninteractive")
             .args(["install", "-y", "-q", "--no-install-recommends"])
             .args(&missing),
-    )?;
+    );
+    if ours {
+        std::fs::remove_file(policy)?;
+    }
+    installed?;
     let still: Vec<&str> = missing.iter().copied().filter(|p| !dpkg_installed(p)).collect();
     if !still.is_empty() {
         bail!("apt-get did not install: {}", still.join(" "));

@@ -7,6 +7,15 @@ use crate::util::{self, progress};
 use anyhow::Result;
 use std::process::Command;
 
+/// The venv with the pinned `openai` client that crates/mlx-iree/tests/openai.rs drives
+/// (found there as target/client-venv).
+pub fn client_venv() -> Result<std::path::PathBuf> {
+    let pins = crate::pins::Pins::load()?;
+    let venv = util::target_dir().join("client-venv");
+    util::python_venv(&venv, &pins.test_clients.python_packages, "test", "openai client", &["-c", "import openai"])?;
+    Ok(venv)
+}
+
 pub fn run(args: &[String]) -> Result<()> {
     let passthrough = match args.split_first() {
         Some((dashdash, rest)) if dashdash == "--" => rest,
@@ -17,6 +26,7 @@ pub fn run(args: &[String]) -> Result<()> {
     build_iree::build(&toolchain, Target::Cpu)?;
     // The SmolLM2 tests compare against mlx-lm's trajectories on the converted model.
     crate::model::run(&[])?;
+    client_venv()?;
     progress("test", "cargo test --workspace (first run compiles melior and the IREE bindings: several minutes)");
     let started = std::time::Instant::now();
     util::run(

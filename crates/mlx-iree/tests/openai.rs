@@ -1,0 +1,233 @@
+//! `mlx-iree serve` driven by the real `openai` Python client (pinned in
+//! third_party/pins.toml, venv target/client-venv made by `cargo xtask test`): chat and
+//! completion, streamed and not, give `mlx-iree generate`'s greedy text; and two servers
+//! behind nginx (Debian's package, run on loopback with its own config) answer the client
+//! through the load balancer exactly as one server does alone.
+
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const MAX_CONTEXT: &str = "256";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn model() -> PathBuf {
+    root().join("target/models/smollm2-135m-instruct-4bit")
+}
+
+fn mlx_iree() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mlx-iree"));
+    c.env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"));
+    c
+}
+
+/// A `mlx-iree serve` process on a free loopback port; killed when dropped.
+struct Served {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts a server (the shapes of crates/server/tests/http.rs, so the compiled modules are
+/// shared) and waits until it listens.
+fn serve() -> Served {
+    let mut child = mlx_iree()
+        .args(["serve", "--port", "0", "--max-context", MAX_CONTEXT, "--max-batch", "8", "--model-id", "smollm2"])
+        .arg("--model")
+        .arg(model())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut log = String::new();
+    loop {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            let status = child.wait();
+            panic!("serve exited ({status:?}) before listening:\n{log}");
+        }
+        log.push_str(&line);
+        if let Some(rest) = line.strip_prefix("listening on http://") {
+            let addr = rest.split_whitespace().next().unwrap().to_owned();
+            // Keep draining its log so the server never blocks on a full pipe.
+            std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+            return Served { child, addr };
+        }
+    }
+}
+
+fn python() -> PathBuf {
+    let python = root().join("target/client-venv/bin/python");
+    assert!(python.exists(), "{} is missing: run `cargo xtask test` (it installs the openai client)", python.display());
+    python
+}
+
+fn client(base_url: &str, args: &[&str]) -> Value {
+    let out = Command::new(python())
+        .arg(root().join("tests/clients/openai_check.py"))
+        .arg(base_url)
+        .arg("smollm2")
+        .args(args)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "openai client failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `mlx-iree generate`'s greedy answer (stdout without its final newline).
+fn generate(prompt: &str, chat: bool, max_tokens: &str) -> String {
+    let mut c = mlx_iree();
+    c.args(["generate", "--prompt", prompt, "--max-tokens", max_tokens, "--max-context", MAX_CONTEXT]);
+    c.arg("--model").arg(model());
+    if chat {
+        c.arg("--chat");
+    }
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.strip_suffix('\n').unwrap_or(&text).to_owned()
+}
+
+#[test]
+fn the_openai_client_gets_what_generate_prints() {
+    let server = serve();
+    let got = client(&format!("http://{}/v1", server.addr), &["suite"]);
+    let chat = generate("What is the capital of France?", true, "24");
+    let completion = generate("The capital of France is", false, "12");
+    assert_eq!(got["chat"]["text"], chat.as_str(), "{got}");
+    assert_eq!(got["chat_stream"]["text"], chat.as_str(), "{got}");
+    assert_eq!(got["chat_stream"]["finish"], got["chat"]["finish"]);
+    assert_eq!(got["completion"]["text"], completion.as_str(), "{got}");
+    assert_eq!(got["completion_stream"]["text"], completion.as_str(), "{got}");
+    assert_eq!(got["models"], serde_json::json!(["smollm2"]));
+    assert_eq!(got["errors"]["unknown_model"][0], 404, "{got}");
+    assert_eq!(
+        got["errors"]["unknown_model"][1],
+        "the model `no-such-model` does not exist (this server has `smollm2`)"
+    );
+    assert_eq!(got["errors"]["too_long"][0], 400, "{got}");
+    assert!(
+        got["errors"]["too_long"][1]
+            .as_str()
+            .unwrap()
+            .contains("plus max_tokens (100000) exceed the context limit (256 tokens)")
+    );
+}
+
+fn get(addr: &str, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let status = raw.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
+}
+
+/// Completion requests a server has answered with 200, from its /metrics.
+fn answered(addr: &str) -> u64 {
+    let (_, metrics) = get(addr, "/metrics");
+    let line = "mlx_iree_requests_total{endpoint=\"/v1/completions\",status=\"200\"} ";
+    metrics.lines().find_map(|l| l.strip_prefix(line)).map_or(0, |n| n.parse().unwrap())
+}
+
+struct Nginx(Child);
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// nginx on a free loopback port in front of `backends` (docs/SCALING.md's configuration).
+fn nginx(dir: &Path, backends: &[&str]) -> (Nginx, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let servers: String = backends.iter().map(|b| format!("    server {b} max_fails=1 fail_timeout=5s;\n")).collect();
+    let p = dir.display();
+    let conf = format!(
+        "master_process off;\ndaemon off;\nuser root;\npid {p}/nginx.pid;\nerror_log {p}/error.log;\n\
+         events {{ worker_connections 64; }}\n\
+         http {{\n  access_log off;\n  client_body_temp_path {p}/body;\n  proxy_temp_path {p}/proxy;\n\
+         fastcgi_temp_path {p}/fastcgi;\n  uwsgi_temp_path {p}/uwsgi;\n  scgi_temp_path {p}/scgi;\n\
+         upstream mlx_iree {{\n    least_conn;\n{servers}    keepalive 16;\n  }}\n\
+         server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://mlx_iree;\n\
+         proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n\
+         proxy_read_timeout 300s;\n    }}\n  }}\n}}\n"
+    );
+    std::fs::write(dir.join("nginx.conf"), conf).unwrap();
+    let nginx = which("nginx").expect("nginx is missing: run `cargo xtask test` (it installs Debian's nginx-light)");
+    // One process (no master and workers), so killing it leaves nothing behind; no
+    // inherited pipes either.
+    let child = Command::new(nginx)
+        .arg("-p")
+        .arg(dir)
+        .arg("-c")
+        .arg(dir.join("nginx.conf"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(&addr).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "nginx did not listen: {}",
+            std::fs::read_to_string(dir.join("error.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (Nginx(child), addr)
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    ["/usr/sbin", "/usr/bin", "/sbin", "/bin"].iter().map(|d| Path::new(d).join(name)).find(|p| p.exists())
+}
+
+const PROMPTS: [&str; 8] = [
+    "The capital of France is",
+    "Once upon a time, there was a",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Water boils at",
+    "My favourite fruit is",
+    "In 1969, the first person to walk on the moon",
+    "A haiku about the sea:",
+];
+
+/// Two servers behind nginx, ready per /health: 8 concurrent client requests through the
+/// balancer get exactly what one server alone gives, and both servers took some.
+#[test]
+fn two_servers_behind_nginx() {
+    let (a, b) = (serve(), serve());
+    for s in [&a, &b] {
+        assert_eq!(get(&s.addr, "/health"), (200, "{\"status\":\"ok\"}".to_owned()));
+    }
+    let alone = client(&format!("http://{}/v1", a.addr), &[&["fanout"], &PROMPTS[..]].concat());
+    let dir = tempfile::tempdir().unwrap();
+    let (_nginx, lb) = nginx(dir.path(), &[&a.addr, &b.addr]);
+    let before = (answered(&a.addr), answered(&b.addr));
+    let through = client(&format!("http://{lb}/v1"), &[&["fanout"], &PROMPTS[..]].concat());
+    assert_eq!(through, alone);
+    let served = (answered(&a.addr) - before.0, answered(&b.addr) - before.1);
+    assert_eq!(served.0 + served.1, PROMPTS.len() as u64);
+    assert!(served.0 > 0 && served.1 > 0, "one server took every request: {served:?}");
+}

@@ -1,0 +1,73 @@
+"""Drives an mlx-iree server with the real `openai` client; prints one JSON object.
+
+Usage: openai_check.py BASE_URL MODEL suite
+       openai_check.py BASE_URL MODEL fanout PROMPT...   (all prompts at once, greedy)
+
+Run by crates/mlx-iree/tests/openai.rs with the venv target/client-venv (pinned openai).
+"""
+
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+
+QUESTION = "What is the capital of France?"
+PROMPT = "The capital of France is"
+
+
+def suite(client, model):
+    out = {}
+    chat = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=24, temperature=0
+    )
+    out["chat"] = {
+        "text": chat.choices[0].message.content,
+        "finish": chat.choices[0].finish_reason,
+        "completion_tokens": chat.usage.completion_tokens,
+    }
+    pieces, finish = [], None
+    for chunk in client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=24, temperature=0, stream=True
+    ):
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+    out["chat_stream"] = {"text": "".join(pieces), "finish": finish}
+    done = client.completions.create(model=model, prompt=PROMPT, max_tokens=12, temperature=0)
+    out["completion"] = {"text": done.choices[0].text, "finish": done.choices[0].finish_reason}
+    pieces = [c.choices[0].text for c in client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=12, temperature=0, stream=True) if c.choices]
+    out["completion_stream"] = {"text": "".join(pieces)}
+    out["models"] = [m.id for m in client.models.list().data]
+    errors = {}
+    try:
+        client.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=4)
+    except openai.NotFoundError as e:
+        errors["unknown_model"] = [e.status_code, e.body["message"] if isinstance(e.body, dict) else str(e.body)]
+    try:
+        client.completions.create(model=model, prompt=PROMPT, max_tokens=100000)
+    except openai.BadRequestError as e:
+        errors["too_long"] = [e.status_code, e.body["message"] if isinstance(e.body, dict) else str(e.body)]
+    out["errors"] = errors
+    return out
+
+
+def fanout(client, model, prompts):
+    def one(prompt):
+        r = client.completions.create(model=model, prompt=prompt, max_tokens=16, temperature=0)
+        return r.choices[0].text
+
+    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        return {"texts": list(pool.map(one, prompts))}
+
+
+def main():
+    base_url, model, mode = sys.argv[1:4]
+    client = openai.OpenAI(base_url=base_url, api_key="unused", timeout=300, max_retries=0)
+    result = suite(client, model) if mode == "suite" else fanout(client, model, sys.argv[4:])
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
