@@ -53,20 +53,20 @@ fn serve() -> Served {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let stderr = child.stderr.take();
+    // Owned at once, so any failure below kills and reaps it.
+    let mut served = Served { child, addr: String::new() };
+    let mut stderr = BufReader::new(stderr.unwrap());
     let mut log = String::new();
     loop {
         let mut line = String::new();
-        if stderr.read_line(&mut line).unwrap() == 0 {
-            let status = child.wait();
-            panic!("serve exited ({status:?}) before listening:\n{log}");
-        }
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "serve exited before listening:\n{log}");
         log.push_str(&line);
         if let Some(rest) = line.strip_prefix("listening on http://") {
-            let addr = rest.split_whitespace().next().unwrap().to_owned();
+            served.addr = rest.split_whitespace().next().unwrap().to_owned();
             // Keep draining its log so the server never blocks on a full pipe.
             std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-            return Served { child, addr };
+            return served;
         }
     }
 }
