@@ -13,7 +13,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const MAX_CONTEXT: &str = "256";
+/// The server's context: the shapes of crates/server/tests/http.rs (shared compiled modules).
+const MAX_CONTEXT: &str = "128";
+/// `generate`'s: the shapes of smollm2.rs's generate test.
+const GENERATE_CONTEXT: &str = "256";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -93,7 +96,7 @@ fn client(base_url: &str, args: &[&str]) -> Value {
 /// `mlx-iree generate`'s greedy answer (stdout without its final newline).
 fn generate(prompt: &str, chat: bool, max_tokens: &str) -> String {
     let mut c = mlx_iree();
-    c.args(["generate", "--prompt", prompt, "--max-tokens", max_tokens, "--max-context", MAX_CONTEXT]);
+    c.args(["generate", "--prompt", prompt, "--max-tokens", max_tokens, "--max-context", GENERATE_CONTEXT]);
     c.arg("--model").arg(model());
     if chat {
         c.arg("--chat");
@@ -126,7 +129,7 @@ fn the_openai_client_gets_what_generate_prints() {
         got["errors"]["too_long"][1]
             .as_str()
             .unwrap()
-            .contains("plus max_tokens (100000) exceed the context limit (256 tokens)")
+            .contains("plus max_tokens (100000) exceed the context limit (128 tokens)")
     );
 }
 
@@ -202,16 +205,13 @@ fn which(name: &str) -> Option<PathBuf> {
     ["/usr/sbin", "/usr/bin", "/sbin", "/bin"].iter().map(|d| Path::new(d).join(name)).find(|p| p.exists())
 }
 
-const PROMPTS: [&str; 8] = [
-    "The capital of France is",
-    "Once upon a time, there was a",
-    "def fibonacci(n):",
-    "The three primary colors are",
-    "Water boils at",
-    "My favourite fruit is",
-    "In 1969, the first person to walk on the moon",
-    "A haiku about the sea:",
-];
+/// Eight different prompts, one per line (shared by the server tests).
+fn prompts() -> Vec<String> {
+    let text = std::fs::read_to_string(root().join("tests/clients/prompts.txt")).unwrap();
+    let prompts: Vec<String> = text.lines().map(str::to_owned).collect();
+    assert_eq!(prompts.len(), 8);
+    prompts
+}
 
 /// Two servers behind nginx, ready per /health: 8 concurrent client requests through the
 /// balancer get exactly what one server alone gives, and both servers took some.
@@ -221,13 +221,15 @@ fn two_servers_behind_nginx() {
     for s in [&a, &b] {
         assert_eq!(get(&s.addr, "/health"), (200, "{\"status\":\"ok\"}".to_owned()));
     }
-    let alone = client(&format!("http://{}/v1", a.addr), &[&["fanout"], &PROMPTS[..]].concat());
+    let prompts = prompts();
+    let fanout: Vec<&str> = std::iter::once("fanout").chain(prompts.iter().map(String::as_str)).collect();
+    let alone = client(&format!("http://{}/v1", a.addr), &fanout);
     let dir = tempfile::tempdir().unwrap();
     let (_nginx, lb) = nginx(dir.path(), &[&a.addr, &b.addr]);
     let before = (answered(&a.addr), answered(&b.addr));
-    let through = client(&format!("http://{lb}/v1"), &[&["fanout"], &PROMPTS[..]].concat());
+    let through = client(&format!("http://{lb}/v1"), &fanout);
     assert_eq!(through, alone);
     let served = (answered(&a.addr) - before.0, answered(&b.addr) - before.1);
-    assert_eq!(served.0 + served.1, PROMPTS.len() as u64);
+    assert_eq!(served.0 + served.1, prompts.len() as u64);
     assert!(served.0 > 0 && served.1 > 0, "one server took every request: {served:?}");
 }

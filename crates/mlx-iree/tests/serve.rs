@@ -27,7 +27,7 @@ fn a_taken_port_fails_before_compiling() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port().to_string();
     let started = Instant::now();
-    let out = serve(&["--port", &port, "--max-context", "256"]).output().unwrap();
+    let out = serve(&["--port", &port, "--max-context", "128"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.starts_with(&format!("mlx-iree: error: cannot listen on 127.0.0.1:{port}: ")), "{stderr}");
@@ -38,7 +38,7 @@ fn a_taken_port_fails_before_compiling() {
 #[test]
 fn sigterm_finishes_the_stream_in_flight_and_exits_0() {
     // The shapes of crates/server/tests/http.rs: the same compiled modules.
-    let mut child = serve(&["--port", "0", "--max-context", "256", "--max-batch", "8"])
+    let mut child = serve(&["--port", "0", "--max-context", "128", "--max-batch", "8"])
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
@@ -56,7 +56,7 @@ fn sigterm_finishes_the_stream_in_flight_and_exits_0() {
             break rest.split_whitespace().next().unwrap().to_owned();
         }
     };
-    assert!(log.contains("8 slots x 256 positions"), "{log}");
+    assert!(log.contains("8 slots x 128 positions"), "{log}");
 
     let body = r#"{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "stream": true}"#;
     let mut s = TcpStream::connect(&addr).unwrap();

@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 const MAX_BATCH: usize = 8;
-const MAX_CONTEXT: usize = 256;
+/// Small, so the test compiles few shapes (one attention window); prompts here are short.
+const MAX_CONTEXT: usize = 128;
 const MODEL_ID: &str = "smollm2";
 
 fn root() -> PathBuf {
@@ -187,23 +188,21 @@ fn chat_ids(text: &str) -> Vec<u32> {
     model.chat.as_ref().unwrap().encode(&model.tokenizer, &[text::chat::Message::user(text)]).unwrap()
 }
 
-const PROMPTS: [&str; 8] = [
-    "The capital of France is",
-    "Once upon a time, there was a",
-    "def fibonacci(n):",
-    "The three primary colors are",
-    "Water boils at",
-    "My favourite fruit is",
-    "In 1969, the first person to walk on the moon",
-    "A haiku about the sea:",
-];
+/// Eight different prompts, one per line (shared by the server tests).
+fn prompts() -> Vec<String> {
+    let text = std::fs::read_to_string(root().join("tests/clients/prompts.txt")).unwrap();
+    let prompts: Vec<String> = text.lines().map(str::to_owned).collect();
+    assert_eq!(prompts.len(), 8);
+    prompts
+}
 
 #[test]
 fn completions_match_the_engine_and_streams_match_bodies() {
     let _turn = turn();
     let server = serve(config());
-    let (expected, n) = alone(encode(PROMPTS[0]), 12);
-    let body = json!({"model": MODEL_ID, "prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0});
+    let prompt = &prompts()[0];
+    let (expected, n) = alone(encode(prompt), 12);
+    let body = json!({"model": MODEL_ID, "prompt": prompt, "max_tokens": 12, "temperature": 0});
     let reply = post(server.addr, "/v1/completions", &body);
     assert_eq!(reply.status, 200, "{}", reply.body);
     let v = reply.json();
@@ -211,7 +210,7 @@ fn completions_match_the_engine_and_streams_match_bodies() {
     assert_eq!(v["model"], MODEL_ID);
     assert_eq!(v["choices"][0]["text"], expected.as_str());
     assert_eq!(v["choices"][0]["finish_reason"], if n == 12 { "length" } else { "stop" });
-    let prompt_tokens = encode(PROMPTS[0]).len();
+    let prompt_tokens = encode(prompt).len();
     assert_eq!(
         v["usage"],
         json!({"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n})
@@ -233,11 +232,8 @@ fn completions_match_the_engine_and_streams_match_bodies() {
     assert_eq!(chunks[chunks.len() - 2]["choices"][0]["finish_reason"], v["choices"][0]["finish_reason"]);
 
     // Token ids as the prompt give the same answer as the text they encode.
-    let reply = post(
-        server.addr,
-        "/v1/completions",
-        &json!({"prompt": encode(PROMPTS[0]), "max_tokens": 12, "temperature": 0}),
-    );
+    let reply =
+        post(server.addr, "/v1/completions", &json!({"prompt": encode(prompt), "max_tokens": 12, "temperature": 0}));
     assert_eq!(reply.json()["choices"][0]["text"], expected.as_str());
 }
 
@@ -282,17 +278,19 @@ fn chat_applies_the_template_and_streams_deltas() {
 fn concurrent_requests_get_what_they_get_alone() {
     let _turn = turn();
     let server = serve(config());
-    let expected: Vec<String> = PROMPTS.iter().map(|p| alone(encode(p), 16).0).collect();
+    let prompts = prompts();
+    let expected: Vec<String> = prompts.iter().map(|p| alone(encode(p), 16).0).collect();
     let addr = server.addr;
-    let threads: Vec<_> = PROMPTS
+    let threads: Vec<_> = prompts
         .iter()
+        .cloned()
         .map(|p| {
             std::thread::spawn(move || {
                 post(addr, "/v1/completions", &json!({"prompt": p, "max_tokens": 16, "temperature": 0})).json()
             })
         })
         .collect();
-    for ((t, want), p) in threads.into_iter().zip(&expected).zip(PROMPTS) {
+    for ((t, want), p) in threads.into_iter().zip(&expected).zip(&prompts) {
         assert_eq!(t.join().unwrap()["choices"][0]["text"], want.as_str(), "prompt {p:?}");
     }
 }
@@ -304,18 +302,19 @@ fn sixty_four_requests_over_sixteen_connections() {
     let _turn = turn();
     let server = serve(config());
     const MAX_TOKENS: usize = 8;
-    let expected: Arc<Vec<(String, usize)>> = Arc::new(PROMPTS.iter().map(|p| alone(encode(p), MAX_TOKENS)).collect());
+    let prompts = Arc::new(prompts());
+    let expected: Arc<Vec<(String, usize)>> = Arc::new(prompts.iter().map(|p| alone(encode(p), MAX_TOKENS)).collect());
     let addr = server.addr;
     let started = Instant::now();
     let threads: Vec<_> = (0..16)
         .map(|c| {
-            let expected = Arc::clone(&expected);
+            let (expected, prompts) = (Arc::clone(&expected), Arc::clone(&prompts));
             std::thread::spawn(move || {
                 (0..4)
                     .map(|i| {
-                        let k = (c * 4 + i) % PROMPTS.len();
+                        let k = (c * 4 + i) % prompts.len();
                         let t = Instant::now();
-                        let body = json!({"prompt": PROMPTS[k], "max_tokens": MAX_TOKENS, "temperature": 0});
+                        let body = json!({"prompt": prompts[k], "max_tokens": MAX_TOKENS, "temperature": 0});
                         let reply = post(addr, "/v1/completions", &body);
                         assert_eq!(reply.status, 200, "{}", reply.body);
                         let v = reply.json();
@@ -476,7 +475,7 @@ fn disconnects_free_slots_and_a_full_server_says_429() {
     let server = serve(ServerConfig { queue_limit: 0, ..config() });
     let addr = server.addr;
     let long =
-        json!({"prompt": "Tell me a long story.", "max_tokens": 200, "temperature": 0, "stream": true}).to_string();
+        json!({"prompt": "Tell me a long story.", "max_tokens": 100, "temperature": 0, "stream": true}).to_string();
     let stream = send(addr, "POST", "/v1/completions", &[], long.as_bytes());
     let reader = read_events(stream, 2);
     assert_eq!(metric(addr, "mlx_iree_active_slots"), 1.0);
