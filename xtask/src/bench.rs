@@ -63,6 +63,12 @@ usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
                    Q4_0, packed 8-bit vs Q8_0, f32 vs mlx-lm) and every row against the
                    memory-bandwidth bound measured in the same run; batch 1 at
                    --prompt-len only (no --batch or --context)
+  --serve          measure `mlx-iree serve` instead: per (model, precision) one server on
+                   loopback and, per --streams count, that many concurrent streamed greedy
+                   requests (4 each, --steps new tokens, default 64) from the pinned openai
+                   client: aggregate tok/s, p50/p99 time to first token and latency
+                   (--max-context default 256)
+  --streams LIST   concurrent streams for --serve (default 1,8,16)
 ";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +99,10 @@ pub struct Options {
     pub prepare_only: bool,
     /// Also measure llama.cpp and mlx-lm (`peers.rs`).
     pub peers: bool,
+    /// Measure `mlx-iree serve` under load instead (`serve_bench.rs`).
+    pub serve: bool,
+    /// Concurrent streams per `--serve` row.
+    pub streams: Vec<usize>,
 }
 
 /// Decode steps per repeat when `--steps` is not given. The 1B model's f32 decode step
@@ -121,6 +131,8 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
         kv_cache: None,
         prepare_only: false,
         peers: false,
+        serve: false,
+        streams: vec![1, 8, 16],
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -156,11 +168,19 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
             "--json" => o.json = true,
             "--prepare-only" => o.prepare_only = true,
             "--peers" => o.peers = true,
+            "--serve" => o.serve = true,
+            "--streams" => o.streams = list(flag, value()?)?,
             other => bail!("bench: unknown argument `{other}`\n{USAGE}"),
         }
     }
     if o.models.is_empty() {
         o.models = vec![ModelArg::SmolLm2, ModelArg::Llama1b];
+    }
+    if o.serve && (o.peers || o.batch != [1] || !o.context.is_empty()) {
+        bail!(
+            "bench: `--serve` takes --streams, not --batch, --context or --peers (llama-server as a peer is not \
+             wired up yet)"
+        );
     }
     // The peer scripts measure one sequence at --prompt-len; a ratio against them at another
     // batch or context would compare different work.
@@ -257,6 +277,9 @@ pub fn run(args: &[String]) -> Result<()> {
     util::run(Command::new(exe).arg("bench").args(args).arg("--prepare-only").stdout(Stdio::from(std::io::stderr())))?;
     let bin = util::target_dir().join("release/mlx-iree");
     let cases = cases(&opts, &crate::model::models_dir());
+    if opts.serve {
+        return serve(&bin, &cases, &opts, started);
+    }
     // Measured first, so that with --json every row can carry its bound as it is printed.
     let bandwidth = if opts.peers {
         note("memory read bandwidth (numpy, one thread per CPU)");
@@ -316,6 +339,29 @@ pub fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// `--serve`: every case's server under load, one table (or JSON lines).
+fn serve(bin: &Path, cases: &[Case], opts: &Options, started: Instant) -> Result<()> {
+    let mut rows = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        note(format!("{}/{}: serving {} at {}", i + 1, cases.len(), display_name(&case.model), case.precision));
+        for load in crate::serve_bench::measure(bin, case, opts)? {
+            if opts.json {
+                println!("{}", crate::serve_bench::json_line(case, &opts.device, &load));
+            }
+            rows.push((case.clone(), load));
+        }
+    }
+    if !opts.json {
+        print!("{}", crate::serve_bench::table(&rows));
+    }
+    note(format!(
+        "{} rows in {:.0} s (llama-server as a peer: not wired up yet)",
+        rows.len(),
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}
+
 /// A progress line on stderr (stdout is the result).
 fn note(msg: impl AsRef<str>) {
     eprintln!("[bench] {}", msg.as_ref());
@@ -336,6 +382,9 @@ fn prepare(o: &Options) -> Result<()> {
         let variants: Vec<&str> =
             LLAMA_1B_VARIANTS.iter().copied().filter(|v| if *v == "f16" { floats } else { packed }).collect();
         llama_1b(&variants)?;
+    }
+    if o.serve {
+        crate::test::client_venv()?;
     }
     if o.peers {
         let venv = peers::venv()?;
@@ -876,6 +925,20 @@ mod tests {
 
     fn args(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn serve_takes_stream_counts_and_nothing_it_cannot_measure() {
+        let o = parse_args(&args(&["--serve", "--model", "smollm2"])).unwrap();
+        assert!(o.serve);
+        assert_eq!(o.streams, [1, 8, 16]);
+        let o = parse_args(&args(&["--serve", "--streams", "2,4"])).unwrap();
+        assert_eq!(o.streams, [2, 4]);
+        let err = |a: &[&str]| parse_args(&args(a)).unwrap_err().to_string();
+        for bad in [&["--serve", "--peers"][..], &["--serve", "--batch", "4"], &["--serve", "--context", "100"]] {
+            assert!(err(bad).starts_with("bench: `--serve` takes --streams, not --batch"), "{bad:?}: {}", err(bad));
+        }
+        assert!(err(&["--streams", "0"]).starts_with("bench: `--streams` needs comma-separated whole numbers"));
     }
 
     #[test]

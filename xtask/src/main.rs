@@ -10,6 +10,7 @@ mod model;
 mod peers;
 mod pins;
 mod quickstart;
+mod serve_bench;
 mod setup;
 mod test;
 mod util;
