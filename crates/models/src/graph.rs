@@ -152,6 +152,26 @@ impl Function {
     }
 }
 
+/// How single-row decode reads its sequence's window out of a cache of several slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SlotRead {
+    /// A gather at the slot (the slot stays data on the device). IREE 3.13 copies the window
+    /// with per-element index arithmetic: on CPU, with 8 slots, these copies were more than
+    /// half of a single-row decode step at 2,048 positions.
+    #[default]
+    Gather,
+    /// A `dynamic_slice` at the slot. IREE folds it into the offset of the dispatch that reads
+    /// the window (a contiguous copy at most), but reads the slot back to the host for that:
+    /// cheap on CPU, a round trip per call on a GPU (BRIEF 7). For CPU targets.
+    Slice,
+}
+
+/// Settings of the emitted graphs that depend on the target; the defaults suit every target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct EmitOptions {
+    pub slot_read: SlotRead,
+}
+
 /// Emits `functions` over `cache`, in a module named `module_name` when given (modules loaded
 /// side by side in one session need distinct names; they share the parameter scope).
 pub fn emit_functions(
@@ -160,6 +180,18 @@ pub fn emit_functions(
     cache: CacheShape,
     functions: &[Function],
     module_name: Option<&str>,
+) -> Result<String> {
+    emit_functions_with(cfg, layout, cache, functions, module_name, EmitOptions::default())
+}
+
+/// [`emit_functions`] with target-dependent [`EmitOptions`].
+pub fn emit_functions_with(
+    cfg: &ModelConfig,
+    layout: &Layout,
+    cache: CacheShape,
+    functions: &[Function],
+    module_name: Option<&str>,
+    options: EmitOptions,
 ) -> Result<String> {
     for function in functions {
         let (rows, window) = (function.rows(), function.window());
@@ -217,6 +249,7 @@ pub fn emit_functions(
                 merged_out: RefCell::new(HashMap::new()),
                 function,
                 kv_elem: cache.elem.elem(),
+                options,
             };
             let last = if a.len() == 6 { Some(a[3]) } else { None };
             let (k, v) = (a[a.len() - 2], a[a.len() - 1]);
@@ -277,6 +310,7 @@ struct Step<'a, 'c, 'b> {
     merged_out: RefCell<HashMap<String, V<'c, 'b>>>,
     function: Function,
     kv_elem: ElementType,
+    options: EmitOptions,
 }
 
 type V<'c, 'b> = Value<'c, 'b>;
@@ -525,7 +559,13 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             index_vector_dim: 1,
             ..GatherDims::default()
         };
-        let read = f.gather(layer, f.reshape(slots, &[n, 1])?, dims, &[1, w, k, hd])?;
+        let read = if n == 1 && s > 1 && self.options.slot_read == SlotRead::Slice {
+            let slot = f.reshape(slots, &[])?;
+            let zero = f.splat(0.0, &I32.tensor(&[]))?;
+            f.dynamic_slice(layer, &[slot, zero, zero, zero], &[1, w, k, hd])?
+        } else {
+            f.gather(layer, f.reshape(slots, &[n, 1])?, dims, &[1, w, k, hd])?
+        };
         if read.elem() == F32 { Ok(read) } else { f.convert(read, F32) }
     }
 
