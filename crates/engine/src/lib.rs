@@ -241,10 +241,20 @@ pub fn graph_modules(
         _ => vec![(None, "prefill+decode", plan.functions(), CompileOptions::default())],
     };
     let c = plan.cache;
+    // A single-row decode on a cache of several slots reads its window with a slice at the
+    // slot on CPU (IREE copied a gathered window element by element; the slice offset's trip
+    // to the host is free there) and with a gather elsewhere (on a GPU that trip costs a
+    // round trip per call, BRIEF 7).
+    let emit = models::graph::EmitOptions {
+        slot_read: match target {
+            iree_compiler::Target::LlvmCpu { .. } => models::graph::SlotRead::Slice,
+            _ => models::graph::SlotRead::Gather,
+        },
+    };
     modules
         .into_iter()
         .map(|(name, kind, functions, options)| {
-            let mlir = models::emit_functions(cfg, layout, c, &functions, name)?;
+            let mlir = models::graph::emit_functions_with(cfg, layout, c, &functions, name, emit)?;
             let what = format!(
                 "{} {} {kind} graphs ({} functions; {} slots x {} positions, {} KV cache)",
                 cfg.model_type,
@@ -572,6 +582,17 @@ mod tests {
         let err = Plan::new(&c, &none).unwrap_err().to_string();
         assert!(err.starts_with("a KV budget of 1 bytes holds no position for 2 sequences"), "{err}");
         assert_eq!(Plan::new(&c, &config(0, None)).unwrap_err().to_string(), "max batch must be at least 1");
+    }
+
+    #[test]
+    fn single_row_decode_slices_its_slot_on_cpu_only() {
+        let (c, layout) = (cfg(), Layout::dense(Precision::F32));
+        let plan = Plan::new(&c, &config(4, Some(64))).unwrap();
+        let text = |target: &iree_compiler::Target| -> String {
+            graph_modules(&c, &layout, &plan, target).unwrap().iter().map(|m| m.mlir.clone()).collect()
+        };
+        assert!(text(&iree_compiler::Target::llvm_cpu_host()).contains("stablehlo.dynamic_slice"));
+        assert!(!text(&iree_compiler::Target::cuda("sm_80")).contains("stablehlo.dynamic_slice"));
     }
 
     #[test]
