@@ -108,20 +108,70 @@ pub struct EngineInfo {
     pub load_seconds: f64,
 }
 
-/// Live counters of a scheduler, shared with its thread (for `/metrics` and admission).
-#[derive(Debug, Default)]
-pub struct Stats {
-    queued: AtomicUsize,
-    running: AtomicUsize,
-    steps: AtomicU64,
-    step_micros: AtomicU64,
-    /// Decode steps by duration: counts at or below each of [`STEP_BUCKETS`] seconds, then
-    /// above the last.
-    step_buckets: [AtomicU64; STEP_BUCKETS.len() + 1],
+/// Durations counted per bucket, lock-free: written by one thread, read by others (the
+/// scheduler's decode steps, a server's time to first token).
+#[derive(Debug)]
+pub struct Histogram {
+    /// Upper bounds in seconds, ascending.
+    bounds: &'static [f64],
+    /// Per bucket (not cumulative); the last counts values above the last bound.
+    counts: Vec<AtomicU64>,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, seconds: f64) {
+        let bucket = self.bounds.iter().position(|b| seconds <= *b).unwrap_or(self.bounds.len());
+        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
+        self.sum_micros.fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+    }
+
+    pub fn bounds(&self) -> &'static [f64] {
+        self.bounds
+    }
+
+    /// Counts per bucket of [`Histogram::bounds`] (not cumulative; one more than the bounds,
+    /// the last counting values above the last bound).
+    pub fn counts(&self) -> Vec<u64> {
+        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect()
+    }
+
+    /// Values observed.
+    pub fn count(&self) -> u64 {
+        self.counts().iter().sum()
+    }
+
+    /// Their total, in seconds.
+    pub fn sum_seconds(&self) -> f64 {
+        self.sum_micros.load(Ordering::Relaxed) as f64 * 1e-6
+    }
 }
 
 /// Upper bounds, in seconds, of the decode-step duration histogram.
 pub const STEP_BUCKETS: [f64; 10] = [0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56];
+
+/// Live counters of a scheduler, shared with its thread (for `/metrics` and admission).
+#[derive(Debug)]
+pub struct Stats {
+    queued: AtomicUsize,
+    running: AtomicUsize,
+    /// Durations of the batched decode steps.
+    steps: Histogram,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats { queued: AtomicUsize::new(0), running: AtomicUsize::new(0), steps: Histogram::new(&STEP_BUCKETS) }
+    }
+}
 
 impl Stats {
     /// Requests waiting for a slot.
@@ -134,19 +184,9 @@ impl Stats {
         self.running.load(Ordering::Relaxed)
     }
 
-    /// Decode steps run, their total seconds, and their counts per bucket of
-    /// [`STEP_BUCKETS`] (not cumulative; the last entry counts the steps above the last
-    /// bound).
-    pub fn steps(&self) -> (u64, f64, Vec<u64>) {
-        let buckets = self.step_buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect();
-        (self.steps.load(Ordering::Relaxed), self.step_micros.load(Ordering::Relaxed) as f64 * 1e-6, buckets)
-    }
-
-    fn record_step(&self, seconds: f64) {
-        let bucket = STEP_BUCKETS.iter().position(|b| seconds <= *b).unwrap_or(STEP_BUCKETS.len());
-        self.step_buckets[bucket].fetch_add(1, Ordering::Relaxed);
-        self.steps.fetch_add(1, Ordering::Relaxed);
-        self.step_micros.fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+    /// Durations of the decode steps run so far.
+    pub fn steps(&self) -> &Histogram {
+        &self.steps
     }
 }
 
@@ -333,10 +373,7 @@ impl Scheduler {
         if request.max_tokens == 0 {
             return Err(Error::ZeroMaxTokens);
         }
-        let vocab = self.info.model.vocab;
-        if let Some(&token) = request.prompt.iter().find(|t| **t as usize >= vocab) {
-            return Err(Error::TokenOutOfRange { token, vocab });
-        }
+        crate::check_tokens(&request.prompt, self.info.model.vocab)?;
         // The prompt and the position of its first new token's successor must fit.
         if request.prompt.len() >= self.info.max_context {
             return Err(Error::PromptTooLong { prompt: request.prompt.len(), max: self.info.max_context });
@@ -532,7 +569,7 @@ impl Loop {
         }
         let started = Instant::now();
         let result = self.engine.decode(&rows);
-        self.stats.record_step(started.elapsed().as_secs_f64());
+        self.stats.steps.observe(started.elapsed().as_secs_f64());
         match result {
             Ok(steps) => {
                 // `advance` may remove a sequence, so match steps to sequences by slot.

@@ -87,9 +87,10 @@ fn concurrent_requests_get_what_each_prompt_gives_alone() {
         stats.running() == 0 && stats.queued() == 0
     });
     assert!(idle, "running {} queued {}", stats.running(), stats.queued());
-    let (steps, _, buckets) = stats.steps();
+    let (steps, buckets) = (stats.steps().count(), stats.steps().counts());
     assert!(steps >= STEPS as u64, "{steps}");
     assert_eq!(buckets.iter().sum::<u64>(), steps);
+    assert_eq!(buckets.len(), stats.steps().bounds().len() + 1);
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! depth and active slots (from the engine's live counters), decode-step latency and time to
 //! first token.
 
-use engine::scheduler::{STEP_BUCKETS, Stats};
+use engine::scheduler::{Histogram, Stats};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
@@ -11,32 +11,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Upper bounds, in seconds, of the time-to-first-token histogram.
 const TTFT_BUCKETS: [f64; 12] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
     requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
     prompt_tokens: AtomicU64,
     generated_tokens: AtomicU64,
-    ttft: Histogram<{ TTFT_BUCKETS.len() + 1 }>,
+    ttft: Histogram,
 }
 
-/// Counts per bucket (not cumulative; the last counts values above the last bound).
-#[derive(Debug)]
-struct Histogram<const N: usize> {
-    counts: [AtomicU64; N],
-    sum_micros: AtomicU64,
-}
-
-impl<const N: usize> Default for Histogram<N> {
+impl Default for Metrics {
     fn default() -> Self {
-        Histogram { counts: std::array::from_fn(|_| AtomicU64::new(0)), sum_micros: AtomicU64::new(0) }
-    }
-}
-
-impl<const N: usize> Histogram<N> {
-    fn observe(&self, bounds: &[f64], seconds: f64) {
-        let i = bounds.iter().position(|b| seconds <= *b).unwrap_or(bounds.len());
-        self.counts[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_micros.fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+        Metrics {
+            requests: Mutex::default(),
+            prompt_tokens: AtomicU64::new(0),
+            generated_tokens: AtomicU64::new(0),
+            ttft: Histogram::new(&TTFT_BUCKETS),
+        }
     }
 }
 
@@ -54,7 +44,7 @@ impl Metrics {
     }
 
     pub fn first_token(&self, seconds: f64) {
-        self.ttft.observe(&TTFT_BUCKETS, seconds);
+        self.ttft.observe(seconds);
     }
 
     /// The exposition text, with the engine's `stats`, `slots` in all and requests in flight.
@@ -88,39 +78,25 @@ impl Metrics {
         gauge(&mut out, "mlx_iree_active_slots", "Requests holding a KV slot.", stats.running());
         gauge(&mut out, "mlx_iree_slots", "KV slots (sequences decoded together).", slots);
         gauge(&mut out, "mlx_iree_requests_in_flight", "Generation requests being answered.", in_flight);
-        let (steps, seconds, buckets) = stats.steps();
-        histogram(
-            &mut out,
-            "mlx_iree_decode_step_seconds",
-            "Duration of one batched decode step.",
-            &STEP_BUCKETS,
-            &buckets,
-            seconds,
-            steps,
-        );
-        let ttft: Vec<u64> = self.ttft.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
-        let total = ttft.iter().sum();
-        let sum = self.ttft.sum_micros.load(Ordering::Relaxed) as f64 * 1e-6;
+        histogram(&mut out, "mlx_iree_decode_step_seconds", "Duration of one batched decode step.", stats.steps());
         histogram(
             &mut out,
             "mlx_iree_time_to_first_token_seconds",
             "From a request's arrival to its first token.",
-            &TTFT_BUCKETS,
-            &ttft,
-            sum,
-            total,
+            &self.ttft,
         );
         out
     }
 }
 
-/// A Prometheus histogram from per-bucket counts (made cumulative here).
-fn histogram(out: &mut String, name: &str, help: &str, bounds: &[f64], counts: &[u64], sum: f64, total: u64) {
+/// `h` as a Prometheus histogram (its per-bucket counts made cumulative).
+fn histogram(out: &mut String, name: &str, help: &str, h: &Histogram) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-    let mut cumulative = 0;
-    for (bound, n) in bounds.iter().zip(counts) {
+    let (counts, mut cumulative) = (h.counts(), 0);
+    for (bound, n) in h.bounds().iter().zip(&counts) {
         cumulative += n;
         let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
     }
+    let (total, sum) = (counts.iter().sum::<u64>(), h.sum_seconds());
     let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {total}\n{name}_sum {sum}\n{name}_count {total}");
 }
