@@ -292,6 +292,15 @@ pub fn layout_for(
     }
 }
 
+/// Refuses the first id at or above `vocab` (`Error::TokenOutOfRange`): the one check of token
+/// ids, for the engine, the scheduler and the CLI's own inputs.
+pub fn check_tokens<'a>(tokens: impl IntoIterator<Item = &'a u32>, vocab: usize) -> Result<()> {
+    match tokens.into_iter().find(|t| **t as usize >= vocab) {
+        Some(&token) => Err(Error::TokenOutOfRange { token, vocab }),
+        None => Ok(()),
+    }
+}
+
 #[derive(Debug)]
 pub struct Engine {
     cfg: ModelConfig,
@@ -401,13 +410,6 @@ impl Engine {
         }
     }
 
-    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
-        if let Some(bad) = tokens.iter().find(|t| **t as usize >= self.cfg.vocab) {
-            return Err(Error::TokenOutOfRange { token: *bad, vocab: self.cfg.vocab });
-        }
-        Ok(())
-    }
-
     fn check_slot(&self, slot: usize) -> Result<()> {
         if slot >= self.lens.len() {
             return Err(Error::NoSuchSlot { slot, slots: self.lens.len() });
@@ -463,7 +465,7 @@ impl Engine {
             return Err(Error::EmptyPrompt);
         }
         self.check_slot(slot)?;
-        self.check_tokens(prompt)?;
+        check_tokens(prompt, self.cfg.vocab)?;
         if self.lens[slot] + prompt.len() > self.max_context() {
             return Err(self.context_full(slot, prompt.len()));
         }
@@ -500,7 +502,7 @@ impl Engine {
         let mut seen = vec![false; self.lens.len()];
         for &(slot, token) in rows {
             self.check_slot(slot)?;
-            self.check_tokens(&[token])?;
+            check_tokens(&[token], self.cfg.vocab)?;
             if std::mem::replace(&mut seen[slot], true) {
                 return Err(Error::DuplicateSlot { slot });
             }

@@ -111,7 +111,7 @@ pub struct TrajectoryArgs {
 
 /// Reads and normalises the model's config.json, so unsupported models and out-of-range
 /// inputs are refused before anything is compiled.
-fn check_model_dir(dir: &Path) -> Result<models::ModelConfig> {
+pub fn check_model_dir(dir: &Path) -> Result<models::ModelConfig> {
     if !dir.is_dir() {
         bail!("model folder {} does not exist", dir.display());
     }
@@ -207,9 +207,7 @@ pub fn trajectory(args: &TrajectoryArgs) -> Result<()> {
         (Some(text), None) => Tokenizer::from_dir(dir)?.encode(text, true)?,
         (None, None) => bail!("one of --prompt or --prompt-ids is required"),
     };
-    if let Some(bad) = prompt.iter().find(|t| **t as usize >= config.vocab) {
-        bail!("token id {bad} is out of range for vocabulary size {}", config.vocab);
-    }
+    engine::check_tokens(&prompt, config.vocab)?;
     args.model.plan(
         &config,
         1,
@@ -291,9 +289,7 @@ pub fn gate(args: &GateArgs) -> Result<bool> {
     };
     for r in &mut references {
         r.token_ids.truncate(args.steps);
-        if let Some(bad) = r.prompt_ids.iter().chain(&r.token_ids).find(|t| **t as usize >= config.vocab) {
-            bail!("token id {bad} is out of range for vocabulary size {}", config.vocab);
-        }
+        engine::check_tokens(r.prompt_ids.iter().chain(&r.token_ids), config.vocab)?;
     }
     let longest = references.iter().map(|r| r.prompt_ids.len()).max().unwrap_or(1);
     args.model.plan(

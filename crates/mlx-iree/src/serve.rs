@@ -54,10 +54,7 @@ async fn shutdown_signal() {
 
 pub fn run(args: &ServeArgs) -> Result<()> {
     let dir = &args.model.model;
-    if !dir.is_dir() {
-        bail!("model folder {} does not exist", dir.display());
-    }
-    let config = models::ModelConfig::from_file(&dir.join("config.json"))?;
+    let config = crate::run::check_model_dir(dir)?;
     if args.max_batch == 0 {
         bail!("--max-batch must be at least 1");
     }
