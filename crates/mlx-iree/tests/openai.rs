@@ -56,19 +56,29 @@ fn serve() -> Served {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = child.stderr.take();
+    let stderr = child.stderr.take().unwrap();
     // Owned at once, so any failure below kills and reaps it.
     let mut served = Served { child, addr: String::new() };
-    let mut stderr = BufReader::new(stderr.unwrap());
+    // Read on a thread of its own (which keeps draining the log, so the server never blocks
+    // on a full pipe), so that waiting for "listening" has a deadline.
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(900);
     let mut log = String::new();
     loop {
-        let mut line = String::new();
-        assert!(stderr.read_line(&mut line).unwrap() > 0, "serve exited before listening:\n{log}");
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = match lines.recv_timeout(left) {
+            Ok(line) => line,
+            Err(e) => panic!("serve did not listen ({e:?}) within 900 s:\n{log}"),
+        };
         log.push_str(&line);
+        log.push('\n');
         if let Some(rest) = line.strip_prefix("listening on http://") {
             served.addr = rest.split_whitespace().next().unwrap().to_owned();
-            // Keep draining its log so the server never blocks on a full pipe.
-            std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
             return served;
         }
     }

@@ -43,15 +43,27 @@ fn sigterm_finishes_the_stream_in_flight_and_exits_0() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    // Its log is read on a thread of its own, so that every wait below has a deadline.
+    let stderr = child.stderr.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(900);
     let mut log = String::new();
     let addr = loop {
-        let mut line = String::new();
-        if stderr.read_line(&mut line).unwrap() == 0 {
-            let _ = child.kill();
-            panic!("serve exited before listening:\n{log}");
-        }
+        let line = match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => line,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("serve did not listen ({e:?}) within 900 s:\n{log}");
+            }
+        };
         log.push_str(&line);
+        log.push('\n');
         if let Some(rest) = line.strip_prefix("listening on http://") {
             break rest.split_whitespace().next().unwrap().to_owned();
         }
@@ -91,8 +103,12 @@ fn sigterm_finishes_the_stream_in_flight_and_exits_0() {
         assert!(Instant::now() < deadline, "serve still running 60 s after SIGTERM");
         std::thread::sleep(Duration::from_millis(50));
     };
+    // The process has exited: its log ends within moments.
     let mut tail = String::new();
-    stderr.read_to_string(&mut tail).unwrap();
+    while let Ok(line) = lines.recv_timeout(Duration::from_secs(10)) {
+        tail.push_str(&line);
+        tail.push('\n');
+    }
     assert_eq!(code, Some(0), "{log}{tail}");
     assert!(tail.contains("shutting down: 1 requests in flight"), "{tail}");
     assert!(tail.contains("server stopped"), "{tail}");
