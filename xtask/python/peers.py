@@ -4,7 +4,7 @@
 Run by `cargo xtask bench --peers` with the peers venv's python (target/peers-venv),
 one subcommand per call:
 
-    python peers.py convert   --src MLX_F16_DIR --out FILE-f16.gguf
+    python peers.py convert   --src MLX_F16_DIR --out FILE-f16.gguf [--vocab-gguf ORIGINAL.gguf]
     python peers.py quantize  --src FILE-f16.gguf --out FILE-q4_0.gguf --type q4_0
     python peers.py bench     --gguf FILE.gguf --prompt-ids 1,38,... --steps N --repeats N
     python peers.py bandwidth
@@ -19,7 +19,9 @@ Each prints one JSON line on stdout (progress goes to stderr).
     benchmark feeds token ids, so the file says `tokenizer.ggml.model = none` with
     `llama.vocab_size`, which llama.cpp loads as that many placeholder tokens. The
     same file therefore serves a model folder without tokenizer files (the random
-    Llama-3.2-1B shape).
+    Llama-3.2-1B shape). With --vocab-gguf, every `tokenizer.*` key of that GGUF
+    (SmolLM2's original, which the MLX folders were made from) is copied instead, so
+    llama-server can tokenize the text prompts of `cargo xtask bench --serve --peers`.
   * quantize: llama.cpp's `llama_model_quantize` (its standard recipe for the type, as
     `llama-quantize` would do it).
   * bench: loads the GGUF on the CPU with n_threads = the CPUs this process may use,
@@ -145,6 +147,24 @@ LAYER_TENSORS = {
 }
 
 
+def copy_tokenizer(w, path, vocab_size):
+    """Every `tokenizer.*` key of the GGUF at `path`, with its value types, into writer `w`."""
+    import gguf
+
+    fields = gguf.GGUFReader(path).fields
+    tokens = fields.get("tokenizer.ggml.tokens")
+    if tokens is None or len(tokens.contents()) != vocab_size:
+        got = "none" if tokens is None else len(tokens.contents())
+        raise SystemExit(f"peers.py: {path} has {got} tokens; the model's vocab_size is {vocab_size}")
+    for key, field in fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, field.contents(), field.types[0], sub_type=field.types[1])
+        else:
+            w.add_key_value(key, field.contents(), field.types[0])
+
+
 def convert(args):
     import gguf
 
@@ -179,8 +199,11 @@ def convert(args):
         w.add_value_length(head_dim)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    # Ids only: llama.cpp makes vocab_size placeholder tokens (see the module docstring).
-    w.add_tokenizer_model("none")
+    if args.vocab_gguf:
+        copy_tokenizer(w, args.vocab_gguf, cfg["vocab_size"])
+    else:
+        # Ids only: llama.cpp makes vocab_size placeholder tokens (see the module docstring).
+        w.add_tokenizer_model("none")
 
     def f16(a):
         return np.ascontiguousarray(a, dtype=np.float16)
@@ -335,6 +358,7 @@ def main():
     c = sub.add_parser("convert")
     c.add_argument("--src", required=True)
     c.add_argument("--out", required=True)
+    c.add_argument("--vocab-gguf", help="copy the tokenizer.* keys of this GGUF (default: ids only)")
     q = sub.add_parser("quantize")
     q.add_argument("--src", required=True)
     q.add_argument("--out", required=True)

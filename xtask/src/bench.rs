@@ -11,7 +11,10 @@
 //! `--peers` adds llama.cpp (f16, Q8_0, Q4_0 of the same weights) and, on SmolLM2,
 //! mlx-lm at f32 (`peers.rs`), and prints one table with our decode and prefill speed
 //! as ratios against the matching peer row and every row against the memory-bandwidth
-//! bound measured in the same run.
+//! bound measured in the same run. llama.cpp is measured twice there: through our
+//! llama-cpp-python harness (peers.py) and by its own `llama-bench`, side by side, so the
+//! harness is checked in every run. With `--batch` or `--context`, llama.cpp's own
+//! `llama-batched-bench` gives the peer rows per (context, batch) instead.
 
 use crate::build_iree::{self, Target};
 use crate::fixtures::{self, script_digest};
@@ -56,18 +59,24 @@ usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
                    the model's maximum capped by the KV cache budget)
   --kv-cache T     KV cache element type: f32 (mlx-iree's default) or f16
   --prepare-only   only the set-up steps (runtime, models, release build)
-  --peers          also llama.cpp's CPU build (llama-cpp-python, compiled once into
-                   target/peers-venv: about 14 minutes on 2 cores) on the same weights
-                   as GGUF f16, Q8_0 and Q4_0, and mlx-lm at f32 on smollm2; one table
-                   with our speed as ratios against them (f16 vs f16, packed 4-bit vs
-                   Q4_0, packed 8-bit vs Q8_0, f32 vs mlx-lm) and every row against the
-                   memory-bandwidth bound measured in the same run; batch 1 at
-                   --prompt-len only (no --batch or --context)
+  --peers          also llama.cpp's CPU build on the same weights as GGUF f16, Q8_0 and
+                   Q4_0 (our f16 vs f16, packed 4-bit vs Q4_0, packed 8-bit vs Q8_0):
+                   through llama-cpp-python (compiled once into target/peers-venv: about
+                   14 minutes on 2 cores) and through llama.cpp's own llama-bench (built
+                   once from the same source into target/peers/llama.cpp-VERSION: about
+                   20 minutes), plus mlx-lm at f32 on smollm2; one table with our speed as
+                   ratios against them and every row against the memory-bandwidth bound
+                   measured in the same run. With --batch or --context: llama.cpp's
+                   llama-batched-bench instead (B sequences in one llama_decode per step),
+                   one row per (context, batch) beside ours, with the ratio, and decode at
+                   each context against the first
   --serve          measure `mlx-iree serve` instead: per (model, precision) one server on
                    loopback and, per --streams count, that many concurrent streamed greedy
                    requests (4 each, --steps new tokens, default 64) from the pinned openai
                    client: aggregate tok/s, p50/p99 time to first token and latency
-                   (--max-context default 256)
+                   (--max-context default 256); with --peers also llama.cpp's llama-server
+                   (-np STREAMS, the same context per slot, GGUF f16 or Q4_0/Q8_0 as
+                   paired above) driven by the same client, with our ratio against it
   --streams LIST   concurrent streams for --serve (default 1,8,16)
 ";
 
@@ -176,20 +185,23 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
     if o.models.is_empty() {
         o.models = vec![ModelArg::SmolLm2, ModelArg::Llama1b];
     }
-    if o.serve && (o.peers || o.batch != [1] || !o.context.is_empty()) {
-        bail!(
-            "bench: `--serve` takes --streams, not --batch, --context or --peers (llama-server as a peer is not \
-             wired up yet)"
-        );
-    }
-    // The peer scripts measure one sequence at --prompt-len; a ratio against them at another
-    // batch or context would compare different work.
-    if o.peers && (o.batch != [1] || !o.context.is_empty()) {
-        bail!(
-            "bench: `--peers` with `--batch` or `--context` is not implemented yet (peers run batch 1 at --prompt-len)"
-        );
+    if o.serve && (o.batch != [1] || !o.context.is_empty()) {
+        bail!("bench: `--serve` takes --streams, not --batch or --context");
     }
     Ok(o)
+}
+
+impl Options {
+    /// `--peers` with `--batch` or `--context`: llama-batched-bench rows per (context, batch)
+    /// instead of the single-sequence peers.
+    pub fn batched_peers(&self) -> bool {
+        self.peers && !self.serve && (self.batch != [1] || !self.context.is_empty())
+    }
+
+    /// The contexts our rows are measured at: --context, else --prompt-len.
+    pub fn contexts(&self) -> Vec<usize> {
+        if self.context.is_empty() { vec![self.prompt_len] } else { self.context.clone() }
+    }
 }
 
 fn count(flag: &str, v: &str) -> Result<usize> {
@@ -281,7 +293,7 @@ pub fn run(args: &[String]) -> Result<()> {
         return serve(&bin, &cases, &opts, started);
     }
     // Measured first, so that with --json every row can carry its bound as it is printed.
-    let bandwidth = if opts.peers {
+    let bandwidth = if opts.peers && !opts.batched_peers() {
         note("memory read bandwidth (numpy, one thread per CPU)");
         let b = peers::bandwidth(&peers::venv_dir())?;
         note(format!("memory read bandwidth: {:.1} GB/s", b / 1e9));
@@ -318,6 +330,17 @@ pub fn run(args: &[String]) -> Result<()> {
         })
         .collect();
     match bandwidth {
+        None if opts.batched_peers() => {
+            let mut lines: Vec<BatchLine> = cases.iter().zip(&rows).map(|(c, r)| BatchLine::ours(c, r)).collect();
+            let theirs = measure_batched_peers(&opts)?;
+            failed.extend(theirs.iter().filter_map(|l| {
+                l.result.as_ref().err().map(|e| format!("{} {} {}: {e}", l.engine, l.name, l.precision))
+            }));
+            lines.extend(theirs);
+            if !opts.json {
+                print!("{}", batched_table(&order_batch_lines(lines), &opts.contexts()));
+            }
+        }
         Some(bandwidth) => {
             let mut lines: Vec<Line> = cases.iter().zip(&rows).map(|(c, r)| Line::ours(c, r)).collect();
             let theirs = measure_peers(&opts, bandwidth)?;
@@ -339,26 +362,38 @@ pub fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// `--serve`: every case's server under load, one table (or JSON lines).
+/// `--serve`: every case's server under load and, with --peers, llama-server on the same
+/// weights; one table (or JSON lines).
 fn serve(bin: &Path, cases: &[Case], opts: &Options, started: Instant) -> Result<()> {
     let mut rows = Vec::new();
+    let mut peered: Vec<(String, Option<&str>)> = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         note(format!("{}/{}: serving {} at {}", i + 1, cases.len(), display_name(&case.model), case.precision));
-        for load in crate::serve_bench::measure(bin, case, opts)? {
+        let mut measured = crate::serve_bench::measure(bin, case, opts)?;
+        // One llama-server series per family and weight format.
+        let key = (case.family.clone(), pair_key(case));
+        if opts.peers && !peered.contains(&key) {
+            measured.extend(crate::serve_bench::measure_llama_server(case, opts));
+            peered.push(key);
+        }
+        for row in measured {
             if opts.json {
-                println!("{}", crate::serve_bench::json_line(case, &opts.device, &load));
+                println!("{}", crate::serve_bench::json_line(&row, &opts.device));
             }
-            rows.push((case.clone(), load));
+            rows.push(row);
         }
     }
     if !opts.json {
         print!("{}", crate::serve_bench::table(&rows));
     }
-    note(format!(
-        "{} rows in {:.0} s (llama-server as a peer: not wired up yet)",
-        rows.len(),
-        started.elapsed().as_secs_f64()
-    ));
+    let failed: Vec<String> = rows
+        .iter()
+        .filter_map(|r| r.load.as_ref().err().map(|e| format!("{} {} {} streams: {e}", r.engine, r.name, r.streams)))
+        .collect();
+    note(format!("{} rows in {:.0} s", rows.len(), started.elapsed().as_secs_f64()));
+    if !failed.is_empty() {
+        bail!("{} row(s) failed:\n  {}", failed.len(), failed.join("\n  "));
+    }
     Ok(())
 }
 
@@ -389,8 +424,9 @@ fn prepare(o: &Options) -> Result<()> {
     if o.peers {
         let venv = peers::venv()?;
         for m in peer_models(o, &crate::model::models_dir()) {
-            peers::ggufs(&venv, &m.family, &m.src)?;
+            peers::ggufs(&venv, &m.family, &m.src, m.vocab.as_deref())?;
         }
+        peers::tools()?;
     }
     util::progress(
         "bench",
@@ -681,13 +717,16 @@ pub fn table(cases: &[Case], rows: &[Row]) -> String {
 }
 
 /// A model the peers run: its family (the name rows are grouped by), the float folder
-/// llama.cpp's GGUFs are converted from, and whether mlx-lm gets a row.
+/// llama.cpp's GGUFs are converted from, whether mlx-lm gets a row, and the GGUF whose
+/// tokenizer the converted files carry (SmolLM2's original, so that llama-server can
+/// tokenize the text prompts of `--serve`; the other models get none, `peers.py`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerModel {
     pub family: String,
     pub src: PathBuf,
     pub steps: usize,
     pub mlx_lm: bool,
+    pub vocab: Option<PathBuf>,
 }
 
 /// One per model argument: SmolLM2's f16 folder (with an mlx-lm f32 row), the 1B model's
@@ -696,27 +735,29 @@ pub fn peer_models(o: &Options, models_dir: &Path) -> Vec<PeerModel> {
     let mut out: Vec<PeerModel> = Vec::new();
     for m in &o.models {
         let steps = o.steps.unwrap_or_else(|| default_steps(m));
-        let (family, src, mlx_lm) = match m {
+        let (family, src, mlx_lm, vocab) = match m {
             ModelArg::SmolLm2 => {
                 let family = SMOLLM2.trim_end_matches("-4bit");
-                (family.to_owned(), models_dir.join(format!("{family}-f16")), true)
+                let vocab = crate::model::source_gguf(models_dir);
+                (family.to_owned(), models_dir.join(format!("{family}-f16")), true, vocab)
             }
-            ModelArg::Llama1b => (LLAMA_1B.to_owned(), llama_1b_dir(models_dir, "f16"), false),
-            ModelArg::Dir(dir) => (display_name(dir), dir.clone(), false),
+            ModelArg::Llama1b => (LLAMA_1B.to_owned(), llama_1b_dir(models_dir, "f16"), false, None),
+            ModelArg::Dir(dir) => (display_name(dir), dir.clone(), false, None),
         };
         if !out.iter().any(|p| p.family == family) {
-            out.push(PeerModel { family, src, steps, mlx_lm });
+            out.push(PeerModel { family, src, steps, mlx_lm, vocab });
         }
     }
     out
 }
 
-/// llama.cpp at f16, Q8_0 and Q4_0 and (SmolLM2) mlx-lm at f32, one process each; with
-/// --json each row is printed as it is measured.
+/// llama.cpp at f16, Q8_0 and Q4_0 (our harness, then llama-bench) and (SmolLM2) mlx-lm
+/// at f32, one process each; with --json each row is printed as it is measured.
 fn measure_peers(o: &Options, bandwidth: f64) -> Result<Vec<Line>> {
     let models = peer_models(o, &crate::model::models_dir());
-    let total: usize = models.iter().map(|m| peers::LLAMA_CPP_TYPES.len() + usize::from(m.mlx_lm)).sum();
+    let total: usize = models.iter().map(|m| 2 * peers::LLAMA_CPP_TYPES.len() + usize::from(m.mlx_lm)).sum();
     let venv = peers::venv_dir();
+    let tools = peers::tools_bin()?;
     let mut lines = Vec::new();
     for m in &models {
         let ids = peers::prompt_ids(o.prompt_len, peers::vocab_size(&m.src)?);
@@ -725,7 +766,7 @@ fn measure_peers(o: &Options, bandwidth: f64) -> Result<Vec<Line>> {
             .map(|t| {
                 let gguf = peers::gguf_path(&m.family, t);
                 let cmd = peers::llama_cpp_command(&venv, &gguf, t, &ids, m.steps, o.repeats);
-                ("llama.cpp", *t, gguf.display().to_string(), m.steps, cmd)
+                (LLAMA_CPP, *t, gguf.display().to_string(), m.steps, cmd)
             })
             .collect();
         if m.mlx_lm {
@@ -759,8 +800,75 @@ fn measure_peers(o: &Options, bandwidth: f64) -> Result<Vec<Line>> {
                 result: result.map(|(_, speed)| speed),
             });
         }
+        // llama.cpp's own benchmark on the same files, as the check of the harness above.
+        for t in peers::LLAMA_CPP_TYPES {
+            let gguf = peers::gguf_path(&m.family, t);
+            note(format!("peers {}/{total}: llama-bench {t} on {}", lines.len() + 1, m.family));
+            let mut cmd = peers::llama_bench_command(&tools, &gguf, o.prompt_len, m.steps, o.repeats);
+            let result = match run_child(&mut cmd)? {
+                Ok(stdout) => peers::parse_llama_bench(&stdout).map_err(|e| format!("{e:#}")),
+                Err(e) => Err(e),
+            };
+            if o.json {
+                let line = match &result {
+                    Ok(b) => tagged_json(
+                        &llama_bench_json(&gguf, t, o.repeats, b),
+                        LLAMA_BENCH,
+                        Some((bandwidth, b.decode.model_size)),
+                    ),
+                    Err(e) => serde_json::json!({
+                        "engine": LLAMA_BENCH, "model": gguf.display().to_string(), "device": "cpu", "precision": t,
+                        "error": e,
+                    })
+                    .to_string(),
+                };
+                println!("{line}");
+            }
+            lines.push(Line {
+                engine: LLAMA_BENCH,
+                family: m.family.clone(),
+                name: m.family.clone(),
+                precision: t.to_owned(),
+                pair: Some(t),
+                steps: m.steps,
+                dispatches: None,
+                result: result.map(|b| Speed {
+                    prefill_tok_s: b.prefill.avg_ts,
+                    decode_tok_s: b.decode.avg_ts,
+                    ttft_ms: None,
+                    weight_bytes: b.decode.model_size,
+                    peak_rss_bytes: None,
+                }),
+            });
+        }
     }
     Ok(lines)
+}
+
+/// The engine name of llama-bench's rows.
+const LLAMA_BENCH: &str = "llama-bench";
+/// The engine name of the llama-cpp-python harness's rows (peers.py).
+const LLAMA_CPP: &str = "llama.cpp";
+
+/// A llama-bench row as one JSON object (the fields of our rows where they mean the same).
+pub fn llama_bench_json(gguf: &Path, precision: &str, repeats: usize, b: &peers::LlamaBench) -> String {
+    serde_json::json!({
+        "engine": LLAMA_BENCH,
+        "model": gguf.display().to_string(),
+        "device": "cpu",
+        "precision": precision,
+        "prefill_tok_s": b.prefill.avg_ts,
+        "prefill_stddev_tok_s": b.prefill.stddev_ts,
+        "decode_tok_s": b.decode.avg_ts,
+        "decode_stddev_tok_s": b.decode.stddev_ts,
+        "weight_bytes": b.decode.model_size,
+        "prompt_len": b.prefill.n_prompt,
+        "decode_steps": b.decode.n_gen,
+        "decode_context": b.decode.n_depth,
+        "repeats": repeats,
+        "threads": b.decode.n_threads,
+    })
+    .to_string()
 }
 
 /// A peer script's JSON line and its speed fields.
@@ -770,14 +878,15 @@ pub fn parse_peer(stdout: &str) -> std::result::Result<(String, Speed), String> 
     Ok((line.to_owned(), speed))
 }
 
-/// The fields every engine's row has.
+/// The fields the --peers table shows (llama-bench reports no time to first token and
+/// no peak RSS).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct Speed {
     pub prefill_tok_s: f64,
     pub decode_tok_s: f64,
-    pub ttft_ms: f64,
+    pub ttft_ms: Option<f64>,
     pub weight_bytes: u64,
-    pub peak_rss_bytes: u64,
+    pub peak_rss_bytes: Option<u64>,
 }
 
 /// One row of the --peers table.
@@ -802,9 +911,9 @@ impl Line {
                 Ok(Speed {
                     prefill_tok_s: m.prefill_tok_s,
                     decode_tok_s: m.decode_tok_s,
-                    ttft_ms: m.ttft_ms,
+                    ttft_ms: Some(m.ttft_ms),
                     weight_bytes: m.weight_bytes,
-                    peak_rss_bytes: m.peak_rss_bytes,
+                    peak_rss_bytes: Some(m.peak_rss_bytes),
                 }),
                 Some(m.dispatches_per_decode_step),
             ),
@@ -855,10 +964,20 @@ pub fn order_by_family(lines: Vec<Line>) -> Vec<Line> {
 /// decode / prefill speed as ratios against the peer row of the same family and weight
 /// format.
 pub fn peers_table(lines: &[Line], bandwidth: f64) -> String {
+    // Our rows are compared with the harness's llama.cpp rows (peers.py), as before
+    // llama-bench rows existed; those are the check of the harness.
     let peer = |l: &Line| {
         let key = l.pair?;
         lines.iter().find_map(|p| match &p.result {
-            Ok(s) if p.engine != ENGINE && p.family == l.family && p.pair == Some(key) => Some((p, s)),
+            Ok(s) if ![ENGINE, LLAMA_BENCH].contains(&p.engine) && p.family == l.family && p.pair == Some(key) => {
+                Some((p, s))
+            }
+            _ => None,
+        })
+    };
+    let harness = |l: &Line| {
+        lines.iter().find_map(|p| match &p.result {
+            Ok(s) if p.engine == LLAMA_CPP && p.family == l.family && p.pair == l.pair => Some(s),
             _ => None,
         })
     };
@@ -885,26 +1004,31 @@ pub fn peers_table(lines: &[Line], bandwidth: f64) -> String {
         match &l.result {
             Ok(s) => {
                 let bound = bandwidth / s.weight_bytes.max(1) as f64;
-                let vs = match (l.engine, peer(l)) {
-                    (ENGINE, Some((p, ps))) => format!(
+                let vs = match (l.engine, peer(l), harness(l)) {
+                    (ENGINE, Some((p, ps)), _) => format!(
                         "{:.2}x / {:.2}x {} {}",
                         s.decode_tok_s / ps.decode_tok_s,
                         s.prefill_tok_s / ps.prefill_tok_s,
                         p.engine,
                         p.precision
                     ),
+                    (LLAMA_BENCH, _, Some(hs)) => format!(
+                        "harness {:.2}x / {:.2}x",
+                        hs.decode_tok_s / s.decode_tok_s,
+                        hs.prefill_tok_s / s.prefill_tok_s
+                    ),
                     _ => "-".to_owned(),
                 };
                 out += &format!(
-                    "{head}  {:>5}  {:>9.1}  {:>9.2}  {:>8.1}  {:>7.0}%  {:>9.1}  {:>8}  {:>8}  {:>9}  {vs}\n",
+                    "{head}  {:>5}  {:>9.1}  {:>9.2}  {:>8.1}  {:>7.0}%  {:>9}  {:>8}  {:>8}  {:>9}  {vs}\n",
                     l.steps,
                     s.prefill_tok_s,
                     s.decode_tok_s,
                     bound,
                     100.0 * s.decode_tok_s / bound,
-                    s.ttft_ms,
+                    s.ttft_ms.map_or_else(|| "-".to_owned(), |t| format!("{t:.1}")),
                     mib(s.weight_bytes),
-                    mib(s.peak_rss_bytes),
+                    s.peak_rss_bytes.map_or_else(|| "-".to_owned(), mib),
                     l.dispatches.map_or_else(|| "-".to_owned(), |d| d.to_string()),
                 );
             }
@@ -916,6 +1040,219 @@ pub fn peers_table(lines: &[Line], bandwidth: f64) -> String {
          decode/s / bound/s\n",
         bandwidth / 1e9
     );
+    if lines.iter().any(|l| l.engine == LLAMA_BENCH) {
+        out += "harness = decode / prefill of the llama.cpp row (our llama-cpp-python harness) over llama-bench's on \
+                the same GGUF; llama-bench decodes from an empty context, the harness after the prompt\n";
+    }
+    out
+}
+
+/// One row of the batched --peers table (`--peers` with `--batch` or `--context`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchLine {
+    pub engine: &'static str,
+    pub family: String,
+    pub name: String,
+    pub precision: String,
+    /// As `Line::pair`.
+    pub pair: Option<&'static str>,
+    pub batch: usize,
+    pub context: usize,
+    pub steps: usize,
+    /// Prefill and aggregate decode tok/s.
+    pub result: std::result::Result<(f64, f64), String>,
+}
+
+impl BatchLine {
+    fn ours(case: &Case, row: &Row) -> BatchLine {
+        let (batch, context, result) = match row {
+            Row::Ok(_, m) => (m.batch, m.context, Ok((m.prefill_tok_s, m.decode_tok_s))),
+            Row::Failed(e) => (0, 0, Err(e.clone())),
+        };
+        BatchLine {
+            engine: ENGINE,
+            family: case.family.clone(),
+            name: display_name(&case.model),
+            precision: case.precision.to_owned(),
+            pair: pair_key(case),
+            batch,
+            context,
+            steps: case.steps,
+            result,
+        }
+    }
+}
+
+/// llama-batched-bench per model and GGUF type: every (context, batch) in one run. With
+/// --json each row is printed as it is measured.
+fn measure_batched_peers(o: &Options) -> Result<Vec<BatchLine>> {
+    let models = peer_models(o, &crate::model::models_dir());
+    let tools = peers::tools_bin()?;
+    let contexts = o.contexts();
+    let total = models.len() * peers::LLAMA_CPP_TYPES.len();
+    let mut lines = Vec::new();
+    let mut done = 0;
+    for m in &models {
+        for t in peers::LLAMA_CPP_TYPES {
+            done += 1;
+            note(format!("peers {done}/{total}: llama-batched-bench {t} on {}", m.family));
+            let gguf = peers::gguf_path(&m.family, t);
+            let mut cmd = peers::batched_bench_command(&tools, &gguf, &contexts, m.steps, &o.batch);
+            let rows = match run_child(&mut cmd)? {
+                Ok(stdout) => peers::parse_batched_bench(&stdout, &contexts, &o.batch).map_err(|e| format!("{e:#}")),
+                Err(e) => Err(e),
+            };
+            let line = |batch, context, result| BatchLine {
+                engine: LLAMA_CPP,
+                family: m.family.clone(),
+                name: m.family.clone(),
+                precision: t.to_owned(),
+                pair: Some(t),
+                batch,
+                context,
+                steps: m.steps,
+                result,
+            };
+            match rows {
+                Ok(rows) => {
+                    for r in rows {
+                        if o.json {
+                            println!("{}", batched_bench_json(&gguf, t, &r));
+                        }
+                        lines.push(line(r.pl, r.pp, Ok((r.speed_pp, r.speed_tg))));
+                    }
+                }
+                Err(e) => {
+                    if o.json {
+                        let v = serde_json::json!({
+                            "engine": LLAMA_CPP, "tool": "llama-batched-bench", "model": gguf.display().to_string(),
+                            "device": "cpu", "precision": t, "error": e,
+                        });
+                        println!("{v}");
+                    }
+                    lines.push(line(0, 0, Err(e)));
+                }
+            }
+        }
+    }
+    Ok(lines)
+}
+
+/// A llama-batched-bench row as one JSON object, with our rows' names for the same fields.
+pub fn batched_bench_json(gguf: &Path, precision: &str, r: &peers::BatchedBenchRow) -> String {
+    serde_json::json!({
+        "engine": LLAMA_CPP,
+        "tool": "llama-batched-bench",
+        "model": gguf.display().to_string(),
+        "device": "cpu",
+        "precision": precision,
+        "batch": r.pl,
+        "context": r.pp,
+        "decode_steps": r.tg,
+        "prefill_tok_s": r.speed_pp,
+        "decode_tok_s": r.speed_tg,
+        "prefill_s": r.t_pp,
+        "decode_s": r.t_tg,
+        "n_kv_max": r.n_kv_max,
+        "flash_attn": r.flash_attn,
+        "threads": r.n_threads,
+    })
+    .to_string()
+}
+
+/// Rows grouped by family (first appearance), then engine (ours first), keeping the order
+/// within each.
+pub fn order_batch_lines(lines: Vec<BatchLine>) -> Vec<BatchLine> {
+    let mut families: Vec<String> = Vec::new();
+    for l in &lines {
+        if !families.contains(&l.family) {
+            families.push(l.family.clone());
+        }
+    }
+    let mut out = lines;
+    out.sort_by_key(|l| (families.iter().position(|f| *f == l.family), l.engine != ENGINE));
+    out
+}
+
+/// The batched --peers table: per row the aggregate decode speed, with (when several
+/// contexts were measured) its ratio against the same engine, model, precision and batch
+/// at the first context, and for our rows the ratio against llama.cpp's row of the same
+/// family, weight format, batch and context.
+pub fn batched_table(lines: &[BatchLine], contexts: &[usize]) -> String {
+    let first = contexts.first().copied().unwrap_or(0);
+    let show_ctx = contexts.len() > 1;
+    let decode_at = |l: &BatchLine, engine: &str, context: usize| {
+        lines.iter().find_map(|p| match p.result {
+            Ok((_, d))
+                if p.engine == engine
+                    && p.family == l.family
+                    && p.name == l.name
+                    && p.precision == l.precision
+                    && (p.batch, p.context) == (l.batch, context) =>
+            {
+                Some(d)
+            }
+            _ => None,
+        })
+    };
+    let peer = |l: &BatchLine| {
+        let key = l.pair?;
+        lines.iter().find_map(|p| match p.result {
+            Ok((_, d))
+                if p.engine != ENGINE
+                    && p.family == l.family
+                    && p.pair == Some(key)
+                    && (p.batch, p.context) == (l.batch, l.context) =>
+            {
+                Some((p, d))
+            }
+            _ => None,
+        })
+    };
+    let width = lines.iter().map(|l| l.name.len()).max().unwrap_or(5).max(5);
+    let ctx_head = format!("vs ctx {first}");
+    let mut out = format!(
+        "{:<9}  {:<width$}  {:<9}  {:>5}  {:>7}  {:>5}  {:>9}  {:>9}{}  {}\n",
+        "engine",
+        "model",
+        "precision",
+        "batch",
+        "context",
+        "steps",
+        "prefill/s",
+        "decode/s",
+        if show_ctx { format!("  {ctx_head:>10}") } else { String::new() },
+        "vs peer",
+    );
+    for l in lines {
+        let head = format!("{:<9}  {:<width$}  {:<9}", l.engine, l.name, l.precision);
+        match l.result {
+            Ok((prefill, decode)) => {
+                let vs_ctx =
+                    decode_at(l, l.engine, first).map_or_else(|| "-".to_owned(), |d| format!("{:.2}x", decode / d));
+                let vs = match (l.engine, peer(l)) {
+                    (ENGINE, Some((p, d))) => format!("{:.2}x {} {}", decode / d, p.engine, p.precision),
+                    _ => "-".to_owned(),
+                };
+                out += &format!(
+                    "{head}  {:>5}  {:>7}  {:>5}  {:>9.1}  {:>9.2}{}  {vs}\n",
+                    l.batch,
+                    l.context,
+                    l.steps,
+                    prefill,
+                    decode,
+                    if show_ctx { format!("  {vs_ctx:>10}") } else { String::new() },
+                );
+            }
+            Err(ref e) => out += &format!("{head}  error: {e}\n"),
+        }
+    }
+    out += "decode/s = aggregate over the batch's sequences; llama.cpp = llama-batched-bench, B sequences with \
+            distinct ids in one llama_decode per step";
+    if show_ctx {
+        out += &format!("; {ctx_head} = decode/s over the same row's at context {first}");
+    }
+    out += "\n";
     out
 }
 
@@ -935,9 +1272,12 @@ mod tests {
         let o = parse_args(&args(&["--serve", "--streams", "2,4"])).unwrap();
         assert_eq!(o.streams, [2, 4]);
         let err = |a: &[&str]| parse_args(&args(a)).unwrap_err().to_string();
-        for bad in [&["--serve", "--peers"][..], &["--serve", "--batch", "4"], &["--serve", "--context", "100"]] {
-            assert!(err(bad).starts_with("bench: `--serve` takes --streams, not --batch"), "{bad:?}: {}", err(bad));
+        for bad in [&["--serve", "--batch", "4"][..], &["--serve", "--context", "100"]] {
+            assert_eq!(err(bad), "bench: `--serve` takes --streams, not --batch or --context", "{bad:?}");
         }
+        // llama-server is the peer of --serve; that is not the batched peers' mode.
+        let o = parse_args(&args(&["--serve", "--peers"])).unwrap();
+        assert!(o.serve && o.peers && !o.batched_peers());
         assert!(err(&["--streams", "0"]).starts_with("bench: `--streams` needs comma-separated whole numbers"));
     }
 
@@ -1074,13 +1414,15 @@ mod tests {
         assert_eq!(err(&["--max-context", "0"]), "bench: `--max-context` needs a whole number of at least 1 (got `0`)");
         assert_eq!(err(&["--kv-cache", "bf16"]), "bench: unknown KV cache type `bf16` (expected f32 or f16)");
         assert!(err(&["--batch"]).starts_with("bench: `--batch` needs a value"));
-        // The peers measure batch 1 at --prompt-len only.
-        let refused = "bench: `--peers` with `--batch` or `--context` is not implemented yet (peers run batch 1 at \
-                       --prompt-len)";
-        assert_eq!(err(&["--peers", "--batch", "1,4"]), refused);
-        assert_eq!(err(&["--batch", "4", "--peers"]), refused);
-        assert_eq!(err(&["--peers", "--context", "128"]), refused);
-        assert!(parse_args(&args(&["--peers", "--batch", "1", "--kv-cache", "f16"])).unwrap().peers);
+        // With --peers, --batch or --context switch the peers to llama-batched-bench.
+        let o = parse_args(&args(&["--peers", "--batch", "1,4"])).unwrap();
+        assert!(o.batched_peers());
+        assert_eq!(o.contexts(), [128]);
+        let o = parse_args(&args(&["--context", "100,2000", "--peers"])).unwrap();
+        assert!(o.batched_peers());
+        assert_eq!(o.contexts(), [100, 2000]);
+        assert!(!parse_args(&args(&["--peers", "--batch", "1", "--kv-cache", "f16"])).unwrap().batched_peers());
+        assert!(!parse_args(&args(&["--batch", "4"])).unwrap().batched_peers());
     }
 
     /// One mlx-iree JSON line as `mlx-iree bench --json` prints it now.
@@ -1333,6 +1675,9 @@ mod tests {
             ("llama-1b-random", "/m/llama-1b-random-f16", 16, false),
             ("mine", "/x/mine", 128, false),
         ];
+        // SmolLM2's GGUFs carry the tokenizer of the GGUF it was made from (llama-server needs it).
+        let vocab: Vec<Option<&Path>> = got.iter().map(|p| p.vocab.as_deref()).collect();
+        assert_eq!(vocab, [Some(Path::new("/m/download/SmolLM2-135M-Instruct.Q4_1.gguf")), None, None]);
         let got: Vec<(&str, String, usize, bool)> =
             got.iter().map(|p| (p.family.as_str(), p.src.display().to_string(), p.steps, p.mlx_lm)).collect();
         let want: Vec<(&str, String, usize, bool)> =
@@ -1388,9 +1733,9 @@ mod tests {
             result: Ok(Speed {
                 prefill_tok_s: 200.0,
                 decode_tok_s: decode,
-                ttft_ms: 640.0,
+                ttft_ms: Some(640.0),
                 weight_bytes: 100 << 20,
-                peak_rss_bytes: 200 << 20,
+                peak_rss_bytes: Some(200 << 20),
             }),
         }
     }
@@ -1491,5 +1836,69 @@ mod tests {
         assert_eq!(cols(rows[4]).last().unwrap(), "-");
         assert!(rows[6].ends_with("error: llama.cpp could not load x"), "{}", rows[6]);
         assert!(rows[8].starts_with("bound/s = memory read bandwidth 1.1 GB/s"), "{}", rows[8]);
+    }
+
+    #[test]
+    fn batched_table_pairs_batch_and_context_and_compares_contexts() {
+        let line = |engine, name: &str, precision: &str, pair, batch, context, decode: f64| BatchLine {
+            engine,
+            family: "a".into(),
+            name: name.into(),
+            precision: precision.into(),
+            pair,
+            batch,
+            context,
+            steps: 16,
+            result: Ok((100.0, decode)),
+        };
+        let lines = vec![
+            line(LLAMA_CPP, "a", "q4_0", Some("q4_0"), 1, 100, 40.0),
+            line(LLAMA_CPP, "a", "q4_0", Some("q4_0"), 8, 100, 160.0),
+            line(LLAMA_CPP, "a", "q4_0", Some("q4_0"), 1, 2000, 30.0),
+            line(ENGINE, "a-4bit", "packed", Some("q4_0"), 1, 100, 20.0),
+            line(ENGINE, "a-4bit", "packed", Some("q4_0"), 8, 100, 80.0),
+            line(ENGINE, "a-4bit", "packed", Some("q4_0"), 1, 2000, 15.0),
+            line(ENGINE, "a-4bit", "bf16", None, 1, 100, 10.0),
+            BatchLine { result: Err("out of memory".into()), ..line(ENGINE, "a-4bit", "f16", Some("f16"), 0, 0, 0.0) },
+        ];
+        let lines = order_batch_lines(lines);
+        assert_eq!(lines[0].engine, ENGINE);
+        assert_eq!((lines[4].engine, lines[5].engine), (ENGINE, LLAMA_CPP));
+        let t = batched_table(&lines, &[100, 2000]);
+        let rows: Vec<Vec<&str>> = t.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(
+            rows[0],
+            [
+                "engine",
+                "model",
+                "precision",
+                "batch",
+                "context",
+                "steps",
+                "prefill/s",
+                "decode/s",
+                "vs",
+                "ctx",
+                "100",
+                "vs",
+                "peer"
+            ]
+        );
+        assert_eq!(
+            rows[1],
+            ["mlx-iree", "a-4bit", "packed", "1", "100", "16", "100.0", "20.00", "1.00x", "0.50x", "llama.cpp", "q4_0"]
+        );
+        assert_eq!(rows[2][7..], ["80.00", "1.00x", "0.50x", "llama.cpp", "q4_0"]);
+        assert_eq!(rows[3][3..], ["1", "2000", "16", "100.0", "15.00", "0.75x", "0.50x", "llama.cpp", "q4_0"]);
+        // bf16 has no peer; a failed row says why.
+        assert_eq!(rows[4][8..], ["1.00x", "-"]);
+        assert!(t.lines().nth(5).unwrap().ends_with("error: out of memory"));
+        assert_eq!(rows[6][..5], ["llama.cpp", "a", "q4_0", "1", "100"]);
+        assert_eq!(rows[8][7..], ["30.00", "0.75x", "-"]);
+        assert!(t.lines().last().unwrap().ends_with("vs ctx 100 = decode/s over the same row's at context 100"));
+        // One context: no context ratio column.
+        let t = batched_table(&[lines[0].clone(), lines[5].clone()], &[100]);
+        assert!(!t.contains("vs ctx"), "{t}");
+        assert_eq!(t.lines().nth(1).unwrap().split_whitespace().last(), Some("q4_0"));
     }
 }

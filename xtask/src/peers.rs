@@ -128,7 +128,8 @@ pub fn venv() -> Result<PathBuf> {
         .env("CMAKE_BUILD_PARALLEL_LEVEL", &jobs)
         .env("MAKEFLAGS", format!("-j{jobs}"));
     let started = Instant::now();
-    run_logged(&mut pip, &log)?;
+    let _ = std::fs::remove_file(&log);
+    run_logged(&mut pip, &log, "compiling llama.cpp")?;
     progress(STAGE, format!("llama-cpp-python built in {:.0} s", started.elapsed().as_secs_f64()));
     util::run(Command::new(&python).args(["-c", "import llama_cpp, gguf, numpy; llama_cpp.llama_backend_init()"]))
         .with_context(|| format!("the peers venv at {} is broken", venv.display()))?;
@@ -163,13 +164,207 @@ fn fetch_sdist(python: &Path, pins: &PeerPins) -> Result<PathBuf> {
     Ok(file)
 }
 
-/// Runs `cmd` with stdout and stderr into `log`, printing a progress line whenever the
-/// build's ninja counter (`[n/N]`) has moved by a tenth.
-fn run_logged(cmd: &mut Command, log: &Path) -> Result<()> {
+/// llama.cpp's own tools, built from the source vendored in the pinned sdist.
+pub const TOOLS: [&str; 3] = ["llama-bench", "llama-batched-bench", "llama-server"];
+
+/// CMake flags of the tools build beyond the pins' `cmake-args`: a static Release build of
+/// only what the three tools need, and nothing that reaches the network at build time
+/// (no libcurl, no OpenSSL, no web UI: llama-server's UI would be fetched or built with npm).
+pub const TOOLS_CMAKE_ARGS: [&str; 11] = [
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DGGML_CCACHE=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DCMAKE_POLICY_VERSION_MINIMUM=3.5",
+];
+
+impl PeerPins {
+    /// The sdist's version (`0.3.36` of `llama-cpp-python==0.3.36`).
+    pub fn version(&self) -> Result<&str> {
+        let (_, version) = self
+            .llama_cpp_python
+            .split_once("==")
+            .with_context(|| format!("llama-cpp-python pin `{}` is not name==version", self.llama_cpp_python))?;
+        Ok(version)
+    }
+
+    /// Every CMake argument of the tools build: the pins' flags (split as a shell would),
+    /// then `TOOLS_CMAKE_ARGS`.
+    pub fn tools_cmake_args(&self) -> Result<Vec<String>> {
+        let mut args = split_shell_words(&self.cmake_args())?;
+        args.extend(TOOLS_CMAKE_ARGS.iter().map(|a| (*a).to_owned()));
+        Ok(args)
+    }
+
+    /// What the tools build's stamp holds: a change of the sdist, a flag or a target rebuilds.
+    pub fn tools_stamp(&self) -> Result<String> {
+        Ok(format!(
+            "{} sha256 {}\nsource: vendor/llama.cpp\ncmake: {}\ntargets: {}\n",
+            self.llama_cpp_python,
+            self.sdist_sha256,
+            self.tools_cmake_args()?.join(" "),
+            TOOLS.join(" ")
+        ))
+    }
+}
+
+/// `target/peers/llama.cpp-<sdist version>`: the vendored source (`src/`), the build
+/// (`build/`, binaries in `build/bin/`) and the stamp.
+pub fn tools_dir() -> Result<PathBuf> {
+    Ok(peers_dir().join(format!("llama.cpp-{}", PeerPins::load()?.version()?)))
+}
+
+/// Where `tools` puts the binaries.
+pub fn tools_bin() -> Result<PathBuf> {
+    Ok(tools_dir()?.join("build/bin"))
+}
+
+/// llama.cpp's `llama-bench`, `llama-batched-bench` and `llama-server`, built once (about
+/// 20 minutes on 2 cores) from the llama.cpp vendored in the pinned sdist with the pins' CMake
+/// flags, with cmake and ninja from the project venv (`cargo xtask setup`) or else the
+/// system; the log is `target/peers/llama.cpp-build.log`. Returns the folder of the binaries.
+pub fn tools() -> Result<PathBuf> {
+    let pins = PeerPins::load()?;
+    let dir = tools_dir()?;
+    let bin = dir.join("build/bin");
+    let stamp_path = dir.join(".mlx-iree-stamp");
+    let stamp = pins.tools_stamp()?;
+    if util::stamp_matches(&stamp_path, &stamp) && TOOLS.iter().all(|t| bin.join(t).exists()) {
+        progress(STAGE, format!("llama.cpp tools: present at {}", bin.display()));
+        return Ok(bin);
+    }
+    let venv_bin = util::target_dir().join("venv/bin");
+    let from_venv = |tool: &str| {
+        let p = venv_bin.join(tool);
+        if p.exists() { p.into_os_string() } else { tool.into() }
+    };
+    let python = venv_bin.join("python");
+    let python = if python.exists() { python } else { PathBuf::from("python3") };
+    let sdist = fetch_sdist(&python, &pins)?;
+    let src = dir.join("src");
+    unpack_vendored(&sdist, &pins, &src)?;
+    let log = peers_dir().join("llama.cpp-build.log");
+    std::fs::create_dir_all(&dir)?;
+    // A stale stamp must not survive a failed rebuild.
+    let _ = std::fs::remove_file(&stamp_path);
+    std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let ninja = from_venv("ninja");
+    let build = dir.join("build");
+    let mut configure = Command::new(from_venv("cmake"));
+    configure
+        .args(["-G", "Ninja"])
+        .arg(format!("-DCMAKE_MAKE_PROGRAM={}", Path::new(&ninja).display()))
+        .arg("-S")
+        .arg(&src)
+        .arg("-B")
+        .arg(&build)
+        .args(pins.tools_cmake_args()?);
+    progress(STAGE, format!("configuring llama.cpp's tools (log {})", log.display()));
+    run_logged(&mut configure, &log, "configuring llama.cpp")?;
+    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get()).to_string();
+    progress(
+        STAGE,
+        format!("building {} ({jobs} jobs: about 20 minutes on 2 cores; log {})", TOOLS.join(", "), log.display()),
+    );
+    let started = Instant::now();
+    let mut ninja_cmd = Command::new(&ninja);
+    ninja_cmd.arg("-C").arg(&build).args(["-j", &jobs]).args(TOOLS);
+    run_logged(&mut ninja_cmd, &log, "compiling llama.cpp's tools")?;
+    for t in TOOLS {
+        util::run(Command::new(bin.join(t)).arg("--help").stdout(Stdio::null()).stderr(Stdio::null()))
+            .with_context(|| format!("{} does not run", bin.join(t).display()))?;
+    }
+    progress(STAGE, format!("llama.cpp tools built in {:.0} s", started.elapsed().as_secs_f64()));
+    util::write_stamp(&stamp_path, &stamp)?;
+    Ok(bin)
+}
+
+/// `vendor/llama.cpp` of the sdist unpacked into `src`, unless a marker there says this
+/// sdist already was.
+fn unpack_vendored(sdist: &Path, pins: &PeerPins, src: &Path) -> Result<()> {
+    let marker = src.join(".mlx-iree-sdist");
+    let want = format!("{}\n", pins.sdist_sha256);
+    if util::stamp_matches(&marker, &want) {
+        return Ok(());
+    }
+    let top = format!("llama_cpp_python-{}/vendor/llama.cpp", pins.version()?);
+    progress(STAGE, format!("unpacking {top} from {}", sdist.display()));
+    let partial = src.with_file_name("src.partial");
+    for stale in [&partial, &src.to_path_buf()] {
+        if stale.exists() {
+            std::fs::remove_dir_all(stale).with_context(|| format!("removing {}", stale.display()))?;
+        }
+    }
+    std::fs::create_dir_all(&partial)?;
+    util::run(
+        Command::new("tar").arg("xzf").arg(sdist).arg("-C").arg(&partial).args(["--strip-components", "3"]).arg(&top),
+    )?;
+    if !partial.join("CMakeLists.txt").exists() {
+        bail!("{} holds no {top}/CMakeLists.txt", sdist.display());
+    }
+    util::write_stamp(&partial.join(".mlx-iree-sdist"), &want)?;
+    std::fs::rename(&partial, src).with_context(|| format!("renaming {} to {}", partial.display(), src.display()))
+}
+
+/// Splits a command-line fragment as a POSIX shell would, for the quoting `cmake-args`
+/// uses: whitespace separates words, single and double quotes group, backslash escapes.
+pub fn split_shell_words(s: &str) -> Result<Vec<String>> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            c if c.is_whitespace() => words.extend(word.take()),
+            '\'' => {
+                let w = word.get_or_insert_with(String::new);
+                loop {
+                    match chars.next() {
+                        Some('\'') => break,
+                        Some(c) => w.push(c),
+                        None => bail!("unterminated ' in `{s}`"),
+                    }
+                }
+            }
+            '"' => {
+                let w = word.get_or_insert_with(String::new);
+                loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => w.push(chars.next().with_context(|| format!("trailing \\ in `{s}`"))?),
+                        Some(c) => w.push(c),
+                        None => bail!("unterminated \" in `{s}`"),
+                    }
+                }
+            }
+            '\\' => word
+                .get_or_insert_with(String::new)
+                .push(chars.next().with_context(|| format!("trailing \\ in `{s}`"))?),
+            c => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    words.extend(word);
+    Ok(words)
+}
+
+/// Runs `cmd` with stdout and stderr appended to `log`, printing a progress line (`what:
+/// n/N`) whenever the build's ninja counter (`[n/N]`) has moved by a tenth.
+fn run_logged(cmd: &mut Command, log: &Path, what: &str) -> Result<()> {
     if let Some(dir) = log.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    // Progress is read from what this command adds to the log.
+    let mut offset = out.metadata()?.len();
     let shown = util::show(cmd);
     let mut child = cmd
         .stdout(Stdio::from(out.try_clone()?))
@@ -178,7 +373,6 @@ fn run_logged(cmd: &mut Command, log: &Path) -> Result<()> {
         .with_context(|| format!("could not start `{shown}`"))?;
     let started = Instant::now();
     let mut reader = std::fs::File::open(log)?;
-    let mut offset = 0u64;
     let mut carry = String::new();
     let mut reported = 0u32;
     let status = loop {
@@ -192,7 +386,7 @@ fn run_logged(cmd: &mut Command, log: &Path) -> Result<()> {
             && n * 10 / total > reported
         {
             reported = n * 10 / total;
-            progress(STAGE, format!("compiling llama.cpp: {n}/{total} ({:.0} s)", started.elapsed().as_secs_f64()));
+            progress(STAGE, format!("{what}: {n}/{total} ({:.0} s)", started.elapsed().as_secs_f64()));
         }
         carry.drain(..cut);
         if let Some(status) = done {
@@ -221,14 +415,16 @@ pub fn last_ninja_progress(text: &str) -> Option<(u32, u32)> {
 }
 
 /// `target/peers/<family>/<family>-{f16,q8_0,q4_0}.gguf` from the float model folder
-/// `src`, made unless their stamp says the same source and scripts made them.
-pub fn ggufs(venv: &Path, family: &str, src: &Path) -> Result<()> {
+/// `src`, carrying the tokenizer of the GGUF `vocab` when given, made unless their stamp
+/// says the same source and scripts made them.
+pub fn ggufs(venv: &Path, family: &str, src: &Path, vocab: Option<&Path>) -> Result<()> {
     let pins = PeerPins::load()?;
     let dest = peers_dir().join(family);
     let source_stamp = std::fs::read_to_string(src.join(".xtask-stamp")).unwrap_or_else(|_| listing(src));
     let stamp = format!(
-        "source: {}\n{source_stamp}\npeers.py: {}\n{}",
+        "source: {}\n{source_stamp}\nvocab: {}\npeers.py: {}\n{}",
         src.display(),
+        vocab.map_or_else(|| "none".to_owned(), |v| v.display().to_string()),
         fixtures::script_digest("peers.py")?,
         pins.stamp()
     );
@@ -237,7 +433,12 @@ pub fn ggufs(venv: &Path, family: &str, src: &Path) -> Result<()> {
         std::fs::create_dir_all(partial)?;
         let f16 = file(partial, "f16");
         progress(STAGE, format!("converting {} to GGUF f16", src.display()));
-        util::run(fixtures::python(venv, "peers.py").arg("convert").arg("--src").arg(src).arg("--out").arg(&f16))?;
+        let mut convert = fixtures::python(venv, "peers.py");
+        convert.arg("convert").arg("--src").arg(src).arg("--out").arg(&f16);
+        if let Some(v) = vocab {
+            convert.arg("--vocab-gguf").arg(v);
+        }
+        util::run(&mut convert)?;
         for t in &LLAMA_CPP_TYPES[1..] {
             progress(STAGE, format!("quantizing to {t} with llama_model_quantize"));
             util::run(
@@ -333,8 +534,142 @@ pub fn llama_cpp_command(
         &steps.to_string(),
         "--repeats",
         &repeats.to_string(),
+        "--threads",
+        &threads().to_string(),
     ]);
     cmd
+}
+
+/// Threads every llama.cpp run gets (`-t`, peers.py's `--threads`): the CPUs this process
+/// may use, which is also what mlx-iree's `local-task` uses.
+pub fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// `llama-bench` on one GGUF: a prompt of `prompt_len` tokens and `steps` generated
+/// tokens (llama-bench's `pp` and `tg` tests; its `tg` starts from an empty context),
+/// `repeats` times each, one JSON line per test.
+pub fn llama_bench_command(bin: &Path, gguf: &Path, prompt_len: usize, steps: usize, repeats: usize) -> Command {
+    let mut cmd = Command::new(bin.join("llama-bench"));
+    cmd.arg("-m").arg(gguf).args([
+        "-p",
+        &prompt_len.to_string(),
+        "-n",
+        &steps.to_string(),
+        "-r",
+        &repeats.to_string(),
+        "-t",
+        &threads().to_string(),
+        "-o",
+        "jsonl",
+    ]);
+    cmd
+}
+
+/// One test line of `llama-bench -o jsonl` (the fields used; it prints many more).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct LlamaBenchTest {
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    #[serde(default)]
+    pub n_depth: usize,
+    pub n_threads: usize,
+    /// Bytes of the model's tensors (llama_model_size, as peers.py reports).
+    pub model_size: u64,
+    /// Mean and standard deviation of the repeats' tokens per second.
+    pub avg_ts: f64,
+    pub stddev_ts: f64,
+}
+
+/// llama-bench's prompt (`pp`) and generation (`tg`) tests of one run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaBench {
+    pub prefill: LlamaBenchTest,
+    pub decode: LlamaBenchTest,
+}
+
+pub fn parse_llama_bench(stdout: &str) -> Result<LlamaBench> {
+    let tests = stdout
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str::<LlamaBenchTest>(l).with_context(|| format!("bad llama-bench line: {l}")))
+        .collect::<Result<Vec<_>>>()?;
+    let find = |what: &str, f: fn(&LlamaBenchTest) -> bool| {
+        tests.iter().find(|t| f(t)).cloned().with_context(|| format!("llama-bench printed no {what} test"))
+    };
+    Ok(LlamaBench {
+        prefill: find("prompt (pp)", |t| t.n_prompt > 0 && t.n_gen == 0)?,
+        decode: find("generation (tg)", |t| t.n_gen > 0 && t.n_prompt == 0)?,
+    })
+}
+
+/// `llama-batched-bench` on one GGUF: for every prompt length in `contexts` and batch in
+/// `batches`, that many sequences (distinct sequence ids) each prefilled with that many
+/// tokens, then `steps` decode steps each taking one token of every sequence in one
+/// `llama_decode`. The context holds the largest combination (the tool silently skips a
+/// combination that does not fit).
+pub fn batched_bench_command(bin: &Path, gguf: &Path, contexts: &[usize], steps: usize, batches: &[usize]) -> Command {
+    let join = |ns: &[usize]| ns.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let max = |ns: &[usize]| ns.iter().copied().max().unwrap_or(1);
+    let n_ctx = max(batches) * (max(contexts) + steps);
+    let t = threads().to_string();
+    let mut cmd = Command::new(bin.join("llama-batched-bench"));
+    cmd.arg("-m").arg(gguf).args([
+        "-c",
+        &n_ctx.to_string(),
+        "-npp",
+        &join(contexts),
+        "-ntg",
+        &steps.to_string(),
+        "-npl",
+        &join(batches),
+        "-t",
+        &t,
+        "-tb",
+        &t,
+        "--output-format",
+        "jsonl",
+    ]);
+    cmd
+}
+
+/// One line of `llama-batched-bench --output-format jsonl`: `pl` sequences of `pp` prompt
+/// tokens, then `tg` steps; `speed_tg` is the aggregate decode tok/s (its S_TG column).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct BatchedBenchRow {
+    pub pp: usize,
+    pub tg: usize,
+    pub pl: usize,
+    pub n_kv: usize,
+    pub n_kv_max: usize,
+    pub n_threads: usize,
+    pub flash_attn: i64,
+    pub t_pp: f64,
+    pub speed_pp: f64,
+    pub t_tg: f64,
+    pub speed_tg: f64,
+}
+
+/// Every JSON line of a batched-bench run, which must cover each (context, batch), in the
+/// tool's order (contexts outer, batches inner).
+pub fn parse_batched_bench(stdout: &str, contexts: &[usize], batches: &[usize]) -> Result<Vec<BatchedBenchRow>> {
+    let rows = stdout
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with('{'))
+        .map(|l| {
+            serde_json::from_str::<BatchedBenchRow>(l).with_context(|| format!("bad llama-batched-bench line: {l}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for &pp in contexts {
+        for &pl in batches {
+            if !rows.iter().any(|r| (r.pp, r.pl) == (pp, pl)) {
+                bail!("llama-batched-bench printed no row for {pl} sequences of {pp} tokens");
+            }
+        }
+    }
+    Ok(rows)
 }
 
 /// `mlx_lm_bench.py` of one MLX folder in the mlx venv.
@@ -366,6 +701,119 @@ mod tests {
         let stamp = p.stamp();
         assert!(stamp.starts_with(&format!("{} sha256 {}\nCMAKE_ARGS=", p.llama_cpp_python, p.sdist_sha256)));
         assert!(p.python_packages.iter().all(|r| stamp.contains(r.as_str())));
+    }
+
+    #[test]
+    fn shell_words_split_as_a_shell_would() {
+        assert_eq!(
+            split_shell_words("-DA=ON  -DCMAKE_C_FLAGS='-mno-x -mno-y' \"-DB=a b\" c\\ d -DE=\"q\\\"\"").unwrap(),
+            ["-DA=ON", "-DCMAKE_C_FLAGS=-mno-x -mno-y", "-DB=a b", "c d", "-DE=q\""]
+        );
+        assert_eq!(split_shell_words(" ").unwrap(), Vec::<String>::new());
+        assert_eq!(split_shell_words("''").unwrap(), [""]);
+        assert!(split_shell_words("-DX='open").is_err());
+        assert!(split_shell_words("x\\").is_err());
+    }
+
+    #[test]
+    fn tools_build_with_the_pins_flags_and_no_network() {
+        let text = std::fs::read_to_string(util::root().join("third_party/pins.toml")).unwrap();
+        let p = PeerPins::parse(&text).unwrap();
+        assert_eq!(p.version().unwrap(), p.llama_cpp_python.split_once("==").unwrap().1);
+        let args = p.tools_cmake_args().unwrap();
+        // The pins' flags first, one word each (the x86_64 quoting undone), then ours.
+        assert!(args.iter().any(|a| a == "-DGGML_NATIVE=ON"));
+        if cfg!(target_arch = "x86_64") {
+            assert!(args.contains(&"-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16".to_owned()), "{args:?}");
+        }
+        assert_eq!(args[args.len() - TOOLS_CMAKE_ARGS.len()..], TOOLS_CMAKE_ARGS);
+        for off in ["-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF"] {
+            assert!(args.iter().any(|a| a == off), "{off}");
+        }
+        let stamp = p.tools_stamp().unwrap();
+        assert!(stamp.starts_with(&format!("{} sha256 {}\n", p.llama_cpp_python, p.sdist_sha256)), "{stamp}");
+        assert!(
+            stamp.contains(&args.join(" "))
+                && stamp.ends_with("targets: llama-bench llama-batched-bench llama-server\n")
+        );
+    }
+
+    #[test]
+    fn llama_bench_and_batched_bench_command_lines() {
+        let t = threads().to_string();
+        let shown = |c: &Command| {
+            let args: Vec<String> = c.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+            (c.get_program().to_string_lossy().into_owned(), args)
+        };
+        let (prog, args) = shown(&llama_bench_command(Path::new("/b"), Path::new("/g.gguf"), 128, 16, 3));
+        assert_eq!(prog, "/b/llama-bench");
+        assert_eq!(args, ["-m", "/g.gguf", "-p", "128", "-n", "16", "-r", "3", "-t", &t, "-o", "jsonl"]);
+        let (prog, args) =
+            shown(&batched_bench_command(Path::new("/b"), Path::new("/g.gguf"), &[100, 2000], 16, &[1, 8]));
+        assert_eq!(prog, "/b/llama-batched-bench");
+        // The context holds the largest combination: 8 sequences of 2000 + 16 positions.
+        assert_eq!(
+            args,
+            [
+                "-m",
+                "/g.gguf",
+                "-c",
+                "16128",
+                "-npp",
+                "100,2000",
+                "-ntg",
+                "16",
+                "-npl",
+                "1,8",
+                "-t",
+                &t,
+                "-tb",
+                &t,
+                "--output-format",
+                "jsonl"
+            ]
+        );
+    }
+
+    /// `llama-bench -m smollm2-135m-instruct-q4_0.gguf -p 128 -n 16 -r 2 -t 2 -o jsonl` as
+    /// the tools build printed it (stdout; the machine was loaded, the numbers mean nothing).
+    const LLAMA_BENCH_OUT: &str = include_str!("../testdata/llama-bench.jsonl");
+    /// `llama-batched-bench -m smollm2-135m-instruct-q4_0.gguf -c 80 -npp 16,32 -ntg 4 -npl 1,2
+    /// -t 2 -tb 2 --output-format jsonl` (stdout), likewise.
+    const BATCHED_BENCH_OUT: &str = include_str!("../testdata/llama-batched-bench.jsonl");
+
+    #[test]
+    fn llama_bench_output_parses() {
+        let b = parse_llama_bench(LLAMA_BENCH_OUT).unwrap();
+        let t = |x: &LlamaBenchTest| (x.n_prompt, x.n_gen, x.n_depth, x.n_threads, x.model_size, x.avg_ts, x.stddev_ts);
+        assert_eq!(t(&b.prefill), (128, 0, 0, 2, 89941248, 41.332917, 1.218822));
+        assert_eq!(t(&b.decode), (0, 16, 0, 2, 89941248, 3.947086, 0.964667));
+        // The test lines in either order, among other output.
+        let lines: Vec<&str> = LLAMA_BENCH_OUT.lines().collect();
+        assert_eq!(parse_llama_bench(&format!("load\n{}\n{}\n", lines[1], lines[0])).unwrap(), b);
+        let only_pp = parse_llama_bench(lines[0]).unwrap_err().to_string();
+        assert_eq!(only_pp, "llama-bench printed no generation (tg) test");
+        assert!(parse_llama_bench("{\"n_prompt\": 1}").unwrap_err().to_string().starts_with("bad llama-bench line"));
+    }
+
+    #[test]
+    fn batched_bench_output_parses() {
+        let rows = parse_batched_bench(BATCHED_BENCH_OUT, &[16, 32], &[1, 2]).unwrap();
+        let got: Vec<(usize, usize, usize, usize, f64, f64)> =
+            rows.iter().map(|r| (r.pp, r.pl, r.tg, r.n_kv, r.speed_pp, r.speed_tg)).collect();
+        assert_eq!(
+            got,
+            [
+                (16, 1, 4, 20, 51.611073, 27.544985),
+                (16, 2, 4, 40, 109.959969, 5.988091),
+                (32, 1, 4, 36, 24.319012, 13.156727),
+                (32, 2, 4, 72, 41.34586, 3.200277)
+            ]
+        );
+        assert_eq!((rows[0].n_kv_max, rows[0].n_threads, rows[0].flash_attn), (512, 2, -1));
+        // A combination the tool skipped (too large for its context) is an error, not a gap.
+        let err = parse_batched_bench(BATCHED_BENCH_OUT, &[16, 64], &[1, 2]).unwrap_err().to_string();
+        assert_eq!(err, "llama-batched-bench printed no row for 1 sequences of 64 tokens");
     }
 
     #[test]

@@ -4,23 +4,35 @@
 //! (the pinned `openai` client in target/client-venv, greedy, streamed) sends
 //! `REQUESTS_PER_STREAM` requests per stream: aggregate tok/s, p50/p99 time to first token
 //! and request latency, in one table (or one JSON line per row).
+//!
+//! With `--peers`, llama.cpp's `llama-server` (built by `peers::tools`) on the same weights
+//! as GGUF (f16 for our f16 rows, Q4_0 / Q8_0 for packed 4-bit / 8-bit) is driven by the
+//! same client: per stream count N one server with `-np N` slots of our context each
+//! (continuous batching, no prompt cache, since ours has none), on a free loopback port,
+//! waited for through `GET /health` with a deadline and killed at the end of its row.
 
 use crate::bench::{Case, Options};
-use crate::{fixtures, util};
+use crate::{fixtures, peers, util};
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// Requests each stream sends, one after another.
 const REQUESTS_PER_STREAM: usize = 4;
 /// Context the servers are built for when `--max-context` is not given: the prompts are
 /// one line each, so this holds them and up to ~240 new tokens.
 const DEFAULT_CONTEXT: usize = 256;
+/// How long llama-server may take to load a model and answer `/health` with 200.
+const LLAMA_SERVER_START: Duration = Duration::from_secs(180);
+pub const OURS: &str = "mlx-iree serve";
+pub const LLAMA_SERVER: &str = "llama-server";
 
 /// What the load generator prints.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct Load {
     pub streams: usize,
     pub requests: usize,
@@ -33,6 +45,23 @@ pub struct Load {
     pub latency_p99_s: f64,
 }
 
+/// One row of the --serve table: our server or llama-server at one stream count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServeRow {
+    pub engine: &'static str,
+    /// Model folder name (ours) or family (llama-server).
+    pub name: String,
+    pub family: String,
+    /// Ours: the precision; llama-server: the GGUF type.
+    pub precision: String,
+    /// The weight format compared (`bench::pair_key` for ours, the GGUF type for theirs).
+    pub pair: Option<&'static str>,
+    pub streams: usize,
+    /// The model file or folder, for the JSON line.
+    pub model: String,
+    pub load: std::result::Result<Load, String>,
+}
+
 /// A running server, stopped (SIGTERM, then reaped) when dropped.
 struct Served(Child);
 
@@ -43,8 +72,12 @@ impl Drop for Served {
     }
 }
 
+fn context(o: &Options) -> usize {
+    o.max_context.unwrap_or(DEFAULT_CONTEXT)
+}
+
 fn start(bin: &Path, case: &Case, o: &Options, slots: usize) -> Result<(Served, String)> {
-    let context = o.max_context.unwrap_or(DEFAULT_CONTEXT).to_string();
+    let context = context(o).to_string();
     let mut cmd = Command::new(bin);
     cmd.args(["serve", "--port", "0", "--model-id", "bench", "--device", &o.device])
         .args(["--precision", case.precision, "--max-batch", &slots.to_string(), "--max-context", &context])
@@ -72,72 +105,357 @@ fn start(bin: &Path, case: &Case, o: &Options, slots: usize) -> Result<(Served, 
     bail!("mlx-iree serve exited before listening (its log is above)")
 }
 
-/// One row per stream count for `case`.
-pub fn measure(bin: &Path, case: &Case, o: &Options) -> Result<Vec<Load>> {
-    let slots = o.streams.iter().copied().max().unwrap_or(1);
-    let (_server, addr) = start(bin, case, o, slots)?;
+/// The load generator against the server at `addr` with `streams` concurrent streams.
+fn drive(addr: &str, streams: usize, o: &Options) -> Result<Load> {
     // Made by the set-up step (`prepare`), which runs before.
     let venv = util::target_dir().join("client-venv");
     let steps = o.steps.unwrap_or(64);
+    let out = fixtures::python(&venv, "serve_bench.py")
+        .arg(format!("http://{addr}/v1"))
+        .arg("bench")
+        .arg(streams.to_string())
+        .arg((streams * REQUESTS_PER_STREAM).to_string())
+        .arg(steps.to_string())
+        .arg(util::root().join("tests/clients/prompts.txt"))
+        .stderr(Stdio::inherit())
+        .output()?;
+    if !out.status.success() {
+        bail!("serve_bench.py with {streams} streams against http://{addr} failed");
+    }
+    serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("serve_bench.py printed {:?}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// One row per stream count for `case` on one `mlx-iree serve`.
+pub fn measure(bin: &Path, case: &Case, o: &Options) -> Result<Vec<ServeRow>> {
+    let slots = o.streams.iter().copied().max().unwrap_or(1);
+    let (_server, addr) = start(bin, case, o, slots)?;
+    let name = case.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     o.streams
         .iter()
         .map(|&streams| {
-            let out = fixtures::python(&venv, "serve_bench.py")
-                .arg(format!("http://{addr}/v1"))
-                .arg("bench")
-                .arg(streams.to_string())
-                .arg((streams * REQUESTS_PER_STREAM).to_string())
-                .arg(steps.to_string())
-                .arg(util::root().join("tests/clients/prompts.txt"))
-                .stderr(Stdio::inherit())
-                .output()?;
-            if !out.status.success() {
-                bail!("serve_bench.py with {streams} streams failed");
-            }
-            serde_json::from_slice(&out.stdout)
-                .with_context(|| format!("serve_bench.py printed {:?}", String::from_utf8_lossy(&out.stdout)))
+            Ok(ServeRow {
+                engine: OURS,
+                name: name.clone(),
+                family: case.family.clone(),
+                precision: case.precision.to_owned(),
+                pair: crate::bench::pair_key(case),
+                streams,
+                model: name.clone(),
+                load: Ok(drive(&addr, streams, o)?),
+            })
         })
         .collect()
 }
 
-pub fn json_line(case: &Case, device: &str, load: &Load) -> String {
-    serde_json::json!({
-        "engine": "mlx-iree serve",
-        "model": case.model.file_name().map(|n| n.to_string_lossy().into_owned()),
-        "precision": case.precision,
-        "device": device,
-        "streams": load.streams,
-        "requests": load.requests,
-        "tokens": load.tokens,
-        "wall_s": load.wall_s,
-        "tok_s": load.tok_s,
-        "ttft_p50_s": load.ttft_p50_s,
-        "ttft_p99_s": load.ttft_p99_s,
-        "latency_p50_s": load.latency_p50_s,
-        "latency_p99_s": load.latency_p99_s,
-    })
-    .to_string()
+/// The `llama-server` command line for `slots` streams of `context` positions each on
+/// `port`: continuous batching, no prompt cache, `threads` threads, no web UI.
+pub fn llama_server_command(bin: &Path, gguf: &Path, slots: usize, context: usize, port: u16) -> Command {
+    let threads = peers::threads().to_string();
+    let mut cmd = Command::new(bin.join("llama-server"));
+    cmd.arg("-m").arg(gguf).args([
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "-np",
+        &slots.to_string(),
+        "-c",
+        &(slots * context).to_string(),
+        "-cb",
+        "--no-cache-prompt",
+        "-cram",
+        "0",
+        "-t",
+        &threads,
+        "-tb",
+        &threads,
+        "-a",
+        "bench",
+        "--no-webui",
+    ]);
+    cmd
 }
 
-pub fn table(rows: &[(Case, Load)]) -> String {
+/// A loopback port nothing listens on now.
+fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").context("binding a loopback port")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// The status code of `GET path` on `addr`, or None when nothing answered.
+fn http_status(addr: &str, path: &str) -> Option<u16> {
+    let mut s = TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut head = [0u8; 64];
+    let n = s.read(&mut head).ok()?;
+    parse_status(&String::from_utf8_lossy(&head[..n]))
+}
+
+/// The code of an HTTP status line (`HTTP/1.1 503 Service Unavailable` -> 503).
+pub fn parse_status(response: &str) -> Option<u16> {
+    let mut words = response.lines().next()?.split_whitespace();
+    words.next().filter(|v| v.starts_with("HTTP/"))?;
+    words.next()?.parse().ok()
+}
+
+/// The last `n` lines of a file, for an error message.
+fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// llama-server on `gguf` with `slots` slots, once `/health` says 200.
+fn start_llama_server(gguf: &Path, slots: usize, context: usize) -> Result<(Served, String, std::path::PathBuf)> {
+    let port = free_port()?;
+    let addr = format!("127.0.0.1:{port}");
+    let log = util::target_dir().join("peers/llama-server.log");
+    std::fs::create_dir_all(log.parent().context("log folder")?)?;
+    let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let mut cmd = llama_server_command(&peers::tools_bin()?, gguf, slots, context, port);
+    cmd.stdout(Stdio::from(out.try_clone()?)).stderr(Stdio::from(out));
+    let shown = util::show(&cmd);
+    let mut served = Served(cmd.spawn().with_context(|| format!("could not start `{shown}`"))?);
+    let deadline = Instant::now() + LLAMA_SERVER_START;
+    loop {
+        if let Some(status) = served.0.try_wait()? {
+            bail!("`{shown}` exited ({status}) before it was ready; the end of {}:\n{}", log.display(), tail(&log, 15));
+        }
+        if http_status(&addr, "/health") == Some(200) {
+            return Ok((served, addr, log));
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "`{shown}` did not answer GET /health with 200 within {} s; the end of {}:\n{}",
+                LLAMA_SERVER_START.as_secs(),
+                log.display(),
+                tail(&log, 15)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// llama-server's rows for `case`: per stream count, a server with that many slots on the
+/// GGUF of the case's weight format, driven by the same client; the server is killed at
+/// the end of its row, failed or not. No rows when nothing pairs (f32, bf16).
+pub fn measure_llama_server(case: &Case, o: &Options) -> Vec<ServeRow> {
+    let Some(t) = crate::bench::pair_key(case).filter(|t| peers::LLAMA_CPP_TYPES.contains(t)) else {
+        return Vec::new();
+    };
+    let gguf = peers::gguf_path(&case.family, t);
+    o.streams
+        .iter()
+        .map(|&streams| {
+            eprintln!("[bench] llama-server {t} on {} with {streams} slots", case.family);
+            let load = start_llama_server(&gguf, streams, context(o))
+                .and_then(|(_server, addr, _)| drive(&addr, streams, o))
+                .map_err(|e| format!("{e:#}"));
+            ServeRow {
+                engine: LLAMA_SERVER,
+                name: case.family.clone(),
+                family: case.family.clone(),
+                precision: t.to_owned(),
+                pair: Some(t),
+                streams,
+                model: gguf.display().to_string(),
+                load,
+            }
+        })
+        .collect()
+}
+
+pub fn json_line(row: &ServeRow, device: &str) -> String {
+    let mut v = serde_json::json!({
+        "engine": row.engine,
+        "model": row.model,
+        "precision": row.precision,
+        "device": if row.engine == OURS { device } else { "cpu" },
+        "streams": row.streams,
+    });
+    match &row.load {
+        Ok(l) => {
+            for (k, x) in [
+                ("requests", serde_json::json!(l.requests)),
+                ("tokens", serde_json::json!(l.tokens)),
+                ("wall_s", serde_json::json!(l.wall_s)),
+                ("tok_s", serde_json::json!(l.tok_s)),
+                ("ttft_p50_s", serde_json::json!(l.ttft_p50_s)),
+                ("ttft_p99_s", serde_json::json!(l.ttft_p99_s)),
+                ("latency_p50_s", serde_json::json!(l.latency_p50_s)),
+                ("latency_p99_s", serde_json::json!(l.latency_p99_s)),
+            ] {
+                v[k] = x;
+            }
+        }
+        Err(e) => v["error"] = serde_json::json!(e),
+    }
+    v.to_string()
+}
+
+/// The --serve table; with llama-server rows, our tok/s as a ratio against llama-server's
+/// at the same family, weight format and stream count.
+pub fn table(rows: &[ServeRow]) -> String {
+    let peers = rows.iter().any(|r| r.engine == LLAMA_SERVER);
+    let theirs = |r: &ServeRow| {
+        rows.iter().find_map(|p| match &p.load {
+            Ok(l) if p.engine == LLAMA_SERVER && p.family == r.family && p.pair == r.pair && p.streams == r.streams => {
+                Some(l.tok_s)
+            }
+            _ => None,
+        })
+    };
+    let engine_col = |e: &str| if peers { format!("{e:<14} ") } else { String::new() };
     let mut out = format!(
-        "{:<34} {:<9} {:>7} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
-        "model", "precision", "streams", "requests", "tokens", "tok/s", "ttft p50", "ttft p99", "lat p50", "lat p99"
+        "{}{:<34} {:<9} {:>7} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9}{}\n",
+        engine_col("engine"),
+        "model",
+        "precision",
+        "streams",
+        "requests",
+        "tokens",
+        "tok/s",
+        "ttft p50",
+        "ttft p99",
+        "lat p50",
+        "lat p99",
+        if peers { "  vs llama-server" } else { "" }
     );
-    for (case, l) in rows {
-        let name = case.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        out.push_str(&format!(
-            "{name:<34} {:<9} {:>7} {:>8} {:>7} {:>9.1} {:>8.2}s {:>8.2}s {:>8.2}s {:>8.2}s\n",
-            case.precision,
-            l.streams,
-            l.requests,
-            l.tokens,
-            l.tok_s,
-            l.ttft_p50_s,
-            l.ttft_p99_s,
-            l.latency_p50_s,
-            l.latency_p99_s
-        ));
+    for r in rows {
+        let head = format!("{}{:<34} {:<9} {:>7}", engine_col(r.engine), r.name, r.precision, r.streams);
+        match &r.load {
+            Ok(l) => {
+                let vs = match (peers, r.engine, theirs(r)) {
+                    (false, ..) => String::new(),
+                    (true, OURS, Some(t)) => format!("  {:.2}x", l.tok_s / t),
+                    (true, ..) => "  -".to_owned(),
+                };
+                out.push_str(&format!(
+                    "{head} {:>8} {:>7} {:>9.1} {:>8.2}s {:>8.2}s {:>8.2}s {:>8.2}s{vs}\n",
+                    l.requests, l.tokens, l.tok_s, l.ttft_p50_s, l.ttft_p99_s, l.latency_p50_s, l.latency_p99_s
+                ));
+            }
+            Err(e) => out.push_str(&format!("{head} error: {e}\n")),
+        }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(streams: usize, tok_s: f64) -> Load {
+        Load {
+            streams,
+            requests: streams * 4,
+            tokens: streams * 128,
+            wall_s: 2.0,
+            tok_s,
+            ttft_p50_s: 0.1,
+            ttft_p99_s: 0.5,
+            latency_p50_s: 1.0,
+            latency_p99_s: 2.0,
+        }
+    }
+
+    fn row(engine: &'static str, precision: &str, pair: &'static str, streams: usize, tok_s: f64) -> ServeRow {
+        ServeRow {
+            engine,
+            name: if engine == OURS { "m-4bit".into() } else { "m".into() },
+            family: "m".into(),
+            precision: precision.into(),
+            pair: Some(pair),
+            streams,
+            model: "x".into(),
+            load: Ok(load(streams, tok_s)),
+        }
+    }
+
+    #[test]
+    fn table_shows_our_ratio_against_llama_server_at_the_same_streams() {
+        let rows = [
+            row(OURS, "packed", "q4_0", 1, 50.0),
+            row(OURS, "packed", "q4_0", 8, 80.0),
+            row(LLAMA_SERVER, "q4_0", "q4_0", 1, 100.0),
+            ServeRow { load: Err("llama-server did not start".into()), ..row(LLAMA_SERVER, "q4_0", "q4_0", 8, 0.0) },
+        ];
+        let t = table(&rows);
+        let lines: Vec<Vec<&str>> = t.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(lines[0].first(), Some(&"engine"));
+        assert_eq!(lines[0][lines[0].len() - 2..], ["vs", "llama-server"]);
+        assert_eq!(lines[1][..4], ["mlx-iree", "serve", "m-4bit", "packed"]);
+        assert_eq!(lines[1].last(), Some(&"0.50x"));
+        // No llama-server row succeeded at 8 streams: no ratio.
+        assert_eq!(lines[2].last(), Some(&"-"));
+        assert_eq!(lines[3][..4], ["llama-server", "m", "q4_0", "1"]);
+        assert_eq!(lines[3].last(), Some(&"-"));
+        assert!(t.lines().nth(4).unwrap().ends_with("8 error: llama-server did not start"), "{t}");
+        // Without peers, the table is as before: no engine column, no ratio.
+        let t = table(&rows[..1]);
+        assert!(t.starts_with("model "), "{t}");
+        assert!(!t.contains("vs llama-server"));
+    }
+
+    #[test]
+    fn json_lines_name_the_engine() {
+        let v: serde_json::Value =
+            serde_json::from_str(&json_line(&row(OURS, "f16", "f16", 8, 80.0), "local-task")).unwrap();
+        assert_eq!(
+            (v["engine"].as_str(), v["device"].as_str(), v["streams"].as_u64()),
+            (Some(OURS), Some("local-task"), Some(8))
+        );
+        assert_eq!(v["tok_s"], 80.0);
+        let failed = ServeRow { load: Err("no".into()), ..row(LLAMA_SERVER, "f16", "f16", 1, 0.0) };
+        let v: serde_json::Value = serde_json::from_str(&json_line(&failed, "local-task")).unwrap();
+        assert_eq!(
+            (v["engine"].as_str(), v["device"].as_str(), v["error"].as_str()),
+            (Some(LLAMA_SERVER), Some("cpu"), Some("no"))
+        );
+        assert!(v.get("tok_s").is_none());
+    }
+
+    #[test]
+    fn llama_server_gets_slots_of_our_context_on_loopback() {
+        let cmd = llama_server_command(Path::new("/b"), Path::new("/p/m-q4_0.gguf"), 8, 256, 4321);
+        assert_eq!(cmd.get_program(), "/b/llama-server");
+        let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        let t = peers::threads().to_string();
+        assert_eq!(
+            args,
+            [
+                "-m",
+                "/p/m-q4_0.gguf",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "4321",
+                "-np",
+                "8",
+                "-c",
+                "2048",
+                "-cb",
+                "--no-cache-prompt",
+                "-cram",
+                "0",
+                "-t",
+                &t,
+                "-tb",
+                &t,
+                "-a",
+                "bench",
+                "--no-webui"
+            ]
+        );
+    }
+
+    #[test]
+    fn http_status_lines() {
+        assert_eq!(parse_status("HTTP/1.1 200 OK\r\nContent-Type: x\r\n"), Some(200));
+        assert_eq!(parse_status("HTTP/1.1 503 Service Unavailable\r\n"), Some(503));
+        assert_eq!(parse_status("SSH-2.0-x\r\n"), None);
+        assert_eq!(parse_status(""), None);
+    }
 }
