@@ -948,14 +948,19 @@ pub fn pair_key(case: &Case) -> Option<&'static str> {
 /// Rows grouped by family in order of first appearance, each family's rows in the order
 /// given (ours, then the peers).
 pub fn order_by_family(lines: Vec<Line>) -> Vec<Line> {
+    grouped_by_family(lines, |l| &l.family, |_| false)
+}
+
+/// `lines` sorted (stably) by the first appearance of their family, then by `after`.
+fn grouped_by_family<T>(lines: Vec<T>, family: impl Fn(&T) -> &String, after: impl Fn(&T) -> bool) -> Vec<T> {
     let mut families: Vec<String> = Vec::new();
     for l in &lines {
-        if !families.contains(&l.family) {
-            families.push(l.family.clone());
+        if !families.contains(family(l)) {
+            families.push(family(l).clone());
         }
     }
     let mut out = lines;
-    out.sort_by_key(|l| families.iter().position(|f| *f == l.family));
+    out.sort_by_key(|l| (families.iter().position(|f| f == family(l)), after(l)));
     out
 }
 
@@ -1163,15 +1168,7 @@ pub fn batched_bench_json(gguf: &Path, precision: &str, r: &peers::BatchedBenchR
 /// Rows grouped by family (first appearance), then engine (ours first), keeping the order
 /// within each.
 pub fn order_batch_lines(lines: Vec<BatchLine>) -> Vec<BatchLine> {
-    let mut families: Vec<String> = Vec::new();
-    for l in &lines {
-        if !families.contains(&l.family) {
-            families.push(l.family.clone());
-        }
-    }
-    let mut out = lines;
-    out.sort_by_key(|l| (families.iter().position(|f| *f == l.family), l.engine != ENGINE));
-    out
+    grouped_by_family(lines, |l| &l.family, |l| l.engine != ENGINE)
 }
 
 /// The batched --peers table: per row the aggregate decode speed, with (when several
