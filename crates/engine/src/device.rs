@@ -15,21 +15,52 @@ pub fn target_for(device: &str) -> Result<Target, crate::Error> {
     }
 }
 
-/// The precision a device runs when `--precision` is not given, chosen by measurement
-/// (`cargo xtask bench`, docs/PERFORMANCE.md). On a CPU with the packed kernels
-/// (`kernels::cpu::host_supported`): `packed` for an MLX 4- or 8-bit checkpoint (on the 1B
-/// shape 2.81x f16's decode at 4-bit, 1.88x at 8-bit; token-exact with mlx-lm on every
-/// quantized fixture and on SmolLM2). Otherwise f16: 1.78x f32 on the 1B shape on CPU; on
-/// CUDA (H200) f16 decoded 1.08x f32 and 1.84x packed's graph-level form.
-pub fn default_precision(device: &str, model: &std::path::Path) -> models::Precision {
-    let kernels = target_for(device).is_ok_and(|t| cpu_kernels_run(&t));
-    if kernels && quantized_4_or_8_bit(model) { models::Precision::Packed } else { models::Precision::F16 }
+/// Which hand-written CPU kernels (`kernels::cpu`) packed matrices use on an `llvm-cpu`
+/// target. The binary maps `MLX_IREE_PACKED_KERNELS` (`0`, `avx2`, `avx512`, unset) onto it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuKernels {
+    /// The fastest instruction set the host runs (`kernels::cpu::host_isa`); the graph form
+    /// where none does.
+    #[default]
+    Auto,
+    /// The graph form (for comparisons and tests).
+    Off,
+    /// This instruction set's kernels (to compare them on a host that has several);
+    /// `Error::KernelIsa` when they cannot run here.
+    Force(kernels::cpu::Isa),
 }
 
-/// Whether code for `target` can use the hand-written CPU kernels (`kernels::cpu`): an
-/// `llvm-cpu` target, on a host with the kernels' AVX-512 features.
-pub fn cpu_kernels_run(target: &Target) -> bool {
-    matches!(target, Target::LlvmCpu { .. }) && kernels::cpu::host_supported()
+impl CpuKernels {
+    /// The instruction set whose kernels code for `target` links: `None` for the graph form
+    /// (kernels off, none running on this host, or not an `llvm-cpu` target). A forced one the
+    /// host lacks is an error on every target, so a setting never passes silently.
+    pub fn isa_for(self, target: &Target) -> Result<Option<kernels::cpu::Isa>, crate::Error> {
+        let isa = match self {
+            CpuKernels::Auto => kernels::cpu::host_isa(),
+            CpuKernels::Off => None,
+            CpuKernels::Force(isa) if isa.runs_on_host() => Some(isa),
+            CpuKernels::Force(isa) => return Err(crate::Error::KernelIsa { isa }),
+        };
+        Ok(isa.filter(|_| matches!(target, Target::LlvmCpu { .. })))
+    }
+}
+
+/// Instruction sets whose packed kernel makes `packed` the CPU default for 4- and 8-bit
+/// checkpoints: each measured token-exact and faster than f16 (docs/PERFORMANCE.md).
+pub const PACKED_BY_DEFAULT: &[kernels::cpu::Isa] = &[kernels::cpu::Isa::Avx512Vnni];
+
+/// The precision a device runs when `--precision` is not given, chosen by measurement
+/// (`cargo xtask bench`, docs/PERFORMANCE.md). On a CPU whose fastest packed kernel
+/// (`kernels::cpu::host_isa`) is in [`PACKED_BY_DEFAULT`]: `packed` for an MLX 4- or 8-bit
+/// checkpoint (AVX-512 on the 1B shape: 2.81x f16's decode at 4-bit, 1.88x at 8-bit;
+/// token-exact with mlx-lm on every quantized fixture and on SmolLM2). Otherwise f16: 1.78x
+/// f32 on the 1B shape on CPU; on CUDA (H200) f16 decoded 1.08x f32 and 1.84x packed's
+/// graph-level form.
+pub fn default_precision(device: &str, model: &std::path::Path) -> models::Precision {
+    let kernels = target_for(device).is_ok_and(|t| {
+        CpuKernels::Auto.isa_for(&t).is_ok_and(|isa| isa.is_some_and(|i| PACKED_BY_DEFAULT.contains(&i)))
+    });
+    if kernels && quantized_4_or_8_bit(model) { models::Precision::Packed } else { models::Precision::F16 }
 }
 
 /// Whether `model/config.json` declares MLX 4- or 8-bit quantization.
@@ -48,11 +79,35 @@ mod tests {
     #[test]
     fn defaults_follow_the_checkpoint_and_the_device() {
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2");
-        let packed = if kernels::cpu::host_supported() { Precision::Packed } else { Precision::F16 };
+        let packed = match kernels::cpu::host_isa() {
+            Some(isa) if PACKED_BY_DEFAULT.contains(&isa) => Precision::Packed,
+            _ => Precision::F16,
+        };
         assert_eq!(default_precision("local-task", &fixtures.join("q4")), packed);
         assert_eq!(default_precision("local-sync", &fixtures.join("q8")), packed);
         assert_eq!(default_precision("local-task", &fixtures.join("f32")), Precision::F16);
         assert_eq!(default_precision("cuda", &fixtures.join("q4")), Precision::F16);
         assert_eq!(default_precision("local-task", Path::new("/nonexistent")), Precision::F16);
+    }
+
+    #[test]
+    fn kernel_settings_pick_an_instruction_set_or_refuse() {
+        let cpu = target_for("local-task").unwrap();
+        let cuda = target_for("cuda").unwrap();
+        assert_eq!(CpuKernels::Auto.isa_for(&cpu).unwrap(), kernels::cpu::host_isa());
+        assert_eq!(CpuKernels::Auto.isa_for(&cuda).unwrap(), None);
+        assert_eq!(CpuKernels::Off.isa_for(&cpu).unwrap(), None);
+        for isa in kernels::cpu::Isa::ALL {
+            let forced = CpuKernels::Force(isa);
+            if isa.runs_on_host() {
+                assert_eq!(forced.isa_for(&cpu).unwrap(), Some(isa));
+                assert_eq!(forced.isa_for(&cuda).unwrap(), None);
+            } else {
+                for target in [&cpu, &cuda] {
+                    let err = forced.isa_for(target).unwrap_err();
+                    assert!(matches!(err, crate::Error::KernelIsa { isa: i } if i == isa), "{err}");
+                }
+            }
+        }
     }
 }

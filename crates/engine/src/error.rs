@@ -26,6 +26,12 @@ pub enum Error {
         "a KV budget of {budget} bytes holds no position for {slots} sequences ({per_position} bytes per position)"
     )]
     BudgetTooSmall { budget: usize, slots: usize, per_position: usize },
+    /// The CPU kernels of an instruction set were forced where they cannot run.
+    #[error(
+        "the {isa} CPU kernels do not run here: {}",
+        if kernels::cpu::object(*isa).is_none() { "this build has no kernel objects (no C compiler, or not x86-64)" } else { "this CPU lacks their instructions" }
+    )]
+    KernelIsa { isa: kernels::cpu::Isa },
     #[error("writing the CPU kernel object into {}: {source}", dir.display())]
     KernelObject { dir: PathBuf, source: std::io::Error },
     /// A compiled function returned other results than the graph ABI says: a bug.

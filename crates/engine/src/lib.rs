@@ -27,7 +27,9 @@ use std::rc::Rc;
 use std::time::Instant;
 use weights::Checkpoint;
 
+pub use crate::device::CpuKernels;
 pub use crate::error::{BoxError, Error, Result};
+pub use kernels::cpu::Isa;
 
 /// Settings of an engine, passed as a value: nothing below the binary reads the environment
 /// for them.
@@ -45,8 +47,9 @@ pub struct EngineConfig {
     pub kv_budget_bytes: usize,
     /// Element type of the KV cache.
     pub kv_elem: KvElem,
-    /// Packed matrices use the hand-written CPU kernels where they run (else the graph form).
-    pub packed_kernels: bool,
+    /// Which hand-written CPU kernels packed matrices use on a CPU device (else the graph
+    /// form); forcing an instruction set the host lacks fails the load before compiling.
+    pub cpu_kernels: CpuKernels,
     /// Where compiled modules are cached (see [`cache::default_dir`]).
     pub cache_dir: std::path::PathBuf,
     /// Also write each compiled module's input MLIR next to its cache entry, with the flags
@@ -63,7 +66,8 @@ const FALLBACK_CONTEXT: usize = 2048;
 
 impl EngineConfig {
     /// One sequence at a time on `device` at `precision`, context from the model, the
-    /// default KV budget, f32 cache, kernels on, modules cached in `cache_dir`.
+    /// default KV budget, f32 cache, the best CPU kernels the host runs, modules cached in
+    /// `cache_dir`.
     pub fn new(device: &str, precision: Precision, cache_dir: impl Into<std::path::PathBuf>) -> EngineConfig {
         EngineConfig {
             device: device.to_owned(),
@@ -72,7 +76,7 @@ impl EngineConfig {
             max_context: None,
             kv_budget_bytes: DEFAULT_KV_BUDGET,
             kv_elem: KvElem::F32,
-            packed_kernels: true,
+            cpu_kernels: CpuKernels::Auto,
             cache_dir: cache_dir.into(),
             dump_mlir: false,
         }
@@ -270,22 +274,22 @@ pub fn graph_modules(
 }
 
 /// The device layout of `precision` for this checkpoint and target. Packed matrices use the
-/// hand-written CPU kernels (`kernels::cpu`, installed into `cache_dir`) on an `llvm-cpu`
-/// target whose host has AVX-512, when `kernels` is set; elsewhere they use the graph form.
+/// hand-written CPU kernels that `kernels` picks (`kernels::cpu`, the object installed into
+/// `cache_dir`) on an `llvm-cpu` target; elsewhere, or with none, they use the graph form.
+/// Forcing an instruction set the host lacks is `Error::KernelIsa`, whatever the target.
 pub fn layout_for(
     cfg: &ModelConfig,
     precision: Precision,
     ckpt: &Checkpoint,
     target: &iree_compiler::Target,
-    kernels: bool,
+    kernels: CpuKernels,
     cache_dir: &Path,
 ) -> Result<Layout> {
+    let isa = kernels.isa_for(target)?;
     let layout = Layout::new(cfg, precision, ckpt)?;
-    if precision != Precision::Packed || !kernels || !crate::device::cpu_kernels_run(target) {
-        return Ok(layout);
-    }
+    let Some(isa) = isa.filter(|_| precision == Precision::Packed) else { return Ok(layout) };
     let dir = cache_dir.join("kernels");
-    match kernels::cpu::install(&dir) {
+    match kernels::cpu::install(&dir, isa) {
         Ok(Some(object)) => Ok(layout.with_cpu_kernels(cfg, &object)),
         Ok(None) => Ok(layout),
         Err(source) => Err(Error::KernelObject { dir, source }),
@@ -327,7 +331,7 @@ impl Engine {
         let ckpt = Checkpoint::open(dir)?;
         let cfg = ModelConfig::for_checkpoint(&ckpt)?;
         let plan = Plan::new(&cfg, config)?;
-        let layout = layout_for(&cfg, config.precision, &ckpt, &target, config.packed_kernels, &config.cache_dir)?;
+        let layout = layout_for(&cfg, config.precision, &ckpt, &target, config.cpu_kernels, &config.cache_dir)?;
 
         let mut vmfbs = Vec::new();
         let mut compile = CompileReport::CacheHit;

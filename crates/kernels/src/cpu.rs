@@ -1,7 +1,9 @@
-//! The x86-64 (AVX-512) kernels: fused dequant + matvec (`qmv`) and packed-row lookup
-//! (`qrows`), for 4- and 8-bit weights with f16 or f32 scales.
+//! The x86-64 kernels: fused dequant + matvec (`qmv`) and packed-row lookup (`qrows`), for
+//! 4- and 8-bit weights with f16 or f32 scales, built once per instruction set ([`Isa`]):
+//! `cpu/qmv_x86_64.c` (AVX-512 VNNI) and `cpu/qmv_x86_64_avx2.c` (AVX2), with the same entry
+//! points, layouts and numerics (their results are bit-identical), so only the object differs.
 //!
-//! Invariants shared with `cpu/qmv_x86_64.c`: 16-row blocks; 32-byte tiles of 16 rows x 4 k
+//! Invariants shared with the C sources: 16-row blocks; 32-byte tiles of 16 rows x 4 k
 //! (4-bit; byte `2r + p` holds `k0 + p` low, `k0 + 2 + p` high) or 16 rows x 2 k (8-bit;
 //! byte `2r + p` holds `k0 + p`); scales and biases `[O/16][G][16]`; group sizes of 16 to
 //! 128; the four push constants are `T, K, O, group_size`; bindings are (input, weight,
@@ -10,48 +12,117 @@
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
-/// Rows computed together (one AVX-512 register of f32).
+/// Rows computed together (one AVX-512 register of f32, two AVX2 registers).
 pub const BLOCK_ROWS: usize = 16;
 /// Row blocks per workgroup of a matvec dispatch.
 pub const BLOCKS_PER_WORKGROUP: usize = 4;
 /// Name of the `hal.executable.source` holding every entry point.
 pub const EXECUTABLE: &str = "mlx_iree_kernels";
 
+/// An instruction set the kernels are built for; one object each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// AVX-512 F, BW and VNNI (`vpdpwssd`): Intel since Cascade Lake (Xeon) or Ice Lake, AMD
+    /// since Zen 4.
+    Avx512Vnni,
+    /// AVX2, FMA and F16C (`vpmaddwd` + `vpaddd`): x86-64 CPUs since Haswell and Zen 1.
+    Avx2,
+}
+
+impl Isa {
+    /// Every instruction set, fastest first.
+    pub const ALL: [Isa; 2] = [Isa::Avx512Vnni, Isa::Avx2];
+
+    /// The short name (`avx512`, `avx2`), as the binary's `MLX_IREE_PACKED_KERNELS` spells it
+    /// and as the installed object's file name carries it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512Vnni => "avx512",
+            Isa::Avx2 => "avx2",
+        }
+    }
+
+    /// Whether this machine's CPU has the instructions the object uses.
+    pub fn host_has(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            // F16C and FMA come with every AVX-512 CPU, but the object is built with them.
+            let base = has!("avx2") && has!("fma") && has!("f16c");
+            match self {
+                Isa::Avx512Vnni => base && has!("avx512f") && has!("avx512bw") && has!("avx512vnni"),
+                Isa::Avx2 => base,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// Whether the kernels for this instruction set run here: this build has its object and
+    /// the CPU has its instructions.
+    pub fn runs_on_host(self) -> bool {
+        object(self).is_some() && self.host_has()
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is not an [`Isa`]'s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown instruction set `{0}` (expected avx512 or avx2)")]
+pub struct UnknownIsa(pub String);
+
+impl std::str::FromStr for Isa {
+    type Err = UnknownIsa;
+
+    fn from_str(s: &str) -> Result<Isa, UnknownIsa> {
+        Isa::ALL.into_iter().find(|i| i.name() == s).ok_or_else(|| UnknownIsa(s.to_owned()))
+    }
+}
+
 #[cfg(kernels_cpu_object)]
-const OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/qmv_x86_64.o")));
+const OBJECTS: [Option<&[u8]>; 2] = [
+    Some(include_bytes!(concat!(env!("OUT_DIR"), "/qmv_x86_64.o"))),
+    Some(include_bytes!(concat!(env!("OUT_DIR"), "/qmv_x86_64_avx2.o"))),
+];
 #[cfg(not(kernels_cpu_object))]
-const OBJECT: Option<&[u8]> = None;
+const OBJECTS: [Option<&[u8]>; 2] = [None, None];
 
-/// The compiled object, when this build has one (x86-64 with a C compiler).
-pub fn object() -> Option<&'static [u8]> {
-    OBJECT
-}
-
-/// True when the kernels can run on this machine: the object exists and the CPU has
-/// AVX-512 F, BW and VNNI.
-pub fn host_supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        OBJECT.is_some()
-            && std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+/// The compiled object for `isa`, when this build has one (x86-64 with a C compiler).
+pub fn object(isa: Isa) -> Option<&'static [u8]> {
+    match isa {
+        Isa::Avx512Vnni => OBJECTS[0],
+        Isa::Avx2 => OBJECTS[1],
     }
 }
 
-/// Writes the object into `dir` under a name carrying its content hash (so compiled modules
-/// that name it are keyed by the kernel's version) and returns its path. Idempotent.
-pub fn install(dir: &Path) -> std::io::Result<Option<PathBuf>> {
-    let Some(bytes) = OBJECT else { return Ok(None) };
+/// Every instruction set whose kernels run on this machine, fastest first.
+pub fn host_isas() -> impl Iterator<Item = Isa> {
+    Isa::ALL.into_iter().filter(|isa| isa.runs_on_host())
+}
+
+/// The fastest instruction set whose kernels run on this machine, if any.
+pub fn host_isa() -> Option<Isa> {
+    host_isas().next()
+}
+
+/// Writes the object for `isa` into `dir` under a name carrying the instruction set and its
+/// content hash (so compiled modules that name it are keyed by the kernel's version) and
+/// returns its path; `None` when this build has no object. Idempotent.
+pub fn install(dir: &Path, isa: Isa) -> std::io::Result<Option<PathBuf>> {
+    let Some(bytes) = object(isa) else { return Ok(None) };
     let hash: String = Sha256::digest(bytes).iter().take(8).map(|b| format!("{b:02x}")).collect();
-    let path = dir.join(format!("qmv_x86_64-{hash}.o"));
+    let name = format!("qmv_x86_64_{isa}-{hash}.o");
+    let path = dir.join(&name);
     if !path.exists() {
         std::fs::create_dir_all(dir)?;
-        let tmp = dir.join(format!(".qmv_x86_64-{hash}.o.{}", std::process::id()));
+        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
         std::fs::write(&tmp, bytes)?;
         std::fs::rename(&tmp, &path)?;
     }
@@ -288,6 +359,40 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn instruction_sets_by_name() {
+        for isa in Isa::ALL {
+            assert_eq!(isa.name().parse::<Isa>(), Ok(isa));
+        }
+        assert_eq!("sse2".parse::<Isa>(), Err(UnknownIsa("sse2".into())));
+        // AVX2 is a subset of what the AVX-512 object needs.
+        assert!(!Isa::Avx512Vnni.host_has() || Isa::Avx2.host_has());
+        assert_eq!(host_isa(), Isa::ALL.into_iter().find(|i| i.runs_on_host()));
+        assert!(host_isas().all(Isa::runs_on_host));
+    }
+
+    /// One object per instruction set, installed under names that tell them apart, so a
+    /// compiled module that links one is never taken for the other's.
+    #[test]
+    fn each_instruction_set_installs_its_own_object() {
+        let dir = std::env::temp_dir().join(format!("kernels-install-{}", std::process::id()));
+        let paths: Vec<Option<PathBuf>> = Isa::ALL.into_iter().map(|isa| install(&dir, isa).unwrap()).collect();
+        for (isa, path) in Isa::ALL.into_iter().zip(&paths) {
+            let Some(path) = path else {
+                assert!(object(isa).is_none());
+                continue;
+            };
+            let name = path.file_name().unwrap().to_str().unwrap();
+            assert!(name.starts_with(&format!("qmv_x86_64_{isa}-")), "{name}");
+            assert_eq!(std::fs::read(path).unwrap(), object(isa).unwrap());
+            assert_eq!(install(&dir, isa).unwrap().as_ref(), Some(path), "idempotent");
+        }
+        if let [Some(a), Some(b)] = &paths[..] {
+            assert_ne!(a, b);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

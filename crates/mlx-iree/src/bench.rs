@@ -124,7 +124,7 @@ fn measure(args: &Args) -> Result<Vec<Report>> {
 
     let target = engine::device::target_for(&args.m.device)?;
     let cold_cache = TempDir::new()?;
-    let mut config = args.m.engine_config(max_batch);
+    let mut config = args.m.engine_config(max_batch)?;
     let (mut compile_cold_s, dispatches_per_decode_step) = if args.cache_only {
         (f64::NAN, 0)
     } else {
@@ -235,7 +235,7 @@ fn cold_compile(
 ) -> Result<(f64, usize)> {
     let started = Instant::now();
     let ckpt = weights::Checkpoint::open(&args.m.model)?;
-    let layout = engine::layout_for(cfg, config.precision, &ckpt, target, config.packed_kernels, &config.cache_dir)?;
+    let layout = engine::layout_for(cfg, config.precision, &ckpt, target, config.cpu_kernels, &config.cache_dir)?;
     drop(ckpt);
     let modules = graph_modules(cfg, &layout, plan, target)?;
     for module in &modules {

@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result, bail};
 use engine::scheduler::{Event, Request, Sampling, Scheduler};
-use engine::{Engine, EngineConfig, KvElem, Plan, Precision};
+use engine::{CpuKernels, Engine, EngineConfig, KvElem, Plan, Precision};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use text::chat::{ChatTemplate, Message};
@@ -38,29 +38,48 @@ impl ModelArgs {
     }
 
     /// The engine settings for these flags, with `max_batch` sequences at once.
-    /// `MLX_IREE_PACKED_KERNELS=0` forces packed weights onto the graph form (for comparisons),
+    /// `MLX_IREE_PACKED_KERNELS` picks the CPU kernels ([`cpu_kernels`]),
     /// `MLX_IREE_CACHE_DIR` moves the compile cache and `MLX_IREE_DUMP_MLIR` keeps each
     /// module's input; the binary reads them, the library takes them as values.
-    pub fn engine_config(&self, max_batch: usize) -> EngineConfig {
-        EngineConfig {
+    pub fn engine_config(&self, max_batch: usize) -> Result<EngineConfig> {
+        Ok(EngineConfig {
             max_batch,
             max_context: self.max_context,
             kv_elem: self.kv_cache,
-            packed_kernels: std::env::var("MLX_IREE_PACKED_KERNELS").map_or(true, |v| v != "0"),
+            cpu_kernels: cpu_kernels()?,
             dump_mlir: std::env::var_os("MLX_IREE_DUMP_MLIR").is_some(),
             ..EngineConfig::new(&self.device, self.precision(), crate::cache_dir())
-        }
+        })
     }
 
     /// The shapes an engine for these flags compiles, checked before anything is compiled:
     /// `need` positions (prompt and new tokens) must fit one sequence's context.
     pub fn plan(&self, config: &models::ModelConfig, max_batch: usize, need: usize, what: &str) -> Result<Plan> {
-        let plan = Plan::new(config, &self.engine_config(max_batch))?;
+        let plan = Plan::new(config, &self.engine_config(max_batch)?)?;
         if need > plan.cache.positions {
             bail!("{what} needs {need} positions, more than the maximum context {}", plan.cache.positions);
         }
         Ok(plan)
     }
+}
+
+/// `MLX_IREE_PACKED_KERNELS`: `0` puts packed weights on the graph form (for comparisons),
+/// `avx2` or `avx512` forces that instruction set's CPU kernels (the load fails where they
+/// cannot run), unset (or `auto`, or `1`) takes the best the host runs.
+pub fn cpu_kernels() -> Result<CpuKernels> {
+    const VAR: &str = "MLX_IREE_PACKED_KERNELS";
+    let value = match std::env::var(VAR) {
+        Ok(v) => v,
+        Err(std::env::VarError::NotPresent) => return Ok(CpuKernels::Auto),
+        Err(e) => bail!("{VAR}: {e}"),
+    };
+    Ok(match value.as_str() {
+        "" | "auto" | "1" => CpuKernels::Auto,
+        "0" => CpuKernels::Off,
+        isa => {
+            CpuKernels::Force(isa.parse().with_context(|| format!("{VAR}={isa} (expected 0, avx2, avx512 or auto)"))?)
+        }
+    })
 }
 
 #[derive(clap::Args, Debug)]
@@ -119,7 +138,7 @@ pub fn check_model_dir(dir: &Path) -> Result<models::ModelConfig> {
 }
 
 fn load(model: &ModelArgs) -> Result<Engine> {
-    Engine::load(&model.model, &model.engine_config(1)).with_context(|| format!("loading {}", model.model.display()))
+    Engine::load(&model.model, &model.engine_config(1)?).with_context(|| format!("loading {}", model.model.display()))
 }
 
 pub fn generate(args: &GenerateArgs) -> Result<()> {
@@ -147,7 +166,7 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
     // Generation stops at the end of the context; the prompt itself (and its first new
     // token) must fit.
     args.model.plan(&config, 1, prompt.len() + 1, &format!("the prompt ({} tokens)", prompt.len()))?;
-    let scheduler = Scheduler::start(&args.model.model, args.model.engine_config(1))
+    let scheduler = Scheduler::start(&args.model.model, args.model.engine_config(1)?)
         .with_context(|| format!("loading {}", dir.display()))?;
     let sampling = if args.temperature == 0.0 {
         Sampling::Greedy

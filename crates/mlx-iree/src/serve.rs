@@ -70,7 +70,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         }
     };
     let model = Arc::new(
-        Model::load(dir, args.model.engine_config(args.max_batch))
+        Model::load(dir, args.model.engine_config(args.max_batch)?)
             .with_context(|| format!("loading {}", dir.display()))?,
     );
     let info = model.scheduler.info().clone();

@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
 use engine::gate::{self, Reference};
-use engine::{Engine, EngineConfig, Precision};
+use engine::{CpuKernels, Engine, EngineConfig, Precision};
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -25,12 +25,24 @@ const MAX_BATCH: usize = 8;
 const STEPS: usize = 16;
 
 fn engine(dir: &Path, precision: Precision) -> Engine {
+    engine_with(dir, precision, CpuKernels::Auto)
+}
+
+fn engine_with(dir: &Path, precision: Precision, cpu_kernels: CpuKernels) -> Engine {
     let config = EngineConfig {
         max_batch: MAX_BATCH,
         max_context: Some(64),
+        cpu_kernels,
         ..EngineConfig::new("local-task", precision, root().join("target/test-compile-cache"))
     };
     Engine::load(dir, &config).unwrap()
+}
+
+/// The CPU kernels packed runs are checked with: each instruction set this host runs (so an
+/// AVX-512 host tests the AVX2 kernel too), else the default (the graph form).
+fn packed_kernels() -> Vec<CpuKernels> {
+    let forced: Vec<CpuKernels> = kernels::cpu::host_isas().map(CpuKernels::Force).collect();
+    if forced.is_empty() { vec![CpuKernels::Auto] } else { forced }
 }
 
 /// Eight different prompts on mlx-lm's recorded trajectories (a reference prompt plus the
@@ -80,17 +92,23 @@ fn eight_rows_give_what_each_prompt_gives_alone() {
     families.retain(|p| p.is_dir());
     families.sort();
     assert!(families.len() >= 7, "{}", set.display());
-    let mut runs: Vec<(PathBuf, Precision)> = families.iter().map(|f| (f.join("f32"), Precision::F32)).collect();
+    let auto = CpuKernels::Auto;
+    let mut runs: Vec<(PathBuf, Precision, CpuKernels)> =
+        families.iter().map(|f| (f.join("f32"), Precision::F32, auto)).collect();
     runs.extend([
-        (set.join("llama_llama3_tied/f32"), Precision::F16),
-        (set.join("gemma2/f32"), Precision::BF16),
-        (set.join("qwen3/q4"), Precision::Packed),
-        (set.join("gemma3_text/q4"), Precision::Packed),
+        (set.join("llama_llama3_tied/f32"), Precision::F16, auto),
+        (set.join("gemma2/f32"), Precision::BF16, auto),
     ]);
-    for (dir, precision) in runs {
+    for kernels in packed_kernels() {
+        runs.extend([
+            (set.join("qwen3/q4"), Precision::Packed, kernels),
+            (set.join("gemma3_text/q4"), Precision::Packed, kernels),
+        ]);
+    }
+    for (dir, precision, kernels) in runs {
         let cases = cases(&dir);
-        let mut engine = engine(&dir, precision);
-        let what = format!("{} {precision}", dir.display());
+        let mut engine = engine_with(&dir, precision, kernels);
+        let what = format!("{} {precision} ({kernels:?})", dir.display());
         for c in &cases {
             let alone = gate::trajectory(&mut engine, &c.prompt_ids, STEPS).unwrap();
             assert_eq!(alone, c.token_ids, "{what}: alone, prompt {:?}", c.prompt_ids);
@@ -120,10 +138,13 @@ fn row0_logits(engine: &mut Engine, first: &Reference, others: &[Reference]) -> 
 #[test]
 fn a_rows_logits_do_not_depend_on_the_other_rows() {
     let _turn = serial();
-    for (variant, precision) in [("f32", Precision::F32), ("q4", Precision::Packed)] {
+    let runs = std::iter::once(("f32", Precision::F32, CpuKernels::Auto))
+        .chain(packed_kernels().into_iter().map(|k| ("q4", Precision::Packed, k)));
+    for (variant, precision, kernels) in runs {
         let dir = root().join("tests/fixtures-trained/qwen3").join(variant);
         let cases = cases(&dir);
-        let mut engine = engine(&dir, precision);
+        let mut engine = engine_with(&dir, precision, kernels);
+        let precision = format!("{precision} ({kernels:?})");
         let full = row0_logits(&mut engine, &cases[0], &cases[1..]);
         let mut reversed: Vec<Reference> = cases[1..].to_vec();
         reversed.reverse();

@@ -137,6 +137,36 @@ fn bad_requests_are_one_line_errors() {
     );
 }
 
+/// `MLX_IREE_PACKED_KERNELS` names a kernel setting the binary knows, and a forced
+/// instruction set must run here: both are checked before anything is compiled.
+#[test]
+fn bad_kernel_settings_are_one_line_errors() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/q4");
+    let model = fixture.to_str().unwrap();
+    let args = ["trajectory", "--model", model, "--prompt-ids", "1", "--steps", "2", "--out", "/tmp/x.json"];
+    let run = |setting: &str| {
+        let cache = tempfile::tempdir().unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
+            .args(args)
+            .args(["--precision", "packed"])
+            .env("MLX_IREE_CACHE_DIR", cache.path())
+            .env("MLX_IREE_PACKED_KERNELS", setting)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{setting}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{setting}: one line: {stderr}");
+        assert!(std::fs::read_dir(cache.path()).map_or(true, |d| d.count() == 0), "{setting}: compiled something");
+        stderr
+    };
+    let stderr = run("sse2");
+    assert!(stderr.contains("MLX_IREE_PACKED_KERNELS=sse2 (expected 0, avx2, avx512 or auto)"), "{stderr}");
+    for isa in kernels::cpu::Isa::ALL.into_iter().filter(|isa| !isa.runs_on_host()) {
+        let stderr = run(isa.name());
+        assert!(stderr.contains(&format!("the {isa} CPU kernels do not run here")), "{stderr}");
+    }
+}
+
 /// A warm compile cache needs no compiler: with `IREE_COMPILER_LIB` naming a file that does
 /// not exist, a run whose modules are all cached reads them and succeeds (the engine never
 /// loads the compiler), while an empty cache is one clear error line.

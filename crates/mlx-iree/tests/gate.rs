@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
 use engine::gate::{self, PromptResult, Reference, Report};
-use engine::{Engine, EngineConfig, KvElem, Precision};
+use engine::{CpuKernels, Engine, EngineConfig, KvElem, Precision};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -72,12 +72,18 @@ fn check(dir: &Path, precision: Precision, refs: &[Reference]) -> Report {
 
 /// [`check`] with the KV cache in `kv`.
 fn check_kv(dir: &Path, precision: Precision, kv: KvElem, refs: &[Reference]) -> Report {
+    check_with(dir, precision, kv, CpuKernels::Auto, refs)
+}
+
+/// [`check`] with the KV cache in `kv` and the CPU kernels `cpu_kernels`.
+fn check_with(dir: &Path, precision: Precision, kv: KvElem, cpu_kernels: CpuKernels, refs: &[Reference]) -> Report {
     let cache = root().join("target/test-compile-cache");
     let steps = refs.iter().map(|r| r.token_ids.len()).max().unwrap();
     let longest = refs.iter().map(|r| r.prompt_ids.len()).max().unwrap();
     let config = EngineConfig {
         max_context: Some((longest + steps).next_power_of_two().max(64)),
         kv_elem: kv,
+        cpu_kernels,
         ..EngineConfig::new("local-task", precision, cache)
     };
     let mut engine = Engine::load(dir, &config).unwrap();
@@ -116,14 +122,23 @@ fn f16_passes_the_gate_on_every_fixture() {
 }
 
 /// Packed 4- and 8-bit weights, dequantized inside the contractions, against mlx-lm's own
-/// float32 trajectories of every quantized fixture: token-exact for all 40 steps.
+/// float32 trajectories of every quantized fixture: token-exact for all 40 steps, through
+/// each CPU kernel this host runs (AVX-512 and AVX2 on an AVX-512 host), else the default.
 #[test]
 fn packed_matches_mlx_lm_on_every_quantized_fixture() {
-    for fixture in fixtures() {
-        for variant in ["q4", "q8"] {
-            let dir = fixture.join(variant);
-            let report = check(&dir, Precision::Packed, &references(&dir, "expected.json"));
-            assert!(report.all_exact(), "{}: packed agreement {:.3}", dir.display(), report.agreement());
+    let mut settings: Vec<CpuKernels> = kernels::cpu::host_isas().map(CpuKernels::Force).collect();
+    if settings.is_empty() {
+        settings.push(CpuKernels::Auto);
+    }
+    for setting in settings {
+        for fixture in fixtures() {
+            for variant in ["q4", "q8"] {
+                let dir = fixture.join(variant);
+                let report =
+                    check_with(&dir, Precision::Packed, KvElem::F32, setting, &references(&dir, "expected.json"));
+                let agreement = report.agreement();
+                assert!(report.all_exact(), "{} ({setting:?}): packed agreement {agreement:.3}", dir.display());
+            }
         }
     }
 }
@@ -215,14 +230,18 @@ fn bf16_gate_cli_passes_against_f32_on_a_trained_fixture() {
 }
 
 /// SmolLM2's 4-bit conversion at the default precision, and packed through the CPU kernels
-/// and through the graph-level form, against mlx-lm's float32 oracle: token-exact for all 48
-/// steps of both prompts.
+/// (the default's, and the AVX2 kernel where it runs) and through the graph-level form,
+/// against mlx-lm's float32 oracle: token-exact for all 48 steps of both prompts.
 #[test]
 fn gate_against_the_mlx_oracle_file() {
     let dir = root().join("target/models/smollm2-135m-instruct-4bit");
     let oracle = dir.join("oracle.json");
-    // (precision, packed kernels on CPU)
-    for (precision, kernels) in [(None, "1"), (Some("packed"), "1"), (Some("packed"), "0")] {
+    // (precision, MLX_IREE_PACKED_KERNELS)
+    let mut runs = vec![(None, "auto"), (Some("packed"), "auto"), (Some("packed"), "0")];
+    if kernels::cpu::Isa::Avx2.runs_on_host() {
+        runs.push((Some("packed"), "avx2"));
+    }
+    for (precision, kernels) in runs {
         let mut args = vec!["gate", "--model", dir.to_str().unwrap(), "--reference", oracle.to_str().unwrap()];
         args.extend(["--steps", "48", "--max-context", "128"]);
         args.extend(precision.iter().flat_map(|p| ["--precision", p]));
@@ -233,7 +252,7 @@ fn gate_against_the_mlx_oracle_file() {
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(out.status.code(), Some(0), "{precision:?}: {stdout}");
+        assert_eq!(out.status.code(), Some(0), "{precision:?} {kernels}: {stdout}");
         assert!(stdout.contains("token-exact on every prompt: yes") && stdout.contains("-> PASS"), "{stdout}");
     }
 }

@@ -102,8 +102,9 @@ fn generate_chat_answers_paris() {
     assert!(stdout.contains("Paris"), "answer: {stdout}");
     assert!(stderr.contains("prompt tokens: 37"), "summary line: {stderr}");
     assert!(stderr.contains("decode:") && stderr.contains("tok/s"), "{stderr}");
-    // The CPU default for a 4-bit checkpoint: packed where the kernel runs, else f16.
-    let default = if kernels::cpu::host_supported() { "packed" } else { "f16" };
+    // The CPU default for a 4-bit checkpoint: packed where a kernel measured faster than f16
+    // runs, else f16.
+    let default = engine::device::default_precision("local-task", &dir);
     assert!(stderr.contains(&format!("(local-task, {default})")), "{default} is the CPU default: {stderr}");
 }
 

@@ -162,7 +162,8 @@ impl Layout {
 
     /// Moves every packed matrix the CPU kernels take (`kernels::cpu::supports`) to the
     /// kernel form, linking `object` (from `kernels::cpu::install`) into the graph. Only for
-    /// an x86-64 `llvm-cpu` target whose CPU has AVX-512 (`kernels::cpu::host_supported`).
+    /// an x86-64 `llvm-cpu` target whose CPU runs that object's instruction set
+    /// (`kernels::cpu::Isa::runs_on_host`).
     pub fn with_cpu_kernels(mut self, cfg: &ModelConfig, object: &Path) -> Layout {
         let shapes: HashMap<String, Vec<usize>> =
             param_specs(cfg).into_iter().map(|s| (s.prefix().to_owned(), s.shape)).collect();

@@ -1,0 +1,99 @@
+//! The matvec driver shared by every x86-64 kernel object: the exported `mlx_iree_qmv*`
+//! functions, which walk panels of rows of x, groups and row blocks, and leave the arithmetic
+//! to the two functions each instruction set's file defines after including this header:
+//!
+//! - `quantize_group(xg, gs, q, scale, sum)`: one group of x to i16 against its largest
+//!   magnitude (`scale` = that / 32767), and its f32 sum;
+//! - `group_rows(bits, f16, wg, xp, i, n, gs, s, b, y, stride)`: for panel rows i..i+n and one
+//!   16-row block, the group's exact integer dots against the tiles at `wg`, then
+//!   `y = fma(bias, sum, fma(scale, dot * x_scale, y))` in f32 for each of the 16 outputs at
+//!   `y + j * stride`. `bits`, `f16` and `n` are constants at every call, so each call is
+//!   compiled for them with its accumulators in registers.
+//!
+//! Layouts (written by crates/kernels/src/cpu.rs, `repack_*`), per block of 16 rows,
+//! consecutive along k, in 32-byte tiles:
+//! - 4-bit: 16 rows x 4 k; byte 2r + p holds q[r, k0 + p] in its low nibble and
+//!   q[r, k0 + 2 + p] in its high nibble.
+//! - 8-bit: 16 rows x 2 k; byte 2r + p holds q[r, k0 + p].
+//! Scales and biases: [O / 16][K / group_size][16], f16 or f32. y[T, O] = x[T, K] . W^T with
+//! W[o, k] = scale[o, g] * q[o, k] + bias[o, g], g = k / group_size. Offsets (`*_off`) count
+//! elements of the pointer's type, as IREE passes them.
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <stdint.h>
+
+// Largest group size (kernels::cpu::supports); group sizes are multiples of 16.
+#define MAX_GROUP 128
+// Row blocks per workgroup (kernels::cpu::BLOCKS_PER_WORKGROUP).
+#define BLOCKS 4
+// Rows of x quantized together (2 KB of i16 on the stack, which IREE's worker threads keep
+// small): a workgroup reads its weights from memory once per panel, not once per row.
+#define PANEL 8
+
+typedef struct {
+  int16_t q[PANEL][MAX_GROUP] __attribute__((aligned(64)));
+  float scale[PANEL];
+  float sum[PANEL];
+} xpanel_t;
+
+// Pair k, k+1 of a quantized group as one 32-bit value (low word = k), to broadcast.
+static inline int32_t pair_of(const int16_t* q, size_t k) {
+  int32_t v;
+  __builtin_memcpy(&v, q + k, 4);
+  return v;
+}
+
+static inline void quantize_group(const float* xg, size_t gs, int16_t* q, float* scale, float* sum);
+static inline __attribute__((always_inline)) void group_rows(int bits, int f16, const uint8_t* wg,
+                                                             const xpanel_t* xp, size_t i, size_t n, size_t gs,
+                                                             const void* s, const void* b, float* y, size_t stride);
+
+// One exported matvec per (bits, scale type). A workgroup computes row blocks [rb0, rb1) (at
+// most BLOCKS) for every row of x, accumulating in y itself. Per panel of rows and per group,
+// each row's group is quantized once, and each block's tiles are read for 8, then 4, 2 and 1
+// rows at a time (what is left of the panel).
+#define QMV(NAME, BITS, F16, STYPE)                                                               \
+  void NAME(const float* x, size_t x_off, const uint8_t* w, size_t w_off, const STYPE* sc,        \
+            size_t s_off, const STYPE* bi, size_t b_off, float* y, size_t y_off, size_t T,        \
+            size_t K, size_t O, size_t GS, size_t rb0, size_t rb1) {                              \
+    x += x_off; w += w_off; sc += s_off; bi += b_off; y += y_off;                                 \
+    const size_t G = K / GS, blocks = O / 16, block_bytes = K * BITS * 16 / 8;                    \
+    const size_t group_bytes = GS * BITS * 16 / 8;                                                \
+    if (rb1 > blocks) rb1 = blocks;                                                               \
+    if (rb1 > rb0 + BLOCKS) rb1 = rb0 + BLOCKS;                                                   \
+    xpanel_t xp;                                                                                  \
+    for (size_t t0 = 0; t0 < T; t0 += PANEL) {                                                    \
+      const size_t np = T - t0 < PANEL ? T - t0 : PANEL;                                          \
+      for (size_t t = t0; t < t0 + np; ++t)                                                       \
+        for (size_t c = rb0 * 16; c < rb1 * 16; ++c) y[t * O + c] = 0.0f;                        \
+      for (size_t g = 0; g < G; ++g) {                                                            \
+        for (size_t i = 0; i < np; ++i)                                                           \
+          quantize_group(x + (t0 + i) * K + g * GS, GS, xp.q[i], &xp.scale[i], &xp.sum[i]);       \
+        for (size_t rb = rb0; rb < rb1; ++rb) {                                                   \
+          const size_t gi = (rb * G + g) * 16;                                                    \
+          const uint8_t* wg = w + rb * block_bytes + g * group_bytes;                             \
+          float* yb = y + t0 * O + rb * 16;                                                       \
+          size_t i = 0;                                                                           \
+          if (np - i >= 8) {                                                                      \
+            group_rows(BITS, F16, wg, &xp, i, 8, GS, sc + gi, bi + gi, yb + i * O, O);            \
+            i += 8;                                                                               \
+          }                                                                                       \
+          if (np - i >= 4) {                                                                      \
+            group_rows(BITS, F16, wg, &xp, i, 4, GS, sc + gi, bi + gi, yb + i * O, O);            \
+            i += 4;                                                                               \
+          }                                                                                       \
+          if (np - i >= 2) {                                                                      \
+            group_rows(BITS, F16, wg, &xp, i, 2, GS, sc + gi, bi + gi, yb + i * O, O);            \
+            i += 2;                                                                               \
+          }                                                                                       \
+          if (np - i >= 1) group_rows(BITS, F16, wg, &xp, i, 1, GS, sc + gi, bi + gi, yb + i * O, O); \
+        }                                                                                         \
+      }                                                                                           \
+    }                                                                                             \
+  }
+
+QMV(mlx_iree_qmv4_f16, 4, 1, uint16_t)
+QMV(mlx_iree_qmv4_f32, 4, 0, float)
+QMV(mlx_iree_qmv8_f16, 8, 1, uint16_t)
+QMV(mlx_iree_qmv8_f32, 8, 0, float)

@@ -1,0 +1,102 @@
+//! Fused dequantize + matrix-vector product for MLX affine 4- and 8-bit weights (AVX2).
+//!
+//! The AVX2 + FMA + F16C twin of qmv_x86_64.c: the same exported functions, signatures,
+//! layouts and driver (qmv.h), and the same numerics, so one MLIR declaration serves both
+//! objects and their results are bit-identical: each group of x is quantized to i16 against
+//! its largest magnitude, the integer dot products are exact (`vpmaddwd` + `vpaddd` where
+//! the AVX-512 file has `vpdpwssd`), and scale, bias and x's scale apply in f32 once per
+//! group, in the same order. Zero-extending one 16-byte half of a 32-byte tile to i16 gives 8
+//! rows x one pair of k, which `vpmaddwd` multiplies with the broadcast pair of x; a block's
+//! two halves are computed one after the other, so the accumulators of 8 rows of x fit the
+//! 16 ymm registers.
+
+#include "qmv.h"
+
+static inline __m256 load8_f16(const void* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+}
+static inline __m256 load8_f32(const void* p) { return _mm256_loadu_ps((const float*)p); }
+
+static inline void quantize_group(const float* xg, size_t gs, int16_t* q, float* scale, float* sum) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 amax = _mm256_setzero_ps(), lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  for (size_t k = 0; k < gs; k += 16) {
+    const __m256 v0 = _mm256_loadu_ps(xg + k), v1 = _mm256_loadu_ps(xg + k + 8);
+    amax = _mm256_max_ps(amax, _mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)));
+    lo = _mm256_add_ps(lo, v0);
+    hi = _mm256_add_ps(hi, v1);
+  }
+  // Summed in the order of the AVX-512 file's 16 lanes and _mm512_reduce_add_ps (lane j
+  // plus lane j + 8, then halves), so both objects compute the same bits.
+  const __m256 s8 = _mm256_add_ps(hi, lo);
+  const __m128 s4 = _mm_add_ps(_mm256_extractf128_ps(s8, 1), _mm256_castps256_ps128(s8));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  *sum = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+  __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(amax, 1), _mm256_castps256_ps128(amax));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  const float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+  *scale = m / 32767.0f;
+  const __m256 inv = _mm256_set1_ps(m > 0.0f ? 32767.0f / m : 0.0f);
+  for (size_t k = 0; k < gs; k += 16) {
+    // Round to nearest even (the default MXCSR mode); |value| <= 32767, so the saturating
+    // pack is exact. packs interleaves 128-bit lanes; the permute puts k back in order.
+    const __m256i r0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + k), inv));
+    const __m256i r1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + k + 8), inv));
+    _mm256_store_si256((__m256i*)(q + k), _mm256_permute4x64_epi64(_mm256_packs_epi32(r0, r1), 0xD8));
+  }
+}
+
+// sum_k q[r, k] * xq[i][k] over one group, for one half of a block (8 rows; `wg` points at
+// that half of the group's first tile) and n rows of x.
+// 4-bit tiles: byte 2r + p holds q[r, k0 + p] (low nibble) and q[r, k0 + 2 + p] (high).
+static inline __attribute__((always_inline)) void half_dot4(const uint8_t* wg, const int16_t (*xq)[MAX_GROUP],
+                                                            size_t n, size_t gs, __m256i acc[PANEL]) {
+  const __m256i low = _mm256_set1_epi16(0xF);
+  for (size_t i = 0; i < n; ++i) acc[i] = _mm256_setzero_si256();
+  for (size_t k = 0; k < gs; k += 4, wg += 32) {
+    const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)wg));
+    const __m256i l = _mm256_and_si256(v, low), h = _mm256_srli_epi16(v, 4);
+    for (size_t i = 0; i < n; ++i) {
+      const __m256i p0 = _mm256_set1_epi32(pair_of(xq[i], k)), p2 = _mm256_set1_epi32(pair_of(xq[i], k + 2));
+      acc[i] = _mm256_add_epi32(acc[i], _mm256_add_epi32(_mm256_madd_epi16(l, p0), _mm256_madd_epi16(h, p2)));
+    }
+  }
+}
+
+// 8-bit tiles: 16 rows x 2 k; byte 2r + p holds q[r, k0 + p]. Two tiles per step.
+static inline __attribute__((always_inline)) void half_dot8(const uint8_t* wg, const int16_t (*xq)[MAX_GROUP],
+                                                            size_t n, size_t gs, __m256i acc[PANEL]) {
+  for (size_t i = 0; i < n; ++i) acc[i] = _mm256_setzero_si256();
+  for (size_t k = 0; k < gs; k += 4, wg += 64) {
+    const __m256i v0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)wg));
+    const __m256i v1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(wg + 32)));
+    for (size_t i = 0; i < n; ++i) {
+      const __m256i p0 = _mm256_set1_epi32(pair_of(xq[i], k)), p2 = _mm256_set1_epi32(pair_of(xq[i], k + 2));
+      acc[i] = _mm256_add_epi32(acc[i], _mm256_add_epi32(_mm256_madd_epi16(v0, p0), _mm256_madd_epi16(v1, p2)));
+    }
+  }
+}
+
+static inline __attribute__((always_inline)) void group_rows(int bits, int f16, const uint8_t* wg,
+                                                             const xpanel_t* xp, size_t i, size_t n, size_t gs,
+                                                             const void* s, const void* b, float* y, size_t stride) {
+  for (size_t h = 0; h < 2; ++h) {
+    __m256i a[PANEL];
+    if (bits == 4) {
+      half_dot4(wg + 16 * h, xp->q + i, n, gs, a);
+    } else {
+      half_dot8(wg + 16 * h, xp->q + i, n, gs, a);
+    }
+    // Loaded after the dot loop, which wants every register.
+    const __m256 sh = f16 ? load8_f16((const uint16_t*)s + 8 * h) : load8_f32((const float*)s + 8 * h);
+    const __m256 bh = f16 ? load8_f16((const uint16_t*)b + 8 * h) : load8_f32((const float*)b + 8 * h);
+    for (size_t j = 0; j < n; ++j) {
+      const __m256 dx = _mm256_set1_ps(xp->scale[i + j]), xs = _mm256_set1_ps(xp->sum[i + j]);
+      float* yr = y + j * stride + 8 * h;
+      const __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(a[j]), dx);
+      _mm256_storeu_ps(yr, _mm256_fmadd_ps(bh, xs, _mm256_fmadd_ps(sh, dot, _mm256_loadu_ps(yr))));
+    }
+  }
+}
+
+#include "qrows.h"
