@@ -988,8 +988,9 @@ pub fn peers_table(lines: &[Line], bandwidth: f64) -> String {
     };
     let mib = |b: u64| format!("{:.0}", b as f64 / (1024.0 * 1024.0));
     let width = lines.iter().map(|l| l.name.len()).max().unwrap_or(5).max(5);
+    let ew = lines.iter().map(|l| l.engine.len()).max().unwrap_or(6).max(6);
     let mut out = format!(
-        "{:<9}  {:<width$}  {:<9}  {:>5}  {:>9}  {:>9}  {:>8}  {:>8}  {:>9}  {:>8}  {:>8}  {:>9}  {}\n",
+        "{:<ew$}  {:<width$}  {:<9}  {:>5}  {:>9}  {:>9}  {:>8}  {:>8}  {:>9}  {:>8}  {:>8}  {:>9}  {}\n",
         "engine",
         "model",
         "precision",
@@ -1005,7 +1006,7 @@ pub fn peers_table(lines: &[Line], bandwidth: f64) -> String {
         "decode/prefill vs peer",
     );
     for l in lines {
-        let head = format!("{:<9}  {:<width$}  {:<9}", l.engine, l.name, l.precision);
+        let head = format!("{:<ew$}  {:<width$}  {:<9}", l.engine, l.name, l.precision);
         match &l.result {
             Ok(s) => {
                 let bound = bandwidth / s.weight_bytes.max(1) as f64;
@@ -1897,5 +1898,58 @@ mod tests {
         let t = batched_table(&[lines[0].clone(), lines[5].clone()], &[100]);
         assert!(!t.contains("vs ctx"), "{t}");
         assert_eq!(t.lines().nth(1).unwrap().split_whitespace().last(), Some("q4_0"));
+    }
+
+    #[test]
+    fn llama_bench_rows_check_the_harness() {
+        let mut bench = peer_line(LLAMA_BENCH, "a", "q4_0", 100.0);
+        if let Ok(s) = &mut bench.result {
+            (s.prefill_tok_s, s.ttft_ms, s.peak_rss_bytes) = (250.0, None, None);
+        }
+        let lines = [peer_line(LLAMA_CPP, "a", "q4_0", 80.0), bench];
+        let t = peers_table(&lines, 1024.0 * 1024.0 * 1024.0);
+        let rows: Vec<&str> = t.lines().collect();
+        // The engine column is as wide as its longest name.
+        assert!(rows[1].starts_with("llama.cpp    a "), "{t}");
+        let cols: Vec<&str> = rows[2].split_whitespace().collect();
+        assert_eq!(cols[..7], ["llama-bench", "a", "q4_0", "16", "250.0", "100.00", "10.2"]);
+        // No time to first token or RSS from llama-bench; the harness's ratios against it.
+        assert_eq!(cols[8..], ["-", "100", "-", "-", "harness", "0.80x", "/", "0.80x"]);
+        assert!(rows[4].starts_with("harness = decode / prefill of the llama.cpp row"), "{t}");
+        // The JSON line carries both speeds with their spread, the tool's context and threads.
+        let b = peers::LlamaBench {
+            prefill: peers::LlamaBenchTest {
+                n_prompt: 128,
+                n_gen: 0,
+                n_depth: 0,
+                n_threads: 2,
+                model_size: 7,
+                avg_ts: 250.0,
+                stddev_ts: 1.0,
+            },
+            decode: peers::LlamaBenchTest {
+                n_prompt: 0,
+                n_gen: 16,
+                n_depth: 0,
+                n_threads: 2,
+                model_size: 7,
+                avg_ts: 100.0,
+                stddev_ts: 2.0,
+            },
+        };
+        let v: serde_json::Value =
+            serde_json::from_str(&llama_bench_json(Path::new("/p/a.gguf"), "q4_0", 3, &b)).unwrap();
+        assert_eq!(
+            (v["engine"].as_str(), v["precision"].as_str(), v["weight_bytes"].as_u64()),
+            (Some(LLAMA_BENCH), Some("q4_0"), Some(7))
+        );
+        assert_eq!(
+            (v["prefill_tok_s"].as_f64(), v["decode_tok_s"].as_f64(), v["decode_stddev_tok_s"].as_f64()),
+            (Some(250.0), Some(100.0), Some(2.0))
+        );
+        assert_eq!(
+            (v["prompt_len"].as_u64(), v["decode_steps"].as_u64(), v["decode_context"].as_u64(), v["repeats"].as_u64()),
+            (Some(128), Some(16), Some(0), Some(3))
+        );
     }
 }
