@@ -216,33 +216,27 @@ pub struct GraphModule {
     pub options: CompileOptions,
 }
 
-/// The modules an engine compiles for `target`. On CPU the single-row decode functions get a
-/// module of their own compiled with data tiling and microkernels: their weights are constant
-/// globals, so IREE repacks them once at load, which made decode-only f16 1.76x faster
-/// (docs/PERFORMANCE.md). Prefill, `write_kv` and the decode functions of several rows stay
-/// on default flags: with data tiling IREE 3.13's compiler crashes (a segmentation fault in
-/// MaterializeDeviceEncodingPass) on any prefill function, and on a decode function of
-/// several rows next to other functions (alone it compiles). The two modules share the
-/// parameter scope (the repacked copy is the price).
+/// The modules an engine compiles for `target`. On CPU every function shares one module
+/// compiled with data tiling on IREE's global-optimization path and microkernels: the weights
+/// are constant globals, so IREE repacks them once at load into the layouts its matrix
+/// microkernels read, and prefill, batched and single-row decode all read that one copy
+/// (docs/PERFORMANCE.md, "Data tiling"). The default data-tiling path
+/// (`--iree-opt-data-tiling`, which picks the dispatch-creation path) crashes IREE 3.13's
+/// compiler on prefill and several-row decode (a segmentation fault in
+/// MaterializeDeviceEncodingPass); the global-optimization path compiles them.
 pub fn graph_modules(
     cfg: &ModelConfig,
     layout: &Layout,
     plan: &Plan,
     target: &iree_compiler::Target,
 ) -> Result<Vec<GraphModule>> {
-    let tiled =
-        CompileOptions::default().with_flag("--iree-opt-data-tiling").with_flag("--iree-llvmcpu-enable-ukernels=all");
-    // The graph-level packed form's i16 weights blow IREE 3.13's vector-size limit when
-    // data-tiled ("One or more operations with large vector sizes"): default flags then.
-    let decode_options = if layout.has_graph_packing() { CompileOptions::default() } else { tiled };
-    let (single, rest): (Vec<Function>, Vec<Function>) =
-        plan.functions().into_iter().partition(|f| matches!(f, Function::Decode { rows: 1, .. }));
-    let modules: Vec<(Option<&str>, &str, Vec<Function>, CompileOptions)> = match target {
-        iree_compiler::Target::LlvmCpu { .. } => vec![
-            (Some("batch_graph"), "prefill and batched decode", rest, CompileOptions::default()),
-            (Some("decode_graph"), "single-row decode", single, decode_options),
-        ],
-        _ => vec![(None, "prefill+decode", plan.functions(), CompileOptions::default())],
+    let options = match target {
+        // The graph-level packed form's i16 weights blow IREE 3.13's vector-size limit when
+        // data-tiled ("One or more operations with large vector sizes"): default flags then.
+        iree_compiler::Target::LlvmCpu { .. } if !layout.has_graph_packing() => CompileOptions::default()
+            .with_flag("--iree-global-opt-data-tiling")
+            .with_flag("--iree-llvmcpu-enable-ukernels=all"),
+        _ => CompileOptions::default(),
     };
     let c = plan.cache;
     // A single-row decode on a cache of several slots reads its window with a slice at the
@@ -255,22 +249,18 @@ pub fn graph_modules(
             _ => models::graph::SlotRead::Gather,
         },
     };
-    modules
-        .into_iter()
-        .map(|(name, kind, functions, options)| {
-            let mlir = models::graph::emit_functions_with(cfg, layout, c, &functions, name, emit)?;
-            let what = format!(
-                "{} {} {kind} graphs ({} functions; {} slots x {} positions, {} KV cache)",
-                cfg.model_type,
-                layout.precision(),
-                functions.len(),
-                c.slots,
-                c.positions,
-                c.elem
-            );
-            Ok(GraphModule { what, functions, mlir, options })
-        })
-        .collect()
+    let functions = plan.functions();
+    let mlir = models::graph::emit_functions_with(cfg, layout, c, &functions, None, emit)?;
+    let what = format!(
+        "{} {} prefill+decode graphs ({} functions; {} slots x {} positions, {} KV cache)",
+        cfg.model_type,
+        layout.precision(),
+        functions.len(),
+        c.slots,
+        c.positions,
+        c.elem
+    );
+    Ok(vec![GraphModule { what, functions, mlir, options }])
 }
 
 /// The device layout of `precision` for this checkpoint and target. Packed matrices use the
