@@ -43,7 +43,8 @@ usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
                    random weights: the f16 folder for f32/f16/bf16, the 4-bit and 8-bit
                    folders for packed) or an MLX model folder; repeatable
                    (default: smollm2 and llama-1b)
-  --precision P    f32, f16, bf16, packed or all (default: all)
+  --precision P    f32, f16, bf16, packed, a comma list of them (packed,f16) or all
+                   (default: all)
   --device URI     local-task (default), local-sync or cuda
   --json           one JSON object per (model, device, precision, context, batch) line on
                    stdout
@@ -79,6 +80,24 @@ usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
                    paired above) driven by the same client, with our ratio against it
   --streams LIST   concurrent streams for --serve (default 1,8,16)
 ";
+
+/// `--precision`: `all`, or a comma list of PRECISIONS in the order given, each once.
+fn precisions(list: &str) -> Result<Vec<&'static str>> {
+    if list == "all" {
+        return Ok(PRECISIONS.to_vec());
+    }
+    let mut out = Vec::new();
+    for p in list.split(',') {
+        match PRECISIONS.iter().find(|x| **x == p) {
+            Some(x) if !out.contains(x) => out.push(*x),
+            Some(_) => bail!("bench: precision `{p}` is listed twice in `{list}`"),
+            None => {
+                bail!("bench: unknown precision `{p}` (expected f32, f16, bf16, packed, a comma list of them, or all)")
+            }
+        }
+    }
+    Ok(out)
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelArg {
@@ -152,14 +171,7 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
                 "llama-1b" => ModelArg::Llama1b,
                 dir => ModelArg::Dir(PathBuf::from(dir)),
             }),
-            "--precision" => {
-                let p = value()?;
-                o.precisions = match PRECISIONS.iter().find(|x| *x == p) {
-                    Some(x) => vec![*x],
-                    None if p == "all" => PRECISIONS.to_vec(),
-                    None => bail!("bench: unknown precision `{p}` (expected f32, f16, bf16, packed or all)"),
-                };
-            }
+            "--precision" => o.precisions = precisions(value()?)?,
             "--device" => o.device = value()?.clone(),
             "--prompt-len" => o.prompt_len = count(flag, value()?)?,
             "--steps" => o.steps = Some(count(flag, value()?)?),
@@ -333,9 +345,7 @@ pub fn run(args: &[String]) -> Result<()> {
         None if opts.batched_peers() => {
             let mut lines: Vec<BatchLine> = cases.iter().zip(&rows).map(|(c, r)| BatchLine::ours(c, r)).collect();
             let theirs = measure_batched_peers(&opts)?;
-            failed.extend(theirs.iter().filter_map(|l| {
-                l.result.as_ref().err().map(|e| format!("{} {} {}: {e}", l.engine, l.name, l.precision))
-            }));
+            failed.extend(theirs.iter().filter_map(|l| l.result.as_ref().err().map(|e| format!("{}: {e}", l.source))));
             lines.extend(theirs);
             if !opts.json {
                 print!("{}", batched_table(&order_batch_lines(lines), &opts.contexts()));
@@ -344,9 +354,7 @@ pub fn run(args: &[String]) -> Result<()> {
         Some(bandwidth) => {
             let mut lines: Vec<Line> = cases.iter().zip(&rows).map(|(c, r)| Line::ours(c, r)).collect();
             let theirs = measure_peers(&opts, bandwidth)?;
-            failed.extend(theirs.iter().filter_map(|l| {
-                l.result.as_ref().err().map(|e| format!("{} {} {}: {e}", l.engine, l.name, l.precision))
-            }));
+            failed.extend(theirs.iter().filter_map(|l| l.result.as_ref().err().map(|e| format!("{}: {e}", l.source))));
             lines.extend(theirs);
             if !opts.json {
                 print!("{}", peers_table(&order_by_family(lines), bandwidth));
@@ -388,7 +396,9 @@ fn serve(bin: &Path, cases: &[Case], opts: &Options, started: Instant) -> Result
     }
     let failed: Vec<String> = rows
         .iter()
-        .filter_map(|r| r.load.as_ref().err().map(|e| format!("{} {} {} streams: {e}", r.engine, r.name, r.streams)))
+        .filter_map(|r| {
+            r.load.as_ref().err().map(|e| format!("{} {} {} streams: {e}", r.source.engine, r.source.name, r.streams))
+        })
         .collect();
     note(format!("{} rows in {:.0} s", rows.len(), started.elapsed().as_secs_f64()));
     if !failed.is_empty() {
@@ -582,9 +592,10 @@ fn bench_command(bin: &Path, case: &Case, o: &Options) -> Command {
 }
 
 /// Runs a measuring command with its stderr streamed through, indented. Returns its
-/// stdout, or when it failed, the reason in its last stderr line.
+/// stdout, or when it failed, the reason in its last stderr line. The command dies with
+/// xtask.
 fn run_child(cmd: &mut Command) -> Result<std::result::Result<String, String>> {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    util::dies_with_parent(cmd).stdout(Stdio::piped()).stderr(Stdio::piped());
     let shown = util::show(cmd);
     let mut child = cmd.spawn().with_context(|| format!("could not start `{shown}`"))?;
     let stderr = child.stderr.take().context("no stderr pipe")?;
@@ -790,11 +801,7 @@ fn measure_peers(o: &Options, bandwidth: f64) -> Result<Vec<Line>> {
                 println!("{line}");
             }
             lines.push(Line {
-                engine,
-                family: m.family.clone(),
-                name: m.family.clone(),
-                precision: precision.to_owned(),
-                pair: Some(precision),
+                source: Source::peer(engine, &m.family, precision),
                 steps,
                 dispatches: None,
                 result: result.map(|(_, speed)| speed),
@@ -825,11 +832,7 @@ fn measure_peers(o: &Options, bandwidth: f64) -> Result<Vec<Line>> {
                 println!("{line}");
             }
             lines.push(Line {
-                engine: LLAMA_BENCH,
-                family: m.family.clone(),
-                name: m.family.clone(),
-                precision: t.to_owned(),
-                pair: Some(t),
+                source: Source::peer(LLAMA_BENCH, &m.family, t),
                 steps: m.steps,
                 dispatches: None,
                 result: result.map(|b| Speed {
@@ -889,16 +892,59 @@ pub struct Speed {
     pub peak_rss_bytes: Option<u64>,
 }
 
-/// One row of the --peers table.
+/// What a row of the --peers, batched --peers or --serve table measured: which engine,
+/// on which model and weights; the tables pair rows through it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Line {
+pub struct Source {
+    /// The engine's name in the table and the JSON lines (`mlx-iree`, `llama.cpp`, ...).
     pub engine: &'static str,
+    /// The model the rows are compared within, whatever checkpoint variant.
     pub family: String,
+    /// The model column: our model folder's name, a peer's family.
     pub name: String,
+    /// Ours: the precision; a peer's: its weight type (f16, q4_0, ...).
     pub precision: String,
     /// The weight format this row is compared in: a peer row's own precision; for our
     /// rows `pair_key` (f16, q4_0 or q8_0 for packed, f32), None when nothing compares.
     pub pair: Option<&'static str>,
+}
+
+impl Source {
+    /// One of our rows, on `case`'s model folder at its precision.
+    pub fn ours(case: &Case) -> Source {
+        Source {
+            engine: ENGINE,
+            family: case.family.clone(),
+            name: display_name(&case.model),
+            precision: case.precision.to_owned(),
+            pair: pair_key(case),
+        }
+    }
+
+    /// A peer's row on `family`'s weights as `kind` (a GGUF type, or mlx-lm's f32): the
+    /// model column shows the family, and the row pairs with ours of that weight format.
+    pub fn peer(engine: &'static str, family: &str, kind: &'static str) -> Source {
+        Source {
+            engine,
+            family: family.to_owned(),
+            name: family.to_owned(),
+            precision: kind.to_owned(),
+            pair: Some(kind),
+        }
+    }
+}
+
+/// How a failed row is named: engine, model and precision.
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} {}", self.engine, self.name, self.precision)
+    }
+}
+
+/// One row of the --peers table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Line {
+    pub source: Source,
     pub steps: usize,
     pub dispatches: Option<u64>,
     pub result: std::result::Result<Speed, String>,
@@ -919,16 +965,7 @@ impl Line {
             ),
             Row::Failed(e) => (Err(e.clone()), None),
         };
-        Line {
-            engine: ENGINE,
-            family: case.family.clone(),
-            name: display_name(&case.model),
-            precision: case.precision.to_owned(),
-            pair: pair_key(case),
-            steps: case.steps,
-            dispatches,
-            result,
-        }
+        Line { source: Source::ours(case), steps: case.steps, dispatches, result }
     }
 }
 
@@ -948,7 +985,7 @@ pub fn pair_key(case: &Case) -> Option<&'static str> {
 /// Rows grouped by family in order of first appearance, each family's rows in the order
 /// given (ours, then the peers).
 pub fn order_by_family(lines: Vec<Line>) -> Vec<Line> {
-    grouped_by_family(lines, |l| &l.family, |_| false)
+    grouped_by_family(lines, |l| &l.source.family, |_| false)
 }
 
 /// `lines` sorted (stably) by the first appearance of their family, then by `after`.
@@ -972,9 +1009,13 @@ pub fn peers_table(lines: &[Line], bandwidth: f64) -> String {
     // Our rows are compared with the harness's llama.cpp rows (peers.py), as before
     // llama-bench rows existed; those are the check of the harness.
     let peer = |l: &Line| {
-        let key = l.pair?;
+        let key = l.source.pair?;
         lines.iter().find_map(|p| match &p.result {
-            Ok(s) if ![ENGINE, LLAMA_BENCH].contains(&p.engine) && p.family == l.family && p.pair == Some(key) => {
+            Ok(s)
+                if ![ENGINE, LLAMA_BENCH].contains(&p.source.engine)
+                    && p.source.family == l.source.family
+                    && p.source.pair == Some(key) =>
+            {
                 Some((p, s))
             }
             _ => None,
@@ -982,13 +1023,19 @@ pub fn peers_table(lines: &[Line], bandwidth: f64) -> String {
     };
     let harness = |l: &Line| {
         lines.iter().find_map(|p| match &p.result {
-            Ok(s) if p.engine == LLAMA_CPP && p.family == l.family && p.pair == l.pair => Some(s),
+            Ok(s)
+                if p.source.engine == LLAMA_CPP
+                    && p.source.family == l.source.family
+                    && p.source.pair == l.source.pair =>
+            {
+                Some(s)
+            }
             _ => None,
         })
     };
     let mib = |b: u64| format!("{:.0}", b as f64 / (1024.0 * 1024.0));
-    let width = lines.iter().map(|l| l.name.len()).max().unwrap_or(5).max(5);
-    let ew = lines.iter().map(|l| l.engine.len()).max().unwrap_or(6).max(6);
+    let width = lines.iter().map(|l| l.source.name.len()).max().unwrap_or(5).max(5);
+    let ew = lines.iter().map(|l| l.source.engine.len()).max().unwrap_or(6).max(6);
     let mut out = format!(
         "{:<ew$}  {:<width$}  {:<9}  {:>5}  {:>9}  {:>9}  {:>8}  {:>8}  {:>9}  {:>8}  {:>8}  {:>9}  {}\n",
         "engine",
@@ -1006,17 +1053,17 @@ pub fn peers_table(lines: &[Line], bandwidth: f64) -> String {
         "decode/prefill vs peer",
     );
     for l in lines {
-        let head = format!("{:<ew$}  {:<width$}  {:<9}", l.engine, l.name, l.precision);
+        let head = format!("{:<ew$}  {:<width$}  {:<9}", l.source.engine, l.source.name, l.source.precision);
         match &l.result {
             Ok(s) => {
                 let bound = bandwidth / s.weight_bytes.max(1) as f64;
-                let vs = match (l.engine, peer(l), harness(l)) {
+                let vs = match (l.source.engine, peer(l), harness(l)) {
                     (ENGINE, Some((p, ps)), _) => format!(
                         "{:.2}x / {:.2}x {} {}",
                         s.decode_tok_s / ps.decode_tok_s,
                         s.prefill_tok_s / ps.prefill_tok_s,
-                        p.engine,
-                        p.precision
+                        p.source.engine,
+                        p.source.precision
                     ),
                     (LLAMA_BENCH, _, Some(hs)) => format!(
                         "harness {:.2}x / {:.2}x",
@@ -1046,7 +1093,7 @@ pub fn peers_table(lines: &[Line], bandwidth: f64) -> String {
          decode/s / bound/s\n",
         bandwidth / 1e9
     );
-    if lines.iter().any(|l| l.engine == LLAMA_BENCH) {
+    if lines.iter().any(|l| l.source.engine == LLAMA_BENCH) {
         out += "harness = decode / prefill of the llama.cpp row (our llama-cpp-python harness) over llama-bench's on \
                 the same GGUF; llama-bench decodes from an empty context, the harness after the prompt\n";
     }
@@ -1056,12 +1103,7 @@ pub fn peers_table(lines: &[Line], bandwidth: f64) -> String {
 /// One row of the batched --peers table (`--peers` with `--batch` or `--context`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchLine {
-    pub engine: &'static str,
-    pub family: String,
-    pub name: String,
-    pub precision: String,
-    /// As `Line::pair`.
-    pub pair: Option<&'static str>,
+    pub source: Source,
     pub batch: usize,
     pub context: usize,
     pub steps: usize,
@@ -1075,17 +1117,7 @@ impl BatchLine {
             Row::Ok(_, m) => (m.batch, m.context, Ok((m.prefill_tok_s, m.decode_tok_s))),
             Row::Failed(e) => (0, 0, Err(e.clone())),
         };
-        BatchLine {
-            engine: ENGINE,
-            family: case.family.clone(),
-            name: display_name(&case.model),
-            precision: case.precision.to_owned(),
-            pair: pair_key(case),
-            batch,
-            context,
-            steps: case.steps,
-            result,
-        }
+        BatchLine { source: Source::ours(case), batch, context, steps: case.steps, result }
     }
 }
 
@@ -1109,11 +1141,7 @@ fn measure_batched_peers(o: &Options) -> Result<Vec<BatchLine>> {
                 Err(e) => Err(e),
             };
             let line = |batch, context, result| BatchLine {
-                engine: LLAMA_CPP,
-                family: m.family.clone(),
-                name: m.family.clone(),
-                precision: t.to_owned(),
-                pair: Some(t),
+                source: Source::peer(LLAMA_CPP, &m.family, t),
                 batch,
                 context,
                 steps: m.steps,
@@ -1169,7 +1197,7 @@ pub fn batched_bench_json(gguf: &Path, precision: &str, r: &peers::BatchedBenchR
 /// Rows grouped by family (first appearance), then engine (ours first), keeping the order
 /// within each.
 pub fn order_batch_lines(lines: Vec<BatchLine>) -> Vec<BatchLine> {
-    grouped_by_family(lines, |l| &l.family, |l| l.engine != ENGINE)
+    grouped_by_family(lines, |l| &l.source.family, |l| l.source.engine != ENGINE)
 }
 
 /// The batched --peers table: per row the aggregate decode speed, with (when several
@@ -1182,10 +1210,10 @@ pub fn batched_table(lines: &[BatchLine], contexts: &[usize]) -> String {
     let decode_at = |l: &BatchLine, engine: &str, context: usize| {
         lines.iter().find_map(|p| match p.result {
             Ok((_, d))
-                if p.engine == engine
-                    && p.family == l.family
-                    && p.name == l.name
-                    && p.precision == l.precision
+                if p.source.engine == engine
+                    && p.source.family == l.source.family
+                    && p.source.name == l.source.name
+                    && p.source.precision == l.source.precision
                     && (p.batch, p.context) == (l.batch, context) =>
             {
                 Some(d)
@@ -1194,12 +1222,12 @@ pub fn batched_table(lines: &[BatchLine], contexts: &[usize]) -> String {
         })
     };
     let peer = |l: &BatchLine| {
-        let key = l.pair?;
+        let key = l.source.pair?;
         lines.iter().find_map(|p| match p.result {
             Ok((_, d))
-                if p.engine != ENGINE
-                    && p.family == l.family
-                    && p.pair == Some(key)
+                if p.source.engine != ENGINE
+                    && p.source.family == l.source.family
+                    && p.source.pair == Some(key)
                     && (p.batch, p.context) == (l.batch, l.context) =>
             {
                 Some((p, d))
@@ -1207,7 +1235,7 @@ pub fn batched_table(lines: &[BatchLine], contexts: &[usize]) -> String {
             _ => None,
         })
     };
-    let width = lines.iter().map(|l| l.name.len()).max().unwrap_or(5).max(5);
+    let width = lines.iter().map(|l| l.source.name.len()).max().unwrap_or(5).max(5);
     let ctx_head = format!("vs ctx {first}");
     let mut out = format!(
         "{:<9}  {:<width$}  {:<9}  {:>5}  {:>7}  {:>5}  {:>9}  {:>9}{}  {}\n",
@@ -1223,13 +1251,13 @@ pub fn batched_table(lines: &[BatchLine], contexts: &[usize]) -> String {
         "vs peer",
     );
     for l in lines {
-        let head = format!("{:<9}  {:<width$}  {:<9}", l.engine, l.name, l.precision);
+        let head = format!("{:<9}  {:<width$}  {:<9}", l.source.engine, l.source.name, l.source.precision);
         match l.result {
             Ok((prefill, decode)) => {
-                let vs_ctx =
-                    decode_at(l, l.engine, first).map_or_else(|| "-".to_owned(), |d| format!("{:.2}x", decode / d));
-                let vs = match (l.engine, peer(l)) {
-                    (ENGINE, Some((p, d))) => format!("{:.2}x {} {}", decode / d, p.engine, p.precision),
+                let vs_ctx = decode_at(l, l.source.engine, first)
+                    .map_or_else(|| "-".to_owned(), |d| format!("{:.2}x", decode / d));
+                let vs = match (l.source.engine, peer(l)) {
+                    (ENGINE, Some((p, d))) => format!("{:.2}x {} {}", decode / d, p.source.engine, p.source.precision),
                     _ => "-".to_owned(),
                 };
                 out += &format!(
@@ -1349,6 +1377,9 @@ mod tests {
     fn bad_arguments() {
         let err = |a: &[&str]| parse_args(&args(a)).unwrap_err().to_string();
         assert!(err(&["--precision", "f64"]).starts_with("bench: unknown precision `f64`"));
+        assert!(err(&["--precision", "packed,f64"]).starts_with("bench: unknown precision `f64`"));
+        assert_eq!(err(&["--precision", "f16,f16"]), "bench: precision `f16` is listed twice in `f16,f16`");
+        assert_eq!(parse_args(&args(&["--precision", "packed,f16"])).unwrap().precisions, vec!["packed", "f16"]);
         assert!(err(&["--steps", "0"]).starts_with("bench: `--steps` needs a whole number of at least 1 (got `0`)"));
         assert!(err(&["--repeats", "x"]).starts_with("bench: `--repeats` needs a whole number"));
         assert!(err(&["--model"]).starts_with("bench: `--model` needs a value"));
@@ -1721,11 +1752,7 @@ mod tests {
 
     fn peer_line(engine: &'static str, family: &str, precision: &'static str, decode: f64) -> Line {
         Line {
-            engine,
-            family: family.into(),
-            name: family.into(),
-            precision: precision.into(),
-            pair: Some(precision),
+            source: Source::peer(engine, family, precision),
             steps: 16,
             dispatches: None,
             result: Ok(Speed {
@@ -1765,7 +1792,8 @@ mod tests {
             ..peer_line("llama.cpp", "a", "q8_0", 0.0)
         });
         let lines = order_by_family(lines);
-        let order: Vec<(&str, &str)> = lines.iter().map(|l| (l.family.as_str(), l.precision.as_str())).collect();
+        let order: Vec<(&str, &str)> =
+            lines.iter().map(|l| (l.source.family.as_str(), l.source.precision.as_str())).collect();
         assert_eq!(
             order,
             [("a", "f16"), ("a", "bf16"), ("a", "packed"), ("a", "f16"), ("a", "q4_0"), ("a", "q8_0"), ("b", "f16")]
@@ -1839,11 +1867,7 @@ mod tests {
     #[test]
     fn batched_table_pairs_batch_and_context_and_compares_contexts() {
         let line = |engine, name: &str, precision: &str, pair, batch, context, decode: f64| BatchLine {
-            engine,
-            family: "a".into(),
-            name: name.into(),
-            precision: precision.into(),
-            pair,
+            source: Source { engine, family: "a".into(), name: name.into(), precision: precision.into(), pair },
             batch,
             context,
             steps: 16,
@@ -1860,8 +1884,8 @@ mod tests {
             BatchLine { result: Err("out of memory".into()), ..line(ENGINE, "a-4bit", "f16", Some("f16"), 0, 0, 0.0) },
         ];
         let lines = order_batch_lines(lines);
-        assert_eq!(lines[0].engine, ENGINE);
-        assert_eq!((lines[4].engine, lines[5].engine), (ENGINE, LLAMA_CPP));
+        assert_eq!(lines[0].source.engine, ENGINE);
+        assert_eq!((lines[4].source.engine, lines[5].source.engine), (ENGINE, LLAMA_CPP));
         let t = batched_table(&lines, &[100, 2000]);
         let rows: Vec<Vec<&str>> = t.lines().map(|l| l.split_whitespace().collect()).collect();
         assert_eq!(

@@ -11,7 +11,7 @@
 //! (continuous batching, no prompt cache, since ours has none), on a free loopback port,
 //! waited for through `GET /health` with a deadline and killed at the end of its row.
 
-use crate::bench::{Case, Options};
+use crate::bench::{Case, Options, Source};
 use crate::{fixtures, peers, util};
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
@@ -48,21 +48,15 @@ pub struct Load {
 /// One row of the --serve table: our server or llama-server at one stream count.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServeRow {
-    pub engine: &'static str,
-    /// Model folder name (ours) or family (llama-server).
-    pub name: String,
-    pub family: String,
-    /// Ours: the precision; llama-server: the GGUF type.
-    pub precision: String,
-    /// The weight format compared (`bench::pair_key` for ours, the GGUF type for theirs).
-    pub pair: Option<&'static str>,
+    pub source: Source,
     pub streams: usize,
     /// The model file or folder, for the JSON line.
     pub model: String,
     pub load: std::result::Result<Load, String>,
 }
 
-/// A running server, stopped (SIGTERM, then reaped) when dropped.
+/// A running server, stopped (SIGTERM, then reaped) when dropped; started through
+/// `util::dies_with_parent`, so it also dies when xtask is killed and drops nothing.
 struct Served(Child);
 
 impl Drop for Served {
@@ -88,7 +82,7 @@ fn start(bin: &Path, case: &Case, o: &Options, slots: usize) -> Result<(Served, 
     if let Some(kv) = o.kv_cache {
         cmd.args(["--kv-cache", kv]);
     }
-    let mut child = cmd.spawn().with_context(|| format!("starting {}", bin.display()))?;
+    let mut child = util::dies_with_parent(&mut cmd).spawn().with_context(|| format!("starting {}", bin.display()))?;
     let stderr = child.stderr.take().context("no stderr pipe")?;
     let served = Served(child);
     let mut lines = BufReader::new(stderr).lines();
@@ -110,7 +104,8 @@ fn drive(addr: &str, streams: usize, o: &Options) -> Result<Load> {
     // Made by the set-up step (`prepare`), which runs before.
     let venv = util::target_dir().join("client-venv");
     let steps = o.steps.unwrap_or(64);
-    let out = fixtures::python(&venv, "serve_bench.py")
+    let mut client = fixtures::python(&venv, "serve_bench.py");
+    let out = util::dies_with_parent(&mut client)
         .arg(format!("http://{addr}/v1"))
         .arg("bench")
         .arg(streams.to_string())
@@ -135,11 +130,8 @@ pub fn measure(bin: &Path, case: &Case, o: &Options) -> Result<Vec<ServeRow>> {
         .iter()
         .map(|&streams| {
             Ok(ServeRow {
-                engine: OURS,
-                name: name.clone(),
-                family: case.family.clone(),
-                precision: case.precision.to_owned(),
-                pair: crate::bench::pair_key(case),
+                // Told from `mlx-iree bench`'s rows by the engine; named as the JSON line's model.
+                source: Source { engine: OURS, name: name.clone(), ..Source::ours(case) },
                 streams,
                 model: name.clone(),
                 load: Ok(drive(&addr, streams, o)?),
@@ -217,7 +209,8 @@ fn start_llama_server(gguf: &Path, slots: usize, context: usize) -> Result<(Serv
     let mut cmd = llama_server_command(&peers::tools_bin()?, gguf, slots, context, port);
     cmd.stdout(Stdio::from(out.try_clone()?)).stderr(Stdio::from(out));
     let shown = util::show(&cmd);
-    let mut served = Served(cmd.spawn().with_context(|| format!("could not start `{shown}`"))?);
+    let mut served =
+        Served(util::dies_with_parent(&mut cmd).spawn().with_context(|| format!("could not start `{shown}`"))?);
     let deadline = Instant::now() + LLAMA_SERVER_START;
     loop {
         if let Some(status) = served.0.try_wait()? {
@@ -254,11 +247,7 @@ pub fn measure_llama_server(case: &Case, o: &Options) -> Vec<ServeRow> {
                 .and_then(|(_server, addr, _)| drive(&addr, streams, o))
                 .map_err(|e| format!("{e:#}"));
             ServeRow {
-                engine: LLAMA_SERVER,
-                name: case.family.clone(),
-                family: case.family.clone(),
-                precision: t.to_owned(),
-                pair: Some(t),
+                source: Source::peer(LLAMA_SERVER, &case.family, t),
                 streams,
                 model: gguf.display().to_string(),
                 load,
@@ -269,10 +258,10 @@ pub fn measure_llama_server(case: &Case, o: &Options) -> Vec<ServeRow> {
 
 pub fn json_line(row: &ServeRow, device: &str) -> String {
     let mut v = serde_json::json!({
-        "engine": row.engine,
+        "engine": row.source.engine,
         "model": row.model,
-        "precision": row.precision,
-        "device": if row.engine == OURS { device } else { "cpu" },
+        "precision": row.source.precision,
+        "device": if row.source.engine == OURS { device } else { "cpu" },
         "streams": row.streams,
     });
     match &row.load {
@@ -298,10 +287,15 @@ pub fn json_line(row: &ServeRow, device: &str) -> String {
 /// The --serve table; with llama-server rows, our tok/s as a ratio against llama-server's
 /// at the same family, weight format and stream count.
 pub fn table(rows: &[ServeRow]) -> String {
-    let peers = rows.iter().any(|r| r.engine == LLAMA_SERVER);
+    let peers = rows.iter().any(|r| r.source.engine == LLAMA_SERVER);
     let theirs = |r: &ServeRow| {
         rows.iter().find_map(|p| match &p.load {
-            Ok(l) if p.engine == LLAMA_SERVER && p.family == r.family && p.pair == r.pair && p.streams == r.streams => {
+            Ok(l)
+                if p.source.engine == LLAMA_SERVER
+                    && p.source.family == r.source.family
+                    && p.source.pair == r.source.pair
+                    && p.streams == r.streams =>
+            {
                 Some(l.tok_s)
             }
             _ => None,
@@ -324,10 +318,11 @@ pub fn table(rows: &[ServeRow]) -> String {
         if peers { "  vs llama-server" } else { "" }
     );
     for r in rows {
-        let head = format!("{}{:<34} {:<9} {:>7}", engine_col(r.engine), r.name, r.precision, r.streams);
+        let head =
+            format!("{}{:<34} {:<9} {:>7}", engine_col(r.source.engine), r.source.name, r.source.precision, r.streams);
         match &r.load {
             Ok(l) => {
-                let vs = match (peers, r.engine, theirs(r)) {
+                let vs = match (peers, r.source.engine, theirs(r)) {
                     (false, ..) => String::new(),
                     (true, OURS, Some(t)) => format!("  {:.2}x", l.tok_s / t),
                     (true, ..) => "  -".to_owned(),
@@ -363,11 +358,13 @@ mod tests {
 
     fn row(engine: &'static str, precision: &str, pair: &'static str, streams: usize, tok_s: f64) -> ServeRow {
         ServeRow {
-            engine,
-            name: if engine == OURS { "m-4bit".into() } else { "m".into() },
-            family: "m".into(),
-            precision: precision.into(),
-            pair: Some(pair),
+            source: Source {
+                engine,
+                name: if engine == OURS { "m-4bit".into() } else { "m".into() },
+                family: "m".into(),
+                precision: precision.into(),
+                pair: Some(pair),
+            },
             streams,
             model: "x".into(),
             load: Ok(load(streams, tok_s)),

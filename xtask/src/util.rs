@@ -49,6 +49,41 @@ pub fn output(cmd: &mut Command) -> Option<String> {
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Makes the child `cmd` starts get SIGKILL when its parent goes, so that no peer or server
+/// outlives an xtask that was killed (SIGKILL included). Linux sends it when the thread
+/// that spawned the child exits, so spawn from one that outlives the child (e.g. the main
+/// thread). Elsewhere it changes nothing.
+#[cfg(target_os = "linux")]
+pub fn dies_with_parent(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // Recorded before the fork: a child whose parent changed was reparented.
+    let parent = std::process::id();
+    // SAFETY: the hook runs in the forked child before exec, where only async-signal-safe
+    // calls are sound; it makes two (prctl, getppid), builds its errors without allocating,
+    // and touches no lock or shared state.
+    unsafe {
+        cmd.pre_exec(move || {
+            // prctl is variadic and the kernel reads every argument as an unsigned long.
+            let (signal, unused): (libc::c_ulong, libc::c_ulong) = (libc::SIGKILL as libc::c_ulong, 0);
+            if libc::prctl(libc::PR_SET_PDEATHSIG, signal, unused, unused, unused) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // xtask died between the fork and the prctl (the spawning thread waits in `spawn`
+            // until exec, so only a killed process goes first): no signal will come, so end
+            // here (an error ends the child before exec).
+            if u32::try_from(libc::getppid()) != Ok(parent) {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        })
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn dies_with_parent(cmd: &mut Command) -> &mut Command {
+    cmd
+}
+
 pub fn show(cmd: &Command) -> String {
     let mut s = cmd.get_program().to_string_lossy().into_owned();
     for a in cmd.get_args() {
@@ -101,4 +136,43 @@ pub fn python_venv(venv: &Path, reqs: &[String], stage: &str, what: &str, check:
     run(Command::new(&python).args(check))
         .with_context(|| format!("the {what} venv at {} is broken", venv.display()))?;
     write_stamp(&stamp, &stamp_text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The child is started from a thread that then exits: the death signal must end it
+    /// (without the prctl it would sleep on, and the test fail after 5 s).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_child_dies_with_the_thread_that_started_it() {
+        use std::os::unix::process::ExitStatusExt;
+        use std::time::{Duration, Instant};
+        let mut child =
+            std::thread::spawn(|| dies_with_parent(Command::new("sleep").arg("30")).spawn().unwrap()).join().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if status.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let status = status.expect("the child outlived the thread that started it");
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
+    }
+
+    #[test]
+    fn a_child_runs_as_before() {
+        let out = dies_with_parent(Command::new("sh").args(["-c", "echo ok"])).output().unwrap();
+        assert!(out.status.success());
+        assert_eq!(out.stdout, b"ok\n");
+    }
 }
