@@ -128,11 +128,12 @@ impl Plan {
         let cache = CacheShape { slots: config.max_batch, positions, elem: config.kv_elem };
         let mut batches: Vec<usize> = (0..).map(|i| 1 << i).take_while(|b| *b < config.max_batch).collect();
         batches.push(config.max_batch);
-        let mut chunks: Vec<usize> = CHUNKS.iter().copied().filter(|c| *c < positions).collect();
-        if chunks.len() < CHUNKS.len() {
-            chunks.push(positions.min(CHUNKS[CHUNKS.len() - 1]));
+        // A context under 128 positions gets no chunk of its own size: each size is one more
+        // compiled prefill and cache write, and 16-token calls cover a context that small.
+        let mut chunks: Vec<usize> = CHUNKS.iter().copied().filter(|c| *c <= positions).collect();
+        if chunks.is_empty() {
+            chunks.push(positions);
         }
-        chunks.dedup();
         let mut windows: Vec<usize> = (0..).map(|i| MIN_WINDOW << i).take_while(|w| *w < positions).collect();
         windows.push(positions);
         Ok(Plan { cache, batches, chunks, windows })
@@ -553,8 +554,10 @@ mod tests {
         let p = Plan::new(&cfg(), &config(6, Some(64))).unwrap();
         assert_eq!(
             (p.batches.as_slice(), p.chunks.as_slice(), p.windows.as_slice()),
-            (&[1, 2, 4, 6][..], &[16, 64][..], &[64][..])
+            (&[1, 2, 4, 6][..], &[16][..], &[64][..])
         );
+        let p = Plan::new(&cfg(), &config(1, Some(128))).unwrap();
+        assert_eq!((p.chunks.as_slice(), p.windows.as_slice()), (&[16, 128][..], &[128][..]));
         let p = Plan::new(&cfg(), &config(1, Some(10))).unwrap();
         assert_eq!((p.batches.as_slice(), p.chunks.as_slice(), p.windows.as_slice()), (&[1][..], &[10][..], &[10][..]));
         // Every prefill function's chunk fits its window.

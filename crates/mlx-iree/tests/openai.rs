@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 /// The server's context: the shapes of crates/server/tests/http.rs (shared compiled modules).
 const MAX_CONTEXT: &str = "128";
 /// `generate`'s: the shapes of smollm2.rs's generate test.
-const GENERATE_CONTEXT: &str = "256";
+const GENERATE_CONTEXT: &str = "128";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
