@@ -69,8 +69,9 @@ usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
                    ratios against them and every row against the memory-bandwidth bound
                    measured in the same run. With --batch or --context: llama.cpp's
                    llama-batched-bench instead (B sequences in one llama_decode per step),
-                   one row per (context, batch) beside ours, with the ratio, and decode at
-                   each context against the first
+                   in the GGUF type paired with each of our cases, run right after that
+                   case: one row per (context, batch) beside ours, with the ratio, and
+                   decode at each context against the first
   --serve          measure `mlx-iree serve` instead: per (model, precision) one server on
                    loopback and, per --streams count, that many concurrent streamed greedy
                    requests (4 each, --steps new tokens, default 64) from the pinned openai
@@ -315,6 +316,16 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     // One case gives a row per (context, batch); `row_cases[i]` is the case of `rows[i]`.
     let (mut row_cases, mut rows) = (Vec::new(), Vec::new());
+    // The batched peer runs right after the first of our cases it pairs with, not after all
+    // of ours: this machine's speed drifts over minutes, and a ratio wants both sides in
+    // the same minutes.
+    let batched_peers = if opts.batched_peers() {
+        Some((peers::tools_bin()?, peer_models(&opts, &crate::model::models_dir())))
+    } else {
+        None
+    };
+    let mut theirs: Vec<BatchLine> = Vec::new();
+    let mut peered: Vec<(String, &'static str)> = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         note(format!(
             "{}/{}: {} at {} on {}",
@@ -331,6 +342,16 @@ pub fn run(args: &[String]) -> Result<()> {
             row_cases.push(case.clone());
             rows.push(row);
         }
+        if let Some((tools, models)) = &batched_peers {
+            let pair = pair_key(case).filter(|t| peers::LLAMA_CPP_TYPES.contains(t));
+            let model = models.iter().find(|m| m.family == case.family);
+            if let (Some(t), Some(m)) = (pair, model) {
+                if !peered.contains(&(m.family.clone(), t)) {
+                    theirs.extend(measure_batched_peer(&opts, tools, m, t)?);
+                    peered.push((m.family.clone(), t));
+                }
+            }
+        }
     }
     let cases = row_cases;
     let mut failed: Vec<String> = cases
@@ -344,7 +365,6 @@ pub fn run(args: &[String]) -> Result<()> {
     match bandwidth {
         None if opts.batched_peers() => {
             let mut lines: Vec<BatchLine> = cases.iter().zip(&rows).map(|(c, r)| BatchLine::ours(c, r)).collect();
-            let theirs = measure_batched_peers(&opts)?;
             failed.extend(theirs.iter().filter_map(|l| l.result.as_ref().err().map(|e| format!("{}: {e}", l.source))));
             lines.extend(theirs);
             if !opts.json {
@@ -1121,52 +1141,43 @@ impl BatchLine {
     }
 }
 
-/// llama-batched-bench per model and GGUF type: every (context, batch) in one run. With
-/// --json each row is printed as it is measured.
-fn measure_batched_peers(o: &Options) -> Result<Vec<BatchLine>> {
-    let models = peer_models(o, &crate::model::models_dir());
-    let tools = peers::tools_bin()?;
+/// llama-batched-bench on model `m` as GGUF type `t`: every (context, batch) in one run.
+/// With --json each row is printed as it is measured.
+fn measure_batched_peer(o: &Options, tools: &Path, m: &PeerModel, t: &'static str) -> Result<Vec<BatchLine>> {
     let contexts = o.contexts();
-    let total = models.len() * peers::LLAMA_CPP_TYPES.len();
+    note(format!("peer: llama-batched-bench {t} on {}", m.family));
+    let gguf = peers::gguf_path(&m.family, t);
+    let mut cmd = peers::batched_bench_command(tools, &gguf, &contexts, m.steps, &o.batch);
+    let rows = match run_child(&mut cmd)? {
+        Ok(stdout) => peers::parse_batched_bench(&stdout, &contexts, &o.batch).map_err(|e| format!("{e:#}")),
+        Err(e) => Err(e),
+    };
+    let line = |batch, context, result| BatchLine {
+        source: Source::peer(LLAMA_CPP, &m.family, t),
+        batch,
+        context,
+        steps: m.steps,
+        result,
+    };
     let mut lines = Vec::new();
-    let mut done = 0;
-    for m in &models {
-        for t in peers::LLAMA_CPP_TYPES {
-            done += 1;
-            note(format!("peers {done}/{total}: llama-batched-bench {t} on {}", m.family));
-            let gguf = peers::gguf_path(&m.family, t);
-            let mut cmd = peers::batched_bench_command(&tools, &gguf, &contexts, m.steps, &o.batch);
-            let rows = match run_child(&mut cmd)? {
-                Ok(stdout) => peers::parse_batched_bench(&stdout, &contexts, &o.batch).map_err(|e| format!("{e:#}")),
-                Err(e) => Err(e),
-            };
-            let line = |batch, context, result| BatchLine {
-                source: Source::peer(LLAMA_CPP, &m.family, t),
-                batch,
-                context,
-                steps: m.steps,
-                result,
-            };
-            match rows {
-                Ok(rows) => {
-                    for r in rows {
-                        if o.json {
-                            println!("{}", batched_bench_json(&gguf, t, &r));
-                        }
-                        lines.push(line(r.pl, r.pp, Ok((r.speed_pp, r.speed_tg))));
-                    }
+    match rows {
+        Ok(rows) => {
+            for r in rows {
+                if o.json {
+                    println!("{}", batched_bench_json(&gguf, t, &r));
                 }
-                Err(e) => {
-                    if o.json {
-                        let v = serde_json::json!({
-                            "engine": LLAMA_CPP, "tool": "llama-batched-bench", "model": gguf.display().to_string(),
-                            "device": "cpu", "precision": t, "error": e,
-                        });
-                        println!("{v}");
-                    }
-                    lines.push(line(0, 0, Err(e)));
-                }
+                lines.push(line(r.pl, r.pp, Ok((r.speed_pp, r.speed_tg))));
             }
+        }
+        Err(e) => {
+            if o.json {
+                let v = serde_json::json!({
+                    "engine": LLAMA_CPP, "tool": "llama-batched-bench", "model": gguf.display().to_string(),
+                    "device": "cpu", "precision": t, "error": e,
+                });
+                println!("{v}");
+            }
+            lines.push(line(0, 0, Err(e)));
         }
     }
     Ok(lines)
