@@ -345,11 +345,11 @@ pub fn run(args: &[String]) -> Result<()> {
         if let Some((tools, models)) = &batched_peers {
             let pair = pair_key(case).filter(|t| peers::LLAMA_CPP_TYPES.contains(t));
             let model = models.iter().find(|m| m.family == case.family);
-            if let (Some(t), Some(m)) = (pair, model) {
-                if !peered.contains(&(m.family.clone(), t)) {
-                    theirs.extend(measure_batched_peer(&opts, tools, m, t)?);
-                    peered.push((m.family.clone(), t));
-                }
+            if let (Some(t), Some(m)) = (pair, model)
+                && !peered.contains(&(m.family.clone(), t))
+            {
+                theirs.extend(measure_batched_peer(&opts, tools, m, t)?);
+                peered.push((m.family.clone(), t));
             }
         }
     }
