@@ -325,7 +325,7 @@ pub fn run(args: &[String]) -> Result<()> {
         None
     };
     let mut theirs: Vec<BatchLine> = Vec::new();
-    let mut peered: Vec<(String, &'static str)> = Vec::new();
+    let mut peered = FirstSeen::default();
     for (i, case) in cases.iter().enumerate() {
         note(format!(
             "{}/{}: {} at {} on {}",
@@ -342,15 +342,12 @@ pub fn run(args: &[String]) -> Result<()> {
             row_cases.push(case.clone());
             rows.push(row);
         }
-        if let Some((tools, models)) = &batched_peers {
-            let pair = pair_key(case).filter(|t| peers::LLAMA_CPP_TYPES.contains(t));
-            let model = models.iter().find(|m| m.family == case.family);
-            if let (Some(t), Some(m)) = (pair, model)
-                && !peered.contains(&(m.family.clone(), t))
-            {
-                theirs.extend(measure_batched_peer(&opts, tools, m, t)?);
-                peered.push((m.family.clone(), t));
-            }
+        if let Some((tools, models)) = &batched_peers
+            && let Some(t) = llama_cpp_pair(case)
+            && let Some(m) = models.iter().find(|m| m.family == case.family)
+            && peered.first(&m.family, t)
+        {
+            theirs.extend(measure_batched_peer(&opts, tools, m, t)?);
         }
     }
     let cases = row_cases;
@@ -394,15 +391,15 @@ pub fn run(args: &[String]) -> Result<()> {
 /// weights; one table (or JSON lines).
 fn serve(bin: &Path, cases: &[Case], opts: &Options, started: Instant) -> Result<()> {
     let mut rows = Vec::new();
-    let mut peered: Vec<(String, Option<&str>)> = Vec::new();
+    let mut peered = FirstSeen::default();
     for (i, case) in cases.iter().enumerate() {
         note(format!("{}/{}: serving {} at {}", i + 1, cases.len(), display_name(&case.model), case.precision));
         let mut measured = crate::serve_bench::measure(bin, case, opts)?;
-        // One llama-server series per family and weight format.
-        let key = (case.family.clone(), pair_key(case));
-        if opts.peers && !peered.contains(&key) {
-            measured.extend(crate::serve_bench::measure_llama_server(case, opts));
-            peered.push(key);
+        if opts.peers
+            && let Some(t) = llama_cpp_pair(case)
+            && peered.first(&case.family, t)
+        {
+            measured.extend(crate::serve_bench::measure_llama_server(case, t, opts));
         }
         for row in measured {
             if opts.json {
@@ -989,6 +986,28 @@ impl Line {
     }
 }
 
+/// (family, llama.cpp weight type) pairs a peer has run for: each llama.cpp tool runs once
+/// per pair, right after the first of our cases it compares with.
+#[derive(Default)]
+struct FirstSeen(Vec<(String, &'static str)>);
+
+impl FirstSeen {
+    /// Whether `(family, t)` is new (and remember it).
+    fn first(&mut self, family: &str, t: &'static str) -> bool {
+        let new = !self.0.iter().any(|(f, seen)| f == family && *seen == t);
+        if new {
+            self.0.push((family.to_owned(), t));
+        }
+        new
+    }
+}
+
+/// The llama.cpp weight type (f16, q4_0, q8_0) `case` compares with, None where llama.cpp
+/// has none (f32, bf16).
+pub fn llama_cpp_pair(case: &Case) -> Option<&'static str> {
+    pair_key(case).filter(|t| peers::LLAMA_CPP_TYPES.contains(t))
+}
+
 /// Which peer row one of our rows is compared with: f16 with llama.cpp f16, packed on a
 /// `-4bit` / `-8bit` folder with Q4_0 / Q8_0, f32 with mlx-lm's f32; bf16 with nothing.
 pub fn pair_key(case: &Case) -> Option<&'static str> {
@@ -1299,6 +1318,16 @@ mod tests {
 
     fn args(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn each_peer_runs_once_per_family_and_type() {
+        let mut seen = FirstSeen::default();
+        assert!(seen.first("llama", "q4_0"));
+        assert!(!seen.first("llama", "q4_0"));
+        assert!(seen.first("llama", "f16"));
+        assert!(seen.first("qwen2", "q4_0"));
+        assert!(!seen.first("qwen2", "q4_0"));
     }
 
     #[test]

@@ -232,12 +232,9 @@ fn start_llama_server(gguf: &Path, slots: usize, context: usize) -> Result<(Serv
 }
 
 /// llama-server's rows for `case`: per stream count, a server with that many slots on the
-/// GGUF of the case's weight format, driven by the same client; the server is killed at
-/// the end of its row, failed or not. No rows when nothing pairs (f32, bf16).
-pub fn measure_llama_server(case: &Case, o: &Options) -> Vec<ServeRow> {
-    let Some(t) = crate::bench::pair_key(case).filter(|t| peers::LLAMA_CPP_TYPES.contains(t)) else {
-        return Vec::new();
-    };
+/// GGUF of weight type `t` (`bench::llama_cpp_pair`), driven by the same client; the server
+/// is killed at the end of its row, failed or not.
+pub fn measure_llama_server(case: &Case, t: &'static str, o: &Options) -> Vec<ServeRow> {
     let gguf = peers::gguf_path(&case.family, t);
     o.streams
         .iter()

@@ -128,9 +128,10 @@ impl Plan {
         let cache = CacheShape { slots: config.max_batch, positions, elem: config.kv_elem };
         let mut batches: Vec<usize> = (0..).map(|i| 1 << i).take_while(|b| *b < config.max_batch).collect();
         batches.push(config.max_batch);
-        // A context under 128 positions gets no chunk of its own size: each size is one more
-        // compiled prefill and cache write, and 16-token calls cover a context that small.
-        let mut chunks: Vec<usize> = CHUNKS.iter().copied().filter(|c| *c <= positions).collect();
+        // Only chunks smaller than the context: a chunk the size of the whole context (128 at
+        // 128 positions) is one more compiled prefill and cache write (a third of a small
+        // model's compile) to save a few 16-token calls on prompts that are the context.
+        let mut chunks: Vec<usize> = CHUNKS.iter().copied().filter(|c| *c < positions).collect();
         if chunks.is_empty() {
             chunks.push(positions);
         }
@@ -557,7 +558,11 @@ mod tests {
             (&[1, 2, 4, 6][..], &[16][..], &[64][..])
         );
         let p = Plan::new(&cfg(), &config(1, Some(128))).unwrap();
-        assert_eq!((p.chunks.as_slice(), p.windows.as_slice()), (&[16, 128][..], &[128][..]));
+        assert_eq!((p.chunks.as_slice(), p.windows.as_slice()), (&[16][..], &[128][..]));
+        let p = Plan::new(&cfg(), &config(1, Some(129))).unwrap();
+        assert_eq!((p.chunks.as_slice(), p.windows.as_slice()), (&[16, 128][..], &[128, 129][..]));
+        let p = Plan::new(&cfg(), &config(1, Some(16))).unwrap();
+        assert_eq!(p.chunks, [16]);
         let p = Plan::new(&cfg(), &config(1, Some(10))).unwrap();
         assert_eq!((p.batches.as_slice(), p.chunks.as_slice(), p.windows.as_slice()), (&[1][..], &[10][..], &[10][..]));
         // Every prefill function's chunk fits its window.
