@@ -15,6 +15,18 @@ pub fn target_for(device: &str) -> Result<Target, crate::Error> {
     }
 }
 
+/// What one call costs on `target` beyond the rows it computes, in rows of work: how
+/// `Plan` weighs a padded prefill chunk against more, smaller calls. CPU code is
+/// compute-bound, so a padded row costs what a real one does and a call's own overhead is
+/// small (about 8 rows: SmolLM2 packed prefilled 16 tokens in 1/5.6 of the time of 128,
+/// docs/PERFORMANCE.md); a GPU call costs its dispatches, its rows nearly nothing.
+pub fn call_overhead_rows(target: &Target) -> usize {
+    match target {
+        Target::LlvmCpu { .. } => 8,
+        _ => 4096,
+    }
+}
+
 /// Which hand-written CPU kernels (`kernels::cpu`) packed matrices use on an `llvm-cpu`
 /// target. The binary maps `MLX_IREE_PACKED_KERNELS` (`0`, `avx2`, `avx512`, unset) onto it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

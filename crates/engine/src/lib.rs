@@ -94,6 +94,9 @@ pub struct Plan {
     pub chunks: Vec<usize>,
     /// Positions attention reads: powers of two from 128 below the context, and the context.
     pub windows: Vec<usize>,
+    /// What one call costs beyond its rows, in rows (`device::call_overhead_rows`): how
+    /// prefill weighs padding against more calls.
+    pub call_rows: usize,
 }
 
 /// Prompt chunk sizes: short prompts in 16-token calls, long ones in 128-token calls.
@@ -137,7 +140,8 @@ impl Plan {
         }
         let mut windows: Vec<usize> = (0..).map(|i| MIN_WINDOW << i).take_while(|w| *w < positions).collect();
         windows.push(positions);
-        Ok(Plan { cache, batches, chunks, windows })
+        let call_rows = crate::device::call_overhead_rows(&crate::device::target_for(&config.device)?);
+        Ok(Plan { cache, batches, chunks, windows, call_rows })
     }
 
     /// Every function the engine can call.
@@ -166,12 +170,26 @@ impl Plan {
         Some(Function::Decode { rows, window: self.window(top + 1)? })
     }
 
-    /// The prefill call for the next of `remaining` prompt tokens at `start`: the smallest
-    /// chunk that takes them all, else the largest; never one whose padding would pass the
-    /// end of the slot. `None` when no chunk fits there (the caller feeds single tokens).
+    /// The prefill call for the next of `remaining` prompt tokens at `start`: the first call
+    /// of the cheapest run of chunks covering them, a call costing its rows (padding
+    /// included) plus `call_rows`; ties go to the larger chunk. Never one whose padding would
+    /// pass the end of the slot. `None` when no chunk fits there (the caller feeds single
+    /// tokens).
     fn prefill(&self, start: usize, remaining: usize) -> Option<Function> {
         let fits: Vec<usize> = self.chunks.iter().copied().filter(|c| start + c <= self.cache.positions).collect();
-        let tokens = fits.iter().copied().find(|c| *c >= remaining).or_else(|| fits.last().copied())?;
+        let largest = *fits.last()?;
+        // A full largest chunk costs the least per token, so it goes first while it fills;
+        // under that, best[r] is the cheapest cover of r tokens (a small table: r < largest).
+        let tokens = if remaining >= largest {
+            largest
+        } else {
+            let cost = |c: usize| c + self.call_rows;
+            let mut best = vec![0usize; remaining + 1];
+            for r in 1..=remaining {
+                best[r] = fits.iter().map(|&c| cost(c) + best[r.saturating_sub(c)]).min()?;
+            }
+            *fits.iter().rev().min_by_key(|&&c| cost(c) + best[remaining.saturating_sub(c)])?
+        };
         Some(Function::Prefill { tokens, window: self.window(start + tokens)? })
     }
 }
@@ -607,11 +625,18 @@ mod tests {
         assert_eq!(p.decode(8, 999), Some(Function::Decode { rows: 8, window: 1000 }));
         assert_eq!(p.decode(9, 0), None);
         assert_eq!(p.prefill(0, 5), Some(Function::Prefill { tokens: 16, window: 128 }));
-        assert_eq!(p.prefill(0, 37), Some(Function::Prefill { tokens: 128, window: 128 }));
+        // On a CPU padding costs what real rows do: 37 tokens in three 16-token calls, 100
+        // in one of 128 (cheaper than seven of 16 once each call's overhead counts).
+        assert_eq!(p.prefill(0, 37), Some(Function::Prefill { tokens: 16, window: 128 }));
+        assert_eq!(p.prefill(0, 100), Some(Function::Prefill { tokens: 128, window: 128 }));
         assert_eq!(p.prefill(128, 300), Some(Function::Prefill { tokens: 128, window: 256 }));
         // Near the end of the slot: only chunks whose padding stays inside it.
         assert_eq!(p.prefill(900, 50), Some(Function::Prefill { tokens: 16, window: 1000 }));
         assert_eq!(p.prefill(990, 5), None);
+        // On a GPU a call costs its dispatches, whatever its rows: the fewest calls.
+        let gpu = Plan::new(&cfg(), &EngineConfig { device: "cuda".into(), ..config(8, Some(1000)) }).unwrap();
+        assert_eq!(gpu.prefill(0, 37), Some(Function::Prefill { tokens: 128, window: 128 }));
+        assert_eq!(gpu.prefill(0, 5), Some(Function::Prefill { tokens: 16, window: 128 }));
         // Every call the plan picks is one it compiles.
         let all = p.functions();
         for start in (0..1000).step_by(7) {
