@@ -1,5 +1,7 @@
 """Load generator for `cargo xtask bench --serve`: N concurrent streams against an
 OpenAI-compatible server, greedy, each request streamed so its time to first token is seen.
+Every request asks for `ignore_eos` (an extension both mlx-iree serve and llama-server take),
+so each generates exactly MAX_TOKENS and the servers compare the same work.
 
 Usage: serve_bench.py BASE_URL MODEL STREAMS REQUESTS MAX_TOKENS PROMPTS_FILE
 Prints one JSON object: streams, requests, tokens, wall_s, tok_s, ttft_p50_s, ttft_p99_s,
@@ -39,7 +41,7 @@ def main():
             first, tokens = None, 0
             for chunk in client.completions.create(
                 model=model, prompt=prompts[i % len(prompts)], max_tokens=max_tokens, temperature=0,
-                stream=True, stream_options={"include_usage": True},
+                stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
             ):
                 if chunk.choices and chunk.choices[0].text and first is None:
                     first = time.perf_counter() - started

@@ -43,6 +43,11 @@ pub struct Common {
     pub top_k: Option<usize>,
     pub seed: Option<u64>,
     pub stop: Option<Stop>,
+    /// Extension (llama.cpp's server and vLLM take it): generate past the model's
+    /// end-of-sequence tokens, up to `max_tokens` (stop strings still stop), so throughput
+    /// benchmarks compare the same number of tokens on every server.
+    #[serde(default)]
+    pub ignore_eos: bool,
     pub n: Option<usize>,
     #[serde(default)]
     pub stream: bool,

@@ -298,7 +298,7 @@ impl Server {
         let request = Request {
             prompt,
             max_tokens,
-            stop_tokens: model.eos.clone(),
+            stop_tokens: if common.ignore_eos { Vec::new() } else { model.eos.clone() },
             vocab_limit: Some(model.tokenizer.vocab_size()),
             sampling,
         };

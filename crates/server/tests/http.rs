@@ -263,6 +263,17 @@ fn chat_applies_the_template_and_streams_deltas() {
     assert_eq!(text, expected);
     assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], v["choices"][0]["finish_reason"]);
 
+    // `ignore_eos` (an extension): past the end of the turn, up to max_tokens.
+    assert!(n < 24 && v["choices"][0]["finish_reason"] == "stop", "the answer ends its turn: {v}");
+    let mut long = body.clone();
+    long["stream"] = json!(false);
+    long["ignore_eos"] = json!(true);
+    let v = post(server.addr, "/v1/chat/completions", &long).json();
+    assert_eq!((v["usage"]["completion_tokens"].clone(), v["choices"][0]["finish_reason"].clone()), (json!(24), json!("length")));
+    assert!(v["choices"][0]["message"]["content"].as_str().unwrap().starts_with(&expected), "{v}");
+    long["ignore_eos"] = json!("yes");
+    assert_eq!(post(server.addr, "/v1/chat/completions", &long).status, 400);
+
     // A stop string cuts the answer before it, with finish_reason "stop".
     let cut = expected.find("Paris").unwrap();
     body["stream"] = json!(false);
