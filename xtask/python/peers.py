@@ -17,11 +17,12 @@ Each prints one JSON line on stdout (progress goes to stderr).
     q_proj / k_proj for ggml's interleaved RoPE, 1-D tensors (norms) as f32, llama3
     RoPE scaling as a `rope_freqs` tensor. The vocabulary is not converted: the
     benchmark feeds token ids, so the file says `tokenizer.ggml.model = none` with
-    `llama.vocab_size`, which llama.cpp loads as that many placeholder tokens. The
-    same file therefore serves a model folder without tokenizer files (the random
-    Llama-3.2-1B shape). With --vocab-gguf, every `tokenizer.*` key of that GGUF
-    (SmolLM2's original, which the MLX folders were made from) is copied instead, so
-    llama-server can tokenize the text prompts of `cargo xtask bench --serve --peers`.
+    `llama.vocab_size`, which llama.cpp loads as that many placeholder tokens. With
+    --vocab-gguf, every `tokenizer.*` key of that GGUF (SmolLM2's original, which the
+    MLX folders were made from) is copied instead, so llama-server can tokenize the text
+    prompts of `cargo xtask bench --serve --peers`; the random Llama-3.2-1B shape gets
+    the same, padded with unused tokens to its 128,256 rows (its MLX folders carry
+    SmolLM2's tokenizer files likewise).
   * quantize: llama.cpp's `llama_model_quantize` (its standard recipe for the type, as
     `llama-quantize` would do it).
   * bench: loads the GGUF on the CPU with n_threads = the CPUs this process may use,
@@ -148,19 +149,31 @@ LAYER_TENSORS = {
 
 
 def copy_tokenizer(w, path, vocab_size):
-    """Every `tokenizer.*` key of the GGUF at `path`, with its value types, into writer `w`."""
+    """Every `tokenizer.*` key of the GGUF at `path`, with its value types, into writer `w`.
+
+    A model with more embedding rows than the tokenizer has tokens (the random 1B shape,
+    128,256 rows, given SmolLM2's 49,152 tokens) gets the rest as unused `[PAD<id>]`
+    tokens, as llama.cpp's convert_hf_to_gguf.py pads a short vocabulary."""
     import gguf
 
     fields = gguf.GGUFReader(path).fields
     tokens = fields.get("tokenizer.ggml.tokens")
-    if tokens is None or len(tokens.contents()) != vocab_size:
-        got = "none" if tokens is None else len(tokens.contents())
-        raise SystemExit(f"peers.py: {path} has {got} tokens; the model's vocab_size is {vocab_size}")
+    have = None if tokens is None else len(tokens.contents())
+    if have is None or have > vocab_size:
+        raise SystemExit(f"peers.py: {path} has {have or 'no'} tokens; the model's vocab_size is {vocab_size}")
+    pad = range(have, vocab_size)
     for key, field in fields.items():
         if not key.startswith("tokenizer."):
             continue
         if field.types[0] == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(key, field.contents(), field.types[0], sub_type=field.types[1])
+            contents = field.contents()
+            if key == "tokenizer.ggml.tokens":
+                contents = contents + [f"[PAD{i}]" for i in pad]
+            elif key == "tokenizer.ggml.token_type":
+                contents = contents + [int(gguf.TokenType.UNUSED)] * len(pad)
+            elif key == "tokenizer.ggml.scores":
+                contents = contents + [0.0] * len(pad)
+            w.add_key_value(key, contents, field.types[0], sub_type=field.types[1])
         else:
             w.add_key_value(key, field.contents(), field.types[0])
 

@@ -434,7 +434,8 @@ fn prepare(o: &Options) -> Result<()> {
     let toolchain = crate::setup::run()?;
     let runtime = if o.device.starts_with("cuda") { Target::Cuda } else { Target::Cpu };
     let runtime_dir = build_iree::build(&toolchain, runtime)?;
-    if o.models.contains(&ModelArg::SmolLm2) {
+    // The 1B shape borrows SmolLM2's tokenizer (llama_1b), so it needs SmolLM2 too.
+    if o.models.contains(&ModelArg::SmolLm2) || o.models.contains(&ModelArg::Llama1b) {
         crate::model::run(&[])?;
     }
     if o.models.contains(&ModelArg::Llama1b) {
@@ -485,6 +486,22 @@ fn llama_1b(variants: &[&str]) -> Result<()> {
             util::progress("bench 2/2", "random weights with mlx-lm: about a minute");
             util::run(fixtures::python(&venv, "make_random_llama.py").args(["--variant", v, "--out"]).arg(partial))
         })?;
+        borrow_tokenizer(&crate::model::models_dir().join(SMOLLM2), &dest)?;
+    }
+    Ok(())
+}
+
+/// SmolLM2's tokenizer files, which the random 1B shape takes so that it can be served
+/// (`--serve` sends text): its 49,152 ids are all below the 1B shape's 128,256 rows, the
+/// server samples only ids the tokenizer has, and the peers' GGUFs carry the same tokenizer
+/// padded with unused tokens (peers.py). Copied when missing or different.
+fn borrow_tokenizer(smollm2: &Path, dest: &Path) -> Result<()> {
+    for name in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"] {
+        let (from, to) = (smollm2.join(name), dest.join(name));
+        let bytes = std::fs::read(&from).with_context(|| format!("reading {}", from.display()))?;
+        if std::fs::read(&to).ok().as_deref() != Some(&bytes[..]) {
+            std::fs::write(&to, &bytes).with_context(|| format!("writing {}", to.display()))?;
+        }
     }
     Ok(())
 }
@@ -747,7 +764,8 @@ pub fn table(cases: &[Case], rows: &[Row]) -> String {
 /// A model the peers run: its family (the name rows are grouped by), the float folder
 /// llama.cpp's GGUFs are converted from, whether mlx-lm gets a row, and the GGUF whose
 /// tokenizer the converted files carry (SmolLM2's original, so that llama-server can
-/// tokenize the text prompts of `--serve`; the other models get none, `peers.py`).
+/// tokenize the text prompts of `--serve`, for SmolLM2 and the 1B shape; a folder given
+/// gets none, `peers.py`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerModel {
     pub family: String,
@@ -769,7 +787,10 @@ pub fn peer_models(o: &Options, models_dir: &Path) -> Vec<PeerModel> {
                 let vocab = crate::model::source_gguf(models_dir);
                 (family.to_owned(), models_dir.join(format!("{family}-f16")), true, vocab)
             }
-            ModelArg::Llama1b => (LLAMA_1B.to_owned(), llama_1b_dir(models_dir, "f16"), false, None),
+            ModelArg::Llama1b => {
+                let vocab = crate::model::source_gguf(models_dir);
+                (LLAMA_1B.to_owned(), llama_1b_dir(models_dir, "f16"), false, vocab)
+            }
             ModelArg::Dir(dir) => (display_name(dir), dir.clone(), false, None),
         };
         if !out.iter().any(|p| p.family == family) {
@@ -1744,9 +1765,11 @@ mod tests {
             ("llama-1b-random", "/m/llama-1b-random-f16", 16, false),
             ("mine", "/x/mine", 128, false),
         ];
-        // SmolLM2's GGUFs carry the tokenizer of the GGUF it was made from (llama-server needs it).
+        // SmolLM2's GGUFs carry the tokenizer of the GGUF it was made from (llama-server needs
+        // it), and so do the 1B shape's (padded, peers.py).
         let vocab: Vec<Option<&Path>> = got.iter().map(|p| p.vocab.as_deref()).collect();
-        assert_eq!(vocab, [Some(Path::new("/m/download/SmolLM2-135M-Instruct.Q4_1.gguf")), None, None]);
+        let smollm2 = Path::new("/m/download/SmolLM2-135M-Instruct.Q4_1.gguf");
+        assert_eq!(vocab, [Some(smollm2), Some(smollm2), None]);
         let got: Vec<(&str, String, usize, bool)> =
             got.iter().map(|p| (p.family.as_str(), p.src.display().to_string(), p.steps, p.mlx_lm)).collect();
         let want: Vec<(&str, String, usize, bool)> =
