@@ -16,7 +16,8 @@ use std::path::Path;
 /// Output rows (6 blocks of 16: a full workgroup of 4 and a partial one) and input width.
 const O: usize = 96;
 const K: usize = 256;
-/// Rows of x: one; 3 (chunks of 2 and 1); 8 (one panel); 13 (a panel, then 4 and 1).
+/// Rows of x: one; 3 (chunks of 2 and 1); 8 (one panel; AMX tiles); 13 (a panel, then 5
+/// rows: chunks of 4 and 1, or the AMX object's tiles again).
 const ROWS: [usize; 4] = [1, 3, 8, 13];
 const IDS: [i32; 5] = [0, 95, 17, 17, 1000]; // 1000 is clamped to the last row
 
@@ -32,8 +33,15 @@ fn entries() -> Vec<Entry> {
     all
 }
 
-fn group_size(bits: u32) -> usize {
-    if bits == 4 { 64 } else { 32 }
+/// MLX's usual group sizes (64 and 32) and the extremes the kernels take: 128 (the AMX object
+/// splits it in two chunks) and 16 (half of the 32 values its quantization takes at once).
+fn group_size(bits: u32, scale: Scale) -> usize {
+    match (bits, scale) {
+        (4, Scale::F16) => 64,
+        (4, Scale::F32) => 128,
+        (_, Scale::F16) => 32,
+        (_, Scale::F32) => 16,
+    }
 }
 
 fn function_name(e: &Entry, rows: usize) -> String {
@@ -49,7 +57,7 @@ fn module(object: &Path) -> String {
     let ctx = Context::new();
     let m = Module::new(&ctx);
     for e in entries() {
-        let gs = group_size(e.bits);
+        let gs = group_size(e.bits, e.scale);
         let (blocks, block_bytes, groups) = (O / 16, K * e.bits as usize * 16 / 8, K / gs);
         let row_counts: &[usize] = if e.op == Op::Matvec { &ROWS } else { &[IDS.len()] };
         for &t in row_counts {
@@ -77,6 +85,7 @@ fn module(object: &Path) -> String {
 /// the kernel reads f16).
 struct Matrix {
     bits: u32,
+    group_size: usize,
     q: Vec<u8>,
     scales: Vec<f32>,
     biases: Vec<f32>,
@@ -84,13 +93,14 @@ struct Matrix {
 
 impl Matrix {
     fn random(bits: u32, scale: Scale, seed: u64) -> Matrix {
-        let groups = K / group_size(bits);
+        let group_size = group_size(bits, scale);
+        let groups = K / group_size;
         let round = |v: f32| if scale == Scale::F16 { f16::from_f32(v).to_f32() } else { v };
         let levels = 1u32 << bits;
         let q = values(seed, O * K).iter().map(|v| (((v + 1.0) * 0.5 * levels as f32) as u32 % levels) as u8).collect();
         let scales = values(seed + 1, O * groups).iter().map(|v| round(0.01 + 0.02 * v.abs())).collect();
         let biases = values(seed + 2, O * groups).iter().map(|v| round(-0.1 * v.abs())).collect();
-        Matrix { bits, q, scales, biases }
+        Matrix { bits, group_size, q, scales, biases }
     }
 
     /// MLX's packed words: value k of a row at bits `bits * (k % (32 / bits))` of word
@@ -103,7 +113,7 @@ impl Matrix {
     }
 
     fn upload(&self, device: &iree_hal::Device, scale: Scale) -> [iree_hal::BufferView; 3] {
-        let groups = K / group_size(self.bits);
+        let groups = K / self.group_size;
         let blocks = O / 16;
         let w = cpu::repack_weight(self.bits, O, K, &self.mlx_bytes());
         let w = device.upload_bytes(iree_hal::ElementType::I8, &[blocks, w.len() / blocks], &w).unwrap();
@@ -125,7 +135,7 @@ impl Matrix {
 /// `_mm512_reduce_add_ps` does), exact integer dot products, then per group
 /// `acc = fma(scale, dot * x_scale, acc); acc = fma(bias, x_sum, acc)`.
 fn model_qmv(m: &Matrix, x: &[f32], t: usize) -> Vec<f32> {
-    let gs = group_size(m.bits);
+    let gs = m.group_size;
     let groups = K / gs;
     let mut y = vec![0f32; t * O];
     for row in 0..t {
@@ -159,7 +169,7 @@ fn model_qmv(m: &Matrix, x: &[f32], t: usize) -> Vec<f32> {
 
 /// `x · Wᵀ` with the dequantized matrix, in f64.
 fn exact_qmv(m: &Matrix, x: &[f32], t: usize) -> Vec<f64> {
-    let gs = group_size(m.bits);
+    let gs = m.group_size;
     let w = |o: usize, k: usize| {
         let g = o * (K / gs) + k / gs;
         f64::from(m.scales[g]) * f64::from(m.q[o * K + k]) + f64::from(m.biases[g])
@@ -193,7 +203,7 @@ fn run(isa: Isa) -> Vec<Vec<f32>> {
             let ids = device.upload(&[IDS.len()], &IDS).unwrap();
             let got: Vec<f32> =
                 session.call(&function_name(&e, IDS.len()), &[&ids, &w, &s, &b]).unwrap()[0].to_vec().unwrap();
-            let gs = group_size(e.bits);
+            let gs = m.group_size;
             for (t, id) in IDS.iter().enumerate() {
                 let o = (*id as usize).min(O - 1);
                 for k in 0..K {

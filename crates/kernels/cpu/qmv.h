@@ -10,6 +10,13 @@
 //!   `y + j * stride`. `bits`, `f16` and `n` are constants at every call, so each call is
 //!   compiled for them with its accumulators in registers.
 //!
+//! An instruction set that computes a whole panel at once (AMX tiles) also defines, before
+//! including this header, `WHOLE_PANEL_ROWS` (the fewest rows of a panel worth it; smaller
+//! panels go through the functions above) and, after, `whole_panel(bits, f16, x, K, w,
+//! block_bytes, s, b, np, gs, y, stride, nb)`: the panel's np rows of x (K apart; np not a
+//! constant) times nb consecutive blocks (weights block_bytes apart, scales and biases from
+//! their first block's), every group, added to y (rows `stride` apart, zero on entry).
+//!
 //! Layouts (written by crates/kernels/src/cpu.rs, `repack_*`), per block of 16 rows,
 //! consecutive along k, in 32-byte tiles:
 //! - 4-bit: 16 rows x 4 k; byte 2r + p holds q[r, k0 + p] in its low nibble and
@@ -48,11 +55,20 @@ static inline void quantize_group(const float* xg, size_t gs, int16_t* q, float*
 static inline __attribute__((always_inline)) void group_rows(int bits, int f16, const uint8_t* wg,
                                                              const xpanel_t* xp, size_t i, size_t n, size_t gs,
                                                              const void* s, const void* b, float* y, size_t stride);
+#ifdef WHOLE_PANEL_ROWS
+static inline void whole_panel(int bits, int f16, const float* x, size_t K, const uint8_t* w, size_t block_bytes,
+                               const void* s, const void* b, size_t np, size_t gs, float* y, size_t stride,
+                               size_t nb);
+#define WHOLE_PANEL(np) ((np) >= WHOLE_PANEL_ROWS)
+#else
+#define WHOLE_PANEL(np) 0
+#define whole_panel(...) ((void)0)
+#endif
 
 // One exported matvec per (bits, scale type). A workgroup computes row blocks [rb0, rb1) (at
 // most BLOCKS) for every row of x, accumulating in y itself. Per panel of rows and per group,
 // each row's group is quantized once, and each block's tiles are read for 8, then 4, 2 and 1
-// rows at a time (what is left of the panel).
+// rows at a time (what is left of the panel), or the whole panel at once by `whole_panel`.
 #define QMV(NAME, BITS, F16, STYPE)                                                               \
   void NAME(const float* x, size_t x_off, const uint8_t* w, size_t w_off, const STYPE* sc,        \
             size_t s_off, const STYPE* bi, size_t b_off, float* y, size_t y_off, size_t T,        \
@@ -67,6 +83,11 @@ static inline __attribute__((always_inline)) void group_rows(int bits, int f16, 
       const size_t np = T - t0 < PANEL ? T - t0 : PANEL;                                          \
       for (size_t t = t0; t < t0 + np; ++t)                                                       \
         for (size_t c = rb0 * 16; c < rb1 * 16; ++c) y[t * O + c] = 0.0f;                        \
+      if (WHOLE_PANEL(np)) {                                                                      \
+        whole_panel(BITS, F16, x + t0 * K, K, w + rb0 * block_bytes, block_bytes, sc + rb0 * G * 16, \
+                    bi + rb0 * G * 16, np, GS, y + t0 * O + rb0 * 16, O, rb1 - rb0);               \
+        continue;                                                                                 \
+      }                                                                                           \
       for (size_t g = 0; g < G; ++g) {                                                            \
         for (size_t i = 0; i < np; ++i)                                                           \
           quantize_group(x + (t0 + i) * K + g * GS, GS, xp.q[i], &xp.scale[i], &xp.sum[i]);       \

@@ -1,7 +1,8 @@
 //! The x86-64 kernels: fused dequant + matvec (`qmv`) and packed-row lookup (`qrows`), for
 //! 4- and 8-bit weights with f16 or f32 scales, built once per instruction set ([`Isa`]):
-//! `cpu/qmv_x86_64.c` (AVX-512 VNNI) and `cpu/qmv_x86_64_avx2.c` (AVX2), with the same entry
-//! points, layouts and numerics (their results are bit-identical), so only the object differs.
+//! `cpu/qmv_x86_64_amx.c` (AMX-INT8), `cpu/qmv_x86_64.c` (AVX-512 VNNI) and
+//! `cpu/qmv_x86_64_avx2.c` (AVX2), with the same entry points, layouts and numerics (their
+//! results are bit-identical), so only the object differs.
 //!
 //! Invariants shared with the C sources: 16-row blocks; 32-byte tiles of 16 rows x 4 k
 //! (4-bit; byte `2r + p` holds `k0 + p` low, `k0 + 2 + p` high) or 16 rows x 2 k (8-bit;
@@ -22,6 +23,10 @@ pub const EXECUTABLE: &str = "mlx_iree_kernels";
 /// An instruction set the kernels are built for; one object each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Isa {
+    /// AMX-INT8 tiles (`tdpbuud`) for 4 rows of x or more, the AVX-512 VNNI arithmetic below
+    /// that (it also needs AVX-512 VBMI and VL): Intel Xeon since Sapphire Rapids. The process
+    /// must be granted the tile state (Linux `arch_prctl`), which [`Isa::host_has`] asks for.
+    Amx,
     /// AVX-512 F, BW and VNNI (`vpdpwssd`): Intel since Cascade Lake (Xeon) or Ice Lake, AMD
     /// since Zen 4.
     Avx512Vnni,
@@ -31,26 +36,30 @@ pub enum Isa {
 
 impl Isa {
     /// Every instruction set, fastest first.
-    pub const ALL: [Isa; 2] = [Isa::Avx512Vnni, Isa::Avx2];
+    pub const ALL: [Isa; 3] = [Isa::Amx, Isa::Avx512Vnni, Isa::Avx2];
 
-    /// The short name (`avx512`, `avx2`), as the binary's `MLX_IREE_PACKED_KERNELS` spells it
-    /// and as the installed object's file name carries it.
+    /// The short name (`amx`, `avx512`, `avx2`), as the binary's `MLX_IREE_PACKED_KERNELS`
+    /// spells it and as the installed object's file name carries it.
     pub fn name(self) -> &'static str {
         match self {
+            Isa::Amx => "amx",
             Isa::Avx512Vnni => "avx512",
             Isa::Avx2 => "avx2",
         }
     }
 
-    /// Whether this machine's CPU has the instructions the object uses.
+    /// Whether this machine's CPU has the instructions the object uses (for AMX: and this
+    /// process may use them; the first call asks Linux for the tile state).
     pub fn host_has(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
             // F16C and FMA come with every AVX-512 CPU, but the object is built with them.
             let base = has!("avx2") && has!("fma") && has!("f16c");
+            let avx512 = base && has!("avx512f") && has!("avx512bw") && has!("avx512vnni");
             match self {
-                Isa::Avx512Vnni => base && has!("avx512f") && has!("avx512bw") && has!("avx512vnni"),
+                Isa::Amx => avx512 && has!("avx512vbmi") && has!("avx512vl") && amx_granted(),
+                Isa::Avx512Vnni => avx512,
                 Isa::Avx2 => base,
             }
         }
@@ -67,6 +76,40 @@ impl Isa {
     }
 }
 
+/// Whether the CPU has AMX-INT8 tiles and Linux lets this process use them. Tile data is
+/// state the kernel hands out only on request (`arch_prctl(ARCH_REQ_XCOMP_PERM,
+/// XFEATURE_XTILEDATA)`, for every thread of the process, before any tile instruction); the
+/// kernel object is freestanding, so the host asks, once, and remembers the answer.
+#[cfg(target_arch = "x86_64")]
+fn amx_granted() -> bool {
+    static GRANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *GRANTED.get_or_init(|| {
+        // CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8.
+        let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
+        if ((leaf7.edx >> 24) & 3) != 3 {
+            return false;
+        }
+        request_tile_data()
+    })
+}
+
+/// Asks Linux for the AMX tile data state; false when refused (an older kernel, a too small
+/// signal stack in some thread).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn request_tile_data() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl(ARCH_REQ_XCOMP_PERM, feature) takes two integers and touches no memory
+    // of ours; asking again once granted succeeds and changes nothing.
+    unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+}
+
+/// Other systems: not asked for, so not used.
+#[cfg(all(target_arch = "x86_64", not(target_os = "linux")))]
+fn request_tile_data() -> bool {
+    false
+}
+
 impl std::fmt::Display for Isa {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -75,7 +118,7 @@ impl std::fmt::Display for Isa {
 
 /// A name that is not an [`Isa`]'s.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown instruction set `{0}` (expected avx512 or avx2)")]
+#[error("unknown instruction set `{0}` (expected amx, avx512 or avx2)")]
 pub struct UnknownIsa(pub String);
 
 impl std::str::FromStr for Isa {
@@ -93,10 +136,17 @@ const OBJECTS: [Option<&[u8]>; 2] = [
 ];
 #[cfg(not(kernels_cpu_object))]
 const OBJECTS: [Option<&[u8]>; 2] = [None, None];
+// Built only by compilers that know AMX (build.rs).
+#[cfg(kernels_cpu_amx_object)]
+const AMX_OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/qmv_x86_64_amx.o")));
+#[cfg(not(kernels_cpu_amx_object))]
+const AMX_OBJECT: Option<&[u8]> = None;
 
-/// The compiled object for `isa`, when this build has one (x86-64 with a C compiler).
+/// The compiled object for `isa`, when this build has one (x86-64 with a C compiler; for AMX,
+/// one that knows it).
 pub fn object(isa: Isa) -> Option<&'static [u8]> {
     match isa {
+        Isa::Amx => AMX_OBJECT,
         Isa::Avx512Vnni => OBJECTS[0],
         Isa::Avx2 => OBJECTS[1],
     }
@@ -367,8 +417,9 @@ mod tests {
             assert_eq!(isa.name().parse::<Isa>(), Ok(isa));
         }
         assert_eq!("sse2".parse::<Isa>(), Err(UnknownIsa("sse2".into())));
-        // AVX2 is a subset of what the AVX-512 object needs.
+        // AVX2 is a subset of what the AVX-512 object needs, which is a subset of AMX's.
         assert!(!Isa::Avx512Vnni.host_has() || Isa::Avx2.host_has());
+        assert!(!Isa::Amx.host_has() || Isa::Avx512Vnni.host_has());
         assert_eq!(host_isa(), Isa::ALL.into_iter().find(|i| i.runs_on_host()));
         assert!(host_isas().all(Isa::runs_on_host));
     }
@@ -389,8 +440,9 @@ mod tests {
             assert_eq!(std::fs::read(path).unwrap(), object(isa).unwrap());
             assert_eq!(install(&dir, isa).unwrap().as_ref(), Some(path), "idempotent");
         }
-        if let [Some(a), Some(b)] = &paths[..] {
-            assert_ne!(a, b);
+        let installed: Vec<&PathBuf> = paths.iter().flatten().collect();
+        for (i, a) in installed.iter().enumerate() {
+            assert!(installed[i + 1..].iter().all(|b| b != a), "{a:?} twice");
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -1,0 +1,90 @@
+//! The AVX-512 VNNI arithmetic of the packed matvec (`vpdpwssd`): qmv.h's `quantize_group` and
+//! `group_rows`, shared by the AVX-512 object (qmv_x86_64.c) and the AMX one
+//! (qmv_x86_64_amx.c), which runs it for panels with too few rows of x to pay for its tiles.
+//! Include after qmv.h.
+//!
+//! Each group of x is quantized to i16 against its largest magnitude, the integer dot
+//! products are exact, and scale, bias and x's scale apply in f32 once per group. One zmm
+//! register holds a block's 16 rows; each tile is unpacked once for up to 8 rows of x.
+
+static inline __m512 load16_f16(const void* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+}
+static inline __m512 load16_f32(const void* p) { return _mm512_loadu_ps((const float*)p); }
+
+// 16 values of x times `inv`, rounded to nearest even (the default MXCSR mode); |value| <=
+// 32767 fits i16.
+static inline __m512i quantize16(const float* x, __m512 inv) {
+  return _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), inv));
+}
+
+static inline void quantize_group(const float* xg, size_t gs, int16_t* q, float* scale, float* sum) {
+  __m512 amax = _mm512_setzero_ps(), s = _mm512_setzero_ps();
+  for (size_t k = 0; k < gs; k += 16) {
+    const __m512 v = _mm512_loadu_ps(xg + k);
+    amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
+    s = _mm512_add_ps(s, v);
+  }
+  const float m = _mm512_reduce_max_ps(amax);
+  *sum = _mm512_reduce_add_ps(s);
+  *scale = m / 32767.0f;
+  const __m512 inv = _mm512_set1_ps(m > 0.0f ? 32767.0f / m : 0.0f);
+  for (size_t k = 0; k < gs; k += 16) _mm256_store_si256((__m256i*)(q + k), _mm512_cvtepi32_epi16(quantize16(xg + k, inv)));
+}
+
+// sum_k q[r, k] * xq[i][k] over one group for a block's 16 rows and n rows of x, exact in
+// i32. Two accumulators per row of x (low and high k pairs) hide vpdpwssd's latency when n
+// is small. 4-bit tiles: 16 rows x 4 k in 32 bytes; byte 2r + p holds q[r, k0 + p] (low
+// nibble) and q[r, k0 + 2 + p] (high nibble).
+static inline __attribute__((always_inline)) void group_dot4(const uint8_t* wg, const int16_t (*xq)[MAX_GROUP],
+                                                             size_t n, size_t gs, __m512i acc[PANEL]) {
+  const __m512i low = _mm512_set1_epi16(0xF);
+  __m512i a0[PANEL], a1[PANEL];
+  for (size_t i = 0; i < n; ++i) a0[i] = a1[i] = _mm512_setzero_si512();
+  for (size_t k = 0; k < gs; k += 4, wg += 32) {
+    const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)wg));
+    const __m512i l = _mm512_and_si512(v, low), h = _mm512_srli_epi16(v, 4);
+    for (size_t i = 0; i < n; ++i) {
+      a0[i] = _mm512_dpwssd_epi32(a0[i], l, _mm512_set1_epi32(pair_of(xq[i], k)));
+      a1[i] = _mm512_dpwssd_epi32(a1[i], h, _mm512_set1_epi32(pair_of(xq[i], k + 2)));
+    }
+  }
+  for (size_t i = 0; i < n; ++i) acc[i] = _mm512_add_epi32(a0[i], a1[i]);
+}
+
+// 8-bit tiles: 16 rows x 2 k in 32 bytes; byte 2r + p holds q[r, k0 + p]. Two tiles per step.
+static inline __attribute__((always_inline)) void group_dot8(const uint8_t* wg, const int16_t (*xq)[MAX_GROUP],
+                                                             size_t n, size_t gs, __m512i acc[PANEL]) {
+  __m512i a0[PANEL], a1[PANEL];
+  for (size_t i = 0; i < n; ++i) a0[i] = a1[i] = _mm512_setzero_si512();
+  for (size_t k = 0; k < gs; k += 4, wg += 64) {
+    const __m512i v0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)wg));
+    const __m512i v1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(wg + 32)));
+    for (size_t i = 0; i < n; ++i) {
+      a0[i] = _mm512_dpwssd_epi32(a0[i], v0, _mm512_set1_epi32(pair_of(xq[i], k)));
+      a1[i] = _mm512_dpwssd_epi32(a1[i], v1, _mm512_set1_epi32(pair_of(xq[i], k + 2)));
+    }
+  }
+  for (size_t i = 0; i < n; ++i) acc[i] = _mm512_add_epi32(a0[i], a1[i]);
+}
+
+// y[j] = fma(bias, sum, fma(scale, dot * x_scale, y[j])) for one block's 16 outputs of row j
+// of x (the epilogue every object computes in this order).
+static inline __attribute__((always_inline)) void epilogue16(__m512i dot_i32, __m512 sv, __m512 bv, float dx,
+                                                             float xsum, float* yr) {
+  const __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(dot_i32), _mm512_set1_ps(dx));
+  _mm512_storeu_ps(yr, _mm512_fmadd_ps(bv, _mm512_set1_ps(xsum), _mm512_fmadd_ps(sv, dot, _mm512_loadu_ps(yr))));
+}
+
+static inline __attribute__((always_inline)) void group_rows(int bits, int f16, const uint8_t* wg,
+                                                             const xpanel_t* xp, size_t i, size_t n, size_t gs,
+                                                             const void* s, const void* b, float* y, size_t stride) {
+  __m512i a[PANEL];
+  if (bits == 4) {
+    group_dot4(wg, xp->q + i, n, gs, a);
+  } else {
+    group_dot8(wg, xp->q + i, n, gs, a);
+  }
+  const __m512 sv = f16 ? load16_f16(s) : load16_f32(s), bv = f16 ? load16_f16(b) : load16_f32(b);
+  for (size_t j = 0; j < n; ++j) epilogue16(a[j], sv, bv, xp->scale[i + j], xp->sum[i + j], y + j * stride);
+}

@@ -1,0 +1,273 @@
+//! Fused dequantize + matrix-vector product for MLX affine 4- and 8-bit weights (AMX-INT8).
+//!
+//! The AMX twin of qmv_x86_64.c: the same exported functions, layouts, driver (qmv.h) and
+//! numerics, so its results are the same bits. A panel of at least WHOLE_PANEL_ROWS rows of x
+//! runs on AMX tiles. Its i16 group values are split into bytes, x = 256 * hi + lo, and both
+//! halves go into one tile of unsigned bytes (hi + 128 in the first np rows, lo in the next
+//! np), so one `tdpbuud` (u8 x u8 -> i32) per block and chunk of k gives every row's
+//! (hi + 128) . q and lo . q; with the block's sums of q (from the unpacked weights),
+//! dot = 256 * C[j] + C[np + j] - 32768 * sum(q) is exact in i32 (|x| <= 32767, q <= 255,
+//! group <= 128, so it fits; the wrapping intermediate sums do not matter). Then the same
+//! f32 epilogue as the AVX-512 object, in the same order. Fewer rows (decode of one
+//! sequence, bound by memory rather than arithmetic) run the AVX-512 VNNI arithmetic
+//! (qmv_avx512.h), so this object is never slower than that one.
+//!
+//! Weights stay packed in memory: each block's group is unpacked into the tile-B layout in a
+//! stack buffer (L1) just before its tile load. A panel configures the tiles and releases
+//! them before its exported call returns (IREE's worker threads run other code in between).
+//! The process must have been granted AMX tile data (Linux
+//! `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`), which the host side asks for
+//! before it chooses this object (kernels::cpu::Isa::host_has). Stack: about 13 KB (IREE's
+//! worker threads have 128 KB).
+
+// Panels of 4 rows or more go to the tiles (fewer do not pay for them).
+#define WHOLE_PANEL_ROWS 4
+
+#include "qmv.h"
+#include "qmv_avx512.h"
+
+_Static_assert(PANEL == 8, "quantize_panel reduces 8 rows; the A tile holds 2 * PANEL <= 16 rows");
+
+// One group of a panel, as the A tile loads it: rows MAX_GROUP apart, hi + 128 of the np rows
+// of x, then their lo; with each row's scale and sum.
+typedef struct {
+  uint8_t a[2 * PANEL][MAX_GROUP] __attribute__((aligned(64)));
+  float scale[PANEL], sum[PANEL];
+} tpanel_t;
+
+// The horizontal sums (or maxima) of 8 vectors, in the order of _mm512_reduce_add_ps (lane j
+// plus lane j + 8, then + 4, + 2, + 1), as 8 floats in row order: the same bits as reducing
+// each one alone, in about a quarter of the instructions. (No arrays: gcc keeps those in
+// memory.)
+#define REDUCE8(OP, v0, v1, v2, v3, v4, v5, v6, v7, out)                                               \
+  do {                                                                                                 \
+    /* Lanes 0-7 of both plus lanes 8-15 of both. */                                                   \
+    const __m512 h0 = OP(_mm512_shuffle_f32x4(v0, v1, 0x44), _mm512_shuffle_f32x4(v0, v1, 0xEE));       \
+    const __m512 h1 = OP(_mm512_shuffle_f32x4(v2, v3, 0x44), _mm512_shuffle_f32x4(v2, v3, 0xEE));       \
+    const __m512 h2 = OP(_mm512_shuffle_f32x4(v4, v5, 0x44), _mm512_shuffle_f32x4(v4, v5, 0xEE));       \
+    const __m512 h3 = OP(_mm512_shuffle_f32x4(v6, v7, 0x44), _mm512_shuffle_f32x4(v6, v7, 0xEE));       \
+    /* Quarters 0 and 2 plus quarters 1 and 3: 128-bit lane l holds row l's four values (q0) and */  \
+    /* row 4 + l's (q1). */                                                                            \
+    const __m512 q0 = OP(_mm512_shuffle_f32x4(h0, h1, 0x88), _mm512_shuffle_f32x4(h0, h1, 0xDD));       \
+    const __m512 q1 = OP(_mm512_shuffle_f32x4(h2, h3, 0x88), _mm512_shuffle_f32x4(h2, h3, 0xDD));       \
+    const __m512 e = OP(_mm512_shuffle_ps(q0, q1, 0x44), _mm512_shuffle_ps(q0, q1, 0xEE));             \
+    const __m512 f = OP(e, _mm512_shuffle_ps(e, e, 0xB1)); /* lane l: row l twice, row 4 + l twice */   \
+    out = _mm512_castps512_ps256(                                                                      \
+        _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0), f));   \
+  } while (0)
+
+// One group of the panel's np rows (K apart) as bytes: the i16 values quantize_group gives
+// each row, as hi + 128 and lo, with the same scales and sums. One pass for every row's
+// maximum and sum (reduced together), then one for the values.
+static inline void quantize_panel(const float* xg, size_t K, size_t gs, tpanel_t* tp, size_t np) {
+  // Rows past the panel repeat its last (unused); rows inner: 16 independent chains.
+  const float* row[PANEL];
+  for (size_t i = 0; i < PANEL; ++i) row[i] = xg + (i < np ? i : np - 1) * K;
+#define ROW_PASS(i)                                \
+  const __m512 v##i = _mm512_loadu_ps(row[i] + k); \
+  m##i = _mm512_max_ps(m##i, _mm512_abs_ps(v##i)); \
+  s##i = _mm512_add_ps(s##i, v##i)
+  __m512 m0, m1, m2, m3, m4, m5, m6, m7, s0, s1, s2, s3, s4, s5, s6, s7;
+  m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = _mm512_setzero_ps();
+  for (size_t k = 0; k < gs; k += 16) {
+    ROW_PASS(0); ROW_PASS(1); ROW_PASS(2); ROW_PASS(3); ROW_PASS(4); ROW_PASS(5); ROW_PASS(6); ROW_PASS(7);
+  }
+#undef ROW_PASS
+  __m256 m, sum;
+  REDUCE8(_mm512_max_ps, m0, m1, m2, m3, m4, m5, m6, m7, m);
+  REDUCE8(_mm512_add_ps, s0, s1, s2, s3, s4, s5, s6, s7, sum);
+  _mm256_store_ps(tp->sum, sum);
+  _mm256_store_ps(tp->scale, _mm256_div_ps(m, _mm256_set1_ps(32767.0f)));
+  float inv[PANEL] __attribute__((aligned(32)));
+  _mm256_store_ps(inv, _mm256_maskz_div_ps(_mm256_cmp_ps_mask(m, _mm256_setzero_ps(), _CMP_GT_OQ),
+                                           _mm256_set1_ps(32767.0f), m));
+  // Byte 0 (lo) of each of the 32 i32 values of k..k+31 in k order, then byte 1 (hi; exact:
+  // |value| <= 32767).
+  const __m512i order = _mm512_set_epi8(  // byte 63 first
+      125, 121, 117, 113, 109, 105, 101, 97, 93, 89, 85, 81, 77, 73, 69, 65, 61, 57, 53, 49, 45, 41, 37, 33, 29, 25,
+      21, 17, 13, 9, 5, 1, 124, 120, 116, 112, 108, 104, 100, 96, 92, 88, 84, 80, 76, 72, 68, 64, 60, 56, 52, 48, 44,
+      40, 36, 32, 28, 24, 20, 16, 12, 8, 4, 0);
+  // hi + 128 flips the top bit of the high bytes.
+  const __m512i bias = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi8((char)0x80), 1);
+  for (size_t i = 0; i < np; ++i) {
+    const __m512 f = _mm512_set1_ps(inv[i]);
+    for (size_t k = 0; k < gs; k += 32) {
+      const __m512i r0 = quantize16(row[i] + k, f);
+      // Groups are multiples of 16: a last half step has no second 16 (and must not read it).
+      const __m512i r1 = k + 16 < gs ? quantize16(row[i] + k + 16, f) : _mm512_setzero_si512();
+      const __m512i v = _mm512_xor_si512(_mm512_permutex2var_epi8(r0, order, r1), bias);
+      _mm256_store_si256((__m256i*)(tp->a[np + i] + k), _mm512_castsi512_si256(v));
+      _mm256_store_si256((__m256i*)(tp->a[i] + k), _mm512_extracti64x4_epi64(v, 1));
+    }
+  }
+}
+
+// Tiles (numbers are literals: gcc's tile intrinsics paste them into the register name). A
+// group of up to 64 k is one chunk, a larger one (up to 128) two chunks of half of it, with
+// an A tile each (loaded once per group). Blocks alternate between two sets of B tiles (one
+// per chunk) and C tiles, so one block's products run while the previous block's results are
+// stored and finished.
+#define A_0 0
+#define A_1 1
+#define B_00 2
+#define B_01 3
+#define B_10 4
+#define B_11 5
+#define C_0 6
+#define C_1 7
+
+typedef struct {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} tilecfg_t;
+
+// gcc's tile intrinsics do not tell the compiler which memory `ldtilecfg` and `tileloadd` read
+// (it may then drop or sink the stores that fill it); these do. `tilestored` (gcc's, with a
+// memory clobber) is right as it is.
+static inline void load_tile_config(const tilecfg_t* cfg) { __asm__ volatile("ldtilecfg %0" ::"m"(*cfg)); }
+#define TILE_LOAD(t, base, stride) TILE_LOAD_(t, base, stride) /* expands t to its number */
+#define TILE_LOAD_(t, base, stride) \
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"((const void*)(base)), "r"((long)(stride)) : "memory")
+
+static inline size_t chunk_of(size_t gs) { return gs <= 64 ? gs : gs / 2; }
+
+// Tiles for np rows of x and groups of gs.
+static inline void configure_tiles(size_t np, size_t gs) {
+  tilecfg_t cfg __attribute__((aligned(64)));
+  _mm512_store_si512(&cfg, _mm512_setzero_si512());  // no memset: freestanding
+  cfg.palette = 1;
+  const size_t kc = chunk_of(gs);
+  for (int t = 0; t < 8; ++t) {
+    const int a = t <= A_1, b = t >= B_00 && t <= B_11;
+    cfg.rows[t] = (uint8_t)(b ? kc / 4 : 2 * np);
+    cfg.colsb[t] = (uint16_t)(a ? kc : 64);
+  }
+  load_tile_config(&cfg);
+}
+
+// kc k of a block's group (16 rows) in the tile-B layout: row k/4 holds, for each of the 16
+// rows r, q[r, k..k+3] in 4 bytes. Returns each row's sum of q (i32 lanes). 4-bit tiles
+// (byte 2r + p: q[r, k + p] low nibble, q[r, k + 2 + p] high): zero-extending row r's word
+// to a dword and or-ing it with itself shifted by 12 puts the four nibbles in the four bytes'
+// low halves; byte sums of up to 16 of them fit a byte. (Splitting two tiles' nibbles and
+// permuting bytes, as 8-bit does, measured 5% slower.)
+static inline __attribute__((always_inline)) __m512i unpack4(const uint8_t* wg, size_t kc, uint8_t* bt) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512i sum = _mm512_setzero_si512();
+  for (size_t k = 0; k < kc; k += 4, wg += 32, bt += 64) {
+    const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)wg));
+    const __m512i u = _mm512_ternarylogic_epi32(v, _mm512_slli_epi32(v, 12), low, 0xA8);  // (a | b) & c
+    _mm512_store_si512(bt, u);
+    sum = _mm512_add_epi8(sum, u);
+  }
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), sum, _mm512_set1_epi8(1));
+}
+
+// 8-bit tiles (byte 2r + p: q[r, k + p]), two per row of B: one byte permutation interleaves
+// their words.
+static inline __attribute__((always_inline)) __m512i unpack8(const uint8_t* wg, size_t kc, uint8_t* bt) {
+  const __m512i order = _mm512_set_epi32(0x3F3E1F1E, 0x3D3C1D1C, 0x3B3A1B1A, 0x39381918, 0x37361716, 0x35341514,
+                                         0x33321312, 0x31301110, 0x2F2E0F0E, 0x2D2C0D0C, 0x2B2A0B0A, 0x29280908,
+                                         0x27260706, 0x25240504, 0x23220302, 0x21200100);
+  __m512i sum = _mm512_setzero_si512();
+  for (size_t k = 0; k < kc; k += 4, wg += 64, bt += 64) {
+    const __m512i u = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(wg));
+    _mm512_store_si512(bt, u);
+    sum = _mm512_dpbusd_epi32(sum, u, _mm512_set1_epi8(1));
+  }
+  return sum;
+}
+
+// A block's group (one or two chunks) into bt[0], bt[1]; returns 32768 * its rows' sums of
+// q, the correction for hi + 128.
+static inline __attribute__((always_inline)) __m512i unpack(int bits, const uint8_t* wg, size_t gs,
+                                                           uint8_t (*bt)[16 * 64]) {
+  const size_t kc = chunk_of(gs);
+  __m512i sum = bits == 4 ? unpack4(wg, kc, bt[0]) : unpack8(wg, kc, bt[0]);
+  if (kc < gs) {
+    const uint8_t* w1 = wg + kc * bits * 16 / 8;
+    sum = _mm512_add_epi32(sum, bits == 4 ? unpack4(w1, kc, bt[1]) : unpack8(w1, kc, bt[1]));
+  }
+  return _mm512_slli_epi32(sum, 15);
+}
+
+// One block's stored C tile (np rows of (hi + 128) dots, then np rows of lo dots, 16 outputs
+// each) through the epilogue: the exact dots, then what group_rows does with its own.
+static inline __attribute__((always_inline)) void finish(int f16, const int32_t (*c)[16], __m512i corr,
+                                                         const void* s, const void* b, const tpanel_t* tp,
+                                                         size_t np, float* y, size_t stride) {
+  const __m512 sv = f16 ? load16_f16(s) : load16_f32(s), bv = f16 ? load16_f16(b) : load16_f32(b);
+  for (size_t j = 0; j < np; ++j) {
+    const __m512i hl = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(c[j]), 8), _mm512_load_si512(c[np + j]));
+    epilogue16(_mm512_sub_epi32(hl, corr), sv, bv, tp->scale[j], tp->sum[j], y + j * stride);
+  }
+}
+
+// Block r's products into the tiles of set P (B_P0, B_P1, C_P).
+#define TILE_DOTS(P, bt, two)                  \
+  do {                                         \
+    TILE_LOAD(B_##P##0, (bt)[0], 64);          \
+    _tile_zero(C_##P);                         \
+    _tile_dpbuud(C_##P, A_0, B_##P##0);        \
+    if (two) {                                 \
+      TILE_LOAD(B_##P##1, (bt)[1], 64);        \
+      _tile_dpbuud(C_##P, A_1, B_##P##1);      \
+    }                                          \
+  } while (0)
+
+// One group: nb blocks (weights block_bytes apart, scales and biases s_stride bytes apart)
+// times the panel tp, added to y.
+static inline __attribute__((always_inline)) void panel_group(int bits, int f16, const uint8_t* wg, size_t block_bytes,
+                                                              const char* s, const char* b, size_t s_stride,
+                                                              const tpanel_t* tp, size_t np, size_t gs, float* y,
+                                                              size_t stride, size_t nb) {
+  uint8_t bt[2][2][16 * 64] __attribute__((aligned(64)));
+  int32_t c[2][2 * PANEL][16] __attribute__((aligned(64)));
+  __m512i corr[2];
+  const size_t kc = chunk_of(gs);
+  const int two = kc < gs;
+  TILE_LOAD(A_0, tp->a[0], MAX_GROUP);
+  if (two) TILE_LOAD(A_1, tp->a[0] + kc, MAX_GROUP);
+  for (size_t r = 0; r <= nb; ++r) {
+    // Block r's products in the tile set of its parity, then block r - 1's results (from the
+    // other set) while they run.
+    const size_t p = r & 1;
+    if (r < nb) {
+      corr[p] = unpack(bits, wg + r * block_bytes, gs, bt[p]);
+      if (p) {
+        TILE_DOTS(1, bt[1], two);
+      } else {
+        TILE_DOTS(0, bt[0], two);
+      }
+    }
+    if (r > 0) {
+      if (p) {
+        _tile_stored(C_0, c[0], 64);
+      } else {
+        _tile_stored(C_1, c[1], 64);
+      }
+      const size_t q = r - 1;
+      finish(f16, c[1 - p], corr[1 - p], s + q * s_stride, b + q * s_stride, tp, np, y + q * 16, stride);
+    }
+  }
+}
+
+// qmv.h's whole panel: each group is quantized while the previous one's products run (two
+// panels of bytes, alternating), then its blocks go through the tiles.
+static inline void whole_panel(int bits, int f16, const float* x, size_t K, const uint8_t* w, size_t block_bytes,
+                               const void* s, const void* b, size_t np, size_t gs, float* y, size_t stride,
+                               size_t nb) {
+  tpanel_t tp[2];
+  const size_t G = K / gs, group_bytes = gs * bits * 16 / 8, elem = f16 ? 2 : 4;
+  configure_tiles(np, gs);
+  quantize_panel(x, K, gs, &tp[0], np);
+  for (size_t g = 0; g < G; ++g) {
+    if (g + 1 < G) quantize_panel(x + (g + 1) * gs, K, gs, &tp[(g + 1) & 1], np);
+    panel_group(bits, f16, w + g * group_bytes, block_bytes, (const char*)s + g * 16 * elem,
+                (const char*)b + g * 16 * elem, G * 16 * elem, &tp[g & 1], np, gs, y, stride, nb);
+  }
+  _tile_release();
+}
+
+#include "qrows.h"
