@@ -28,7 +28,8 @@ pub fn call_overhead_rows(target: &Target) -> usize {
 }
 
 /// Which hand-written CPU kernels (`kernels::cpu`) packed matrices use on an `llvm-cpu`
-/// target. The binary maps `MLX_IREE_PACKED_KERNELS` (`0`, `avx2`, `avx512`, unset) onto it.
+/// target. The binary maps `MLX_IREE_PACKED_KERNELS` (`0`, `amx`, `avx512`, `avx2`, unset)
+/// onto it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CpuKernels {
     /// The fastest instruction set the host runs (`kernels::cpu::host_isa`); the graph form
@@ -58,8 +59,9 @@ impl CpuKernels {
 }
 
 /// Instruction sets whose packed kernel makes `packed` the CPU default for 4- and 8-bit
-/// checkpoints: each measured token-exact and faster than f16 (docs/PERFORMANCE.md).
-pub const PACKED_BY_DEFAULT: &[kernels::cpu::Isa] = &[kernels::cpu::Isa::Avx512Vnni];
+/// checkpoints: each measured token-exact and faster than f16 (docs/PERFORMANCE.md). AMX
+/// computes the AVX-512 object's bits (tests/tests/kernels.rs), faster from 4 rows of x.
+pub const PACKED_BY_DEFAULT: &[kernels::cpu::Isa] = &[kernels::cpu::Isa::Amx, kernels::cpu::Isa::Avx512Vnni];
 
 /// The precision a device runs when `--precision` is not given, chosen by measurement
 /// (`cargo xtask bench`, docs/PERFORMANCE.md). On a CPU whose fastest packed kernel

@@ -64,8 +64,8 @@ impl ModelArgs {
 }
 
 /// `MLX_IREE_PACKED_KERNELS`: `0` puts packed weights on the graph form (for comparisons),
-/// `avx2` or `avx512` forces that instruction set's CPU kernels (the load fails where they
-/// cannot run), unset (or `auto`, or `1`) takes the best the host runs.
+/// `amx`, `avx512` or `avx2` forces that instruction set's CPU kernels (the load fails where
+/// they cannot run), unset (or `auto`, or `1`) takes the best the host runs.
 pub fn cpu_kernels() -> Result<CpuKernels> {
     const VAR: &str = "MLX_IREE_PACKED_KERNELS";
     let value = match std::env::var(VAR) {
@@ -76,9 +76,9 @@ pub fn cpu_kernels() -> Result<CpuKernels> {
     Ok(match value.as_str() {
         "" | "auto" | "1" => CpuKernels::Auto,
         "0" => CpuKernels::Off,
-        isa => {
-            CpuKernels::Force(isa.parse().with_context(|| format!("{VAR}={isa} (expected 0, avx2, avx512 or auto)"))?)
-        }
+        isa => CpuKernels::Force(
+            isa.parse().with_context(|| format!("{VAR}={isa} (expected 0, amx, avx512, avx2 or auto)"))?,
+        ),
     })
 }
 
