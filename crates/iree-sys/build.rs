@@ -31,7 +31,9 @@ const STATIC_LIBS: &[&str] = &[
     "flatcc_parsing",
 ];
 
-/// Headers bound: the runtime API plus what building parameter providers needs.
+/// Headers bound: the runtime API plus what building parameter providers needs, and what
+/// running a parameter encoder module needs (parameter archive builder, streams, HAL VM
+/// types such as fences).
 const HEADERS: &[&str] = &[
     "iree/runtime/api.h",
     "iree/vm/bytecode/module.h",
@@ -41,6 +43,9 @@ const HEADERS: &[&str] = &[
     "iree/io/parameter_index.h",
     "iree/io/parameter_index_provider.h",
     "iree/io/formats/parser_registry.h",
+    "iree/io/formats/irpa/irpa_builder.h",
+    "iree/io/stream.h",
+    "iree/modules/hal/types.h",
     "iree/modules/io/parameters/module.h",
 ];
 

@@ -57,6 +57,10 @@ pub fn status_is_ok(status: iree_status_t) -> bool {
 /// `IREE_TIME_INFINITE_FUTURE` in C (`INT64_MAX`, which bindgen cannot evaluate).
 pub const IREE_TIME_INFINITE_FUTURE: iree_time_t = i64::MAX;
 
+/// `IREE_HAL_QUEUE_AFFINITY_ANY` in C (`(iree_hal_queue_affinity_t)-1`, a cast bindgen
+/// cannot evaluate): any queue of a device.
+pub const IREE_HAL_QUEUE_AFFINITY_ANY: iree_hal_queue_affinity_t = iree_hal_queue_affinity_t::MAX;
+
 /// A timeout that never expires (`iree_infinite_timeout()` in C).
 pub fn infinite_timeout() -> iree_timeout_t {
     iree_timeout_t { type_: IREE_TIMEOUT_ABSOLUTE, nanos: IREE_TIME_INFINITE_FUTURE }
