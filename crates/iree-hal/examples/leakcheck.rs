@@ -7,7 +7,11 @@
 //! them as still reachable, never as lost.
 //!
 //! Usage: leakcheck <matvec-with-parameter.vmfb> <weights.safetensors>
-//! (the vmfb reads `model::w` 4x4 f32 and exports `matvec`).
+//! [<encoder.vmfb> <split-matvec.vmfb> <scratch.irpa>]
+//! (the vmfb reads `model::w` 4x4 f32 and exports `matvec`; with the optional
+//! three, the same module compiled with its parameter encoder split out: the
+//! encoder writes the archive, which is then mapped and bound to the split module,
+//! whose result is printed as well).
 //!
 //! On Linux it first denies `io_uring_setup` (see [`deny_io_uring`]) so that
 //! it can run under valgrind at all.
@@ -41,6 +45,26 @@ fn run(vmfb: &str, safetensors: &str) -> Result<Vec<f32>, iree_hal::Error> {
     let y = session.call("matvec", &[&x])?;
     let copy = y[0].clone();
     copy.to_vec::<f32>()
+}
+
+/// The encoder path: encode `model::w` from the safetensors file into `irpa`, bind the
+/// archive mapped, call the split module. Also an encoder error path.
+fn run_encoded(safetensors: &str, encoder: &str, split: &str, irpa: &str) -> Result<Vec<f32>, iree_hal::Error> {
+    let instance = Instance::new()?;
+    let device = instance.device("local-sync")?;
+    let mut model = Parameters::new("model")?;
+    model.add_file(safetensors)?;
+    let encoder = std::fs::read(encoder).map_err(|source| iree_hal::Error::Io { path: encoder.into(), source })?;
+    assert!(iree_hal::encode_parameters(&instance, &device, &[0xAB; 256], &[&model], irpa.as_ref()).is_err());
+    let report = iree_hal::encode_parameters(&instance, &device, &encoder, &[&model], irpa.as_ref())?;
+    drop(model);
+    let mut encoded = Parameters::new(&report.scope)?;
+    encoded.add_file_mapped(irpa)?;
+    let mut session = Session::new(&instance, &device)?;
+    session.append_parameters(&[&encoded])?;
+    session.load_vmfb_file(split)?;
+    let x = device.upload(&[4], &[1.0f32, 2.0, 3.0, 4.0])?;
+    session.call("matvec", &[&x])?[0].to_vec::<f32>()
 }
 
 /// Makes `io_uring_setup` fail with EPERM for this process (seccomp filter).
@@ -107,13 +131,29 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let args: Vec<String> = std::env::args().collect();
-    let [_, vmfb, safetensors] = args.as_slice() else {
-        eprintln!("usage: leakcheck <matvec.vmfb> <weights.safetensors>");
-        return ExitCode::from(2);
+    let (vmfb, safetensors, encoded) = match args.as_slice() {
+        [_, vmfb, safetensors] => (vmfb, safetensors, None),
+        [_, vmfb, safetensors, encoder, split, irpa] => (vmfb, safetensors, Some((encoder, split, irpa))),
+        _ => {
+            eprintln!(
+                "usage: leakcheck <matvec.vmfb> <weights.safetensors> [<encoder.vmfb> <split-matvec.vmfb> <scratch.irpa>]"
+            );
+            return ExitCode::from(2);
+        }
     };
-    match run(vmfb, safetensors) {
-        Ok(y) => {
+    let result = run(vmfb, safetensors).and_then(|y| {
+        let encoded = match encoded {
+            Some((encoder, split, irpa)) => Some(run_encoded(safetensors, encoder, split, irpa)?),
+            None => None,
+        };
+        Ok((y, encoded))
+    });
+    match result {
+        Ok((y, encoded)) => {
             println!("result: {y:?}");
+            if let Some(e) = encoded {
+                println!("encoded result: {e:?}");
+            }
             ExitCode::SUCCESS
         }
         Err(err) => {

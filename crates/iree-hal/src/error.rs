@@ -160,6 +160,19 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A host file could not be written or flushed.
+    #[error("cannot write `{}`: {source}", .path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A parameter encoder module does not follow the protocol of IREE's
+    /// `iree-encode-parameters` (see [`crate::encode_parameters`]).
+    #[error("parameter encoder: {0}")]
+    Encoder(String),
 }
 
 impl Error {

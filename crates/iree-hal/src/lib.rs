@@ -1,7 +1,9 @@
 //! Safe RAII wrapper over the IREE runtime C API (`iree-sys`): instance,
 //! device by URI, session, vmfb modules, calls by function name, typed buffer
-//! views in and out, and parameters (weights) from `.safetensors` files or
-//! host memory served through the `io_parameters` module.
+//! views in and out, parameters (weights) from `.safetensors`/`.irpa` files or
+//! host memory served through the `io_parameters` module, and parameter encoder
+//! modules run once to store a module's parameters in their final layout
+//! ([`encode_parameters`]).
 //!
 //! Every IREE object has one Rust type; `Clone` retains and `Drop` releases.
 //! Every `iree_status_t` becomes an owned [`Error`] at once (code + IREE's
@@ -40,6 +42,7 @@ mod aligned;
 mod buffer_view;
 mod device;
 mod element;
+mod encoder;
 mod error;
 mod instance;
 mod module;
@@ -49,6 +52,7 @@ mod session;
 pub use buffer_view::BufferView;
 pub use device::Device;
 pub use element::{Element, ElementType};
+pub use encoder::{EncodeReport, encode_parameters};
 pub use error::{Error, Result, StatusCode};
 pub use instance::{DriverInfo, Instance};
 pub use module::Module;

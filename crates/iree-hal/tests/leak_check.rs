@@ -1,12 +1,13 @@
 //! Runs `examples/leakcheck.rs` under valgrind and asserts no memory is
-//! definitely lost across every wrapper type, including error paths.
+//! definitely lost across every wrapper type (the parameter encoder and mapped
+//! archives included), including error paths.
 
 mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::{MATVEC_PARAM_MLIR, compile, f32_bytes, matvec_reference, write_safetensors};
+use common::{MATVEC_PARAM_MLIR, compile, compile_split, f32_bytes, matvec_reference, write_safetensors};
 
 /// Builds the example with the same cargo, profile and target dir as this
 /// test binary and returns its path.
@@ -51,12 +52,19 @@ fn no_definite_leaks_under_valgrind() {
     let w: Vec<f32> = (0..16).map(|i| i as f32 * 0.5 - 3.0).collect();
     let weights = dir.path().join("weights.safetensors");
     write_safetensors(&weights, &[("w", "F32", &[4, 4], &f32_bytes(&w))]);
+    let (split, encoder) = compile_split(MATVEC_PARAM_MLIR);
+    let (split_vmfb, encoder_vmfb) = (dir.path().join("split.vmfb"), dir.path().join("encoder.vmfb"));
+    std::fs::write(&split_vmfb, split).expect("write vmfb");
+    std::fs::write(&encoder_vmfb, encoder).expect("write vmfb");
 
     let output = Command::new(&valgrind)
         .args(["--leak-check=full", "--errors-for-leak-kinds=definite", "--error-exitcode=99"])
         .arg(&example)
         .arg(&vmfb)
         .arg(&weights)
+        .arg(&encoder_vmfb)
+        .arg(&split_vmfb)
+        .arg(dir.path().join("encoded.irpa"))
         .output()
         .expect("run valgrind");
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -64,6 +72,7 @@ fn no_definite_leaks_under_valgrind() {
     assert!(output.status.success(), "leakcheck failed ({}):\n{stdout}\n{stderr}", output.status);
     let want = matvec_reference(&w, &[1.0, 2.0, 3.0, 4.0]);
     assert!(stdout.contains(&format!("result: {want:?}")), "stdout: {stdout}\nwant {want:?}");
+    assert!(stdout.contains(&format!("encoded result: {want:?}")), "stdout: {stdout}\nwant {want:?}");
     assert!(stdout.contains("local-sync"), "stdout: {stdout}");
     // Either the explicit zero line or valgrind's "no leaks are possible".
     assert!(

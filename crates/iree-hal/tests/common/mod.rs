@@ -30,17 +30,45 @@ pub fn iree_compile() -> PathBuf {
 /// generic x86-64/aarch64 CPU (so the code also runs under valgrind) and
 /// returns the vmfb bytes.
 pub fn compile(mlir: &str) -> Vec<u8> {
+    compile_with(mlir, &[])
+}
+
+/// The local llvm-cpu target on a generic CPU, as `iree-compile` flags.
+const TARGET_FLAGS: [&str; 3] = [
+    "--iree-hal-target-device=local",
+    "--iree-hal-local-target-device-backends=llvm-cpu",
+    "--iree-llvmcpu-target-cpu=generic",
+];
+
+/// [`compile`] with `extra` flags after the target's.
+pub fn compile_with(mlir: &str, extra: &[&str]) -> Vec<u8> {
     let dir = tempfile::tempdir().expect("temp dir");
-    let input = dir.path().join("input.mlir");
-    let output = dir.path().join("output.vmfb");
+    run_compile(dir.path(), "--iree-input-type=stablehlo", mlir, extra)
+}
+
+/// Compiles `mlir` with data tiling (so its constant weights are repacked) and the
+/// parameter encoder split out (`--iree-parameter-encoder-output-file`); returns the main
+/// module and the encoder module, both compiled.
+pub fn compile_split(mlir: &str) -> (Vec<u8>, Vec<u8>) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let encoder_mlir = dir.path().join("encoder.mlir");
+    let split = format!("--iree-parameter-encoder-output-file={}", encoder_mlir.display());
+    let main = run_compile(dir.path(), "--iree-input-type=stablehlo", mlir, &[DATA_TILING[0], DATA_TILING[1], &split]);
+    let encoder = std::fs::read_to_string(&encoder_mlir).expect("the compiler wrote no encoder module");
+    (main, run_compile(dir.path(), "--iree-input-type=auto", &encoder, &[]))
+}
+
+/// The CPU data-tiling flags the engine compiles with.
+pub const DATA_TILING: [&str; 2] = ["--iree-global-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all"];
+
+fn run_compile(dir: &Path, input_type: &str, mlir: &str, extra: &[&str]) -> Vec<u8> {
+    let input = dir.join("input.mlir");
+    let output = dir.join("output.vmfb");
     std::fs::write(&input, mlir).expect("write mlir");
     let result = Command::new(iree_compile())
-        .args([
-            "--iree-input-type=stablehlo",
-            "--iree-hal-target-device=local",
-            "--iree-hal-local-target-device-backends=llvm-cpu",
-            "--iree-llvmcpu-target-cpu=generic",
-        ])
+        .arg(input_type)
+        .args(TARGET_FLAGS)
+        .args(extra)
         .arg(&input)
         .arg("-o")
         .arg(&output)
