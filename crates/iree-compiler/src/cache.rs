@@ -1,5 +1,6 @@
 //! On-disk vmfb cache: a compile keyed by what determines its output is done once, then
-//! read back from `<dir>/<sha256>.vmfb`.
+//! read back from `<dir>/<sha256>.vmfb` (and its parameter encoder, when split out, from
+//! `<dir>/<sha256>.encoder.vmfb`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -26,6 +27,9 @@ pub enum CacheOutcome {
 #[derive(Debug, Clone)]
 pub struct Compiled {
     pub vmfb: Vec<u8>,
+    /// The parameter encoder module, for options with
+    /// [`CompileOptions::parameter_encoder`] (`None` when the compiler made none).
+    pub encoder: Option<Vec<u8>>,
     pub outcome: CacheOutcome,
     /// The cache key (64 hex digits).
     pub key: String,
@@ -84,6 +88,9 @@ impl CompileCache {
         for flag in &flags {
             field(flag.as_bytes());
         }
+        if opts.parameter_encoder {
+            field(crate::compiler::SHARE_PREPARED_PIPELINE.as_bytes());
+        }
         field(mlir_text.as_bytes());
         h.finalize().iter().map(|b| format!("{b:02x}")).collect()
     }
@@ -91,6 +98,17 @@ impl CompileCache {
     /// The file a key is stored in.
     pub fn path_for(&self, key: &str) -> PathBuf {
         self.dir.join(format!("{key}.vmfb"))
+    }
+
+    /// The file a key's parameter encoder module is stored in.
+    pub fn encoder_path_for(&self, key: &str) -> PathBuf {
+        self.dir.join(format!("{key}.encoder.vmfb"))
+    }
+
+    /// The marker stored for a key compiled with [`CompileOptions::parameter_encoder`] for
+    /// which the compiler wrote no encoder (so a hit does not look for one).
+    fn no_encoder_path_for(&self, key: &str) -> PathBuf {
+        self.dir.join(format!("{key}.no-encoder"))
     }
 
     /// Returns the cached module, or compiles and stores it. A cache file that is not a valid
@@ -104,13 +122,19 @@ impl CompileCache {
     ) -> Result<Compiled, Error> {
         let start = Instant::now();
         let key = self.key(compiler, mlir_text, target, opts);
-        if let Some(hit) = self.read_hit(key.clone(), start)? {
+        if let Some(hit) = self.read_hit(key.clone(), opts, start)? {
             return Ok(hit);
         }
         let path = self.path_for(&key);
-        let vmfb = compiler.compile(mlir_text, target, opts)?;
+        let (vmfb, encoder) = compiler.compile_split(mlir_text, target, opts)?;
+        // The encoder (or its absence) first: a stored main module means a complete entry.
+        match (&encoder, opts.parameter_encoder) {
+            (Some(encoder), _) => self.store(&self.encoder_path_for(&key), encoder)?,
+            (None, true) => self.store(&self.no_encoder_path_for(&key), b"")?,
+            (None, false) => {}
+        }
         self.store(&path, &vmfb)?;
-        Ok(Compiled { vmfb, outcome: CacheOutcome::Miss, key, path, elapsed: start.elapsed() })
+        Ok(Compiled { vmfb, encoder, outcome: CacheOutcome::Miss, key, path, elapsed: start.elapsed() })
     }
 
     /// Finds the module in the cache without loading the compiler, for machines that carry
@@ -133,25 +157,29 @@ impl CompileCache {
             },
         };
         for id in ids {
-            if let Some(hit) = self.read_hit(self.key_for(&id, mlir_text, target, opts), start)? {
+            if let Some(hit) = self.read_hit(self.key_for(&id, mlir_text, target, opts), opts, start)? {
                 return Ok(Some(hit));
             }
         }
         Ok(None)
     }
 
-    /// The valid module stored under `key`, if any. A file that is not a valid vmfb
-    /// (truncated, foreign) counts as absent: a compile replaces it.
-    fn read_hit(&self, key: String, start: Instant) -> Result<Option<Compiled>, Error> {
+    /// The valid module stored under `key` (with its encoder, when `opts` split one out), if
+    /// any. A file that is not a valid vmfb (truncated, foreign) counts as absent: a compile
+    /// replaces it.
+    fn read_hit(&self, key: String, opts: &CompileOptions, start: Instant) -> Result<Option<Compiled>, Error> {
         let path = self.path_for(&key);
-        match std::fs::read(&path) {
-            Ok(vmfb) if check_vmfb(&vmfb).is_ok() => {
-                Ok(Some(Compiled { vmfb, outcome: CacheOutcome::Hit, key, path, elapsed: start.elapsed() }))
-            }
-            Ok(_) => Ok(None),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(Error::CacheIo { path, source }),
-        }
+        let Some(vmfb) = read_vmfb(&path)? else { return Ok(None) };
+        let encoder = if !opts.parameter_encoder {
+            None
+        } else if let Some(encoder) = read_vmfb(&self.encoder_path_for(&key))? {
+            Some(encoder)
+        } else if self.no_encoder_path_for(&key).is_file() {
+            None
+        } else {
+            return Ok(None);
+        };
+        Ok(Some(Compiled { vmfb, encoder, outcome: CacheOutcome::Hit, key, path, elapsed: start.elapsed() }))
     }
 
     /// Records `compiler`'s identity in the cache (`compilers/<fingerprint>.id`), so that
@@ -212,6 +240,16 @@ impl CompileCache {
         tmp.as_file().sync_all().map_err(io)?;
         tmp.persist(path).map_err(|e| io(e.error))?;
         Ok(())
+    }
+}
+
+/// The bytes of the vmfb at `path`; `None` when absent or not a valid vmfb.
+fn read_vmfb(path: &Path) -> Result<Option<Vec<u8>>, Error> {
+    match std::fs::read(path) {
+        Ok(vmfb) if check_vmfb(&vmfb).is_ok() => Ok(Some(vmfb)),
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(Error::CacheIo { path: path.to_path_buf(), source }),
     }
 }
 

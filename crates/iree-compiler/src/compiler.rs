@@ -162,11 +162,50 @@ impl Compiler {
         out
     }
 
-    /// Compiles MLIR text to a vmfb for `target`.
+    /// Compiles MLIR text to a vmfb for `target`. With [`CompileOptions::parameter_encoder`]
+    /// the encoder module is dropped: use [`Compiler::compile_split`] to keep it.
     pub fn compile(&self, mlir_text: &str, target: &Target, opts: &CompileOptions) -> Result<Vec<u8>, Error> {
-        let bytes = self.run(mlir_text, target, opts, Emit::Vmfb)?;
+        Ok(self.compile_split(mlir_text, target, opts)?.0)
+    }
+
+    /// Compiles MLIR text to a vmfb for `target` and, with
+    /// [`CompileOptions::parameter_encoder`], its parameter encoder module too (compiled
+    /// for the same target with the same extra flags; `None` when the compiler wrote none).
+    /// The encoder follows the protocol of IREE's `iree-encode-parameters`; run it once
+    /// (`iree_hal::encode_parameters`) and bind what it writes as scope
+    /// [`crate::ENCODED_SCOPE`].
+    pub fn compile_split(
+        &self,
+        mlir_text: &str,
+        target: &Target,
+        opts: &CompileOptions,
+    ) -> Result<(Vec<u8>, Option<Vec<u8>>), Error> {
+        if !opts.parameter_encoder {
+            let bytes = self.run(mlir_text, target, opts, Emit::Vmfb, None)?;
+            check_vmfb(&bytes)?;
+            return Ok((bytes, None));
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("mlx-iree-encoder-")
+            .tempdir()
+            .map_err(|source| Error::CacheIo { path: std::env::temp_dir(), source })?;
+        let encoder_path = dir.path().join("encoder.mlir");
+        let bytes = self.run(mlir_text, target, opts, Emit::Vmfb, Some(&encoder_path))?;
         check_vmfb(&bytes)?;
-        Ok(bytes)
+        let encoder_mlir = match std::fs::read_to_string(&encoder_path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((bytes, None)),
+            Err(source) => return Err(Error::CacheIo { path: encoder_path, source }),
+        };
+        // The encoder is already in IREE's own dialects; it is compiled for the same target.
+        let encoder_opts = CompileOptions {
+            input_type: crate::InputType::Auto,
+            extra_flags: opts.extra_flags.clone(),
+            parameter_encoder: false,
+        };
+        let encoder = self.run(&encoder_mlir, target, &encoder_opts, Emit::Vmfb, None)?;
+        check_vmfb(&encoder)?;
+        Ok((bytes, Some(encoder)))
     }
 
     /// Runs the pipeline up to `phase` (e.g. `"input"`, `"global-optimization"`, `"flow"`,
@@ -179,16 +218,31 @@ impl Compiler {
         opts: &CompileOptions,
         phase: &str,
     ) -> Result<String, Error> {
-        let bytes = self.run(mlir_text, target, opts, Emit::Ir { phase })?;
+        let bytes = self.run(mlir_text, target, opts, Emit::Ir { phase }, None)?;
         String::from_utf8(bytes).map_err(|e| Error::Api {
             call: "ireeCompilerInvocationOutputIR",
             message: format!("IR output is not UTF-8: {e}"),
         })
     }
 
-    fn run(&self, mlir_text: &str, target: &Target, opts: &CompileOptions, emit: Emit<'_>) -> Result<Vec<u8>, Error> {
+    /// Runs one compile; `encoder_out`: where the compiler writes the split-out parameter
+    /// encoder's MLIR (with [`CompileOptions::parameter_encoder`]).
+    fn run(
+        &self,
+        mlir_text: &str,
+        target: &Target,
+        opts: &CompileOptions,
+        emit: Emit<'_>,
+        encoder_out: Option<&Path>,
+    ) -> Result<Vec<u8>, Error> {
         target.validate()?;
-        let flags = compile_flags(target, opts);
+        let mut flags = compile_flags(target, opts);
+        if let Some(path) = encoder_out {
+            let path = path
+                .to_str()
+                .ok_or_else(|| Error::InvalidInput(format!("encoder output path {} is not UTF-8", path.display())))?;
+            flags.push(format!("--iree-parameter-encoder-output-file={path}"));
+        }
         let phase = match emit {
             Emit::Ir { phase } => Some(c_string("compile phase", phase)?),
             Emit::Vmfb => None,
@@ -209,6 +263,21 @@ impl Compiler {
         if !invocation.parse(&source) {
             return Err(Error::Parse { diagnostics: sink.take() });
         }
+        if encoder_out.is_some() {
+            // Up to global optimization, where data tiling has hoisted each parameter's
+            // repacking into a global of its own per function using it; then one global per
+            // distinct repacking, so the encoder split out later writes each once.
+            let phase = c_string("compile phase", SHARE_PREPARED_PHASE)?;
+            invocation.set_compile_to_phase(&phase);
+            if !invocation.pipeline_std() {
+                return Err(Error::Compile { flags, diagnostics: sink.take() });
+            }
+            if !invocation.run_pass_pipeline(&c_string("pass pipeline", SHARE_PREPARED_PIPELINE)?) {
+                return Err(Error::Compile { flags, diagnostics: sink.take() });
+            }
+            invocation.set_compile_from_phase(&phase);
+            invocation.set_compile_to_phase(&c_string("compile phase", "end")?);
+        }
         if !invocation.pipeline_std() {
             return Err(Error::Compile { flags, diagnostics: sink.take() });
         }
@@ -224,6 +293,22 @@ impl Compiler {
         output.to_vec()
     }
 }
+
+/// The phase after which [`SHARE_PREPARED_PIPELINE`] runs in a compile with the parameter
+/// encoder split out.
+const SHARE_PREPARED_PHASE: &str = "global-optimization";
+
+/// Makes every function that uses one parameter in one prepared (repacked) form read one
+/// global: data tiling hoists the repacking of a constant parameter into a global per
+/// function that uses it (six per weight for a model's six prefill and decode functions);
+/// the stream pipeline would fuse them later, but the parameter encoder is split out before
+/// that and would write every copy (six times the weights on disk, measured). Combining the
+/// initializers and CSE make the copies one value, which fusing and folding the globals then
+/// turn into one global. Passes run on the module itself (no `builtin.module(...)` anchor: the
+/// embedding API nests an anchored pipeline one module deeper, where it does nothing). Part of
+/// the cache key of split compiles.
+pub(crate) const SHARE_PREPARED_PIPELINE: &str = "iree-util-combine-initializers,\
+    util.initializer(cse,canonicalize),iree-util-fuse-globals,iree-util-fold-globals,iree-util-fuse-globals";
 
 #[derive(Debug, Clone, Copy)]
 enum Emit<'a> {
@@ -422,6 +507,16 @@ impl<'a> Invocation<'a> {
     fn set_compile_to_phase(&self, phase: &CStr) {
         // SAFETY: live invocation; `phase` is NUL-terminated (the library copies it).
         unsafe { (self.api.invocation_set_compile_to_phase)(self.raw.as_ptr(), phase.as_ptr()) };
+    }
+
+    fn set_compile_from_phase(&self, phase: &CStr) {
+        // SAFETY: live invocation; `phase` is NUL-terminated (the library copies it).
+        unsafe { (self.api.invocation_set_compile_from_phase)(self.raw.as_ptr(), phase.as_ptr()) };
+    }
+
+    fn run_pass_pipeline(&self, pipeline: &CStr) -> bool {
+        // SAFETY: live invocation holding a parsed module; `pipeline` is NUL-terminated.
+        unsafe { (self.api.invocation_run_pass_pipeline)(self.raw.as_ptr(), pipeline.as_ptr()) }
     }
 
     fn parse(&self, source: &'a Source<'a>) -> bool {

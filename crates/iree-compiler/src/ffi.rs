@@ -75,6 +75,9 @@ pub(crate) type InvocationEnableCallbackDiagnosticsFn =
     unsafe extern "C" fn(inv: *mut RawInvocation, flags: c_int, callback: DiagnosticCallback, user: *mut c_void);
 pub(crate) type InvocationParseSourceFn = unsafe extern "C" fn(inv: *mut RawInvocation, source: *mut RawSource) -> bool;
 pub(crate) type InvocationSetCompileToPhaseFn = unsafe extern "C" fn(inv: *mut RawInvocation, phase: *const c_char);
+pub(crate) type InvocationSetCompileFromPhaseFn = unsafe extern "C" fn(inv: *mut RawInvocation, phase: *const c_char);
+pub(crate) type InvocationRunPassPipelineFn =
+    unsafe extern "C" fn(inv: *mut RawInvocation, text_pass_pipeline: *const c_char) -> bool;
 pub(crate) type InvocationPipelineFn = unsafe extern "C" fn(inv: *mut RawInvocation, pipeline: c_int) -> bool;
 pub(crate) type InvocationOutputFn =
     unsafe extern "C" fn(inv: *mut RawInvocation, output: *mut RawOutput) -> *mut RawError;
@@ -116,6 +119,8 @@ pub(crate) struct Api {
     pub(crate) invocation_enable_callback_diagnostics: InvocationEnableCallbackDiagnosticsFn,
     pub(crate) invocation_parse_source: InvocationParseSourceFn,
     pub(crate) invocation_set_compile_to_phase: InvocationSetCompileToPhaseFn,
+    pub(crate) invocation_set_compile_from_phase: InvocationSetCompileFromPhaseFn,
+    pub(crate) invocation_run_pass_pipeline: InvocationRunPassPipelineFn,
     pub(crate) invocation_pipeline: InvocationPipelineFn,
     pub(crate) invocation_output_vm_bytecode: InvocationOutputFn,
     pub(crate) invocation_output_ir: InvocationOutputFn,
@@ -173,6 +178,8 @@ impl Api {
             )?,
             invocation_parse_source: sym(&library, path, "ireeCompilerInvocationParseSource")?,
             invocation_set_compile_to_phase: sym(&library, path, "ireeCompilerInvocationSetCompileToPhase")?,
+            invocation_set_compile_from_phase: sym(&library, path, "ireeCompilerInvocationSetCompileFromPhase")?,
+            invocation_run_pass_pipeline: sym(&library, path, "ireeCompilerInvocationRunPassPipeline")?,
             invocation_pipeline: sym(&library, path, "ireeCompilerInvocationPipeline")?,
             invocation_output_vm_bytecode: sym(&library, path, "ireeCompilerInvocationOutputVMBytecode")?,
             invocation_output_ir: sym(&library, path, "ireeCompilerInvocationOutputIR")?,

@@ -185,7 +185,18 @@ impl InputType {
 pub struct CompileOptions {
     pub input_type: InputType,
     pub extra_flags: Vec<String>,
+    /// Split the module's parameter encoding (the repacking of constant parameters that
+    /// data tiling adds, which the module would otherwise run in an initializer at every
+    /// load) out into a separate encoder module (`--iree-parameter-encoder-output-file`);
+    /// the main module then reads every parameter, already in final form, from scope
+    /// [`ENCODED_SCOPE`]. Compile with [`crate::Compiler::compile_split`] or
+    /// [`crate::CompileCache::compile`].
+    pub parameter_encoder: bool,
 }
+
+/// The parameter scope a module compiled with [`CompileOptions::parameter_encoder`] reads
+/// (and its encoder writes).
+pub const ENCODED_SCOPE: &str = "encoded";
 
 impl CompileOptions {
     /// Adds one compiler flag.
@@ -193,14 +204,27 @@ impl CompileOptions {
         self.extra_flags.push(flag.into());
         self
     }
+
+    /// Sets [`CompileOptions::parameter_encoder`].
+    pub fn with_parameter_encoder(mut self) -> Self {
+        self.parameter_encoder = true;
+        self
+    }
 }
 
-/// The full flag list for a compile: input type, target flags, then the extra flags.
-/// This list (plus the compiler version) is what identifies a compile in the cache.
+/// The full flag list for a compile: input type, target flags, then the extra flags, then
+/// (with [`CompileOptions::parameter_encoder`]) the encoder's output scope, and, in
+/// consolidate mode, every parameter in it. This list (plus the compiler version) is what
+/// identifies a compile in the cache; the encoder's output file, a temporary path, is
+/// added only when compiling.
 pub fn compile_flags(target: &Target, opts: &CompileOptions) -> Vec<String> {
     let mut flags = vec![format!("--iree-input-type={}", opts.input_type.flag_value())];
     flags.extend(target.flags());
     flags.extend(opts.extra_flags.iter().cloned());
+    if opts.parameter_encoder {
+        flags.push(format!("--iree-parameter-encoder-output-scope={ENCODED_SCOPE}"));
+        flags.push("--iree-parameter-encoder-mode=consolidate".to_owned());
+    }
     flags
 }
 

@@ -115,3 +115,42 @@ fn lookup_finds_what_a_remembered_compiler_stored() {
     assert_eq!((found.key, found.vmfb), (stored.key, stored.vmfb));
     assert!(cache.lookup(MODULE, &Target::cuda("sm_86"), &opts).unwrap().is_none(), "other flags: not found");
 }
+
+/// A module whose 64x64 weight is a parameter: data tiling repacks it, so the encoder split
+/// out of it has work to do.
+const PARAM_MODULE: &str = r#"
+util.global private @w = #stream.parameter.named<"model"::"w"> : tensor<64x64xf32>
+func.func @mv(%x: tensor<64xf32>) -> tensor<64xf32> {
+  %w = util.global.load @w : tensor<64x64xf32>
+  %0 = stablehlo.dot_general %w, %x, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64xf32>) -> tensor<64xf32>
+  return %0 : tensor<64xf32>
+}
+"#;
+
+#[test]
+fn parameter_encoder_is_stored_beside_its_module() {
+    let c = compiler();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = CompileCache::new(dir.path()).unwrap();
+    let t = Target::llvm_cpu_host();
+    let tiled = CompileOptions::default().with_flag("--iree-global-opt-data-tiling");
+    let split = tiled.clone().with_parameter_encoder();
+    // The split is part of the key, the encoder's temporary output file is not.
+    assert_ne!(cache.key(&c, PARAM_MODULE, &t, &tiled), cache.key(&c, PARAM_MODULE, &t, &split));
+
+    let first = cache.compile(&c, PARAM_MODULE, &t, &split).unwrap();
+    assert_eq!(first.outcome, CacheOutcome::Miss);
+    let encoder = first.encoder.clone().expect("an encoder module");
+    check_vmfb(&encoder).unwrap();
+    assert_eq!(std::fs::read(cache.encoder_path_for(&first.key)).unwrap(), encoder);
+    let hit = cache.lookup(PARAM_MODULE, &t, &split).unwrap().expect("hit");
+    assert_eq!((hit.vmfb, hit.encoder), (first.vmfb.clone(), Some(encoder)));
+    // Without its encoder an entry is incomplete: compiled again.
+    std::fs::remove_file(cache.encoder_path_for(&first.key)).unwrap();
+    assert!(cache.lookup(PARAM_MODULE, &t, &split).unwrap().is_none());
+    let again = cache.compile(&c, PARAM_MODULE, &t, &split).unwrap();
+    assert_eq!(again.outcome, CacheOutcome::Miss);
+    assert!(again.encoder.is_some());
+    // Options without the split never carry an encoder.
+    assert!(cache.compile(&c, PARAM_MODULE, &t, &tiled).unwrap().encoder.is_none());
+}
