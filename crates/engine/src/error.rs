@@ -34,6 +34,12 @@ pub enum Error {
     KernelIsa { isa: kernels::cpu::Isa },
     #[error("writing the CPU kernel object into {}: {source}", dir.display())]
     KernelObject { dir: PathBuf, source: std::io::Error },
+    /// The parameters stored in final form beside a compiled module could not be written.
+    #[error("storing the encoded parameters at {}: {source}", path.display())]
+    ParameterStore { path: PathBuf, source: std::io::Error },
+    /// More than one compiled module reads encoded parameters, which share one scope: a bug.
+    #[error("{modules} compiled modules read encoded parameters; the engine binds one")]
+    EncodedModules { modules: usize },
     /// A compiled function returned other results than the graph ABI says: a bug.
     #[error("`{function}` returned {got} results, expected {expected}")]
     Abi { function: String, got: usize, expected: usize },

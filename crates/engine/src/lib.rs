@@ -55,6 +55,12 @@ pub struct EngineConfig {
     /// Also write each compiled module's input MLIR next to its cache entry, with the flags
     /// on its first line, for reproducing compiler problems with `iree-compile`.
     pub dump_mlir: bool,
+    /// Store the weights of a data-tiled CPU module in their final (repacked) form in a file
+    /// beside the module in `cache_dir`, written on the first load and mapped by every later
+    /// one ([`cache::stored_parameters`]; about the weights' size on disk per model, shape
+    /// and precision). Off: every load binds the checkpoint's weights and IREE repacks them
+    /// in memory, holding both copies at once (peak RSS 2-3x the weights, docs/PERFORMANCE.md).
+    pub store_parameters: bool,
 }
 
 /// Default KV budget: 4 GiB, a sixth of this project's 24 GiB machines, leaving room for the
@@ -66,8 +72,8 @@ const FALLBACK_CONTEXT: usize = 2048;
 
 impl EngineConfig {
     /// One sequence at a time on `device` at `precision`, context from the model, the
-    /// default KV budget, f32 cache, the best CPU kernels the host runs, modules cached in
-    /// `cache_dir`.
+    /// default KV budget, f32 cache, the best CPU kernels the host runs, modules (and the
+    /// weights stored in final form) cached in `cache_dir`.
     pub fn new(device: &str, precision: Precision, cache_dir: impl Into<std::path::PathBuf>) -> EngineConfig {
         EngineConfig {
             device: device.to_owned(),
@@ -79,6 +85,7 @@ impl EngineConfig {
             cpu_kernels: CpuKernels::Auto,
             cache_dir: cache_dir.into(),
             dump_mlir: false,
+            store_parameters: true,
         }
     }
 }
@@ -238,9 +245,12 @@ pub struct GraphModule {
 
 /// The modules an engine compiles for `target`. On CPU every function shares one module
 /// compiled with data tiling on IREE's global-optimization path and microkernels: the weights
-/// are constant globals, so IREE repacks them once at load into the layouts its matrix
-/// microkernels read, and prefill, batched and single-row decode all read that one copy
-/// (docs/PERFORMANCE.md, "Data tiling"). The default data-tiling path
+/// are constant globals, so IREE repacks them into the layouts its matrix microkernels read,
+/// and prefill, batched and single-row decode all read that one copy (docs/PERFORMANCE.md,
+/// "Data tiling"). The repacking is split out into a parameter encoder module, run once per
+/// module and checkpoint ([`cache::stored_parameters`]): the module itself reads the
+/// repacked weights from a file, so a load neither repacks nor holds the checkpoint's
+/// copy beside the repacked one (docs/PERFORMANCE.md, "Peak RSS"). The default data-tiling path
 /// (`--iree-opt-data-tiling`, which picks the dispatch-creation path) crashes IREE 3.13's
 /// compiler on prefill and several-row decode (a segmentation fault in
 /// MaterializeDeviceEncodingPass); the global-optimization path compiles them.
@@ -255,7 +265,8 @@ pub fn graph_modules(
         // data-tiled ("One or more operations with large vector sizes"): default flags then.
         iree_compiler::Target::LlvmCpu { .. } if !layout.has_graph_packing() => CompileOptions::default()
             .with_flag("--iree-global-opt-data-tiling")
-            .with_flag("--iree-llvmcpu-enable-ukernels=all"),
+            .with_flag("--iree-llvmcpu-enable-ukernels=all")
+            .with_parameter_encoder(),
         _ => CompileOptions::default(),
     };
     let c = plan.cache;
@@ -331,6 +342,9 @@ pub struct Engine {
     pub weight_bytes: usize,
     /// Bytes of the k and v caches on the device.
     pub kv_bytes: usize,
+    /// The file the weights are bound from, in the final form the module reads, when they
+    /// are stored ([`EngineConfig::store_parameters`] on a data-tiled CPU module).
+    pub stored_parameters: Option<std::path::PathBuf>,
 }
 
 impl Engine {
@@ -343,10 +357,11 @@ impl Engine {
         let plan = Plan::new(&cfg, config)?;
         let layout = layout_for(&cfg, config.precision, &ckpt, &target, config.cpu_kernels, &config.cache_dir)?;
 
-        let mut vmfbs = Vec::new();
+        let mut modules = Vec::new();
         let mut compile = CompileReport::CacheHit;
-        for module in graph_modules(&cfg, &layout, &plan, &target)? {
-            let (vmfb, report) = cache::compile_in(
+        for mut module in graph_modules(&cfg, &layout, &plan, &target)? {
+            module.options.parameter_encoder &= config.store_parameters;
+            let compiled = cache::compile_module(
                 &config.cache_dir,
                 &module.what,
                 &module.mlir,
@@ -354,28 +369,44 @@ impl Engine {
                 &module.options,
                 config.dump_mlir,
             )?;
-            compile = compile.and(report);
-            vmfbs.push(vmfb);
+            compile = compile.and(compiled.report);
+            modules.push((module.what, compiled));
         }
 
         let started = Instant::now();
         let instance = Instance::new()?;
         let device = instance.device(&config.device)?;
         let mut session = Session::new(&instance, &device)?;
-        let mut params = Parameters::new(SCOPE)?;
-        let mut weight_bytes = 0;
-        let mut bound = std::collections::HashSet::new();
-        for param in layout.device_params(&cfg) {
-            // Globals that view one parameter share its bytes: bind each key once.
-            if bound.insert(param.key.clone()) {
-                let bytes = layout.load(&ckpt, &param)?;
-                weight_bytes += bytes.len();
-                params.add_tensor(&param.key, &bytes)?;
+        // Globals that view one parameter share its bytes: each key counts (and is bound) once.
+        let mut params = layout.device_params(&cfg);
+        let mut seen = std::collections::HashSet::new();
+        params.retain(|p| seen.insert(p.key.clone()));
+        let weight_bytes = params.iter().map(|p| p.bytes()).sum();
+        let host_params = || -> Result<Parameters> {
+            let mut bound = Parameters::new(SCOPE)?;
+            for param in &params {
+                let bytes = layout.load(&ckpt, param)?;
+                debug_assert_eq!(bytes.len(), param.bytes(), "{}", param.key);
+                bound.add_tensor(&param.key, &bytes)?;
             }
-        }
-        session.append_parameters(&[&params])?;
-        for vmfb in &vmfbs {
-            session.load_vmfb(vmfb)?;
+            Ok(bound)
+        };
+        let encoded: Vec<_> = modules.iter().filter(|(_, m)| m.encoder.is_some()).collect();
+        let (bound, stored_parameters) = match encoded.as_slice() {
+            [] => (host_params()?, None),
+            [(what, module)] if modules.len() == 1 => {
+                let files: Vec<&Path> = ckpt.shards().iter().map(|f| f.path()).collect();
+                let path = cache::parameters_path(&module.path, ckpt.dir(), &files)
+                    .map_err(|source| Error::ParameterStore { path: module.path.clone(), source })?;
+                let encoder = module.encoder.as_deref().unwrap_or_default();
+                let (bound, kept) = cache::stored_parameters(&instance, &device, what, &path, encoder, host_params)?;
+                (bound, kept.then_some(path))
+            }
+            _ => return Err(Error::EncodedModules { modules: encoded.len() }),
+        };
+        session.append_parameters(&[&bound])?;
+        for (_, module) in &modules {
+            session.load_vmfb(&module.vmfb)?;
         }
         let dims = plan.cache.dims(&cfg);
         // Zeros, not garbage: a masked position still multiplies its value by 0 in attention.
@@ -390,7 +421,20 @@ impl Engine {
         let load_seconds = started.elapsed().as_secs_f64();
         let kv_bytes = plan.cache.bytes(&cfg);
         let lens = vec![0; plan.cache.slots];
-        Ok(Engine { cfg, plan, device, session, k, v, lens, compile, load_seconds, weight_bytes, kv_bytes })
+        Ok(Engine {
+            cfg,
+            plan,
+            device,
+            session,
+            k,
+            v,
+            lens,
+            compile,
+            load_seconds,
+            weight_bytes,
+            kv_bytes,
+            stored_parameters,
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {

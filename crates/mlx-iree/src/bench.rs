@@ -237,8 +237,9 @@ fn cold_compile(
     let ckpt = weights::Checkpoint::open(&args.m.model)?;
     let layout = engine::layout_for(cfg, config.precision, &ckpt, target, config.cpu_kernels, &config.cache_dir)?;
     drop(ckpt);
-    let modules = graph_modules(cfg, &layout, plan, target)?;
-    for module in &modules {
+    let mut modules = graph_modules(cfg, &layout, plan, target)?;
+    for module in &mut modules {
+        module.options.parameter_encoder &= config.store_parameters;
         engine::cache::compile_in(
             &config.cache_dir,
             &module.what,

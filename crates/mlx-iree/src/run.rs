@@ -39,8 +39,10 @@ impl ModelArgs {
 
     /// The engine settings for these flags, with `max_batch` sequences at once.
     /// `MLX_IREE_PACKED_KERNELS` picks the CPU kernels ([`cpu_kernels`]),
-    /// `MLX_IREE_CACHE_DIR` moves the compile cache and `MLX_IREE_DUMP_MLIR` keeps each
-    /// module's input; the binary reads them, the library takes them as values.
+    /// `MLX_IREE_CACHE_DIR` moves the compile cache, `MLX_IREE_DUMP_MLIR` keeps each
+    /// module's input and `MLX_IREE_STORE_PARAMETERS=0` turns off the weights stored in final
+    /// form ([`EngineConfig::store_parameters`]); the binary reads them, the library takes them
+    /// as values.
     pub fn engine_config(&self, max_batch: usize) -> Result<EngineConfig> {
         Ok(EngineConfig {
             max_batch,
@@ -48,6 +50,7 @@ impl ModelArgs {
             kv_elem: self.kv_cache,
             cpu_kernels: cpu_kernels()?,
             dump_mlir: std::env::var_os("MLX_IREE_DUMP_MLIR").is_some(),
+            store_parameters: store_parameters()?,
             ..EngineConfig::new(&self.device, self.precision(), crate::cache_dir())
         })
     }
@@ -60,6 +63,18 @@ impl ModelArgs {
             bail!("{what} needs {need} positions, more than the maximum context {}", plan.cache.positions);
         }
         Ok(plan)
+    }
+}
+
+/// `MLX_IREE_STORE_PARAMETERS`: `0` binds the checkpoint's weights at every load (IREE
+/// repacks them in memory), `1` or unset stores them in final form in the cache.
+pub fn store_parameters() -> Result<bool> {
+    const VAR: &str = "MLX_IREE_STORE_PARAMETERS";
+    match std::env::var(VAR).as_deref() {
+        Err(std::env::VarError::NotPresent) | Ok("1") => Ok(true),
+        Ok("0") => Ok(false),
+        Ok(other) => bail!("{VAR}: expected 0 or 1, got `{other}`"),
+        Err(e) => bail!("{VAR}: {e}"),
     }
 }
 
