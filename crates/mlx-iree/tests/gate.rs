@@ -224,7 +224,8 @@ fn f16_kv_cache_gate_cli_passes_on_a_trained_fixture() {
 /// trained fixtures, every_precision_passes_the_gate_on_the_trained_fixtures).
 #[test]
 fn smollm2_f16_passes_the_gate() {
-    let (code, stdout) = gate_cli(&root().join("target/models/smollm2-135m-instruct-f16"), "f16", 32, SMOLLM2_CONTEXT, &[]);
+    let (code, stdout) =
+        gate_cli(&root().join("target/models/smollm2-135m-instruct-f16"), "f16", 32, SMOLLM2_CONTEXT, &[]);
     assert_eq!(code, 0, "{stdout}");
     assert!(stdout.contains("-> PASS"), "{stdout}");
     assert_eq!(stdout.matches("prompt ").count(), 4, "{stdout}");

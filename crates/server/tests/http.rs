@@ -269,7 +269,10 @@ fn chat_applies_the_template_and_streams_deltas() {
     long["stream"] = json!(false);
     long["ignore_eos"] = json!(true);
     let v = post(server.addr, "/v1/chat/completions", &long).json();
-    assert_eq!((v["usage"]["completion_tokens"].clone(), v["choices"][0]["finish_reason"].clone()), (json!(24), json!("length")));
+    assert_eq!(
+        (v["usage"]["completion_tokens"].clone(), v["choices"][0]["finish_reason"].clone()),
+        (json!(24), json!("length"))
+    );
     assert!(v["choices"][0]["message"]["content"].as_str().unwrap().starts_with(&expected), "{v}");
     long["ignore_eos"] = json!("yes");
     assert_eq!(post(server.addr, "/v1/chat/completions", &long).status, 400);
