@@ -47,24 +47,8 @@ impl Parameters {
     /// memory) and read by IREE when a module loads the parameters; it must
     /// stay unchanged while sessions use these parameters.
     pub fn add_file(&mut self, path: impl AsRef<Path>) -> Result<()> {
-        let path = path.as_ref();
-        let path_str = path.to_str().ok_or_else(|| {
-            Error::InvalidArgument(format!("parameter file path `{}` is not valid UTF-8", path.display()))
-        })?;
+        let (path_str, handle) = open_read(path.as_ref())?;
         let allocator = sys::allocator_system();
-        let mode = sys::IREE_IO_FILE_MODE_READ | sys::IREE_IO_FILE_MODE_SHARE_READ;
-        let mut handle = ptr::null_mut();
-        // SAFETY: the path view borrows `path_str` for the call only; `handle`
-        // is a valid out-pointer.
-        let status = unsafe {
-            sys::iree_io_file_handle_open(
-                mode as sys::iree_io_file_mode_t,
-                sys::string_view(path_str),
-                allocator,
-                &mut handle,
-            )
-        };
-        check(status, || format!("opening parameter file `{path_str}`"))?;
         // SAFETY: index and handle are live; the path view borrows `path_str`;
         // the index retains the handle for every entry it adds.
         let status =
@@ -82,24 +66,8 @@ impl Parameters {
     /// copy. The file must stay unchanged (not truncated) while sessions use these
     /// parameters: a shrunk file faults on access.
     pub fn add_file_mapped(&mut self, path: impl AsRef<Path>) -> Result<()> {
-        let path = path.as_ref();
-        let path_str = path.to_str().ok_or_else(|| {
-            Error::InvalidArgument(format!("parameter file path `{}` is not valid UTF-8", path.display()))
-        })?;
+        let (path_str, handle) = open_read(path.as_ref())?;
         let allocator = sys::allocator_system();
-        let mode = sys::IREE_IO_FILE_MODE_READ | sys::IREE_IO_FILE_MODE_SHARE_READ;
-        let mut handle = ptr::null_mut();
-        // SAFETY: the path view borrows `path_str` for the call only; `handle` is a valid
-        // out-pointer.
-        let status = unsafe {
-            sys::iree_io_file_handle_open(
-                mode as sys::iree_io_file_mode_t,
-                sys::string_view(path_str),
-                allocator,
-                &mut handle,
-            )
-        };
-        check(status, || format!("opening parameter file `{path_str}`"))?;
         let mut mapping = ptr::null_mut();
         // SAFETY: the handle is live (the mapping retains it); the whole file is mapped
         // (offset 0, length IREE_HOST_SIZE_MAX); `mapping` is a valid out-pointer.
@@ -347,4 +315,26 @@ impl Drop for Parameters {
         // SAFETY: this handle owns exactly one reference, released once here.
         unsafe { sys::iree_io_parameter_index_release(self.ptr.as_ptr()) };
     }
+}
+
+/// `path` as UTF-8 and a read-only IREE file handle on it (one reference, the caller's to
+/// release).
+fn open_read(path: &Path) -> Result<(&str, *mut sys::iree_io_file_handle_t)> {
+    let path_str = path.to_str().ok_or_else(|| {
+        Error::InvalidArgument(format!("parameter file path `{}` is not valid UTF-8", path.display()))
+    })?;
+    let mode = sys::IREE_IO_FILE_MODE_READ | sys::IREE_IO_FILE_MODE_SHARE_READ;
+    let mut handle = ptr::null_mut();
+    // SAFETY: the path view borrows `path_str` for the call only; `handle` is a valid
+    // out-pointer.
+    let status = unsafe {
+        sys::iree_io_file_handle_open(
+            mode as sys::iree_io_file_mode_t,
+            sys::string_view(path_str),
+            sys::allocator_system(),
+            &mut handle,
+        )
+    };
+    check(status, || format!("opening parameter file `{path_str}`"))?;
+    Ok((path_str, handle))
 }
