@@ -9,7 +9,7 @@
 //!   AMX="$F -mavx512vbmi -mavx512vl -mamx-tile -mamx-int8"; P=crates/kernels/cpu/qmv_pair_bench.c
 //!   cc $F -DSIDE=a -DKERNEL='"cpu/qmv_x86_64.c"' -Icrates/kernels -c $P -o /tmp/a.o
 //!   cc $AMX -DSIDE=b -DKERNEL='"cpu/qmv_x86_64_amx.c"' -Icrates/kernels -c $P -o /tmp/b.o
-//!   cc -O2 $P /tmp/a.o /tmp/b.o -o /tmp/qmv_pair
+//!   cc -O2 -Icrates/kernels $P /tmp/a.o /tmp/b.o -o /tmp/qmv_pair
 //!   /tmp/qmv_pair T BITS         (e.g. 8 4: eight rows of x, 4-bit weights)
 
 #ifdef SIDE
@@ -27,12 +27,10 @@
 #include KERNEL
 #else
 
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "cpu/qmv_bench_data.h"
 
 typedef void qmv_fn(const float*, size_t, const uint8_t*, size_t, const uint16_t*, size_t, const uint16_t*, size_t,
                     float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
@@ -41,50 +39,26 @@ extern qmv_fn a_qmv4_f16, a_qmv8_f16, b_qmv4_f16, b_qmv8_f16;
 #define BLOCKS 4
 #define ROUNDS 41
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 static int by_value(const void* a, const void* b) {
   const double x = *(const double*)a, y = *(const double*)b;
   return x < y ? -1 : x > y;
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: %s ROWS BITS (BITS 4 or 8)\n", argv[0]);
-    return 2;
-  }
-  const size_t K = 2048, O = 8192, GS = 64, T = (size_t)atoi(argv[1]);
-  const int bits = atoi(argv[2]);
-  if (T < 1 || (bits != 4 && bits != 8)) {
-    fprintf(stderr, "ROWS must be at least 1 and BITS 4 or 8\n");
-    return 2;
-  }
+  bench_data d;
+  const int rc = bench_setup(argc, argv, &d);
+  if (rc != 0) return rc;
   // Either side may be an AMX object: ask Linux for the tile state (harmless otherwise).
   if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) fprintf(stderr, "note: no AMX tile state granted\n");
-  float* x = aligned_alloc(64, T * K * sizeof(float));
-  uint8_t* w = aligned_alloc(64, O * K * bits / 8);
-  uint16_t* s = aligned_alloc(64, O * K / GS * 2);
-  uint16_t* b = aligned_alloc(64, O * K / GS * 2);
-  float* y = aligned_alloc(64, T * O * sizeof(float));
-  srand(1);
-  for (size_t i = 0; i < T * K; i++) x[i] = (float)(rand() % 2001 - 1000) / 1000.0f;
-  for (size_t i = 0; i < O * K * bits / 8; i++) w[i] = (uint8_t)rand();
-  for (size_t i = 0; i < O * K / GS; i++) {
-    s[i] = 0x2c00;  // 0.0625 in f16
-    b[i] = 0xa400;  // -0.015625
-  }
-  qmv_fn* f[2] = {bits == 4 ? a_qmv4_f16 : a_qmv8_f16, bits == 4 ? b_qmv4_f16 : b_qmv8_f16};
-  const int reps = T >= 8 ? 4 : 16;
+  qmv_fn* f[2] = {d.bits == 4 ? a_qmv4_f16 : a_qmv8_f16, d.bits == 4 ? b_qmv4_f16 : b_qmv8_f16};
+  const int reps = d.T >= 8 ? 4 : 16;
   double t[2][ROUNDS];
   for (int r = 0; r < ROUNDS; r++)
     for (int v = 0; v < 2; v++) {
       const double t0 = now();
       for (int k = 0; k < reps; k++)
-        for (size_t rb = 0; rb < O / 16; rb += BLOCKS) f[v](x, 0, w, 0, s, 0, b, 0, y, 0, T, K, O, GS, rb, rb + BLOCKS);
+        for (size_t rb = 0; rb < d.O / 16; rb += BLOCKS)
+          f[v](d.x, 0, d.w, 0, d.s, 0, d.b, 0, d.y, 0, d.T, d.K, d.O, d.GS, rb, rb + BLOCKS);
       t[v][r] = (now() - t0) / reps;
     }
   double med[2];
@@ -92,8 +66,8 @@ int main(int argc, char** argv) {
     qsort(t[v], ROUNDS, sizeof(double), by_value);
     med[v] = t[v][ROUNDS / 2];
   }
-  const double macs = (double)T * K * O;
-  printf("T=%zu bits=%d: A %.1f GMAC/s, B %.1f GMAC/s (medians of %d alternated rounds): B/A %.2f\n", T, bits,
+  const double macs = (double)d.T * d.K * d.O;
+  printf("T=%zu bits=%d: A %.1f GMAC/s, B %.1f GMAC/s (medians of %d alternated rounds): B/A %.2f\n", d.T, d.bits,
          macs / med[0] / 1e9, macs / med[1] / 1e9, ROUNDS, med[0] / med[1]);
   return 0;
 }
