@@ -32,6 +32,9 @@ fn start() -> (Scheduler, std::sync::MutexGuard<'static, ()>) {
     let config = EngineConfig {
         max_batch: MAX_BATCH,
         max_context: Some(MAX_CONTEXT),
+        // The module crates/mlx-iree/tests/batch.rs compiles for this fixture (weights not
+        // stored: stored_parameters.rs tests that).
+        store_parameters: false,
         ..EngineConfig::new("local-task", Precision::F32, root().join("target/test-compile-cache"))
     };
     (Scheduler::start(fixture(), config).unwrap(), turn)

@@ -36,6 +36,9 @@ fn check(fixture: &str, variant: &str, precision: Precision, file: &str) {
     let longest = trajectories.iter().map(|t| ids(&t["prompt_ids"]).len()).max().unwrap();
     let config = EngineConfig {
         max_context: Some((longest + steps).next_power_of_two().max(64)),
+        // As gate.rs (which shares these modules): storing weights in final form is
+        // crates/engine/tests/stored_parameters.rs's, here only one more compile per module.
+        store_parameters: false,
         ..EngineConfig::new("local-task", precision, cache_dir())
     };
     let mut engine = Engine::load(&dir, &config).unwrap();

@@ -65,6 +65,14 @@ fn references(dir: &Path, file: &str) -> Vec<Reference> {
     gate::references_from_json(&std::fs::read_to_string(dir.join(file)).unwrap()).unwrap()
 }
 
+/// Families whose 8-bit variants also run packed, and whose engines also run an f16 KV
+/// cache: tests/tests/kernels.rs proves every kernel object computes the Rust model's bits at
+/// 4 and 8 bits and the cache's element type is the same code in every family, so these
+/// cover a tied and an untied output projection, QK norms and both Gemma generations'
+/// windows; every family more is one more module to compile (about 25 s in CI).
+const Q8_PACKED_FAMILIES: [&str; 3] = ["llama_llama3_tied", "llama_linear_untied", "gemma3_text"];
+const F16_KV_FAMILIES: [&str; 4] = ["llama_llama3_tied", "qwen3", "gemma2", "gemma3_text"];
+
 /// The gate's report for `precision` on `dir` (local-task) against `refs`.
 fn check(dir: &Path, precision: Precision, refs: &[Reference]) -> Report {
     check_kv(dir, precision, KvElem::F32, refs)
@@ -84,6 +92,9 @@ fn check_with(dir: &Path, precision: Precision, kv: KvElem, cpu_kernels: CpuKern
         max_context: Some((longest + steps).next_power_of_two().max(64)),
         kv_elem: kv,
         cpu_kernels,
+        // Storing the weights in final form is proven by crates/engine/tests/stored_parameters.rs;
+        // here it would add an encoder to every module's compile.
+        store_parameters: false,
         ..EngineConfig::new("local-task", precision, cache)
     };
     let mut engine = Engine::load(dir, &config).unwrap();
@@ -91,11 +102,12 @@ fn check_with(dir: &Path, precision: Precision, kv: KvElem, cpu_kernels: CpuKern
 }
 
 /// An f16 KV cache, gated like a weight precision: with f32 weights it is token-exact with
-/// mlx-lm's f32 trajectories on every trained fixture, and with f16 weights on two of them.
+/// mlx-lm's f32 trajectories on the trained fixtures of F16_KV_FAMILIES, and with f16
+/// weights on two of them.
 #[test]
 fn f16_kv_cache_passes_the_gate_on_the_trained_fixtures() {
-    for fixture in fixture_set("fixtures-trained", 7) {
-        let dir = fixture.join("f32");
+    for family in F16_KV_FAMILIES {
+        let dir = root().join("tests/fixtures-trained").join(family).join("f32");
         let refs = references(&dir, "expected.json");
         let report = check_kv(&dir, Precision::F32, KvElem::F16, &refs);
         assert!(report.all_exact(), "{}: f16 KV agreement {:.3}", dir.display(), report.agreement());
@@ -122,9 +134,10 @@ fn f16_passes_the_gate_on_every_fixture() {
 }
 
 /// Packed 4- and 8-bit weights, dequantized inside the contractions, against mlx-lm's own
-/// float32 trajectories of every quantized fixture: token-exact for all 40 steps through the
-/// host's default CPU kernel, and through each other kernel this host runs (AVX-512 and AVX2
-/// on an AMX host) on one family's 4-bit variant. That is enough for the others:
+/// float32 trajectories of the quantized fixtures (every family at 4 bits, Q8_PACKED_FAMILIES
+/// at 8): token-exact for all 40 steps through the host's default CPU kernel, and through
+/// each other kernel this host runs (AVX-512 and AVX2 on an AMX host) on one family's 4-bit
+/// variant. That is enough for the others:
 /// tests/tests/kernels.rs proves every object computes the same bits as the Rust model at 4
 /// and 8 bits, so this only has to show that the object is linked and called; each family or
 /// variant more is one more compile.
@@ -136,7 +149,8 @@ fn packed_matches_mlx_lm_on_every_quantized_fixture() {
     assert!(fixtures.iter().any(|f| f.ends_with("llama_llama3_tied")), "the fixture the other kernels run on");
     for fixture in &fixtures {
         let others = if fixture.ends_with("llama_llama3_tied") { &others[..] } else { &[] };
-        let runs = ["q4", "q8"].map(|v| (v, CpuKernels::Auto)).into_iter().chain(others.iter().map(|&k| ("q4", k)));
+        let q8 = Q8_PACKED_FAMILIES.iter().any(|f| fixture.ends_with(f)).then_some(("q8", CpuKernels::Auto));
+        let runs = [("q4", CpuKernels::Auto)].into_iter().chain(q8).chain(others.iter().map(|&k| ("q4", k)));
         for (variant, setting) in runs {
             let dir = fixture.join(variant);
             let report = check_with(&dir, Precision::Packed, KvElem::F32, setting, &references(&dir, "expected.json"));
@@ -148,7 +162,8 @@ fn packed_matches_mlx_lm_on_every_quantized_fixture() {
 
 /// The trained fixtures (tests/fixtures-trained/README.md) are confident, as real
 /// checkpoints are: there f32 is token-exact with mlx-lm, and bf16, f16 and packed are
-/// token-exact with that f32 trajectory (so they pass the gate against f32) on every variant.
+/// token-exact with that f32 trajectory (so they pass the gate against f32) on every variant
+/// (packed 8-bit on Q8_PACKED_FAMILIES).
 #[test]
 fn every_precision_passes_the_gate_on_the_trained_fixtures() {
     for fixture in fixture_set("fixtures-trained", 7) {
@@ -157,7 +172,8 @@ fn every_precision_passes_the_gate_on_the_trained_fixtures() {
             let refs = references(&dir, "expected.json");
             let f32 = check(&dir, Precision::F32, &refs);
             assert!(f32.all_exact(), "{}: f32 agreement with mlx-lm {:.3}", dir.display(), f32.agreement());
-            let packed = (variant != "f32").then_some(Precision::Packed);
+            let q8_packed = Q8_PACKED_FAMILIES.iter().any(|f| fixture.ends_with(f));
+            let packed = (variant == "q4" || (variant == "q8" && q8_packed)).then_some(Precision::Packed);
             for precision in [Precision::BF16, Precision::F16].into_iter().chain(packed) {
                 let report = check(&dir, precision, &refs);
                 assert!(report.all_exact(), "{}: {precision} agreement {:.3}", dir.display(), report.agreement());
@@ -178,6 +194,7 @@ fn packed_graph_form_matches_mlx_lm() {
             .args(["--reference", reference.to_str().unwrap(), "--max-context", "64"])
             .env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"))
             .env("MLX_IREE_PACKED_KERNELS", "0")
+            .env("MLX_IREE_STORE_PARAMETERS", FIXTURE_STORE_PARAMETERS)
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -191,19 +208,24 @@ fn packed_graph_form_matches_mlx_lm() {
 /// of compiling it once per size.
 const SMOLLM2_CONTEXT: &str = "128";
 
-/// The context of the trained fixtures' engines in the other gate tests, so the CLI shares
-/// their modules.
+/// The context of the trained fixtures' engines in the other gate tests, and their setting
+/// of `MLX_IREE_STORE_PARAMETERS` (`store_parameters: false` in [`check_with`]), so the CLI
+/// shares their modules.
 const FIXTURE_CONTEXT: &str = "64";
+const FIXTURE_STORE_PARAMETERS: &str = "0";
 
 /// `mlx-iree gate --model DIR --precision P --steps N --max-context C [EXTRA]` against f32:
-/// exit status and stdout.
+/// exit status and stdout. A fixture's engines (under tests/) share the in-process tests'
+/// modules; SmolLM2's run as users run them, weights stored.
 fn gate_cli(dir: &Path, precision: &str, steps: usize, context: &str, extra: &[&str]) -> (i32, String) {
+    let store = if dir.starts_with(root().join("tests")) { FIXTURE_STORE_PARAMETERS } else { "1" };
     assert!(dir.join("config.json").exists(), "test model missing at {}: run `cargo xtask model` first", dir.display());
     let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
         .args(["gate", "--model", dir.to_str().unwrap(), "--precision", precision, "--steps", &steps.to_string()])
         .args(["--max-context", context])
         .args(extra)
         .env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"))
+        .env("MLX_IREE_STORE_PARAMETERS", store)
         .output()
         .unwrap();
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
