@@ -1,7 +1,7 @@
 //! Many sequences in one engine: batched decode gives every row the tokens its prompt gives
-//! alone (mlx-lm's own, on the confident trained fixtures, at every precision), a row's
-//! logits do not depend on the other rows (bit for bit), and nothing is compiled once the
-//! engine has started, whatever the mix of requests.
+//! alone (mlx-lm's own: every fixture family at f32, a trained fixture at each other
+//! precision), a row's logits do not depend on the other rows (bit for bit), and nothing is
+//! compiled once the engine has started, whatever the mix of requests.
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
@@ -72,20 +72,21 @@ fn batched(engine: &mut Engine, cases: &[Reference]) -> Vec<Vec<u32>> {
     out
 }
 
-/// Trained fixture families whose attention differs (plain, QK norms, Gemma 2's soft cap and
-/// alternating window, Gemma 3's local rope), each at f32. Each load compiles ten functions
-/// (1 prefill, 4 decode, 5 cache-write), about 45 s in CI, so the other families (the same
-/// batched code around other weights) and precisions run on one family each.
-const FAMILIES: [&str; 4] = ["llama_llama3_tied", "qwen3", "gemma2", "gemma3_text"];
-
-/// FAMILIES at f32, and each other precision on one of them: each of 8 rows decoded together
-/// gives the tokens its prompt gives alone, and both are mlx-lm's.
+/// Every fixture family at f32 (the random-weight fixtures, where f32 is token-exact with
+/// mlx-lm, fixtures.rs, which shares these modules), and each other precision on one trained
+/// family (each load compiles ten functions: 1 prefill, 4 decode, 5 cache-write, about 45 s
+/// in CI): each of 8 rows decoded together gives the tokens its prompt gives alone, and both
+/// are mlx-lm's.
 #[test]
 fn eight_rows_give_what_each_prompt_gives_alone() {
     let _turn = serial();
+    let set = root().join("tests/fixtures");
+    let mut families: Vec<PathBuf> = std::fs::read_dir(&set).unwrap().flatten().map(|e| e.path()).collect();
+    families.retain(|p| p.is_dir());
+    families.sort();
+    assert!(families.len() >= 8, "{}", set.display());
+    let mut runs: Vec<(PathBuf, Precision)> = families.iter().map(|f| (f.join("f32"), Precision::F32)).collect();
     let set = root().join("tests/fixtures-trained");
-    let mut runs: Vec<(PathBuf, Precision)> =
-        FAMILIES.iter().map(|f| (set.join(f).join("f32"), Precision::F32)).collect();
     runs.extend([
         (set.join("llama_llama3_tied/f32"), Precision::F16),
         (set.join("gemma2/f32"), Precision::BF16),
@@ -146,7 +147,7 @@ fn a_rows_logits_do_not_depend_on_the_other_rows() {
 #[test]
 fn nothing_is_compiled_after_the_engine_has_started() {
     let _turn = serial();
-    // The random-weight qwen3 has the trained one's config, so this loads that module.
+    // The module of eight_rows_give_what_each_prompt_gives_alone.
     let dir = root().join("tests/fixtures/qwen3/f32");
     let mut engine = engine(&dir, Precision::F32);
     let compiles = engine::cache::compiles();
@@ -193,7 +194,7 @@ fn nothing_is_compiled_after_the_engine_has_started() {
 #[test]
 fn two_engines_run_at_the_same_time() {
     let _turn = serial();
-    // Modules of eight_rows_give_what_each_prompt_gives_alone (same configs as the trained ones).
+    // Modules of eight_rows_give_what_each_prompt_gives_alone.
     let threads: Vec<_> = ["qwen3", "llama_llama3_tied"]
         .into_iter()
         .map(|name| {
