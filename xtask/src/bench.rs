@@ -528,6 +528,9 @@ pub struct Measured {
     pub compile_cold_s: f64,
     /// null when the engine did not hit the cache the cold compile filled.
     pub compile_cached_s: Option<f64>,
+    /// Share of the machine's CPU other work took during the row (null: not measured).
+    #[serde(default)]
+    pub foreign_cpu_share: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -625,6 +628,29 @@ fn bench_command(bin: &Path, case: &Case, o: &Options) -> Command {
     cmd
 }
 
+/// [`run_child`], and the share of the machine's CPU time other work took while it ran
+/// (`cpu_share`: the child's own time, reaped with it, is ours).
+fn run_child_measured(cmd: &mut Command) -> Result<(std::result::Result<String, String>, Option<f64>)> {
+    let window = cpu_share::Window::start(&[]);
+    let out = run_child(cmd)?;
+    Ok((out, window.and_then(|w| w.foreign_share())))
+}
+
+/// The "other CPU" column of the tables: the share of the machine's CPU time that other
+/// work took while the row ran, `!` when that makes it a row measured under load.
+pub fn other_cpu(share: Option<f64>) -> String {
+    match share {
+        None => "-".to_owned(),
+        Some(s) if s >= cpu_share::LOADED => format!("{:.0}%!", s * 100.0),
+        Some(s) => format!("{:.0}%", s * 100.0),
+    }
+}
+
+/// The legend of the "other CPU" column.
+pub const OTHER_CPU_NOTE: &str = "other CPU = share of the machine's CPU time that other processes (and, on a \
+     virtual machine, its host's other guests: steal) took while the row ran; ! = 5% or more: measured under load, \
+     not a number to publish";
+
 /// Runs a measuring command with its stderr streamed through, indented. Returns its
 /// stdout, or when it failed, the reason in its last stderr line. The command dies with
 /// xtask.
@@ -707,7 +733,7 @@ pub fn table(cases: &[Case], rows: &[Row]) -> String {
     let ratio = |x: f64, base: Option<f64>| base.map_or_else(|| "-".to_owned(), |b| format!("{:.2}x", x / b));
     let width = cases.iter().map(|c| display_name(&c.model).len()).max().unwrap_or(5).max(5);
     let mut out = format!(
-        "{:<width$}  {:<9}  {:>5}  {:>7}  {:>5}  {:>9}  {:>9}  {:>7}{}  {:>9}  {:>8}  {:>7}  {:>8}  {:>13}  {:>10}\n",
+        "{:<width$}  {:<9}  {:>5}  {:>7}  {:>5}  {:>9}  {:>9}  {:>7}{}  {:>9}  {:>8}  {:>7}  {:>8}  {:>13}  {:>10}  {:>9}\n",
         "model",
         "precision",
         "batch",
@@ -723,6 +749,7 @@ pub fn table(cases: &[Case], rows: &[Row]) -> String {
         "RSS MiB",
         "compile s",
         "disp/step",
+        "other CPU",
     );
     for (c, r) in cases.iter().zip(rows) {
         let name = display_name(&c.model);
@@ -730,7 +757,7 @@ pub fn table(cases: &[Case], rows: &[Row]) -> String {
             Row::Ok(_, m) => {
                 out += &format!(
                     "{name:<width$}  {:<9}  {:>5}  {:>7}  {:>5}  {:>9.1}  {:>9.2}  {:>7}{}  {:>9.1}  {:>8}  {:>7}  {:>8}  \
-                     {:>13}  {:>10}\n",
+                     {:>13}  {:>10}  {:>9}\n",
                     c.precision,
                     m.batch,
                     m.context,
@@ -753,12 +780,13 @@ pub fn table(cases: &[Case], rows: &[Row]) -> String {
                         m.compile_cached_s.map_or_else(|| "?".into(), |s| format!("{s:.2}"))
                     ),
                     m.dispatches_per_decode_step,
+                    other_cpu(m.foreign_cpu_share),
                 );
             }
             Row::Failed(e) => out += &format!("{name:<width$}  {:<9}  error: {e}\n", c.precision),
         }
     }
-    out
+    out + OTHER_CPU_NOTE + "\n"
 }
 
 /// A model the peers run: its family (the name rows are grouped by), the float folder
@@ -824,8 +852,11 @@ fn measure_peers(o: &Options, bandwidth: f64) -> Result<Vec<Line>> {
         }
         for (engine, precision, model, steps, mut cmd) in runs {
             note(format!("peers {}/{total}: {engine} {precision} on {}", lines.len() + 1, m.family));
-            let result = match run_child(&mut cmd)? {
-                Ok(stdout) => parse_peer(&stdout),
+            let (out, foreign) = run_child_measured(&mut cmd)?;
+            let result = match out {
+                Ok(stdout) => parse_peer(&stdout).map(|(json, speed)| {
+                    (with_foreign_share(&json, foreign), Speed { foreign_cpu_share: foreign, ..speed })
+                }),
                 Err(e) => Err(e),
             };
             if o.json {
@@ -850,14 +881,15 @@ fn measure_peers(o: &Options, bandwidth: f64) -> Result<Vec<Line>> {
             let gguf = peers::gguf_path(&m.family, t);
             note(format!("peers {}/{total}: llama-bench {t} on {}", lines.len() + 1, m.family));
             let mut cmd = peers::llama_bench_command(&tools, &gguf, o.prompt_len, m.steps, o.repeats);
-            let result = match run_child(&mut cmd)? {
+            let (out, foreign) = run_child_measured(&mut cmd)?;
+            let result = match out {
                 Ok(stdout) => peers::parse_llama_bench(&stdout).map_err(|e| format!("{e:#}")),
                 Err(e) => Err(e),
             };
             if o.json {
                 let line = match &result {
                     Ok(b) => tagged_json(
-                        &llama_bench_json(&gguf, t, o.repeats, b),
+                        &with_foreign_share(&llama_bench_json(&gguf, t, o.repeats, b), foreign),
                         LLAMA_BENCH,
                         Some((bandwidth, b.decode.model_size)),
                     ),
@@ -879,6 +911,7 @@ fn measure_peers(o: &Options, bandwidth: f64) -> Result<Vec<Line>> {
                     ttft_ms: None,
                     weight_bytes: b.decode.model_size,
                     peak_rss_bytes: None,
+                    foreign_cpu_share: foreign,
                 }),
             });
         }
@@ -928,6 +961,20 @@ pub struct Speed {
     pub ttft_ms: Option<f64>,
     pub weight_bytes: u64,
     pub peak_rss_bytes: Option<u64>,
+    /// Share of the machine's CPU other work took during the row (xtask measures the peers').
+    #[serde(default)]
+    pub foreign_cpu_share: Option<f64>,
+}
+
+/// A JSON object line with `foreign_cpu_share` set (a peer's line, measured by xtask).
+pub fn with_foreign_share(line: &str, share: Option<f64>) -> String {
+    match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(line) {
+        Ok(mut v) => {
+            v.insert("foreign_cpu_share".into(), share.into());
+            serde_json::Value::Object(v).to_string()
+        }
+        Err(_) => line.to_owned(),
+    }
 }
 
 /// What a row of the --peers, batched --peers or --serve table measured: which engine,
@@ -998,6 +1045,7 @@ impl Line {
                     ttft_ms: Some(m.ttft_ms),
                     weight_bytes: m.weight_bytes,
                     peak_rss_bytes: Some(m.peak_rss_bytes),
+                    foreign_cpu_share: m.foreign_cpu_share,
                 }),
                 Some(m.dispatches_per_decode_step),
             ),
@@ -1097,7 +1145,7 @@ pub fn peers_table(lines: &[Line], bandwidth: f64) -> String {
     let width = lines.iter().map(|l| l.source.name.len()).max().unwrap_or(5).max(5);
     let ew = lines.iter().map(|l| l.source.engine.len()).max().unwrap_or(6).max(6);
     let mut out = format!(
-        "{:<ew$}  {:<width$}  {:<9}  {:>5}  {:>9}  {:>9}  {:>8}  {:>8}  {:>9}  {:>8}  {:>8}  {:>9}  {}\n",
+        "{:<ew$}  {:<width$}  {:<9}  {:>5}  {:>9}  {:>9}  {:>8}  {:>8}  {:>9}  {:>8}  {:>8}  {:>9}  {:>9}  {}\n",
         "engine",
         "model",
         "precision",
@@ -1110,6 +1158,7 @@ pub fn peers_table(lines: &[Line], bandwidth: f64) -> String {
         "wts MiB",
         "RSS MiB",
         "disp/step",
+        "other CPU",
         "decode/prefill vs peer",
     );
     for l in lines {
@@ -1133,7 +1182,7 @@ pub fn peers_table(lines: &[Line], bandwidth: f64) -> String {
                     _ => "-".to_owned(),
                 };
                 out += &format!(
-                    "{head}  {:>5}  {:>9.1}  {:>9.2}  {:>8.1}  {:>7.0}%  {:>9}  {:>8}  {:>8}  {:>9}  {vs}\n",
+                    "{head}  {:>5}  {:>9.1}  {:>9.2}  {:>8.1}  {:>7.0}%  {:>9}  {:>8}  {:>8}  {:>9}  {:>9}  {vs}\n",
                     l.steps,
                     s.prefill_tok_s,
                     s.decode_tok_s,
@@ -1143,6 +1192,7 @@ pub fn peers_table(lines: &[Line], bandwidth: f64) -> String {
                     mib(s.weight_bytes),
                     s.peak_rss_bytes.map_or_else(|| "-".to_owned(), mib),
                     l.dispatches.map_or_else(|| "-".to_owned(), |d| d.to_string()),
+                    other_cpu(s.foreign_cpu_share),
                 );
             }
             Err(e) => out += &format!("{head}  error: {e}\n"),
@@ -1150,7 +1200,7 @@ pub fn peers_table(lines: &[Line], bandwidth: f64) -> String {
     }
     out += &format!(
         "bound/s = memory read bandwidth {:.1} GB/s (numpy, measured in this run) / weight bytes; of bound = \
-         decode/s / bound/s\n",
+         decode/s / bound/s\n{OTHER_CPU_NOTE}\n",
         bandwidth / 1e9
     );
     if lines.iter().any(|l| l.source.engine == LLAMA_BENCH) {
@@ -1169,15 +1219,18 @@ pub struct BatchLine {
     pub steps: usize,
     /// Prefill and aggregate decode tok/s.
     pub result: std::result::Result<(f64, f64), String>,
+    /// Share of the machine's CPU other work took during the row (llama-batched-bench's:
+    /// during its whole run).
+    pub foreign_cpu_share: Option<f64>,
 }
 
 impl BatchLine {
     fn ours(case: &Case, row: &Row) -> BatchLine {
-        let (batch, context, result) = match row {
-            Row::Ok(_, m) => (m.batch, m.context, Ok((m.prefill_tok_s, m.decode_tok_s))),
-            Row::Failed(e) => (0, 0, Err(e.clone())),
+        let (batch, context, result, foreign_cpu_share) = match row {
+            Row::Ok(_, m) => (m.batch, m.context, Ok((m.prefill_tok_s, m.decode_tok_s)), m.foreign_cpu_share),
+            Row::Failed(e) => (0, 0, Err(e.clone()), None),
         };
-        BatchLine { source: Source::ours(case), batch, context, steps: case.steps, result }
+        BatchLine { source: Source::ours(case), batch, context, steps: case.steps, result, foreign_cpu_share }
     }
 }
 
@@ -1188,7 +1241,8 @@ fn measure_batched_peer(o: &Options, tools: &Path, m: &PeerModel, t: &'static st
     note(format!("peer: llama-batched-bench {t} on {}", m.family));
     let gguf = peers::gguf_path(&m.family, t);
     let mut cmd = peers::batched_bench_command(tools, &gguf, &contexts, m.steps, &o.batch);
-    let rows = match run_child(&mut cmd)? {
+    let (out, foreign) = run_child_measured(&mut cmd)?;
+    let rows = match out {
         Ok(stdout) => peers::parse_batched_bench(&stdout, &contexts, &o.batch).map_err(|e| format!("{e:#}")),
         Err(e) => Err(e),
     };
@@ -1198,13 +1252,14 @@ fn measure_batched_peer(o: &Options, tools: &Path, m: &PeerModel, t: &'static st
         context,
         steps: m.steps,
         result,
+        foreign_cpu_share: foreign,
     };
     let mut lines = Vec::new();
     match rows {
         Ok(rows) => {
             for r in rows {
                 if o.json {
-                    println!("{}", batched_bench_json(&gguf, t, &r));
+                    println!("{}", with_foreign_share(&batched_bench_json(&gguf, t, &r), foreign));
                 }
                 lines.push(line(r.pl, r.pp, Ok((r.speed_pp, r.speed_tg))));
             }
@@ -1289,7 +1344,7 @@ pub fn batched_table(lines: &[BatchLine], contexts: &[usize]) -> String {
     let width = lines.iter().map(|l| l.source.name.len()).max().unwrap_or(5).max(5);
     let ctx_head = format!("vs ctx {first}");
     let mut out = format!(
-        "{:<9}  {:<width$}  {:<9}  {:>5}  {:>7}  {:>5}  {:>9}  {:>9}{}  {}\n",
+        "{:<9}  {:<width$}  {:<9}  {:>5}  {:>7}  {:>5}  {:>9}  {:>9}{}  {:>9}  {}\n",
         "engine",
         "model",
         "precision",
@@ -1299,6 +1354,7 @@ pub fn batched_table(lines: &[BatchLine], contexts: &[usize]) -> String {
         "prefill/s",
         "decode/s",
         if show_ctx { format!("  {ctx_head:>10}") } else { String::new() },
+        "other CPU",
         "vs peer",
     );
     for l in lines {
@@ -1312,13 +1368,14 @@ pub fn batched_table(lines: &[BatchLine], contexts: &[usize]) -> String {
                     _ => "-".to_owned(),
                 };
                 out += &format!(
-                    "{head}  {:>5}  {:>7}  {:>5}  {:>9.1}  {:>9.2}{}  {vs}\n",
+                    "{head}  {:>5}  {:>7}  {:>5}  {:>9.1}  {:>9.2}{}  {:>9}  {vs}\n",
                     l.batch,
                     l.context,
                     l.steps,
                     prefill,
                     decode,
                     if show_ctx { format!("  {vs_ctx:>10}") } else { String::new() },
+                    other_cpu(l.foreign_cpu_share),
                 );
             }
             Err(ref e) => out += &format!("{head}  error: {e}\n"),
@@ -1329,8 +1386,7 @@ pub fn batched_table(lines: &[BatchLine], contexts: &[usize]) -> String {
     if show_ctx {
         out += &format!("; {ctx_head} = decode/s over the same row's at context {first}");
     }
-    out += "\n";
-    out
+    out + "\n" + OTHER_CPU_NOTE + "\n"
 }
 
 #[cfg(test)]
@@ -1603,12 +1659,13 @@ mod tests {
             dispatches_per_decode_step: 42,
             compile_cold_s: 12.5,
             compile_cached_s: Some(0.03),
+            foreign_cpu_share: Some(0.01),
         }
     }
 
     #[test]
     fn json_lines_parse_and_errors_become_rows() {
-        let line = r#"{"model":"m","device":"local-task","precision":"f32","batch":1,"context":128,"max_context":2048,"prefill_tok_s":100.0,"decode_tok_s":20.0,"ttft_ms":1280.0,"weight_bytes":3145728,"kv_bytes":5242880,"peak_rss_bytes":10485760,"dispatches_per_decode_step":42,"compile_cold_s":12.5,"compile_cached_s":0.03,"weights_load_s":1.0,"prompt_len":128,"decode_steps":16,"repeats":3}"#;
+        let line = r#"{"model":"m","device":"local-task","precision":"f32","batch":1,"context":128,"max_context":2048,"prefill_tok_s":100.0,"decode_tok_s":20.0,"ttft_ms":1280.0,"weight_bytes":3145728,"kv_bytes":5242880,"peak_rss_bytes":10485760,"dispatches_per_decode_step":42,"compile_cold_s":12.5,"compile_cached_s":0.03,"weights_load_s":1.0,"prompt_len":128,"decode_steps":16,"repeats":3,"foreign_cpu_share":0.01}"#;
         let rows = parse_rows(&format!("{line}\n")).unwrap();
         assert_eq!(rows, [Row::Ok(line.to_owned(), measured(20.0))]);
         let row = rows[0].clone();
@@ -1654,7 +1711,7 @@ mod tests {
         ];
         let t = table(&cases, &rows);
         let lines: Vec<&str> = t.lines().collect();
-        assert_eq!(lines.len(), 5, "{t}");
+        assert_eq!(lines.len(), 6, "{t}");
         let cols = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
         assert_eq!(
             cols(lines[0]),
@@ -1680,7 +1737,9 @@ mod tests {
                 "MiB",
                 "compile",
                 "s",
-                "disp/step"
+                "disp/step",
+                "other",
+                "CPU"
             ]
         );
         assert_eq!(
@@ -1700,13 +1759,21 @@ mod tests {
                 "5",
                 "10",
                 "12.5/0.03",
-                "42"
+                "42",
+                "1%"
             ]
         );
         assert_eq!(cols(lines[2])[..9], ["a-4bit", "f16", "1", "128", "1", "100.0", "30.00", "1.50x", "1.00x"]);
         assert_eq!(lines[3], "a-4bit  packed     error: loading /m/a-4bit: out of memory");
         // Family b has no f16 row: no ratio against it.
         assert_eq!(cols(lines[4])[..9], ["b", "f32", "1", "128", "1", "100.0", "5.00", "1.00x", "-"]);
+        assert_eq!(lines[5], OTHER_CPU_NOTE);
+        // A row measured under load says so; one not measured says that.
+        let loaded = Row::Ok(String::new(), Measured { foreign_cpu_share: Some(0.05), ..measured(20.0) });
+        let unmeasured = Row::Ok(String::new(), Measured { foreign_cpu_share: None, ..measured(20.0) });
+        let t = table(&cases[..2], &[loaded, unmeasured]);
+        let last: Vec<&str> = t.lines().skip(1).take(2).map(|l| l.split_whitespace().last().unwrap()).collect();
+        assert_eq!(last, ["5%!", "-"], "{t}");
     }
 
     #[test]
@@ -1733,7 +1800,8 @@ mod tests {
         ];
         let (cases, rows): (Vec<Case>, Vec<Row>) = rows.into_iter().unzip();
         let t = table(&cases, &rows);
-        let lines: Vec<Vec<&str>> = t.lines().skip(1).map(|l| l.split_whitespace().collect()).collect();
+        let lines: Vec<Vec<&str>> =
+            t.lines().skip(1).filter(|l| *l != OTHER_CPU_NOTE).map(|l| l.split_whitespace().collect()).collect();
         // (precision, batch, context, decode/s, vs f32, vs f16, KV MiB)
         let got: Vec<[&str; 7]> = lines.iter().map(|c| [c[1], c[2], c[3], c[6], c[7], c[8], c[11]]).collect();
         assert_eq!(
@@ -1824,6 +1892,7 @@ mod tests {
                 ttft_ms: Some(640.0),
                 weight_bytes: 100 << 20,
                 peak_rss_bytes: Some(200 << 20),
+                foreign_cpu_share: Some(0.31),
             }),
         }
     }
@@ -1833,7 +1902,14 @@ mod tests {
         let line = r#"{"engine": "llama.cpp", "model": "/p/a-q4_0.gguf", "device": "cpu", "precision": "q4_0", "prefill_tok_s": 200.0, "decode_tok_s": 40.0, "ttft_ms": 640.0, "weight_bytes": 104857600, "peak_rss_bytes": 209715200, "dispatches_per_decode_step": null, "threads": 2}"#;
         let (json, speed) = parse_peer(&format!("noise\n{line}\n")).unwrap();
         assert_eq!(json, line);
-        assert_eq!(Ok(speed), peer_line("llama.cpp", "a", "q4_0", 40.0).result);
+        // xtask, not the peer, measures the foreign share.
+        let want = peer_line("llama.cpp", "a", "q4_0", 40.0).result.map(|s| Speed { foreign_cpu_share: None, ..s });
+        assert_eq!(Ok(speed), want);
+        assert_eq!(
+            with_foreign_share(r#"{"engine":"llama.cpp","decode_tok_s":40.0}"#, Some(0.25)),
+            r#"{"decode_tok_s":40.0,"engine":"llama.cpp","foreign_cpu_share":0.25}"#
+        );
+        assert_eq!(with_foreign_share("{}", None), r#"{"foreign_cpu_share":null}"#);
         assert_eq!(parse_peer("").unwrap_err(), "printed no JSON line");
         assert!(parse_peer("{\"decode_tok_s\": 1}").unwrap_err().starts_with("bad JSON line"));
     }
@@ -1864,7 +1940,7 @@ mod tests {
         // 1 GiB/s over 100 MiB (peers) or 3 MiB (ours) of weights.
         let t = peers_table(&lines, 1024.0 * 1024.0 * 1024.0);
         let rows: Vec<&str> = t.lines().collect();
-        assert_eq!(rows.len(), 9, "{t}");
+        assert_eq!(rows.len(), 10, "{t}");
         let cols = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
         assert_eq!(
             cols(rows[0]),
@@ -1885,6 +1961,8 @@ mod tests {
                 "RSS",
                 "MiB",
                 "disp/step",
+                "other",
+                "CPU",
                 "decode/prefill",
                 "vs",
                 "peer"
@@ -1905,6 +1983,7 @@ mod tests {
                 "3",
                 "10",
                 "42",
+                "1%",
                 "0.50x",
                 "/",
                 "0.50x",
@@ -1919,12 +1998,13 @@ mod tests {
             format!("{:<9}  {:<5}  {:<9}  error: loading /m/a-4bit: out of memory", "mlx-iree", "a-4bit", "packed")
         );
         assert_eq!(
-            cols(rows[4])[..12],
-            ["llama.cpp", "a", "f16", "16", "200.0", "40.00", "10.2", "391%", "640.0", "100", "200", "-"]
+            cols(rows[4])[..13],
+            ["llama.cpp", "a", "f16", "16", "200.0", "40.00", "10.2", "391%", "640.0", "100", "200", "-", "31%!"]
         );
         assert_eq!(cols(rows[4]).last().unwrap(), "-");
         assert!(rows[6].ends_with("error: llama.cpp could not load x"), "{}", rows[6]);
         assert!(rows[8].starts_with("bound/s = memory read bandwidth 1.1 GB/s"), "{}", rows[8]);
+        assert_eq!(rows[9], OTHER_CPU_NOTE);
     }
 
     #[test]
@@ -1935,6 +2015,7 @@ mod tests {
             context,
             steps: 16,
             result: Ok((100.0, decode)),
+            foreign_cpu_share: None,
         };
         let lines = vec![
             line(LLAMA_CPP, "a", "q4_0", Some("q4_0"), 1, 100, 40.0),
@@ -1965,26 +2046,47 @@ mod tests {
                 "vs",
                 "ctx",
                 "100",
+                "other",
+                "CPU",
                 "vs",
                 "peer"
             ]
         );
         assert_eq!(
             rows[1],
-            ["mlx-iree", "a-4bit", "packed", "1", "100", "16", "100.0", "20.00", "1.00x", "0.50x", "llama.cpp", "q4_0"]
+            [
+                "mlx-iree",
+                "a-4bit",
+                "packed",
+                "1",
+                "100",
+                "16",
+                "100.0",
+                "20.00",
+                "1.00x",
+                "-",
+                "0.50x",
+                "llama.cpp",
+                "q4_0"
+            ]
         );
-        assert_eq!(rows[2][7..], ["80.00", "1.00x", "0.50x", "llama.cpp", "q4_0"]);
-        assert_eq!(rows[3][3..], ["1", "2000", "16", "100.0", "15.00", "0.75x", "0.50x", "llama.cpp", "q4_0"]);
+        assert_eq!(rows[2][7..], ["80.00", "1.00x", "-", "0.50x", "llama.cpp", "q4_0"]);
+        assert_eq!(rows[3][3..], ["1", "2000", "16", "100.0", "15.00", "0.75x", "-", "0.50x", "llama.cpp", "q4_0"]);
         // bf16 has no peer; a failed row says why.
-        assert_eq!(rows[4][8..], ["1.00x", "-"]);
+        assert_eq!(rows[4][8..], ["1.00x", "-", "-"]);
         assert!(t.lines().nth(5).unwrap().ends_with("error: out of memory"));
         assert_eq!(rows[6][..5], ["llama.cpp", "a", "q4_0", "1", "100"]);
-        assert_eq!(rows[8][7..], ["30.00", "0.75x", "-"]);
-        assert!(t.lines().last().unwrap().ends_with("vs ctx 100 = decode/s over the same row's at context 100"));
+        assert_eq!(rows[8][7..], ["30.00", "0.75x", "-", "-"]);
+        let notes: Vec<&str> = t.lines().rev().take(2).collect();
+        assert!(notes[1].ends_with("vs ctx 100 = decode/s over the same row's at context 100"), "{t}");
+        assert_eq!(notes[0], OTHER_CPU_NOTE);
         // One context: no context ratio column.
         let t = batched_table(&[lines[0].clone(), lines[5].clone()], &[100]);
         assert!(!t.contains("vs ctx"), "{t}");
         assert_eq!(t.lines().nth(1).unwrap().split_whitespace().last(), Some("q4_0"));
+        let quiet = BatchLine { foreign_cpu_share: Some(0.049), ..lines[0].clone() };
+        let t = batched_table(&[quiet], &[100]);
+        assert_eq!(t.lines().nth(1).unwrap().split_whitespace().nth(8), Some("5%"), "{t}");
     }
 
     #[test]
@@ -2001,8 +2103,8 @@ mod tests {
         let cols: Vec<&str> = rows[2].split_whitespace().collect();
         assert_eq!(cols[..7], ["llama-bench", "a", "q4_0", "16", "250.0", "100.00", "10.2"]);
         // No time to first token or RSS from llama-bench; the harness's ratios against it.
-        assert_eq!(cols[8..], ["-", "100", "-", "-", "harness", "0.80x", "/", "0.80x"]);
-        assert!(rows[4].starts_with("harness = decode / prefill of the llama.cpp row"), "{t}");
+        assert_eq!(cols[8..], ["-", "100", "-", "-", "31%!", "harness", "0.80x", "/", "0.80x"]);
+        assert!(rows[5].starts_with("harness = decode / prefill of the llama.cpp row"), "{t}");
         // The JSON line carries both speeds with their spread, the tool's context and threads.
         let b = peers::LlamaBench {
             prefill: peers::LlamaBenchTest {

@@ -43,6 +43,10 @@ pub struct Load {
     pub ttft_p99_s: f64,
     pub latency_p50_s: f64,
     pub latency_p99_s: f64,
+    /// Share of the machine's CPU time that work other than the server and the client
+    /// took during the row (set by xtask, `cpu_share`).
+    #[serde(default)]
+    pub foreign_cpu_share: Option<f64>,
 }
 
 /// One row of the --serve table: our server or llama-server at one stream count.
@@ -99,8 +103,10 @@ fn start(bin: &Path, case: &Case, o: &Options, slots: usize) -> Result<(Served, 
     bail!("mlx-iree serve exited before listening (its log is above)")
 }
 
-/// The load generator against the server at `addr` with `streams` concurrent streams.
-fn drive(addr: &str, streams: usize, o: &Options) -> Result<Load> {
+/// The load generator against `server` at `addr` with `streams` concurrent streams (the
+/// server's CPU time and the client's are the row's own).
+fn drive(server: &Served, addr: &str, streams: usize, o: &Options) -> Result<Load> {
+    let window = cpu_share::Window::start(&[server.0.id()]);
     // Made by the set-up step (`prepare`), which runs before.
     let venv = util::target_dir().join("client-venv");
     let steps = o.steps.unwrap_or(64);
@@ -117,14 +123,15 @@ fn drive(addr: &str, streams: usize, o: &Options) -> Result<Load> {
     if !out.status.success() {
         bail!("serve_bench.py with {streams} streams against http://{addr} failed");
     }
-    serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("serve_bench.py printed {:?}", String::from_utf8_lossy(&out.stdout)))
+    let load: Load = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("serve_bench.py printed {:?}", String::from_utf8_lossy(&out.stdout)))?;
+    Ok(Load { foreign_cpu_share: window.and_then(|w| w.foreign_share()), ..load })
 }
 
 /// One row per stream count for `case` on one `mlx-iree serve`.
 pub fn measure(bin: &Path, case: &Case, o: &Options) -> Result<Vec<ServeRow>> {
     let slots = o.streams.iter().copied().max().unwrap_or(1);
-    let (_server, addr) = start(bin, case, o, slots)?;
+    let (server, addr) = start(bin, case, o, slots)?;
     let name = case.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     o.streams
         .iter()
@@ -134,7 +141,7 @@ pub fn measure(bin: &Path, case: &Case, o: &Options) -> Result<Vec<ServeRow>> {
                 source: Source { engine: OURS, name: name.clone(), ..Source::ours(case) },
                 streams,
                 model: name.clone(),
-                load: Ok(drive(&addr, streams, o)?),
+                load: Ok(drive(&server, &addr, streams, o)?),
             })
         })
         .collect()
@@ -241,7 +248,7 @@ pub fn measure_llama_server(case: &Case, t: &'static str, o: &Options) -> Vec<Se
         .map(|&streams| {
             eprintln!("[bench] llama-server {t} on {} with {streams} slots", case.family);
             let load = start_llama_server(&gguf, streams, context(o))
-                .and_then(|(_server, addr, _)| drive(&addr, streams, o))
+                .and_then(|(server, addr, _)| drive(&server, &addr, streams, o))
                 .map_err(|e| format!("{e:#}"));
             ServeRow {
                 source: Source::peer(LLAMA_SERVER, &case.family, t),
@@ -272,6 +279,7 @@ pub fn json_line(row: &ServeRow, device: &str) -> String {
                 ("ttft_p99_s", serde_json::json!(l.ttft_p99_s)),
                 ("latency_p50_s", serde_json::json!(l.latency_p50_s)),
                 ("latency_p99_s", serde_json::json!(l.latency_p99_s)),
+                ("foreign_cpu_share", serde_json::json!(l.foreign_cpu_share)),
             ] {
                 v[k] = x;
             }
@@ -300,7 +308,7 @@ pub fn table(rows: &[ServeRow]) -> String {
     };
     let engine_col = |e: &str| if peers { format!("{e:<14} ") } else { String::new() };
     let mut out = format!(
-        "{}{:<34} {:<9} {:>7} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9}{}\n",
+        "{}{:<34} {:<9} {:>7} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}{}\n",
         engine_col("engine"),
         "model",
         "precision",
@@ -312,6 +320,7 @@ pub fn table(rows: &[ServeRow]) -> String {
         "ttft p99",
         "lat p50",
         "lat p99",
+        "other CPU",
         if peers { "  vs llama-server" } else { "" }
     );
     for r in rows {
@@ -325,14 +334,21 @@ pub fn table(rows: &[ServeRow]) -> String {
                     (true, ..) => "  -".to_owned(),
                 };
                 out.push_str(&format!(
-                    "{head} {:>8} {:>7} {:>9.1} {:>8.2}s {:>8.2}s {:>8.2}s {:>8.2}s{vs}\n",
-                    l.requests, l.tokens, l.tok_s, l.ttft_p50_s, l.ttft_p99_s, l.latency_p50_s, l.latency_p99_s
+                    "{head} {:>8} {:>7} {:>9.1} {:>8.2}s {:>8.2}s {:>8.2}s {:>8.2}s {:>9}{vs}\n",
+                    l.requests,
+                    l.tokens,
+                    l.tok_s,
+                    l.ttft_p50_s,
+                    l.ttft_p99_s,
+                    l.latency_p50_s,
+                    l.latency_p99_s,
+                    crate::bench::other_cpu(l.foreign_cpu_share),
                 ));
             }
             Err(e) => out.push_str(&format!("{head} error: {e}\n")),
         }
     }
-    out
+    out + crate::bench::OTHER_CPU_NOTE + "\n"
 }
 
 #[cfg(test)]
@@ -350,6 +366,7 @@ mod tests {
             ttft_p99_s: 0.5,
             latency_p50_s: 1.0,
             latency_p99_s: 2.0,
+            foreign_cpu_share: Some(0.02),
         }
     }
 

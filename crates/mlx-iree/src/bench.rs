@@ -74,6 +74,11 @@ pub struct Report {
     pub prompt_len: usize,
     pub decode_steps: usize,
     pub repeats: usize,
+    /// Share of the machine's CPU time that other work took while this row's runs ran
+    /// (steal included; [`cpu_share`]); null where it cannot be read. At
+    /// [`cpu_share::LOADED`] or more the row was measured under load.
+    #[serde(default)]
+    pub foreign_cpu_share: Option<f64>,
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -187,7 +192,9 @@ fn measure(args: &Args) -> Result<Vec<Report>> {
     let mut reports = Vec::new();
     for &context in &contexts {
         for &batch in &args.batch {
+            let window = cpu_share::Window::start(&[]);
             let (prefill, decode) = run_batch(args, &mut engine, &cfg, batch, context)?;
+            let foreign_cpu_share = window.and_then(|w| w.foreign_share());
             reports.push(Report {
                 model: args.m.model.display().to_string(),
                 device: args.m.device.clone(),
@@ -208,6 +215,7 @@ fn measure(args: &Args) -> Result<Vec<Report>> {
                 prompt_len: context,
                 decode_steps: args.steps,
                 repeats: args.repeats,
+                foreign_cpu_share,
             });
         }
     }
@@ -463,7 +471,8 @@ fn table(r: &Report) -> String {
          peak RSS                    {:.1} MiB\n\
          compile cold / cached       {:.2} s / {:.2} s\n\
          weights load                {:.2} s\n\
-         dispatches per decode step  {}\n",
+         dispatches per decode step  {}\n\
+         CPU taken by other work     {}\n",
         r.model,
         r.device,
         r.precision,
@@ -483,7 +492,17 @@ fn table(r: &Report) -> String {
         r.compile_cached_s,
         r.weights_load_s,
         r.dispatches_per_decode_step,
+        foreign(r.foreign_cpu_share),
     )
+}
+
+/// A row's foreign CPU share for people: a percentage, and whether that is load.
+fn foreign(share: Option<f64>) -> String {
+    match share {
+        None => "not measured (no /proc/stat)".to_owned(),
+        Some(s) if s >= cpu_share::LOADED => format!("{:.0}% (measured under load)", s * 100.0),
+        Some(s) => format!("{:.0}%", s * 100.0),
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const FIELDS: [&str; 13] = [
+const FIELDS: [&str; 14] = [
     "model",
     "device",
     "precision",
@@ -19,6 +19,7 @@ const FIELDS: [&str; 13] = [
     "context",
     "max_context",
     "kv_bytes",
+    "foreign_cpu_share",
 ];
 
 fn fixture() -> PathBuf {
@@ -105,6 +106,9 @@ fn json_line(precision: &str) -> Value {
         (Some(8), Some(4), Some(2))
     );
     assert!(stderr.contains("dispatches per decode step"), "{stderr}");
+    // null only when no clock tick passed during the row's runs (these are milliseconds).
+    let share = &v["foreign_cpu_share"];
+    assert!(share.is_null() || share.as_f64().is_some_and(|s| (0.0..=1.0).contains(&s)), "{v}");
     v
 }
 
