@@ -371,7 +371,7 @@ impl Hub {
         }
         out.seek(SeekFrom::Start(have)).map_err(io)?;
         if have > 0 {
-            tracing::info!("{file}: resuming the download at byte {have}");
+            tracing::debug!("{file}: resuming the download at byte {have}");
         }
         progress.start(file, size, have);
         let (mut failures, mut unanswered) = (0u32, 0u32);

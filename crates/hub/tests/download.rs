@@ -267,6 +267,31 @@ fn a_repo_that_is_no_mlx_model_is_refused_before_any_download() {
     assert!(mock.file_requests().is_empty(), "{:?}", mock.file_requests());
 }
 
+/// A full disk is named as such, and the partial download stays to be resumed.
+#[test]
+fn a_full_disk_is_named() {
+    // Every write to /dev/full fails with ENOSPC, as on a full disk.
+    let full = Path::new("/dev/full");
+    assert!(full.exists(), "this test needs Linux's /dev/full");
+    let source = model_repo();
+    let sha = mockhub::sha256(&source.files["model.safetensors"]);
+    let mock = MockHub::start(vec![source.clone()]);
+    let cache = tempfile::tempdir().unwrap();
+    let blobs = cache.path().join("models--mlx-test--qwen3-f32/blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let part = blobs.join(format!("{sha}.incomplete"));
+    std::os::unix::fs::symlink(full, &part).unwrap();
+    let hub = Hub::new(config(&mock, cache.path()));
+    let model = hub.model(&repo(ID)).unwrap();
+    let err = model.fetch_model(&mut NoProgress).unwrap_err();
+    assert!(matches!(err, Error::DiskFull { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.starts_with(&format!("disk full writing {} (", part.display())), "{text}");
+    assert!(text.ends_with("free space and run again: the download resumes where it stopped"), "{text}");
+    assert!(!model.dir().join("model.safetensors").exists());
+    assert!(model.dir().join("config.json").is_file());
+}
+
 /// A port nothing listens on.
 fn dead_endpoint() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
