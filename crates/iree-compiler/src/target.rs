@@ -136,10 +136,14 @@ impl Target {
     /// The target flags (device and backend target), in the order they are passed.
     pub fn flags(&self) -> Vec<String> {
         match self {
+            // No DWARF in the executables: nothing here reads it, the vmfb is about a quarter
+            // smaller and a module compiles 5-20% faster (docs/PERFORMANCE.md); numerics are
+            // untouched.
             Target::LlvmCpu { cpu } => vec![
                 "--iree-hal-target-device=local".to_owned(),
                 "--iree-hal-local-target-device-backends=llvm-cpu".to_owned(),
                 format!("--iree-llvmcpu-target-cpu={cpu}"),
+                "--iree-llvmcpu-debug-symbols=false".to_owned(),
             ],
             Target::Cuda { sm } => {
                 vec!["--iree-hal-target-device=cuda".to_owned(), format!("--iree-cuda-target={sm}")]
@@ -424,6 +428,7 @@ mod tests {
                 "--iree-hal-target-device=local",
                 "--iree-hal-local-target-device-backends=llvm-cpu",
                 "--iree-llvmcpu-target-cpu=host",
+                "--iree-llvmcpu-debug-symbols=false",
                 "--iree-opt-data-tiling",
             ]
         );

@@ -13,11 +13,16 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The tests of this file take turns: one counts the compiles of the whole process.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// One test counts the compiles of the whole process and runs alone (`alone`); the others
+/// run side by side (`beside`), as each mostly compiles, on one core each.
+static TURNS: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+fn beside() -> std::sync::RwLockReadGuard<'static, ()> {
+    TURNS.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn alone() -> std::sync::RwLockWriteGuard<'static, ()> {
+    TURNS.write().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 const MAX_BATCH: usize = 8;
@@ -72,39 +77,75 @@ fn batched(engine: &mut Engine, cases: &[Reference]) -> Vec<Vec<u32>> {
     out
 }
 
-/// Every fixture family at f32 (the random-weight fixtures, where f32 is token-exact with
-/// mlx-lm, fixtures.rs, which shares these modules), and each other precision on one trained
-/// family (each load compiles ten functions: 1 prefill, 4 decode, 5 cache-write, about 45 s
-/// in CI): each of 8 rows decoded together gives the tokens its prompt gives alone, and both
-/// are mlx-lm's.
-#[test]
-fn eight_rows_give_what_each_prompt_gives_alone() {
-    let _turn = serial();
-    let set = root().join("tests/fixtures");
-    let mut families: Vec<PathBuf> = std::fs::read_dir(&set).unwrap().flatten().map(|e| e.path()).collect();
-    families.retain(|p| p.is_dir());
-    families.sort();
-    assert!(families.len() >= 8, "{}", set.display());
-    let mut runs: Vec<(PathBuf, Precision)> = families.iter().map(|f| (f.join("f32"), Precision::F32)).collect();
-    let set = root().join("tests/fixtures-trained");
-    runs.extend([
-        (set.join("llama_llama3_tied/f32"), Precision::F16),
-        (set.join("gemma2/f32"), Precision::BF16),
-        (set.join("qwen3/q4"), Precision::Packed),
-    ]);
-    for (dir, precision) in runs {
-        let cases = cases(&dir);
-        let mut engine = engine(&dir, precision);
-        let what = format!("{} {precision}", dir.display());
-        for c in &cases {
-            let alone = gate::trajectory(&mut engine, &c.prompt_ids, STEPS).unwrap();
-            assert_eq!(alone, c.token_ids, "{what}: alone, prompt {:?}", c.prompt_ids);
-        }
-        let together = batched(&mut engine, &cases);
-        for (got, c) in together.iter().zip(&cases) {
-            assert_eq!(got, &c.token_ids, "{what}: in a batch of {MAX_BATCH}, prompt {:?}", c.prompt_ids);
-        }
+/// Each of 8 rows decoded together gives the tokens its prompt gives alone, and both are
+/// mlx-lm's, on `dir` at `precision`.
+fn eight_rows_give_what_each_prompt_gives_alone(dir: &Path, precision: Precision) {
+    let _turn = beside();
+    let cases = cases(dir);
+    let mut engine = engine(dir, precision);
+    let what = format!("{} {precision}", dir.display());
+    for c in &cases {
+        let alone = gate::trajectory(&mut engine, &c.prompt_ids, STEPS).unwrap();
+        assert_eq!(alone, c.token_ids, "{what}: alone, prompt {:?}", c.prompt_ids);
     }
+    let together = batched(&mut engine, &cases);
+    for (got, c) in together.iter().zip(&cases) {
+        assert_eq!(got, &c.token_ids, "{what}: in a batch of {MAX_BATCH}, prompt {:?}", c.prompt_ids);
+    }
+}
+
+/// Every fixture family at f32 (the random-weight fixtures, where f32 is token-exact with
+/// mlx-lm, fixtures.rs, which shares these modules), one test each so they compile side by
+/// side (each load compiles ten functions: 1 prefill, 4 decode, 5 cache-write).
+macro_rules! eight_rows_at_f32 {
+    ($($family:ident),*) => {
+        const F32_FAMILIES: &[&str] = &[$(stringify!($family)),*];
+        $(
+            #[test]
+            fn $family() {
+                let dir = root().join("tests/fixtures").join(stringify!($family)).join("f32");
+                eight_rows_give_what_each_prompt_gives_alone(&dir, Precision::F32);
+            }
+        )*
+    };
+}
+
+mod eight_rows_at_f32 {
+    use super::*;
+    eight_rows_at_f32!(gemma, gemma2, gemma2_window, gemma3_text, llama_linear_untied, llama_llama3_tied, qwen2, qwen3);
+
+    #[test]
+    fn every_fixture_family_has_its_test() {
+        let set = root().join("tests/fixtures");
+        let mut families: Vec<String> = std::fs::read_dir(&set)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        families.sort();
+        assert_eq!(families, F32_FAMILIES, "a fixture family without a batched test in batch.rs");
+    }
+}
+
+/// Each other precision on one trained family (confident, so every precision is mlx-lm's
+/// f32 trajectory there).
+#[test]
+fn eight_rows_at_f16() {
+    eight_rows_give_what_each_prompt_gives_alone(
+        &root().join("tests/fixtures-trained/llama_llama3_tied/f32"),
+        Precision::F16,
+    );
+}
+
+#[test]
+fn eight_rows_at_bf16() {
+    eight_rows_give_what_each_prompt_gives_alone(&root().join("tests/fixtures-trained/gemma2/f32"), Precision::BF16);
+}
+
+#[test]
+fn eight_rows_packed() {
+    eight_rows_give_what_each_prompt_gives_alone(&root().join("tests/fixtures-trained/qwen3/q4"), Precision::Packed);
 }
 
 /// The logits of row 0 of a decode step, with slot 0 holding `cases[0]` and the other slots
@@ -124,7 +165,7 @@ fn row0_logits(engine: &mut Engine, first: &Reference, others: &[Reference]) -> 
 /// same step hold (other prompts, other positions, padding rows), at f32 and packed.
 #[test]
 fn a_rows_logits_do_not_depend_on_the_other_rows() {
-    let _turn = serial();
+    let _turn = beside();
     // Packed through the host's default kernel only: tests/tests/kernels.rs proves every
     // object gives each row the bits the Rust model gives that row alone, at 1, 3, 8 and 13
     // rows, so another object cannot make rows depend on each other.
@@ -146,7 +187,7 @@ fn a_rows_logits_do_not_depend_on_the_other_rows() {
 /// the end of the context), batch sizes 1 to 8 and slot reuse runs without one compile.
 #[test]
 fn nothing_is_compiled_after_the_engine_has_started() {
-    let _turn = serial();
+    let _turn = alone();
     // The module of eight_rows_give_what_each_prompt_gives_alone.
     let dir = root().join("tests/fixtures/qwen3/f32");
     let mut engine = engine(&dir, Precision::F32);
@@ -193,7 +234,7 @@ fn nothing_is_compiled_after_the_engine_has_started() {
 /// IREE instance per process, see crates/iree-hal/tests/threads.rs for the cause).
 #[test]
 fn two_engines_run_at_the_same_time() {
-    let _turn = serial();
+    let _turn = beside();
     // Modules of eight_rows_give_what_each_prompt_gives_alone.
     let threads: Vec<_> = ["qwen3", "llama_llama3_tied"]
         .into_iter()

@@ -121,17 +121,14 @@ fn f16_kv_cache_passes_the_gate_on_the_trained_fixtures() {
     }
 }
 
-/// f16 weights against f32, teacher-forced along every fixture variant's f32 trajectories
-/// (40 steps; mlx-lm's, which the f32 path reproduces exactly, see fixtures.rs): the gate
-/// passes on all of them, near ties included.
-#[test]
-fn f16_passes_the_gate_on_every_fixture() {
-    for fixture in fixtures() {
-        for variant in ["f32", "q4", "q8"] {
-            let dir = fixture.join(variant);
-            let report = check(&dir, Precision::F16, &references(&dir, "expected.json"));
-            assert!(report.passed(), "{}: f16 agreement {:.3}", dir.display(), report.agreement());
-        }
+/// f16 weights against f32, teacher-forced along the fixture variants' f32 trajectories (40
+/// steps; mlx-lm's, which the f32 path reproduces exactly, see fixtures.rs): the gate passes
+/// on all of them, near ties included.
+fn f16_passes_the_gate(family: &str) {
+    for variant in ["f32", "q4", "q8"] {
+        let dir = root().join("tests/fixtures").join(family).join(variant);
+        let report = check(&dir, Precision::F16, &references(&dir, "expected.json"));
+        assert!(report.passed(), "{}: f16 agreement {:.3}", dir.display(), report.agreement());
     }
 }
 
@@ -139,26 +136,53 @@ fn f16_passes_the_gate_on_every_fixture() {
 /// float32 trajectories of the quantized fixtures (every family at 4 bits, Q8_PACKED_FAMILIES
 /// at 8): token-exact for all 40 steps through the host's default CPU kernel, and through
 /// each other kernel this host runs (AVX-512 and AVX2 on an AMX host) on one family's 4-bit
-/// variant. That is enough for the others:
-/// tests/tests/kernels.rs proves every object computes the same bits as the Rust model at 4
-/// and 8 bits, so this only has to show that the object is linked and called; each family or
-/// variant more is one more compile.
-#[test]
-fn packed_matches_mlx_lm_on_every_quantized_fixture() {
+/// variant. That is enough for the others: tests/tests/kernels.rs proves every object
+/// computes the same bits as the Rust model at 4 and 8 bits, so this only has to show that
+/// the object is linked and called; each family or variant more is one more compile.
+fn packed_matches_mlx_lm(family: &str) {
     // `host_isas` is fastest first, and the default (`host_isa`) is its first.
-    let others: Vec<CpuKernels> = kernels::cpu::host_isas().skip(1).map(CpuKernels::Force).collect();
-    let fixtures = fixtures();
-    assert!(fixtures.iter().any(|f| f.ends_with("llama_llama3_tied")), "the fixture the other kernels run on");
-    for fixture in &fixtures {
-        let others = if fixture.ends_with("llama_llama3_tied") { &others[..] } else { &[] };
-        let q8 = Q8_PACKED_FAMILIES.iter().any(|f| fixture.ends_with(f)).then_some(("q8", CpuKernels::Auto));
-        let runs = [("q4", CpuKernels::Auto)].into_iter().chain(q8).chain(others.iter().map(|&k| ("q4", k)));
-        for (variant, setting) in runs {
-            let dir = fixture.join(variant);
-            let report = check_with(&dir, Precision::Packed, KvElem::F32, setting, &references(&dir, "expected.json"));
-            let agreement = report.agreement();
-            assert!(report.all_exact(), "{} ({setting:?}): packed agreement {agreement:.3}", dir.display());
-        }
+    let others: Vec<CpuKernels> = match family {
+        "llama_llama3_tied" => kernels::cpu::host_isas().skip(1).map(CpuKernels::Force).collect(),
+        _ => Vec::new(),
+    };
+    let q8 = Q8_PACKED_FAMILIES.contains(&family).then_some(("q8", CpuKernels::Auto));
+    let runs = [("q4", CpuKernels::Auto)].into_iter().chain(q8).chain(others.into_iter().map(|k| ("q4", k)));
+    for (variant, setting) in runs {
+        let dir = root().join("tests/fixtures").join(family).join(variant);
+        let report = check_with(&dir, Precision::Packed, KvElem::F32, setting, &references(&dir, "expected.json"));
+        let agreement = report.agreement();
+        assert!(report.all_exact(), "{} ({setting:?}): packed agreement {agreement:.3}", dir.display());
+    }
+}
+
+/// The random-weight fixture sweeps, one test per family and sweep so that they compile side
+/// by side (each compile runs on one core).
+macro_rules! per_family {
+    ($($family:ident),*) => {
+        const FAMILIES: &[&str] = &[$(stringify!($family)),*];
+        $(
+            mod $family {
+                #[test]
+                fn f16_passes_the_gate() {
+                    super::f16_passes_the_gate(stringify!($family));
+                }
+                #[test]
+                fn packed_matches_mlx_lm() {
+                    super::packed_matches_mlx_lm(stringify!($family));
+                }
+            }
+        )*
+    };
+}
+
+per_family!(gemma, gemma2, gemma2_window, gemma3_text, llama_linear_untied, llama_llama3_tied, qwen2, qwen3);
+
+#[test]
+fn every_fixture_family_is_swept() {
+    let names: Vec<String> = fixtures().iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, FAMILIES, "a fixture family without its tests in gate.rs's per_family!");
+    for family in Q8_PACKED_FAMILIES.iter().chain(&F16_KV_FAMILIES) {
+        assert!(FAMILIES.contains(family), "{family} is not a fixture family");
     }
 }
 

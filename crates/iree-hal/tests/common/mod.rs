@@ -34,10 +34,11 @@ pub fn compile(mlir: &str) -> Vec<u8> {
 }
 
 /// The local llvm-cpu target on a generic CPU, as `iree-compile` flags.
-const TARGET_FLAGS: [&str; 3] = [
+const TARGET_FLAGS: [&str; 4] = [
     "--iree-hal-target-device=local",
     "--iree-hal-local-target-device-backends=llvm-cpu",
     "--iree-llvmcpu-target-cpu=generic",
+    "--iree-llvmcpu-debug-symbols=false",
 ];
 
 /// [`compile`] with `extra` flags after the target's.
