@@ -13,7 +13,7 @@ use std::time::Instant;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
-    m: crate::run::ModelArgs,
+    pub(crate) m: crate::run::ModelArgs,
     /// Prompt length in tokens (a fixed, deterministic sequence of ids).
     #[arg(long, default_value_t = 128)]
     prompt_len: usize,

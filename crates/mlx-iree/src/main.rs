@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod download;
 mod run;
 mod serve;
 
@@ -34,6 +35,20 @@ enum Command {
     Gate(run::GateArgs),
 }
 
+impl Command {
+    /// The model flags of a subcommand that takes a model.
+    fn model_args(&mut self) -> Option<&mut run::ModelArgs> {
+        match self {
+            Command::Bench(args) => Some(&mut args.m),
+            Command::Demo(_) => None,
+            Command::Generate(args) => Some(&mut args.model),
+            Command::Serve(args) => Some(&mut args.model),
+            Command::Trajectory(args) => Some(&mut args.model),
+            Command::Gate(args) => Some(&mut args.model),
+        }
+    }
+}
+
 /// The compile cache folder: `MLX_IREE_CACHE_DIR`, else `$XDG_CACHE_HOME/mlx-iree`, else
 /// `~/.cache/mlx-iree` (the libraries take it as a value).
 pub fn cache_dir() -> std::path::PathBuf {
@@ -57,7 +72,7 @@ fn init_logging() {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let mut cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // --help and --version print in full; usage errors become the one-line contract.
         Err(e) if !e.use_stderr() => {
@@ -72,7 +87,13 @@ fn main() -> ExitCode {
         }
     };
     init_logging();
+    // A hub repo id becomes its cached snapshot folder before any subcommand looks at it.
+    let resolved = match cli.command.model_args() {
+        Some(model) => model.resolve(),
+        None => Ok(()),
+    };
     let result = match cli.command {
+        _ if resolved.is_err() => resolved,
         Command::Bench(args) => bench::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Generate(args) => run::generate(&args),

@@ -12,9 +12,14 @@ use text::tokenizer::{Tokenizer, eos_ids};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// MLX model folder (config.json, *.safetensors; tokenizer.json for text prompts).
+    /// MLX model: a folder (config.json, *.safetensors; tokenizer.json for text prompts) or a
+    /// Hugging Face repo id owner/name[@revision], downloaded into the Hugging Face cache.
     #[arg(long)]
     pub model: PathBuf,
+    /// The hub repo `--model` named, once [`ModelArgs::resolve`] has put its snapshot folder
+    /// in `model`; `None` for a local folder.
+    #[arg(skip)]
+    pub repo: Option<String>,
     /// IREE device URI: local-task, local-sync or cuda.
     #[arg(long, default_value = "local-task")]
     pub device: String,
@@ -32,6 +37,15 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
+    /// Turns a hub repo id in `--model` into its snapshot folder, downloading what the cache
+    /// lacks (crates/hub); a local folder stays as it is.
+    pub fn resolve(&mut self) -> Result<()> {
+        let (dir, repo) = crate::download::resolve(&self.model)?;
+        self.model = dir;
+        self.repo = repo;
+        Ok(())
+    }
+
     /// The precision asked for, else the device's measured default.
     pub fn precision(&self) -> Precision {
         self.precision.unwrap_or_else(|| engine::device::default_precision(&self.device, &self.model))
@@ -100,7 +114,7 @@ pub fn cpu_kernels() -> Result<CpuKernels> {
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
     /// The prompt text.
     #[arg(long)]
     prompt: String,
@@ -128,7 +142,7 @@ pub struct GenerateArgs {
 #[command(group = clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_ids"]))]
 pub struct TrajectoryArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
     /// Prompt text (encoded with the model's tokenizer, no chat template).
     #[arg(long)]
     prompt: Option<String>,
@@ -267,7 +281,7 @@ pub fn trajectory(args: &TrajectoryArgs) -> Result<()> {
 #[derive(clap::Args, Debug)]
 pub struct GateArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
     /// What to compare against: `f32` (the f32 path on the same device, run here) or a
     /// trajectory JSON (`mlx-iree trajectory` output, or a file with a `trajectories` list
     /// such as a fixture's expected.json or a model's oracle.json).

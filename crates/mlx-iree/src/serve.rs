@@ -9,7 +9,7 @@ use std::time::Duration;
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
     /// Address to listen on (loopback by default; 0.0.0.0 exposes the server to the network).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -25,7 +25,7 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on /v1/*.
     #[arg(long)]
     api_key: Option<String>,
-    /// The model id clients name (default: the model folder's name).
+    /// The model id clients name (default: the repo id, or the model folder's name).
     #[arg(long)]
     model_id: Option<String>,
     /// Seconds requests in flight may take to finish after SIGTERM or Ctrl-C.
@@ -63,9 +63,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     // Fail on a taken port now, not after minutes of compiling (the port is bound again
     // once the model is loaded: nothing listens before every graph is ready).
     drop(std::net::TcpListener::bind(&address).with_context(|| format!("cannot listen on {address}"))?);
-    let model_id = match &args.model_id {
-        Some(id) => id.clone(),
-        None => {
+    let model_id = match (&args.model_id, &args.model.repo) {
+        (Some(id), _) | (None, Some(id)) => id.clone(),
+        (None, None) => {
             dir.canonicalize()?.file_name().map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned())
         }
     };
