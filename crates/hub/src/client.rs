@@ -125,6 +125,8 @@ impl Hub {
             .timeout_recv_response(Some(config.read_timeout))
             .timeout_per_read(Some(config.read_timeout))
             .user_agent(config.user_agent.as_str())
+            // Sizes, ranges and hashes are of the stored bytes: never a compressed transfer.
+            .accept_encoding("identity")
             .build()
             .into();
         Hub { config, agent }
