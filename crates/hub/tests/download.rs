@@ -292,20 +292,12 @@ fn a_full_disk_is_named() {
     assert!(model.dir().join("config.json").is_file());
 }
 
-/// A port nothing listens on.
-fn dead_endpoint() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    drop(listener);
-    endpoint
-}
-
 #[test]
 fn offline_works_from_the_cache_and_fails_clearly_without_it() {
     let source = model_repo();
     let mock = MockHub::start(vec![source.clone()]);
     let cache = tempfile::tempdir().unwrap();
-    let offline = HubConfig { offline: true, endpoint: dead_endpoint(), ..config(&mock, cache.path()) };
+    let offline = HubConfig { offline: true, endpoint: mockhub::dead_endpoint(), ..config(&mock, cache.path()) };
 
     let err = Hub::new(offline.clone()).model(&repo(ID)).unwrap_err();
     assert_eq!(
@@ -334,7 +326,7 @@ fn offline_works_from_the_cache_and_fails_clearly_without_it() {
 fn an_unreachable_hub_names_offline_mode_and_the_cache_or_uses_the_cache() {
     let mock = MockHub::start(vec![model_repo()]);
     let cache = tempfile::tempdir().unwrap();
-    let unreachable = HubConfig { endpoint: dead_endpoint(), ..config(&mock, cache.path()) };
+    let unreachable = HubConfig { endpoint: mockhub::dead_endpoint(), ..config(&mock, cache.path()) };
     let err = Hub::new(unreachable.clone()).model(&repo(ID)).unwrap_err();
     assert!(matches!(err, Error::Unreachable { .. }), "{err:?}");
     let text = err.to_string();
@@ -366,7 +358,7 @@ fn a_cache_filled_by_huggingface_hub_is_used_offline() {
         )
         .unwrap();
     }
-    let hub = Hub::new(HubConfig { offline: true, endpoint: dead_endpoint(), ..HubConfig::new(cache.path()) });
+    let hub = Hub::new(HubConfig { offline: true, endpoint: mockhub::dead_endpoint(), ..HubConfig::new(cache.path()) });
     let model = hub.model(&repo("mlx-community/Some-Model-4bit")).unwrap();
     assert_eq!(model.commit(), commit);
     let dir = model.fetch_model(&mut NoProgress).unwrap();

@@ -54,14 +54,6 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-/// A port nothing listens on.
-fn dead_endpoint() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    drop(listener);
-    endpoint
-}
-
 #[test]
 fn a_repo_id_runs_as_its_local_folder_does() {
     let source = MockRepo::from_dir(ID, &fixture());
@@ -103,7 +95,7 @@ fn a_repo_id_runs_as_its_local_folder_does() {
     // Offline, from the cache alone, by branch or by commit; the hub is not even up.
     mock.clear_log();
     for model in [ID.to_owned(), format!("{ID}@{}", source.commit)] {
-        let (offline, ids) = trajectory(&model, &dead_endpoint(), hf_home.path(), &[("HF_HUB_OFFLINE", "1")]);
+        let (offline, ids) = trajectory(&model, &mockhub::dead_endpoint(), hf_home.path(), &[("HF_HUB_OFFLINE", "1")]);
         assert!(offline.status.success(), "{model}: {}", stderr(&offline));
         assert_eq!(ids.unwrap(), local_ids, "{model}");
     }
@@ -197,7 +189,7 @@ fn hub_refusals_are_one_line_with_exit_status_2() {
         ),
         true,
     );
-    let dead = dead_endpoint();
+    let dead = mockhub::dead_endpoint();
     let unreachable = trajectory("org/never", &dead, hf_home.path(), &[]).0;
     fails(&unreachable, &format!("cannot reach the hub at {dead}"), true);
     assert!(

@@ -60,6 +60,14 @@ impl MockRepo {
 }
 
 /// Whether the hub stores a file in LFS (its `.gitattributes` rule for weights).
+/// A loopback address nothing listens on: the hub unreachable.
+pub fn dead_endpoint() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    endpoint
+}
+
 pub fn is_lfs(file: &str) -> bool {
     file.ends_with(".safetensors") || file.ends_with(".bin")
 }
