@@ -100,10 +100,13 @@ impl Compiler {
         if major != ffi::MIN_API_VERSION.0 || minor < ffi::MIN_API_VERSION.1 {
             return Err(Error::UnsupportedApiVersion { path, found: (major, minor), required: ffi::MIN_API_VERSION });
         }
+        // LLVM may install its signal handlers here (signals.rs).
+        let signals = crate::signals::Preserved::now();
         // SAFETY: called exactly once per process: `LOADED` is locked and still empty, and
         // once filled it is never emptied, so this is never repeated or balanced by a
         // shutdown (which would disable the compiler for the rest of the process).
         unsafe { (api.global_initialize)() };
+        drop(signals);
         // SAFETY: the compiler is initialized; the returned string stays valid while it is,
         // i.e. forever, and is copied at once. Null is handled.
         let revision = unsafe { c_str_to_string((api.get_revision)()) };
@@ -249,6 +252,8 @@ impl Compiler {
         };
         let api = &self.loaded.api;
         let _guard = self.loaded.compile_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        // Dropped after everything below (declared first), while the lock is still held.
+        let _signals = crate::signals::Preserved::now();
 
         // Declaration order = reverse drop order: output, invocation, source, session go in
         // that order; the sink outlives the invocation that reports into it.

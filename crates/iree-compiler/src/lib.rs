@@ -33,6 +33,7 @@ mod compiler;
 mod error;
 mod ffi;
 mod locate;
+mod signals;
 mod target;
 mod vmfb;
 
