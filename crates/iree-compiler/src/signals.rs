@@ -1,8 +1,9 @@
 //! Keeps the process's own handling of interrupt signals across calls into the compiler.
 //!
-//! LLVM, inside the compiler library, installs handlers for SIGHUP, SIGINT, SIGTERM, SIGUSR2
-//! and SIGPIPE the first time it needs them (removing its temporary files, then raising the
-//! signal again with the default action: the process dies). A handler installed later
+//! LLVM, inside the compiler library, installs handlers for SIGHUP, SIGINT, SIGTERM and
+//! SIGUSR2 the first time it needs them (removing its temporary files, then raising the
+//! signal again with the default action: the process dies), and may take SIGPIPE too, which
+//! the Rust runtime ignores; all five are kept. A handler installed later
 //! through tokio chains to the one it replaced, so a server that had compiled its graphs at
 //! start-up died on SIGTERM instead of finishing its requests. Each call into the compiler
 //! therefore restores, when it returns, what the process had before it; LLVM registers

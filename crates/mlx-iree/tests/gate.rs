@@ -72,6 +72,8 @@ fn references(dir: &Path, file: &str) -> Vec<Reference> {
 /// windows; every family more is one more module to compile (about 25 s in CI).
 const Q8_PACKED_FAMILIES: [&str; 3] = ["llama_llama3_tied", "llama_linear_untied", "gemma3_text"];
 const F16_KV_FAMILIES: [&str; 4] = ["llama_llama3_tied", "qwen3", "gemma2", "gemma3_text"];
+/// The family whose 4-bit variant also runs through every other kernel object the host runs.
+const OTHER_KERNELS_FAMILY: &str = "llama_llama3_tied";
 
 /// The gate's report for `precision` on `dir` (local-task) against `refs`.
 fn check(dir: &Path, precision: Precision, refs: &[Reference]) -> Report {
@@ -142,7 +144,7 @@ fn f16_passes_the_gate(family: &str) {
 fn packed_matches_mlx_lm(family: &str) {
     // `host_isas` is fastest first, and the default (`host_isa`) is its first.
     let others: Vec<CpuKernels> = match family {
-        "llama_llama3_tied" => kernels::cpu::host_isas().skip(1).map(CpuKernels::Force).collect(),
+        OTHER_KERNELS_FAMILY => kernels::cpu::host_isas().skip(1).map(CpuKernels::Force).collect(),
         _ => Vec::new(),
     };
     let q8 = Q8_PACKED_FAMILIES.contains(&family).then_some(("q8", CpuKernels::Auto));
@@ -181,7 +183,7 @@ per_family!(gemma, gemma2, gemma2_window, gemma3_text, llama_linear_untied, llam
 fn every_fixture_family_is_swept() {
     let names: Vec<String> = fixtures().iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
     assert_eq!(names, FAMILIES, "a fixture family without its tests in gate.rs's per_family!");
-    for family in Q8_PACKED_FAMILIES.iter().chain(&F16_KV_FAMILIES) {
+    for family in Q8_PACKED_FAMILIES.iter().chain(&F16_KV_FAMILIES).chain([&OTHER_KERNELS_FAMILY]) {
         assert!(FAMILIES.contains(family), "{family} is not a fixture family");
     }
 }
