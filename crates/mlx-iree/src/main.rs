@@ -1,6 +1,7 @@
 //! The `mlx-iree` command line. Bad input is one line on stderr and exit status 2.
 
 mod bench;
+mod chat;
 mod demo;
 mod download;
 mod run;
@@ -21,6 +22,9 @@ enum Command {
     /// Measure prefill and decode speed, time to first token, memory, compile time and
     /// dispatches per decode step of one model on one device at one precision.
     Bench(bench::Args),
+    /// Chat with the model: multi-turn with its chat template, answers streamed to stdout;
+    /// /reset, /system TEXT, /exit; Ctrl-C stops an answer.
+    Chat(chat::ChatArgs),
     /// Build a small RMSNorm + matmul + softmax graph, compile it with IREE and run it,
     /// checking the result against a plain Rust computation.
     Demo(demo::Args),
@@ -40,6 +44,7 @@ impl Command {
     fn model_args(&mut self) -> Option<&mut run::ModelArgs> {
         match self {
             Command::Bench(args) => Some(&mut args.m),
+            Command::Chat(args) => Some(&mut args.model),
             Command::Demo(_) => None,
             Command::Generate(args) => Some(&mut args.model),
             Command::Serve(args) => Some(&mut args.model),
@@ -95,6 +100,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         _ if resolved.is_err() => resolved,
         Command::Bench(args) => bench::run(&args),
+        Command::Chat(args) => chat::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Generate(args) => run::generate(&args),
         Command::Serve(args) => serve::run(&args),

@@ -1,7 +1,7 @@
 //! `mlx-iree generate` and `mlx-iree trajectory`: the CLI contract of BRIEF section 6.
 
 use anyhow::{Context, Result, bail};
-use engine::scheduler::{Event, Request, Sampling, Scheduler};
+use engine::scheduler::{Event, FinishReason, Finished, Request, Sampling, Scheduler};
 use engine::{CpuKernels, Engine, EngineConfig, KvElem, Plan, Precision};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -121,9 +121,16 @@ pub struct GenerateArgs {
     /// Apply the model's chat template to the prompt (as one user message).
     #[arg(long)]
     chat: bool,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+}
+
+/// How answers are generated: the flags `generate` and `chat` share.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SamplingArgs {
     /// Most tokens to generate (generation also stops at an end-of-sequence token).
     #[arg(long, default_value_t = 256)]
-    max_tokens: usize,
+    pub max_tokens: usize,
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     temperature: f32,
@@ -136,6 +143,112 @@ pub struct GenerateArgs {
     /// Random seed for sampling (the same seed gives the same text).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+}
+
+impl SamplingArgs {
+    /// Refuses values no answer can be generated with, before anything is loaded.
+    pub fn check(&self) -> Result<()> {
+        if self.max_tokens == 0 {
+            bail!("--max-tokens must be at least 1");
+        }
+        Sampler::new(self.params())?;
+        Ok(())
+    }
+
+    fn params(&self) -> SamplingParams {
+        SamplingParams { temperature: self.temperature, top_k: self.top_k, top_p: self.top_p, seed: self.seed }
+    }
+
+    /// The engine's token choice for one request: its argmax at temperature 0, else a
+    /// sampler seeded with `--seed` (so each request with the same prompt gives the same text).
+    fn sampling(&self) -> Result<Sampling> {
+        if self.temperature == 0.0 {
+            return Ok(Sampling::Greedy);
+        }
+        let mut sampler = Sampler::new(self.params())?;
+        Ok(Sampling::Custom(Box::new(move |logits: &[f32]| Ok(sampler.sample(logits)?))))
+    }
+}
+
+/// A model ready to answer: the engine on its own thread (one slot) with the model's
+/// tokenizer and end-of-sequence ids. `generate` and `chat` answer through it.
+#[derive(Debug)]
+pub struct Generator {
+    pub scheduler: Scheduler,
+    pub tokenizer: Tokenizer,
+    eos: Vec<u32>,
+}
+
+/// One answer as it was streamed.
+#[derive(Debug)]
+pub struct Answer {
+    /// The text printed (without the final newline).
+    pub text: String,
+    /// How the generation ended; reason `Cancelled` when `stop` ended it.
+    pub done: Finished,
+}
+
+impl Generator {
+    /// Loads the model in `model.model` (the caller has checked its plan).
+    pub fn start(model: &ModelArgs, tokenizer: Tokenizer) -> Result<Generator> {
+        let dir = &model.model;
+        let eos = eos_ids(dir, &tokenizer)?.into_iter().collect();
+        let scheduler =
+            Scheduler::start(dir, model.engine_config(1)?).with_context(|| format!("loading {}", dir.display()))?;
+        Ok(Generator { scheduler, tokenizer, eos })
+    }
+
+    /// Generates the answer to `prompt`, writing its text to `out` as it decodes, then a
+    /// newline. `stop` is asked after every token: once it says yes the generation is
+    /// cancelled and the answer ends with what was printed.
+    pub fn answer(
+        &self,
+        prompt: Vec<u32>,
+        sampling: &SamplingArgs,
+        out: &mut impl Write,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Answer> {
+        let request = Request {
+            prompt,
+            max_tokens: sampling.max_tokens,
+            stop_tokens: self.eos.clone(),
+            // Embedding tables can be padded past the tokenizer's vocabulary: those ids decode
+            // to nothing, so they are never chosen.
+            vocab_limit: Some(self.tokenizer.vocab_size()),
+            sampling: sampling.sampling()?,
+        };
+        let mut generation = self.scheduler.submit(request)?;
+        let mut stream = StreamDecoder::new(true);
+        let mut text = String::new();
+        let mut stopped = false;
+        let mut done = loop {
+            match generation.blocking_next() {
+                Some(Ok(Event::Token(_))) if stopped => {}
+                Some(Ok(Event::Token(_))) if stop() => {
+                    // Not shown: the answer ends where the user stopped it.
+                    generation.cancel();
+                    stopped = true;
+                }
+                Some(Ok(Event::Token(token))) => {
+                    let piece = stream.push(&self.tokenizer, token)?;
+                    write!(out, "{piece}")?;
+                    out.flush()?;
+                    text += &piece;
+                }
+                Some(Ok(Event::Done(done))) => break done,
+                Some(Err(e)) => return Err(e.into()),
+                None => bail!("the engine ended the generation without saying why"),
+            }
+        };
+        if stopped {
+            done.reason = FinishReason::Cancelled;
+        }
+        let rest = stream.finish(&self.tokenizer)?;
+        writeln!(out, "{rest}")?;
+        out.flush()?;
+        text += &rest;
+        Ok(Answer { text, done })
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -173,15 +286,7 @@ fn load(model: &ModelArgs) -> Result<Engine> {
 pub fn generate(args: &GenerateArgs) -> Result<()> {
     let dir = &args.model.model;
     let config = check_model_dir(dir)?;
-    if args.max_tokens == 0 {
-        bail!("--max-tokens must be at least 1");
-    }
-    let mut sampler = Sampler::new(SamplingParams {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        seed: args.seed,
-    })?;
+    args.sampling.check()?;
     let tokenizer = Tokenizer::from_dir(dir)?;
     let prompt = if args.chat {
         ChatTemplate::from_dir(dir)?.encode(&tokenizer, &[Message::user(&args.prompt)])?
@@ -191,44 +296,14 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("--prompt encodes to no tokens");
     }
-    let eos = eos_ids(dir, &tokenizer)?;
     // Generation stops at the end of the context; the prompt itself (and its first new
     // token) must fit.
     args.model.plan(&config, 1, prompt.len() + 1, &format!("the prompt ({} tokens)", prompt.len()))?;
-    let scheduler = Scheduler::start(&args.model.model, args.model.engine_config(1)?)
-        .with_context(|| format!("loading {}", dir.display()))?;
-    let sampling = if args.temperature == 0.0 {
-        Sampling::Greedy
-    } else {
-        Sampling::Custom(Box::new(move |logits: &[f32]| Ok(sampler.sample(logits)?)))
-    };
-    let request = Request {
-        prompt,
-        max_tokens: args.max_tokens,
-        stop_tokens: eos.into_iter().collect(),
-        // Embedding tables can be padded past the tokenizer's vocabulary: those ids decode
-        // to nothing, so they are never chosen.
-        vocab_limit: Some(tokenizer.vocab_size()),
-        sampling,
-    };
-    let mut generation = scheduler.submit(request)?;
-    let mut stream = StreamDecoder::new(true);
-    let mut stdout = std::io::stdout().lock();
-    let done = loop {
-        match generation.blocking_next() {
-            Some(Ok(Event::Token(token))) => {
-                write!(stdout, "{}", stream.push(&tokenizer, token)?)?;
-                stdout.flush()?;
-            }
-            Some(Ok(Event::Done(done))) => break done,
-            Some(Err(e)) => return Err(e.into()),
-            None => bail!("the engine ended the generation without saying why"),
-        }
-    };
-    writeln!(stdout, "{}", stream.finish(&tokenizer)?)?;
+    let generator = Generator::start(&args.model, tokenizer)?;
+    let done = generator.answer(prompt, &args.sampling, &mut std::io::stdout().lock(), &|| false)?.done;
     // The first generated token came from prefill; the rest from decode steps.
     let decode_steps = done.generated.saturating_sub(1);
-    let info = scheduler.info();
+    let info = generator.scheduler.info();
     eprintln!(
         "prompt tokens: {}, generated tokens: {}, prefill: {:.1} tok/s, decode: {:.1} tok/s, {}, weights loaded in {:.1} s ({}, {})",
         done.prompt_tokens,
