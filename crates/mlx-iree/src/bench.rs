@@ -7,6 +7,7 @@ use engine::cache::CompileReport;
 use engine::{Engine, Plan, graph_modules};
 use iree_compiler::{CompileOptions, Compiler, Target};
 use models::ModelConfig;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -144,7 +145,7 @@ fn measure(args: &Args) -> Result<Vec<Report>> {
         let cold_cache = TempDir::new()?;
         config.cache_dir = cold_cache.path().to_path_buf();
         let (compile_cold_s, dispatches) = cold_compile(args, &cfg, &plan, &target, &config)?;
-        let mut reports = measure_in_child(cold_cache.path())?;
+        let mut reports = measure_in_child(cold_cache.path(), &args.m.model)?;
         for r in &mut reports {
             if r.compile_cold_s.is_finite() {
                 // The child compiled graphs other than the ones above (their emit or
@@ -225,11 +226,12 @@ fn measure(args: &Args) -> Result<Vec<Report>> {
 }
 
 /// The reports of this very command run with `--cache-only --json` on the compile cache
-/// `cache` (through `MLX_IREE_CACHE_DIR`), in a child process; its progress lines pass
-/// through on stderr.
-fn measure_in_child(cache: &Path) -> Result<Vec<Report>> {
+/// `cache` (through `MLX_IREE_CACHE_DIR`) and on the model folder `model` (what `--model`
+/// resolved to: a hub repo is not asked about again), in a child process; its progress
+/// lines pass through on stderr.
+fn measure_in_child(cache: &Path, model: &Path) -> Result<Vec<Report>> {
     let exe = std::env::current_exe().context("locating this executable")?;
-    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).filter(|a| a != "--json").collect();
+    let args = child_args(std::env::args_os().skip(1), model);
     let out = std::process::Command::new(&exe)
         .args(&args)
         .args(["--cache-only", "--json"])
@@ -245,6 +247,25 @@ fn measure_in_child(cache: &Path) -> Result<Vec<Report>> {
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).with_context(|| format!("reading the measured runs' report `{l}`")))
         .collect()
+}
+
+/// This command's arguments for the measuring child: without `--json` (the child is given
+/// its own) and with `--model` naming `model`.
+fn child_args(args: impl IntoIterator<Item = OsString>, model: &Path) -> Vec<OsString> {
+    let mut out = Vec::new();
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let separate = arg == "--model";
+        if separate || arg.to_str().is_some_and(|a| a.starts_with("--model=")) {
+            if separate {
+                args.next();
+            }
+            out.extend([OsString::from("--model"), model.as_os_str().to_owned()]);
+        } else if arg != "--json" {
+            out.push(arg);
+        }
+    }
+    out
 }
 
 /// Median seconds of one sequence's prefill of `context` tokens and of `steps` decode steps
@@ -529,6 +550,18 @@ mod tests {
         assert_eq!(a.m.precision(), Precision::F16, "the CPU default");
         assert_eq!((a.prompt_len, a.steps, a.repeats, a.json, a.cache_only), (128, 128, 3, false, false));
         assert_eq!((a.batch.as_slice(), a.context.as_slice()), (&[1][..], &[][..]));
+    }
+
+    #[test]
+    fn the_measuring_child_gets_the_resolved_folder() {
+        let os = |args: &[&str]| args.iter().map(OsString::from).collect::<Vec<_>>();
+        let folder = Path::new("/hf/models--o--n/snapshots/abc");
+        let snapshot = "/hf/models--o--n/snapshots/abc";
+        for given in
+            [&["bench", "--model", "o/n@v1", "--json", "--steps", "4"][..], &["bench", "--model=o/n", "--steps", "4"]]
+        {
+            assert_eq!(child_args(os(given), folder), os(&["bench", "--model", snapshot, "--steps", "4"]), "{given:?}");
+        }
     }
 
     #[test]
