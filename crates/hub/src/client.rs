@@ -106,6 +106,38 @@ struct ModelInfo {
 #[derive(serde::Deserialize)]
 struct Sibling {
     rfilename: String,
+    /// Bytes, when the listing was asked with `blobs=true`.
+    size: Option<u64>,
+    /// The git object id (the etag, so the blob's name, of a file not in LFS).
+    #[serde(rename = "blobId")]
+    blob_id: Option<String>,
+    lfs: Option<Lfs>,
+}
+
+#[derive(serde::Deserialize)]
+struct Lfs {
+    /// The content's sha256 (an LFS file's etag, so its blob's name).
+    sha256: Option<String>,
+    size: Option<u64>,
+}
+
+/// What the model-info listing says of one file.
+#[derive(Debug, Clone, Default)]
+struct Listed {
+    size: Option<u64>,
+    /// The name its blob has in the cache, where the listing tells.
+    blob: Option<String>,
+}
+
+impl From<Sibling> for Listed {
+    fn from(s: Sibling) -> Self {
+        let lfs = s.lfs.unwrap_or(Lfs { sha256: None, size: None });
+        let blob = match lfs.sha256 {
+            Some(sha) => Some(sha),
+            None => s.blob_id,
+        };
+        Listed { size: lfs.size.or(s.size), blob: blob.filter(|b| is_safe_etag(b)) }
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -146,8 +178,13 @@ impl Hub {
         if self.config.offline {
             return self.cached_model(repo, cache, None);
         }
-        let url =
-            format!("{}/api/models/{}/revision/{}", self.config.endpoint, repo.id, encode(repo.revision(), false));
+        // `blobs=true` adds each file's size and blob id: the free space is checked against them.
+        let url = format!(
+            "{}/api/models/{}/revision/{}?blobs=true",
+            self.config.endpoint,
+            repo.id,
+            encode(repo.revision(), false)
+        );
         let response = match self.request(false, &url, None, false) {
             Ok((response, _)) => response,
             Err(reason) => return self.cached_model(repo, cache, Some(reason)),
@@ -165,11 +202,12 @@ impl Hub {
             .map_err(|e| bad(format!("reading the body: {e}")))?;
         let info: ModelInfo = serde_json::from_str(&body).map_err(|e| bad(format!("not model info JSON: {e}")))?;
         let commit = info.sha.filter(|s| is_commit(s)).ok_or_else(|| bad("no commit sha".to_owned()))?;
-        let siblings: BTreeSet<String> = info.siblings.into_iter().map(|s| s.rfilename).collect();
-        if !siblings.contains(CONFIG_FILE) {
+        let siblings: BTreeMap<String, Listed> =
+            info.siblings.into_iter().map(|s| (s.rfilename.clone(), Listed::from(s))).collect();
+        if !siblings.contains_key(CONFIG_FILE) {
             return Err(Error::NotAModel { repo: repo.id.clone(), missing: "no config.json" });
         }
-        if !siblings.contains(INDEX_FILE) && !siblings.contains(WEIGHTS_FILE) {
+        if !siblings.contains_key(INDEX_FILE) && !siblings.contains_key(WEIGHTS_FILE) {
             return Err(Error::NotAModel {
                 repo: repo.id.clone(),
                 missing: "no model.safetensors or model.safetensors.index.json",
@@ -470,7 +508,7 @@ pub struct Model<'a> {
     commit: String,
     cache: RepoCache,
     /// The repo's files at `commit` (from the hub); `None` when working from the cache only.
-    siblings: Option<BTreeSet<String>>,
+    siblings: Option<BTreeMap<String, Listed>>,
 }
 
 impl Model<'_> {
@@ -509,7 +547,7 @@ impl Model<'_> {
                 missing: format!("no {file}"),
             });
         };
-        if !siblings.contains(file) {
+        if !siblings.contains_key(file) {
             return Err(Error::FileNotFound {
                 repo: self.repo.id.clone(),
                 revision: self.repo.revision().to_owned(),
@@ -519,31 +557,63 @@ impl Model<'_> {
         self.hub.download(&self.repo, &self.cache, &self.commit, file, progress)
     }
 
-    /// Everything the model needs, config.json first, then the tokenizer and generation
-    /// files the repo has, then the weights (`model.safetensors`, or the index and the shards
-    /// it names; nothing else of the repo). Returns the snapshot folder.
+    /// Everything the model needs, config.json first, then the index if the weights are
+    /// sharded (to know the shards), then (once the free space is checked against what is
+    /// still missing) the tokenizer and generation files the repo has and the weights
+    /// (`model.safetensors`, or the shards the index names; nothing else of the repo).
+    /// Returns the snapshot folder.
     pub fn fetch_model(&self, progress: &mut dyn Progress) -> Result<PathBuf, Error> {
         self.fetch(CONFIG_FILE, progress)?;
-        for file in OPTIONAL_FILES {
-            if self.has(file) {
-                self.fetch(file, progress)?;
-            }
-        }
-        if self.has(INDEX_FILE) {
+        let weights = if self.has(INDEX_FILE) {
             let index = self.fetch(INDEX_FILE, progress)?;
-            for shard in shards(&self.repo, &index)? {
-                self.fetch(&shard, progress)?;
-            }
+            shards(&self.repo, &index)?
         } else {
-            self.fetch(WEIGHTS_FILE, progress)?;
+            vec![WEIGHTS_FILE.to_owned()]
+        };
+        let files: Vec<String> =
+            OPTIONAL_FILES.iter().filter(|f| self.has(f)).map(|f| (*f).to_owned()).chain(weights).collect();
+        self.check_space(&files)?;
+        for file in &files {
+            self.fetch(file, progress)?;
         }
         Ok(self.dir())
+    }
+
+    /// Refuses (`Error::NoSpace`) when the listed sizes of `files` not yet in the cache (less
+    /// what partial downloads of them hold) exceed the free space of the cache's file system.
+    /// Sizes the hub did not list count as nothing; from the cache alone nothing is checked.
+    fn check_space(&self, files: &[String]) -> Result<(), Error> {
+        let Some(siblings) = &self.siblings else { return Ok(()) };
+        let mut needed = 0u64;
+        for file in files {
+            let Some(listed) = siblings.get(file) else { continue };
+            if self.cache.cached_file(&self.commit, file).is_some() {
+                continue;
+            }
+            let size = listed.size.unwrap_or(0);
+            let on_disk = match &listed.blob {
+                Some(blob) if is_complete(&self.cache.blob(blob), Some(size)) => size,
+                Some(blob) => std::fs::metadata(self.cache.incomplete(blob)).map_or(0, |m| m.len().min(size)),
+                None => 0,
+            };
+            needed = needed.saturating_add(size - on_disk);
+        }
+        let cache = &self.hub.config.cache_dir;
+        match crate::disk::available_bytes(cache) {
+            Some(available) if available < needed => {
+                Err(Error::NoSpace { repo: self.repo.id.clone(), needed, available, cache: cache.clone() })
+            }
+            available => {
+                tracing::debug!("{}: {needed} bytes to download, {available:?} free in {}", self.repo, cache.display());
+                Ok(())
+            }
+        }
     }
 
     /// Whether the repo (or, from the cache alone, the snapshot) has `file`.
     fn has(&self, file: &str) -> bool {
         match &self.siblings {
-            Some(siblings) => siblings.contains(file),
+            Some(siblings) => siblings.contains_key(file),
             None => self.cache.cached_file(&self.commit, file).is_some(),
         }
     }

@@ -77,9 +77,25 @@ pub enum Error {
     #[error("disk full writing {} ({source}); free space and run again: the download resumes where it stopped", path.display())]
     DiskFull { path: PathBuf, source: std::io::Error },
 
+    /// The files still to download are larger than the free space of the cache's file system.
+    #[error("not enough disk space for {repo}: its files still to download take {needed} bytes ({}), the file system of the cache {} has {available} bytes free ({}); free space, or set HF_HUB_CACHE to a folder on a larger disk", readable(*needed), cache.display(), readable(*available))]
+    NoSpace { repo: String, needed: u64, available: u64, cache: PathBuf },
+
     /// Any other file system error in the cache.
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
+}
+
+/// Bytes for people: `1.5 GiB`, `84.2 MiB`, `12.0 KiB`.
+fn readable(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
 }
 
 /// A file system error at `path`, as `DiskFull` when the device or quota is full.
@@ -116,5 +132,10 @@ mod tests {
         assert_eq!(e.to_string(), "repository a/b not found on http://h");
         let e = Error::Unreachable { endpoint: "http://h".into(), cache: "/c".into(), reason: "refused".into() };
         assert!(e.to_string().contains("HF_HUB_OFFLINE=1") && e.to_string().contains("/c"), "{e}");
+        let e = Error::NoSpace { repo: "a/b".into(), needed: 3 << 30, available: 1536 << 10, cache: "/c".into() };
+        assert_eq!(
+            e.to_string(),
+            "not enough disk space for a/b: its files still to download take 3221225472 bytes (3.0 GiB), the file system of the cache /c has 1572864 bytes free (1.5 MiB); free space, or set HF_HUB_CACHE to a folder on a larger disk"
+        );
     }
 }

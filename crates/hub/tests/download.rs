@@ -115,7 +115,8 @@ fn downloads_only_the_model_files_into_the_hugging_face_layout() {
     let gets_storage = log.iter().filter(|r| r.method == "GET" && r.path.starts_with("/cdn/")).count();
     assert_eq!((heads, gets_storage), (4, 1), "{log:?}");
     let finished: Vec<&str> = progress.finished.iter().map(|(f, _)| f.as_str()).collect();
-    assert_eq!(finished, ["config.json", "tokenizer.json", "model.safetensors.index.json", "model.safetensors"]);
+    // The index before the rest: it names the shards, whose sizes the free space is checked against.
+    assert_eq!(finished, ["config.json", "model.safetensors.index.json", "tokenizer.json", "model.safetensors"]);
     assert_eq!(progress.finished[3].1, source.files["model.safetensors"].len() as u64);
     assert_eq!(progress.started[3].1, Some(source.files["model.safetensors"].len() as u64));
 
@@ -125,7 +126,7 @@ fn downloads_only_the_model_files_into_the_hugging_face_layout() {
     assert_eq!(again, dir);
     let log = mock.log();
     assert_eq!(log.len(), 1, "{log:?}");
-    assert_eq!(log[0].path, format!("/api/models/{ID}/revision/main"));
+    assert_eq!(log[0].path, format!("/api/models/{ID}/revision/main?blobs=true"));
 }
 
 #[test]
@@ -290,6 +291,56 @@ fn a_full_disk_is_named() {
     assert!(text.ends_with("free space and run again: the download resumes where it stopped"), "{text}");
     assert!(!model.dir().join("model.safetensors").exists());
     assert!(model.dir().join("config.json").is_file());
+}
+
+/// Files larger than the free space are refused before any weight is requested, with the
+/// bytes needed (the listed size less what the cache already holds) and available.
+#[test]
+fn a_download_larger_than_the_free_space_is_refused_before_it_starts() {
+    const HUGE: u64 = 1 << 60; // an exbibyte: larger than any disk
+    let mut source = model_repo();
+    source.listed_sizes.insert("model.safetensors".into(), HUGE);
+    let mock = MockHub::start(vec![source.clone()]);
+    let cache = tempfile::tempdir().unwrap();
+    let hub = Hub::new(config(&mock, cache.path()));
+    let model = hub.model(&repo(ID)).unwrap();
+    // The tokenizer is in the cache already (as a blob another snapshot shares): not counted.
+    model.fetch("tokenizer.json", &mut NoProgress).unwrap();
+    std::fs::remove_file(model.dir().join("tokenizer.json")).unwrap();
+    // Half of the weights are there from a broken-off download: counted as on disk.
+    let blobs = cache.path().join("models--mlx-test--qwen3-f32/blobs");
+    let sha = mockhub::sha256(&source.files["model.safetensors"]);
+    std::fs::write(blobs.join(format!("{sha}.incomplete")), &source.files["model.safetensors"][..1000]).unwrap();
+    mock.clear_log();
+
+    let err = model.fetch_model(&mut NoProgress).unwrap_err();
+    let Error::NoSpace { repo: named_repo, needed, available, cache: named } = &err else { panic!("{err:?}") };
+    assert_eq!((named_repo.as_str(), *needed, named.as_path()), (ID, HUGE - 1000, cache.path()));
+    assert!(*available > 0 && available < needed, "{err}");
+    let text = err.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "not enough disk space for {ID}: its files still to download take {} bytes (1024.0 PiB), the file system of the cache {} has {available} bytes free (",
+            HUGE - 1000,
+            cache.path().display()
+        )),
+        "{text}"
+    );
+    // Only the small files that say what to fetch were fetched; no weight was asked for.
+    let fetched: Vec<String> = mock.file_requests().into_iter().map(|r| r.path).collect();
+    assert!(
+        fetched.iter().all(|p| p.ends_with("/config.json") || p.ends_with("/model.safetensors.index.json")),
+        "{fetched:?}"
+    );
+    assert!(!model.dir().join("model.safetensors").exists());
+
+    // With the true size listed the same cache downloads the rest, resuming the partial file.
+    let mock = MockHub::start(vec![model_repo()]);
+    let dir = Hub::new(config(&mock, cache.path())).model(&repo(ID)).unwrap().fetch_model(&mut NoProgress).unwrap();
+    assert_eq!(std::fs::read(dir.join("model.safetensors")).unwrap(), source.files["model.safetensors"]);
+    let storage: Vec<_> = mock.log().into_iter().filter(|r| r.path.starts_with("/cdn/")).collect();
+    assert_eq!(storage.len(), 1, "{storage:?}");
+    assert_eq!(storage[0].range.as_deref(), Some("bytes=1000-"));
 }
 
 #[test]

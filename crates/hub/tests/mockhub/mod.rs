@@ -1,5 +1,6 @@
 //! A stand-in for the Hugging Face hub on 127.0.0.1, answering the requests the hub client
-//! makes as the hub does: `GET /api/models/{repo}/revision/{rev}` (commit sha and file list),
+//! makes as the hub does: `GET /api/models/{repo}/revision/{rev}` (commit sha and file list;
+//! with `?blobs=true` each file's size and blob id, and an LFS file's sha256),
 //! `HEAD`/`GET /{repo}/resolve/{rev}/{file}` (`X-Repo-Commit`, `ETag`; for LFS files a 302 to
 //! storage with `X-Linked-Etag` = sha256 and `X-Linked-Size`), `Range` requests, and the
 //! hub's refusals (`X-Error-Code` RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo).
@@ -34,6 +35,9 @@ pub struct MockRepo {
     pub gated: bool,
     /// Nothing of the repo is visible without the token.
     pub private: bool,
+    /// Sizes the model info lists instead of the true ones (a file larger than any disk,
+    /// announced without serving its bytes).
+    pub listed_sizes: BTreeMap<String, u64>,
 }
 
 impl MockRepo {
@@ -44,6 +48,7 @@ impl MockRepo {
             files: files.into_iter().collect(),
             gated: false,
             private: false,
+            listed_sizes: BTreeMap::new(),
         }
     }
 
@@ -59,7 +64,6 @@ impl MockRepo {
     }
 }
 
-/// Whether the hub stores a file in LFS (its `.gitattributes` rule for weights).
 /// A loopback address nothing listens on: the hub unreachable.
 pub fn dead_endpoint() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -68,6 +72,7 @@ pub fn dead_endpoint() -> String {
     endpoint
 }
 
+/// Whether the hub stores a file in LFS (its `.gitattributes` rule for weights).
 pub fn is_lfs(file: &str) -> bool {
     file.ends_with(".safetensors") || file.ends_with(".bin")
 }
@@ -267,7 +272,8 @@ fn serve(mut stream: TcpStream, state: &State, storage: &str) {
 }
 
 fn route(state: &State, storage: &str, path: &str, authorized: bool, token_sent: bool, range: Option<&str>) -> Answer {
-    let path = path.split('?').next().unwrap_or("");
+    let (path, query) = path.split_once('?').unwrap_or((path, ""));
+    let blobs = query.split('&').any(|q| q == "blobs=true" || q == "blobs=True");
     let segments: Vec<String> = path.trim_start_matches('/').split('/').map(decode).collect();
     let seg: Vec<&str> = segments.iter().map(String::as_str).collect();
     // Storage for LFS files: /cdn/<sha256>.
@@ -297,7 +303,7 @@ fn route(state: &State, storage: &str, path: &str, authorized: bool, token_sent:
         return Answer::error(404, "RevisionNotFound", &format!("Invalid rev id: {rev}"));
     }
     if api {
-        let siblings: Vec<_> = repo.files.keys().map(|f| serde_json::json!({ "rfilename": f })).collect();
+        let siblings: Vec<_> = repo.files.iter().map(|(f, bytes)| sibling(repo, f, bytes, blobs)).collect();
         let mut a = Answer::new(200).header("Content-Type", "application/json");
         a.body = serde_json::to_vec(&serde_json::json!({
             "_id": "0", "id": repo.id, "modelId": repo.id, "sha": repo.commit,
@@ -330,6 +336,24 @@ fn route(state: &State, storage: &str, path: &str, authorized: bool, token_sent:
         content(state, &file, bytes, range)
             .header("X-Repo-Commit", &repo.commit)
             .header("ETag", format!("\"{}\"", git_etag(bytes)))
+    }
+}
+
+/// A file as the model info lists it: its name, and with `blobs` its size and blob id (an
+/// LFS file's also its sha256), as the hub sends them.
+fn sibling(repo: &MockRepo, file: &str, bytes: &[u8], blobs: bool) -> serde_json::Value {
+    if !blobs {
+        return serde_json::json!({ "rfilename": file });
+    }
+    let size = repo.listed_sizes.get(file).copied().unwrap_or(bytes.len() as u64);
+    if is_lfs(file) {
+        let sha = sha256(bytes);
+        serde_json::json!({
+            "rfilename": file, "size": size, "blobId": git_etag(sha.as_bytes()),
+            "lfs": { "sha256": sha, "size": size, "pointerSize": 134 },
+        })
+    } else {
+        serde_json::json!({ "rfilename": file, "size": size, "blobId": git_etag(bytes) })
     }
 }
 
