@@ -1,12 +1,14 @@
 //! `--model owner/name[@revision]` through the binary, against a loopback stand-in for the
 //! Hugging Face hub (crates/hub/tests/mockhub) serving a fixture checkpoint: the greedy ids
 //! equal the local folder's, a second run downloads nothing, offline mode runs from the
-//! cache, and every refusal is one line with exit status 2.
+//! cache, every refusal is one line with exit status 2, and `serve` by repo id answers as
+//! it does on the local folder.
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
 #[path = "../../hub/tests/mockhub/mod.rs"]
 mod mockhub;
+mod served;
 
 use mockhub::{MockHub, MockRepo};
 use std::path::{Path, PathBuf};
@@ -131,7 +133,9 @@ fn hub_refusals_are_one_line_with_exit_status_2() {
         [("config.json".to_owned(), b"{}".to_vec()), ("pytorch_model.bin".to_owned(), vec![0u8; 64])],
     );
     let corrupt = MockRepo::from_dir("org/corrupt", &fixture());
-    let mock = MockHub::start(vec![gated, mamba, torch, corrupt.clone()]);
+    let mut huge = MockRepo::from_dir("org/huge", &fixture());
+    huge.listed_sizes.insert("model.safetensors".into(), 1 << 60);
+    let mock = MockHub::start(vec![gated, mamba, torch, corrupt.clone(), huge]);
     let hf_home = tempfile::tempdir().unwrap();
     let hub = |model: &str| trajectory(model, &mock.endpoint, hf_home.path(), &[]).0;
     let e = &mock.endpoint;
@@ -180,6 +184,15 @@ fn hub_refusals_are_one_line_with_exit_status_2() {
     assert!(!snapshot.join("model.safetensors").exists());
 
     let cache = hf_home.path().join("hub");
+    fails(
+        &hub("org/huge"),
+        &format!(
+            "not enough disk space for org/huge: its files still to download take {} bytes (1.0 EiB), the file system of the cache {} has ",
+            1u64 << 60,
+            cache.display()
+        ),
+        false,
+    );
     let offline = trajectory("org/never", &mock.endpoint, hf_home.path(), &[("HF_HUB_OFFLINE", "1")]).0;
     fails(
         &offline,
@@ -198,4 +211,53 @@ fn hub_refusals_are_one_line_with_exit_status_2() {
     );
     let bad_switch = trajectory(ID, &mock.endpoint, hf_home.path(), &[("HF_HUB_OFFLINE", "maybe")]).0;
     fails(&bad_switch, "HF_HUB_OFFLINE: expected 1 or 0, got `maybe`", true);
+}
+
+/// `serve --model owner/name` downloads SmolLM2 through the mock hub and answers a
+/// completion with the text the same server gives on the local folder. The shapes are
+/// openai.rs's server's (one compiled module), and the hub cache is a fixed folder, so the
+/// weights the engine stores in final form for it replace their earlier copy.
+#[test]
+fn serve_by_repo_id_answers_as_the_local_folder_does() {
+    const REPO: &str = "mlx-test/smollm2-4bit";
+    let local = root().join("target/models/smollm2-135m-instruct-4bit");
+    assert!(
+        local.join("config.json").exists(),
+        "test model missing at {}: run `cargo xtask model` first",
+        local.display()
+    );
+    let mock = MockHub::start(vec![MockRepo::from_dir(REPO, &local)]);
+    let hf_home = root().join("target/test-hf-home/serve");
+    match std::fs::remove_dir_all(&hf_home) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => panic!("{}: {e}", hf_home.display()),
+        _ => {}
+    }
+    let complete = |model: &Path, id: &str| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_mlx-iree"));
+        command
+            .args(["serve", "--port", "0", "--max-context", "128", "--max-batch", "8", "--model"])
+            .arg(model)
+            .env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"))
+            .env("HF_ENDPOINT", &mock.endpoint)
+            .env("HF_HOME", &hf_home)
+            .env_remove("HF_TOKEN")
+            .env_remove("HF_HUB_OFFLINE")
+            .env_remove("HF_HUB_CACHE");
+        let server = served::start(&mut command);
+        let (status, models) = served::request(&server.addr, "GET", "/v1/models", None);
+        assert_eq!(status, 200, "{models}");
+        let models: serde_json::Value = serde_json::from_str(&models).unwrap();
+        assert_eq!(models["data"][0]["id"], id, "the default model id: {models}");
+        let body =
+            format!(r#"{{"model": "{id}", "prompt": "The capital of France is", "max_tokens": 12, "temperature": 0}}"#);
+        let (status, answer) = served::request(&server.addr, "POST", "/v1/completions", Some(&body));
+        assert_eq!(status, 200, "{answer}");
+        let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        answer["choices"][0]["text"].as_str().unwrap().to_owned()
+    };
+    let by_repo = complete(Path::new(REPO), REPO);
+    assert!(mock.file_requests().iter().any(|r| r.path.starts_with("/cdn/")), "nothing was downloaded");
+    let by_folder = complete(&local, "smollm2-135m-instruct-4bit");
+    assert!(by_folder.contains("Paris"), "{by_folder}");
+    assert_eq!(by_repo, by_folder);
 }

@@ -6,8 +6,10 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
+mod served;
+
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read, Write};
+use served::Served;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -32,56 +34,12 @@ fn mlx_iree() -> Command {
     c
 }
 
-/// A `mlx-iree serve` process on a free loopback port; killed when dropped.
-struct Served {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Starts a server (the shapes of crates/server/tests/http.rs, so the compiled modules are
 /// shared) and waits until it listens.
 fn serve() -> Served {
-    let mut child = mlx_iree()
-        .args(["serve", "--port", "0", "--max-context", MAX_CONTEXT, "--max-batch", "8", "--model-id", "smollm2"])
-        .arg("--model")
-        .arg(model())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    // Owned at once, so any failure below kills and reaps it.
-    let mut served = Served { child, addr: String::new() };
-    // Read on a thread of its own (which keeps draining the log, so the server never blocks
-    // on a full pipe), so that waiting for "listening" has a deadline.
-    let (tx, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(900);
-    let mut log = String::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = match lines.recv_timeout(left) {
-            Ok(line) => line,
-            Err(e) => panic!("serve did not listen ({e:?}) within 900 s:\n{log}"),
-        };
-        log.push_str(&line);
-        log.push('\n');
-        if let Some(rest) = line.strip_prefix("listening on http://") {
-            served.addr = rest.split_whitespace().next().unwrap().to_owned();
-            return served;
-        }
-    }
+    let mut command = mlx_iree();
+    command.args(["serve", "--port", "0", "--max-context", MAX_CONTEXT, "--max-batch", "8", "--model-id", "smollm2"]);
+    served::start(command.arg("--model").arg(model()))
 }
 
 fn python() -> PathBuf {
@@ -144,13 +102,7 @@ fn the_openai_client_gets_what_generate_prints() {
 }
 
 fn get(addr: &str, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let status = raw.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
+    served::request(addr, "GET", path, None)
 }
 
 /// Completion requests a server has answered with 200, from its /metrics.
