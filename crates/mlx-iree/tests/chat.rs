@@ -7,18 +7,19 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
+mod common;
+
+use common::{SMOLLM2_CONTEXT, mlx_iree, smollm2};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use text::chat::{ChatTemplate, Message};
 
-/// smollm2.rs's generate test's context, so the compiled module is shared.
-const MAX_CONTEXT: &str = "128";
 /// Long enough that Ctrl-C lands while an answer is still decoding.
 const MAX_TOKENS: &str = "48";
 /// The longest any one step may take (the first also loads the model, compiled on a cold
@@ -26,43 +27,16 @@ const MAX_TOKENS: &str = "48";
 const LOAD_DEADLINE: Duration = Duration::from_secs(900);
 const STEP_DEADLINE: Duration = Duration::from_secs(120);
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn model() -> PathBuf {
-    let dir = root().join("target/models/smollm2-135m-instruct-4bit");
-    assert!(dir.join("config.json").exists(), "test model missing at {}: run `cargo xtask model` first", dir.display());
-    dir
-}
-
-fn mlx_iree() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_mlx-iree"));
-    c.env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"));
-    c
-}
-
-/// What `mlx-iree generate` prints for `prompt` (templated as one user message with
-/// `chat`), without its final newline.
 fn generate(prompt: &str, chat: bool) -> String {
-    let mut c = mlx_iree();
-    c.args(["generate", "--max-context", MAX_CONTEXT, "--max-tokens", MAX_TOKENS, "--prompt", prompt]);
-    c.arg("--model").arg(model());
-    if chat {
-        c.arg("--chat");
-    }
-    let out = c.output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8(out.stdout).unwrap();
-    text.strip_suffix('\n').unwrap_or(&text).to_owned()
+    common::generate(prompt, chat, MAX_TOKENS)
 }
 
 /// `generate`'s answer for a whole conversation: the template rendered here and given as a
 /// plain prompt (SmolLM2's tokenizer adds no special tokens of its own, checked here, so the
 /// ids are those chat feeds the model).
 fn generate_conversation(messages: &[Message]) -> String {
-    let template = ChatTemplate::from_dir(&model()).unwrap();
-    let tokenizer = text::tokenizer::Tokenizer::from_dir(&model()).unwrap();
+    let template = ChatTemplate::from_dir(&smollm2()).unwrap();
+    let tokenizer = text::tokenizer::Tokenizer::from_dir(&smollm2()).unwrap();
     let rendered = template.render(messages, true).unwrap();
     assert_eq!(tokenizer.encode(&rendered, true).unwrap(), template.encode(&tokenizer, messages).unwrap());
     generate(&rendered, false)
@@ -208,7 +182,7 @@ fn shown_since(shown: &str) -> String {
 /// `mlx-iree chat` on SmolLM2 in a terminal, at its first prompt.
 fn chat() -> Terminal {
     let mut command = mlx_iree();
-    command.args(["chat", "--max-context", MAX_CONTEXT, "--max-tokens", MAX_TOKENS]).arg("--model").arg(model());
+    command.args(["chat", "--max-context", SMOLLM2_CONTEXT, "--max-tokens", MAX_TOKENS]).arg("--model").arg(smollm2());
     let mut terminal = Terminal::spawn(command);
     terminal.wait_for("the first prompt", LOAD_DEADLINE, |shown| shown == ">> ");
     terminal
@@ -308,7 +282,7 @@ fn a_model_without_a_chat_template_is_refused_before_loading() {
     for file in
         ["config.json", "model.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json"]
     {
-        std::os::unix::fs::symlink(model().join(file), dir.path().join(file)).unwrap();
+        std::os::unix::fs::symlink(smollm2().join(file), dir.path().join(file)).unwrap();
     }
     let out = mlx_iree().arg("chat").arg("--model").arg(dir.path()).stdin(Stdio::null()).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

@@ -6,19 +6,16 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
+mod common;
 #[path = "../../hub/tests/mockhub/mod.rs"]
 mod mockhub;
-mod served;
 
+use common::root;
 use mockhub::{MockHub, MockRepo};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const ID: &str = "mlx-test/qwen3-f32";
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 fn fixture() -> PathBuf {
     root().join("tests/fixtures/qwen3/f32")
@@ -233,24 +230,23 @@ fn serve_by_repo_id_answers_as_the_local_folder_does() {
         _ => {}
     }
     let complete = |model: &Path, id: &str| {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_mlx-iree"));
+        let mut command = common::mlx_iree();
         command
             .args(["serve", "--port", "0", "--max-context", "128", "--max-batch", "8", "--model"])
             .arg(model)
-            .env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"))
             .env("HF_ENDPOINT", &mock.endpoint)
             .env("HF_HOME", &hf_home)
             .env_remove("HF_TOKEN")
             .env_remove("HF_HUB_OFFLINE")
             .env_remove("HF_HUB_CACHE");
-        let server = served::start(&mut command);
-        let (status, models) = served::request(&server.addr, "GET", "/v1/models", None);
+        let server = common::start(&mut command);
+        let (status, models) = common::request(&server.addr, "GET", "/v1/models", None);
         assert_eq!(status, 200, "{models}");
         let models: serde_json::Value = serde_json::from_str(&models).unwrap();
         assert_eq!(models["data"][0]["id"], id, "the default model id: {models}");
         let body =
             format!(r#"{{"model": "{id}", "prompt": "The capital of France is", "max_tokens": 12, "temperature": 0}}"#);
-        let (status, answer) = served::request(&server.addr, "POST", "/v1/completions", Some(&body));
+        let (status, answer) = common::request(&server.addr, "POST", "/v1/completions", Some(&body));
         assert_eq!(status, 200, "{answer}");
         let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
         answer["choices"][0]["text"].as_str().unwrap().to_owned()

@@ -6,10 +6,10 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-mod served;
+mod common;
 
+use common::{Served, generate, mlx_iree, root};
 use serde_json::Value;
-use served::Served;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -17,29 +17,12 @@ use std::time::{Duration, Instant};
 
 /// The server's context: the shapes of crates/server/tests/http.rs (shared compiled modules).
 const MAX_CONTEXT: &str = "128";
-/// `generate`'s: the shapes of smollm2.rs's generate test.
-const GENERATE_CONTEXT: &str = "128";
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn model() -> PathBuf {
-    root().join("target/models/smollm2-135m-instruct-4bit")
-}
-
-fn mlx_iree() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_mlx-iree"));
-    c.env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"));
-    c
-}
-
 /// Starts a server (the shapes of crates/server/tests/http.rs, so the compiled modules are
 /// shared) and waits until it listens.
 fn serve() -> Served {
     let mut command = mlx_iree();
     command.args(["serve", "--port", "0", "--max-context", MAX_CONTEXT, "--max-batch", "8", "--model-id", "smollm2"]);
-    served::start(command.arg("--model").arg(model()))
+    common::start(command.arg("--model").arg(common::smollm2()))
 }
 
 fn python() -> PathBuf {
@@ -59,20 +42,6 @@ fn client(base_url: &str, args: &[&str]) -> Value {
         .unwrap();
     assert!(out.status.success(), "openai client failed:\n{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// `mlx-iree generate`'s greedy answer (stdout without its final newline).
-fn generate(prompt: &str, chat: bool, max_tokens: &str) -> String {
-    let mut c = mlx_iree();
-    c.args(["generate", "--prompt", prompt, "--max-tokens", max_tokens, "--max-context", GENERATE_CONTEXT]);
-    c.arg("--model").arg(model());
-    if chat {
-        c.arg("--chat");
-    }
-    let out = c.output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8(out.stdout).unwrap();
-    text.strip_suffix('\n').unwrap_or(&text).to_owned()
 }
 
 #[test]
@@ -102,7 +71,7 @@ fn the_openai_client_gets_what_generate_prints() {
 }
 
 fn get(addr: &str, path: &str) -> (u16, String) {
-    served::request(addr, "GET", path, None)
+    common::request(addr, "GET", path, None)
 }
 
 /// Completion requests a server has answered with 200, from its /metrics.

@@ -1,18 +1,57 @@
-//! A `mlx-iree serve` process for the tests that need one: started from a prepared command,
-//! waited for (with a deadline) until it says where it listens, killed and reaped when
-//! dropped; and plain HTTP/1.1 requests to it.
+//! What the tests that run the binary share: the SmolLM2 test model, the compile cache they
+//! all use (so one compiled module per shape serves every test), `generate`'s greedy answer,
+//! and a `mlx-iree serve` process (started, waited for with a deadline until it listens,
+//! killed and reaped when dropped) with plain HTTP/1.1 requests to it.
 
 #![allow(dead_code, clippy::unwrap_used)] // each test file uses part of it
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// The context of every SmolLM2 engine the binary's tests start with one slot (smollm2.rs's
+/// `generate` test's, gate.rs's), so the module is compiled once for all of them.
+pub const SMOLLM2_CONTEXT: &str = "128";
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The SmolLM2-135M-Instruct 4-bit folder `cargo xtask model` makes.
+pub fn smollm2() -> PathBuf {
+    let dir = root().join("target/models/smollm2-135m-instruct-4bit");
+    assert!(dir.join("config.json").exists(), "test model missing at {}: run `cargo xtask model` first", dir.display());
+    dir
+}
+
+/// The binary, with the tests' shared compile cache.
+pub fn mlx_iree() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mlx-iree"));
+    c.env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"));
+    c
+}
+
+/// What `mlx-iree generate` prints on SmolLM2 for `prompt` (greedy; with `chat` templated as
+/// one user message), without its final newline.
+pub fn generate(prompt: &str, chat: bool, max_tokens: &str) -> String {
+    let mut c = mlx_iree();
+    c.args(["generate", "--prompt", prompt, "--max-tokens", max_tokens, "--max-context", SMOLLM2_CONTEXT]);
+    c.arg("--model").arg(smollm2());
+    if chat {
+        c.arg("--chat");
+    }
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.strip_suffix('\n').unwrap_or(&text).to_owned()
+}
 
 /// The longest a server may take to listen (a cold compile cache compiles first).
 const LISTEN_DEADLINE: Duration = Duration::from_secs(900);
 
-/// A running server on a loopback port; killed when dropped.
+/// A running `mlx-iree serve` on a loopback port; killed when dropped.
 pub struct Served {
     child: Child,
     pub addr: String,
