@@ -172,7 +172,8 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     let interrupts = count_interrupts(tx.clone())?;
     read_lines(tx)?;
     let tty = std::io::stdin().is_terminal();
-    let mut conversation = Conversation { system: args.system.clone(), turns: Vec::new() };
+    let system = args.system.as_deref().map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned);
+    let mut conversation = Conversation { system, turns: Vec::new() };
     let mut stdout = std::io::stdout();
     eprintln!("chat: {} ({context} positions); {HELP}", dir.display());
     loop {
