@@ -33,6 +33,11 @@ pub fn run(args: &[String]) -> Result<()> {
         Command::new(util::cargo())
             .current_dir(util::root())
             .args(["test", "--workspace", "--exclude", "xtask"])
+            // One compile keeps about one core busy, and test threads compile side by side;
+            // IREE's shared compiler thread pool then only adds contention (one fixture
+            // module: 14.3 s alone against 15.9 s with the pool, two at once in one process
+            // 19.4 s against 24.1 s; docs/PERFORMANCE.md, "Compile time").
+            .env("IREE_COMPILER_TASK_COUNT", "1")
             .args(passthrough),
     )?;
     progress("test", format!("all tests passed in {:.0} s", started.elapsed().as_secs_f64()));

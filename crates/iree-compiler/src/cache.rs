@@ -1,9 +1,14 @@
 //! On-disk vmfb cache: a compile keyed by what determines its output is done once, then
 //! read back from `<dir>/<sha256>.vmfb` (and its parameter encoder, when split out, from
 //! `<dir>/<sha256>.encoder.vmfb`).
+//!
+//! Compiles run concurrently (compiler.rs); two threads of one process asking for the same
+//! key compile it once: the second waits for the first and then reads its file.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -43,6 +48,14 @@ pub struct Compiled {
 #[derive(Debug, Clone)]
 pub struct CompileCache {
     dir: PathBuf,
+}
+
+/// The lock one key's compile holds in this process (one per cache file, never removed:
+/// a process compiles few distinct modules).
+fn compile_in_progress(path: &Path) -> Arc<Mutex<()>> {
+    static LOCKS: Mutex<Option<HashMap<PathBuf, Arc<Mutex<()>>>>> = Mutex::new(None);
+    let mut locks = LOCKS.lock().unwrap_or_else(PoisonError::into_inner);
+    Arc::clone(locks.get_or_insert_with(HashMap::new).entry(path.to_path_buf()).or_default())
 }
 
 /// Bumped when the key layout changes, so old entries are never misread.
@@ -122,10 +135,12 @@ impl CompileCache {
     ) -> Result<Compiled, Error> {
         let start = Instant::now();
         let key = self.key(compiler, mlir_text, target, opts);
+        let path = self.path_for(&key);
+        let in_progress = compile_in_progress(&path);
+        let _only_compile = in_progress.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(hit) = self.read_hit(key.clone(), opts, start)? {
             return Ok(hit);
         }
-        let path = self.path_for(&key);
         let (vmfb, encoder) = compiler.compile_split(mlir_text, target, opts)?;
         // The encoder (or its absence) first: a stored main module means a complete entry.
         match (&encoder, opts.parameter_encoder) {

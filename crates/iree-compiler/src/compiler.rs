@@ -7,12 +7,14 @@
 //! source must go before their session, and the diagnostic callback's user data must outlive
 //! the invocation. The wrappers' borrows make the borrow checker enforce that order.
 //!
-//! Threads: sessions are documented as independent MLIR contexts, but the library also holds
-//! process-wide LLVM state (command-line option globals, target registries) that we have not
-//! verified to be safe under concurrent sessions. So compiles are serialized with one mutex:
-//! `compile` may be called from any thread, and concurrent calls wait their turn. MLIR still
-//! uses several threads inside one compile. Diagnostics may arrive on any of them, so the
-//! collector is a mutex too.
+//! Threads: `compile` may be called from any thread, and concurrent calls run at once. Each
+//! session is its own MLIR context with its own flags (we never bind sessions to LLVM's
+//! global command line, `ireeCompilerSetupGlobalCL`), and the library shares one thread pool
+//! among sessions by design. That matters here: a compile of one of our modules keeps about
+//! one core busy whatever the pool (docs/PERFORMANCE.md, "Compile time"), so a process that
+//! loads several models, or a test binary, compiles them side by side only this way.
+//! tests/concurrent.rs checks that concurrent compiles give the bytes a lone one does.
+//! Diagnostics may arrive on any compiler thread, so the collector is a mutex.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::marker::PhantomData;
@@ -53,8 +55,6 @@ struct Loaded {
     api: Api,
     revision: String,
     api_version: ApiVersion,
-    /// Serializes compiles (see the module docs).
-    compile_lock: Mutex<()>,
 }
 
 /// The one library this process uses. A `Mutex` rather than a `OnceLock` so that a failed
@@ -101,7 +101,7 @@ impl Compiler {
             return Err(Error::UnsupportedApiVersion { path, found: (major, minor), required: ffi::MIN_API_VERSION });
         }
         // LLVM may install its signal handlers here (signals.rs).
-        let signals = crate::signals::Preserved::now();
+        let signals = crate::signals::Guard::enter();
         // SAFETY: called exactly once per process: `LOADED` is locked and still empty, and
         // once filled it is never emptied, so this is never repeated or balanced by a
         // shutdown (which would disable the compiler for the rest of the process).
@@ -115,7 +115,6 @@ impl Compiler {
             api,
             revision,
             api_version: ApiVersion { major, minor },
-            compile_lock: Mutex::new(()),
         }));
         *slot = Some(loaded);
         Ok(Compiler { loaded })
@@ -157,7 +156,6 @@ impl Compiler {
                 out.push(c_str_to_string(backend));
             }
         }
-        let _guard = self.loaded.compile_lock.lock().unwrap_or_else(PoisonError::into_inner);
         let mut out: Vec<String> = Vec::new();
         // SAFETY: the compiler is initialized; the callback matches the declared signature and
         // is only invoked during this call, while `out` is borrowed.
@@ -251,9 +249,8 @@ impl Compiler {
             Emit::Vmfb => None,
         };
         let api = &self.loaded.api;
-        let _guard = self.loaded.compile_lock.lock().unwrap_or_else(PoisonError::into_inner);
-        // Dropped after everything below (declared first), while the lock is still held.
-        let _signals = crate::signals::Preserved::now();
+        // Dropped after everything below (declared first).
+        let _signals = crate::signals::Guard::enter();
 
         // Declaration order = reverse drop order: output, invocation, source, session go in
         // that order; the sink outlives the invocation that reports into it.

@@ -25,10 +25,16 @@ fn a_compile_keeps_the_process_signal_handlers() {
     let before: Vec<_> = signals.iter().map(|&s| handler(s)).collect();
     // The Rust runtime ignores SIGPIPE; the others have their default action.
     assert_eq!(before, [libc::SIG_DFL, libc::SIG_DFL, libc::SIG_DFL, libc::SIG_DFL, libc::SIG_IGN]);
-    let c = compiler();
-    for _ in 0..2 {
-        c.compile(MODULE, &Target::llvm_cpu_host(), &CompileOptions::default()).unwrap();
-        let after: Vec<_> = signals.iter().map(|&s| handler(s)).collect();
-        assert_eq!(after, before, "handlers of SIGHUP, SIGINT, SIGTERM, SIGUSR2, SIGPIPE changed by a compile");
+    let compile = || compiler().compile(MODULE, &Target::llvm_cpu_host(), &CompileOptions::default()).unwrap();
+    // The first compiles of the process (when LLVM installs its handlers) on three threads
+    // at once, then one alone: compiles overlap, and none may restore while another runs.
+    let threads: Vec<_> = (0..3).map(|_| std::thread::spawn(compile)).collect();
+    for t in threads {
+        t.join().expect("a compile thread panicked");
     }
+    let after: Vec<_> = signals.iter().map(|&s| handler(s)).collect();
+    assert_eq!(after, before, "handlers of SIGHUP, SIGINT, SIGTERM, SIGUSR2, SIGPIPE changed by concurrent compiles");
+    compile();
+    let after: Vec<_> = signals.iter().map(|&s| handler(s)).collect();
+    assert_eq!(after, before, "handlers of SIGHUP, SIGINT, SIGTERM, SIGUSR2, SIGPIPE changed by a compile");
 }
