@@ -1,6 +1,7 @@
-//! The matvec driver shared by every x86-64 kernel object: the exported `mlx_iree_qmv*`
-//! functions, which walk panels of rows of x, groups and row blocks, and leave the arithmetic
-//! to the two functions each instruction set's file defines after including this header:
+//! The matvec driver shared by every kernel object (x86-64 and aarch64): the exported
+//! `mlx_iree_qmv*` functions, which walk panels of rows of x, groups and row blocks, and leave
+//! the arithmetic to the two functions each instruction set's file defines after including
+//! this header:
 //!
 //! - `quantize_group(xg, gs, q, scale, sum)`: one group of x to i16 against its largest
 //!   magnitude (`scale` = that / 32767), and its f32 sum;
@@ -26,7 +27,6 @@
 //! W[o, k] = scale[o, g] * q[o, k] + bias[o, g], g = k / group_size. Offsets (`*_off`) count
 //! elements of the pointer's type, as IREE passes them.
 
-#include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
 

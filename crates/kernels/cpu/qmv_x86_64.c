@@ -5,6 +5,8 @@
 //! qmv.h (shared with the AVX2 and AMX twins, whose results are the same bits); the
 //! arithmetic, AVX-512 VNNI (`vpdpwssd`), is in qmv_avx512.h (shared with the AMX object).
 
+#include <immintrin.h>
+
 #include "qmv.h"
 #include "qmv_avx512.h"
 #include "qrows.h"

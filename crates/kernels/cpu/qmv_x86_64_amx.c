@@ -23,6 +23,8 @@
 // Panels of 4 rows or more go to the tiles (fewer do not pay for them).
 #define WHOLE_PANEL_ROWS 4
 
+#include <immintrin.h>
+
 #include "qmv.h"
 #include "qmv_avx512.h"
 

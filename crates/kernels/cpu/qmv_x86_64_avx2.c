@@ -10,6 +10,8 @@
 //! two halves are computed one after the other, so the accumulators of 8 rows of x fit the
 //! 16 ymm registers.
 
+#include <immintrin.h>
+
 #include "qmv.h"
 
 static inline __m256 load8_f16(const void* p) {

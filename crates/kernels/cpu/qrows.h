@@ -1,15 +1,24 @@
 //! Packed-row lookup (embedding rows of an MLX 4- or 8-bit table, dequantized to f32),
-//! shared by every x86-64 kernel object: it is scalar apart from F16C's f16 conversion, so
-//! each ISA's file includes the one copy. Layout as in those files (16-row blocks, 32-byte
-//! tiles; scales and biases [O / 16][K / group_size][16]).
+//! shared by every kernel object: it is scalar apart from the f16 conversion (F16C on x86-64,
+//! `fcvt` on aarch64), so each ISA's file includes the one copy. Layout as in those files
+//! (16-row blocks, 32-byte tiles; scales and biases [O / 16][K / group_size][16]). Each value
+//! is fma(scale, q, bias), one rounding, on every object.
 
-#include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#if defined(__aarch64__)
+static inline float f16_to_f32(uint16_t h) {
+  __fp16 v;
+  __builtin_memcpy(&v, &h, 2);
+  return (float)v;
+}
+#else
+#include <immintrin.h>
 static inline float f16_to_f32(uint16_t h) {
   return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 }
+#endif
 
 // Rows `ids` of a packed table (embedding lookup), dequantized to f32 out[T, K].
 // Computes rows [t0, t1).
@@ -34,7 +43,7 @@ static inline float f16_to_f32(uint16_t h) {
           q = wb[(k / 2) * 32 + 2 * lane + (k % 2)];                                              \
         }                                                                                         \
         const size_t gi = (rb * G + k / GS) * 16 + lane;                                          \
-        out[t * K + k] = TOF32(sc[gi]) * (float)q + TOF32(bi[gi]);                                \
+        out[t * K + k] = __builtin_fmaf(TOF32(sc[gi]), (float)q, TOF32(bi[gi]));                  \
       }                                                                                           \
     }                                                                                             \
   }

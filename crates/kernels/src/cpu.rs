@@ -1,8 +1,10 @@
-//! The x86-64 kernels: fused dequant + matvec (`qmv`) and packed-row lookup (`qrows`), for
+//! The CPU kernels: fused dequant + matvec (`qmv`) and packed-row lookup (`qrows`), for
 //! 4- and 8-bit weights with f16 or f32 scales, built once per instruction set ([`Isa`]):
-//! `cpu/qmv_x86_64_amx.c` (AMX-INT8), `cpu/qmv_x86_64.c` (AVX-512 VNNI) and
-//! `cpu/qmv_x86_64_avx2.c` (AVX2), with the same entry points, layouts and numerics (their
-//! results are bit-identical), so only the object differs.
+//! `cpu/qmv_x86_64_amx.c` (AMX-INT8), `cpu/qmv_x86_64.c` (AVX-512 VNNI),
+//! `cpu/qmv_x86_64_avx2.c` (AVX2) and `cpu/qmv_aarch64.c` (aarch64 NEON with the
+//! dot-product extension), with the same entry points, layouts and numerics (their results
+//! are bit-identical), so only the object differs. A build has the objects of its own
+//! architecture.
 //!
 //! Invariants shared with the C sources: 16-row blocks; 32-byte tiles of 16 rows x 4 k
 //! (4-bit; byte `2r + p` holds `k0 + p` low, `k0 + 2 + p` high) or 16 rows x 2 k (8-bit;
@@ -13,7 +15,7 @@
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
-/// Rows computed together (one AVX-512 register of f32, two AVX2 registers).
+/// Rows computed together (one AVX-512 register of f32, two AVX2 registers, four NEON ones).
 pub const BLOCK_ROWS: usize = 16;
 /// Row blocks per workgroup of a matvec dispatch.
 pub const BLOCKS_PER_WORKGROUP: usize = 4;
@@ -32,19 +34,33 @@ pub enum Isa {
     Avx512Vnni,
     /// AVX2, FMA and F16C (`vpmaddwd` + `vpaddd`): x86-64 CPUs since Haswell and Zen 1.
     Avx2,
+    /// aarch64 NEON with the dot-product extension (`sdot` + `udot`, ARMv8.2-A+dotprod):
+    /// Apple M1 and later, AWS Graviton 2 and later, Ampere Altra, Arm Cortex-A76 and
+    /// Neoverse N1 and later.
+    NeonDot,
 }
 
 impl Isa {
-    /// Every instruction set, fastest first.
-    pub const ALL: [Isa; 3] = [Isa::Amx, Isa::Avx512Vnni, Isa::Avx2];
+    /// Every instruction set, fastest first (among those of one architecture).
+    pub const ALL: [Isa; 4] = [Isa::Amx, Isa::Avx512Vnni, Isa::Avx2, Isa::NeonDot];
 
-    /// The short name (`amx`, `avx512`, `avx2`), as the binary's `MLX_IREE_PACKED_KERNELS`
-    /// spells it and as the installed object's file name carries it.
+    /// The short name (`amx`, `avx512`, `avx2`, `neondot`), as the binary's
+    /// `MLX_IREE_PACKED_KERNELS` spells it and as the installed object's file name carries it.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Amx => "amx",
             Isa::Avx512Vnni => "avx512",
             Isa::Avx2 => "avx2",
+            Isa::NeonDot => "neondot",
+        }
+    }
+
+    /// The architecture the object is for (`x86_64`, `aarch64`), as Rust's
+    /// `std::env::consts::ARCH` spells it.
+    pub fn arch(self) -> &'static str {
+        match self {
+            Isa::Amx | Isa::Avx512Vnni | Isa::Avx2 => "x86_64",
+            Isa::NeonDot => "aarch64",
         }
     }
 
@@ -61,9 +77,15 @@ impl Isa {
                 Isa::Amx => avx512 && has!("avx512vbmi") && has!("avx512vl") && amx_granted(),
                 Isa::Avx512Vnni => avx512,
                 Isa::Avx2 => base,
+                Isa::NeonDot => false,
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        {
+            // NEON and the f16 conversions are part of every aarch64 CPU.
+            self == Isa::NeonDot && std::arch::is_aarch64_feature_detected!("dotprod")
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
             false
         }
@@ -118,7 +140,7 @@ impl std::fmt::Display for Isa {
 
 /// A name that is not an [`Isa`]'s.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown instruction set `{0}` (expected amx, avx512 or avx2)")]
+#[error("unknown instruction set `{0}` (expected amx, avx512, avx2 or neondot)")]
 pub struct UnknownIsa(pub String);
 
 impl std::str::FromStr for Isa {
@@ -141,14 +163,20 @@ const OBJECTS: [Option<&[u8]>; 2] = [None, None];
 const AMX_OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/qmv_x86_64_amx.o")));
 #[cfg(not(kernels_cpu_amx_object))]
 const AMX_OBJECT: Option<&[u8]> = None;
+// Built on aarch64 (build.rs).
+#[cfg(kernels_cpu_neon_object)]
+const NEON_OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/qmv_aarch64.o")));
+#[cfg(not(kernels_cpu_neon_object))]
+const NEON_OBJECT: Option<&[u8]> = None;
 
-/// The compiled object for `isa`, when this build has one (x86-64 with a C compiler; for AMX,
-/// one that knows it).
+/// The compiled object for `isa`, when this build has one (its architecture, with a C
+/// compiler; for AMX, one that knows it).
 pub fn object(isa: Isa) -> Option<&'static [u8]> {
     match isa {
         Isa::Amx => AMX_OBJECT,
         Isa::Avx512Vnni => OBJECTS[0],
         Isa::Avx2 => OBJECTS[1],
+        Isa::NeonDot => NEON_OBJECT,
     }
 }
 
@@ -168,7 +196,7 @@ pub fn host_isa() -> Option<Isa> {
 pub fn install(dir: &Path, isa: Isa) -> std::io::Result<Option<PathBuf>> {
     let Some(bytes) = object(isa) else { return Ok(None) };
     let hash: String = Sha256::digest(bytes).iter().take(8).map(|b| format!("{b:02x}")).collect();
-    let name = format!("qmv_x86_64_{isa}-{hash}.o");
+    let name = format!("qmv_{}_{isa}-{hash}.o", isa.arch());
     let path = dir.join(&name);
     if !path.exists() {
         std::fs::create_dir_all(dir)?;
@@ -294,11 +322,26 @@ pub struct Entry {
     pub scale: Scale,
 }
 
+/// IREE's llvm-cpu executable target for objects of `arch` (an [`Isa::arch`]): a generic
+/// one, so it matches any host CPU of that architecture.
+fn executable_target(arch: &str) -> String {
+    // IREE names aarch64 `arm_64` in its executable formats.
+    let format = if arch == "aarch64" { "arm_64" } else { arch };
+    format!(
+        r#"#hal.executable.target<"llvm-cpu", "embedded-elf-{format}", {{target_triple = "{arch}-unknown-unknown-eabi-elf"}}>"#
+    )
+}
+
 /// The `hal.executable.source` declaring `entries` (IREE keeps only exports a module
 /// dispatches, so a module declares exactly those it uses), linking `object` (a path from
-/// [`install`]). Each export takes one workload value (see [`units_per_workgroup`]).
+/// [`install`], for an instruction set of this host's architecture, which the target says).
+/// Each export takes one workload value (see [`units_per_workgroup`]).
 pub fn executable_source(object: &Path, entries: &[Entry]) -> String {
-    let target = r#"#hal.executable.target<"llvm-cpu", "embedded-elf-x86_64", {target_triple = "x86_64-unknown-unknown-eabi-elf"}>"#;
+    executable_source_for(std::env::consts::ARCH, object, entries)
+}
+
+fn executable_source_for(arch: &str, object: &Path, entries: &[Entry]) -> String {
+    let target = executable_target(arch);
     let ro = "#hal.pipeline.binding<storage_buffer, ReadOnly>";
     let layout = format!(
         "#hal.pipeline.layout<constants = 4, bindings = [{ro}, {ro}, {ro}, {ro}, #hal.pipeline.binding<storage_buffer>]>"
@@ -422,6 +465,7 @@ mod tests {
         assert!(!Isa::Amx.host_has() || Isa::Avx512Vnni.host_has());
         assert_eq!(host_isa(), Isa::ALL.into_iter().find(|i| i.runs_on_host()));
         assert!(host_isas().all(Isa::runs_on_host));
+        assert!(Isa::ALL.into_iter().filter(|i| i.host_has()).all(|i| i.arch() == std::env::consts::ARCH));
     }
 
     /// One object per instruction set, installed under names that tell them apart, so a
@@ -436,7 +480,7 @@ mod tests {
                 continue;
             };
             let name = path.file_name().unwrap().to_str().unwrap();
-            assert!(name.starts_with(&format!("qmv_x86_64_{isa}-")), "{name}");
+            assert!(name.starts_with(&format!("qmv_{}_{isa}-", isa.arch())), "{name}");
             assert_eq!(std::fs::read(path).unwrap(), object(isa).unwrap());
             assert_eq!(install(&dir, isa).unwrap().as_ref(), Some(path), "idempotent");
         }
@@ -491,5 +535,28 @@ mod tests {
             }
         }
         assert!(text.contains(r#"path = "/k/qmv.o""#));
+    }
+
+    /// Objects are keyed by the generic target of their architecture (IREE's format name for
+    /// aarch64 is `arm_64`), the host's for the objects this build installs.
+    #[test]
+    fn the_source_names_the_objects_architecture() {
+        let entries = [Entry { op: Op::Matvec, bits: 4, scale: Scale::F16 }];
+        let object = Path::new("/k/qmv.o");
+        let x86 = executable_source_for("x86_64", object, &entries);
+        assert!(x86.contains(r#""embedded-elf-x86_64", {target_triple = "x86_64-unknown-unknown-eabi-elf"}"#), "{x86}");
+        let arm = executable_source_for("aarch64", object, &entries);
+        assert!(
+            arm.contains(r#""embedded-elf-arm_64", {target_triple = "aarch64-unknown-unknown-eabi-elf"}"#),
+            "{arm}"
+        );
+        assert_eq!(
+            x86.replace("embedded-elf-x86_64", "").replace("x86_64-", ""),
+            arm.replace("embedded-elf-arm_64", "").replace("aarch64-", "")
+        );
+        assert_eq!(
+            executable_source(object, &entries),
+            executable_source_for(std::env::consts::ARCH, object, &entries)
+        );
     }
 }

@@ -1,0 +1,35 @@
+//! How the kernel objects are compiled: the flags every object gets and each instruction
+//! set's own. `build.rs` builds the objects with them (it includes this file as a module),
+//! and a test that builds an object itself (the aarch64 one, cross-compiled with clang and
+//! run under qemu on x86-64 hosts) uses the same.
+
+/// Every object: optimized, position-independent and freestanding (IREE links the object
+/// into its executables, which have no libc), so no stack protector, no unwind tables and no
+/// calls to memset or memcpy for loops (GCC's `-fno-tree-loop-distribute-patterns`; clang,
+/// which ignores that flag with a warning, emits none when freestanding). `build.rs` fails
+/// on any undefined symbol.
+pub const COMMON: [&str; 6] = [
+    "-O3",
+    "-fPIC",
+    "-ffreestanding",
+    "-fno-stack-protector",
+    "-fno-asynchronous-unwind-tables",
+    "-fno-tree-loop-distribute-patterns",
+];
+
+/// `cpu/qmv_x86_64.c`: AVX-512 F, BW and VNNI (with FMA and F16C).
+pub const AVX512: [&str; 5] = ["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mfma", "-mf16c"];
+
+/// `cpu/qmv_x86_64_avx2.c`: AVX2, FMA and F16C.
+pub const AVX2: [&str; 3] = ["-mavx2", "-mfma", "-mf16c"];
+
+/// `cpu/qmv_x86_64_amx.c`: what it needs beyond [`AVX512`] (it runs that arithmetic for
+/// panels of few rows).
+pub const AMX: [&str; 4] = ["-mavx512vbmi", "-mavx512vl", "-mamx-tile", "-mamx-int8"];
+
+/// `cpu/qmv_aarch64.c`: ARMv8.2-A with the dot-product extension (`sdot`, `udot`).
+pub const NEON_DOT: [&str; 1] = ["-march=armv8.2-a+dotprod"];
+
+/// The aarch64 object as an ELF object whatever the host (IREE's embedded-ELF executables
+/// link ELF objects on every OS): clang's target for building it off aarch64 Linux.
+pub const AARCH64_ELF_TARGET: &str = "--target=aarch64-unknown-linux-gnu";
