@@ -73,10 +73,12 @@ fn aarch64(cc: &str, out_dir: &Path) {
     }
 }
 
-/// Freestanding (`cflags::COMMON`): the object is linked into IREE's executables, which
-/// have no libc.
+/// Freestanding (`cflags::COMMON`, and `cflags::GCC` unless the compiler is clang): the
+/// object is linked into IREE's executables, which have no libc.
 fn compile(cc: &str, source: &str, isa_flags: &[&str], out: &Path) -> Result<(), String> {
-    let status = Command::new(cc).args(cflags::COMMON).args(isa_flags).args(["-c", source, "-o"]).arg(out).status();
+    let gcc: &[&str] = if is_clang(cc) { &[] } else { &cflags::GCC };
+    let status =
+        Command::new(cc).args(cflags::COMMON).args(gcc).args(isa_flags).args(["-c", source, "-o"]).arg(out).status();
     match status {
         Ok(s) if s.success() => {
             check_self_contained(source, out);
@@ -85,6 +87,11 @@ fn compile(cc: &str, source: &str, isa_flags: &[&str], out: &Path) -> Result<(),
         Ok(s) => Err(format!("`{cc}` failed on {source} ({s})")),
         Err(e) => Err(format!("no C compiler `{cc}` ({e})")),
     }
+}
+
+/// Whether `cc` is clang (`cc --version` says so), which refuses GCC's own flags.
+fn is_clang(cc: &str) -> bool {
+    Command::new(cc).arg("--version").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("clang"))
 }
 
 /// An undefined symbol would become a runtime import IREE cannot resolve: fail the build.

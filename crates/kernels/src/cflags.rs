@@ -4,18 +4,14 @@
 //! run under qemu on x86-64 hosts) uses the same.
 
 /// Every object: optimized, position-independent and freestanding (IREE links the object
-/// into its executables, which have no libc), so no stack protector, no unwind tables and no
-/// calls to memset or memcpy for loops (GCC's `-fno-tree-loop-distribute-patterns`; clang,
-/// which ignores that flag with a warning, emits none when freestanding). `build.rs` fails
-/// on any undefined symbol.
-pub const COMMON: [&str; 6] = [
-    "-O3",
-    "-fPIC",
-    "-ffreestanding",
-    "-fno-stack-protector",
-    "-fno-asynchronous-unwind-tables",
-    "-fno-tree-loop-distribute-patterns",
-];
+/// into its executables, which have no libc), so no stack protector and no unwind tables.
+/// `build.rs` fails on any undefined symbol.
+pub const COMMON: [&str; 5] =
+    ["-O3", "-fPIC", "-ffreestanding", "-fno-stack-protector", "-fno-asynchronous-unwind-tables"];
+
+/// What GCC needs besides: no calls to memset or memcpy for loops, which it emits even when
+/// freestanding. Clang emits none when freestanding and refuses the flag.
+pub const GCC: [&str; 1] = ["-fno-tree-loop-distribute-patterns"];
 
 /// `cpu/qmv_x86_64.c`: AVX-512 F, BW and VNNI (with FMA and F16C).
 pub const AVX512: [&str; 5] = ["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mfma", "-mf16c"];
