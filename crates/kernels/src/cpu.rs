@@ -192,7 +192,9 @@ pub fn host_isa() -> Option<Isa> {
 
 /// Writes the object for `isa` into `dir` under a name carrying the instruction set and its
 /// content hash (so compiled modules that name it are keyed by the kernel's version) and
-/// returns its path; `None` when this build has no object. Idempotent.
+/// returns its canonical path (the module text names it, so two spellings of one cache
+/// folder, `a/../cache` and `cache`, must not make two compiles of one module); `None` when
+/// this build has no object. Idempotent.
 pub fn install(dir: &Path, isa: Isa) -> std::io::Result<Option<PathBuf>> {
     let Some(bytes) = object(isa) else { return Ok(None) };
     let hash: String = Sha256::digest(bytes).iter().take(8).map(|b| format!("{b:02x}")).collect();
@@ -204,7 +206,7 @@ pub fn install(dir: &Path, isa: Isa) -> std::io::Result<Option<PathBuf>> {
         std::fs::write(&tmp, bytes)?;
         std::fs::rename(&tmp, &path)?;
     }
-    Ok(Some(path))
+    Ok(Some(std::fs::canonicalize(&path)?))
 }
 
 /// What an entry point computes.
@@ -483,6 +485,10 @@ mod tests {
             assert!(name.starts_with(&format!("qmv_{}_{isa}-", isa.arch())), "{name}");
             assert_eq!(std::fs::read(path).unwrap(), object(isa).unwrap());
             assert_eq!(install(&dir, isa).unwrap().as_ref(), Some(path), "idempotent");
+            // Another spelling of the same folder names the same file, character for character.
+            let roundabout = dir.join("..").join(dir.file_name().unwrap());
+            assert_eq!(install(&roundabout, isa).unwrap().as_ref(), Some(path), "{roundabout:?}");
+            assert!(path.is_absolute());
         }
         let installed: Vec<&PathBuf> = paths.iter().flatten().collect();
         for (i, a) in installed.iter().enumerate() {
