@@ -192,22 +192,44 @@ fn every_fixture_family_is_swept() {
 /// checkpoints are: there f32 is token-exact with mlx-lm, and bf16, f16 and packed are
 /// token-exact with that f32 trajectory (so they pass the gate against f32) on every variant
 /// (packed 8-bit on Q8_PACKED_FAMILIES).
-#[test]
-fn every_precision_passes_the_gate_on_the_trained_fixtures() {
-    for fixture in fixture_set("fixtures-trained", 7) {
-        for variant in ["f32", "q4", "q8"] {
-            let dir = fixture.join(variant);
-            let refs = references(&dir, "expected.json");
-            let f32 = check(&dir, Precision::F32, &refs);
-            assert!(f32.all_exact(), "{}: f32 agreement with mlx-lm {:.3}", dir.display(), f32.agreement());
-            let q8_packed = Q8_PACKED_FAMILIES.iter().any(|f| fixture.ends_with(f));
-            let packed = (variant == "q4" || (variant == "q8" && q8_packed)).then_some(Precision::Packed);
-            for precision in [Precision::BF16, Precision::F16].into_iter().chain(packed) {
-                let report = check(&dir, precision, &refs);
-                assert!(report.all_exact(), "{}: {precision} agreement {:.3}", dir.display(), report.agreement());
-            }
+fn every_precision_passes_the_gate_on_the_trained_fixture(family: &str) {
+    let fixture = root().join("tests/fixtures-trained").join(family);
+    for variant in ["f32", "q4", "q8"] {
+        let dir = fixture.join(variant);
+        let refs = references(&dir, "expected.json");
+        let f32 = check(&dir, Precision::F32, &refs);
+        assert!(f32.all_exact(), "{}: f32 agreement with mlx-lm {:.3}", dir.display(), f32.agreement());
+        let q8_packed = Q8_PACKED_FAMILIES.contains(&family);
+        let packed = (variant == "q4" || (variant == "q8" && q8_packed)).then_some(Precision::Packed);
+        for precision in [Precision::BF16, Precision::F16].into_iter().chain(packed) {
+            let report = check(&dir, precision, &refs);
+            assert!(report.all_exact(), "{}: {precision} agreement {:.3}", dir.display(), report.agreement());
         }
     }
+}
+
+/// One test per trained fixture, so that their compiles run side by side.
+macro_rules! per_trained_family {
+    ($($family:ident),*) => {
+        const TRAINED_FAMILIES: &[&str] = &[$(stringify!($family)),*];
+        mod trained {
+            $(
+                #[test]
+                fn $family() {
+                    super::every_precision_passes_the_gate_on_the_trained_fixture(stringify!($family));
+                }
+            )*
+        }
+    };
+}
+
+per_trained_family!(gemma, gemma2, gemma3_text, llama_linear_untied, llama_llama3_tied, qwen2, qwen3);
+
+#[test]
+fn every_trained_fixture_is_gated() {
+    let names: Vec<String> =
+        fixture_set("fixtures-trained", 7).iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, TRAINED_FAMILIES, "a trained fixture without its test in gate.rs's per_trained_family!");
 }
 
 /// The graph-level packed form (what CUDA and CPUs without the kernel run), forced on CPU
