@@ -342,7 +342,9 @@ pub fn executable_source(object: &Path, entries: &[Entry]) -> String {
     executable_source_for(std::env::consts::ARCH, object, entries)
 }
 
-fn executable_source_for(arch: &str, object: &Path, entries: &[Entry]) -> String {
+/// [`executable_source`] for an object of another architecture (`arch` as [`Isa::arch`]
+/// names it), for a module compiled here to run there.
+pub fn executable_source_for(arch: &str, object: &Path, entries: &[Entry]) -> String {
     let target = executable_target(arch);
     let ro = "#hal.pipeline.binding<storage_buffer, ReadOnly>";
     let layout = format!(

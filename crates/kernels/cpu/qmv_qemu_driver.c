@@ -1,0 +1,103 @@
+//! Runs the aarch64 kernel object's entry points on inputs read from stdin and writes their
+//! results to stdout, for tests/tests/kernels_aarch64.rs, which links it with qmv_aarch64.c's
+//! object into a static aarch64 Linux executable and runs it under qemu-user (not built by
+//! the crate). No libc: its own `_start` and Linux system calls, so no cross C library is
+//! needed, only clang and lld.
+//!
+//! stdin: cases one after the other until its end. A case is 7 little-endian u32 (op: 0 for
+//! `qmv`, 1 for `qrows`; bits; 1 for f16 scales, 0 for f32; T; K; O; group size), then its
+//! input (T x K f32 for `qmv`, T i32 ids for `qrows`), weights (kernel layout), scales and
+//! biases ([O / 16][K / group size][16]), each of the five parts padded with zeros to a
+//! multiple of 64 bytes (the alignment IREE gives its bindings). stdout:
+//! each case's output (T x O or T x K f32), in order. The work is split into workgroups as
+//! IREE splits it (4 row blocks per `qmv` call, one id per `qrows` call), and the output
+//! starts as NaNs, so a kernel must write every value it owns.
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef void qmv_fn(const float*, size_t, const uint8_t*, size_t, const void*, size_t, const void*, size_t, float*,
+                    size_t, size_t, size_t, size_t, size_t, size_t, size_t);
+typedef void qrows_fn(const int32_t*, size_t, const uint8_t*, size_t, const void*, size_t, const void*, size_t,
+                      float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
+qmv_fn mlx_iree_qmv4_f16, mlx_iree_qmv4_f32, mlx_iree_qmv8_f16, mlx_iree_qmv8_f32;
+qrows_fn mlx_iree_qrows4_f16, mlx_iree_qrows4_f32, mlx_iree_qrows8_f16, mlx_iree_qrows8_f32;
+
+static long syscall3(long nr, long a, long b, long c) {
+  register long x8 __asm__("x8") = nr;
+  register long x0 __asm__("x0") = a;
+  register long x1 __asm__("x1") = b;
+  register long x2 __asm__("x2") = c;
+  __asm__ volatile("svc #0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2) : "memory");
+  return x0;
+}
+
+enum { SYS_READ = 63, SYS_WRITE = 64, SYS_EXIT_GROUP = 94 };
+
+static __attribute__((noreturn)) void quit(int code) {
+  syscall3(SYS_EXIT_GROUP, code, 0, 0);
+  __builtin_unreachable();
+}
+
+static void fail(const char* why) {
+  size_t n = 0;
+  while (why[n]) ++n;
+  syscall3(SYS_WRITE, 2, (long)why, (long)n);
+  quit(1);
+}
+
+static void write_all(const uint8_t* p, size_t n) {
+  while (n > 0) {
+    const long w = syscall3(SYS_WRITE, 1, (long)p, (long)n);
+    if (w <= 0) fail("qmv_qemu_driver: write failed\n");
+    p += w;
+    n -= (size_t)w;
+  }
+}
+
+static uint8_t input[32 << 20] __attribute__((aligned(64)));
+static float output[1 << 20] __attribute__((aligned(64)));
+
+static size_t padded(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// Runs the case at p (len bytes left) and returns its size.
+static size_t run_case(const uint8_t* p, size_t len) {
+  if (len < 64) fail("qmv_qemu_driver: truncated header\n");
+  const uint32_t* h = (const uint32_t*)p;
+  const uint32_t op = h[0], bits = h[1], f16 = h[2];
+  const size_t T = h[3], K = h[4], O = h[5], GS = h[6];
+  const size_t in_bytes = op == 0 ? T * K * 4 : T * 4, w_bytes = O * K * bits / 8;
+  const size_t s_bytes = O * (K / GS) * (f16 ? 2 : 4), out_len = T * (op == 0 ? O : K);
+  const size_t size = 64 + padded(in_bytes) + padded(w_bytes) + 2 * padded(s_bytes);
+  if (size > len) fail("qmv_qemu_driver: truncated case\n");
+  if (out_len > sizeof output / sizeof output[0]) fail("qmv_qemu_driver: output too large\n");
+  const uint8_t* x = p + 64;
+  const uint8_t* w = x + padded(in_bytes);
+  const uint8_t* s = w + padded(w_bytes);
+  const uint8_t* b = s + padded(s_bytes);
+  for (size_t i = 0; i < out_len; ++i) output[i] = __builtin_nanf("");
+  if (op == 0) {
+    qmv_fn* fn = bits == 4 ? (f16 ? mlx_iree_qmv4_f16 : mlx_iree_qmv4_f32)
+                           : (f16 ? mlx_iree_qmv8_f16 : mlx_iree_qmv8_f32);
+    for (size_t rb = 0; rb < O / 16; rb += 4) fn((const float*)x, 0, w, 0, s, 0, b, 0, output, 0, T, K, O, GS, rb, rb + 4);
+  } else {
+    qrows_fn* fn = bits == 4 ? (f16 ? mlx_iree_qrows4_f16 : mlx_iree_qrows4_f32)
+                             : (f16 ? mlx_iree_qrows8_f16 : mlx_iree_qrows8_f32);
+    for (size_t t = 0; t < T; ++t) fn((const int32_t*)x, 0, w, 0, s, 0, b, 0, output, 0, T, K, O, GS, t, t + 1);
+  }
+  write_all((const uint8_t*)output, out_len * 4);
+  return size;
+}
+
+void _start(void) {
+  size_t len = 0;
+  for (;;) {
+    if (len == sizeof input) fail("qmv_qemu_driver: input too large\n");
+    const long r = syscall3(SYS_READ, 0, (long)(input + len), (long)(sizeof input - len));
+    if (r < 0) fail("qmv_qemu_driver: read failed\n");
+    if (r == 0) break;
+    len += (size_t)r;
+  }
+  for (size_t at = 0; at < len;) at += run_case(input + at, len - at);
+  quit(0);
+}

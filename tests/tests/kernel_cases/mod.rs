@@ -1,0 +1,225 @@
+//! What the CPU kernel tests share: the shapes and entry points they run, the IREE module
+//! that dispatches them, the Rust model of the kernels' arithmetic (`kernels::cpu`), which
+//! every kernel object equals bit for bit, and the checks that hold an object's results
+//! against it. Used by kernels.rs (the host's objects, run by IREE) and kernels_aarch64.rs
+//! (the aarch64 object, run under qemu and linked by IREE for aarch64).
+
+#![allow(dead_code, clippy::unwrap_used)] // each test file uses part of it
+
+use e2e::values;
+use half::f16;
+use hlo_emit::{Context, ElementType, Module};
+use kernels::cpu::{self, Entry, Op, Scale};
+
+/// Output rows (6 blocks of 16: a full workgroup of 4 and a partial one) and input width.
+pub const O: usize = 96;
+pub const K: usize = 256;
+/// Rows of x: one; 3 (chunks of 2 and 1); 8 (one panel; AMX tiles; the aarch64 object's
+/// two passes of 4); 13 (a panel, then 5 rows: chunks of 4 and 1, or the AMX object's tiles
+/// again).
+pub const ROWS: [usize; 4] = [1, 3, 8, 13];
+pub const IDS: [i32; 5] = [0, 95, 17, 17, 1000]; // 1000 is clamped to the last row
+
+pub fn entries() -> Vec<Entry> {
+    let mut all = Vec::new();
+    for op in [Op::Matvec, Op::Rows] {
+        for bits in [4, 8] {
+            for scale in [Scale::F16, Scale::F32] {
+                all.push(Entry { op, bits, scale });
+            }
+        }
+    }
+    all
+}
+
+/// MLX's usual group sizes (64 and 32) and the extremes the kernels take: 128 (the AMX object
+/// splits it in two chunks) and 16 (half of the 32 values its quantization takes at once).
+pub fn group_size(bits: u32, scale: Scale) -> usize {
+    match (bits, scale) {
+        (4, Scale::F16) => 64,
+        (4, Scale::F32) => 128,
+        (_, Scale::F16) => 32,
+        (_, Scale::F32) => 16,
+    }
+}
+
+pub fn function_name(e: &Entry, rows: usize) -> String {
+    format!("{}_t{rows}", cpu::export(e.op, e.bits, e.scale))
+}
+
+fn scale_elem(scale: Scale) -> ElementType {
+    if scale == Scale::F16 { ElementType::F16 } else { ElementType::F32 }
+}
+
+/// One function per (entry, row count), each one dispatch of that entry point of the
+/// executable `source` declares (`kernels::cpu::executable_source`).
+pub fn module(source: &str) -> String {
+    let ctx = Context::new();
+    let m = Module::new(&ctx);
+    for e in entries() {
+        let gs = group_size(e.bits, e.scale);
+        let (blocks, block_bytes, groups) = (O / 16, K * e.bits as usize * 16 / 8, K / gs);
+        let row_counts: &[usize] = if e.op == Op::Matvec { &ROWS } else { &[IDS.len()] };
+        for &t in row_counts {
+            let (input, workload, result) = match e.op {
+                Op::Matvec => (ElementType::F32.tensor(&[t as i64, K as i64]), blocks, [t, O]),
+                Op::Rows => (ElementType::I32.tensor(&[t as i64]), t, [t, K]),
+            };
+            let s = scale_elem(e.scale).tensor(&[blocks as i64, (groups * 16) as i64]);
+            let args = [input, ElementType::I8.tensor(&[blocks as i64, block_bytes as i64]), s.clone(), s];
+            m.func(&function_name(&e, t), &args, |f, a| {
+                let dims = [t, K, O, gs].map(|d| d as i32);
+                let export = cpu::export(e.op, e.bits, e.scale);
+                let result = ElementType::F32.tensor(&result.map(|d| d as i64));
+                Ok(vec![f.dispatch(cpu::EXECUTABLE, &export, workload as i64, &dims, a, result)?])
+            })
+            .unwrap();
+        }
+    }
+    m.append_source(cpu::EXECUTABLE, source).unwrap();
+    m.to_text()
+}
+
+/// A random matrix in MLX's form: packed values `q[out][inp]` (every value 0..2^bits, so the
+/// top bit is exercised), per-group scales and biases `[out][groups]` (already rounded to f16
+/// where the kernel reads f16).
+#[derive(Debug)]
+pub struct Matrix {
+    pub bits: u32,
+    pub out: usize,
+    pub inp: usize,
+    pub group_size: usize,
+    pub q: Vec<u8>,
+    pub scales: Vec<f32>,
+    pub biases: Vec<f32>,
+}
+
+impl Matrix {
+    pub fn random(bits: u32, scale: Scale, out: usize, inp: usize, group_size: usize, seed: u64) -> Matrix {
+        let groups = inp / group_size;
+        let round = |v: f32| if scale == Scale::F16 { f16::from_f32(v).to_f32() } else { v };
+        let levels = 1u32 << bits;
+        let q =
+            values(seed, out * inp).iter().map(|v| (((v + 1.0) * 0.5 * levels as f32) as u32 % levels) as u8).collect();
+        let scales = values(seed + 1, out * groups).iter().map(|v| round(0.01 + 0.02 * v.abs())).collect();
+        let biases = values(seed + 2, out * groups).iter().map(|v| round(-0.1 * v.abs())).collect();
+        Matrix { bits, out, inp, group_size, q, scales, biases }
+    }
+
+    pub fn groups(&self) -> usize {
+        self.inp / self.group_size
+    }
+
+    /// MLX's packed words: value k of a row at bits `bits * (k % (32 / bits))` of word
+    /// `k / (32 / bits)`, as little-endian bytes.
+    pub fn mlx_bytes(&self) -> Vec<u8> {
+        match self.bits {
+            8 => self.q.clone(),
+            _ => self.q.chunks(2).map(|p| p[0] | (p[1] << 4)).collect(),
+        }
+    }
+
+    /// The packed weight in the kernels' layout.
+    pub fn kernel_weight(&self) -> Vec<u8> {
+        cpu::repack_weight(self.bits, self.out, self.inp, &self.mlx_bytes())
+    }
+
+    /// Per-group values (`scales` or `biases`) in the kernels' layout.
+    pub fn kernel_groups(&self, v: &[f32]) -> Vec<f32> {
+        cpu::repack_groups(v, self.out, self.groups())
+    }
+
+    /// `W[o, k]` as `qrows` computes it: `fma(scale, q, bias)`, one rounding.
+    pub fn dequantized(&self, o: usize, k: usize) -> f32 {
+        let g = o * self.groups() + k / self.group_size;
+        self.scales[g].mul_add(f32::from(self.q[o * self.inp + k]), self.biases[g])
+    }
+}
+
+/// The kernels' arithmetic, operation for operation: each group of a row of x quantized to
+/// i16 against its largest magnitude (its f32 sum taken in 16 lanes, then halved as
+/// `_mm512_reduce_add_ps` does), exact integer dot products, then per group
+/// `acc = fma(scale, dot * x_scale, acc); acc = fma(bias, x_sum, acc)`.
+pub fn model_qmv(m: &Matrix, x: &[f32], t: usize) -> Vec<f32> {
+    let (gs, groups, k) = (m.group_size, m.groups(), m.inp);
+    let mut y = vec![0f32; t * m.out];
+    for row in 0..t {
+        let quantized: Vec<(Vec<i32>, f32, f32)> = (0..groups)
+            .map(|g| {
+                let xg = &x[row * k + g * gs..][..gs];
+                let mut lanes = [0f32; 16];
+                for (i, v) in xg.iter().enumerate() {
+                    lanes[i % 16] += v;
+                }
+                let l8: Vec<f32> = (0..8).map(|j| lanes[j + 8] + lanes[j]).collect();
+                let l4: Vec<f32> = (0..4).map(|j| l8[j + 4] + l8[j]).collect();
+                let sum = (l4[0] + l4[2]) + (l4[1] + l4[3]);
+                let amax = xg.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let inv = if amax > 0.0 { 32767.0 / amax } else { 0.0 };
+                (xg.iter().map(|v| (v * inv).round_ties_even() as i32).collect(), amax / 32767.0, sum)
+            })
+            .collect();
+        for o in 0..m.out {
+            let mut acc = 0f32;
+            for (g, (xq, dx, sum)) in quantized.iter().enumerate() {
+                let dot: i32 = xq.iter().enumerate().map(|(i, v)| i32::from(m.q[o * k + g * gs + i]) * v).sum();
+                acc = m.scales[o * groups + g].mul_add(dot as f32 * dx, acc);
+                acc = m.biases[o * groups + g].mul_add(*sum, acc);
+            }
+            y[row * m.out + o] = acc;
+        }
+    }
+    y
+}
+
+/// `x · Wᵀ` with the dequantized matrix, in f64.
+pub fn exact_qmv(m: &Matrix, x: &[f32], t: usize) -> Vec<f64> {
+    let (gs, k) = (m.group_size, m.inp);
+    let w = |o: usize, i: usize| {
+        let g = o * m.groups() + i / gs;
+        f64::from(m.scales[g]) * f64::from(m.q[o * k + i]) + f64::from(m.biases[g])
+    };
+    (0..t)
+        .flat_map(|r| (0..m.out).map(move |o| (0..k).map(|i| w(o, i) * f64::from(x[r * k + i])).sum::<f64>()))
+        .collect()
+}
+
+/// Rows of x (`t` x `k`) of several magnitudes, one group of them all zero.
+pub fn input(t: usize, k: usize, seed: u64) -> Vec<f32> {
+    let mut x: Vec<f32> =
+        values(seed, t * k).iter().enumerate().map(|(i, v)| v * [1.0, 30.0, 0.01][i / k % 3]).collect();
+    x[..32].fill(0.0);
+    x
+}
+
+/// A kernel's `qmv` result: the model's bits, and (the model itself) within a few 1e-5 of
+/// each row's scale of the f64 product, the cost of quantizing x to i16.
+pub fn check_qmv(what: &str, m: &Matrix, x: &[f32], t: usize, got: &[f32]) {
+    let model = model_qmv(m, x, t);
+    assert_eq!(got.len(), model.len(), "{what} T={t}: output length");
+    for (i, (g, want)) in got.iter().zip(&model).enumerate() {
+        let (r, o) = (i / m.out, i % m.out);
+        assert_eq!(g.to_bits(), want.to_bits(), "{what} T={t}: y[{r}, {o}] = {g}, the model says {want}");
+    }
+    for (r, row) in exact_qmv(m, x, t).chunks(m.out).enumerate() {
+        let scale = row.iter().fold(1e-3f64, |a, v| a.max(v.abs()));
+        for (o, want) in row.iter().enumerate() {
+            let got = got[r * m.out + o];
+            let err = (f64::from(got) - want).abs() / scale;
+            assert!(err < 1e-4, "{what} T={t}: y[{r}, {o}] = {got}, exactly {want} (error {err:.1e})");
+        }
+    }
+}
+
+/// A kernel's `qrows` result for `ids`: the dequantized rows bit for bit (ids past the end
+/// clamped to the last row, as a StableHLO gather clamps).
+pub fn check_rows(what: &str, m: &Matrix, ids: &[i32], got: &[f32]) {
+    assert_eq!(got.len(), ids.len() * m.inp, "{what}: output length");
+    for (t, id) in ids.iter().enumerate() {
+        let o = usize::try_from(*id).unwrap().min(m.out - 1);
+        for k in 0..m.inp {
+            let (got, want) = (got[t * m.inp + k], m.dequantized(o, k));
+            assert_eq!(got.to_bits(), want.to_bits(), "{what}: id {id} k {k}: {got} vs {want}");
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! The aarch64 kernel object (`crates/kernels/cpu/qmv_aarch64.c`, NEON with the dot-product
+//! extension) on any host, cross-compiled by clang with the flags build.rs gives it on
+//! aarch64 (`kernels::cflags`):
+//! - linked by lld with a freestanding driver (`cpu/qmv_qemu_driver.c`) into a static
+//!   aarch64 Linux executable, run natively on an aarch64 host, elsewhere under qemu-user as
+//!   a Cortex-A76 (ARMv8.2-A with the dot-product extension, so an instruction beyond what
+//!   the object is built for would fault): every entry point, at 4 and 8 bits, f16 and f32
+//!   scales, group sizes 16 to 128 and 1, 3, 8 and 13 rows of x, gives the bits of the Rust
+//!   model the x86-64 objects are held to (kernel_cases, kernels.rs), so all objects compute
+//!   the same bits;
+//! - linked by IREE into an aarch64 executable from the MLIR `kernels::cpu` writes for it
+//!   (the module kernels.rs runs), as on an aarch64 host.
+
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
+
+use half::f16;
+use iree_compiler::{CompileOptions, Target};
+use kernels::cflags;
+use kernels::cpu::{self, Op, Scale};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+mod kernel_cases;
+use kernel_cases::{IDS, K, Matrix, O, ROWS, check_qmv, check_rows, entries, input, module};
+
+/// Every group size the kernels take, each at every (bits, scale).
+const GROUP_SIZES: [usize; 4] = [16, 32, 64, 128];
+
+fn sources() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/kernels/cpu")
+}
+
+/// `tool --version` runs, or the test fails naming the Debian package `cargo xtask setup`
+/// installs.
+fn require(tool: &str, package: &str) {
+    let ok = Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success());
+    assert!(ok, "{tool} is not installed: run `cargo xtask setup` (it installs Debian's {package})");
+}
+
+fn run_ok(cmd: &mut Command) {
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The kernel object, built as build.rs builds it on aarch64.
+fn object(dir: &Path) -> PathBuf {
+    require("clang", "clang");
+    let object = dir.join("qmv_aarch64.o");
+    run_ok(
+        Command::new("clang")
+            .arg(cflags::AARCH64_ELF_TARGET)
+            .args(cflags::COMMON)
+            .args(cflags::NEON_DOT)
+            .arg("-c")
+            .arg(sources().join("qmv_aarch64.c"))
+            .arg("-o")
+            .arg(&object),
+    );
+    // Freestanding: IREE could not resolve an import (build.rs checks its objects the same way).
+    let nm = Command::new("nm").arg("--undefined-only").arg(&object).output().unwrap();
+    let undefined = String::from_utf8_lossy(&nm.stdout);
+    assert!(nm.status.success() && undefined.trim().is_empty(), "qmv_aarch64.c needs symbols it must not: {undefined}");
+    object
+}
+
+/// The driver linked with the kernel object.
+fn executable(dir: &Path, object: &Path) -> PathBuf {
+    require("ld.lld", "lld");
+    let exe = dir.join("qmv_qemu_driver");
+    run_ok(
+        Command::new("clang")
+            .arg(cflags::AARCH64_ELF_TARGET)
+            .args(["-O2", "-ffreestanding", "-fno-stack-protector", "-nostdlib", "-static", "-fuse-ld=lld"])
+            .arg(sources().join("qmv_qemu_driver.c"))
+            .arg(object)
+            .arg("-o")
+            .arg(&exe),
+    );
+    exe
+}
+
+/// Runs the executable on `stdin` and returns its stdout.
+fn run(exe: &Path, stdin: &[u8]) -> Vec<u8> {
+    let mut cmd = if std::env::consts::ARCH == "aarch64" {
+        Command::new(exe)
+    } else {
+        require("qemu-aarch64", "qemu-user");
+        let mut qemu = Command::new("qemu-aarch64");
+        qemu.args(["-cpu", "cortex-a76"]).arg(exe);
+        qemu
+    };
+    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // The driver reads all of its input before it writes anything.
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{cmd:?} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+    out.stdout
+}
+
+/// Appends `bytes` padded with zeros to a multiple of 64 bytes (the driver's format).
+fn push_part(stdin: &mut Vec<u8>, bytes: &[u8]) {
+    stdin.extend_from_slice(bytes);
+    stdin.resize(stdin.len().next_multiple_of(64), 0);
+}
+
+/// One case of the driver's input: header, input, then the matrix in the kernel layout.
+fn push_case(stdin: &mut Vec<u8>, op: Op, m: &Matrix, scale: Scale, t: usize, input: &[u8]) {
+    let (rows, f16_scales) = (u32::from(op == Op::Rows), u32::from(scale == Scale::F16));
+    let header = [rows, m.bits, f16_scales, t as u32, K as u32, O as u32, m.group_size as u32];
+    push_part(stdin, &header.into_iter().flat_map(u32::to_le_bytes).collect::<Vec<u8>>());
+    push_part(stdin, input);
+    push_part(stdin, &m.kernel_weight());
+    for values in [&m.scales, &m.biases] {
+        let v = m.kernel_groups(values);
+        let bytes: Vec<u8> = match scale {
+            Scale::F16 => v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect(),
+            Scale::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        };
+        push_part(stdin, &bytes);
+    }
+}
+
+/// What one case checks: `x` for a matvec of `t` rows, none for the lookup of [`IDS`].
+struct Case {
+    what: String,
+    matrix: usize,
+    t: usize,
+    x: Option<Vec<f32>>,
+}
+
+#[test]
+fn the_aarch64_object_computes_the_models_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = executable(dir.path(), &object(dir.path()));
+    let (mut matrices, mut cases, mut stdin) = (Vec::new(), Vec::new(), Vec::new());
+    for bits in [4, 8] {
+        for scale in [Scale::F16, Scale::F32] {
+            for gs in GROUP_SIZES {
+                let m = Matrix::random(bits, scale, O, K, gs, 10 * matrices.len() as u64);
+                for t in ROWS {
+                    let x = input(t, K, 100 + t as u64);
+                    let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    push_case(&mut stdin, Op::Matvec, &m, scale, t, &bytes);
+                    let what = format!("neondot {} group size {gs}", cpu::export(Op::Matvec, bits, scale));
+                    cases.push(Case { what, matrix: matrices.len(), t, x: Some(x) });
+                }
+                let ids: Vec<u8> = IDS.iter().flat_map(|v| v.to_le_bytes()).collect();
+                push_case(&mut stdin, Op::Rows, &m, scale, IDS.len(), &ids);
+                let what = format!("neondot {} group size {gs}", cpu::export(Op::Rows, bits, scale));
+                cases.push(Case { what, matrix: matrices.len(), t: IDS.len(), x: None });
+                matrices.push(m);
+            }
+        }
+    }
+    let out = run(&exe, &stdin);
+    let floats: Vec<f32> = out.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let mut at = 0;
+    for case in &cases {
+        let m = &matrices[case.matrix];
+        let len = case.t * if case.x.is_some() { O } else { K };
+        assert!(
+            floats.len() >= at + len,
+            "{}: the driver wrote {} values, fewer than asked for",
+            case.what,
+            floats.len()
+        );
+        let got = &floats[at..at + len];
+        at += len;
+        match &case.x {
+            Some(x) => check_qmv(&case.what, m, x, case.t, got),
+            None => check_rows(&case.what, m, &IDS, got),
+        }
+    }
+    assert_eq!(at, floats.len(), "the driver wrote more than was asked for");
+}
+
+/// How many by-element `sdot`/`udot` instructions (`0 Q U 01111 10 L M Rm 1110 H 0 Rn Rd`)
+/// `code` holds, read as 32-bit words from its start.
+fn dot_instructions(code: &[u8]) -> usize {
+    code.chunks_exact(4).filter(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]) & 0x9FC0_F400 == 0x0F80_E000).count()
+}
+
+/// IREE links the object into an aarch64 executable from the MLIR `kernels::cpu` writes for
+/// it (the module kernels.rs runs, compiled here for a generic aarch64 CPU, as
+/// `executable_source` keys it on an aarch64 host): the vmfb holds an ELF for machine 183
+/// (EM_AARCH64) with every dot-product instruction of the object.
+#[test]
+fn iree_links_the_aarch64_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let object = object(dir.path());
+    let mlir = module(&cpu::executable_source_for("aarch64", &object, &entries()));
+    let target = Target::LlvmCpu { cpu: "generic".into() };
+    let options = CompileOptions::default().with_flag("--iree-llvmcpu-target-triple=aarch64-unknown-linux-gnu");
+    let vmfb = e2e::compiler().compile(&mlir, &target, &options).unwrap();
+    let elf = vmfb.windows(4).position(|w| w == b"\x7fELF").expect("an executable in the vmfb");
+    assert_eq!(u16::from_le_bytes([vmfb[elf + 18], vmfb[elf + 19]]), 183, "not an aarch64 ELF");
+    let dots = dot_instructions(&std::fs::read(&object).unwrap());
+    assert!(dots > 0, "no sdot/udot in the object");
+    assert!(dot_instructions(&vmfb[elf..]) >= dots, "the executable lacks the object's code");
+}
