@@ -28,7 +28,7 @@ pub fn call_overhead_rows(target: &Target) -> usize {
 }
 
 /// Which hand-written CPU kernels (`kernels::cpu`) packed matrices use on an `llvm-cpu`
-/// target. The binary maps `MLX_IREE_PACKED_KERNELS` (`0`, `amx`, `avx512`, `avx2`, unset)
+/// target. The binary maps `MLX_IREE_PACKED_KERNELS` (`0`, an instruction set's name, unset)
 /// onto it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CpuKernels {
