@@ -34,16 +34,23 @@ fn compile_for(target: Target, format_marker: &str) -> Vec<u8> {
     vmfb
 }
 
+/// IREE's name of this host's embedded-ELF executable format (it says `arm_64` for aarch64).
+fn host_elf_format() -> String {
+    let arch = match std::env::consts::ARCH {
+        "aarch64" => "arm_64",
+        other => other,
+    };
+    format!("embedded-elf-{arch}")
+}
+
 #[test]
 fn llvm_cpu_host() {
-    let format = format!("embedded-elf-{}", std::env::consts::ARCH);
-    compile_for(Target::llvm_cpu_host(), &format);
+    compile_for(Target::llvm_cpu_host(), &host_elf_format());
 }
 
 #[test]
 fn llvm_cpu_generic() {
-    let format = format!("embedded-elf-{}", std::env::consts::ARCH);
-    compile_for(Target::LlvmCpu { cpu: "generic".into() }, &format);
+    compile_for(Target::LlvmCpu { cpu: "generic".into() }, &host_elf_format());
 }
 
 #[test]
