@@ -13,14 +13,20 @@
 //! among sessions by design. That matters here: a compile of one of our modules keeps about
 //! one core busy whatever the pool (docs/PERFORMANCE.md, "Compile time"), so a process that
 //! loads several models, or a test binary, compiles them side by side only this way.
-//! tests/concurrent.rs checks that concurrent compiles give the bytes a lone one does.
+//! Except the first compile for each kind of target in the process, which runs alone
+//! ([`FirstPerBackend`]): two first CPU compiles at once once failed with
+//! "createTargetMachine(x86_64-unknown-unknown-eabi-elf) failed; machine may not be enabled
+//! in LLVM" and a segfault (the backend registers its LLVM targets on first use, unlocked).
+//! tests/concurrent.rs checks that concurrent compiles give the bytes a lone one does, and
+//! first compiles started together in fresh processes.
 //! Diagnostics may arrive on any compiler thread, so the collector is a mutex.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::marker::PhantomData;
 use std::path::Path;
 use std::ptr::{self, NonNull};
-use std::sync::{Mutex, PoisonError};
+use std::mem::Discriminant;
+use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::error::{Diagnostic, Diagnostics, Error, Severity};
 use crate::ffi::{self, Api, RawError, RawInvocation, RawOutput, RawSession, RawSource};
@@ -55,6 +61,45 @@ struct Loaded {
     api: Api,
     revision: String,
     api_version: ApiVersion,
+    first_per_backend: FirstPerBackend,
+}
+
+/// Lets the first compile for each kind of target run alone, the others side by side (see the
+/// module docs).
+#[derive(Debug, Default)]
+struct FirstPerBackend {
+    done: Mutex<Vec<Discriminant<Target>>>,
+    turn: RwLock<()>,
+}
+
+/// A compile's turn: shared, or alone as its backend's first.
+enum Turn<'a> {
+    Shared(#[expect(dead_code, reason = "held for its drop")] RwLockReadGuard<'a, ()>),
+    First { gate: &'a FirstPerBackend, backend: Discriminant<Target>, _alone: RwLockWriteGuard<'a, ()> },
+}
+
+impl FirstPerBackend {
+    fn enter(&self, target: &Target) -> Turn<'_> {
+        let backend = std::mem::discriminant(target);
+        if self.done.lock().unwrap_or_else(PoisonError::into_inner).contains(&backend) {
+            Turn::Shared(self.turn.read().unwrap_or_else(PoisonError::into_inner))
+        } else {
+            let alone = self.turn.write().unwrap_or_else(PoisonError::into_inner);
+            Turn::First { gate: self, backend, _alone: alone }
+        }
+    }
+}
+
+impl Drop for Turn<'_> {
+    /// A first compile, whatever its outcome, has set its backend up: later ones may share.
+    fn drop(&mut self) {
+        if let Turn::First { gate, backend, .. } = self {
+            let mut done = gate.done.lock().unwrap_or_else(PoisonError::into_inner);
+            if !done.contains(backend) {
+                done.push(*backend);
+            }
+        }
+    }
 }
 
 /// The one library this process uses. A `Mutex` rather than a `OnceLock` so that a failed
@@ -115,6 +160,7 @@ impl Compiler {
             api,
             revision,
             api_version: ApiVersion { major, minor },
+            first_per_backend: FirstPerBackend::default(),
         }));
         *slot = Some(loaded);
         Ok(Compiler { loaded })
@@ -249,7 +295,8 @@ impl Compiler {
             Emit::Vmfb => None,
         };
         let api = &self.loaded.api;
-        // Dropped after everything below (declared first).
+        // Both dropped after everything below (declared first).
+        let _turn = self.loaded.first_per_backend.enter(target);
         let _signals = crate::signals::Guard::enter();
 
         // Declaration order = reverse drop order: output, invocation, source, session go in

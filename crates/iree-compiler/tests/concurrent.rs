@@ -86,3 +86,57 @@ fn the_cache_compiles_one_key_once_across_threads() {
     assert_eq!(misses, 1, "outcomes {:?}", results.iter().map(|r| r.outcome).collect::<Vec<_>>());
     assert!(results.iter().all(|r| r.vmfb == results[0].vmfb && r.key == results[0].key));
 }
+
+/// Set in the child processes of [`first_compiles_started_together_in_fresh_processes`].
+const CHILD: &str = "MLX_IREE_TEST_FIRST_COMPILES_CHILD";
+
+/// The first compiles of a process, started together on several threads and four backends:
+/// each succeeds. Once, two first CPU compiles at once failed with "createTargetMachine(...)
+/// failed; machine may not be enabled in LLVM" and a segfault; a race shows only sometimes,
+/// so four fresh processes (this test run again as a child) each try.
+#[test]
+fn first_compiles_started_together_in_fresh_processes() {
+    if std::env::var_os(CHILD).is_some() {
+        let module = chain(4);
+        let targets = [
+            Target::llvm_cpu_host(),
+            Target::LlvmCpu { cpu: "generic".into() },
+            Target::vulkan("rdna3"),
+            Target::Metal,
+            Target::cuda("sm_80"),
+        ];
+        let barrier = Arc::new(Barrier::new(targets.len()));
+        let handles: Vec<_> = targets
+            .into_iter()
+            .map(|target| {
+                let (module, barrier) = (module.clone(), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    let c = compiler();
+                    barrier.wait();
+                    c.compile(&module, &target, &CompileOptions::default()).map(|v| v.len())
+                })
+            })
+            .collect();
+        for h in handles {
+            let bytes = h.join().expect("a compile thread panicked").unwrap();
+            assert!(bytes > 0);
+        }
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    for run in 0..4 {
+        let out = std::process::Command::new(&exe)
+            .args(["first_compiles_started_together_in_fresh_processes", "--exact", "--test-threads=1"])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "fresh process {run}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("1 passed"), "fresh process {run} ran no test: {stdout}");
+    }
+}
