@@ -91,13 +91,15 @@ fn libraries_read_no_environment_and_print_nothing() {
 }
 
 /// Variables our own tooling sets, which users do not: not in the README's table.
-const ENV_INTERNAL: [&str; 3] = [
+const ENV_INTERNAL: [&str; 4] = [
     // Set by .cargo/config.toml for every cargo command.
     "MLX_IREE_ROOT",
     // IREE's CMake variable, which `cargo xtask build-iree --target cuda` sets.
     "IREE_CUDA_DEPS_DIR",
     // Set by xtask for the mlx-lm it runs (fixtures, model conversion), never read.
     "HF_HUB_DISABLE_TELEMETRY",
+    // Set by iree-compiler's tests/concurrent.rs for the fresh processes it starts (itself).
+    "MLX_IREE_TEST_FIRST_COMPILES_CHILD",
 ];
 
 #[test]
