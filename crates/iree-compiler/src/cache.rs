@@ -5,7 +5,7 @@
 //! Compiles run concurrently (compiler.rs); two threads of one process asking for the same
 //! key compile it once: the second waits for the first and then reads its file.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -53,9 +53,9 @@ pub struct CompileCache {
 /// The lock one key's compile holds in this process (one per cache file, never removed:
 /// a process compiles few distinct modules).
 fn compile_in_progress(path: &Path) -> Arc<Mutex<()>> {
-    static LOCKS: Mutex<Option<HashMap<PathBuf, Arc<Mutex<()>>>>> = Mutex::new(None);
+    static LOCKS: Mutex<BTreeMap<PathBuf, Arc<Mutex<()>>>> = Mutex::new(BTreeMap::new());
     let mut locks = LOCKS.lock().unwrap_or_else(PoisonError::into_inner);
-    Arc::clone(locks.get_or_insert_with(HashMap::new).entry(path.to_path_buf()).or_default())
+    Arc::clone(locks.entry(path.to_path_buf()).or_default())
 }
 
 /// Bumped when the key layout changes, so old entries are never misread.

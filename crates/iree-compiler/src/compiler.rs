@@ -23,9 +23,9 @@
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::marker::PhantomData;
+use std::mem::Discriminant;
 use std::path::Path;
 use std::ptr::{self, NonNull};
-use std::mem::Discriminant;
 use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::error::{Diagnostic, Diagnostics, Error, Severity};

@@ -130,12 +130,7 @@ fn first_compiles_started_together_in_fresh_processes() {
             .env(CHILD, "1")
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "fresh process {run}: {}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "fresh process {run}: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(stdout.contains("1 passed"), "fresh process {run} ran no test: {stdout}");
     }

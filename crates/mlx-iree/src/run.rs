@@ -93,8 +93,9 @@ pub fn store_parameters() -> Result<bool> {
 }
 
 /// `MLX_IREE_PACKED_KERNELS`: `0` puts packed weights on the graph form (for comparisons),
-/// an instruction set's name (`amx`, `avx512`, `avx2`, `neondot`: [`engine::Isa::name`]) forces its CPU kernels (the load fails where
-/// they cannot run), unset (or `auto`, or `1`) takes the best the host runs.
+/// an instruction set's name (`amx`, `avx512`, `avx2`, `neondot`: [`engine::Isa::name`])
+/// forces its CPU kernels (the load fails where they cannot run), unset (or `auto`, or `1`)
+/// takes the best the host runs.
 pub fn cpu_kernels() -> Result<CpuKernels> {
     const VAR: &str = "MLX_IREE_PACKED_KERNELS";
     let value = match std::env::var(VAR) {
@@ -105,12 +106,10 @@ pub fn cpu_kernels() -> Result<CpuKernels> {
     Ok(match value.as_str() {
         "" | "auto" | "1" => CpuKernels::Auto,
         "0" => CpuKernels::Off,
-        isa => CpuKernels::Force(
-            isa.parse().with_context(|| {
-                let names: Vec<&str> = engine::Isa::ALL.iter().map(|isa| isa.name()).collect();
-                format!("{VAR}={isa} (expected 0, {} or auto)", names.join(", "))
-            })?,
-        ),
+        isa => CpuKernels::Force(isa.parse().with_context(|| {
+            let names: Vec<&str> = engine::Isa::ALL.iter().map(|isa| isa.name()).collect();
+            format!("{VAR}={isa} (expected 0, {} or auto)", names.join(", "))
+        })?),
     })
 }
 

@@ -160,7 +160,10 @@ fn bad_kernel_settings_are_one_line_errors() {
         stderr
     };
     let stderr = run("sse2");
-    assert!(stderr.contains("MLX_IREE_PACKED_KERNELS=sse2 (expected 0, amx, avx512, avx2, neondot or auto)"), "{stderr}");
+    assert!(
+        stderr.contains("MLX_IREE_PACKED_KERNELS=sse2 (expected 0, amx, avx512, avx2, neondot or auto)"),
+        "{stderr}"
+    );
     for isa in kernels::cpu::Isa::ALL.into_iter().filter(|isa| !isa.runs_on_host()) {
         let stderr = run(isa.name());
         assert!(stderr.contains(&format!("the {isa} CPU kernels do not run here")), "{stderr}");

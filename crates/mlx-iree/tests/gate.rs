@@ -227,8 +227,10 @@ per_trained_family!(gemma, gemma2, gemma3_text, llama_linear_untied, llama_llama
 
 #[test]
 fn every_trained_fixture_is_gated() {
-    let names: Vec<String> =
-        fixture_set("fixtures-trained", 7).iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    let names: Vec<String> = fixture_set("fixtures-trained", 7)
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
     assert_eq!(names, TRAINED_FAMILIES, "a trained fixture without its test in gate.rs's per_trained_family!");
 }
 
