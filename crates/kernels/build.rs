@@ -23,7 +23,15 @@ const AMX: (&str, &str) = ("cpu/qmv_x86_64_amx.c", "qmv_x86_64_amx.o");
 /// The aarch64 object.
 const NEON: (&str, &str) = ("cpu/qmv_aarch64.c", "qmv_aarch64.o");
 /// Included by the sources.
-const HEADERS: [&str; 3] = ["cpu/qmv.h", "cpu/qmv_avx512.h", "cpu/qrows.h"];
+const HEADERS: [&str; 7] = [
+    "cpu/qmv.h",
+    "cpu/qmv_avx512.h",
+    "cpu/qrows.h",
+    "cpu/attn.h",
+    "cpu/vf16_avx512.h",
+    "cpu/vf16_avx2.h",
+    "cpu/vf16_neon.h",
+];
 
 fn main() {
     for file in HEADERS.into_iter().chain(OBJECTS.map(|o| o.0)).chain([AMX.0, NEON.0, "src/cflags.rs"]) {

@@ -189,7 +189,7 @@ fn dot_instructions(code: &[u8]) -> usize {
 fn iree_links_the_aarch64_object() {
     let dir = tempfile::tempdir().unwrap();
     let object = object(dir.path());
-    let mlir = module(&cpu::executable_source_for("aarch64", &object, &entries()));
+    let mlir = module(&cpu::executable_source_for("aarch64", &object, &entries(), &[]));
     let target = Target::LlvmCpu { cpu: "generic".into() };
     let options = CompileOptions::default().with_flag("--iree-llvmcpu-target-triple=aarch64-unknown-linux-gnu");
     let vmfb = e2e::compiler().compile(&mlir, &target, &options).unwrap();

@@ -99,8 +99,12 @@ pub struct Plan {
     pub batches: Vec<usize>,
     /// Tokens per prefill call.
     pub chunks: Vec<usize>,
-    /// Positions attention reads: powers of two from 128 below the context, and the context.
+    /// Positions prefill's attention reads: powers of two from 128 below the context, and
+    /// the context.
     pub windows: Vec<usize>,
+    /// Positions decode's attention reads: the same windows, or only the context where a
+    /// step's attention costs what the context holds whatever its window ([`Plan::for_layout`]).
+    pub decode_windows: Vec<usize>,
     /// What one call costs beyond its rows, in rows (`device::call_overhead_rows`): how
     /// prefill weighs padding against more calls.
     pub call_rows: usize,
@@ -148,7 +152,18 @@ impl Plan {
         let mut windows: Vec<usize> = (0..).map(|i| MIN_WINDOW << i).take_while(|w| *w < positions).collect();
         windows.push(positions);
         let call_rows = crate::device::call_overhead_rows(&crate::device::target_for(&config.device)?);
-        Ok(Plan { cache, batches, chunks, windows, call_rows })
+        Ok(Plan { cache, batches, chunks, decode_windows: windows.clone(), windows, call_rows })
+    }
+
+    /// The plan for graphs of `layout`: where decode attention runs in the CPU kernel
+    /// (`models::graph::decode_attention_in_kernel`), which reads only the positions in use,
+    /// one decode window (the context) per batch size instead of one per window: the same
+    /// speed at every context, and a fraction of the decode functions to compile.
+    pub fn for_layout(mut self, cfg: &ModelConfig, layout: &Layout) -> Plan {
+        if models::graph::decode_attention_in_kernel(cfg, layout) {
+            self.decode_windows = vec![self.cache.positions];
+        }
+        self
     }
 
     /// Every function the engine can call.
@@ -159,7 +174,7 @@ impl Plan {
         let decode = self
             .batches
             .iter()
-            .flat_map(|&rows| self.windows.iter().map(move |&window| Function::Decode { rows, window }));
+            .flat_map(|&rows| self.decode_windows.iter().map(move |&window| Function::Decode { rows, window }));
         let mut writes: Vec<usize> = self.batches.iter().chain(&self.chunks).copied().collect();
         writes.sort_unstable();
         writes.dedup();
@@ -174,7 +189,8 @@ impl Plan {
     /// The decode call for `rows` rows whose highest position is `top`.
     fn decode(&self, rows: usize, top: usize) -> Option<Function> {
         let rows = self.batches.iter().copied().find(|b| *b >= rows)?;
-        Some(Function::Decode { rows, window: self.window(top + 1)? })
+        let window = self.decode_windows.iter().copied().find(|w| *w > top)?;
+        Some(Function::Decode { rows, window })
     }
 
     /// The prefill call for the next of `remaining` prompt tokens at `start`: the first call
@@ -354,8 +370,8 @@ impl Engine {
         let target = crate::device::target_for(&config.device)?;
         let ckpt = Checkpoint::open(dir)?;
         let cfg = ModelConfig::for_checkpoint(&ckpt)?;
-        let plan = Plan::new(&cfg, config)?;
         let layout = layout_for(&cfg, config.precision, &ckpt, &target, config.cpu_kernels, &config.cache_dir)?;
+        let plan = Plan::new(&cfg, config)?.for_layout(&cfg, &layout);
 
         let mut modules = Vec::new();
         let mut compile = CompileReport::CacheHit;
@@ -648,6 +664,50 @@ mod tests {
         let err = Plan::new(&c, &none).unwrap_err().to_string();
         assert!(err.starts_with("a KV budget of 1 bytes holds no position for 2 sequences"), "{err}");
         assert_eq!(Plan::new(&c, &config(0, None)).unwrap_err().to_string(), "max batch must be at least 1");
+    }
+
+    /// Where the CPU kernel runs decode attention (packed weights on llvm-cpu, a host with a
+    /// kernel object), decode is compiled for one window, the context, and its graph
+    /// dispatches the kernel; dense weights keep every window and the graph form.
+    #[test]
+    fn decode_has_one_window_where_the_kernel_attends() {
+        let c = cfg();
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/q4");
+        let ckpt = Checkpoint::open(&dir).unwrap();
+        let target = iree_compiler::Target::llvm_cpu_host();
+        let cache_dir = std::env::temp_dir().join(format!("engine-plan-{}", std::process::id()));
+        let packed = layout_for(&c, Precision::Packed, &ckpt, &target, CpuKernels::Auto, &cache_dir).unwrap();
+        let dense = Layout::dense(Precision::F32);
+        let plan = Plan::new(&c, &config(4, Some(300))).unwrap();
+        assert_eq!(plan.decode_windows, plan.windows);
+        assert_eq!(plan.clone().for_layout(&c, &dense), plan);
+        let decodes = |p: &Plan| -> Vec<Function> {
+            p.functions().into_iter().filter(|f| matches!(f, Function::Decode { .. })).collect()
+        };
+        assert_eq!(decodes(&plan).len(), plan.batches.len() * plan.windows.len());
+        let text = |layout: &Layout, plan: &Plan| -> String {
+            graph_modules(&c, layout, plan, &target).unwrap().iter().map(|m| m.mlir.clone()).collect()
+        };
+        assert!(!text(&dense, &plan).contains("@attn_f32_u"));
+        if kernels::cpu::host_isa().is_some() {
+            let kernel = plan.clone().for_layout(&c, &packed);
+            assert_eq!(kernel.decode_windows, [300]);
+            assert_eq!(
+                (&kernel.windows, &kernel.batches, &kernel.chunks),
+                (&plan.windows, &plan.batches, &plan.chunks)
+            );
+            let rows: Vec<usize> = kernel.batches.clone();
+            let one_each: Vec<Function> = rows.iter().map(|&rows| Function::Decode { rows, window: 300 }).collect();
+            assert_eq!(decodes(&kernel), one_each);
+            assert_eq!(kernel.decode(3, 0), Some(Function::Decode { rows: 4, window: 300 }));
+            assert_eq!(kernel.decode(1, 299), Some(Function::Decode { rows: 1, window: 300 }));
+            assert_eq!(kernel.decode(1, 300), None);
+            // One attention dispatch per layer per decode function, none in prefill.
+            let mlir = text(&packed, &kernel);
+            let per_call = c.num_layers() * one_each.len();
+            assert_eq!(mlir.matches("entry_points = [@mlx_iree_kernels::@attn_f32_u1]").count(), per_call, "{mlir}");
+        }
+        let _ = std::fs::remove_dir_all(&cache_dir);
     }
 
     #[test]

@@ -10,3 +10,5 @@
 #include "qmv.h"
 #include "qmv_avx512.h"
 #include "qrows.h"
+#include "vf16_avx512.h"
+#include "attn.h"

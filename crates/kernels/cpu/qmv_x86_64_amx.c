@@ -273,3 +273,5 @@ static inline void whole_panel(int bits, int f16, const float* x, size_t K, cons
 }
 
 #include "qrows.h"
+#include "vf16_avx512.h"
+#include "attn.h"

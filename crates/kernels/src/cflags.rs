@@ -5,9 +5,12 @@
 
 /// Every object: optimized, position-independent and freestanding (IREE links the object
 /// into its executables, which have no libc), so no stack protector and no unwind tables.
-/// `build.rs` fails on any undefined symbol.
-pub const COMMON: [&str; 5] =
-    ["-O3", "-fPIC", "-ffreestanding", "-fno-stack-protector", "-fno-asynchronous-unwind-tables"];
+/// `build.rs` fails on any undefined symbol. No multiply-add contracted unless the source
+/// writes it (GCC's default contracts across statements, differently per target): the
+/// objects' float results are the same bits because each rounding is written out (the
+/// matvec objects compiled to the same code either way).
+pub const COMMON: [&str; 6] =
+    ["-O3", "-fPIC", "-ffreestanding", "-fno-stack-protector", "-fno-asynchronous-unwind-tables", "-ffp-contract=off"];
 
 /// What GCC needs besides: no calls to memset or memcpy for loops, which it emits even when
 /// freestanding. Clang emits none when freestanding and refuses the flag.

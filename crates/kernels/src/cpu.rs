@@ -1,5 +1,6 @@
 //! The CPU kernels: fused dequant + matvec (`qmv`) and packed-row lookup (`qrows`), for
-//! 4- and 8-bit weights with f16 or f32 scales, built once per instruction set ([`Isa`]):
+//! 4- and 8-bit weights with f16 or f32 scales, and decode attention over the KV cache
+//! (`attn`, `cpu/attn.h`), built once per instruction set ([`Isa`]):
 //! `cpu/qmv_x86_64_amx.c` (AMX-INT8), `cpu/qmv_x86_64.c` (AVX-512 VNNI),
 //! `cpu/qmv_x86_64_avx2.c` (AVX2) and `cpu/qmv_aarch64.c` (aarch64 NEON with the
 //! dot-product extension), with the same entry points, layouts and numerics (their results
@@ -10,9 +11,12 @@
 //! (4-bit; byte `2r + p` holds `k0 + p` low, `k0 + 2 + p` high) or 16 rows x 2 k (8-bit;
 //! byte `2r + p` holds `k0 + p`); scales and biases `[O/16][G][16]`; group sizes of 16 to
 //! 128; the four push constants are `T, K, O, group_size`; bindings are (input, weight,
-//! scales, biases, output); a matvec workgroup computes at most 4 blocks.
+//! scales, biases, output); a matvec workgroup computes at most 4 blocks. Attention's
+//! bindings, constants and numerics are in `cpu/attn.h`; [`attention_model`] is its
+//! arithmetic in Rust.
 
 use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 /// Rows computed together (one AVX-512 register of f32, two AVX2 registers, four NEON ones).
@@ -334,88 +338,292 @@ fn executable_target(arch: &str) -> String {
     )
 }
 
-/// The `hal.executable.source` declaring `entries` (IREE keeps only exports a module
-/// dispatches, so a module declares exactly those it uses), linking `object` (a path from
-/// [`install`], for an instruction set of this host's architecture, which the target says).
-/// Each export takes one workload value (see [`units_per_workgroup`]).
-pub fn executable_source(object: &Path, entries: &[Entry]) -> String {
-    executable_source_for(std::env::consts::ARCH, object, entries)
+/// Decode attention over a KV cache of this element type (`cpu/attn.h`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CacheElem {
+    F32,
+    F16,
+}
+
+/// Heads a query head shares its kv head with at most, and floats of per-head state a
+/// workgroup keeps (`ATTN_MAX_G`, `ATTN_MAX_STATE` in `cpu/attn.h`).
+const ATTN_MAX_G: usize = 16;
+const ATTN_MAX_STATE: usize = 2048;
+
+/// An attention entry point: the cache's element type and the kv heads (units) a workgroup
+/// takes, `attention_units(..)` for the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Attention {
+    pub cache: CacheElem,
+    pub units: usize,
+}
+
+impl Attention {
+    /// The export name, e.g. `attn_f16_u4`.
+    pub fn export(&self) -> String {
+        format!("attn_{}_u{}", self.cache_name(), self.units)
+    }
+
+    fn cache_name(&self) -> &'static str {
+        match self.cache {
+            CacheElem::F32 => "f32",
+            CacheElem::F16 => "f16",
+        }
+    }
+
+    /// Push constants, in order: layer, slots, positions, kv heads, heads per kv head, head
+    /// dim, window, sliding window (0: none), the scale's f32 bits, rows.
+    pub const CONSTANTS: usize = 10;
+}
+
+/// Whether the attention kernel takes a model's heads: kv heads dividing the heads, at most
+/// 16 query heads per kv head, a head dim of whole 16-lane chunks, one kv head's state in a
+/// workgroup's stack.
+pub fn supports_attention(heads: usize, kv_heads: usize, head_dim: usize) -> bool {
+    kv_heads > 0
+        && heads.is_multiple_of(kv_heads)
+        && heads / kv_heads <= ATTN_MAX_G
+        && head_dim > 0
+        && head_dim.is_multiple_of(16)
+        && heads / kv_heads * head_dim <= ATTN_MAX_STATE
+}
+
+/// The kv heads of one row an attention workgroup takes: the most that divide the kv heads,
+/// fit its state and leave at least two workgroups per row (their rows of a position are
+/// contiguous, so a workgroup reads the cache in longer runs; fewer units per row would leave
+/// a core idle at one row per step).
+pub fn attention_units(heads: usize, kv_heads: usize, head_dim: usize) -> usize {
+    let per_head = heads / kv_heads * head_dim;
+    (1..=(kv_heads / 2).max(1))
+        .rev()
+        .find(|d| kv_heads.is_multiple_of(*d) && d * per_head <= ATTN_MAX_STATE)
+        .unwrap_or(1)
+}
+
+/// `cpu/attn.h`'s arithmetic in Rust, for tests to hold the objects to, bit for bit: for
+/// each row r and query head, its attention output `[n, heads * head_dim]`. Arguments as the kernel's bindings and
+/// constants (`k_cache`, `v_cache` as f32: an f16 cache widened first, which is exact).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_model(
+    q: &[f32],
+    k_new: &[f32],
+    v_new: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    positions: &[i32],
+    slots: &[i32],
+    [layer, s, p, kv, g, hd, w, sliding]: [usize; 8],
+    scale: f32,
+) -> Vec<f32> {
+    const BLOCK: usize = 16;
+    let n = positions.len();
+    let ghd = g * hd;
+    let mut out = vec![0f32; n * kv * ghd];
+    let dot = |a: &[f32], b: &[f32]| -> f32 {
+        let mut lanes = [0f32; 16];
+        for c in 0..hd / 16 {
+            for i in 0..16 {
+                lanes[i] = a[16 * c + i].mul_add(b[16 * c + i], lanes[i]);
+            }
+        }
+        sum16(&lanes)
+    };
+    for r in 0..n {
+        let slot = (slots[r] as u32 as usize).min(s - 1);
+        let pos = i64::from(positions[r]);
+        let hi = pos.min(w as i64).min(p as i64);
+        let lo = if sliding > 0 { (pos - sliding as i64 + 1).max(0) } else { 0 };
+        for kh in 0..kv {
+            let kr = &k_new[(r * kv + kh) * hd..][..hd];
+            let vr = &v_new[(r * kv + kh) * hd..][..hd];
+            let row = |cache: &[f32], j: usize| -> Vec<f32> {
+                cache[((((layer * s + slot) * p) + j) * kv + kh) * hd..][..hd].to_vec()
+            };
+            for gi in 0..g {
+                let qs: Vec<f32> = q[(r * kv + kh) * ghd + gi * hd..][..hd].iter().map(|x| x * scale).collect();
+                let mut m = dot(&qs, kr);
+                let mut l = 1f32;
+                let mut acc = vr.to_vec();
+                let mut j0 = lo;
+                while j0 < hi {
+                    let nb = ((hi - j0) as usize).min(BLOCK);
+                    let mut e = [f32::NEG_INFINITY; BLOCK];
+                    for (jj, ej) in e.iter_mut().enumerate().take(nb) {
+                        *ej = dot(&qs, &row(k_cache, j0 as usize + jj));
+                    }
+                    let block_top = e.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let top = if block_top > m { block_top } else { m };
+                    let alpha = attn_exp(m - top);
+                    for ej in e.iter_mut() {
+                        *ej = attn_exp(*ej - top);
+                    }
+                    l = l.mul_add(alpha, sum16(&e));
+                    m = top;
+                    if alpha != 1.0 {
+                        acc.iter_mut().for_each(|a| *a *= alpha);
+                    }
+                    for (jj, ej) in e.iter().enumerate().take(nb) {
+                        let v = row(v_cache, j0 as usize + jj);
+                        for (a, vj) in acc.iter_mut().zip(&v) {
+                            *a = ej.mul_add(*vj, *a);
+                        }
+                    }
+                    j0 += BLOCK as i64;
+                }
+                let inv = 1.0 / l;
+                for (o, a) in out[(r * kv + kh) * ghd + gi * hd..][..hd].iter_mut().zip(&acc) {
+                    *o = a * inv;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The 16 lanes added as the objects add them: lane i + lane i + 8, then i + 4, i + 2, i + 1.
+fn sum16(v: &[f32; 16]) -> f32 {
+    let mut t = *v;
+    for h in [8, 4, 2, 1] {
+        for i in 0..h {
+            t[i] += t[i + h];
+        }
+    }
+    t[0]
+}
+
+/// `attn_exp` of `cpu/attn.h`: e^x for x <= 0, 0 below -87.
+#[allow(clippy::excessive_precision)] // the constants as the C source spells them
+fn attn_exp(x: f32) -> f32 {
+    if x < -87.0 {
+        return 0.0;
+    }
+    let n = x.mul_add(std::f32::consts::LOG2_E, 12582912.0) - 12582912.0;
+    let r = n.mul_add(2.12194440e-4, n.mul_add(-0.693359375, x));
+    let mut p = 1.9875691500e-4f32;
+    for c in [1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1] {
+        p = p.mul_add(r, c);
+    }
+    let y = p.mul_add(r * r, r) + 1.0;
+    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// The `hal.executable.source` declaring `entries` and `attention` (IREE keeps only exports a
+/// module dispatches, so a module declares exactly those it uses), linking `object` (a path
+/// from [`install`], for an instruction set of this host's architecture, which the target
+/// says). Each export takes one workload value (see [`units_per_workgroup`]; an attention
+/// export's units are rows times kv heads).
+pub fn executable_source(object: &Path, entries: &[Entry], attention: &[Attention]) -> String {
+    executable_source_for(std::env::consts::ARCH, object, entries, attention)
 }
 
 /// [`executable_source`] for an object of another architecture (`arch` as [`Isa::arch`]
 /// names it), for a module compiled here to run there.
-pub fn executable_source_for(arch: &str, object: &Path, entries: &[Entry]) -> String {
+pub fn executable_source_for(arch: &str, object: &Path, entries: &[Entry], attention: &[Attention]) -> String {
     let target = executable_target(arch);
-    let ro = "#hal.pipeline.binding<storage_buffer, ReadOnly>";
-    let layout = format!(
-        "#hal.pipeline.layout<constants = 4, bindings = [{ro}, {ro}, {ro}, {ro}, #hal.pipeline.binding<storage_buffer>]>"
-    );
     let path = object.display().to_string().replace('\\', "\\\\").replace('"', "\\\"");
+    let mut exports: Vec<ExportSpec> = entries.iter().map(|e| ExportSpec::packed(*e)).collect();
+    exports.extend(attention.iter().map(|a| ExportSpec::attention(*a)));
     // One export op per entry, then one inner module holding every entry's function (IREE
-    // reads a single inner module per source).
-    let (mut exports, mut funcs) = (String::new(), String::new());
-    for (i, e) in entries.iter().enumerate() {
-        let (export, func) = export_text(e.op, e.bits, e.scale, i, &layout);
-        exports.push_str(&export);
+    // reads a single inner module per source), each C function declared once.
+    let (mut export_ops, mut funcs, mut declared) = (String::new(), String::new(), BTreeSet::new());
+    for (i, spec) in exports.iter().enumerate() {
+        let (export, decl, func) = spec.text(i);
+        export_ops.push_str(&export);
+        if declared.insert(spec.c_name.clone()) {
+            funcs.push_str(&decl);
+        }
         funcs.push_str(&func);
     }
-    let exports = format!("{exports}    builtin.module {{\n{funcs}    }}\n");
+    let exports = format!("{export_ops}    builtin.module {{\n{funcs}    }}\n");
     format!(
         "  \"hal.executable.source\"() <{{sym_name = \"{EXECUTABLE}\", sym_visibility = \"private\", objects = #hal.executable.objects<{{{target} = [#hal.executable.object<{{path = \"{path}\"}}>]}}>}}> ({{\n{exports}    \"hal.executable.source_end\"() : () -> ()\n  }}) : () -> ()\n"
     )
 }
 
-/// The export op and the inner-module functions of one entry point.
-fn export_text(op: Op, bits: u32, scale: Scale, ordinal: usize, layout: &str) -> (String, String) {
-    let name = export(op, bits, scale);
-    let c_name = format!("mlx_iree_{name}");
-    let per = units_per_workgroup(op);
-    let input = if op == Op::Matvec { "f32" } else { "i32" };
-    let s = scale.memref();
-    let params = format!(
-        "memref<{input}>, index, memref<i8>, index, memref<{s}>, index, memref<{s}>, index, memref<f32>, index, index, index, index, index, index, index"
-    );
-    let binding = |i: usize, elem: &str| {
-        format!(
-            "        %b{i} = hal.interface.binding.subspan layout({layout}) binding({i}) alignment(64) offset(%c0) : memref<?x{elem}>{{%n}}\n        %p{i}, %o{i}, %s{i}, %st{i} = memref.extract_strided_metadata %b{i} : memref<?x{elem}> -> memref<{elem}>, index, index, index\n"
-        )
-    };
-    let constant = |i: usize, name: &str| {
-        format!(
-            "        %{name}32 = hal.interface.constant.load layout({layout}) ordinal({i}) : i32\n        %{name} = arith.index_castui %{name}32 : i32 to index\n"
-        )
-    };
-    let export = format!(
-        r#"    hal.executable.export public @{name} ordinal({ordinal}) layout({layout}) count(%device: !hal.device, %units: index) -> (index, index, index) {{
+/// What the MLIR of one export says: names, the workload it splits, its bindings' element
+/// types (the last one written) and its push constants.
+struct ExportSpec {
+    name: String,
+    c_name: String,
+    per_workgroup: usize,
+    bindings: Vec<&'static str>,
+    constants: usize,
+}
+
+impl ExportSpec {
+    fn packed(e: Entry) -> ExportSpec {
+        let name = export(e.op, e.bits, e.scale);
+        let input = if e.op == Op::Matvec { "f32" } else { "i32" };
+        let s = e.scale.memref();
+        ExportSpec {
+            c_name: format!("mlx_iree_{name}"),
+            name,
+            per_workgroup: units_per_workgroup(e.op),
+            bindings: vec![input, "i8", s, s, "f32"],
+            constants: 4,
+        }
+    }
+
+    fn attention(a: Attention) -> ExportSpec {
+        // f16 travels as its bits, as the scales do.
+        let c = if a.cache == CacheElem::F16 { "i16" } else { "f32" };
+        ExportSpec {
+            name: a.export(),
+            c_name: format!("mlx_iree_attn_{}", a.cache_name()),
+            per_workgroup: a.units,
+            bindings: vec!["f32", "f32", "f32", c, c, "i32", "i32", "f32"],
+            constants: Attention::CONSTANTS,
+        }
+    }
+
+    /// The export op, the C function's declaration and the export's function.
+    fn text(&self, ordinal: usize) -> (String, String, String) {
+        let (name, c_name, per) = (&self.name, &self.c_name, self.per_workgroup);
+        let ro = "#hal.pipeline.binding<storage_buffer, ReadOnly>";
+        let last = self.bindings.len() - 1;
+        let binding_list: Vec<&str> = (0..self.bindings.len())
+            .map(|i| if i < last { ro } else { "#hal.pipeline.binding<storage_buffer>" })
+            .collect();
+        let layout =
+            format!("#hal.pipeline.layout<constants = {}, bindings = [{}]>", self.constants, binding_list.join(", "));
+        let mut params: Vec<String> = self.bindings.iter().map(|e| format!("memref<{e}>, index")).collect();
+        params.extend((0..self.constants + 2).map(|_| "index".to_owned()));
+        let params = params.join(", ");
+        let mut body = String::new();
+        for i in 0..self.constants {
+            body.push_str(&format!(
+                "        %k{i}_32 = hal.interface.constant.load layout({layout}) ordinal({i}) : i32\n        %k{i} = arith.index_castui %k{i}_32 : i32 to index\n"
+            ));
+        }
+        body.push_str(&format!(
+            "        %wg = hal.interface.workgroup.id[0] : index\n        %u0 = affine.apply affine_map<()[s0] -> (s0 * {per})>()[%wg]\n        %u1 = affine.apply affine_map<()[s0] -> (s0 * {per} + {per})>()[%wg]\n"
+        ));
+        let mut args = Vec::new();
+        for (i, elem) in self.bindings.iter().enumerate() {
+            body.push_str(&format!(
+                "        %b{i} = hal.interface.binding.subspan layout({layout}) binding({i}) alignment(64) offset(%c0) : memref<?x{elem}>{{%n}}\n        %p{i}, %o{i}, %s{i}, %st{i} = memref.extract_strided_metadata %b{i} : memref<?x{elem}> -> memref<{elem}>, index, index, index\n"
+            ));
+            args.push(format!("%p{i}, %o{i}"));
+        }
+        args.extend((0..self.constants).map(|i| format!("%k{i}")));
+        args.extend(["%u0".to_owned(), "%u1".to_owned()]);
+        let args = args.join(", ");
+        let export = format!(
+            r#"    hal.executable.export public @{name} ordinal({ordinal}) layout({layout}) count(%device: !hal.device, %units: index) -> (index, index, index) {{
       %c1 = arith.constant 1 : index
       %x = affine.apply affine_map<()[s0] -> (s0 ceildiv {per})>()[%units]
       hal.return %x, %c1, %c1 : index, index, index
     }}
 "#
-    );
-    let func = format!(
-        r#"      func.func private @{c_name}({params}) attributes {{llvm.bareptr = true, hal.import.static}}
-      func.func @{name}() {{
-        %c0 = arith.constant 0 : index
-        %n = arith.constant 0 : index
-{t}{k}{o}{gs}        %wg = hal.interface.workgroup.id[0] : index
-        %u0 = affine.apply affine_map<()[s0] -> (s0 * {per})>()[%wg]
-        %u1 = affine.apply affine_map<()[s0] -> (s0 * {per} + {per})>()[%wg]
-{b0}{b1}{b2}{b3}{b4}        func.call @{c_name}(%p0, %o0, %p1, %o1, %p2, %o2, %p3, %o3, %p4, %o4, %t, %k, %o, %gs, %u0, %u1) : ({params}) -> ()
-        return
-      }}
-"#,
-        t = constant(0, "t"),
-        k = constant(1, "k"),
-        o = constant(2, "o"),
-        gs = constant(3, "gs"),
-        b0 = binding(0, input),
-        b1 = binding(1, "i8"),
-        b2 = binding(2, s),
-        b3 = binding(3, s),
-        b4 = binding(4, "f32"),
-    );
-    (export, func)
+        );
+        let decl = format!(
+            "      func.func private @{c_name}({params}) attributes {{llvm.bareptr = true, hal.import.static}}\n"
+        );
+        let func = format!(
+            "      func.func @{name}() {{\n        %c0 = arith.constant 0 : index\n        %n = arith.constant 0 : index\n{body}        func.call @{c_name}({args}) : ({params}) -> ()\n        return\n      }}\n"
+        );
+        (export, decl, func)
+    }
 }
 
 #[cfg(test)]
@@ -527,7 +735,7 @@ mod tests {
             .flat_map(|(op, bits)| [Scale::F16, Scale::F32].into_iter().map(move |scale| Entry { op, bits, scale }))
             .collect();
         let used = [all[0], all[5]];
-        let text = executable_source(Path::new("/k/qmv.o"), &used);
+        let text = executable_source(Path::new("/k/qmv.o"), &used, &[]);
         for (i, e) in all.iter().enumerate() {
             let name = export(e.op, e.bits, e.scale);
             let expected = usize::from(used.contains(e));
@@ -551,9 +759,9 @@ mod tests {
     fn the_source_names_the_objects_architecture() {
         let entries = [Entry { op: Op::Matvec, bits: 4, scale: Scale::F16 }];
         let object = Path::new("/k/qmv.o");
-        let x86 = executable_source_for("x86_64", object, &entries);
+        let x86 = executable_source_for("x86_64", object, &entries, &[]);
         assert!(x86.contains(r#""embedded-elf-x86_64", {target_triple = "x86_64-unknown-unknown-eabi-elf"}"#), "{x86}");
-        let arm = executable_source_for("aarch64", object, &entries);
+        let arm = executable_source_for("aarch64", object, &entries, &[]);
         assert!(
             arm.contains(r#""embedded-elf-arm_64", {target_triple = "aarch64-unknown-unknown-eabi-elf"}"#),
             "{arm}"
@@ -563,8 +771,8 @@ mod tests {
             arm.replace("embedded-elf-arm_64", "").replace("aarch64-", "")
         );
         assert_eq!(
-            executable_source(object, &entries),
-            executable_source_for(std::env::consts::ARCH, object, &entries)
+            executable_source(object, &entries, &[]),
+            executable_source_for(std::env::consts::ARCH, object, &entries, &[])
         );
     }
 }

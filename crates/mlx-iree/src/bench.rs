@@ -320,7 +320,8 @@ fn cold_compile(
     let ckpt = weights::Checkpoint::open(&args.m.model)?;
     let layout = engine::layout_for(cfg, config.precision, &ckpt, target, config.cpu_kernels, &config.cache_dir)?;
     drop(ckpt);
-    let mut modules = graph_modules(cfg, &layout, plan, target)?;
+    let plan = plan.clone().for_layout(cfg, &layout);
+    let mut modules = graph_modules(cfg, &layout, &plan, target)?;
     for module in &mut modules {
         module.options.parameter_encoder &= config.store_parameters;
         engine::cache::compile_in(
@@ -334,7 +335,7 @@ fn cold_compile(
     }
     let compile_cold_s = started.elapsed().as_secs_f64();
 
-    let one = models::Function::Decode { rows: 1, window: plan.windows[0] };
+    let one = models::Function::Decode { rows: 1, window: plan.decode_windows[0] };
     let decode = modules
         .iter()
         .find(|m| m.functions.contains(&one))

@@ -172,6 +172,16 @@ pub struct EmitOptions {
     pub slot_read: SlotRead,
 }
 
+/// Whether single-row-per-sequence decode runs its attention in the CPU kernel
+/// (`kernels::cpu`, `attn`) for this model and layout: the layout links the kernel object
+/// (packed weights on an `llvm-cpu` target), the scores are not soft-capped and the kernel
+/// takes the heads. It then reads only the positions in use, whatever the function's window.
+pub fn decode_attention_in_kernel(cfg: &ModelConfig, layout: &Layout) -> bool {
+    layout.kernel_object().is_some()
+        && cfg.attn_softcap.is_none()
+        && kernels::cpu::supports_attention(cfg.heads, cfg.kv_heads, cfg.head_dim)
+}
+
 /// Emits `functions` over `cache`, in a module named `module_name` when given (modules loaded
 /// side by side in one session need distinct names; they share the parameter scope).
 pub fn emit_functions(
@@ -217,6 +227,7 @@ pub fn emit_functions_with(
     }
     let kv = cache.elem.elem().tensor(&cache.dims(cfg).map(|d| d as i64));
     let entries = RefCell::new(BTreeSet::new());
+    let attention = RefCell::new(BTreeSet::new());
     let kv_dims = cache.dims(cfg);
     let rows_kv =
         |r: usize| cache.elem.elem().tensor(&[kv_dims[0] as i64, r as i64, kv_dims[3] as i64, kv_dims[4] as i64]);
@@ -246,6 +257,7 @@ pub fn emit_functions_with(
                 layout,
                 globals: &globals,
                 entries: &entries,
+                attention: &attention,
                 merged_out: RefCell::new(HashMap::new()),
                 function,
                 kv_elem: cache.elem.elem(),
@@ -261,8 +273,10 @@ pub fn emit_functions_with(
     }
     if let Some(object) = layout.kernel_object() {
         let entries: Vec<_> = entries.into_inner().into_iter().collect();
-        if !entries.is_empty() {
-            m.append_source(kernels::cpu::EXECUTABLE, &kernels::cpu::executable_source(object, &entries))?;
+        let attention: Vec<_> = attention.into_inner().into_iter().collect();
+        if !entries.is_empty() || !attention.is_empty() {
+            let source = kernels::cpu::executable_source(object, &entries, &attention);
+            m.append_source(kernels::cpu::EXECUTABLE, &source)?;
         }
     }
     Ok(m.to_text())
@@ -306,6 +320,8 @@ struct Step<'a, 'c, 'b> {
     globals: &'a HashMap<String, Global>,
     /// Kernel entry points the functions dispatch (declared once, after emission).
     entries: &'a RefCell<BTreeSet<kernels::cpu::Entry>>,
+    /// Attention entry points the functions dispatch.
+    attention: &'a RefCell<BTreeSet<kernels::cpu::Attention>>,
     /// Outputs of merged projections already computed in this function.
     merged_out: RefCell<HashMap<String, V<'c, 'b>>>,
     function: Function,
@@ -657,6 +673,53 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         f.reshape(o, &[n * m, k * g * hd])
     }
 
+    /// Decode attention through the CPU kernel (`kernels::cpu`, `cpu/attn.h`), where the
+    /// module links the kernel object and the kernel takes the model's heads: the same
+    /// attention as [`Step::attend_one`], read straight from the cache (`kc`, `vc`, whole) at
+    /// each row's slot for positions `[0, min(p, W))` only, one dispatch per layer. `None`
+    /// where the graph form runs instead (no object: other targets or dense weights; soft-capped
+    /// scores; heads the kernel does not take).
+    #[allow(clippy::too_many_arguments)]
+    fn attend_one_kernel(
+        &self,
+        q: V<'c, 'b>,
+        kk: V<'c, 'b>,
+        vv: V<'c, 'b>,
+        (kc, vc): (V<'c, 'b>, V<'c, 'b>),
+        l: usize,
+        slots: V<'c, 'b>,
+        positions: V<'c, 'b>,
+        sliding: Option<usize>,
+    ) -> R<Option<V<'c, 'b>>> {
+        let (f, cfg) = (self.f, self.cfg);
+        let (h, k, hd) = (cfg.heads, cfg.kv_heads, cfg.head_dim);
+        if !decode_attention_in_kernel(cfg, self.layout) {
+            return Ok(None);
+        }
+        let cache = if self.kv_elem == F16 { kernels::cpu::CacheElem::F16 } else { kernels::cpu::CacheElem::F32 };
+        let entry = kernels::cpu::Attention { cache, units: kernels::cpu::attention_units(h, k, hd) };
+        self.attention.borrow_mut().insert(entry);
+        let n = q.shape()[0];
+        let (dims, window) = (kc.shape(), self.function.window());
+        let scale = (cfg.attn_scale as f32).to_bits() as i32;
+        let constants =
+            [l, dims[1] as usize, dims[2] as usize, k, h / k, hd, window, sliding.unwrap_or(0), 0, n as usize];
+        let mut constants = constants.map(|c| c as i32);
+        constants[8] = scale;
+        let flat = |x: V<'c, 'b>, width: usize| f.reshape(x, &[n, width as i64]);
+        let (kk, vv) = (self.as_cached(kk)?, self.as_cached(vv)?);
+        let args = [flat(q, h * hd)?, flat(kk, k * hd)?, flat(vv, k * hd)?, kc, vc, positions, slots];
+        let o = f.dispatch(
+            kernels::cpu::EXECUTABLE,
+            &entry.export(),
+            n * k as i64,
+            &constants,
+            &args,
+            F32.tensor(&[n, (h * hd) as i64]),
+        )?;
+        Ok(Some(o))
+    }
+
     /// Decode attention (one row per sequence): each row's query `q [n, heads, hd]` against
     /// the positions before its own in the old window (`kl`, `vl`: `[n, W, kv_heads, hd]`)
     /// and against its own new key and value (`kk`, `vv`: `[n, kv_heads, hd]`), one softmax
@@ -779,8 +842,13 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
 
             // Grouped-query attention: head j = kv * G + i attends with kv head `kv`.
             let o = if m == 1 {
-                let (kl, vl) = (self.window(kc, l, slots)?, self.window(vc, l, slots)?);
-                self.attend_one(q, kk, vv, kl, vl, positions, layer.sliding_window)?
+                match self.attend_one_kernel(q, kk, vv, (kc, vc), l, slots, positions, layer.sliding_window)? {
+                    Some(o) => o,
+                    None => {
+                        let (kl, vl) = (self.window(kc, l, slots)?, self.window(vc, l, slots)?);
+                        self.attend_one(q, kk, vv, kl, vl, positions, layer.sliding_window)?
+                    }
+                }
             } else {
                 let kl = self.window_with(kc, l, slots, kk, positions)?;
                 let vl = self.window_with(vc, l, slots, vv, positions)?;

@@ -1,0 +1,210 @@
+//! Decode attention, shared by every kernel object: for each row r of a step (one token of
+//! one sequence) and each kv head, the row's G query heads against the keys and values of
+//! positions [lo, p) of its slot in layer `layer` of the cache (p the row's position, lo
+//! its sliding window's start) and against its own new key and value, one softmax over
+//! both. It reads those positions where they lie in the cache, so a step's attention costs
+//! what the context holds, not the window it was compiled for, and takes one dispatch per
+//! layer where the graph form takes several (crates/models/src/graph.rs, `attend_one`, is the
+//! definition it follows).
+//!
+//! Each instruction set's file defines the 16-lane primitives first (vf16_avx512.h,
+//! vf16_avx2.h, vf16_neon.h); everything else is here, written one rounding at a time (the
+//! objects are built with -ffp-contract=off, fused multiply-adds only where written), so
+//! every object computes the same bits, and crates/kernels/src/cpu.rs's model of it
+//! (`attention_model`) too:
+//! - q is scaled once: qs = q * scale; a score is the 16-lane sum (`vf_sum`) of the fused
+//!   products of qs and the key over head_dim / 16 chunks, chunk 0 first.
+//! - softmax runs online over blocks of BLOCK positions, starting from the row's own key
+//!   (m = its score, l = 1, acc = its value): per block, m' = max(m, the block's scores),
+//!   alpha = exp(m - m'), e_j = exp(s_j - m'), l = fma(l, alpha, the 16-lane sum of the
+//!   block's e_j, zeros past the context), acc = acc * alpha (when alpha is not 1), then acc =
+//!   fma(e_j, v_j, acc) for j in order.
+//! - out = acc * (1 / l).
+//! - exp is `attn_exp` below (Cephes' single-precision polynomial, fused multiply-adds).
+//!
+//! Bindings: q [n, K * G * hd] f32, k_new and v_new [n, K * hd] f32 (already rounded through
+//! the cache's type), the k and v caches [L, S, P, K, hd] (f32, or f16 as its bits), positions
+//! and slots [n] i32, out [n, K * G * hd] f32. Push constants: layer, S, P, K, G, hd, W (the
+//! positions the graph form would read: keys at W or after are not read), sliding (the
+//! sliding window, 0 for none), the f32 bits of the scale, n. A workgroup computes units
+//! [u0, u1), unit u being row u / K and kv head u % K. Slots past the cache clamp to its last
+//! (as a StableHLO gather does); positions past the cache read none of it.
+
+#include <stddef.h>
+#include <stdint.h>
+
+// Keys scored together before their softmax update.
+#define ATTN_BLOCK 16
+// Floats of per-head state a workgroup keeps (qs and acc: G * hd per kv head; at most this
+// for one kv head, kernels::cpu::supports_attention) and the most heads per kv head: with
+// the block's scores, 17 KiB of stack, which IREE's worker threads keep small.
+#define ATTN_MAX_STATE 2048
+#define ATTN_MAX_G 16
+
+static inline float attn_bits_to_f32(uint32_t u) {
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+
+// e^x for x <= 0 (scores less their maximum), 0 below -87.
+static inline float attn_exp(float x) {
+  if (x < -87.0f) return 0.0f;
+  // n = round(x log2 e) by the 1.5 * 2^23 trick; x - n ln 2 in two parts.
+  const float t = __builtin_fmaf(x, 1.44269504088896341f, 12582912.0f);
+  const float n = t - 12582912.0f;
+  float r = __builtin_fmaf(n, -0.693359375f, x);
+  r = __builtin_fmaf(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = __builtin_fmaf(p, r, 1.3981999507e-3f);
+  p = __builtin_fmaf(p, r, 8.3334519073e-3f);
+  p = __builtin_fmaf(p, r, 4.1665795894e-2f);
+  p = __builtin_fmaf(p, r, 1.6666665459e-1f);
+  p = __builtin_fmaf(p, r, 5.0000001201e-1f);
+  const float y = __builtin_fmaf(p, r * r, r) + 1.0f;
+  const int32_t e = (int32_t)n + 127;
+  return y * attn_bits_to_f32((uint32_t)e << 23);
+}
+
+// acc[g][c] = fma(e[g][jj], v_jj[c], acc[g][c]) for jj in order, for heads g0..g0+GN and
+// 16-lane chunks c..c+CN: the GN x CN chains are independent, so they overlap in the pipeline.
+#define ATTN_ACCUMULATE(GN, CN, CTYPE, LOAD)                                                      \
+  do {                                                                                            \
+    vf a[GN][CN];                                                                                 \
+    for (int i = 0; i < GN; ++i)                                                                  \
+      for (int k = 0; k < CN; ++k) a[i][k] = vf_load(acc_h + (g0 + i) * HD + 16 * (c + k));         \
+    for (size_t jj = 0; jj < nb; ++jj) {                                                          \
+      for (int k = 0; k < CN; ++k) {                                                              \
+        const vf v = LOAD((const CTYPE*)vblock + jj * stride + 16 * (c + k));                     \
+        for (int i = 0; i < GN; ++i) a[i][k] = vf_fma(vf_set1(e[g0 + i][jj]), v, a[i][k]);       \
+      }                                                                                           \
+    }                                                                                             \
+    for (int i = 0; i < GN; ++i)                                                                  \
+      for (int k = 0; k < CN; ++k) vf_store(acc_h + (g0 + i) * HD + 16 * (c + k), a[i][k]);         \
+  } while (0)
+
+// Every head's chunks c..c+CN.
+#define ATTN_ACCUMULATE_HEADS(CN, CTYPE, LOAD)                                                    \
+  do {                                                                                            \
+    size_t g0 = 0;                                                                                \
+    for (; g0 + 4 <= G; g0 += 4) ATTN_ACCUMULATE(4, CN, CTYPE, LOAD);                             \
+    switch (G - g0) {                                                                             \
+      case 3: ATTN_ACCUMULATE(3, CN, CTYPE, LOAD); break;                                         \
+      case 2: ATTN_ACCUMULATE(2, CN, CTYPE, LOAD); break;                                         \
+      case 1: ATTN_ACCUMULATE(1, CN, CTYPE, LOAD); break;                                         \
+      default: break;                                                                             \
+    }                                                                                             \
+  } while (0)
+
+#define ATTN(NAME, CTYPE, LOAD)                                                                   \
+  void NAME(const float* q, size_t q_off, const float* kn, size_t kn_off, const float* vn,        \
+            size_t vn_off, const CTYPE* kc, size_t kc_off, const CTYPE* vc, size_t vc_off,        \
+            const int32_t* pos, size_t pos_off, const int32_t* slots, size_t slots_off,           \
+            float* out, size_t out_off, size_t layer, size_t S, size_t P, size_t K, size_t G,     \
+            size_t HD, size_t W, size_t sliding, size_t scale_bits, size_t n, size_t u0,          \
+            size_t u1) {                                                                          \
+    q += q_off; kn += kn_off; vn += vn_off; kc += kc_off; vc += vc_off;                           \
+    pos += pos_off; slots += slots_off; out += out_off;                                           \
+    const float scale = attn_bits_to_f32((uint32_t)scale_bits);                                   \
+    const size_t C = HD / 16, GHD = G * HD;                                                       \
+    if (GHD > ATTN_MAX_STATE || HD % 16 != 0 || G > ATTN_MAX_G || S == 0) return;                 \
+    if (u1 > n * K) u1 = n * K;                                                                   \
+    float qs[ATTN_MAX_STATE] __attribute__((aligned(64)));                                        \
+    float acc[ATTN_MAX_STATE] __attribute__((aligned(64)));                                       \
+    float m[ATTN_MAX_STATE / 16], l[ATTN_MAX_STATE / 16];                                         \
+    while (u0 < u1) {                                                                             \
+      /* The kv heads kh0.. of row r this workgroup has, as many as the state holds, in */        \
+      /* lockstep over the positions: their rows of one position are contiguous. */               \
+      const size_t r = u0 / K, kh0 = u0 % K;                                                      \
+      size_t nh = K - kh0;                                                                        \
+      if (nh > u1 - u0) nh = u1 - u0;                                                             \
+      if (nh > ATTN_MAX_STATE / GHD) nh = ATTN_MAX_STATE / GHD;                                   \
+      u0 += nh;                                                                                   \
+      size_t slot = (size_t)(uint32_t)slots[r];                                                   \
+      if (slot >= S) slot = S - 1;                                                                \
+      const int64_t p = pos[r];                                                                   \
+      int64_t hi = p < (int64_t)W ? p : (int64_t)W;                                               \
+      if (hi > (int64_t)P) hi = (int64_t)P;                                                       \
+      int64_t lo = sliding ? p - (int64_t)sliding + 1 : 0;                                        \
+      if (lo < 0) lo = 0;                                                                         \
+      for (size_t h = 0; h < nh; ++h) {                                                           \
+        const float* qr = q + r * K * GHD + (kh0 + h) * GHD;                                      \
+        const float* kr = kn + (r * K + kh0 + h) * HD;                                            \
+        const float* vr = vn + (r * K + kh0 + h) * HD;                                            \
+        for (size_t g = 0; g < G; ++g) {                                                          \
+          float* qg = qs + h * GHD + g * HD;                                                      \
+          for (size_t c = 0; c < C; ++c) vf_store(qg + 16 * c, vf_mul(vf_load(qr + g * HD + 16 * c), vf_set1(scale))); \
+          vf s = vf_zero();                                                                       \
+          for (size_t c = 0; c < C; ++c) s = vf_fma(vf_load(qg + 16 * c), vf_load(kr + 16 * c), s); \
+          m[h * G + g] = vf_sum(s);                                                               \
+          l[h * G + g] = 1.0f;                                                                    \
+          for (size_t c = 0; c < C; ++c) vf_store(acc + h * GHD + g * HD + 16 * c, vf_load(vr + 16 * c)); \
+        }                                                                                         \
+      }                                                                                           \
+      /* Position j, kv head kh: row ((layer * S + slot) * P + j) * K + kh of hd values. */       \
+      const size_t stride = K * HD;                                                               \
+      const CTYPE* krows = kc + ((layer * S + slot) * P * K + kh0) * HD;                          \
+      const CTYPE* vrows = vc + ((layer * S + slot) * P * K + kh0) * HD;                          \
+      for (int64_t j0 = lo; j0 < hi; j0 += ATTN_BLOCK) {                                          \
+        const size_t nb = (size_t)(hi - j0 < ATTN_BLOCK ? hi - j0 : ATTN_BLOCK);                  \
+        /* The next block's rows: the prefetchers do not follow rows stride apart far enough. */  \
+        if (j0 + ATTN_BLOCK < hi)                                                                 \
+          for (size_t jj = 0; jj < ATTN_BLOCK; ++jj)                                              \
+            for (size_t b = 0; b < nh * HD * sizeof(CTYPE); b += 64) {                            \
+              __builtin_prefetch((const char*)(krows + ((size_t)j0 + ATTN_BLOCK + jj) * stride) + b); \
+              __builtin_prefetch((const char*)(vrows + ((size_t)j0 + ATTN_BLOCK + jj) * stride) + b); \
+            }                                                                                     \
+        for (size_t h = 0; h < nh; ++h) {                                                         \
+          const CTYPE* kblock = krows + (size_t)j0 * stride + h * HD;                             \
+          const CTYPE* vblock = vrows + (size_t)j0 * stride + h * HD;                             \
+          float* acc_h = acc + h * GHD;                                                           \
+          float e[ATTN_MAX_G][ATTN_BLOCK] __attribute__((aligned(64)));                           \
+          for (size_t g = 0; g < G; ++g) {                                                        \
+            const float* qg = qs + h * GHD + g * HD;                                              \
+            if (nb == ATTN_BLOCK) {                                                               \
+              vf s[ATTN_BLOCK];                                                                   \
+              for (size_t jj = 0; jj < ATTN_BLOCK; ++jj) s[jj] = vf_zero();                       \
+              for (size_t c = 0; c < C; ++c) {                                                    \
+                const vf qv = vf_load(qg + 16 * c);                                               \
+                for (size_t jj = 0; jj < ATTN_BLOCK; ++jj)                                        \
+                  s[jj] = vf_fma(qv, LOAD(kblock + jj * stride + 16 * c), s[jj]);                 \
+              }                                                                                   \
+              vf_sum16(s, e[g]);                                                                  \
+            } else {                                                                              \
+              for (size_t jj = 0; jj < nb; ++jj) {                                                \
+                vf s = vf_zero();                                                                 \
+                for (size_t c = 0; c < C; ++c) s = vf_fma(vf_load(qg + 16 * c), LOAD(kblock + jj * stride + 16 * c), s); \
+                e[g][jj] = vf_sum(s);                                                             \
+              }                                                                                   \
+              /* Past the context: e^-inf = 0, so a short block is a full one. */                 \
+              for (size_t jj = nb; jj < ATTN_BLOCK; ++jj) e[g][jj] = -__builtin_inff();           \
+            }                                                                                     \
+            float* mg = m + h * G + g;                                                            \
+            const float block_top = vf_max_lane(vf_load(e[g]));                                   \
+            const float top = block_top > *mg ? block_top : *mg;                                  \
+            const float alpha = attn_exp(*mg - top);                                              \
+            for (size_t jj = 0; jj < ATTN_BLOCK; ++jj) e[g][jj] = attn_exp(e[g][jj] - top);      \
+            l[h * G + g] = __builtin_fmaf(l[h * G + g], alpha, vf_sum(vf_load(e[g])));            \
+            *mg = top;                                                                            \
+            if (alpha != 1.0f)                                                                    \
+              for (size_t c = 0; c < C; ++c)                                                      \
+                vf_store(acc_h + g * HD + 16 * c, vf_mul(vf_load(acc_h + g * HD + 16 * c), vf_set1(alpha))); \
+          }                                                                                       \
+          size_t c = 0;                                                                           \
+          for (; c + 2 <= C; c += 2) ATTN_ACCUMULATE_HEADS(2, CTYPE, LOAD);                       \
+          if (c < C) ATTN_ACCUMULATE_HEADS(1, CTYPE, LOAD);                                       \
+        }                                                                                         \
+      }                                                                                           \
+      for (size_t h = 0; h < nh; ++h) {                                                           \
+        float* o = out + r * K * GHD + (kh0 + h) * GHD;                                           \
+        for (size_t g = 0; g < G; ++g) {                                                          \
+          const vf inv = vf_set1(1.0f / l[h * G + g]);                                            \
+          for (size_t c = 0; c < C; ++c)                                                          \
+            vf_store(o + g * HD + 16 * c, vf_mul(vf_load(acc + h * GHD + g * HD + 16 * c), inv)); \
+        }                                                                                         \
+      }                                                                                           \
+    }                                                                                             \
+  }
+
+ATTN(mlx_iree_attn_f32, float, vf_load)
+ATTN(mlx_iree_attn_f16, uint16_t, vf_load_f16)

@@ -1,0 +1,45 @@
+//! 16 f32 lanes as two AVX2 registers (lanes 0-7, 8-15): the vector primitives attn.h is
+//! written in, for the AVX2 object. `vf_sum` adds in vf16_avx512.h's order (lane i + lane
+//! i + 8, then i + 4, i + 2, i + 1), so the objects compute the same bits.
+
+#include <immintrin.h>
+
+typedef struct {
+  __m256 lo, hi;
+} vf;
+
+static inline vf vf_zero(void) { return (vf){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+static inline vf vf_set1(float v) { return (vf){_mm256_set1_ps(v), _mm256_set1_ps(v)}; }
+static inline vf vf_load(const float* p) { return (vf){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+static inline vf vf_load_f16(const uint16_t* p) {
+  return (vf){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)),
+              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 8)))};
+}
+static inline void vf_store(float* p, vf v) {
+  _mm256_storeu_ps(p, v.lo);
+  _mm256_storeu_ps(p + 8, v.hi);
+}
+static inline vf vf_mul(vf a, vf b) { return (vf){_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+// a * b + c, one rounding.
+static inline vf vf_fma(vf a, vf b, vf c) {
+  return (vf){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+static inline float vf_sum(vf v) {
+  const __m256 s8 = _mm256_add_ps(v.lo, v.hi);
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+// out[j] = vf_sum(v[j]) for 16 vectors.
+static inline void vf_sum16(const vf v[16], float out[16]) {
+  for (int j = 0; j < 16; ++j) out[j] = vf_sum(v[j]);
+}
+
+// The largest lane (exact, so any order).
+static inline float vf_max_lane(vf v) {
+  const __m256 m8 = _mm256_max_ps(v.lo, v.hi);
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  return _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+}

@@ -1,0 +1,45 @@
+//! 16 f32 lanes as one AVX-512 register: the vector primitives attn.h is written in (the
+//! AVX-512 and AMX objects). Lane i is element i of the 16 loaded; `vf_sum` adds lane i to
+//! lane i + 8, then i + 4, i + 2 and i + 1, as every object's twin does, so sums are the
+//! same bits everywhere.
+
+#include <immintrin.h>
+
+typedef __m512 vf;
+
+static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
+static inline vf vf_set1(float v) { return _mm512_set1_ps(v); }
+static inline vf vf_load(const float* p) { return _mm512_loadu_ps(p); }
+static inline vf vf_load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+static inline void vf_store(float* p, vf v) { _mm512_storeu_ps(p, v); }
+static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+// a * b + c, one rounding.
+static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline float vf_sum(vf v) {
+  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+// out[j] = vf_sum(v[j]) for 16 vectors at once: the same additions, pairs of vectors
+// sharing each instruction (lanes end up in the order lane 4q + s = sum of v[4s + q]).
+static inline void vf_sum16(const vf v[16], float out[16]) {
+  __m512 w[8], z[4], u[2];
+  for (int k = 0; k < 8; ++k)  // lane i + lane i + 8 of v[2k] (lanes 0-7) and v[2k + 1] (8-15)
+    w[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+  for (int m = 0; m < 4; ++m)  // + i + 4: quarter t holds v[4m + t]
+    z[m] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * m], w[2 * m + 1], 0x88),
+                         _mm512_shuffle_f32x4(w[2 * m], w[2 * m + 1], 0xDD));
+  for (int p = 0; p < 2; ++p)  // + i + 2: quarter q holds v[8p + q] (lanes 0-1), v[8p + 4 + q]
+    u[p] = _mm512_add_ps(_mm512_shuffle_ps(z[2 * p], z[2 * p + 1], 0x44),
+                         _mm512_shuffle_ps(z[2 * p], z[2 * p + 1], 0xEE));
+  // + i + 1: lane 4q + s holds the sum of v[4s + q].
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], 0x88), _mm512_shuffle_ps(u[0], u[1], 0xDD));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, r));
+}
+
+// The largest lane (exact, so any order).
+static inline float vf_max_lane(vf v) { return _mm512_reduce_max_ps(v); }

@@ -1,0 +1,55 @@
+//! 16 f32 lanes as four NEON registers (lanes 0-3, 4-7, 8-11, 12-15): the vector primitives
+//! attn.h is written in, for the aarch64 object. `vf_sum` adds in vf16_avx512.h's order (lane
+//! i + lane i + 8, then i + 4, i + 2, i + 1), so the objects compute the same bits.
+
+#include <arm_neon.h>
+
+typedef struct {
+  float32x4_t v[4];
+} vf;
+
+static inline vf vf_zero(void) {
+  const float32x4_t z = vdupq_n_f32(0.0f);
+  return (vf){{z, z, z, z}};
+}
+static inline vf vf_set1(float x) {
+  const float32x4_t s = vdupq_n_f32(x);
+  return (vf){{s, s, s, s}};
+}
+static inline vf vf_load(const float* p) {
+  return (vf){{vld1q_f32(p), vld1q_f32(p + 4), vld1q_f32(p + 8), vld1q_f32(p + 12)}};
+}
+static inline vf vf_load_f16(const uint16_t* p) {
+  vf r;
+  for (int i = 0; i < 4; ++i) r.v[i] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4 * i)));
+  return r;
+}
+static inline void vf_store(float* p, vf a) {
+  for (int i = 0; i < 4; ++i) vst1q_f32(p + 4 * i, a.v[i]);
+}
+static inline vf vf_mul(vf a, vf b) {
+  vf r;
+  for (int i = 0; i < 4; ++i) r.v[i] = vmulq_f32(a.v[i], b.v[i]);
+  return r;
+}
+// a * b + c, one rounding.
+static inline vf vf_fma(vf a, vf b, vf c) {
+  vf r;
+  for (int i = 0; i < 4; ++i) r.v[i] = vfmaq_f32(c.v[i], a.v[i], b.v[i]);
+  return r;
+}
+static inline float vf_sum(vf a) {
+  const float32x4_t s4 = vaddq_f32(vaddq_f32(a.v[0], a.v[2]), vaddq_f32(a.v[1], a.v[3]));
+  const float32x2_t s2 = vadd_f32(vget_low_f32(s4), vget_high_f32(s4));
+  return vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);
+}
+
+// out[j] = vf_sum(v[j]) for 16 vectors.
+static inline void vf_sum16(const vf v[16], float out[16]) {
+  for (int j = 0; j < 16; ++j) out[j] = vf_sum(v[j]);
+}
+
+// The largest lane (exact, so any order).
+static inline float vf_max_lane(vf a) {
+  return vmaxvq_f32(vmaxq_f32(vmaxq_f32(a.v[0], a.v[1]), vmaxq_f32(a.v[2], a.v[3])));
+}
