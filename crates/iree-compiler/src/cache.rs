@@ -3,7 +3,9 @@
 //! `<dir>/<sha256>.encoder.vmfb`).
 //!
 //! Compiles run concurrently (compiler.rs); two threads of one process asking for the same
-//! key compile it once: the second waits for the first and then reads its file.
+//! key compile it once: the second waits for the first and then reads its file. So do two
+//! processes sharing a cache folder (test binaries run side by side, two servers starting):
+//! the compiling one holds a lock on `<dir>/<key>.lock` (removed once the module is stored).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -56,6 +58,32 @@ fn compile_in_progress(path: &Path) -> Arc<Mutex<()>> {
     static LOCKS: Mutex<BTreeMap<PathBuf, Arc<Mutex<()>>>> = Mutex::new(BTreeMap::new());
     let mut locks = LOCKS.lock().unwrap_or_else(PoisonError::into_inner);
     Arc::clone(locks.entry(path.to_path_buf()).or_default())
+}
+
+/// An exclusive lock on a key's lock file, held across processes while the key compiles;
+/// the file is removed when the lock is released. A process that opened the file before its
+/// removal still gets the lock and then finds the stored module; one that comes later makes
+/// a new file. Best effort: where the file cannot be made or locked, the compile runs
+/// without it (at worst two processes compile the same module, and the stores are atomic).
+struct KeyLock {
+    path: PathBuf,
+    _file: std::fs::File,
+}
+
+impl KeyLock {
+    fn acquire(path: PathBuf) -> Option<KeyLock> {
+        let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).ok()?;
+        file.lock().ok()?;
+        Some(KeyLock { path, _file: file })
+    }
+}
+
+impl Drop for KeyLock {
+    fn drop(&mut self) {
+        // Before the file closes (which releases the lock), so that no process locks a
+        // file that is then removed under it while it compiles.
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// Bumped when the key layout changes, so old entries are never misread.
@@ -138,6 +166,11 @@ impl CompileCache {
         let path = self.path_for(&key);
         let in_progress = compile_in_progress(&path);
         let _only_compile = in_progress.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(hit) = self.read_hit(key.clone(), opts, start)? {
+            return Ok(hit);
+        }
+        // Another process may be compiling this key: wait for it, then look again.
+        let _other_processes = KeyLock::acquire(self.dir.join(format!("{key}.lock")));
         if let Some(hit) = self.read_hit(key.clone(), opts, start)? {
             return Ok(hit);
         }

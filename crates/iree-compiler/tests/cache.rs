@@ -154,3 +154,37 @@ fn parameter_encoder_is_stored_beside_its_module() {
     // Options without the split never carry an encoder.
     assert!(cache.compile(&c, PARAM_MODULE, &t, &tiled).unwrap().encoder.is_none());
 }
+
+/// A compile that finds its key's lock file locked (another process compiling that key, as
+/// when test binaries share a cache side by side) waits for the lock, then reads the module
+/// the other process stored instead of compiling it again; the lock file is gone after.
+#[test]
+fn a_compile_waits_for_another_process_compiling_the_key() {
+    let c = compiler();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = CompileCache::new(dir.path().join("shared")).unwrap();
+    let (target, opts) = (Target::llvm_cpu_host(), CompileOptions::default());
+    // What the other process will store, compiled beforehand in a folder of its own.
+    let theirs = CompileCache::new(dir.path().join("theirs")).unwrap().compile(&c, MODULE, &target, &opts).unwrap();
+    let key = cache.key(&c, MODULE, &target, &opts);
+    assert_eq!(key, theirs.key);
+
+    // The other process's lock (a lock on a second open file conflicts as one from another
+    // process does).
+    let lock_path = cache.dir().join(format!("{key}.lock"));
+    let lock = std::fs::File::create(&lock_path).unwrap();
+    lock.lock().unwrap();
+    let waiting = {
+        let (cache, target, opts) = (cache.clone(), target.clone(), opts.clone());
+        std::thread::spawn(move || cache.compile(&compiler(), MODULE, &target, &opts).unwrap())
+    };
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(!waiting.is_finished(), "the compile did not wait for the other process's lock");
+    std::fs::write(cache.path_for(&key), &theirs.vmfb).unwrap();
+    drop(lock);
+
+    let ours = waiting.join().expect("the waiting compile panicked");
+    assert_eq!(ours.outcome, CacheOutcome::Hit);
+    assert_eq!(ours.vmfb, theirs.vmfb);
+    assert!(!lock_path.exists(), "lock file left behind");
+}
