@@ -65,13 +65,15 @@ fn references(dir: &Path, file: &str) -> Vec<Reference> {
     gate::references_from_json(&std::fs::read_to_string(dir.join(file)).unwrap()).unwrap()
 }
 
-/// Families whose 8-bit variants also run packed, and whose engines also run an f16 KV
-/// cache: tests/tests/kernels.rs proves every kernel object computes the Rust model's bits at
-/// 4 and 8 bits and the cache's element type is the same code in every family, so these
-/// cover a tied and an untied output projection, QK norms and both Gemma generations'
-/// windows; every family more is one more module to compile (about 25 s in CI).
+/// Families whose 8-bit variants also run packed, and (F16_KV_FAMILIES, listed with their
+/// tests below) whose engines also run an f16 KV cache: tests/tests/kernels.rs proves every
+/// kernel object computes the Rust model's bits at 4 and 8 bits and the cache's element type
+/// is the same code in every family, so these cover a tied and an untied output projection,
+/// QK norms and both Gemma generations' windows; every family more is one more module to
+/// compile (about 25 s in CI).
 const Q8_PACKED_FAMILIES: [&str; 3] = ["llama_llama3_tied", "llama_linear_untied", "gemma3_text"];
-const F16_KV_FAMILIES: [&str; 4] = ["llama_llama3_tied", "qwen3", "gemma2", "gemma3_text"];
+/// The F16_KV_FAMILIES whose engines also run an f16 KV cache with f16 weights.
+const F16_KV_F16_WEIGHTS: [&str; 2] = ["llama_llama3_tied", "gemma2"];
 /// The family whose 4-bit variant also runs through every other kernel object the host runs.
 const OTHER_KERNELS_FAMILY: &str = "llama_llama3_tied";
 
@@ -107,21 +109,34 @@ fn check_with(dir: &Path, precision: Precision, kv: KvElem, cpu_kernels: CpuKern
 
 /// An f16 KV cache, gated like a weight precision: with f32 weights it is token-exact with
 /// mlx-lm's f32 trajectories on the trained fixtures of F16_KV_FAMILIES, and with f16
-/// weights on two of them.
-#[test]
-fn f16_kv_cache_passes_the_gate_on_the_trained_fixtures() {
-    for family in F16_KV_FAMILIES {
-        let dir = root().join("tests/fixtures-trained").join(family).join("f32");
-        let refs = references(&dir, "expected.json");
-        let report = check_kv(&dir, Precision::F32, KvElem::F16, &refs);
-        assert!(report.all_exact(), "{}: f16 KV agreement {:.3}", dir.display(), report.agreement());
-    }
-    for fixture in ["llama_llama3_tied", "gemma2"] {
-        let dir = root().join("tests/fixtures-trained").join(fixture).join("f32");
-        let report = check_kv(&dir, Precision::F16, KvElem::F16, &references(&dir, "expected.json"));
+/// weights on F16_KV_F16_WEIGHTS.
+fn f16_kv_cache_passes_the_gate_on_the_trained_fixture(family: &str) {
+    let dir = root().join("tests/fixtures-trained").join(family).join("f32");
+    let refs = references(&dir, "expected.json");
+    let report = check_kv(&dir, Precision::F32, KvElem::F16, &refs);
+    assert!(report.all_exact(), "{}: f16 KV agreement {:.3}", dir.display(), report.agreement());
+    if F16_KV_F16_WEIGHTS.contains(&family) {
+        let report = check_kv(&dir, Precision::F16, KvElem::F16, &refs);
         assert!(report.all_exact(), "{}: f16 weights and KV agreement {:.3}", dir.display(), report.agreement());
     }
 }
+
+/// One test per family, so that their compiles run side by side (each on one core).
+macro_rules! f16_kv_families {
+    ($($family:ident),*) => {
+        const F16_KV_FAMILIES: &[&str] = &[$(stringify!($family)),*];
+        mod f16_kv_cache {
+            $(
+                #[test]
+                fn $family() {
+                    super::f16_kv_cache_passes_the_gate_on_the_trained_fixture(stringify!($family));
+                }
+            )*
+        }
+    };
+}
+
+f16_kv_families!(llama_llama3_tied, qwen3, gemma2, gemma3_text);
 
 /// f16 weights against f32, teacher-forced along the fixture variants' f32 trajectories (40
 /// steps; mlx-lm's, which the f32 path reproduces exactly, see fixtures.rs): the gate passes
@@ -183,8 +198,11 @@ per_family!(gemma, gemma2, gemma2_window, gemma3_text, llama_linear_untied, llam
 fn every_fixture_family_is_swept() {
     let names: Vec<String> = fixtures().iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
     assert_eq!(names, FAMILIES, "a fixture family without its tests in gate.rs's per_family!");
-    for family in Q8_PACKED_FAMILIES.iter().chain(&F16_KV_FAMILIES).chain([&OTHER_KERNELS_FAMILY]) {
+    for family in Q8_PACKED_FAMILIES.iter().chain(F16_KV_FAMILIES).chain([&OTHER_KERNELS_FAMILY]) {
         assert!(FAMILIES.contains(family), "{family} is not a fixture family");
+    }
+    for family in F16_KV_F16_WEIGHTS {
+        assert!(F16_KV_FAMILIES.contains(&family), "{family} has no f16 KV cache test");
     }
 }
 
@@ -285,7 +303,7 @@ fn gate_cli(dir: &Path, precision: &str, steps: usize, context: &str, extra: &[&
 
 /// `--kv-cache f16` through the CLI gate, against the f32 path with an f32 cache (on a trained
 /// fixture: SmolLM2's f16 cache would be two more of its slow compiles for what
-/// f16_kv_cache_passes_the_gate_on_the_trained_fixtures already shows).
+/// the f16_kv_cache tests already show).
 #[test]
 fn f16_kv_cache_gate_cli_passes_on_a_trained_fixture() {
     let dir = root().join("tests/fixtures-trained/qwen3/f32");
@@ -295,9 +313,12 @@ fn f16_kv_cache_gate_cli_passes_on_a_trained_fixture() {
 }
 
 /// f16 weights on a real checkpoint, with its near ties, against f32 (bf16 is gated on the
-/// trained fixtures, every_precision_passes_the_gate_on_the_trained_fixtures).
+/// trained fixtures, every_precision_passes_the_gate_on_the_trained_fixtures). Named to sort
+/// near the front: libtest starts tests in name order, and this is the binary's longest
+/// sequential stretch (one process compiling two SmolLM2 modules, about 3 minutes), which
+/// started last left the second core idle to the end.
 #[test]
-fn smollm2_f16_passes_the_gate() {
+fn checkpoint_smollm2_f16_passes_the_gate() {
     let (code, stdout) =
         gate_cli(&root().join("target/models/smollm2-135m-instruct-f16"), "f16", 32, SMOLLM2_CONTEXT, &[]);
     assert_eq!(code, 0, "{stdout}");
