@@ -74,6 +74,10 @@ fn references(dir: &Path, file: &str) -> Vec<Reference> {
 const Q8_PACKED_FAMILIES: [&str; 3] = ["llama_llama3_tied", "llama_linear_untied", "gemma3_text"];
 /// The F16_KV_FAMILIES whose engines also run an f16 KV cache with f16 weights.
 const F16_KV_F16_WEIGHTS: [&str; 2] = ["llama_llama3_tied", "gemma2"];
+/// The F16_KV_FAMILIES whose 4-bit variants also run packed with an f16 KV cache: decode
+/// attention in the CPU kernel's f16 form (tests/tests/kernels.rs holds its bits), here
+/// with sliding-window layers.
+const F16_KV_PACKED: [&str; 1] = ["gemma3_text"];
 /// The family whose 4-bit variant also runs through every other kernel object the host runs.
 const OTHER_KERNELS_FAMILY: &str = "llama_llama3_tied";
 
@@ -118,6 +122,11 @@ fn f16_kv_cache_passes_the_gate_on_the_trained_fixture(family: &str) {
     if F16_KV_F16_WEIGHTS.contains(&family) {
         let report = check_kv(&dir, Precision::F16, KvElem::F16, &refs);
         assert!(report.all_exact(), "{}: f16 weights and KV agreement {:.3}", dir.display(), report.agreement());
+    }
+    if F16_KV_PACKED.contains(&family) {
+        let dir = root().join("tests/fixtures-trained").join(family).join("q4");
+        let report = check_kv(&dir, Precision::Packed, KvElem::F16, &references(&dir, "expected.json"));
+        assert!(report.all_exact(), "{}: packed with f16 KV agreement {:.3}", dir.display(), report.agreement());
     }
 }
 
@@ -201,8 +210,8 @@ fn every_fixture_family_is_swept() {
     for family in Q8_PACKED_FAMILIES.iter().chain(F16_KV_FAMILIES).chain([&OTHER_KERNELS_FAMILY]) {
         assert!(FAMILIES.contains(family), "{family} is not a fixture family");
     }
-    for family in F16_KV_F16_WEIGHTS {
-        assert!(F16_KV_FAMILIES.contains(&family), "{family} has no f16 KV cache test");
+    for family in F16_KV_F16_WEIGHTS.iter().chain(&F16_KV_PACKED) {
+        assert!(F16_KV_FAMILIES.contains(family), "{family} has no f16 KV cache test");
     }
 }
 
