@@ -7,7 +7,8 @@
 //!   the object is built for would fault): every entry point, at 4 and 8 bits, f16 and f32
 //!   scales, group sizes 16 to 128 and 1, 3, 8 and 13 rows of x, gives the bits of the Rust
 //!   model the x86-64 objects are held to (kernel_cases, kernels.rs), so all objects compute
-//!   the same bits;
+//!   the same bits; its attention (`attn`) gives `kernels::cpu::attention_model`'s bits on
+//!   kernel_cases' attention cases, as the x86-64 objects do;
 //! - linked by IREE into an aarch64 executable from the MLIR `kernels::cpu` writes for it
 //!   (the module kernels.rs runs), as on an aarch64 host.
 
@@ -22,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 mod kernel_cases;
-use kernel_cases::{IDS, K, Matrix, O, ROWS, check_qmv, check_rows, entries, input, module};
+use kernel_cases::{ATTN_CASES, IDS, K, Matrix, O, ROWS, check_qmv, check_rows, entries, input, module};
 
 /// Every group size the kernels take, each at every (bits, scale).
 const GROUP_SIZES: [usize; 4] = [16, 32, 64, 128];
@@ -173,6 +174,62 @@ fn the_aarch64_object_computes_the_models_bits() {
         }
     }
     assert_eq!(at, floats.len(), "the driver wrote more than was asked for");
+}
+
+/// The attention entry points (cpu/attn.h) of the aarch64 object give kernel_cases' cases
+/// the Rust model's bits, as the host's objects do through IREE (kernels.rs).
+#[test]
+fn the_aarch64_attention_computes_the_models_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = executable(dir.path(), &object(dir.path()));
+    let mut stdin = Vec::new();
+    let mut expected = Vec::new();
+    for (i, case) in ATTN_CASES.iter().enumerate() {
+        let inputs = case.inputs(1000 + 10 * i as u64);
+        let [q, k_new, v_new, kc, vc] = &inputs;
+        let [layer, s, p, kv, g, hd, w, sliding] = case.constants();
+        let f16_cache = u32::from(case.cache == cpu::CacheElem::F16);
+        let n = case.positions.len();
+        let header = [2, f16_cache, case.cache_dims[0] as u32, s as u32, p as u32, kv as u32, g as u32, hd as u32]
+            .into_iter()
+            .chain([
+                w as u32,
+                sliding as u32,
+                case.scale().to_bits(),
+                n as u32,
+                case.entry().units as u32,
+                layer as u32,
+            ]);
+        push_part(&mut stdin, &header.flat_map(u32::to_le_bytes).collect::<Vec<u8>>());
+        let floats = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let cache = |v: &[f32]| match case.cache {
+            cpu::CacheElem::F16 => v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect(),
+            cpu::CacheElem::F32 => floats(v),
+        };
+        for part in [floats(q), floats(k_new), floats(v_new), cache(kc), cache(vc)] {
+            push_part(&mut stdin, &part);
+        }
+        for ints in [case.positions, case.slots] {
+            push_part(&mut stdin, &ints.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+        }
+        let model =
+            cpu::attention_model(q, k_new, v_new, kc, vc, case.positions, case.slots, case.constants(), case.scale());
+        expected.push(model);
+    }
+    let out = run(&exe, &stdin);
+    let got: Vec<u32> = out.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+    let mut at = 0;
+    for (i, model) in expected.iter().enumerate() {
+        assert!(got.len() >= at + model.len(), "attention case {i}: the driver wrote too few values");
+        let bits: Vec<u32> = model.iter().map(|x| x.to_bits()).collect();
+        assert_eq!(
+            got[at..at + model.len()],
+            bits[..],
+            "neondot attention case {i}: the object differs from the model"
+        );
+        at += model.len();
+    }
+    assert_eq!(at, got.len(), "the driver wrote more than was asked for");
 }
 
 /// How many by-element `sdot`/`udot` instructions (`0 Q U 01111 10 L M Rm 1110 H 0 Rn Rd`)

@@ -8,8 +8,11 @@
 //! `qmv`, 1 for `qrows`; bits; 1 for f16 scales, 0 for f32; T; K; O; group size), then its
 //! input (T x K f32 for `qmv`, T i32 ids for `qrows`), weights (kernel layout), scales and
 //! biases ([O / 16][K / group size][16]), each of the five parts padded with zeros to a
-//! multiple of 64 bytes (the alignment IREE gives its bindings). stdout:
-//! each case's output (T x O or T x K f32), in order. The work is split into workgroups as
+//! multiple of 64 bytes (the alignment IREE gives its bindings); or an attention case (`attn`,
+//! attn.h): 14 u32 (2; 1 for an f16 cache, 0 for f32; L; S; P; K; G; hd; W; sliding; the
+//! scale's f32 bits; n; kv heads per workgroup; layer), then q, k_new, v_new, the k and v
+//! caches, positions and slots, each padded the same way. stdout: each case's output (T x O
+//! or T x K f32; n x K x G x hd f32), in order. The work is split into workgroups as
 //! IREE splits it (4 row blocks per `qmv` call, one id per `qrows` call), and the output
 //! starts as NaNs, so a kernel must write every value it owns.
 
@@ -22,6 +25,10 @@ typedef void qrows_fn(const int32_t*, size_t, const uint8_t*, size_t, const void
                       float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
 qmv_fn mlx_iree_qmv4_f16, mlx_iree_qmv4_f32, mlx_iree_qmv8_f16, mlx_iree_qmv8_f32;
 qrows_fn mlx_iree_qrows4_f16, mlx_iree_qrows4_f32, mlx_iree_qrows8_f16, mlx_iree_qrows8_f32;
+typedef void attn_fn(const float*, size_t, const float*, size_t, const float*, size_t, const void*, size_t,
+                     const void*, size_t, const int32_t*, size_t, const int32_t*, size_t, float*, size_t, size_t,
+                     size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
+attn_fn mlx_iree_attn_f16, mlx_iree_attn_f32;
 
 static long syscall3(long nr, long a, long b, long c) {
   register long x8 __asm__("x8") = nr;
@@ -60,10 +67,37 @@ static float output[1 << 20] __attribute__((aligned(64)));
 
 static size_t padded(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
+// Runs the attention case at p (header h) and returns its size.
+static size_t run_attention(const uint8_t* p, size_t len, const uint32_t* h) {
+  const size_t f16 = h[1], L = h[2], S = h[3], P = h[4], K = h[5], G = h[6], HD = h[7], W = h[8];
+  const size_t sliding = h[9], scale_bits = h[10], n = h[11], units = h[12];
+  const size_t q_bytes = n * K * G * HD * 4, new_bytes = n * K * HD * 4;
+  const size_t cache_bytes = L * S * P * K * HD * (f16 ? 2 : 4), rows_bytes = n * 4;
+  const size_t size = 64 + padded(q_bytes) + 2 * padded(new_bytes) + 2 * padded(cache_bytes) + 2 * padded(rows_bytes);
+  if (size > len) fail("qmv_qemu_driver: truncated case\n");
+  if (n * K * G * HD > sizeof output / sizeof output[0]) fail("qmv_qemu_driver: output too large\n");
+  if (units == 0) fail("qmv_qemu_driver: zero units per workgroup\n");
+  const uint8_t* q = p + 64;
+  const uint8_t* kn = q + padded(q_bytes);
+  const uint8_t* vn = kn + padded(new_bytes);
+  const uint8_t* kc = vn + padded(new_bytes);
+  const uint8_t* vc = kc + padded(cache_bytes);
+  const uint8_t* pos = vc + padded(cache_bytes);
+  const uint8_t* slots = pos + padded(rows_bytes);
+  for (size_t i = 0; i < n * K * G * HD; ++i) output[i] = __builtin_nanf("");
+  attn_fn* fn = f16 ? mlx_iree_attn_f16 : mlx_iree_attn_f32;
+  for (size_t u = 0; u < n * K; u += units)
+    fn((const float*)q, 0, (const float*)kn, 0, (const float*)vn, 0, kc, 0, vc, 0, (const int32_t*)pos, 0,
+       (const int32_t*)slots, 0, output, 0, h[13], S, P, K, G, HD, W, sliding, scale_bits, n, u, u + units);
+  write_all((const uint8_t*)output, n * K * G * HD * 4);
+  return size;
+}
+
 // Runs the case at p (len bytes left) and returns its size.
 static size_t run_case(const uint8_t* p, size_t len) {
   if (len < 64) fail("qmv_qemu_driver: truncated header\n");
   const uint32_t* h = (const uint32_t*)p;
+  if (h[0] == 2) return run_attention(p, len, h);
   const uint32_t op = h[0], bits = h[1], f16 = h[2];
   const size_t T = h[3], K = h[4], O = h[5], GS = h[6];
   const size_t in_bytes = op == 0 ? T * K * 4 : T * 4, w_bytes = O * K * bits / 8;

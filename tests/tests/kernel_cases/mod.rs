@@ -223,3 +223,142 @@ pub fn check_rows(what: &str, m: &Matrix, ids: &[i32], got: &[f32]) {
         }
     }
 }
+
+/// One attention case: the model's heads, the cache, the step's rows.
+pub struct AttnCase {
+    pub heads: usize,
+    pub kv: usize,
+    pub hd: usize,
+    pub cache: cpu::CacheElem,
+    /// [layers, slots, positions] of the cache.
+    pub cache_dims: [usize; 3],
+    pub layer: usize,
+    pub window: usize,
+    pub sliding: usize,
+    pub positions: &'static [i32],
+    pub slots: &'static [i32],
+}
+
+/// Rows at position 0 (only their own key), mid-block, past the window (read up to it), a
+/// slot past the cache (clamped to the last), sliding windows, a block boundary; one query
+/// head per kv head up to the kernel's most (16); head dims of one to four 16-lane chunks;
+/// several kv heads per workgroup (`attention_units` 4 for 8 kv heads).
+pub const ATTN_CASES: [AttnCase; 4] = [
+    AttnCase {
+        heads: 8,
+        kv: 2,
+        hd: 32,
+        cache: cpu::CacheElem::F32,
+        cache_dims: [2, 3, 40],
+        layer: 1,
+        window: 36,
+        sliding: 0,
+        positions: &[0, 5, 33, 39],
+        slots: &[2, 0, 1, 7],
+    },
+    AttnCase {
+        heads: 6,
+        kv: 3,
+        hd: 16,
+        cache: cpu::CacheElem::F16,
+        cache_dims: [3, 2, 48],
+        layer: 2,
+        window: 48,
+        sliding: 6,
+        positions: &[3, 16, 47],
+        slots: &[1, 0, 1],
+    },
+    AttnCase {
+        heads: 16,
+        kv: 8,
+        hd: 64,
+        cache: cpu::CacheElem::F16,
+        cache_dims: [1, 2, 40],
+        layer: 0,
+        window: 40,
+        sliding: 0,
+        positions: &[17, 32],
+        slots: &[1, 0],
+    },
+    AttnCase {
+        heads: 16,
+        kv: 1,
+        hd: 16,
+        cache: cpu::CacheElem::F32,
+        cache_dims: [1, 1, 64],
+        layer: 0,
+        window: 64,
+        sliding: 20,
+        positions: &[63, 1],
+        slots: &[0, 0],
+    },
+];
+
+impl AttnCase {
+    pub fn entry(&self) -> cpu::Attention {
+        cpu::Attention { cache: self.cache, units: cpu::attention_units(self.heads, self.kv, self.hd) }
+    }
+
+    pub fn cache_len(&self) -> usize {
+        self.cache_dims.iter().product::<usize>() * self.kv * self.hd
+    }
+
+    pub fn scale(&self) -> f32 {
+        1.0 / (self.hd as f32).sqrt()
+    }
+
+    pub fn constants(&self) -> [usize; 8] {
+        let [_, s, p] = self.cache_dims;
+        let sliding = self.sliding;
+        [self.layer, s, p, self.kv, self.heads / self.kv, self.hd, self.window, sliding]
+    }
+
+    /// q, k_new, v_new, k_cache, v_cache (cache values rounded to its type).
+    pub fn inputs(&self, seed: u64) -> [Vec<f32>; 5] {
+        let n = self.positions.len();
+        let round = |v: Vec<f32>| match self.cache {
+            cpu::CacheElem::F16 => v.iter().map(|x| f16::from_f32(*x).to_f32()).collect(),
+            cpu::CacheElem::F32 => v,
+        };
+        // Scores of a few units: the softmax's maxima move from block to block.
+        let q = values(seed, n * self.heads * self.hd).iter().map(|x| 3.0 * x).collect();
+        let k_new = round(values(seed + 1, n * self.kv * self.hd).iter().map(|x| 2.0 * x).collect());
+        let v_new = round(values(seed + 2, n * self.kv * self.hd));
+        let k_cache = round(values(seed + 3, self.cache_len()).iter().map(|x| 2.0 * x).collect());
+        let v_cache = round(values(seed + 4, self.cache_len()));
+        [q, k_new, v_new, k_cache, v_cache]
+    }
+}
+
+/// Plain attention in f64 over the same positions: each head's softmax over its visible old
+/// keys and its own.
+pub fn attention_f64(case: &AttnCase, [q, k_new, v_new, kc, vc]: &[Vec<f32>; 5]) -> Vec<f64> {
+    let [layer, s, p, kv, g, hd, w, sliding] = case.constants();
+    let mut out = Vec::new();
+    for (r, (&pos, &slot)) in case.positions.iter().zip(case.slots).enumerate() {
+        let slot = (slot as usize).min(s - 1);
+        let (pos, hi) = (pos as usize, (pos as usize).min(w).min(p));
+        let lo = if sliding > 0 { (pos + 1).saturating_sub(sliding) } else { 0 };
+        for head in 0..kv * g {
+            let kh = head / g;
+            let qh = &q[(r * kv * g + head) * hd..][..hd];
+            let row = |j: usize| ((layer * s + slot) * p + j) * kv + kh;
+            let keys: Vec<(&[f32], &[f32])> = (lo..hi)
+                .map(|j| (&kc[row(j) * hd..][..hd], &vc[row(j) * hd..][..hd]))
+                .chain([(&k_new[(r * kv + kh) * hd..][..hd], &v_new[(r * kv + kh) * hd..][..hd])])
+                .collect();
+            let scores: Vec<f64> = keys
+                .iter()
+                .map(|(k, _)| qh.iter().zip(*k).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>())
+                .map(|d| d * f64::from(case.scale()))
+                .collect();
+            let top = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = scores.iter().map(|x| (x - top).exp()).collect();
+            let total: f64 = e.iter().sum();
+            for d in 0..hd {
+                out.push(keys.iter().zip(&e).map(|((_, v), e)| e * f64::from(v[d])).sum::<f64>() / total);
+            }
+        }
+    }
+    out
+}
