@@ -31,9 +31,24 @@ static inline float vf_sum(vf v) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
-// out[j] = vf_sum(v[j]) for 16 vectors.
+// out[j] = vf_sum(v[j]) for 16 vectors at once: the same additions, pairs of vectors sharing
+// each instruction after the first step.
 static inline void vf_sum16(const vf v[16], float out[16]) {
-  for (int j = 0; j < 16; ++j) out[j] = vf_sum(v[j]);
+  __m256 a[16], b[8], c[4];
+  for (int j = 0; j < 16; ++j) a[j] = _mm256_add_ps(v[j].lo, v[j].hi);  // lane i + lane i + 8
+  for (int m = 0; m < 8; ++m)  // + i + 4: v[2m] in lanes 0-3, v[2m + 1] in 4-7
+    b[m] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * m], a[2 * m + 1], 0x20),
+                         _mm256_permute2f128_ps(a[2 * m], a[2 * m + 1], 0x31));
+  for (int p = 0; p < 4; ++p)  // + i + 2: half h holds v[4p + h] (lanes 0-1), v[4p + 2 + h]
+    c[p] = _mm256_add_ps(_mm256_shuffle_ps(b[2 * p], b[2 * p + 1], 0x44),
+                         _mm256_shuffle_ps(b[2 * p], b[2 * p + 1], 0xEE));
+  // + i + 1: lane 4h + s holds the sum of v[8q + 2s + h].
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int q = 0; q < 2; ++q) {
+    const __m256 d = _mm256_add_ps(_mm256_shuffle_ps(c[2 * q], c[2 * q + 1], 0x88),
+                                   _mm256_shuffle_ps(c[2 * q], c[2 * q + 1], 0xDD));
+    _mm256_storeu_ps(out + 8 * q, _mm256_permutevar8x32_ps(d, order));
+  }
 }
 
 // The largest lane (exact, so any order).
