@@ -381,6 +381,7 @@ impl Attention {
 /// workgroup's stack.
 pub fn supports_attention(heads: usize, kv_heads: usize, head_dim: usize) -> bool {
     kv_heads > 0
+        && heads >= kv_heads
         && heads.is_multiple_of(kv_heads)
         && heads / kv_heads <= ATTN_MAX_G
         && head_dim > 0
@@ -705,6 +706,23 @@ mod tests {
             assert!(installed[i + 1..].iter().all(|b| b != a), "{a:?} twice");
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn heads_the_attention_kernel_takes() {
+        assert!(supports_attention(32, 8, 64), "the 1B shape");
+        assert!(supports_attention(9, 3, 64), "SmolLM2");
+        assert!(supports_attention(16, 1, 16), "16 query heads per kv head");
+        assert!(!supports_attention(17, 1, 16), "17 query heads per kv head");
+        assert!(!supports_attention(8, 4, 40), "a head dim of 40");
+        assert!(!supports_attention(8, 3, 64), "kv heads not dividing the heads");
+        assert!(!supports_attention(0, 1, 64) && !supports_attention(4, 0, 64), "no heads");
+        assert!(!supports_attention(16, 1, 256), "16 x 256 floats of state");
+        assert_eq!(attention_units(32, 8, 64), 4, "half the kv heads: two workgroups a row");
+        assert_eq!(attention_units(9, 3, 64), 1);
+        assert_eq!(attention_units(16, 8, 256), 4);
+        assert_eq!(attention_units(8, 8, 256), 4);
+        assert_eq!(attention_units(64, 8, 128), 2, "8 x 128 floats per kv head: two fit");
     }
 
     #[test]
