@@ -1,6 +1,6 @@
 //! The engine on a thread of its own, serving many callers at once: a queue of requests, a
-//! KV slot per running sequence, and one loop that prefills a chunk of one prompt and then
-//! decodes every running sequence's next token in one batched step (continuous batching,
+//! KV slot per running sequence, and one loop that prefills up to one chunk of prompt tokens
+//! and then decodes every running sequence's next token in one batched step (continuous batching,
 //! as llama.cpp's server slots and mistral.rs's engine do). Callers hold plain types only: a
 //! [`Request`] goes in, a [`Generation`] of [`Event`]s comes out; IREE handles (not `Send`)
 //! never leave the thread.
@@ -441,8 +441,8 @@ struct Loop {
     running: Vec<Running>,
     /// Free slots, lowest last (taken first).
     free: Vec<usize>,
-    /// Most prompt tokens prefilled per loop turn, so one long prompt does not stall the
-    /// decode steps of the others for long.
+    /// Most prompt tokens prefilled per loop turn (see [`prefills`]), so prompts do not stall
+    /// the decode steps of the others for long.
     chunk: usize,
     stats: Arc<Stats>,
 }
@@ -544,20 +544,28 @@ impl Loop {
         }
     }
 
-    /// One chunk of the oldest prompt still being prefilled.
+    /// This turn's prompt tokens, oldest prompt first ([`prefills`]).
     fn prefill(&mut self) {
-        let Some(i) = self.running.iter().position(|r| r.input.is_none()) else { return };
-        let r = &self.running[i];
-        let prompt = &r.pending.request.prompt;
-        let end = prompt.len().min(r.prefilled + self.chunk);
-        match self.engine.prefill(r.slot, &prompt[r.prefilled..end]) {
-            Ok(step) => {
-                self.running[i].prefilled = end;
-                if end == self.running[i].pending.request.prompt.len() {
-                    self.advance(i, &step);
+        let waiting: Vec<(usize, usize)> = self
+            .running
+            .iter()
+            .filter(|r| r.input.is_none())
+            .map(|r| (r.slot, r.pending.request.prompt.len() - r.prefilled))
+            .collect();
+        for (slot, tokens) in prefills(&waiting, self.chunk) {
+            // `advance` and `end` may remove sequences: find this one by its slot.
+            let Some(i) = self.running.iter().position(|r| r.slot == slot) else { continue };
+            let r = &self.running[i];
+            let (start, len) = (r.prefilled, r.pending.request.prompt.len());
+            match self.engine.prefill(r.slot, &r.pending.request.prompt[start..start + tokens]) {
+                Ok(step) => {
+                    self.running[i].prefilled = start + tokens;
+                    if start + tokens == len {
+                        self.advance(i, &step);
+                    }
                 }
+                Err(e) => self.end(i, Err(e)),
             }
-            Err(e) => self.end(i, Err(e)),
         }
     }
 
@@ -633,6 +641,35 @@ impl Loop {
 }
 
 /// The next token of a row by `sampling`, never one at or above `limit`.
+/// The prompt tokens one loop turn prefills, as (slot, tokens), from the prompts still being
+/// read as (slot, tokens left), oldest first: up to `budget` (one chunk) tokens in all, so
+/// running sequences wait at most about one chunk's time per step, however many prompts
+/// arrive. The oldest prompt always gets `budget` tokens or the rest of it; a later one only
+/// the whole of its rest, so no prompt is split into pieces that each pay for padding. Prompts
+/// that arrive together (short chat turns) are then read in one turn, not one per decode step.
+fn prefills(waiting: &[(usize, usize)], budget: usize) -> Vec<(usize, usize)> {
+    let mut left = budget;
+    let mut out = Vec::new();
+    for (i, &(slot, tokens)) in waiting.iter().enumerate() {
+        let take = if i == 0 {
+            tokens.min(budget)
+        } else if tokens <= left {
+            tokens
+        } else {
+            continue;
+        };
+        if take == 0 {
+            continue;
+        }
+        out.push((slot, take));
+        left = left.saturating_sub(take);
+        if left == 0 {
+            break;
+        }
+    }
+    out
+}
+
 fn choose(sampling: &mut Sampling, limit: usize, step: &Step) -> Result<u32> {
     if let Sampling::Greedy = sampling
         && (step.next as usize) < limit
@@ -656,5 +693,34 @@ fn choose(sampling: &mut Sampling, limit: usize, step: &Step) -> Result<u32> {
             best.map(|(i, _)| i as u32).ok_or_else(|| Error::Sampling("every logit is NaN".into()))
         }
         Sampling::Custom(pick) => pick(&logits).map_err(Error::Sampling),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefills;
+
+    #[test]
+    fn one_turn_reads_prompts_up_to_one_chunk() {
+        // Eight 32-token prompts arriving together: four a turn, not one.
+        let eight: Vec<(usize, usize)> = (0..8).map(|slot| (slot, 32)).collect();
+        assert_eq!(prefills(&eight, 128), [(0, 32), (1, 32), (2, 32), (3, 32)]);
+        // The oldest gets a chunk of a long prompt; nothing else fits after it.
+        assert_eq!(prefills(&[(5, 300), (1, 10)], 128), [(5, 128)]);
+        // Its rest, then whole prompts that fit what is left; one that does not waits
+        // (not split), a later smaller one still goes.
+        assert_eq!(prefills(&[(5, 44), (1, 100), (2, 84)], 128), [(5, 44), (2, 84)]);
+        assert_eq!(prefills(&[(3, 7)], 128), [(3, 7)]);
+        assert_eq!(prefills(&[], 128), []);
+        // Nothing left to read is no call.
+        assert_eq!(prefills(&[(0, 0), (1, 5)], 16), [(1, 5)]);
+        // Every turn reads something while prompts wait, and never more than the budget.
+        for budget in [1, 16, 128] {
+            for waiting in [vec![(0, 1000)], vec![(0, 3), (1, 200), (2, 5)], eight.clone()] {
+                let got = prefills(&waiting, budget);
+                assert!(!got.is_empty(), "{waiting:?} {budget}");
+                assert!(got.iter().map(|p| p.1).sum::<usize>() <= budget, "{waiting:?} {budget}");
+            }
+        }
     }
 }
