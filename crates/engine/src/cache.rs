@@ -1,12 +1,13 @@
-//! Where compiled modules are cached, compiling through that cache with progress lines, and
-//! the parameters stored in final form beside a compiled module ([`stored_parameters`]).
+//! Where compiled modules are cached, compiling through that cache with progress lines, the
+//! parameters stored in final form beside a compiled module ([`stored_parameters`]), and
+//! keeping the folder to a size ([`evict`]: least recently used modules first).
 
 use iree_compiler::{CacheOutcome, CompileCache, CompileOptions, Compiler, Error, Target};
 use iree_hal::{Device, Instance, Parameters};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime};
 
 /// Modules asked of [`compile_in`] (cache hits included) in this process.
 static COMPILES: AtomicUsize = AtomicUsize::new(0);
@@ -111,6 +112,7 @@ pub fn compile_module(
             dump(what, &hit.path, mlir, target, opts);
         }
         tracing::info!("{what}: {}", CompileReport::CacheHit);
+        touch(&hit.path);
         return Ok(CompiledModule {
             vmfb: hit.vmfb,
             encoder: hit.encoder,
@@ -201,6 +203,7 @@ pub fn stored_parameters(
         match params.add_file_mapped(path) {
             Ok(()) => {
                 tracing::info!("{what}: parameters mapped from {}", path.display());
+                touch(path);
                 return Ok((params, true));
             }
             Err(e) => tracing::warn!("{what}: stored parameters unreadable ({e}); writing them again"),
@@ -262,6 +265,78 @@ fn remove_stale(path: &Path) {
     }
 }
 
+/// Default for [`crate::EngineConfig::cache_max_bytes`], 32 GB: a handful of models and shapes (the
+/// 1B shape's f16 module and stored weights take 3 GB, SmolLM2's packed ones 0.3 GB).
+pub const DEFAULT_CACHE_MAX_BYTES: u64 = 32_000_000_000;
+
+/// Entries used this recently are never evicted: another process may be loading them.
+const EVICT_AFTER: Duration = Duration::from_secs(3600);
+
+/// Marks a cache file used now (its modification time), for [`evict`]. Best effort: a cache
+/// on a read-only medium is still read.
+fn touch(path: &Path) {
+    if let Ok(file) = std::fs::File::open(path) {
+        let _ = file.set_modified(SystemTime::now());
+    }
+}
+
+/// The module key a cache file belongs to: the 64 hex digits its name starts with, before
+/// `.vmfb`, `.encoder.vmfb`, `.mlir` or a stored-parameters suffix. Lock and temporary files
+/// belong to none (a compile in progress owns them).
+fn entry_key(name: &str) -> Option<&str> {
+    let (key, rest) = name.split_at_checked(64)?;
+    let ours = key.bytes().all(|b| b.is_ascii_hexdigit()) && rest.starts_with('.') && !rest.ends_with(".lock");
+    ours.then_some(key)
+}
+
+/// Removes whole module entries from the cache folder `dir` (a key's compiled module, its
+/// parameter encoder, dumped input and stored parameters), least recently used first (the
+/// newest modification time among an entry's files: loads [`touch`] them), until the entries
+/// left take at most `max_bytes`. Never an entry used in the last hour (another process may be
+/// loading it) nor one of `keep` (the modules just loaded, by path). Returns the bytes removed.
+pub fn evict(dir: &Path, max_bytes: u64, keep: &[&Path]) -> u64 {
+    let Ok(files) = std::fs::read_dir(dir) else { return 0 };
+    let mut entries: std::collections::BTreeMap<String, (SystemTime, u64, Vec<PathBuf>)> = Default::default();
+    for file in files.filter_map(std::result::Result::ok) {
+        let name = file.file_name();
+        let Some(key) = name.to_str().and_then(entry_key) else { continue };
+        let Ok(meta) = file.metadata() else { continue };
+        if !meta.is_file() {
+            continue;
+        }
+        let e = entries.entry(key.to_owned()).or_insert((SystemTime::UNIX_EPOCH, 0, Vec::new()));
+        e.0 = e.0.max(meta.modified().unwrap_or(SystemTime::UNIX_EPOCH));
+        e.1 += meta.len();
+        e.2.push(file.path());
+    }
+    let mut total: u64 = entries.values().map(|e| e.1).sum();
+    let kept: Vec<String> =
+        keep.iter().filter_map(|p| p.file_name()?.to_str().and_then(entry_key).map(str::to_owned)).collect();
+    let recent = SystemTime::now().checked_sub(EVICT_AFTER).unwrap_or(SystemTime::UNIX_EPOCH);
+    let mut oldest: Vec<(SystemTime, String)> = entries
+        .iter()
+        .filter(|(key, e)| e.0 < recent && !kept.contains(key))
+        .map(|(key, e)| (e.0, key.clone()))
+        .collect();
+    oldest.sort();
+    let mut removed = 0;
+    for (_, key) in oldest {
+        if total <= max_bytes {
+            break;
+        }
+        let (_, bytes, files) = &entries[&key];
+        for file in files {
+            if let Err(e) = std::fs::remove_file(file) {
+                tracing::warn!("evicting {}: {e}", file.display());
+            }
+        }
+        tracing::info!("evicted cache entry {key} ({:.1} MiB, least recently used)", *bytes as f64 / (1 << 20) as f64);
+        total -= bytes;
+        removed += bytes;
+    }
+    removed
+}
+
 /// For debugging the compiler on our graphs: keeps the input next to the cache entry
 /// `vmfb_path`, with the flags used, ready for iree-compile.
 fn dump(what: &str, vmfb_path: &Path, mlir: &str, target: &Target, opts: &CompileOptions) {
@@ -276,6 +351,8 @@ fn dump(what: &str, vmfb_path: &Path, mlir: &str, target: &Target, opts: &Compil
 #[cfg(test)]
 mod tests {
     use super::CompileReport::{self, CacheHit, Compiled};
+    use super::evict;
+    use std::time::{Duration, SystemTime};
 
     #[test]
     fn reports_add_up() {
@@ -283,6 +360,50 @@ mod tests {
         assert_eq!(s(CacheHit.and(CacheHit)), "compile cache hit");
         assert_eq!(s(CacheHit.and(Compiled { seconds: 2.0 })), "compiled in 2.0 s");
         assert_eq!(s(Compiled { seconds: 1.5 }.and(Compiled { seconds: 2.0 })), "compiled in 3.5 s");
+    }
+
+    /// Least recently used entries go first, whole, until the rest fits; recent ones, kept
+    /// ones and files that are no entry's stay.
+    #[test]
+    fn eviction_removes_least_recently_used_entries_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = |c: char| c.to_string().repeat(64);
+        let write = |name: String, bytes: usize, hours_ago: u64| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, vec![0u8; bytes]).unwrap();
+            let when = SystemTime::now() - Duration::from_secs(hours_ago * 3600 + 60);
+            std::fs::File::open(&path).unwrap().set_modified(when).unwrap();
+            path
+        };
+        // a: oldest (its stored parameters touched 5 hours ago, its module 9); b: 3 hours;
+        // c: kept although oldest; d: used 10 minutes ago.
+        write(format!("{}.vmfb", key('a')), 100, 9);
+        write(format!("{}.encoder.vmfb", key('a')), 50, 9);
+        write(format!("{}.0123456789abcdef.0123456789abcdef.irpa", key('a')), 1000, 5);
+        let b = write(format!("{}.vmfb", key('b')), 300, 3);
+        let c = write(format!("{}.vmfb", key('c')), 400, 20);
+        std::fs::write(dir.path().join(format!("{}.vmfb", key('d'))), vec![0u8; 500]).unwrap();
+        write(format!("{}.lock", key('e')), 10, 30);
+        write("compilers".into(), 10, 30);
+        std::fs::create_dir(dir.path().join("kernels")).unwrap();
+        let left = || {
+            let mut names: Vec<String> =
+                std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+            names.sort();
+            names
+        };
+        // 2350 bytes of entries; at most 1300: a goes (1150), b stays (1200 left).
+        assert_eq!(evict(dir.path(), 1300, &[c.as_path()]), 1150);
+        let after = left();
+        assert_eq!(after.len(), 6, "{after:?}");
+        assert!(after.iter().all(|n| !n.starts_with(&key('a'))), "{after:?}");
+        // Nothing more to remove under a larger limit; under a smaller one only b can go.
+        assert_eq!(evict(dir.path(), 1300, &[c.as_path()]), 0);
+        assert_eq!(evict(dir.path(), 0, &[c.as_path()]), 300);
+        assert!(!b.exists() && c.exists());
+        assert!(dir.path().join(format!("{}.vmfb", key('d'))).exists(), "used in the last hour");
+        assert!(dir.path().join(format!("{}.lock", key('e'))).exists() && dir.path().join("kernels").is_dir());
+        assert_eq!(evict(&dir.path().join("missing"), 0, &[]), 0);
     }
 
     #[test]

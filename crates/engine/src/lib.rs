@@ -61,6 +61,9 @@ pub struct EngineConfig {
     /// and precision). Off: every load binds the checkpoint's weights and IREE repacks them
     /// in memory, holding both copies at once (peak RSS 2-3x the weights, docs/PERFORMANCE.md).
     pub store_parameters: bool,
+    /// Most bytes the modules in `cache_dir` may take: after a load, the least recently used
+    /// other entries go until the rest fits ([`cache::evict`]; `None`: no limit).
+    pub cache_max_bytes: Option<u64>,
 }
 
 /// Default KV budget: 4 GiB, a sixth of this project's 24 GiB machines, leaving room for the
@@ -86,6 +89,7 @@ impl EngineConfig {
             cache_dir: cache_dir.into(),
             dump_mlir: false,
             store_parameters: true,
+            cache_max_bytes: Some(cache::DEFAULT_CACHE_MAX_BYTES),
         }
     }
 }
@@ -423,6 +427,10 @@ impl Engine {
         session.append_parameters(&[&bound])?;
         for (_, module) in &modules {
             session.load_vmfb(&module.vmfb)?;
+        }
+        if let Some(max) = config.cache_max_bytes {
+            let keep: Vec<&Path> = modules.iter().map(|(_, m)| m.path.as_path()).collect();
+            cache::evict(&config.cache_dir, max, &keep);
         }
         let dims = plan.cache.dims(&cfg);
         // Zeros, not garbage: a masked position still multiplies its value by 0 in attention.

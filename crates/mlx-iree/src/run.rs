@@ -65,6 +65,7 @@ impl ModelArgs {
             cpu_kernels: cpu_kernels()?,
             dump_mlir: std::env::var_os("MLX_IREE_DUMP_MLIR").is_some(),
             store_parameters: store_parameters()?,
+            cache_max_bytes: cache_max_bytes()?,
             ..EngineConfig::new(&self.device, self.precision(), crate::cache_dir())
         })
     }
@@ -77,6 +78,21 @@ impl ModelArgs {
             bail!("{what} needs {need} positions, more than the maximum context {}", plan.cache.positions);
         }
         Ok(plan)
+    }
+}
+
+/// `MLX_IREE_CACHE_MAX_GB`: the most gigabytes (10^9 bytes) the compile cache keeps (least
+/// recently used modules go first), `0` for no limit; unset: the engine's default.
+pub fn cache_max_bytes() -> Result<Option<u64>> {
+    const VAR: &str = "MLX_IREE_CACHE_MAX_GB";
+    match std::env::var(VAR) {
+        Err(std::env::VarError::NotPresent) => Ok(Some(engine::cache::DEFAULT_CACHE_MAX_BYTES)),
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(0.0) => Ok(None),
+            Ok(gb) if gb.is_finite() && gb > 0.0 => Ok(Some((gb * 1e9) as u64)),
+            _ => bail!("{VAR}: expected a number of gigabytes (0 for no limit), got `{v}`"),
+        },
+        Err(e) => bail!("{VAR}: {e}"),
     }
 }
 

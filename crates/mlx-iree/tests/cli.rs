@@ -137,6 +137,29 @@ fn bad_requests_are_one_line_errors() {
     );
 }
 
+/// A cache size that is not a number of gigabytes is a one-line error before anything is
+/// compiled.
+#[test]
+fn a_bad_cache_limit_is_a_one_line_error() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/f32");
+    for bad in ["lots", "-1", "inf"] {
+        let cache = tempfile::tempdir().unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
+            .args(["trajectory", "--model", fixture.to_str().unwrap(), "--prompt-ids", "1", "--steps", "2"])
+            .args(["--out", "/tmp/x.json"])
+            .env("MLX_IREE_CACHE_DIR", cache.path())
+            .env("MLX_IREE_CACHE_MAX_GB", bad)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{bad}: one line: {stderr}");
+        let expected = format!("MLX_IREE_CACHE_MAX_GB: expected a number of gigabytes (0 for no limit), got `{bad}`");
+        assert!(stderr.contains(&expected), "{stderr}");
+        assert!(std::fs::read_dir(cache.path()).map_or(true, |d| d.count() == 0), "{bad}: compiled something");
+    }
+}
+
 /// `MLX_IREE_PACKED_KERNELS` names a kernel setting the binary knows, and a forced
 /// instruction set must run here: both are checked before anything is compiled.
 #[test]
