@@ -25,7 +25,8 @@ commands:
                                 IREE compiler venv, the IREE runtime source); idempotent
   build-iree [--target T]       build the IREE runtime for T = cpu (default), cuda, vulkan,
                                 metal into target/iree/<T>/; reuses a finished build
-  test [-- CARGO_TEST_ARGS]     setup + build-iree --target cpu + model + cargo test --workspace
+  test [-- CARGO_TEST_ARGS]     setup + build-iree --target cpu + model + the workspace's
+                                tests (cargo test --no-run, then two test binaries at a time)
   quickstart                    setup + build-iree --target cpu + model + a chat answer from
                                 SmolLM2 (mlx-iree generate --chat)
   fixtures [--force]            regenerate tests/fixtures/ (tiny random MLX checkpoints and
