@@ -107,7 +107,7 @@ static inline float attn_exp(float x) {
     pos += pos_off; slots += slots_off; out += out_off;                                           \
     const float scale = attn_bits_to_f32((uint32_t)scale_bits);                                   \
     const size_t C = HD / 16, GHD = G * HD;                                                       \
-    if (GHD > ATTN_MAX_STATE || HD % 16 != 0 || G > ATTN_MAX_G || S == 0) return;                 \
+    if (GHD == 0 || GHD > ATTN_MAX_STATE || HD % 16 != 0 || G > ATTN_MAX_G || S == 0) return;                 \
     if (u1 > n * K) u1 = n * K;                                                                   \
     float qs[ATTN_MAX_STATE] __attribute__((aligned(64)));                                        \
     float acc[ATTN_MAX_STATE] __attribute__((aligned(64)));                                       \
