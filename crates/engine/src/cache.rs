@@ -203,7 +203,6 @@ pub fn stored_parameters(
         match params.add_file_mapped(path) {
             Ok(()) => {
                 tracing::info!("{what}: parameters mapped from {}", path.display());
-                touch(path);
                 return Ok((params, true));
             }
             Err(e) => tracing::warn!("{what}: stored parameters unreadable ({e}); writing them again"),
@@ -272,8 +271,9 @@ pub const DEFAULT_CACHE_MAX_BYTES: u64 = 32_000_000_000;
 /// Entries used this recently are never evicted: another process may be loading them.
 const EVICT_AFTER: Duration = Duration::from_secs(3600);
 
-/// Marks a cache file used now (its modification time), for [`evict`]. Best effort: a cache
-/// on a read-only medium is still read.
+/// Marks a compiled module used now (its modification time), for [`evict`], which dates an
+/// entry by its newest file (stored parameters keep the time they were written, which tells
+/// a rewrite). Best effort: a cache on a read-only medium is still read.
 fn touch(path: &Path) {
     if let Ok(file) = std::fs::File::open(path) {
         let _ = file.set_modified(SystemTime::now());
@@ -291,7 +291,7 @@ fn entry_key(name: &str) -> Option<&str> {
 
 /// Removes whole module entries from the cache folder `dir` (a key's compiled module, its
 /// parameter encoder, dumped input and stored parameters), least recently used first (the
-/// newest modification time among an entry's files: loads [`touch`] them), until the entries
+/// newest modification time among an entry's files: loads [`touch`] its module), until the entries
 /// left take at most `max_bytes`. Never an entry used in the last hour (another process may be
 /// loading it) nor one of `keep` (the modules just loaded, by path). Returns the bytes removed.
 pub fn evict(dir: &Path, max_bytes: u64, keep: &[&Path]) -> u64 {
