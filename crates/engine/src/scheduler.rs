@@ -640,7 +640,6 @@ impl Loop {
     }
 }
 
-/// The next token of a row by `sampling`, never one at or above `limit`.
 /// The prompt tokens one loop turn prefills, as (slot, tokens), from the prompts still being
 /// read as (slot, tokens left), oldest first: up to `budget` (one chunk) tokens in all, so
 /// running sequences wait at most about one chunk's time per step, however many prompts
@@ -670,6 +669,7 @@ fn prefills(waiting: &[(usize, usize)], budget: usize) -> Vec<(usize, usize)> {
     out
 }
 
+/// The next token of a row by `sampling`, never one at or above `limit`.
 fn choose(sampling: &mut Sampling, limit: usize, step: &Step) -> Result<u32> {
     if let Sampling::Greedy = sampling
         && (step.next as usize) < limit

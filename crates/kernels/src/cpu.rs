@@ -401,8 +401,8 @@ pub fn attention_units(heads: usize, kv_heads: usize, head_dim: usize) -> usize 
         .unwrap_or(1)
 }
 
-/// `cpu/attn.h`'s arithmetic in Rust, for tests to hold the objects to, bit for bit: for
-/// each row r and query head, its attention output `[n, heads * head_dim]`. Arguments as the kernel's bindings and
+/// `cpu/attn.h`'s arithmetic in Rust, for tests to hold the objects to, bit for bit: every
+/// row's attention output `[n, heads * head_dim]`. Arguments as the kernel's bindings and
 /// constants (`k_cache`, `v_cache` as f32: an f16 cache widened first, which is exact).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_model(

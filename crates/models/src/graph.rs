@@ -701,11 +701,10 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         self.attention.borrow_mut().insert(entry);
         let n = q.shape()[0];
         let (dims, window) = (kc.shape(), self.function.window());
+        // In `kernels::cpu::Attention::CONSTANTS`' order; the scale travels as its f32 bits.
         let scale = (cfg.attn_scale as f32).to_bits() as i32;
-        let constants =
-            [l, dims[1] as usize, dims[2] as usize, k, h / k, hd, window, sliding.unwrap_or(0), 0, n as usize];
-        let mut constants = constants.map(|c| c as i32);
-        constants[8] = scale;
+        let sizes = [l, dims[1] as usize, dims[2] as usize, k, h / k, hd, window, sliding.unwrap_or(0)];
+        let constants: Vec<i32> = sizes.iter().map(|&c| c as i32).chain([scale, n as i32]).collect();
         let flat = |x: V<'c, 'b>, width: usize| f.reshape(x, &[n, width as i64]);
         let (kk, vv) = (self.as_cached(kk)?, self.as_cached(vv)?);
         let args = [flat(q, h * hd)?, flat(kk, k * hd)?, flat(vv, k * hd)?, kc, vc, positions, slots];
