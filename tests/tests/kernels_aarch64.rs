@@ -105,12 +105,20 @@ fn push_part(stdin: &mut Vec<u8>, bytes: &[u8]) {
     stdin.resize(stdin.len().next_multiple_of(64), 0);
 }
 
-/// One case of the driver's input: header, input, then the matrix in the kernel layout.
-fn push_case(stdin: &mut Vec<u8>, op: Op, m: &Matrix, scale: Scale, t: usize, input: &[u8]) {
-    let (rows, f16_scales) = (u32::from(op == Op::Rows), u32::from(scale == Scale::F16));
-    let header = [rows, m.bits, f16_scales, t as u32, K as u32, O as u32, m.group_size as u32];
+/// One case of the driver's input: header, input, the residual (`qmvr`), then the matrix in
+/// the kernel layout.
+fn push_case(stdin: &mut Vec<u8>, op: Op, m: &Matrix, scale: Scale, t: usize, input: &[u8], residual: &[f32]) {
+    let code = match op {
+        Op::Matvec => 0,
+        Op::Rows => 1,
+        Op::MatvecAdd => 3,
+    };
+    let header = [code, m.bits, u32::from(scale == Scale::F16), t as u32, K as u32, O as u32, m.group_size as u32];
     push_part(stdin, &header.into_iter().flat_map(u32::to_le_bytes).collect::<Vec<u8>>());
     push_part(stdin, input);
+    if op == Op::MatvecAdd {
+        push_part(stdin, &residual.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+    }
     push_part(stdin, &m.kernel_weight());
     for values in [&m.scales, &m.biases] {
         let v = m.kernel_groups(values);
@@ -122,12 +130,14 @@ fn push_case(stdin: &mut Vec<u8>, op: Op, m: &Matrix, scale: Scale, t: usize, in
     }
 }
 
-/// What one case checks: `x` for a matvec of `t` rows, none for the lookup of [`IDS`].
+/// What one case checks: `x` for a matvec of `t` rows (and the residual added after it,
+/// `qmvr`), none for the lookup of [`IDS`].
 struct Case {
     what: String,
     matrix: usize,
     t: usize,
     x: Option<Vec<f32>>,
+    residual: Option<Vec<f32>>,
 }
 
 #[test]
@@ -142,14 +152,17 @@ fn the_aarch64_object_computes_the_models_bits() {
                 for t in ROWS {
                     let x = input(t, K, 100 + t as u64);
                     let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
-                    push_case(&mut stdin, Op::Matvec, &m, scale, t, &bytes);
-                    let what = format!("neondot {} group size {gs}", cpu::export(Op::Matvec, bits, scale));
-                    cases.push(Case { what, matrix: matrices.len(), t, x: Some(x) });
+                    for op in [Op::Matvec, Op::MatvecAdd] {
+                        let residual = (op == Op::MatvecAdd).then(|| input(t, O, 200 + t as u64));
+                        push_case(&mut stdin, op, &m, scale, t, &bytes, residual.as_deref().unwrap_or_default());
+                        let what = format!("neondot {} group size {gs}", cpu::export(op, bits, scale));
+                        cases.push(Case { what, matrix: matrices.len(), t, x: Some(x.clone()), residual });
+                    }
                 }
                 let ids: Vec<u8> = IDS.iter().flat_map(|v| v.to_le_bytes()).collect();
-                push_case(&mut stdin, Op::Rows, &m, scale, IDS.len(), &ids);
+                push_case(&mut stdin, Op::Rows, &m, scale, IDS.len(), &ids, &[]);
                 let what = format!("neondot {} group size {gs}", cpu::export(Op::Rows, bits, scale));
-                cases.push(Case { what, matrix: matrices.len(), t: IDS.len(), x: None });
+                cases.push(Case { what, matrix: matrices.len(), t: IDS.len(), x: None, residual: None });
                 matrices.push(m);
             }
         }
@@ -169,7 +182,7 @@ fn the_aarch64_object_computes_the_models_bits() {
         let got = &floats[at..at + len];
         at += len;
         match &case.x {
-            Some(x) => check_qmv(&case.what, m, x, case.t, got),
+            Some(x) => check_qmv(&case.what, m, x, case.t, case.residual.as_deref(), got),
             None => check_rows(&case.what, m, &IDS, got),
         }
     }
@@ -212,8 +225,19 @@ fn the_aarch64_attention_computes_the_models_bits() {
         for ints in [case.positions, case.slots] {
             push_part(&mut stdin, &ints.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
         }
-        let model =
-            cpu::attention_model(q, k_new, v_new, kc, vc, case.positions, case.slots, case.constants(), case.scale());
+        // The model takes the new rows as the kernel rounds them itself.
+        let [_, k_rounded, v_rounded, _, _] = case.model_inputs(&inputs);
+        let model = cpu::attention_model(
+            q,
+            &k_rounded,
+            &v_rounded,
+            kc,
+            vc,
+            case.positions,
+            case.slots,
+            case.constants(),
+            case.scale(),
+        );
         expected.push(model);
     }
     let out = run(&exe, &stdin);

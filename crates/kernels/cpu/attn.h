@@ -22,8 +22,9 @@
 //! - out = acc * (1 / l).
 //! - exp is `attn_exp` below (Cephes' single-precision polynomial, fused multiply-adds).
 //!
-//! Bindings: q [n, K * G * hd] f32, k_new and v_new [n, K * hd] f32 (already rounded through
-//! the cache's type), the k and v caches [L, S, P, K, hd] (f32, or f16 as its bits), positions
+//! Bindings: q [n, K * G * hd] f32, k_new and v_new [n, K * hd] f32 (the kernel rounds them
+//! through the cache's type, as write_kv stores them, so attention sees what later steps
+//! read back), the k and v caches [L, S, P, K, hd] (f32, or f16 as its bits), positions
 //! and slots [n] i32, out [n, K * G * hd] f32. Push constants: layer, S, P, K, G, hd, W (the
 //! positions the graph form would read: keys at W or after are not read), sliding (the
 //! sliding window, 0 for none), the f32 bits of the scale, n. A workgroup computes units
@@ -96,7 +97,10 @@ static inline float attn_exp(float x) {
     }                                                                                             \
   } while (0)
 
-#define ATTN(NAME, CTYPE, LOAD)                                                                   \
+static inline vf vf_id(vf v) { return v; }
+
+// ROUND: a vector of f32 rounded through CTYPE (the step's own key and value).
+#define ATTN(NAME, CTYPE, LOAD, ROUND)                                                            \
   void NAME(const float* q, size_t q_off, const float* kn, size_t kn_off, const float* vn,        \
             size_t vn_off, const CTYPE* kc, size_t kc_off, const CTYPE* vc, size_t vc_off,        \
             const int32_t* pos, size_t pos_off, const int32_t* slots, size_t slots_off,           \
@@ -135,10 +139,10 @@ static inline float attn_exp(float x) {
           float* qg = qs + h * GHD + g * HD;                                                      \
           for (size_t c = 0; c < C; ++c) vf_store(qg + 16 * c, vf_mul(vf_load(qr + g * HD + 16 * c), vf_set1(scale))); \
           vf s = vf_zero();                                                                       \
-          for (size_t c = 0; c < C; ++c) s = vf_fma(vf_load(qg + 16 * c), vf_load(kr + 16 * c), s); \
+          for (size_t c = 0; c < C; ++c) s = vf_fma(vf_load(qg + 16 * c), ROUND(vf_load(kr + 16 * c)), s); \
           m[h * G + g] = vf_sum(s);                                                               \
           l[h * G + g] = 1.0f;                                                                    \
-          for (size_t c = 0; c < C; ++c) vf_store(acc + h * GHD + g * HD + 16 * c, vf_load(vr + 16 * c)); \
+          for (size_t c = 0; c < C; ++c) vf_store(acc + h * GHD + g * HD + 16 * c, ROUND(vf_load(vr + 16 * c))); \
         }                                                                                         \
       }                                                                                           \
       /* Position j, kv head kh: row ((layer * S + slot) * P + j) * K + kh of hd values. */       \
@@ -206,5 +210,5 @@ static inline float attn_exp(float x) {
     }                                                                                             \
   }
 
-ATTN(mlx_iree_attn_f32, float, vf_load)
-ATTN(mlx_iree_attn_f16, uint16_t, vf_load_f16)
+ATTN(mlx_iree_attn_f32, float, vf_load, vf_id)
+ATTN(mlx_iree_attn_f16, uint16_t, vf_load_f16, vf_round_f16)

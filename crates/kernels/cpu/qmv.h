@@ -65,56 +65,82 @@ static inline void whole_panel(int bits, int f16, const float* x, size_t K, cons
 #define whole_panel(...) ((void)0)
 #endif
 
-// One exported matvec per (bits, scale type). A workgroup computes row blocks [rb0, rb1) (at
-// most BLOCKS) for every row of x, accumulating in y itself. Per panel of rows and per group,
-// each row's group is quantized once, and each block's tiles are read for 8, then 4, 2 and 1
-// rows at a time (what is left of the panel), or the whole panel at once by `whole_panel`.
-#define QMV(NAME, BITS, F16, STYPE)                                                               \
-  void NAME(const float* x, size_t x_off, const uint8_t* w, size_t w_off, const STYPE* sc,        \
-            size_t s_off, const STYPE* bi, size_t b_off, float* y, size_t y_off, size_t T,        \
-            size_t K, size_t O, size_t GS, size_t rb0, size_t rb1) {                              \
-    x += x_off; w += w_off; sc += s_off; bi += b_off; y += y_off;                                 \
-    const size_t G = K / GS, blocks = O / 16, block_bytes = K * BITS * 16 / 8;                    \
-    const size_t group_bytes = GS * BITS * 16 / 8;                                                \
-    if (rb1 > blocks) rb1 = blocks;                                                               \
-    if (rb1 > rb0 + BLOCKS) rb1 = rb0 + BLOCKS;                                                   \
-    xpanel_t xp;                                                                                  \
-    for (size_t t0 = 0; t0 < T; t0 += PANEL) {                                                    \
-      const size_t np = T - t0 < PANEL ? T - t0 : PANEL;                                          \
-      for (size_t t = t0; t < t0 + np; ++t)                                                       \
-        for (size_t c = rb0 * 16; c < rb1 * 16; ++c) y[t * O + c] = 0.0f;                        \
-      if (WHOLE_PANEL(np)) {                                                                      \
-        whole_panel(BITS, F16, x + t0 * K, K, w + rb0 * block_bytes, block_bytes, sc + rb0 * G * 16, \
-                    bi + rb0 * G * 16, np, GS, y + t0 * O + rb0 * 16, O, rb1 - rb0);               \
-        continue;                                                                                 \
-      }                                                                                           \
-      for (size_t g = 0; g < G; ++g) {                                                            \
-        for (size_t i = 0; i < np; ++i)                                                           \
-          quantize_group(x + (t0 + i) * K + g * GS, GS, xp.q[i], &xp.scale[i], &xp.sum[i]);       \
-        for (size_t rb = rb0; rb < rb1; ++rb) {                                                   \
-          const size_t gi = (rb * G + g) * 16;                                                    \
-          const uint8_t* wg = w + rb * block_bytes + g * group_bytes;                             \
-          float* yb = y + t0 * O + rb * 16;                                                       \
-          size_t i = 0;                                                                           \
-          if (np - i >= 8) {                                                                      \
-            group_rows(BITS, F16, wg, &xp, i, 8, GS, sc + gi, bi + gi, yb + i * O, O);            \
-            i += 8;                                                                               \
-          }                                                                                       \
-          if (np - i >= 4) {                                                                      \
-            group_rows(BITS, F16, wg, &xp, i, 4, GS, sc + gi, bi + gi, yb + i * O, O);            \
-            i += 4;                                                                               \
-          }                                                                                       \
-          if (np - i >= 2) {                                                                      \
-            group_rows(BITS, F16, wg, &xp, i, 2, GS, sc + gi, bi + gi, yb + i * O, O);            \
-            i += 2;                                                                               \
-          }                                                                                       \
-          if (np - i >= 1) group_rows(BITS, F16, wg, &xp, i, 1, GS, sc + gi, bi + gi, yb + i * O, O); \
-        }                                                                                         \
-      }                                                                                           \
-    }                                                                                             \
+// The matvec of every export: a workgroup computes row blocks [rb0, rb1) (at most BLOCKS) for
+// every row of x, accumulating in y itself. Per panel of rows and per group, each row's group
+// is quantized once, and each block's tiles are read for 8, then 4, 2 and 1 rows at a time
+// (what is left of the panel), or the whole panel at once by `whole_panel`. With a residual
+// `r` (same shape as y), each finished row block becomes y + r: the same f32 add as the
+// graph's residual connection after the product, so the fused export gives its bits.
+// `sc`, `bi` point at elements of `f16 ? 2 : 4` bytes.
+static inline __attribute__((always_inline)) void qmv_body(int bits, int f16, const float* x, const uint8_t* w,
+                                                           const char* sc, const char* bi, const float* r,
+                                                           float* y, size_t T, size_t K, size_t O, size_t GS,
+                                                           size_t rb0, size_t rb1) {
+  const size_t G = K / GS, blocks = O / 16, block_bytes = K * bits * 16 / 8;
+  const size_t group_bytes = GS * bits * 16 / 8, sbytes = f16 ? 2 : 4;
+  if (rb1 > blocks) rb1 = blocks;
+  if (rb1 > rb0 + BLOCKS) rb1 = rb0 + BLOCKS;
+  xpanel_t xp;
+  for (size_t t0 = 0; t0 < T; t0 += PANEL) {
+    const size_t np = T - t0 < PANEL ? T - t0 : PANEL;
+    for (size_t t = t0; t < t0 + np; ++t)
+      for (size_t c = rb0 * 16; c < rb1 * 16; ++c) y[t * O + c] = 0.0f;
+    if (WHOLE_PANEL(np)) {
+      whole_panel(bits, f16, x + t0 * K, K, w + rb0 * block_bytes, block_bytes, sc + rb0 * G * 16 * sbytes,
+                  bi + rb0 * G * 16 * sbytes, np, GS, y + t0 * O + rb0 * 16, O, rb1 - rb0);
+    } else {
+      for (size_t g = 0; g < G; ++g) {
+        for (size_t i = 0; i < np; ++i)
+          quantize_group(x + (t0 + i) * K + g * GS, GS, xp.q[i], &xp.scale[i], &xp.sum[i]);
+        for (size_t rb = rb0; rb < rb1; ++rb) {
+          const size_t gi = (rb * G + g) * 16 * sbytes;
+          const uint8_t* wg = w + rb * block_bytes + g * group_bytes;
+          float* yb = y + t0 * O + rb * 16;
+          size_t i = 0;
+          if (np - i >= 8) {
+            group_rows(bits, f16, wg, &xp, i, 8, GS, sc + gi, bi + gi, yb + i * O, O);
+            i += 8;
+          }
+          if (np - i >= 4) {
+            group_rows(bits, f16, wg, &xp, i, 4, GS, sc + gi, bi + gi, yb + i * O, O);
+            i += 4;
+          }
+          if (np - i >= 2) {
+            group_rows(bits, f16, wg, &xp, i, 2, GS, sc + gi, bi + gi, yb + i * O, O);
+            i += 2;
+          }
+          if (np - i >= 1) group_rows(bits, f16, wg, &xp, i, 1, GS, sc + gi, bi + gi, yb + i * O, O);
+        }
+      }
+    }
+    if (r)
+      for (size_t t = t0; t < t0 + np; ++t)
+        for (size_t c = rb0 * 16; c < rb1 * 16; ++c) y[t * O + c] += r[t * O + c];
+  }
+}
+
+// One exported matvec per (bits, scale type): `y = x . W^T`; and its residual twin
+// (`mlx_iree_qmvr*`): `y = x . W^T + r`. Offsets count elements of the pointer's type.
+#define QMV(NAME, BITS, F16, STYPE)                                                                      \
+  void NAME(const float* x, size_t x_off, const uint8_t* w, size_t w_off, const STYPE* sc, size_t s_off, \
+            const STYPE* bi, size_t b_off, float* y, size_t y_off, size_t T, size_t K, size_t O, size_t GS, \
+            size_t rb0, size_t rb1) {                                                                    \
+    qmv_body(BITS, F16, x + x_off, w + w_off, (const char*)(sc + s_off), (const char*)(bi + b_off), 0,   \
+             y + y_off, T, K, O, GS, rb0, rb1);                                                          \
+  }
+#define QMVR(NAME, BITS, F16, STYPE)                                                                     \
+  void NAME(const float* x, size_t x_off, const uint8_t* w, size_t w_off, const STYPE* sc, size_t s_off, \
+            const STYPE* bi, size_t b_off, const float* r, size_t r_off, float* y, size_t y_off, size_t T, \
+            size_t K, size_t O, size_t GS, size_t rb0, size_t rb1) {                                     \
+    qmv_body(BITS, F16, x + x_off, w + w_off, (const char*)(sc + s_off), (const char*)(bi + b_off),       \
+             r + r_off, y + y_off, T, K, O, GS, rb0, rb1);                                               \
   }
 
 QMV(mlx_iree_qmv4_f16, 4, 1, uint16_t)
 QMV(mlx_iree_qmv4_f32, 4, 0, float)
 QMV(mlx_iree_qmv8_f16, 8, 1, uint16_t)
 QMV(mlx_iree_qmv8_f32, 8, 0, float)
+QMVR(mlx_iree_qmvr4_f16, 4, 1, uint16_t)
+QMVR(mlx_iree_qmvr4_f32, 4, 0, float)
+QMVR(mlx_iree_qmvr8_f16, 8, 1, uint16_t)
+QMVR(mlx_iree_qmvr8_f32, 8, 0, float)

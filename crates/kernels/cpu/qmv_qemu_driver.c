@@ -5,9 +5,10 @@
 //! needed, only clang and lld.
 //!
 //! stdin: cases one after the other until its end. A case is 7 little-endian u32 (op: 0 for
-//! `qmv`, 1 for `qrows`; bits; 1 for f16 scales, 0 for f32; T; K; O; group size), then its
-//! input (T x K f32 for `qmv`, T i32 ids for `qrows`), weights (kernel layout), scales and
-//! biases ([O / 16][K / group size][16]), each of the five parts padded with zeros to a
+//! `qmv`, 1 for `qrows`, 3 for `qmvr`; bits; 1 for f16 scales, 0 for f32; T; K; O; group
+//! size), then its input (T x K f32 for `qmv` and `qmvr`, T i32 ids for `qrows`), for `qmvr`
+//! the residual (T x O f32), weights (kernel layout), scales and biases ([O / 16][K / group
+//! size][16]), each part padded with zeros to a
 //! multiple of 64 bytes (the alignment IREE gives its bindings); or an attention case (`attn`,
 //! attn.h): 14 u32 (2; 1 for an f16 cache, 0 for f32; L; S; P; K; G; hd; W; sliding; the
 //! scale's f32 bits; n; kv heads per workgroup; layer), then q, k_new, v_new, the k and v
@@ -24,6 +25,9 @@ typedef void qmv_fn(const float*, size_t, const uint8_t*, size_t, const void*, s
 typedef void qrows_fn(const int32_t*, size_t, const uint8_t*, size_t, const void*, size_t, const void*, size_t,
                       float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
 qmv_fn mlx_iree_qmv4_f16, mlx_iree_qmv4_f32, mlx_iree_qmv8_f16, mlx_iree_qmv8_f32;
+typedef void qmvr_fn(const float*, size_t, const uint8_t*, size_t, const void*, size_t, const void*, size_t,
+                     const float*, size_t, float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
+qmvr_fn mlx_iree_qmvr4_f16, mlx_iree_qmvr4_f32, mlx_iree_qmvr8_f16, mlx_iree_qmvr8_f32;
 qrows_fn mlx_iree_qrows4_f16, mlx_iree_qrows4_f32, mlx_iree_qrows8_f16, mlx_iree_qrows8_f32;
 typedef void attn_fn(const float*, size_t, const float*, size_t, const float*, size_t, const void*, size_t,
                      const void*, size_t, const int32_t*, size_t, const int32_t*, size_t, float*, size_t, size_t,
@@ -100,13 +104,15 @@ static size_t run_case(const uint8_t* p, size_t len) {
   if (h[0] == 2) return run_attention(p, len, h);
   const uint32_t op = h[0], bits = h[1], f16 = h[2];
   const size_t T = h[3], K = h[4], O = h[5], GS = h[6];
-  const size_t in_bytes = op == 0 ? T * K * 4 : T * 4, w_bytes = O * K * bits / 8;
-  const size_t s_bytes = O * (K / GS) * (f16 ? 2 : 4), out_len = T * (op == 0 ? O : K);
-  const size_t size = 64 + padded(in_bytes) + padded(w_bytes) + 2 * padded(s_bytes);
+  const size_t in_bytes = op == 1 ? T * 4 : T * K * 4, r_bytes = op == 3 ? T * O * 4 : 0;
+  const size_t w_bytes = O * K * bits / 8;
+  const size_t s_bytes = O * (K / GS) * (f16 ? 2 : 4), out_len = T * (op == 1 ? K : O);
+  const size_t size = 64 + padded(in_bytes) + padded(r_bytes) + padded(w_bytes) + 2 * padded(s_bytes);
   if (size > len) fail("qmv_qemu_driver: truncated case\n");
   if (out_len > sizeof output / sizeof output[0]) fail("qmv_qemu_driver: output too large\n");
   const uint8_t* x = p + 64;
-  const uint8_t* w = x + padded(in_bytes);
+  const uint8_t* r = x + padded(in_bytes);
+  const uint8_t* w = r + padded(r_bytes);
   const uint8_t* s = w + padded(w_bytes);
   const uint8_t* b = s + padded(s_bytes);
   for (size_t i = 0; i < out_len; ++i) output[i] = __builtin_nanf("");
@@ -114,6 +120,11 @@ static size_t run_case(const uint8_t* p, size_t len) {
     qmv_fn* fn = bits == 4 ? (f16 ? mlx_iree_qmv4_f16 : mlx_iree_qmv4_f32)
                            : (f16 ? mlx_iree_qmv8_f16 : mlx_iree_qmv8_f32);
     for (size_t rb = 0; rb < O / 16; rb += 4) fn((const float*)x, 0, w, 0, s, 0, b, 0, output, 0, T, K, O, GS, rb, rb + 4);
+  } else if (op == 3) {
+    qmvr_fn* fn = bits == 4 ? (f16 ? mlx_iree_qmvr4_f16 : mlx_iree_qmvr4_f32)
+                            : (f16 ? mlx_iree_qmvr8_f16 : mlx_iree_qmvr8_f32);
+    for (size_t rb = 0; rb < O / 16; rb += 4)
+      fn((const float*)x, 0, w, 0, s, 0, b, 0, (const float*)r, 0, output, 0, T, K, O, GS, rb, rb + 4);
   } else {
     qrows_fn* fn = bits == 4 ? (f16 ? mlx_iree_qrows4_f16 : mlx_iree_qrows4_f32)
                              : (f16 ? mlx_iree_qrows8_f16 : mlx_iree_qrows8_f32);

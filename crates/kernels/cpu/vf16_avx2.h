@@ -15,6 +15,11 @@ static inline vf vf_load_f16(const uint16_t* p) {
   return (vf){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)),
               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 8)))};
 }
+// Each lane rounded to f16 (nearest, ties to even) and back.
+static inline vf vf_round_f16(vf v) {
+  const int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  return (vf){_mm256_cvtph_ps(_mm256_cvtps_ph(v.lo, mode)), _mm256_cvtph_ps(_mm256_cvtps_ph(v.hi, mode))};
+}
 static inline void vf_store(float* p, vf v) {
   _mm256_storeu_ps(p, v.lo);
   _mm256_storeu_ps(p + 8, v.hi);

@@ -12,6 +12,10 @@ static inline vf vf_set1(float v) { return _mm512_set1_ps(v); }
 static inline vf vf_load(const float* p) { return _mm512_loadu_ps(p); }
 static inline vf vf_load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
 static inline void vf_store(float* p, vf v) { _mm512_storeu_ps(p, v); }
+// Each lane rounded to f16 (nearest, ties to even) and back.
+static inline vf vf_round_f16(vf v) {
+  return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
 static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 // a * b + c, one rounding.
 static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }

@@ -24,6 +24,12 @@ static inline vf vf_load_f16(const uint16_t* p) {
   for (int i = 0; i < 4; ++i) r.v[i] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4 * i)));
   return r;
 }
+// Each lane rounded to f16 (nearest, ties to even: FPCR's default mode) and back.
+static inline vf vf_round_f16(vf a) {
+  vf r;
+  for (int i = 0; i < 4; ++i) r.v[i] = vcvt_f32_f16(vcvt_f16_f32(a.v[i]));
+  return r;
+}
 static inline void vf_store(float* p, vf a) {
   for (int i = 0; i < 4; ++i) vst1q_f32(p + 4 * i, a.v[i]);
 }

@@ -218,8 +218,15 @@ pub fn install(dir: &Path, isa: Isa) -> std::io::Result<Option<PathBuf>> {
 pub enum Op {
     /// `y[T, O] = x[T, K] . W^T` (f32 in, f32 out).
     Matvec,
+    /// `y[T, O] = x[T, K] . W^T + r[T, O]`: the matvec with a residual connection after it,
+    /// the same f32 add as the graph's (one dispatch fewer).
+    MatvecAdd,
     /// `out[T, K] = W[ids[t], :]` dequantized (i32 ids in).
     Rows,
+}
+
+impl Op {
+    pub const ALL: [Op; 3] = [Op::Matvec, Op::MatvecAdd, Op::Rows];
 }
 
 /// Element type of the scales and biases in the kernel layout.
@@ -250,6 +257,7 @@ impl Scale {
 pub fn export(op: Op, bits: u32, scale: Scale) -> String {
     let op = match op {
         Op::Matvec => "qmv",
+        Op::MatvecAdd => "qmvr",
         Op::Rows => "qrows",
     };
     format!("{op}{bits}_{}", scale.name())
@@ -259,7 +267,7 @@ pub fn export(op: Op, bits: u32, scale: Scale) -> String {
 /// lookup).
 pub fn units_per_workgroup(op: Op) -> usize {
     match op {
-        Op::Matvec => BLOCKS_PER_WORKGROUP,
+        Op::Matvec | Op::MatvecAdd => BLOCKS_PER_WORKGROUP,
         Op::Rows => 1,
     }
 }
@@ -403,7 +411,8 @@ pub fn attention_units(heads: usize, kv_heads: usize, head_dim: usize) -> usize 
 
 /// `cpu/attn.h`'s arithmetic in Rust, for tests to hold the objects to, bit for bit: every
 /// row's attention output `[n, heads * head_dim]`. Arguments as the kernel's bindings and
-/// constants (`k_cache`, `v_cache` as f32: an f16 cache widened first, which is exact).
+/// constants, but in f32: `k_cache`, `v_cache` an f16 cache widened (exact), and `k_new`,
+/// `v_new` rounded through the cache's type as the kernel rounds them.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_model(
     q: &[f32],
@@ -554,13 +563,18 @@ struct ExportSpec {
 impl ExportSpec {
     fn packed(e: Entry) -> ExportSpec {
         let name = export(e.op, e.bits, e.scale);
-        let input = if e.op == Op::Matvec { "f32" } else { "i32" };
+        let input = if e.op == Op::Rows { "i32" } else { "f32" };
         let s = e.scale.memref();
+        let mut bindings = vec![input, "i8", s, s, "f32"];
+        if e.op == Op::MatvecAdd {
+            // The residual, before the result.
+            bindings.insert(4, "f32");
+        }
         ExportSpec {
             c_name: format!("mlx_iree_{name}"),
             name,
             per_workgroup: units_per_workgroup(e.op),
-            bindings: vec![input, "i8", s, s, "f32"],
+            bindings,
             constants: 4,
         }
     }
@@ -747,12 +761,12 @@ mod tests {
 
     #[test]
     fn the_source_declares_exactly_the_entries_asked_for() {
-        let all: Vec<Entry> = [Op::Matvec, Op::Rows]
+        let all: Vec<Entry> = Op::ALL
             .into_iter()
             .flat_map(|op| [4, 8].into_iter().map(move |bits| (op, bits)))
             .flat_map(|(op, bits)| [Scale::F16, Scale::F32].into_iter().map(move |scale| Entry { op, bits, scale }))
             .collect();
-        let used = [all[0], all[5]];
+        let used = [all[0], all[5], all[9]];
         let text = executable_source(Path::new("/k/qmv.o"), &used, &[]);
         for (i, e) in all.iter().enumerate() {
             let name = export(e.op, e.bits, e.scale);
@@ -769,6 +783,19 @@ mod tests {
             }
         }
         assert!(text.contains(r#"path = "/k/qmv.o""#));
+    }
+
+    /// The residual matvec's C function takes the residual between the biases and the result.
+    #[test]
+    fn the_residual_matvec_takes_one_binding_more() {
+        let e = |op| Entry { op, bits: 8, scale: Scale::F32 };
+        let text = executable_source(Path::new("/k/qmv.o"), &[e(Op::Matvec), e(Op::MatvecAdd)], &[]);
+        let decl = |name: &str| text.lines().find(|l| l.contains(&format!("private @mlx_iree_{name}("))).unwrap();
+        let plain = "memref<f32>, index, memref<i8>, index, memref<f32>, index, memref<f32>, index, memref<f32>, index";
+        assert!(decl("qmv8_f32").contains(&format!("({plain}, index")), "{text}");
+        let residual = format!("{plain}, memref<f32>, index, index");
+        assert!(decl("qmvr8_f32").contains(&residual), "{text}");
+        assert!(text.contains("bindings = [#hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer>]"));
     }
 
     /// Objects are keyed by the generic target of their architecture (IREE's format name for

@@ -229,8 +229,8 @@ pub fn emit_functions_with(
     let entries = RefCell::new(BTreeSet::new());
     let attention = RefCell::new(BTreeSet::new());
     let kv_dims = cache.dims(cfg);
-    let rows_kv =
-        |r: usize| cache.elem.elem().tensor(&[kv_dims[0] as i64, r as i64, kv_dims[3] as i64, kv_dims[4] as i64]);
+    // A step's new rows travel in f32; `write_kv` converts them to the cache's type.
+    let rows_kv = |r: usize| F32.tensor(&[kv_dims[0] as i64, r as i64, kv_dims[3] as i64, kv_dims[4] as i64]);
     for &function in functions {
         let (n, rows) = (function.split().0 as i64, function.rows() as i64);
         if let Function::WriteKv { .. } = function {
@@ -282,9 +282,9 @@ pub fn emit_functions_with(
     Ok(m.to_text())
 }
 
-/// `write_kv`: every layer's new rows `[L, R, K, hd]` scattered into the cache at
-/// (layer, slot, position), one scatter per cache; nothing else touches the cache here, so
-/// IREE updates it in place.
+/// `write_kv`: every layer's new rows `[L, R, K, hd]` (f32) scattered into the cache at
+/// (layer, slot, position) in the cache's type, one scatter per cache; nothing else touches
+/// the cache here, so IREE updates it in place.
 fn write_kv<'c, 'b>(
     f: &Func<'c, 'b>,
     positions: V<'c, 'b>,
@@ -306,7 +306,10 @@ fn write_kv<'c, 'b>(
         index_vector_dim: 1,
         ..ScatterDims::default()
     };
-    let flat = |x: V<'c, 'b>| f.reshape(x, &[l * r, dims[2], dims[3]]);
+    let flat = |x: V<'c, 'b>| -> R<V<'c, 'b>> {
+        let x = if x.elem() == k.elem() { x } else { f.convert(x, k.elem())? };
+        f.reshape(x, &[l * r, dims[2], dims[3]])
+    };
     Ok(vec![
         f.scatter(k, indices, flat(new_k)?, scatter_dims.clone())?,
         f.scatter(v, indices, flat(new_v)?, scatter_dims)?,
@@ -417,6 +420,18 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     /// A packed matrix through the hand-written CPU kernel: the matvec `x [T, in] -> [T, out]`
     /// or the lookup of rows `x` (i32 ids `[T]`) -> `[T, in]`, both f32 and exact.
     fn kernel_dispatch(&self, op: kernels::cpu::Op, x: V<'c, 'b>, prefix: &str, p: &Packing) -> R<V<'c, 'b>> {
+        self.kernel_dispatch_with(op, x, prefix, p, None)
+    }
+
+    /// [`Step::kernel_dispatch`], with the residual `[T, out]` the residual matvec adds.
+    fn kernel_dispatch_with(
+        &self,
+        op: kernels::cpu::Op,
+        x: V<'c, 'b>,
+        prefix: &str,
+        p: &Packing,
+        residual: Option<V<'c, 'b>>,
+    ) -> R<V<'c, 'b>> {
         let f = self.f;
         let (w, s, b) = (
             f.load(self.global(&format!("{prefix}.weight"))?)?,
@@ -428,14 +443,30 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let inp = s.shape()[1] / kernels::cpu::BLOCK_ROWS as i64 * p.group_size as i64;
         let t = x.shape()[0];
         let (workload, result) = match op {
-            kernels::cpu::Op::Matvec => (blocks, [t, out]),
+            kernels::cpu::Op::Matvec | kernels::cpu::Op::MatvecAdd => (blocks, [t, out]),
             kernels::cpu::Op::Rows => (t, [t, inp]),
         };
         let dims = [t, inp, out, p.group_size as i64].map(|d| d as i32);
         let entry = kernels::cpu::Entry { op, bits: p.bits, scale: p.kernel_scale() };
         self.entries.borrow_mut().insert(entry);
         let export = kernels::cpu::export(op, p.bits, p.kernel_scale());
-        f.dispatch(kernels::cpu::EXECUTABLE, &export, workload, &dims, &[x, w, s, b], F32.tensor(&result))
+        let mut args = vec![x, w, s, b];
+        args.extend(residual);
+        f.dispatch(kernels::cpu::EXECUTABLE, &export, workload, &dims, &args, F32.tensor(&result))
+    }
+
+    /// `residual + linear(x)`, the residual connection after a linear layer: one dispatch of
+    /// the kernel's residual matvec (the same f32 add, after the product) where the layer runs
+    /// in the kernel on its own (not merged, no bias); else the layer, then the add.
+    fn linear_residual(&self, residual: V<'c, 'b>, x: V<'c, 'b>, prefix: &str, bias: bool) -> R<V<'c, 'b>> {
+        if let Some(p) = self.layout.packing(prefix)
+            && p.kernel
+            && !bias
+            && self.layout.merged(prefix).is_none()
+        {
+            return self.kernel_dispatch_with(kernels::cpu::Op::MatvecAdd, x, prefix, p, Some(residual));
+        }
+        self.f.add(residual, self.linear(x, prefix, bias)?)
     }
 
     /// Rows `tokens` of the embedding table as f32 `[T, hidden]`: gathered in the table's
@@ -706,7 +737,8 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let sizes = [l, dims[1] as usize, dims[2] as usize, k, h / k, hd, window, sliding.unwrap_or(0)];
         let constants: Vec<i32> = sizes.iter().map(|&c| c as i32).chain([scale, n as i32]).collect();
         let flat = |x: V<'c, 'b>, width: usize| f.reshape(x, &[n, width as i64]);
-        let (kk, vv) = (self.as_cached(kk)?, self.as_cached(vv)?);
+        // The new rows in f32: the kernel rounds them through the cache's type itself (a
+        // conversion here was three dispatches a layer for an f16 cache).
         let args = [flat(q, h * hd)?, flat(kk, k * hd)?, flat(vv, k * hd)?, kc, vc, positions, slots];
         let o = f.dispatch(
             kernels::cpu::EXECUTABLE,
@@ -831,11 +863,9 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             let q = self.rope(q, cos, sin)?;
             let kk = self.rope(kk, cos, sin)?;
 
-            // The step's keys and values go to the cache in `write_kv`, after this call.
-            let as_rows = |x: V<'c, 'b>| -> R<V<'c, 'b>> {
-                let x = if x.elem() == self.kv_elem { x } else { f.convert(x, self.kv_elem)? };
-                f.reshape(x, &[1, r, k, hd])
-            };
+            // The step's keys and values go to the cache in `write_kv`, after this call, which
+            // rounds them to the cache's type.
+            let as_rows = |x: V<'c, 'b>| f.reshape(x, &[1, r, k, hd]);
             new_k.push(as_rows(kk)?);
             new_v.push(as_rows(vv)?);
 
@@ -853,22 +883,26 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
                 let vl = self.window_with(vc, l, slots, vv, positions)?;
                 self.attend_chunk(q, kl, vl, positions, layer.sliding_window)?
             };
-            let mut a = self.linear(o, &format!("{p}.self_attn.o_proj"), cfg.o_bias)?;
-            if cfg.sandwich_norms {
-                a = self.norm(a, &format!("{p}.post_attention_layernorm.weight"))?;
-            }
-            x = f.add(x, a)?;
+            let o_proj = format!("{p}.self_attn.o_proj");
+            x = if cfg.sandwich_norms {
+                let a = self.linear(o, &o_proj, cfg.o_bias)?;
+                f.add(x, self.norm(a, &format!("{p}.post_attention_layernorm.weight"))?)?
+            } else {
+                self.linear_residual(x, o, &o_proj, cfg.o_bias)?
+            };
 
             let pre_mlp = if cfg.sandwich_norms { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
             let hn = self.norm(x, &format!("{p}.{pre_mlp}.weight"))?;
             let gate = self.linear(hn, &format!("{p}.mlp.gate_proj"), cfg.mlp_bias)?;
             let up = self.linear(hn, &format!("{p}.mlp.up_proj"), cfg.mlp_bias)?;
             let act = self.activation(gate)?;
-            let mut mo = self.linear(f.mul(act, up)?, &format!("{p}.mlp.down_proj"), cfg.mlp_bias)?;
-            if cfg.sandwich_norms {
-                mo = self.norm(mo, &format!("{p}.post_feedforward_layernorm.weight"))?;
-            }
-            x = f.add(x, mo)?;
+            let (down, hidden) = (format!("{p}.mlp.down_proj"), f.mul(act, up)?);
+            x = if cfg.sandwich_norms {
+                let mo = self.linear(hidden, &down, cfg.mlp_bias)?;
+                f.add(x, self.norm(mo, &format!("{p}.post_feedforward_layernorm.weight"))?)?
+            } else {
+                self.linear_residual(x, hidden, &down, cfg.mlp_bias)?
+            };
         }
 
         let x = self.norm(x, "model.norm.weight")?;

@@ -22,7 +22,7 @@ pub const IDS: [i32; 5] = [0, 95, 17, 17, 1000]; // 1000 is clamped to the last 
 
 pub fn entries() -> Vec<Entry> {
     let mut all = Vec::new();
-    for op in [Op::Matvec, Op::Rows] {
+    for op in Op::ALL {
         for bits in [4, 8] {
             for scale in [Scale::F16, Scale::F32] {
                 all.push(Entry { op, bits, scale });
@@ -59,14 +59,17 @@ pub fn module(source: &str) -> String {
     for e in entries() {
         let gs = group_size(e.bits, e.scale);
         let (blocks, block_bytes, groups) = (O / 16, K * e.bits as usize * 16 / 8, K / gs);
-        let row_counts: &[usize] = if e.op == Op::Matvec { &ROWS } else { &[IDS.len()] };
+        let row_counts: &[usize] = if e.op == Op::Rows { &[IDS.len()] } else { &ROWS };
         for &t in row_counts {
             let (input, workload, result) = match e.op {
-                Op::Matvec => (ElementType::F32.tensor(&[t as i64, K as i64]), blocks, [t, O]),
+                Op::Matvec | Op::MatvecAdd => (ElementType::F32.tensor(&[t as i64, K as i64]), blocks, [t, O]),
                 Op::Rows => (ElementType::I32.tensor(&[t as i64]), t, [t, K]),
             };
             let s = scale_elem(e.scale).tensor(&[blocks as i64, (groups * 16) as i64]);
-            let args = [input, ElementType::I8.tensor(&[blocks as i64, block_bytes as i64]), s.clone(), s];
+            let mut args = vec![input, ElementType::I8.tensor(&[blocks as i64, block_bytes as i64]), s.clone(), s];
+            if e.op == Op::MatvecAdd {
+                args.push(ElementType::F32.tensor(&[t as i64, O as i64]));
+            }
             m.func(&function_name(&e, t), &args, |f, a| {
                 let dims = [t, K, O, gs].map(|d| d as i32);
                 let export = cpu::export(e.op, e.bits, e.scale);
@@ -192,16 +195,23 @@ pub fn input(t: usize, k: usize, seed: u64) -> Vec<f32> {
     x
 }
 
-/// A kernel's `qmv` result: the model's bits, and (the model itself) within a few 1e-5 of
-/// each row's scale of the f64 product, the cost of quantizing x to i16.
-pub fn check_qmv(what: &str, m: &Matrix, x: &[f32], t: usize, got: &[f32]) {
-    let model = model_qmv(m, x, t);
+/// A kernel's `qmv` result (`qmvr`'s: plus the `residual`): the model's bits, and (the
+/// model itself) within a few 1e-5 of each row's scale of the f64 product, the cost of
+/// quantizing x to i16.
+pub fn check_qmv(what: &str, m: &Matrix, x: &[f32], t: usize, residual: Option<&[f32]>, got: &[f32]) {
+    let mut model = model_qmv(m, x, t);
+    let mut exact = exact_qmv(m, x, t);
+    if let Some(r) = residual {
+        // The graph's residual add after the product, in f32.
+        model.iter_mut().zip(r).for_each(|(y, r)| *y += r);
+        exact.iter_mut().zip(r).for_each(|(y, r)| *y += f64::from(*r));
+    }
     assert_eq!(got.len(), model.len(), "{what} T={t}: output length");
     for (i, (g, want)) in got.iter().zip(&model).enumerate() {
         let (r, o) = (i / m.out, i % m.out);
         assert_eq!(g.to_bits(), want.to_bits(), "{what} T={t}: y[{r}, {o}] = {g}, the model says {want}");
     }
-    for (r, row) in exact_qmv(m, x, t).chunks(m.out).enumerate() {
+    for (r, row) in exact.chunks(m.out).enumerate() {
         let scale = row.iter().fold(1e-3f64, |a, v| a.max(v.abs()));
         for (o, want) in row.iter().enumerate() {
             let got = got[r * m.out + o];
@@ -313,20 +323,31 @@ impl AttnCase {
         [self.layer, s, p, self.kv, self.heads / self.kv, self.hd, self.window, sliding]
     }
 
-    /// q, k_new, v_new, k_cache, v_cache (cache values rounded to its type).
+    /// Values rounded through the cache's element type.
+    pub fn as_cached(&self, v: &[f32]) -> Vec<f32> {
+        match self.cache {
+            cpu::CacheElem::F16 => v.iter().map(|x| f16::from_f32(*x).to_f32()).collect(),
+            cpu::CacheElem::F32 => v.to_vec(),
+        }
+    }
+
+    /// q, k_new, v_new, k_cache, v_cache: the cache's values in its type, the new rows in
+    /// f32 (the kernel rounds them).
     pub fn inputs(&self, seed: u64) -> [Vec<f32>; 5] {
         let n = self.positions.len();
-        let round = |v: Vec<f32>| match self.cache {
-            cpu::CacheElem::F16 => v.iter().map(|x| f16::from_f32(*x).to_f32()).collect(),
-            cpu::CacheElem::F32 => v,
-        };
         // Scores of a few units: the softmax's maxima move from block to block.
         let q = values(seed, n * self.heads * self.hd).iter().map(|x| 3.0 * x).collect();
-        let k_new = round(values(seed + 1, n * self.kv * self.hd).iter().map(|x| 2.0 * x).collect());
-        let v_new = round(values(seed + 2, n * self.kv * self.hd));
-        let k_cache = round(values(seed + 3, self.cache_len()).iter().map(|x| 2.0 * x).collect());
-        let v_cache = round(values(seed + 4, self.cache_len()));
+        let k_new = values(seed + 1, n * self.kv * self.hd).iter().map(|x| 2.0 * x).collect();
+        let v_new = values(seed + 2, n * self.kv * self.hd);
+        let k_cache = self.as_cached(&values(seed + 3, self.cache_len()).iter().map(|x| 2.0 * x).collect::<Vec<_>>());
+        let v_cache = self.as_cached(&values(seed + 4, self.cache_len()));
         [q, k_new, v_new, k_cache, v_cache]
+    }
+
+    /// [`AttnCase::inputs`] as the model reads them: the new rows rounded as the kernel
+    /// rounds them.
+    pub fn model_inputs(&self, [q, k_new, v_new, kc, vc]: &[Vec<f32>; 5]) -> [Vec<f32>; 5] {
+        [q.clone(), self.as_cached(k_new), self.as_cached(v_new), kc.clone(), vc.clone()]
     }
 }
 
