@@ -104,7 +104,7 @@ pub struct Plan {
     /// Tokens per prefill call.
     pub chunks: Vec<usize>,
     /// Positions prefill's attention reads: powers of two from 128 below the context, and
-    /// the context.
+    /// the context; or only the context ([`Plan::for_layout`]).
     pub windows: Vec<usize>,
     /// Positions decode's attention reads: the same windows, or only the context where a
     /// step's attention costs what the context holds whatever its window ([`Plan::for_layout`]).
@@ -159,13 +159,14 @@ impl Plan {
         Ok(Plan { cache, batches, chunks, decode_windows: windows.clone(), windows, call_rows })
     }
 
-    /// The plan for graphs of `layout`: where decode attention runs in the CPU kernel
-    /// (`models::graph::decode_attention_in_kernel`), which reads only the positions in use,
-    /// one decode window (the context) per batch size instead of one per window: the same
-    /// speed at every context, and a fraction of the decode functions to compile.
+    /// The plan for graphs of `layout`: where attention runs in the CPU kernel
+    /// (`models::graph::attention_in_kernel`), which reads only the positions in use, one
+    /// window (the context) per batch size and chunk instead of one per window: the same
+    /// speed at every context, and a fraction of the functions to compile.
     pub fn for_layout(mut self, cfg: &ModelConfig, layout: &Layout) -> Plan {
-        if models::graph::decode_attention_in_kernel(cfg, layout) {
+        if models::graph::attention_in_kernel(cfg, layout) {
             self.decode_windows = vec![self.cache.positions];
+            self.windows = vec![self.cache.positions];
         }
         self
     }
@@ -674,11 +675,11 @@ mod tests {
         assert_eq!(Plan::new(&c, &config(0, None)).unwrap_err().to_string(), "max batch must be at least 1");
     }
 
-    /// Where the CPU kernel runs decode attention (packed weights on llvm-cpu, a host with a
-    /// kernel object), decode is compiled for one window, the context, and its graph
-    /// dispatches the kernel; dense weights keep every window and the graph form.
+    /// Where the CPU kernel runs attention (packed weights on llvm-cpu, a host with a kernel
+    /// object), decode and prefill are compiled for one window, the context, and their graphs
+    /// dispatch the kernel; dense weights keep every window and the graph form.
     #[test]
-    fn decode_has_one_window_where_the_kernel_attends() {
+    fn one_window_where_the_kernel_attends() {
         let c = cfg();
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/q4");
         let ckpt = Checkpoint::open(&dir).unwrap();
@@ -699,20 +700,22 @@ mod tests {
         assert!(!text(&dense, &plan).contains("@attn_f32_u"));
         if kernels::cpu::host_isa().is_some() {
             let kernel = plan.clone().for_layout(&c, &packed);
-            assert_eq!(kernel.decode_windows, [300]);
-            assert_eq!(
-                (&kernel.windows, &kernel.batches, &kernel.chunks),
-                (&plan.windows, &plan.batches, &plan.chunks)
-            );
+            assert_eq!((kernel.decode_windows.as_slice(), kernel.windows.as_slice()), (&[300][..], &[300][..]));
+            assert_eq!((&kernel.batches, &kernel.chunks), (&plan.batches, &plan.chunks));
+            let prefills: Vec<Function> =
+                kernel.functions().into_iter().filter(|f| matches!(f, Function::Prefill { .. })).collect();
+            let chunk_each: Vec<Function> =
+                plan.chunks.iter().map(|&tokens| Function::Prefill { tokens, window: 300 }).collect();
+            assert_eq!(prefills, chunk_each);
             let rows: Vec<usize> = kernel.batches.clone();
             let one_each: Vec<Function> = rows.iter().map(|&rows| Function::Decode { rows, window: 300 }).collect();
             assert_eq!(decodes(&kernel), one_each);
             assert_eq!(kernel.decode(3, 0), Some(Function::Decode { rows: 4, window: 300 }));
             assert_eq!(kernel.decode(1, 299), Some(Function::Decode { rows: 1, window: 300 }));
             assert_eq!(kernel.decode(1, 300), None);
-            // One attention dispatch per layer per decode function, none in prefill.
+            // One attention dispatch per layer per function.
             let mlir = text(&packed, &kernel);
-            let per_call = c.num_layers() * one_each.len();
+            let per_call = c.num_layers() * (one_each.len() + chunk_each.len());
             assert_eq!(mlir.matches("entry_points = [@mlx_iree_kernels::@attn_f32_u1]").count(), per_call, "{mlir}");
         }
         let _ = std::fs::remove_dir_all(&cache_dir);

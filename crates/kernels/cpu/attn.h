@@ -1,11 +1,15 @@
-//! Decode attention, shared by every kernel object: for each row r of a step (one token of
+//! Attention of a step's rows, shared by every kernel object: for each row r (one token of
 //! one sequence) and each kv head, the row's G query heads against the keys and values of
-//! positions [lo, p) of its slot in layer `layer` of the cache (p the row's position, lo
-//! its sliding window's start) and against its own new key and value, one softmax over
-//! both. It reads those positions where they lie in the cache, so a step's attention costs
+//! positions [lo, p) of its sequence (p the row's position, lo its sliding window's start)
+//! and against its own new key and value, one softmax over all. Positions before the first
+//! of the sequence's rows in this call are read where they lie in its slot of layer `layer`
+//! of the cache; the later ones are the new rows of the rows before r in this call (a prompt
+//! chunk: a sequence's rows of one call are consecutive and in position order, and only
+//! those of the rows just before r with its slot and a position in [lo, p) count, so a
+//! padding row that repeats a real one computes the same bits). So a step's attention costs
 //! what the context holds, not the window it was compiled for, and takes one dispatch per
-//! layer where the graph form takes several (crates/models/src/graph.rs, `attend_one`, is the
-//! definition it follows).
+//! layer where the graph form takes several (crates/models/src/graph.rs, `attend_one` and
+//! `attend_chunk`, are the definitions it follows).
 //!
 //! Each instruction set's file defines the 16-lane primitives first (vf16_avx512.h,
 //! vf16_avx2.h, vf16_neon.h); everything else is here, written one rounding at a time (the
@@ -14,8 +18,9 @@
 //! (`attention_model`) too:
 //! - q is scaled once: qs = q * scale; a score is the 16-lane sum (`vf_sum`) of the fused
 //!   products of qs and the key over head_dim / 16 chunks, chunk 0 first.
-//! - softmax runs online over blocks of BLOCK positions, starting from the row's own key
-//!   (m = its score, l = 1, acc = its value): per block, m' = max(m, the block's scores),
+//! - softmax runs online over blocks of BLOCK positions (the cache's, then the call's rows'),
+//!   starting from the row's own key (m = its score, l = 1, acc = its value): per block,
+//!   m' = max(m, the block's scores),
 //!   alpha = exp(m - m'), e_j = exp(s_j - m'), l = fma(l, alpha, the 16-lane sum of the
 //!   block's e_j, zeros past the context), acc = acc * alpha (when alpha is not 1), then acc =
 //!   fma(e_j, v_j, acc) for j in order.
@@ -97,10 +102,74 @@ static inline float attn_exp(float x) {
     }                                                                                             \
   } while (0)
 
+// The softmax update of the current rows' heads over key rows [FROM, TO) of KROWS and VROWS
+// (ETYPE, read by ELOAD, rows `stride` apart), in blocks of ATTN_BLOCK: the cache's positions
+// or the call's earlier rows of the sequence.
+#define ATTN_SPAN(ETYPE, ELOAD, KROWS, VROWS, FROM, TO)                                           \
+  do {                                                                                            \
+    const ETYPE* krows = (KROWS);                                                                 \
+    const ETYPE* vrows = (VROWS);                                                                 \
+    const int64_t span_hi = (TO);                                                                 \
+      for (int64_t j0 = (FROM); j0 < span_hi; j0 += ATTN_BLOCK) {                                          \
+      const size_t nb = (size_t)(span_hi - j0 < ATTN_BLOCK ? span_hi - j0 : ATTN_BLOCK);                  \
+      /* The next block's rows: the prefetchers do not follow rows stride apart far enough. */  \
+      if (j0 + ATTN_BLOCK < span_hi)                                                                 \
+        for (size_t jj = 0; jj < ATTN_BLOCK; ++jj)                                              \
+          for (size_t b = 0; b < nh * HD * sizeof(ETYPE); b += 64) {                            \
+            __builtin_prefetch((const char*)(krows + ((size_t)j0 + ATTN_BLOCK + jj) * stride) + b); \
+            __builtin_prefetch((const char*)(vrows + ((size_t)j0 + ATTN_BLOCK + jj) * stride) + b); \
+          }                                                                                     \
+      for (size_t h = 0; h < nh; ++h) {                                                         \
+        const ETYPE* kblock = krows + (size_t)j0 * stride + h * HD;                             \
+        const ETYPE* vblock = vrows + (size_t)j0 * stride + h * HD;                             \
+        float* acc_h = acc + h * GHD;                                                           \
+        float e[ATTN_MAX_G][ATTN_BLOCK] __attribute__((aligned(64)));                           \
+        for (size_t g = 0; g < G; ++g) {                                                        \
+          const float* qg = qs + h * GHD + g * HD;                                              \
+          if (nb == ATTN_BLOCK) {                                                               \
+            vf s[ATTN_BLOCK];                                                                   \
+            for (size_t jj = 0; jj < ATTN_BLOCK; ++jj) s[jj] = vf_zero();                       \
+            for (size_t c = 0; c < C; ++c) {                                                    \
+              const vf qv = vf_load(qg + 16 * c);                                               \
+              for (size_t jj = 0; jj < ATTN_BLOCK; ++jj)                                        \
+                s[jj] = vf_fma(qv, ELOAD(kblock + jj * stride + 16 * c), s[jj]);                 \
+            }                                                                                   \
+            vf_sum16(s, e[g]);                                                                  \
+          } else {                                                                              \
+            for (size_t jj = 0; jj < nb; ++jj) {                                                \
+              vf s = vf_zero();                                                                 \
+              for (size_t c = 0; c < C; ++c) s = vf_fma(vf_load(qg + 16 * c), ELOAD(kblock + jj * stride + 16 * c), s); \
+              e[g][jj] = vf_sum(s);                                                             \
+            }                                                                                   \
+            /* Past the context: e^-inf = 0, so a short block is a full one. */                 \
+            for (size_t jj = nb; jj < ATTN_BLOCK; ++jj) e[g][jj] = -__builtin_inff();           \
+          }                                                                                     \
+          float* mg = m + h * G + g;                                                            \
+          const float block_top = vf_max_lane(vf_load(e[g]));                                   \
+          const float top = block_top > *mg ? block_top : *mg;                                  \
+          const float alpha = attn_exp(*mg - top);                                              \
+          for (size_t jj = 0; jj < ATTN_BLOCK; ++jj) e[g][jj] = attn_exp(e[g][jj] - top);      \
+          l[h * G + g] = __builtin_fmaf(l[h * G + g], alpha, vf_sum(vf_load(e[g])));            \
+          *mg = top;                                                                            \
+          if (alpha != 1.0f)                                                                    \
+            for (size_t c = 0; c < C; ++c)                                                      \
+              vf_store(acc_h + g * HD + 16 * c, vf_mul(vf_load(acc_h + g * HD + 16 * c), vf_set1(alpha))); \
+        }                                                                                       \
+        size_t c = 0;                                                                           \
+        for (; c + 2 <= C; c += 2) ATTN_ACCUMULATE_HEADS(2, ETYPE, ELOAD);                       \
+        if (c < C) ATTN_ACCUMULATE_HEADS(1, ETYPE, ELOAD);                                       \
+      }                                                                                         \
+    }                                                                                           \
+  } while (0)
+
 static inline vf vf_id(vf v) { return v; }
 
-// ROUND: a vector of f32 rounded through CTYPE (the step's own key and value).
-#define ATTN(NAME, CTYPE, LOAD, ROUND)                                                            \
+static inline vf vf_load_round_f16(const float* p) { return vf_round_f16(vf_load(p)); }
+
+// LOAD reads 16 cache values as f32; ROUND rounds a vector of f32 through CTYPE and NLOAD
+// reads 16 f32 values of the new rows so rounded (the call's keys and values, as the cache
+// will hold them).
+#define ATTN(NAME, CTYPE, LOAD, ROUND, NLOAD)                                                            \
   void NAME(const float* q, size_t q_off, const float* kn, size_t kn_off, const float* vn,        \
             size_t vn_off, const CTYPE* kc, size_t kc_off, const CTYPE* vc, size_t vc_off,        \
             const int32_t* pos, size_t pos_off, const int32_t* slots, size_t slots_off,           \
@@ -127,10 +196,21 @@ static inline vf vf_id(vf v) { return v; }
       size_t slot = (size_t)(uint32_t)slots[r];                                                   \
       if (slot >= S) slot = S - 1;                                                                \
       const int64_t p = pos[r];                                                                   \
-      int64_t hi = p < (int64_t)W ? p : (int64_t)W;                                               \
+      /* The rows just before r with its slot: its sequence's earlier rows in this call; the */ \
+      /* cache holds the positions before the first of them. */                                  \
+      size_t r0 = r;                                                                              \
+      while (r0 > 0 && slots[r0 - 1] == slots[r]) --r0;                                           \
+      const int64_t first = r0 < r && pos[r0] < p ? pos[r0] : p;                                  \
+      int64_t hi = first < (int64_t)W ? first : (int64_t)W;                                       \
       if (hi > (int64_t)P) hi = (int64_t)P;                                                       \
       int64_t lo = sliding ? p - (int64_t)sliding + 1 : 0;                                        \
       if (lo < 0) lo = 0;                                                                         \
+      /* Of those rows, the ones at positions [lo, p): rows [ja, jb). */                          \
+      size_t ja = r0, jb = r0;                                                                    \
+      for (size_t j = r0; j < r; ++j) {                                                           \
+        if (pos[j] < lo) ja = j + 1;                                                              \
+        if (pos[j] < p) jb = j + 1;                                                               \
+      }                                                                                           \
       for (size_t h = 0; h < nh; ++h) {                                                           \
         const float* qr = q + r * K * GHD + (kh0 + h) * GHD;                                      \
         const float* kr = kn + (r * K + kh0 + h) * HD;                                            \
@@ -145,60 +225,12 @@ static inline vf vf_id(vf v) { return v; }
           for (size_t c = 0; c < C; ++c) vf_store(acc + h * GHD + g * HD + 16 * c, ROUND(vf_load(vr + 16 * c))); \
         }                                                                                         \
       }                                                                                           \
-      /* Position j, kv head kh: row ((layer * S + slot) * P + j) * K + kh of hd values. */       \
+      /* Position j, kv head kh: row ((layer * S + slot) * P + j) * K + kh of hd values; the */  \
+      /* call's row j: row j * K + kh of the new keys and values, the same stride apart. */      \
       const size_t stride = K * HD;                                                               \
-      const CTYPE* krows = kc + ((layer * S + slot) * P * K + kh0) * HD;                          \
-      const CTYPE* vrows = vc + ((layer * S + slot) * P * K + kh0) * HD;                          \
-      for (int64_t j0 = lo; j0 < hi; j0 += ATTN_BLOCK) {                                          \
-        const size_t nb = (size_t)(hi - j0 < ATTN_BLOCK ? hi - j0 : ATTN_BLOCK);                  \
-        /* The next block's rows: the prefetchers do not follow rows stride apart far enough. */  \
-        if (j0 + ATTN_BLOCK < hi)                                                                 \
-          for (size_t jj = 0; jj < ATTN_BLOCK; ++jj)                                              \
-            for (size_t b = 0; b < nh * HD * sizeof(CTYPE); b += 64) {                            \
-              __builtin_prefetch((const char*)(krows + ((size_t)j0 + ATTN_BLOCK + jj) * stride) + b); \
-              __builtin_prefetch((const char*)(vrows + ((size_t)j0 + ATTN_BLOCK + jj) * stride) + b); \
-            }                                                                                     \
-        for (size_t h = 0; h < nh; ++h) {                                                         \
-          const CTYPE* kblock = krows + (size_t)j0 * stride + h * HD;                             \
-          const CTYPE* vblock = vrows + (size_t)j0 * stride + h * HD;                             \
-          float* acc_h = acc + h * GHD;                                                           \
-          float e[ATTN_MAX_G][ATTN_BLOCK] __attribute__((aligned(64)));                           \
-          for (size_t g = 0; g < G; ++g) {                                                        \
-            const float* qg = qs + h * GHD + g * HD;                                              \
-            if (nb == ATTN_BLOCK) {                                                               \
-              vf s[ATTN_BLOCK];                                                                   \
-              for (size_t jj = 0; jj < ATTN_BLOCK; ++jj) s[jj] = vf_zero();                       \
-              for (size_t c = 0; c < C; ++c) {                                                    \
-                const vf qv = vf_load(qg + 16 * c);                                               \
-                for (size_t jj = 0; jj < ATTN_BLOCK; ++jj)                                        \
-                  s[jj] = vf_fma(qv, LOAD(kblock + jj * stride + 16 * c), s[jj]);                 \
-              }                                                                                   \
-              vf_sum16(s, e[g]);                                                                  \
-            } else {                                                                              \
-              for (size_t jj = 0; jj < nb; ++jj) {                                                \
-                vf s = vf_zero();                                                                 \
-                for (size_t c = 0; c < C; ++c) s = vf_fma(vf_load(qg + 16 * c), LOAD(kblock + jj * stride + 16 * c), s); \
-                e[g][jj] = vf_sum(s);                                                             \
-              }                                                                                   \
-              /* Past the context: e^-inf = 0, so a short block is a full one. */                 \
-              for (size_t jj = nb; jj < ATTN_BLOCK; ++jj) e[g][jj] = -__builtin_inff();           \
-            }                                                                                     \
-            float* mg = m + h * G + g;                                                            \
-            const float block_top = vf_max_lane(vf_load(e[g]));                                   \
-            const float top = block_top > *mg ? block_top : *mg;                                  \
-            const float alpha = attn_exp(*mg - top);                                              \
-            for (size_t jj = 0; jj < ATTN_BLOCK; ++jj) e[g][jj] = attn_exp(e[g][jj] - top);      \
-            l[h * G + g] = __builtin_fmaf(l[h * G + g], alpha, vf_sum(vf_load(e[g])));            \
-            *mg = top;                                                                            \
-            if (alpha != 1.0f)                                                                    \
-              for (size_t c = 0; c < C; ++c)                                                      \
-                vf_store(acc_h + g * HD + 16 * c, vf_mul(vf_load(acc_h + g * HD + 16 * c), vf_set1(alpha))); \
-          }                                                                                       \
-          size_t c = 0;                                                                           \
-          for (; c + 2 <= C; c += 2) ATTN_ACCUMULATE_HEADS(2, CTYPE, LOAD);                       \
-          if (c < C) ATTN_ACCUMULATE_HEADS(1, CTYPE, LOAD);                                       \
-        }                                                                                         \
-      }                                                                                           \
+      const size_t at = ((layer * S + slot) * P * K + kh0) * HD;                                  \
+      ATTN_SPAN(CTYPE, LOAD, kc + at, vc + at, lo, hi);                                           \
+      ATTN_SPAN(float, NLOAD, kn + kh0 * HD, vn + kh0 * HD, (int64_t)ja, (int64_t)jb);            \
       for (size_t h = 0; h < nh; ++h) {                                                           \
         float* o = out + r * K * GHD + (kh0 + h) * GHD;                                           \
         for (size_t g = 0; g < G; ++g) {                                                          \
@@ -210,5 +242,5 @@ static inline vf vf_id(vf v) { return v; }
     }                                                                                             \
   }
 
-ATTN(mlx_iree_attn_f32, float, vf_load, vf_id)
-ATTN(mlx_iree_attn_f16, uint16_t, vf_load_f16, vf_round_f16)
+ATTN(mlx_iree_attn_f32, float, vf_load, vf_id, vf_load)
+ATTN(mlx_iree_attn_f16, uint16_t, vf_load_f16, vf_round_f16, vf_load_round_f16)

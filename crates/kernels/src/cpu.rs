@@ -441,25 +441,42 @@ pub fn attention_model(
     for r in 0..n {
         let slot = (slots[r] as u32 as usize).min(s - 1);
         let pos = i64::from(positions[r]);
-        let hi = pos.min(w as i64).min(p as i64);
+        // The rows just before r with its slot (its sequence's earlier rows in this call):
+        // the cache holds the positions before the first of them.
+        let r0 = (0..r).rev().take_while(|&j| slots[j] == slots[r]).last().unwrap_or(r);
+        let first = if r0 < r { i64::from(positions[r0]).min(pos) } else { pos };
+        let hi = first.min(w as i64).min(p as i64);
         let lo = if sliding > 0 { (pos - sliding as i64 + 1).max(0) } else { 0 };
+        // Of those rows, the ones at positions [lo, pos).
+        let (mut ja, mut jb) = (r0, r0);
+        for j in r0..r {
+            if i64::from(positions[j]) < lo {
+                ja = j + 1;
+            }
+            if i64::from(positions[j]) < pos {
+                jb = j + 1;
+            }
+        }
         for kh in 0..kv {
             let kr = &k_new[(r * kv + kh) * hd..][..hd];
             let vr = &v_new[(r * kv + kh) * hd..][..hd];
-            let row = |cache: &[f32], j: usize| -> Vec<f32> {
-                cache[((((layer * s + slot) * p) + j) * kv + kh) * hd..][..hd].to_vec()
-            };
+            // The keys and values in the kernel's order: cache positions [lo, hi) in blocks,
+            // then the call's rows [ja, jb) in blocks of their own.
+            let cache_at = |j: i64| (((layer * s + slot) * p + j as usize) * kv + kh) * hd;
+            let new_at = |j: usize| (j * kv + kh) * hd;
+            let cached: Vec<(&[f32], &[f32])> =
+                (lo..hi).map(|j| (&k_cache[cache_at(j)..][..hd], &v_cache[cache_at(j)..][..hd])).collect();
+            let called: Vec<(&[f32], &[f32])> =
+                (ja..jb).map(|j| (&k_new[new_at(j)..][..hd], &v_new[new_at(j)..][..hd])).collect();
             for gi in 0..g {
                 let qs: Vec<f32> = q[(r * kv + kh) * ghd + gi * hd..][..hd].iter().map(|x| x * scale).collect();
                 let mut m = dot(&qs, kr);
                 let mut l = 1f32;
                 let mut acc = vr.to_vec();
-                let mut j0 = lo;
-                while j0 < hi {
-                    let nb = ((hi - j0) as usize).min(BLOCK);
+                for block in cached.chunks(BLOCK).chain(called.chunks(BLOCK)) {
                     let mut e = [f32::NEG_INFINITY; BLOCK];
-                    for (jj, ej) in e.iter_mut().enumerate().take(nb) {
-                        *ej = dot(&qs, &row(k_cache, j0 as usize + jj));
+                    for (ej, (k, _)) in e.iter_mut().zip(block) {
+                        *ej = dot(&qs, k);
                     }
                     let block_top = e.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                     let top = if block_top > m { block_top } else { m };
@@ -472,13 +489,11 @@ pub fn attention_model(
                     if alpha != 1.0 {
                         acc.iter_mut().for_each(|a| *a *= alpha);
                     }
-                    for (jj, ej) in e.iter().enumerate().take(nb) {
-                        let v = row(v_cache, j0 as usize + jj);
-                        for (a, vj) in acc.iter_mut().zip(&v) {
+                    for (ej, (_, v)) in e.iter().zip(block) {
+                        for (a, vj) in acc.iter_mut().zip(v.iter()) {
                             *a = ej.mul_add(*vj, *a);
                         }
                     }
-                    j0 += BLOCK as i64;
                 }
                 let inv = 1.0 / l;
                 for (o, a) in out[(r * kv + kh) * ghd + gi * hd..][..hd].iter_mut().zip(&acc) {

@@ -172,11 +172,11 @@ pub struct EmitOptions {
     pub slot_read: SlotRead,
 }
 
-/// Whether single-row-per-sequence decode runs its attention in the CPU kernel
-/// (`kernels::cpu`, `attn`) for this model and layout: the layout links the kernel object
-/// (packed weights on an `llvm-cpu` target), the scores are not soft-capped and the kernel
-/// takes the heads. It then reads only the positions in use, whatever the function's window.
-pub fn decode_attention_in_kernel(cfg: &ModelConfig, layout: &Layout) -> bool {
+/// Whether attention (decode and prefill) runs in the CPU kernel (`kernels::cpu`, `attn`)
+/// for this model and layout: the layout links the kernel object (packed weights on an
+/// `llvm-cpu` target), the scores are not soft-capped and the kernel takes the heads. It then
+/// reads only the positions in use, whatever the function's window.
+pub fn attention_in_kernel(cfg: &ModelConfig, layout: &Layout) -> bool {
     layout.kernel_object().is_some()
         && cfg.attn_softcap.is_none()
         && kernels::cpu::supports_attention(cfg.heads, cfg.kv_heads, cfg.head_dim)
@@ -704,14 +704,15 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         f.reshape(o, &[n * m, k * g * hd])
     }
 
-    /// Decode attention through the CPU kernel (`kernels::cpu`, `cpu/attn.h`), where the
-    /// module links the kernel object and the kernel takes the model's heads: the same
-    /// attention as [`Step::attend_one`], read straight from the cache (`kc`, `vc`, whole) at
-    /// each row's slot for positions `[0, min(p, W))` only, one dispatch per layer. `None`
-    /// where the graph form runs instead (no object: other targets or dense weights; soft-capped
-    /// scores; heads the kernel does not take).
+    /// Attention through the CPU kernel (`kernels::cpu`, `cpu/attn.h`), where the module
+    /// links the kernel object and the kernel takes the model's heads: the same attention as
+    /// [`Step::attend_one`] (decode) and [`Step::attend_chunk`] (a prompt chunk), read straight
+    /// from the cache (`kc`, `vc`, whole) at each row's slot for the positions before the
+    /// call's rows of its sequence (below W), and from the call's new rows after them, one
+    /// dispatch per layer. `None` where the graph form runs instead (no object: other targets
+    /// or dense weights; soft-capped scores; heads the kernel does not take).
     #[allow(clippy::too_many_arguments)]
-    fn attend_one_kernel(
+    fn attend_kernel(
         &self,
         q: V<'c, 'b>,
         kk: V<'c, 'b>,
@@ -724,7 +725,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     ) -> R<Option<V<'c, 'b>>> {
         let (f, cfg) = (self.f, self.cfg);
         let (h, k, hd) = (cfg.heads, cfg.kv_heads, cfg.head_dim);
-        if !decode_attention_in_kernel(cfg, self.layout) {
+        if !attention_in_kernel(cfg, self.layout) {
             return Ok(None);
         }
         let cache = if self.kv_elem == F16 { kernels::cpu::CacheElem::F16 } else { kernels::cpu::CacheElem::F32 };
@@ -832,6 +833,9 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         }
 
         let pos_f = f.convert(positions, F32)?;
+        // Each row's slot (a chunk's rows share their sequence's), for the attention kernel.
+        let n = slots.shape()[0];
+        let row_slots = if m == 1 { slots } else { f.reshape(f.broadcast_in_dim(slots, &[n, m as i64], &[0])?, &[r])? };
         let (mut new_k, mut new_v) = (Vec::new(), Vec::new());
         let mut ropes: HashMap<String, (V<'c, 'b>, V<'c, 'b>)> = HashMap::new();
 
@@ -870,18 +874,17 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             new_v.push(as_rows(vv)?);
 
             // Grouped-query attention: head j = kv * G + i attends with kv head `kv`.
-            let o = if m == 1 {
-                match self.attend_one_kernel(q, kk, vv, (kc, vc), l, slots, positions, layer.sliding_window)? {
-                    Some(o) => o,
-                    None => {
-                        let (kl, vl) = (self.window(kc, l, slots)?, self.window(vc, l, slots)?);
-                        self.attend_one(q, kk, vv, kl, vl, positions, layer.sliding_window)?
-                    }
+            let o = match self.attend_kernel(q, kk, vv, (kc, vc), l, row_slots, positions, layer.sliding_window)? {
+                Some(o) => o,
+                None if m == 1 => {
+                    let (kl, vl) = (self.window(kc, l, slots)?, self.window(vc, l, slots)?);
+                    self.attend_one(q, kk, vv, kl, vl, positions, layer.sliding_window)?
                 }
-            } else {
-                let kl = self.window_with(kc, l, slots, kk, positions)?;
-                let vl = self.window_with(vc, l, slots, vv, positions)?;
-                self.attend_chunk(q, kl, vl, positions, layer.sliding_window)?
+                None => {
+                    let kl = self.window_with(kc, l, slots, kk, positions)?;
+                    let vl = self.window_with(vc, l, slots, vv, positions)?;
+                    self.attend_chunk(q, kl, vl, positions, layer.sliding_window)?
+                }
             };
             let o_proj = format!("{p}.self_attn.o_proj");
             x = if cfg.sandwich_norms {

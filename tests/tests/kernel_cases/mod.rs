@@ -253,7 +253,7 @@ pub struct AttnCase {
 /// slot past the cache (clamped to the last), sliding windows, a block boundary; one query
 /// head per kv head up to the kernel's most (16); head dims of one to four 16-lane chunks;
 /// several kv heads per workgroup (`attention_units` 4 for 8 kv heads).
-pub const ATTN_CASES: [AttnCase; 4] = [
+pub const ATTN_CASES: [AttnCase; 6] = [
     AttnCase {
         heads: 8,
         kv: 2,
@@ -301,6 +301,34 @@ pub const ATTN_CASES: [AttnCase; 4] = [
         sliding: 20,
         positions: &[63, 1],
         slots: &[0, 0],
+    },
+    // A decode row, a prompt chunk of 20 rows (its later rows attend to its earlier ones,
+    // past a block of 16), a padding row repeating the chunk's last, another decode row.
+    AttnCase {
+        heads: 8,
+        kv: 2,
+        hd: 32,
+        cache: cpu::CacheElem::F16,
+        cache_dims: [2, 3, 64],
+        layer: 1,
+        window: 64,
+        sliding: 0,
+        positions: &[10, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 49, 5],
+        slots: &[2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+    },
+    // A chunk from position 3 with a sliding window of 8: its last rows see only rows of
+    // the chunk, the first ones the cache too.
+    AttnCase {
+        heads: 4,
+        kv: 4,
+        hd: 16,
+        cache: cpu::CacheElem::F32,
+        cache_dims: [1, 2, 16],
+        layer: 0,
+        window: 16,
+        sliding: 8,
+        positions: &[3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
+        slots: &[1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
     },
 ];
 
@@ -352,21 +380,28 @@ impl AttnCase {
 }
 
 /// Plain attention in f64 over the same positions: each head's softmax over its visible old
-/// keys and its own.
+/// keys (in the cache before its sequence's first row in the call, then those rows), and its
+/// own.
 pub fn attention_f64(case: &AttnCase, [q, k_new, v_new, kc, vc]: &[Vec<f32>; 5]) -> Vec<f64> {
     let [layer, s, p, kv, g, hd, w, sliding] = case.constants();
     let mut out = Vec::new();
     for (r, (&pos, &slot)) in case.positions.iter().zip(case.slots).enumerate() {
+        // The sequence's earlier rows in this call: the run of rows just before r with its slot.
+        let run = (0..r).rev().take_while(|&j| case.slots[j] == slot).last().unwrap_or(r);
+        let earlier: Vec<usize> = (run..r).filter(|&j| case.positions[j] < pos).collect();
+        let first = earlier.first().map_or(pos, |&j| case.positions[j]) as usize;
         let slot = (slot as usize).min(s - 1);
-        let (pos, hi) = (pos as usize, (pos as usize).min(w).min(p));
+        let (pos, hi) = (pos as usize, first.min(w).min(p));
         let lo = if sliding > 0 { (pos + 1).saturating_sub(sliding) } else { 0 };
         for head in 0..kv * g {
             let kh = head / g;
             let qh = &q[(r * kv * g + head) * hd..][..hd];
             let row = |j: usize| ((layer * s + slot) * p + j) * kv + kh;
+            let new = |j: usize| (&k_new[(j * kv + kh) * hd..][..hd], &v_new[(j * kv + kh) * hd..][..hd]);
             let keys: Vec<(&[f32], &[f32])> = (lo..hi)
                 .map(|j| (&kc[row(j) * hd..][..hd], &vc[row(j) * hd..][..hd]))
-                .chain([(&k_new[(r * kv + kh) * hd..][..hd], &v_new[(r * kv + kh) * hd..][..hd])])
+                .chain(earlier.iter().filter(|&&j| case.positions[j] as usize >= lo).map(|&j| new(j)))
+                .chain([new(r)])
                 .collect();
             let scores: Vec<f64> = keys
                 .iter()
