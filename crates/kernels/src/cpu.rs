@@ -449,11 +449,11 @@ pub fn attention_model(
         let lo = if sliding > 0 { (pos - sliding as i64 + 1).max(0) } else { 0 };
         // Of those rows, the ones at positions [lo, pos).
         let (mut ja, mut jb) = (r0, r0);
-        for j in r0..r {
-            if i64::from(positions[j]) < lo {
+        for (j, &at) in positions.iter().enumerate().take(r).skip(r0) {
+            if i64::from(at) < lo {
                 ja = j + 1;
             }
-            if i64::from(positions[j]) < pos {
+            if i64::from(at) < pos {
                 jb = j + 1;
             }
         }
