@@ -46,6 +46,8 @@ fn main() {
         let _ = std::fs::remove_file(out_dir.join(object));
     }
     let cc = env::var("CC").unwrap_or_else(|_| "cc".into());
+    // Asked once: every object is built by the same compiler.
+    let cc = Cc { clang: is_clang(&cc), path: cc };
     match env::var("CARGO_CFG_TARGET_ARCH").as_deref() {
         Ok("x86_64") => x86_64(&cc, &out_dir),
         Ok("aarch64") => aarch64(&cc, &out_dir),
@@ -53,7 +55,13 @@ fn main() {
     }
 }
 
-fn x86_64(cc: &str, out_dir: &Path) {
+/// The C compiler and whether it is clang (which refuses GCC's own flags).
+struct Cc {
+    path: String,
+    clang: bool,
+}
+
+fn x86_64(cc: &Cc, out_dir: &Path) {
     // Both objects or none: `kernels::cpu` includes them together.
     for (source, object, isa_flags) in OBJECTS {
         if let Err(why) = compile(cc, source, isa_flags, &out_dir.join(object)) {
@@ -69,7 +77,7 @@ fn x86_64(cc: &str, out_dir: &Path) {
     }
 }
 
-fn aarch64(cc: &str, out_dir: &Path) {
+fn aarch64(cc: &Cc, out_dir: &Path) {
     let mut flags = cflags::NEON_DOT.to_vec();
     // Off Linux the system compiler (clang) is told to write ELF anyway.
     if env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux") {
@@ -83,10 +91,16 @@ fn aarch64(cc: &str, out_dir: &Path) {
 
 /// Freestanding (`cflags::COMMON`, and `cflags::GCC` unless the compiler is clang): the
 /// object is linked into IREE's executables, which have no libc.
-fn compile(cc: &str, source: &str, isa_flags: &[&str], out: &Path) -> Result<(), String> {
-    let gcc: &[&str] = if is_clang(cc) { &[] } else { &cflags::GCC };
-    let status =
-        Command::new(cc).args(cflags::COMMON).args(gcc).args(isa_flags).args(["-c", source, "-o"]).arg(out).status();
+fn compile(cc: &Cc, source: &str, isa_flags: &[&str], out: &Path) -> Result<(), String> {
+    let gcc: &[&str] = if cc.clang { &[] } else { &cflags::GCC };
+    let status = Command::new(&cc.path)
+        .args(cflags::COMMON)
+        .args(gcc)
+        .args(isa_flags)
+        .args(["-c", source, "-o"])
+        .arg(out)
+        .status();
+    let cc = &cc.path;
     match status {
         Ok(s) if s.success() => {
             check_self_contained(source, out);
