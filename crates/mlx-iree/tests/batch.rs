@@ -112,7 +112,17 @@ macro_rules! eight_rows_at_f32 {
 
 mod eight_rows_at_f32 {
     use super::*;
-    eight_rows_at_f32!(gemma, gemma2, gemma2_window, gemma3_text, llama_linear_untied, llama_llama3_tied, qwen2, qwen3);
+    eight_rows_at_f32!(
+        gemma,
+        gemma2,
+        gemma2_window,
+        gemma3_text,
+        llama_linear_untied,
+        llama_llama3_tied,
+        mistral,
+        qwen2,
+        qwen3
+    );
 
     #[test]
     fn every_fixture_family_has_its_test() {

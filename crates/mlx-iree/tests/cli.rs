@@ -65,7 +65,7 @@ fn fixture_with(key: &str, value: serde_json::Value) -> tempfile::TempDir {
 
 #[test]
 fn unsupported_model_type_is_refused_before_compiling() {
-    let dir = fixture_with("model_type", serde_json::json!("mistral"));
+    let dir = fixture_with("model_type", serde_json::json!("phi3"));
     let model = dir.path().to_str().unwrap();
     let out = tempfile::tempdir().unwrap();
     let file = out.path().join("t.json");
@@ -75,7 +75,7 @@ fn unsupported_model_type_is_refused_before_compiling() {
         &args,
         2,
         "",
-        "unsupported model_type `mistral` (supported: llama, qwen2, qwen3, gemma, gemma2, gemma3_text)",
+        "unsupported model_type `phi3` (supported: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text)",
     );
     assert!(!file.exists(), "no partial output file");
 }

@@ -80,4 +80,14 @@ macro_rules! fixture_tests {
     )*};
 }
 
-fixture_tests!(llama_llama3_tied, llama_linear_untied, qwen2, qwen3, gemma, gemma2, gemma2_window, gemma3_text);
+fixture_tests!(
+    llama_llama3_tied,
+    llama_linear_untied,
+    mistral,
+    qwen2,
+    qwen3,
+    gemma,
+    gemma2,
+    gemma2_window,
+    gemma3_text
+);

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::path::Path;
 
-pub const SUPPORTED: &str = "llama, qwen2, qwen3, gemma, gemma2, gemma3_text";
+pub const SUPPORTED: &str = "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text";
 
 /// The checkpoint's `config.json` as written, every field optional; [`ModelConfig::from_json`]
 /// decides per `model_type` which are required and what the defaults are.
@@ -132,7 +132,9 @@ impl ModelConfig {
             serde_json::from_value(value.clone()).map_err(|e| cfg_err(path, "config", e.to_string()))?;
         let model_type = raw.model_type.clone().ok_or_else(|| cfg_err(path, "model_type", "missing"))?;
         let family = match model_type.as_str() {
-            "llama" => Family::Llama,
+            // mlx-lm runs `mistral` as its llama model (`MODEL_REMAPPING`): a sliding window
+            // applies only to layers `layer_types` marks, none in Mistral's own configs.
+            "llama" | "mistral" => Family::Llama,
             "qwen2" => Family::Qwen2,
             "qwen3" => Family::Qwen3,
             "gemma" => Family::Gemma,

@@ -34,8 +34,8 @@ fn refusals_name_the_cause() {
     check_err(
         llama(),
         "model_type",
-        json!("mistral"),
-        "m/config.json: unsupported model_type `mistral` (supported: llama, qwen2, qwen3, gemma, gemma2, gemma3_text)",
+        json!("phi3"),
+        "m/config.json: unsupported model_type `phi3` (supported: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text)",
     );
     check_err(llama(), "model_type", Value::Null, "m/config.json: model_type: missing");
     check_err(llama(), "hidden_size", Value::Null, "m/config.json: hidden_size: missing");
