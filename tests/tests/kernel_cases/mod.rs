@@ -377,6 +377,12 @@ impl AttnCase {
     pub fn model_inputs(&self, [q, k_new, v_new, kc, vc]: &[Vec<f32>; 5]) -> [Vec<f32>; 5] {
         [q.clone(), self.as_cached(k_new), self.as_cached(v_new), kc.clone(), vc.clone()]
     }
+
+    /// What `kernels::cpu::attention_model` says the kernel gives for `inputs`.
+    pub fn model(&self, inputs: &[Vec<f32>; 5]) -> Vec<f32> {
+        let [q, k_new, v_new, kc, vc] = self.model_inputs(inputs);
+        cpu::attention_model(&q, &k_new, &v_new, &kc, &vc, self.positions, self.slots, self.constants(), self.scale())
+    }
 }
 
 /// Plain attention in f64 over the same positions: each head's softmax over its visible old
