@@ -110,66 +110,64 @@ static inline float attn_exp(float x) {
     const ETYPE* krows = (KROWS);                                                                 \
     const ETYPE* vrows = (VROWS);                                                                 \
     const int64_t span_hi = (TO);                                                                 \
-      for (int64_t j0 = (FROM); j0 < span_hi; j0 += ATTN_BLOCK) {                                          \
-      const size_t nb = (size_t)(span_hi - j0 < ATTN_BLOCK ? span_hi - j0 : ATTN_BLOCK);                  \
-      /* The next block's rows: the prefetchers do not follow rows stride apart far enough. */  \
-      if (j0 + ATTN_BLOCK < span_hi)                                                                 \
-        for (size_t jj = 0; jj < ATTN_BLOCK; ++jj)                                              \
-          for (size_t b = 0; b < nh * HD * sizeof(ETYPE); b += 64) {                            \
+    for (int64_t j0 = (FROM); j0 < span_hi; j0 += ATTN_BLOCK) {                                   \
+      const size_t nb = (size_t)(span_hi - j0 < ATTN_BLOCK ? span_hi - j0 : ATTN_BLOCK);          \
+      /* The next block's rows: the prefetchers do not follow rows stride apart far enough. */    \
+      if (j0 + ATTN_BLOCK < span_hi)                                                              \
+        for (size_t jj = 0; jj < ATTN_BLOCK; ++jj)                                                \
+          for (size_t b = 0; b < nh * HD * sizeof(ETYPE); b += 64) {                              \
             __builtin_prefetch((const char*)(krows + ((size_t)j0 + ATTN_BLOCK + jj) * stride) + b); \
             __builtin_prefetch((const char*)(vrows + ((size_t)j0 + ATTN_BLOCK + jj) * stride) + b); \
-          }                                                                                     \
-      for (size_t h = 0; h < nh; ++h) {                                                         \
-        const ETYPE* kblock = krows + (size_t)j0 * stride + h * HD;                             \
-        const ETYPE* vblock = vrows + (size_t)j0 * stride + h * HD;                             \
-        float* acc_h = acc + h * GHD;                                                           \
-        float e[ATTN_MAX_G][ATTN_BLOCK] __attribute__((aligned(64)));                           \
-        for (size_t g = 0; g < G; ++g) {                                                        \
-          const float* qg = qs + h * GHD + g * HD;                                              \
-          if (nb == ATTN_BLOCK) {                                                               \
-            vf s[ATTN_BLOCK];                                                                   \
-            for (size_t jj = 0; jj < ATTN_BLOCK; ++jj) s[jj] = vf_zero();                       \
-            for (size_t c = 0; c < C; ++c) {                                                    \
-              const vf qv = vf_load(qg + 16 * c);                                               \
-              for (size_t jj = 0; jj < ATTN_BLOCK; ++jj)                                        \
-                s[jj] = vf_fma(qv, ELOAD(kblock + jj * stride + 16 * c), s[jj]);                 \
-            }                                                                                   \
-            vf_sum16(s, e[g]);                                                                  \
-          } else {                                                                              \
-            for (size_t jj = 0; jj < nb; ++jj) {                                                \
-              vf s = vf_zero();                                                                 \
+          }                                                                                       \
+      for (size_t h = 0; h < nh; ++h) {                                                           \
+        const ETYPE* kblock = krows + (size_t)j0 * stride + h * HD;                               \
+        const ETYPE* vblock = vrows + (size_t)j0 * stride + h * HD;                               \
+        float* acc_h = acc + h * GHD;                                                             \
+        float e[ATTN_MAX_G][ATTN_BLOCK] __attribute__((aligned(64)));                             \
+        for (size_t g = 0; g < G; ++g) {                                                          \
+          const float* qg = qs + h * GHD + g * HD;                                                \
+          if (nb == ATTN_BLOCK) {                                                                 \
+            vf s[ATTN_BLOCK];                                                                     \
+            for (size_t jj = 0; jj < ATTN_BLOCK; ++jj) s[jj] = vf_zero();                         \
+            for (size_t c = 0; c < C; ++c) {                                                      \
+              const vf qv = vf_load(qg + 16 * c);                                                 \
+              for (size_t jj = 0; jj < ATTN_BLOCK; ++jj)                                          \
+                s[jj] = vf_fma(qv, ELOAD(kblock + jj * stride + 16 * c), s[jj]);                  \
+            }                                                                                     \
+            vf_sum16(s, e[g]);                                                                    \
+          } else {                                                                                \
+            for (size_t jj = 0; jj < nb; ++jj) {                                                  \
+              vf s = vf_zero();                                                                   \
               for (size_t c = 0; c < C; ++c) s = vf_fma(vf_load(qg + 16 * c), ELOAD(kblock + jj * stride + 16 * c), s); \
-              e[g][jj] = vf_sum(s);                                                             \
-            }                                                                                   \
-            /* Past the context: e^-inf = 0, so a short block is a full one. */                 \
-            for (size_t jj = nb; jj < ATTN_BLOCK; ++jj) e[g][jj] = -__builtin_inff();           \
-          }                                                                                     \
-          float* mg = m + h * G + g;                                                            \
-          const float block_top = vf_max_lane(vf_load(e[g]));                                   \
-          const float top = block_top > *mg ? block_top : *mg;                                  \
-          const float alpha = attn_exp(*mg - top);                                              \
-          for (size_t jj = 0; jj < ATTN_BLOCK; ++jj) e[g][jj] = attn_exp(e[g][jj] - top);      \
-          l[h * G + g] = __builtin_fmaf(l[h * G + g], alpha, vf_sum(vf_load(e[g])));            \
-          *mg = top;                                                                            \
-          if (alpha != 1.0f)                                                                    \
-            for (size_t c = 0; c < C; ++c)                                                      \
+              e[g][jj] = vf_sum(s);                                                               \
+            }                                                                                     \
+            /* Past the context: e^-inf = 0, so a short block is a full one. */                   \
+            for (size_t jj = nb; jj < ATTN_BLOCK; ++jj) e[g][jj] = -__builtin_inff();             \
+          }                                                                                       \
+          float* mg = m + h * G + g;                                                              \
+          const float block_top = vf_max_lane(vf_load(e[g]));                                     \
+          const float top = block_top > *mg ? block_top : *mg;                                    \
+          const float alpha = attn_exp(*mg - top);                                                \
+          for (size_t jj = 0; jj < ATTN_BLOCK; ++jj) e[g][jj] = attn_exp(e[g][jj] - top);         \
+          l[h * G + g] = __builtin_fmaf(l[h * G + g], alpha, vf_sum(vf_load(e[g])));              \
+          *mg = top;                                                                              \
+          if (alpha != 1.0f)                                                                      \
+            for (size_t c = 0; c < C; ++c)                                                        \
               vf_store(acc_h + g * HD + 16 * c, vf_mul(vf_load(acc_h + g * HD + 16 * c), vf_set1(alpha))); \
-        }                                                                                       \
-        size_t c = 0;                                                                           \
-        for (; c + 2 <= C; c += 2) ATTN_ACCUMULATE_HEADS(2, ETYPE, ELOAD);                       \
-        if (c < C) ATTN_ACCUMULATE_HEADS(1, ETYPE, ELOAD);                                       \
-      }                                                                                         \
-    }                                                                                           \
+        }                                                                                         \
+        size_t c = 0;                                                                             \
+        for (; c + 2 <= C; c += 2) ATTN_ACCUMULATE_HEADS(2, ETYPE, ELOAD);                        \
+        if (c < C) ATTN_ACCUMULATE_HEADS(1, ETYPE, ELOAD);                                        \
+      }                                                                                           \
+    }                                                                                             \
   } while (0)
 
-static inline vf vf_id(vf v) { return v; }
 
 static inline vf vf_load_round_f16(const float* p) { return vf_round_f16(vf_load(p)); }
 
-// LOAD reads 16 cache values as f32; ROUND rounds a vector of f32 through CTYPE and NLOAD
-// reads 16 f32 values of the new rows so rounded (the call's keys and values, as the cache
-// will hold them).
-#define ATTN(NAME, CTYPE, LOAD, ROUND, NLOAD)                                                            \
+// LOAD reads 16 cache values as f32; NLOAD reads 16 f32 values of the call's new keys and
+// values rounded through CTYPE (as the cache will hold them).
+#define ATTN(NAME, CTYPE, LOAD, NLOAD)                                                            \
   void NAME(const float* q, size_t q_off, const float* kn, size_t kn_off, const float* vn,        \
             size_t vn_off, const CTYPE* kc, size_t kc_off, const CTYPE* vc, size_t vc_off,        \
             const int32_t* pos, size_t pos_off, const int32_t* slots, size_t slots_off,           \
@@ -219,10 +217,10 @@ static inline vf vf_load_round_f16(const float* p) { return vf_round_f16(vf_load
           float* qg = qs + h * GHD + g * HD;                                                      \
           for (size_t c = 0; c < C; ++c) vf_store(qg + 16 * c, vf_mul(vf_load(qr + g * HD + 16 * c), vf_set1(scale))); \
           vf s = vf_zero();                                                                       \
-          for (size_t c = 0; c < C; ++c) s = vf_fma(vf_load(qg + 16 * c), ROUND(vf_load(kr + 16 * c)), s); \
+          for (size_t c = 0; c < C; ++c) s = vf_fma(vf_load(qg + 16 * c), NLOAD(kr + 16 * c), s); \
           m[h * G + g] = vf_sum(s);                                                               \
           l[h * G + g] = 1.0f;                                                                    \
-          for (size_t c = 0; c < C; ++c) vf_store(acc + h * GHD + g * HD + 16 * c, ROUND(vf_load(vr + 16 * c))); \
+          for (size_t c = 0; c < C; ++c) vf_store(acc + h * GHD + g * HD + 16 * c, NLOAD(vr + 16 * c)); \
         }                                                                                         \
       }                                                                                           \
       /* Position j, kv head kh: row ((layer * S + slot) * P + j) * K + kh of hd values; the */  \
@@ -242,5 +240,5 @@ static inline vf vf_load_round_f16(const float* p) { return vf_round_f16(vf_load
     }                                                                                             \
   }
 
-ATTN(mlx_iree_attn_f32, float, vf_load, vf_id, vf_load)
-ATTN(mlx_iree_attn_f16, uint16_t, vf_load_f16, vf_round_f16, vf_load_round_f16)
+ATTN(mlx_iree_attn_f32, float, vf_load, vf_load)
+ATTN(mlx_iree_attn_f16, uint16_t, vf_load_f16, vf_load_round_f16)

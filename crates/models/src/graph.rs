@@ -833,9 +833,13 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         }
 
         let pos_f = f.convert(positions, F32)?;
-        // Each row's slot (a chunk's rows share their sequence's), for the attention kernel.
-        let n = slots.shape()[0];
-        let row_slots = if m == 1 { slots } else { f.reshape(f.broadcast_in_dim(slots, &[n, m as i64], &[0])?, &[r])? };
+        // Each row's slot (a chunk's rows share their sequence's), for the attention kernel;
+        // the graph form reads `slots` per sequence.
+        let row_slots = if m == 1 || !attention_in_kernel(cfg, self.layout) {
+            slots
+        } else {
+            f.reshape(f.broadcast_in_dim(slots, &[slots.shape()[0], m as i64], &[0])?, &[r])?
+        };
         let (mut new_k, mut new_v) = (Vec::new(), Vec::new());
         let mut ropes: HashMap<String, (V<'c, 'b>, V<'c, 'b>)> = HashMap::new();
 
