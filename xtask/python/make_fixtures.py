@@ -176,6 +176,41 @@ FIXTURES = [
         },
     },
     {
+        "name": "phi3",
+        "about": "phi3 shaped like Phi-4-mini: fused qkv_proj and gate_up_proj, partial_rotary_factor 0.75 "
+        "(12 of head_dim 16 rotate), rope_scaling longrope with long factors and max/original positions "
+        "131072/4096 (mscale 1.19), GQA 4/2, untied; top-2 gaps of at least 0.01, so that f16 weights keep "
+        "f32's choices (gate.rs)",
+        "group_size": 64,
+        "min_margin": 0.01,
+        "seed": 27,
+        "config": {
+            "architectures": ["Phi3ForCausalLM"],
+            "model_type": "phi3",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": 320,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.75,
+            "rope_scaling": {
+                "type": "longrope",
+                "long_factor": [1.0, 1.25, 2.0, 3.5, 6.0, 11.0],
+                "short_factor": [1.0, 1.0, 1.0, 1.1, 1.2, 1.5],
+            },
+            "max_position_embeddings": 131072,
+            "original_max_position_embeddings": 4096,
+            "sliding_window": 262144,
+            "tie_word_embeddings": False,
+            "hidden_act": "silu",
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    },
+    {
         "name": "qwen2",
         "about": "qwen2, random non-zero q/k/v biases, GQA 4/2, tied embeddings",
         "group_size": 64,

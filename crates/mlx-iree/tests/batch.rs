@@ -120,6 +120,7 @@ mod eight_rows_at_f32 {
         llama_linear_untied,
         llama_llama3_tied,
         mistral,
+        phi3,
         qwen2,
         qwen3
     );

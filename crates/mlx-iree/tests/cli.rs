@@ -65,7 +65,7 @@ fn fixture_with(key: &str, value: serde_json::Value) -> tempfile::TempDir {
 
 #[test]
 fn unsupported_model_type_is_refused_before_compiling() {
-    let dir = fixture_with("model_type", serde_json::json!("phi3"));
+    let dir = fixture_with("model_type", serde_json::json!("gpt2"));
     let model = dir.path().to_str().unwrap();
     let out = tempfile::tempdir().unwrap();
     let file = out.path().join("t.json");
@@ -75,14 +75,14 @@ fn unsupported_model_type_is_refused_before_compiling() {
         &args,
         2,
         "",
-        "unsupported model_type `phi3` (supported: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text)",
+        "unsupported model_type `gpt2` (supported: llama, mistral, phi3, qwen2, qwen3, gemma, gemma2, gemma3_text)",
     );
     assert!(!file.exists(), "no partial output file");
 }
 
 #[test]
 fn unsupported_rope_scaling_is_refused() {
-    let dir = fixture_with("rope_scaling", serde_json::json!({"rope_type": "yarn", "factor": 4.0}));
+    let dir = fixture_with("rope_scaling", serde_json::json!({"rope_type": "dynamic", "factor": 4.0}));
     let args = [
         "trajectory",
         "--model",
@@ -94,7 +94,7 @@ fn unsupported_rope_scaling_is_refused() {
         "--out",
         "/tmp/x.json",
     ];
-    check(&args, 2, "", "unsupported option rope_scaling.rope_type = \"yarn\" for model_type `qwen2`");
+    check(&args, 2, "", "unsupported option rope_scaling.rope_type = \"dynamic\" for model_type `qwen2`");
 }
 
 /// `mlx-iree trajectory` on `model` with `extra` flags must fail with `expect` (one line, status 2).

@@ -84,6 +84,7 @@ fixture_tests!(
     llama_llama3_tied,
     llama_linear_untied,
     mistral,
+    phi3,
     qwen2,
     qwen3,
     gemma,

@@ -201,7 +201,18 @@ macro_rules! per_family {
     };
 }
 
-per_family!(gemma, gemma2, gemma2_window, gemma3_text, llama_linear_untied, llama_llama3_tied, mistral, qwen2, qwen3);
+per_family!(
+    gemma,
+    gemma2,
+    gemma2_window,
+    gemma3_text,
+    llama_linear_untied,
+    llama_llama3_tied,
+    mistral,
+    phi3,
+    qwen2,
+    qwen3
+);
 
 #[test]
 fn every_fixture_family_is_swept() {
@@ -250,7 +261,7 @@ macro_rules! per_trained_family {
     };
 }
 
-per_trained_family!(gemma, gemma2, gemma3_text, llama_linear_untied, llama_llama3_tied, mistral, qwen2, qwen3);
+per_trained_family!(gemma, gemma2, gemma3_text, llama_linear_untied, llama_llama3_tied, mistral, phi3, qwen2, qwen3);
 
 #[test]
 fn every_trained_fixture_is_gated() {

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::path::Path;
 
-pub const SUPPORTED: &str = "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text";
+pub const SUPPORTED: &str = "llama, mistral, phi3, qwen2, qwen3, gemma, gemma2, gemma3_text";
 
 /// The checkpoint's `config.json` as written, every field optional; [`ModelConfig::from_json`]
 /// decides per `model_type` which are required and what the defaults are.
@@ -35,11 +35,14 @@ struct RawConfig {
     sliding_window_pattern: Option<usize>,
     layer_types: Option<Vec<String>>,
     max_position_embeddings: Option<usize>,
+    original_max_position_embeddings: Option<usize>,
+    partial_rotary_factor: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
     Llama,
+    Phi3,
     Qwen2,
     Qwen3,
     Gemma,
@@ -71,6 +74,24 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: f64,
     },
+    /// `longrope`/`su` (Phi-3): every frequency divided by its `long_factor` (mlx-lm's
+    /// `SuScaledRoPE` uses the long factors at every length), and the rotated features
+    /// scaled by `sqrt(1 + ln(max / original) / ln(original))` when `max > original`.
+    Su {
+        long_factor: Vec<f64>,
+        max_position_embeddings: f64,
+        original_max_position_embeddings: f64,
+    },
+    /// YaRN: frequencies blended between scaled and unscaled by a ramp over the rotated
+    /// features, and those features scaled by the ratio of the two `mscale`s.
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        mscale: f64,
+        mscale_all_dim: f64,
+    },
 }
 
 /// What differs from layer to layer.
@@ -91,11 +112,17 @@ pub struct ModelConfig {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// Features of each head that RoPE rotates, the first ones (`partial_rotary_factor`
+    /// below 1 leaves the rest as they are); `head_dim` for most models.
+    pub rope_dims: usize,
     pub vocab: usize,
     pub rms_eps: f64,
     pub layers: Vec<LayerConfig>,
     /// The output projection reuses the (possibly quantized) embedding.
     pub tie_embeddings: bool,
+    /// The checkpoint stores q/k/v as one `self_attn.qkv_proj` and gate/up as one
+    /// `mlp.gate_up_proj`, stacked by rows in that order (Phi-3).
+    pub fused_projections: bool,
     /// Biases on q/k/v projections (Qwen2; Llama `attention_bias` also on o).
     pub qkv_bias: bool,
     pub o_bias: bool,
@@ -135,6 +162,7 @@ impl ModelConfig {
             // mlx-lm runs `mistral` as its llama model (`MODEL_REMAPPING`): a sliding window
             // applies only to layers `layer_types` marks, none in Mistral's own configs.
             "llama" | "mistral" => Family::Llama,
+            "phi3" => Family::Phi3,
             "qwen2" => Family::Qwen2,
             "qwen3" => Family::Qwen3,
             "gemma" => Family::Gemma,
@@ -151,6 +179,8 @@ impl ModelConfig {
         let is_gemma = matches!(family, Family::Gemma | Family::Gemma2 | Family::Gemma3);
         let kv_heads = raw.num_key_value_heads.unwrap_or(heads);
         let head_dim = match (family, raw.head_dim) {
+            // mlx-lm's phi3 derives it, whatever config.json says.
+            (Family::Phi3, _) => hidden / heads.max(1),
             (_, Some(d)) => d,
             (Family::Llama | Family::Qwen2, None) => hidden / heads.max(1),
             (_, None) => return Err(cfg_err(p, "head_dim", "missing")),
@@ -168,9 +198,19 @@ impl ModelConfig {
             Family::Qwen2 | Family::Gemma3 => 1_000_000.0,
             _ => 10_000.0,
         });
+        let max_positions = raw.max_position_embeddings.map(|m| m as f64);
         let rope_scaling = match family {
             Family::Gemma | Family::Gemma2 => RopeScaling::None, // mlx-lm ignores it there
-            _ => parse_rope_scaling(raw.rope_scaling.as_ref(), path, &unsupported)?,
+            Family::Phi3 => parse_phi3_rope_scaling(&raw, path, &unsupported)?,
+            _ => parse_rope_scaling(raw.rope_scaling.as_ref(), max_positions, path, &unsupported)?,
+        };
+        // mlx-lm reads `partial_rotary_factor` for phi3 only.
+        let rope_dims = match (family, raw.partial_rotary_factor) {
+            (Family::Phi3, Some(f)) if f > 0.0 && f <= 1.0 => (head_dim as f64 * f) as usize,
+            (Family::Phi3, Some(f)) => {
+                return Err(cfg_err(p, "partial_rotary_factor", format!("{f} is not in (0, 1]")));
+            }
+            _ => head_dim,
         };
 
         let window = raw.sliding_window;
@@ -225,6 +265,7 @@ impl ModelConfig {
             heads,
             kv_heads,
             head_dim,
+            rope_dims,
             vocab: required(p, "vocab_size", raw.vocab_size)?,
             rms_eps: raw.rms_norm_eps.unwrap_or(if is_gemma { 1e-6 } else { 1e-5 }),
             layers,
@@ -233,9 +274,10 @@ impl ModelConfig {
                 // mlx-lm's gemma3_text decides by whether lm_head.weight exists; the loader
                 // corrects this from the checkpoint.
                 Family::Gemma3 => raw.tie_word_embeddings.unwrap_or(true),
-                Family::Qwen3 => raw.tie_word_embeddings.unwrap_or(false),
+                Family::Qwen3 | Family::Phi3 => raw.tie_word_embeddings.unwrap_or(false),
                 _ => raw.tie_word_embeddings.unwrap_or(true),
             },
+            fused_projections: family == Family::Phi3,
             qkv_bias: family == Family::Qwen2 || (family == Family::Llama && attention_bias),
             o_bias: family == Family::Llama && attention_bias,
             mlp_bias: family == Family::Llama && raw.mlp_bias.unwrap_or(false),
@@ -289,6 +331,32 @@ impl ModelConfig {
         if !self.head_dim.is_multiple_of(2) {
             return Err(cfg_err(p, "head_dim", format!("{} is odd; RoPE needs an even head_dim", self.head_dim)));
         }
+        if self.rope_dims == 0 || !self.rope_dims.is_multiple_of(2) || self.rope_dims > self.head_dim {
+            return Err(cfg_err(
+                p,
+                "partial_rotary_factor",
+                format!(
+                    "rotates {} of head_dim {}; RoPE needs an even number from 2 to head_dim",
+                    self.rope_dims, self.head_dim
+                ),
+            ));
+        }
+        for l in &self.layers {
+            if let RopeScaling::Su { long_factor, .. } = &l.rope_scaling
+                && long_factor.len() != self.rope_dims / 2
+            {
+                return Err(cfg_err(
+                    p,
+                    "rope_scaling.long_factor",
+                    format!(
+                        "{} factors; {} rotated features take {}",
+                        long_factor.len(),
+                        self.rope_dims,
+                        self.rope_dims / 2
+                    ),
+                ));
+            }
+        }
         if self.layers.iter().any(|l| l.sliding_window == Some(0)) {
             return Err(cfg_err(p, "sliding_window", "must be > 0"));
         }
@@ -319,12 +387,14 @@ impl ModelConfig {
 
 fn parse_rope_scaling(
     v: Option<&Value>,
+    max_position_embeddings: Option<f64>,
     path: &Path,
     unsupported: &dyn Fn(&str, String) -> Error,
 ) -> Result<RopeScaling> {
     let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(RopeScaling::None) };
     let obj = v.as_object().ok_or_else(|| cfg_err(path, "rope_scaling", "expected an object"))?;
-    let kind = obj.get("rope_type").or_else(|| obj.get("type")).and_then(Value::as_str).unwrap_or("default");
+    // mlx-lm's `initialize_rope`: the old `type` key first, then `rope_type`.
+    let kind = obj.get("type").or_else(|| obj.get("rope_type")).and_then(Value::as_str).unwrap_or("default");
     let num = |key: &str, default: Option<f64>| -> Result<f64> {
         match obj.get(key) {
             Some(x) => x.as_f64().ok_or_else(|| cfg_err(path, &format!("rope_scaling.{key}"), "expected a number")),
@@ -340,6 +410,49 @@ fn parse_rope_scaling(
             high_freq_factor: num("high_freq_factor", Some(4.0))?,
             original_max_position_embeddings: num("original_max_position_embeddings", Some(8192.0))?,
         }),
+        "yarn" => Ok(RopeScaling::Yarn {
+            factor: num("factor", None)?,
+            original_max_position_embeddings: num("original_max_position_embeddings", Some(4096.0))?,
+            beta_fast: num("beta_fast", Some(32.0))?,
+            beta_slow: num("beta_slow", Some(1.0))?,
+            mscale: num("mscale", Some(1.0))?,
+            mscale_all_dim: num("mscale_all_dim", Some(0.0))?,
+        }),
+        "longrope" => Ok(RopeScaling::Su {
+            long_factor: factors(obj, "long_factor", path)?,
+            max_position_embeddings: max_position_embeddings
+                .ok_or_else(|| cfg_err(path, "max_position_embeddings", "missing (rope_scaling longrope needs it)"))?,
+            original_max_position_embeddings: num("original_max_position_embeddings", None)?,
+        }),
         other => Err(unsupported("rope_scaling.rope_type", format!("\"{other}\""))),
     }
+}
+
+/// mlx-lm's phi3: `rope_scaling` must hold `type` and `long_factor`; `longrope` and `su`
+/// scale by the long factors with the model's own position limits, `linear` as elsewhere.
+fn parse_phi3_rope_scaling(
+    raw: &RawConfig,
+    path: &Path,
+    unsupported: &dyn Fn(&str, String) -> Error,
+) -> Result<RopeScaling> {
+    let Some(v) = raw.rope_scaling.as_ref().filter(|v| !v.is_null()) else { return Ok(RopeScaling::None) };
+    let obj = v.as_object().ok_or_else(|| cfg_err(path, "rope_scaling", "expected an object"))?;
+    let kind = obj.get("type").and_then(Value::as_str).ok_or_else(|| cfg_err(path, "rope_scaling.type", "missing"))?;
+    match kind {
+        "longrope" | "su" => Ok(RopeScaling::Su {
+            long_factor: factors(obj, "long_factor", path)?,
+            max_position_embeddings: raw.max_position_embeddings.unwrap_or(131_072) as f64,
+            original_max_position_embeddings: raw.original_max_position_embeddings.unwrap_or(4096) as f64,
+        }),
+        "linear" => parse_rope_scaling(Some(v), None, path, unsupported),
+        other => Err(unsupported("rope_scaling.type", format!("\"{other}\""))),
+    }
+}
+
+/// A list of numbers in `rope_scaling`.
+fn factors(obj: &serde_json::Map<String, Value>, key: &str, path: &Path) -> Result<Vec<f64>> {
+    let what = format!("rope_scaling.{key}");
+    let list = obj.get(key).ok_or_else(|| cfg_err(path, &what, "missing"))?;
+    let list = list.as_array().ok_or_else(|| cfg_err(path, &what, "expected a list of numbers"))?;
+    list.iter().map(|x| x.as_f64().ok_or_else(|| cfg_err(path, &what, "expected a list of numbers"))).collect()
 }

@@ -517,8 +517,16 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     /// the first and second halves of each head form the pairs). Written as one elementwise
     /// expression, `x * cos + [-x2, x1] * sin` with the swap as a `reverse` of the two
     /// halves, so it fuses into one dispatch (a `concatenate` became copies of its own).
+    ///
+    /// With `rope_dims` below the head size (partial rotary) only the first `rope_dims`
+    /// features rotate, paired across their own halves; the rest pass through.
     fn rope(&self, x: V<'c, 'b>, cos: V<'c, 'b>, sin: V<'c, 'b>) -> R<V<'c, 'b>> {
         let f = self.f;
+        let (hd, rd) = (x.shape()[2], self.cfg.rope_dims as i64);
+        if rd < hd {
+            let rotated = self.rope(f.slice_dim(x, 2, 0, rd)?, cos, sin)?;
+            return f.concatenate(&[rotated, f.slice_dim(x, 2, rd, hd)?], 2);
+        }
         let shape = x.shape();
         let half = shape[2] / 2;
         let split = [shape[0], shape[1], 2, half];
@@ -541,7 +549,13 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             f.broadcast_in_dim(p, &[self.rows(), half], &[0])?,
             f.broadcast_in_dim(inv, &[self.rows(), half], &[1])?,
         )?;
-        Ok((f.cos(ang)?, f.sin(ang)?))
+        let (cos, sin) = (f.cos(ang)?, f.sin(ang)?);
+        if table.input_scale == 1.0 {
+            return Ok((cos, sin));
+        }
+        // `rope(s * x) = x * (s * cos) + swap(x) * (s * sin)`.
+        let s = table.input_scale as f64;
+        Ok((f.mul_scalar(cos, s)?, f.mul_scalar(sin, s)?))
     }
 
     fn rows(&self) -> i64 {
@@ -845,7 +859,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
 
         for (l, layer) in cfg.layers.iter().enumerate() {
             let p = layer_prefix(l);
-            let table = RopeTable::new(layer, cfg.head_dim);
+            let table = RopeTable::new(layer, cfg.rope_dims);
             let rope_key = format!("{:?}", table);
             let (cos, sin) = match ropes.get(&rope_key) {
                 Some(cs) => *cs,

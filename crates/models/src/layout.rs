@@ -121,7 +121,7 @@ impl Layout {
         let mut packed = HashMap::new();
         for spec in param_specs(cfg).iter().filter(|s| s.kind == Kind::Matrix) {
             let prefix = spec.prefix();
-            let Linear::Quantized(q) = ckpt.linear(prefix)? else { continue };
+            let Linear::Quantized(q) = spec.linear(ckpt)? else { continue };
             let (bits, gs) = (q.bits(), q.group_size());
             if bits != 4 && bits != 8 {
                 return Err(Error::Invalid(format!(
@@ -364,7 +364,7 @@ impl Layout {
         let prefix = spec.prefix();
         let packing =
             self.packing(prefix).ok_or_else(|| Error::Invalid(format!("{prefix}: no packing in the layout")))?;
-        let Linear::Quantized(q) = ckpt.linear(prefix)? else {
+        let Linear::Quantized(q) = spec.linear(ckpt)? else {
             return Err(Error::Invalid(format!("{prefix}: expected a quantized layer in {}", ckpt.dir().display())));
         };
         if [q.out_features(), q.in_features()] != spec.shape[..] {

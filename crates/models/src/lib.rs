@@ -23,6 +23,6 @@ pub use config::{Activation, Family, LayerConfig, ModelConfig, RopeScaling, SUPP
 pub use error::{Error, Result};
 pub use graph::{CacheShape, Function, KvElem, emit_functions};
 pub use layout::{DeviceParam, Layout, Packing, Role};
-pub use params::{Kind, ParamSpec, load_f32, load_param, param_specs};
+pub use params::{Kind, ParamSpec, Part, load_f32, load_param, param_specs};
 pub use precision::Precision;
 pub use rope::RopeTable;

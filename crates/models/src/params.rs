@@ -19,15 +19,37 @@ pub enum Kind {
 /// One graph parameter: its checkpoint tensor name and f32 shape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParamSpec {
+    /// The tensor's name, which is its checkpoint name unless `part` says where it lies.
     pub key: String,
     pub shape: Vec<usize>,
     pub kind: Kind,
+    /// For a matrix the checkpoint stores inside a fused one (Phi-3's `qkv_proj`).
+    pub part: Option<Part>,
+}
+
+/// Rows `[first_row, first_row + shape[0])` of the checkpoint layer `of`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Part {
+    /// The fused layer's prefix (`model.layers.0.self_attn.qkv_proj`).
+    pub of: String,
+    pub first_row: usize,
 }
 
 impl ParamSpec {
     /// The layer prefix of a matrix (`model.layers.0.mlp.up_proj` of `...up_proj.weight`).
     pub fn prefix(&self) -> &str {
         self.key.strip_suffix(".weight").unwrap_or(&self.key)
+    }
+
+    /// The checkpoint's layer for this matrix: its own, or its rows of a fused one.
+    ///
+    /// # Errors
+    /// As [`Checkpoint::linear`]; a fused layer with fewer rows than config.json gives it.
+    pub fn linear<'a>(&self, ckpt: &'a Checkpoint) -> Result<Linear<'a>> {
+        match &self.part {
+            None => Ok(ckpt.linear(self.prefix())?),
+            Some(part) => Ok(ckpt.linear(&part.of)?.part(part.first_row, self.shape[0])?),
+        }
     }
 }
 
@@ -41,7 +63,9 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     let (d, hd) = (cfg.hidden, cfg.head_dim);
     let (q_out, kv_out) = (cfg.heads * hd, cfg.kv_heads * hd);
     let mut out = Vec::new();
-    let mut mat = |key: String, o: usize, i: usize| out.push(ParamSpec { key, shape: vec![o, i], kind: Kind::Matrix });
+    let mut mat = |key: String, o: usize, i: usize| {
+        out.push(ParamSpec { key, shape: vec![o, i], kind: Kind::Matrix, part: None })
+    };
     mat("model.embed_tokens.weight".into(), cfg.vocab, d);
     for l in 0..cfg.num_layers() {
         let p = layer_prefix(l);
@@ -56,7 +80,27 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     if !cfg.tie_embeddings {
         mat("lm_head.weight".into(), cfg.vocab, d);
     }
-    let mut vec = |key: String, n: usize| out.push(ParamSpec { key, shape: vec![n], kind: Kind::Vector });
+    if cfg.fused_projections {
+        // Phi-3's `qkv_proj` holds q, k, v and `gate_up_proj` gate, up, stacked by rows: each
+        // part is read from its rows there, and the graph uses the parts as any model's.
+        for l in 0..cfg.num_layers() {
+            let p = layer_prefix(l);
+            let fused: [(&str, &str, &[&str]); 2] = [
+                ("self_attn", "qkv_proj", &["q_proj", "k_proj", "v_proj"]),
+                ("mlp", "gate_up_proj", &["gate_proj", "up_proj"]),
+            ];
+            for (block, fused, parts) in fused {
+                let mut first_row = 0;
+                for name in parts {
+                    let key = format!("{p}.{block}.{name}.weight");
+                    let Some(spec) = out.iter_mut().find(|s| s.key == key) else { continue };
+                    spec.part = Some(Part { of: format!("{p}.{block}.{fused}"), first_row });
+                    first_row += spec.shape[0];
+                }
+            }
+        }
+    }
+    let mut vec = |key: String, n: usize| out.push(ParamSpec { key, shape: vec![n], kind: Kind::Vector, part: None });
     for l in 0..cfg.num_layers() {
         let p = layer_prefix(l);
         vec(format!("{p}.input_layernorm.weight"), d);
@@ -97,7 +141,7 @@ pub fn load_param<'a>(ckpt: &'a Checkpoint, spec: &ParamSpec, elem: ElementType)
         _ => None,
     };
     if let (Kind::Matrix, Some(wanted)) = (spec.kind, wanted)
-        && let Linear::Dense(d) = ckpt.linear(spec.prefix())?
+        && let Linear::Dense(d) = spec.linear(ckpt)?
     {
         let w = d.weight();
         if w.dtype() == wanted && w.shape() == &spec.shape[..] {
@@ -113,7 +157,7 @@ pub fn load_param<'a>(ckpt: &'a Checkpoint, spec: &ParamSpec, elem: ElementType)
 pub fn load_f32(ckpt: &Checkpoint, spec: &ParamSpec) -> Result<Vec<f32>> {
     match spec.kind {
         Kind::Matrix => {
-            let linear = ckpt.linear(spec.prefix())?;
+            let linear = spec.linear(ckpt)?;
             let (o, i) = (linear.out_features(), linear.in_features());
             if [o, i] != spec.shape[..] {
                 return Err(shape_error(ckpt, &spec.key, &spec.shape, &[o, i]));

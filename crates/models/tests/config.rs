@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use models::{Activation, Family, ModelConfig, RopeScaling};
+use models::{Activation, Family, ModelConfig, RopeScaling, RopeTable};
 use serde_json::{Value, json};
 use std::path::Path;
 
@@ -34,16 +34,16 @@ fn refusals_name_the_cause() {
     check_err(
         llama(),
         "model_type",
-        json!("phi3"),
-        "m/config.json: unsupported model_type `phi3` (supported: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text)",
+        json!("gpt2"),
+        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, phi3, qwen2, qwen3, gemma, gemma2, gemma3_text)",
     );
     check_err(llama(), "model_type", Value::Null, "m/config.json: model_type: missing");
     check_err(llama(), "hidden_size", Value::Null, "m/config.json: hidden_size: missing");
     check_err(
         llama(),
         "rope_scaling",
-        json!({"rope_type": "yarn", "factor": 4.0}),
-        "m/config.json: unsupported option rope_scaling.rope_type = \"yarn\" for model_type `llama`",
+        json!({"rope_type": "dynamic", "factor": 4.0}),
+        "m/config.json: unsupported option rope_scaling.rope_type = \"dynamic\" for model_type `llama`",
     );
     check_err(
         llama(),
@@ -124,4 +124,127 @@ fn gemma3_embedding_scale_is_rounded_to_bf16() {
     v["model_type"] = json!("gemma2");
     let c = ModelConfig::from_json(&v, Path::new("config.json")).unwrap();
     assert_eq!(c.embed_scale, Some(1152f64.sqrt() as f32));
+}
+
+fn phi3() -> Value {
+    json!({
+        "model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 1, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "rms_norm_eps": 1e-5,
+        "head_dim": 99, "partial_rotary_factor": 0.75,
+        "rope_scaling": {"type": "longrope", "long_factor": [1.0, 1.25, 2.0, 3.5, 6.0, 11.0], "short_factor": [1, 1, 1, 1, 1, 1]},
+        "max_position_embeddings": 131072, "original_max_position_embeddings": 4096
+    })
+}
+
+#[test]
+fn phi3_reads_fused_projections_and_partial_rotary() {
+    let c = ModelConfig::from_json(&phi3(), Path::new("config.json")).unwrap();
+    // mlx-lm's phi3 derives head_dim (config.json's is ignored) and unties by default.
+    assert_eq!((c.family, c.head_dim, c.rope_dims, c.tie_embeddings), (Family::Phi3, 16, 12, false));
+    assert!(c.fused_projections && !c.qkv_bias && !c.qk_norm);
+    let specs = models::param_specs(&c);
+    let part = |key: &str| specs.iter().find(|s| s.key == key).unwrap().part.clone().map(|p| (p.of, p.first_row));
+    let qkv = "model.layers.0.self_attn.qkv_proj".to_string();
+    assert_eq!(part("model.layers.0.self_attn.q_proj.weight"), Some((qkv.clone(), 0)));
+    assert_eq!(part("model.layers.0.self_attn.k_proj.weight"), Some((qkv.clone(), 64)));
+    assert_eq!(part("model.layers.0.self_attn.v_proj.weight"), Some((qkv, 96)));
+    assert_eq!(part("model.layers.0.mlp.up_proj.weight"), Some(("model.layers.0.mlp.gate_up_proj".into(), 128)));
+    assert_eq!(part("model.layers.0.self_attn.o_proj.weight"), None);
+
+    let mut v = phi3();
+    v["rope_scaling"]["long_factor"] = json!([1.0, 2.0]);
+    check_err(
+        v,
+        "partial_rotary_factor",
+        json!(0.75),
+        "m/config.json: rope_scaling.long_factor: 2 factors; 12 rotated features take 6",
+    );
+    check_err(
+        phi3(),
+        "partial_rotary_factor",
+        json!(0.1),
+        "m/config.json: partial_rotary_factor: rotates 1 of head_dim 16; RoPE needs an even number from 2 to head_dim",
+    );
+    check_err(
+        phi3(),
+        "rope_scaling",
+        json!({"type": "dynamic", "long_factor": [1.0]}),
+        "m/config.json: unsupported option rope_scaling.type = \"dynamic\" for model_type `phi3`",
+    );
+}
+
+/// RoPE tables against mlx-lm 0.32.2's own (`SuScaledRoPE`, `YarnRoPE` in
+/// mlx_lm/models/rope_utils.py, mlx 0.32.4): `1 / _freqs` and the factor on the rotated
+/// features (`_scale`, `mscale`), as mlx printed them for these settings.
+#[test]
+fn rope_tables_match_mlx_lm() {
+    let table = |v: Value| {
+        let c = ModelConfig::from_json(&v, Path::new("config.json")).unwrap();
+        RopeTable::new(&c.layers[0], c.rope_dims)
+    };
+    let close = |got: &RopeTable, inv: &[f64], scale: f64| {
+        assert_eq!(got.inv_freq.len(), inv.len());
+        for (g, w) in got.inv_freq.iter().zip(inv) {
+            assert!((*g as f64 - w).abs() <= 2e-7 * w, "{:?} vs {inv:?}", got.inv_freq);
+        }
+        assert!((got.input_scale as f64 - scale).abs() < 1e-6, "{} vs {scale}", got.input_scale);
+        assert_eq!(got.position_scale, 1.0);
+    };
+    close(
+        &table(phi3()),
+        &[
+            1.0,
+            0.17235475778579712,
+            0.02320794202387333,
+            0.0028571428265422583,
+            0.0003590723790694028,
+            4.2196268623229116e-05,
+        ],
+        1.1902380714238083,
+    );
+    let mut qwen = json!({
+        "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 1, "intermediate_size": 128,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 256,
+        "rope_theta": 1e6, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    });
+    close(
+        &table(qwen.clone()),
+        &[
+            1.0,
+            0.4216965138912201,
+            0.17782793939113617,
+            0.0749894231557846,
+            0.03162277862429619,
+            0.01333521492779255,
+            0.00477990135550499,
+            0.001659961766563356,
+            0.0005499999970197678,
+            0.0001686785981291905,
+            4.4456985051510856e-05,
+            1.8747354260995053e-05,
+            7.905693564680405e-06,
+            3.3338035336782923e-06,
+            1.405853367941745e-06,
+            5.928434347879374e-07,
+        ],
+        1.138629436111989,
+    );
+    qwen["head_dim"] = json!(16);
+    qwen["rope_theta"] = json!(1e4);
+    qwen["rope_scaling"] = json!({"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096,
+        "beta_fast": 16, "beta_slow": 2, "mscale": 0.8, "mscale_all_dim": 0.5});
+    close(
+        &table(qwen),
+        &[
+            1.0,
+            0.3162277638912201,
+            0.10000000149011612,
+            0.03162277862429619,
+            0.007083332631736994,
+            0.001317615737207234,
+            0.0001250000059371814,
+            3.952846964239143e-05,
+        ],
+        1.0565079928608092,
+    );
 }

@@ -306,6 +306,9 @@ fn parse_entry(path: &Path, name: &str, value: &Value) -> Result<(Dtype, Vec<usi
         Some(other) => return Err(bad(format!("`shape` is not an array: `{other}`"))),
         None => return Err(bad("no `shape`".to_owned())),
     };
+    if shape.len() > crate::view::MAX_RANK {
+        return Err(bad(format!("{} dimensions; this reader takes at most {}", shape.len(), crate::view::MAX_RANK)));
+    }
     let (begin, end) = match obj.get("data_offsets") {
         Some(Value::Array(offsets)) => match offsets.as_slice() {
             [b, e] => match (b.as_u64(), e.as_u64()) {

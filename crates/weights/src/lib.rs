@@ -82,4 +82,4 @@ pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use file::{MAX_HEADER_LEN, SafetensorsFile};
 pub use quant::{DenseLinear, Linear, QuantizedLinear, dequantize_f32, pack};
-pub use view::TensorView;
+pub use view::{MAX_RANK, TensorView};

@@ -9,6 +9,9 @@ use crate::{Dtype, Error, Result, TensorView};
 ///
 /// For an embedding (`model.embed_tokens`) `out_features` is the vocabulary size and
 /// `in_features` the hidden size: one row per token.
+// Views hold their shapes inline (`TensorView::rows`), so the quantized variant's four are
+// larger than the dense one's two; a layer is looked up and dropped, boxing would allocate.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Copy)]
 pub enum Linear<'a> {
     /// A float weight `[out, in]`.
@@ -53,6 +56,26 @@ impl<'a> Linear<'a> {
             Linear::Dense(d) => d.weight_f32(),
             Linear::Quantized(q) => dequantize_f32(q),
         }
+    }
+
+    /// Output rows `[first, first + n)` as a layer of their own (one part of a fused
+    /// projection such as Phi-3's `qkv_proj`): weight, scales, biases and bias, no copy.
+    ///
+    /// # Errors
+    /// [`Error::WrongShape`] naming the tensor when the range runs past its rows.
+    pub fn part(&self, first: usize, n: usize) -> Result<Linear<'a>> {
+        let bias = |b: Option<TensorView<'a>>| b.map(|b| b.rows(first, n)).transpose();
+        Ok(match self {
+            Linear::Dense(d) => Linear::Dense(DenseLinear { weight: d.weight.rows(first, n)?, bias: bias(d.bias)? }),
+            Linear::Quantized(q) => Linear::Quantized(QuantizedLinear {
+                weight: q.weight.rows(first, n)?,
+                scales: q.scales.rows(first, n)?,
+                biases: q.biases.rows(first, n)?,
+                bias: bias(q.bias)?,
+                out_features: n,
+                ..*q
+            }),
+        })
     }
 
     /// The given rows of the weight as f32 (`rows.len() * in` values): an embedding lookup

@@ -17,22 +17,47 @@ use crate::{Dtype, Error, Result};
 pub struct TensorView<'a> {
     name: &'a str,
     dtype: Dtype,
-    shape: &'a [usize],
+    shape: Dims,
     bytes: &'a [u8],
     file: &'a Path,
     file_offset: u64,
+}
+
+/// The most dimensions a tensor may have (the header parser refuses more): a view holds its
+/// shape inline, so that a view of some rows ([`TensorView::rows`]) has a shape of its own.
+pub const MAX_RANK: usize = 8;
+
+/// A shape of at most [`MAX_RANK`] dimensions, stored inline.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Dims {
+    len: u8,
+    dims: [usize; MAX_RANK],
+}
+
+impl Dims {
+    /// `shape` inline; the parser checked its rank.
+    fn new(shape: &[usize]) -> Dims {
+        let mut dims = [0; MAX_RANK];
+        let len = shape.len().min(MAX_RANK);
+        dims[..len].copy_from_slice(&shape[..len]);
+        Dims { len: len as u8, dims }
+    }
+
+    fn as_slice(&self) -> &[usize] {
+        &self.dims[..self.len as usize]
+    }
 }
 
 impl<'a> TensorView<'a> {
     pub(crate) fn new(
         name: &'a str,
         dtype: Dtype,
-        shape: &'a [usize],
+        shape: &[usize],
         bytes: &'a [u8],
         file: &'a Path,
         file_offset: u64,
     ) -> Self {
-        TensorView { name, dtype, shape, bytes, file, file_offset }
+        TensorView { name, dtype, shape: Dims::new(shape), bytes, file, file_offset }
     }
 
     /// The tensor's name.
@@ -46,8 +71,34 @@ impl<'a> TensorView<'a> {
     }
 
     /// Its shape (empty for a scalar).
-    pub fn shape(&self) -> &'a [usize] {
-        self.shape
+    pub fn shape(&self) -> &[usize] {
+        self.shape.as_slice()
+    }
+
+    /// Rows `[first, first + n)` of the outermost dimension, as a view of their own (a
+    /// part of a fused projection, one expert of stacked expert weights); no copy.
+    ///
+    /// # Errors
+    /// [`Error::WrongShape`] for a scalar or a range past the tensor's first dimension.
+    pub fn rows(&self, first: usize, n: usize) -> Result<TensorView<'a>> {
+        let shape = self.shape();
+        let Some((&outer, inner)) = shape.split_first() else {
+            return Err(self.wrong_shape(format!("at least one dimension to take rows {first}..{}", first + n)));
+        };
+        let end = first.checked_add(n).filter(|&e| e <= outer);
+        let Some(end) = end else {
+            return Err(self.wrong_shape(format!("at least {} rows", first.saturating_add(n))));
+        };
+        // Validated at open: the bytes are exactly shape * dtype size, so a row is that / outer.
+        let row_bytes = inner.iter().product::<usize>() * self.dtype.size_bytes();
+        let mut dims = self.shape;
+        dims.dims[0] = n;
+        Ok(TensorView {
+            shape: dims,
+            bytes: &self.bytes[first * row_bytes..end * row_bytes],
+            file_offset: self.file_offset + (first * row_bytes) as u64,
+            ..*self
+        })
     }
 
     /// Number of elements (1 for a scalar).
@@ -79,7 +130,7 @@ impl<'a> TensorView<'a> {
     /// expected and what was found.
     pub fn expect(&self, dtype: Dtype, shape: &[usize]) -> Result<()> {
         self.expect_dtype(&[dtype])?;
-        if self.shape != shape {
+        if self.shape() != shape {
             return Err(self.wrong_shape(format!("{shape:?}")));
         }
         Ok(())
@@ -108,7 +159,7 @@ impl<'a> TensorView<'a> {
             path: self.file.to_path_buf(),
             tensor: self.name.to_owned(),
             expected,
-            got: self.shape.to_vec(),
+            got: self.shape().to_vec(),
         }
     }
 
@@ -175,7 +226,7 @@ impl fmt::Debug for TensorView<'_> {
         f.debug_struct("TensorView")
             .field("name", &self.name)
             .field("dtype", &self.dtype)
-            .field("shape", &self.shape)
+            .field("shape", &self.shape())
             .field("nbytes", &self.bytes.len())
             .field("file", &self.file)
             .field("file_offset", &self.file_offset)

@@ -178,6 +178,10 @@ fn malformed_entries() {
         (r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}}"#, "begin 4 is after end 0"),
         (r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,-4]}}"#, "not non-negative integers"),
         (r#"{"w":[1,2]}"#, "expected an object"),
+        (
+            r#"{"w":{"dtype":"F32","shape":[1,1,1,1,1,1,1,1,1],"data_offsets":[0,4]}}"#,
+            "9 dimensions; this reader takes at most 8",
+        ),
     ];
     for (header, reason) in cases {
         let (err, path) = open_err(&raw(header, &[0; 4]));

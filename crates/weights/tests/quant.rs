@@ -417,3 +417,29 @@ fn every_supported_width_round_trips_through_a_checkpoint() {
         assert_eq!(bits_of(&l.weight_f32()), bits_of(&want), "bits = {bits}");
     }
 }
+
+#[test]
+fn a_part_of_a_fused_layer_is_its_rows() {
+    let dir = quantized_checkpoint();
+    let ckpt = Checkpoint::open(dir.path()).expect("open");
+    // Quantized: row 1 of q_proj is a layer of its own, with its scales, biases and bias.
+    let q = ckpt.linear(Q).expect("q_proj");
+    let Linear::Quantized(part) = q.part(1, 1).expect("part") else { panic!("a quantized part") };
+    assert_eq!((part.out_features(), part.in_features(), part.bits()), (1, 64, 4));
+    assert_eq!(part.weight().shape(), [1, 8]);
+    assert_eq!(part.scales().to_f32_vec().expect("scales"), [1.0, -0.5]);
+    assert_eq!(part.biases().to_f32_vec().expect("biases"), [0.0, 8.0]);
+    assert_eq!(part.bias().and_then(|b| b.to_f32_vec().ok()), Some(vec![-0.125]));
+    assert_eq!(bits_of(&part.dequantize_f32()), bits_of(&q.weight_f32()[64..]));
+    // Its bytes lie where the file holds them.
+    let whole = ckpt.tensor(&format!("{Q}.weight")).expect("weight");
+    assert_eq!(part.weight().file_offset(), whole.file_offset() + 32);
+    // Dense: rows of the weight.
+    let gate = ckpt.linear(GATE).expect("gate").part(1, 1).expect("dense part");
+    assert_eq!((gate.out_features(), gate.in_features()), (1, 3));
+    assert_eq!(gate.weight_f32(), [-1.0, -2.0, -3.0]);
+    // A range past the rows names the tensor and what it needed.
+    let err = q.part(1, 2).expect_err("rows 1..3 of 2");
+    assert!(matches!(err, Error::WrongShape { .. }), "{err:?}");
+    assert_names(&err.to_string(), &[&format!("`{Q}.weight`"), "at least 3 rows", "[2, 8]"]);
+}
