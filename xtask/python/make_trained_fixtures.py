@@ -51,7 +51,20 @@ PROMPT_STARTS = [(None, 1), (40, 5), (100, 12)]
 STEPS = mf.STEPS
 # Every architecture of the random fixtures; gemma2_window's point is its reference for
 # the window, which needs no second copy here.
-NAMES = ["llama_llama3_tied", "llama_linear_untied", "mistral", "phi3", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text"]
+NAMES = [
+    "llama_llama3_tied",
+    "llama_linear_untied",
+    "mistral",
+    "mixtral",
+    "phi3",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+]
 
 
 def corpus(rng, vocab):

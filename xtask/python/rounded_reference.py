@@ -4,8 +4,8 @@
 Run by `cargo xtask fixtures` after make_fixtures.py (see tests/fixtures/README.md):
     python rounded_reference.py --fixtures tests/fixtures [--only NAME]
 
-The engine's bf16 precision rounds every 2-D weight matrix (linear weights, embedding,
-lm_head) to bfloat16, round-to-nearest-even, keeps 1-D tensors (norms, biases) in
+The engine's bf16 precision rounds every weight matrix (linear weights, embedding,
+lm_head, and each expert's of stacked expert weights) to bfloat16, round-to-nearest-even, keeps 1-D tensors (norms, biases) in
 float32 and computes everything in float32. A quantized matrix is first dequantized to
 float32 (`scale * q + bias`) and that is rounded. The random-weight fixtures have
 near-tie logits (top-2 gaps down to 0.003), so such rounding flips some of their greedy
@@ -33,6 +33,7 @@ import mlx.nn as nn
 import mlx_lm
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
 import make_fixtures
 import oracle
@@ -41,11 +42,12 @@ SCRIPT = "xtask/python/rounded_reference.py"
 PRECISION = "bf16"
 ABOUT = (
     "mlx-lm's float32 greedy trajectories of this folder's model with every 2-D weight "
-    "(linear weights, embedding, lm_head; quantized ones first dequantized to float32 as "
+    "and 3-D stacked expert weight "
+    "(linear weights, embedding, lm_head, experts; quantized ones first dequantized to float32 as "
     "scale * q + bias) rounded to bfloat16 (round-to-nearest-even) and widened back to "
     "float32, 1-D tensors (norms, biases) unchanged in float32, all compute in float32"
 )
-QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear)
 # Fixtures whose reference is make_fixtures.py's windowed recompute, by name.
 WINDOWED = {f["name"]: f.get("reference") == "gemma2_even_layer_window" for f in make_fixtures.FIXTURES}
 
@@ -79,7 +81,7 @@ def dequantize_f32(module):
     packed = np.array(module.weight)
     bits = module.bits
     q = np.stack([(packed >> (bits * j)) & ((1 << bits) - 1) for j in range(32 // bits)], -1)
-    q = q.reshape(packed.shape[0], -1).astype(np.float32)
+    q = q.reshape(*packed.shape[:-1], -1).astype(np.float32)
     scales = np.repeat(np.array(module.scales), module.group_size, -1)
     biases = np.repeat(np.array(module.biases), module.group_size, -1)
     if w.dtype != mx.float32 or not np.array_equal(np.array(w).view(np.uint32), (scales * q + biases).view(np.uint32)):
@@ -88,8 +90,8 @@ def dequantize_f32(module):
 
 
 def rounded_weights(loaded):
-    """{parameter name: float32 array} for an unquantized model: every 2-D weight rounded
-    through bfloat16, every 1-D tensor as it is."""
+    """{parameter name: float32 array} for an unquantized model: every 2-D weight and 3-D
+    stacked expert weight rounded through bfloat16, every 1-D tensor as it is."""
     params = dict(tree_flatten(loaded.parameters()))
     out = {}
     for path, module in loaded.named_modules():
@@ -100,12 +102,12 @@ def rounded_weights(loaded):
     for name, p in params.items():
         if p.dtype != mx.float32:
             raise SystemExit(f"{name}: {p.dtype} after load_f32, expected float32")
-        if p.ndim == 2:
+        if p.ndim == 2 or (p.ndim == 3 and ".switch_mlp." in name):
             out[name] = bf16_round(p)
         elif p.ndim == 1:
             out[name] = p
         else:
-            raise SystemExit(f"{name}: a {p.ndim}-D parameter {p.shape}; the rounding is defined for 1-D and 2-D")
+            raise SystemExit(f"{name}: a {p.ndim}-D parameter {p.shape}; the rounding is defined for 1-D, 2-D and experts")
     return out
 
 

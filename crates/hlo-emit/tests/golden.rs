@@ -1068,3 +1068,79 @@ fn shifts() {
 "#,
     );
 }
+
+/// Expert routing: the two largest of each row with their indices, and the picked experts'
+/// matrices gathered from stacked `[experts, out, in]` weights.
+#[test]
+fn top_k_and_expert_gather() {
+    check(
+        "top_k_and_expert_gather",
+        |m| {
+            m.func("top2", &[F32.tensor(&[2, 5])], |f, a| {
+                let (v, i) = f.top_k(a[0], 2)?;
+                Ok(vec![v, i])
+            })?;
+            m.func("experts", &[F16.tensor(&[4, 3, 2]), I32.tensor(&[5])], |f, a| {
+                Ok(vec![f.gather_rows(a[0], a[1])?])
+            })?;
+            Ok(())
+        },
+        r#"module {
+  func.func @top2(%arg0: tensor<2x5xf32>) -> (tensor<2x2xf32>, tensor<2x2xi32>) {
+    %0 = "stablehlo.iota"() {iota_dimension = 1 : i64} : () -> tensor<2x5xi32>
+    %1 = "stablehlo.constant"() {value = dense<0xFF800000> : tensor<2x5xf32>} : () -> tensor<2x5xf32>
+    %2 = "stablehlo.iota"() {iota_dimension = 1 : i64} : () -> tensor<2x5xi32>
+    %3 = "stablehlo.constant"() {value = dense<0xFF800000> : tensor<f32>} : () -> tensor<f32>
+    %4 = "stablehlo.constant"() {value = dense<0> : tensor<i32>} : () -> tensor<i32>
+    %5:2 = "stablehlo.reduce"(%arg0, %2, %3, %4) ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<i32>, %arg3: tensor<f32>, %arg4: tensor<i32>):
+      %19 = "stablehlo.compare"(%arg1, %arg3) {comparison_direction = #stablehlo<comparison_direction GT>} : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %20 = "stablehlo.compare"(%arg1, %arg3) {comparison_direction = #stablehlo<comparison_direction EQ>} : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %21 = "stablehlo.compare"(%arg2, %arg4) {comparison_direction = #stablehlo<comparison_direction LT>} : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %22 = "stablehlo.and"(%20, %21) : (tensor<i1>, tensor<i1>) -> tensor<i1>
+      %23 = "stablehlo.or"(%19, %22) : (tensor<i1>, tensor<i1>) -> tensor<i1>
+      %24 = "stablehlo.select"(%23, %arg1, %arg3) : (tensor<i1>, tensor<f32>, tensor<f32>) -> tensor<f32>
+      %25 = "stablehlo.select"(%23, %arg2, %arg4) : (tensor<i1>, tensor<i32>, tensor<i32>) -> tensor<i32>
+      "stablehlo.return"(%24, %25) : (tensor<f32>, tensor<i32>) -> ()
+    }) {dimensions = array<i64: 1>} : (tensor<2x5xf32>, tensor<2x5xi32>, tensor<f32>, tensor<i32>) -> (tensor<2xf32>, tensor<2xi32>)
+    %6 = "stablehlo.reshape"(%5#0) : (tensor<2xf32>) -> tensor<2x1xf32>
+    %7 = "stablehlo.reshape"(%5#1) : (tensor<2xi32>) -> tensor<2x1xi32>
+    %8 = "stablehlo.broadcast_in_dim"(%5#1) {broadcast_dimensions = array<i64: 0>} : (tensor<2xi32>) -> tensor<2x5xi32>
+    %9 = "stablehlo.compare"(%0, %8) {comparison_direction = #stablehlo<comparison_direction EQ>} : (tensor<2x5xi32>, tensor<2x5xi32>) -> tensor<2x5xi1>
+    %10 = "stablehlo.select"(%9, %1, %arg0) : (tensor<2x5xi1>, tensor<2x5xf32>, tensor<2x5xf32>) -> tensor<2x5xf32>
+    %11 = "stablehlo.iota"() {iota_dimension = 1 : i64} : () -> tensor<2x5xi32>
+    %12 = "stablehlo.constant"() {value = dense<0xFF800000> : tensor<f32>} : () -> tensor<f32>
+    %13 = "stablehlo.constant"() {value = dense<0> : tensor<i32>} : () -> tensor<i32>
+    %14:2 = "stablehlo.reduce"(%10, %11, %12, %13) ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<i32>, %arg3: tensor<f32>, %arg4: tensor<i32>):
+      %19 = "stablehlo.compare"(%arg1, %arg3) {comparison_direction = #stablehlo<comparison_direction GT>} : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %20 = "stablehlo.compare"(%arg1, %arg3) {comparison_direction = #stablehlo<comparison_direction EQ>} : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %21 = "stablehlo.compare"(%arg2, %arg4) {comparison_direction = #stablehlo<comparison_direction LT>} : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %22 = "stablehlo.and"(%20, %21) : (tensor<i1>, tensor<i1>) -> tensor<i1>
+      %23 = "stablehlo.or"(%19, %22) : (tensor<i1>, tensor<i1>) -> tensor<i1>
+      %24 = "stablehlo.select"(%23, %arg1, %arg3) : (tensor<i1>, tensor<f32>, tensor<f32>) -> tensor<f32>
+      %25 = "stablehlo.select"(%23, %arg2, %arg4) : (tensor<i1>, tensor<i32>, tensor<i32>) -> tensor<i32>
+      "stablehlo.return"(%24, %25) : (tensor<f32>, tensor<i32>) -> ()
+    }) {dimensions = array<i64: 1>} : (tensor<2x5xf32>, tensor<2x5xi32>, tensor<f32>, tensor<i32>) -> (tensor<2xf32>, tensor<2xi32>)
+    %15 = "stablehlo.reshape"(%14#0) : (tensor<2xf32>) -> tensor<2x1xf32>
+    %16 = "stablehlo.reshape"(%14#1) : (tensor<2xi32>) -> tensor<2x1xi32>
+    %17 = "stablehlo.concatenate"(%6, %15) {dimension = 1 : i64} : (tensor<2x1xf32>, tensor<2x1xf32>) -> tensor<2x2xf32>
+    %18 = "stablehlo.concatenate"(%7, %16) {dimension = 1 : i64} : (tensor<2x1xi32>, tensor<2x1xi32>) -> tensor<2x2xi32>
+    return %17, %18 : tensor<2x2xf32>, tensor<2x2xi32>
+  }
+  func.func @experts(%arg0: tensor<4x3x2xf16>, %arg1: tensor<5xi32>) -> tensor<5x3x2xf16> {
+    %0 = "stablehlo.gather"(%arg0, %arg1) {dimension_numbers = #stablehlo.gather<offset_dims = [1, 2], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = array<i64: 1, 3, 2>} : (tensor<4x3x2xf16>, tensor<5xi32>) -> tensor<5x3x2xf16>
+    return %0 : tensor<5x3x2xf16>
+  }
+}
+"#,
+    );
+    let err = build_err(|m| {
+        m.func("k", &[F32.tensor(&[2, 5])], |f, a| {
+            let (v, _) = f.top_k(a[0], 6)?;
+            Ok(vec![v])
+        })
+        .map(|_| ())
+    });
+    assert_eq!(err, "top_k: expected k in 1..=5, got 6");
+}

@@ -120,9 +120,12 @@ mod eight_rows_at_f32 {
         llama_linear_untied,
         llama_llama3_tied,
         mistral,
+        mixtral,
         phi3,
         qwen2,
-        qwen3
+        qwen2_moe,
+        qwen3,
+        qwen3_moe
     );
 
     #[test]

@@ -75,7 +75,7 @@ fn unsupported_model_type_is_refused_before_compiling() {
         &args,
         2,
         "",
-        "unsupported model_type `gpt2` (supported: llama, mistral, phi3, qwen2, qwen3, gemma, gemma2, gemma3_text)",
+        "unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text)",
     );
     assert!(!file.exists(), "no partial output file");
 }

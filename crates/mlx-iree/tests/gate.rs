@@ -209,9 +209,12 @@ per_family!(
     llama_linear_untied,
     llama_llama3_tied,
     mistral,
+    mixtral,
     phi3,
     qwen2,
-    qwen3
+    qwen2_moe,
+    qwen3,
+    qwen3_moe
 );
 
 #[test]
@@ -261,7 +264,20 @@ macro_rules! per_trained_family {
     };
 }
 
-per_trained_family!(gemma, gemma2, gemma3_text, llama_linear_untied, llama_llama3_tied, mistral, phi3, qwen2, qwen3);
+per_trained_family!(
+    gemma,
+    gemma2,
+    gemma3_text,
+    llama_linear_untied,
+    llama_llama3_tied,
+    mistral,
+    mixtral,
+    phi3,
+    qwen2,
+    qwen2_moe,
+    qwen3,
+    qwen3_moe
+);
 
 #[test]
 fn every_trained_fixture_is_gated() {

@@ -6,7 +6,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::path::Path;
 
-pub const SUPPORTED: &str = "llama, mistral, phi3, qwen2, qwen3, gemma, gemma2, gemma3_text";
+pub const SUPPORTED: &str =
+    "llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text";
 
 /// The checkpoint's `config.json` as written, every field optional; [`ModelConfig::from_json`]
 /// decides per `model_type` which are required and what the defaults are.
@@ -37,14 +38,25 @@ struct RawConfig {
     max_position_embeddings: Option<usize>,
     original_max_position_embeddings: Option<usize>,
     partial_rotary_factor: Option<f64>,
+    num_experts: Option<usize>,
+    num_local_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    shared_expert_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
     Llama,
+    Mixtral,
     Phi3,
     Qwen2,
+    Qwen2Moe,
     Qwen3,
+    Qwen3Moe,
     Gemma,
     Gemma2,
     Gemma3,
@@ -94,6 +106,34 @@ pub enum RopeScaling {
     },
 }
 
+/// A mixture-of-experts feed-forward block, as mlx-lm's sparse MoE blocks over `SwitchGLU`:
+/// a router `gate` `[experts, hidden]`, and stacked experts `switch_mlp.{gate,up,down}_proj`
+/// (`[experts, out, in]`), each a SwiGLU MLP.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Moe {
+    /// The block's module under each layer: `mlp` (Qwen MoE) or `block_sparse_moe` (Mixtral).
+    pub block: &'static str,
+    pub experts: usize,
+    /// Experts each token runs (`num_experts_per_tok`).
+    pub top_k: usize,
+    /// Each expert's hidden size.
+    pub intermediate: usize,
+    pub routing: Routing,
+    /// Qwen2-MoE's shared expert (a SwiGLU MLP of this hidden size that every token runs),
+    /// its output scaled by `sigmoid(shared_expert_gate · x)`.
+    pub shared_expert: Option<usize>,
+}
+
+/// How the router's logits become the chosen experts' weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing {
+    /// Softmax over every expert, then the top k probabilities (Qwen2-MoE, Qwen3-MoE);
+    /// `normalize` divides them by their sum (`norm_topk_prob`).
+    SoftmaxTopK { normalize: bool },
+    /// The top k logits, then a softmax over those k (Mixtral).
+    TopKSoftmax,
+}
+
 /// What differs from layer to layer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerConfig {
@@ -101,6 +141,8 @@ pub struct LayerConfig {
     pub rope_scaling: RopeScaling,
     /// Keys older than this many positions are masked (`i - W < j <= i`).
     pub sliding_window: Option<usize>,
+    /// The feed-forward block is the model's [`Moe`] (else the dense MLP).
+    pub moe: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -141,6 +183,8 @@ pub struct ModelConfig {
     pub attn_softcap: Option<f64>,
     pub final_softcap: Option<f64>,
     pub max_position_embeddings: Option<usize>,
+    /// The mixture-of-experts block of the layers whose `moe` is set.
+    pub moe: Option<Moe>,
 }
 
 fn cfg_err(path: &Path, key: &str, reason: impl Into<String>) -> Error {
@@ -162,9 +206,12 @@ impl ModelConfig {
             // mlx-lm runs `mistral` as its llama model (`MODEL_REMAPPING`): a sliding window
             // applies only to layers `layer_types` marks, none in Mistral's own configs.
             "llama" | "mistral" => Family::Llama,
+            "mixtral" => Family::Mixtral,
             "phi3" => Family::Phi3,
             "qwen2" => Family::Qwen2,
+            "qwen2_moe" => Family::Qwen2Moe,
             "qwen3" => Family::Qwen3,
+            "qwen3_moe" => Family::Qwen3Moe,
             "gemma" => Family::Gemma,
             "gemma2" => Family::Gemma2,
             "gemma3_text" => Family::Gemma3,
@@ -179,8 +226,8 @@ impl ModelConfig {
         let is_gemma = matches!(family, Family::Gemma | Family::Gemma2 | Family::Gemma3);
         let kv_heads = raw.num_key_value_heads.unwrap_or(heads);
         let head_dim = match (family, raw.head_dim) {
-            // mlx-lm's phi3 derives it, whatever config.json says.
-            (Family::Phi3, _) => hidden / heads.max(1),
+            // mlx-lm's phi3, mixtral and qwen2_moe derive it, whatever config.json says.
+            (Family::Phi3 | Family::Mixtral | Family::Qwen2Moe, _) => hidden / heads.max(1),
             (_, Some(d)) => d,
             (Family::Llama | Family::Qwen2, None) => hidden / heads.max(1),
             (_, None) => return Err(cfg_err(p, "head_dim", "missing")),
@@ -195,12 +242,13 @@ impl ModelConfig {
             return Err(unsupported("rope_traditional", "true".into()));
         }
         let rope_theta = raw.rope_theta.unwrap_or(match family {
-            Family::Qwen2 | Family::Gemma3 => 1_000_000.0,
+            Family::Qwen2 | Family::Qwen2Moe | Family::Mixtral | Family::Gemma3 => 1_000_000.0,
             _ => 10_000.0,
         });
         let max_positions = raw.max_position_embeddings.map(|m| m as f64);
         let rope_scaling = match family {
-            Family::Gemma | Family::Gemma2 => RopeScaling::None, // mlx-lm ignores it there
+            // mlx-lm ignores it there (its MoE families build a plain `nn.RoPE`).
+            Family::Gemma | Family::Gemma2 | Family::Mixtral | Family::Qwen2Moe | Family::Qwen3Moe => RopeScaling::None,
             Family::Phi3 => parse_phi3_rope_scaling(&raw, path, &unsupported)?,
             _ => parse_rope_scaling(raw.rope_scaling.as_ref(), max_positions, path, &unsupported)?,
         };
@@ -213,10 +261,19 @@ impl ModelConfig {
             _ => head_dim,
         };
 
+        let moe = parse_moe(&raw, family, p)?;
+        let sparse_step = raw.decoder_sparse_step.unwrap_or(1).max(1);
+        let mlp_only = raw.mlp_only_layers.clone().unwrap_or_default();
         let window = raw.sliding_window;
         let layers: Vec<LayerConfig> = (0..n_layers)
             .map(|i| -> Result<LayerConfig> {
-                let global = LayerConfig { rope_theta, rope_scaling: rope_scaling.clone(), sliding_window: None };
+                // mlx-lm's qwen3_moe: layers in `mlp_only_layers`, and all but every
+                // `decoder_sparse_step`-th, keep the dense MLP; the other MoE families use
+                // experts in every layer.
+                let is_moe = moe.is_some()
+                    && (family != Family::Qwen3Moe || (!mlp_only.contains(&i) && (i + 1) % sparse_step == 0));
+                let global =
+                    LayerConfig { rope_theta, rope_scaling: rope_scaling.clone(), sliding_window: None, moe: is_moe };
                 Ok(match family {
                     Family::Llama => match raw.layer_types.as_ref().map(|t| t.get(i).map(String::as_str)) {
                         None | Some(Some("full_attention")) => global,
@@ -234,6 +291,7 @@ impl ModelConfig {
                                 rope_theta: raw.rope_local_base_freq.unwrap_or(10_000.0),
                                 rope_scaling: RopeScaling::None,
                                 sliding_window: Some(window.unwrap_or(512)),
+                                moe: false,
                             }
                         } else {
                             global
@@ -274,14 +332,16 @@ impl ModelConfig {
                 // mlx-lm's gemma3_text decides by whether lm_head.weight exists; the loader
                 // corrects this from the checkpoint.
                 Family::Gemma3 => raw.tie_word_embeddings.unwrap_or(true),
-                Family::Qwen3 | Family::Phi3 => raw.tie_word_embeddings.unwrap_or(false),
+                Family::Qwen3 | Family::Phi3 | Family::Mixtral | Family::Qwen2Moe | Family::Qwen3Moe => {
+                    raw.tie_word_embeddings.unwrap_or(false)
+                }
                 _ => raw.tie_word_embeddings.unwrap_or(true),
             },
             fused_projections: family == Family::Phi3,
-            qkv_bias: family == Family::Qwen2 || (family == Family::Llama && attention_bias),
+            qkv_bias: matches!(family, Family::Qwen2 | Family::Qwen2Moe) || (family == Family::Llama && attention_bias),
             o_bias: family == Family::Llama && attention_bias,
             mlp_bias: family == Family::Llama && raw.mlp_bias.unwrap_or(false),
-            qk_norm: matches!(family, Family::Qwen3 | Family::Gemma3),
+            qk_norm: matches!(family, Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3),
             norm_plus_one: is_gemma,
             sandwich_norms: matches!(family, Family::Gemma2 | Family::Gemma3),
             embed_scale,
@@ -302,6 +362,7 @@ impl ModelConfig {
                 None
             },
             max_position_embeddings: raw.max_position_embeddings,
+            moe,
         }
         .validated(path)
     }
@@ -426,6 +487,46 @@ fn parse_rope_scaling(
         }),
         other => Err(unsupported("rope_scaling.rope_type", format!("\"{other}\""))),
     }
+}
+
+/// The MoE block of the MoE families, with mlx-lm's defaults (Mixtral: 8 experts, top 2).
+fn parse_moe(raw: &RawConfig, family: Family, p: &Path) -> Result<Option<Moe>> {
+    let (block, experts, routing) = match family {
+        Family::Mixtral => ("block_sparse_moe", raw.num_local_experts.unwrap_or(8), Routing::TopKSoftmax),
+        Family::Qwen2Moe => {
+            ("mlp", required(p, "num_experts", raw.num_experts)?, Routing::SoftmaxTopK { normalize: false })
+        }
+        Family::Qwen3Moe => (
+            "mlp",
+            required(p, "num_experts", raw.num_experts)?,
+            Routing::SoftmaxTopK { normalize: required(p, "norm_topk_prob", raw.norm_topk_prob)? },
+        ),
+        _ => return Ok(None),
+    };
+    let top_k = match family {
+        Family::Mixtral => raw.num_experts_per_tok.unwrap_or(2),
+        _ => required(p, "num_experts_per_tok", raw.num_experts_per_tok)?,
+    };
+    // A qwen3_moe config with no experts is a dense model in mlx-lm.
+    if experts == 0 && family == Family::Qwen3Moe {
+        return Ok(None);
+    }
+    if experts == 0 || top_k == 0 || top_k > experts {
+        return Err(cfg_err(
+            p,
+            "num_experts_per_tok",
+            format!("{top_k} of {experts} experts; it must be 1 to the experts"),
+        ));
+    }
+    let intermediate = match family {
+        Family::Mixtral => required(p, "intermediate_size", raw.intermediate_size)?,
+        _ => required(p, "moe_intermediate_size", raw.moe_intermediate_size)?,
+    };
+    let shared_expert = match family {
+        Family::Qwen2Moe => Some(required(p, "shared_expert_intermediate_size", raw.shared_expert_intermediate_size)?),
+        _ => None,
+    };
+    Ok(Some(Moe { block, experts, top_k, intermediate, routing, shared_expert }))
 }
 
 /// mlx-lm's phi3: `rope_scaling` must hold `type` and `long_factor`; `longrope` and `su`

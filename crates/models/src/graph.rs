@@ -24,7 +24,7 @@
 //! one slot and position unless the rows are identical (padding): they then write the same
 //! bytes.
 
-use crate::config::{Activation, ModelConfig};
+use crate::config::{Activation, ModelConfig, Moe, Routing};
 use crate::error::Result;
 use crate::layout::{Layout, Packing};
 use crate::params::layer_prefix;
@@ -914,6 +914,10 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
 
             let pre_mlp = if cfg.sandwich_norms { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
             let hn = self.norm(x, &format!("{p}.{pre_mlp}.weight"))?;
+            if let Some(moe) = cfg.moe.as_ref().filter(|_| layer.moe) {
+                x = f.add(x, self.moe(hn, &format!("{p}.{}", moe.block), moe)?)?;
+                continue;
+            }
             let gate = self.linear(hn, &format!("{p}.mlp.gate_proj"), cfg.mlp_bias)?;
             let up = self.linear(hn, &format!("{p}.mlp.up_proj"), cfg.mlp_bias)?;
             let act = self.activation(gate)?;
@@ -940,6 +944,115 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         }
         let next = f.argmax(logits, 1)?;
         Ok(vec![next, logits, f.concatenate(&new_k, 0)?, f.concatenate(&new_v, 0)?])
+    }
+
+    /// The mixture-of-experts block under `block` (`model.layers.0.mlp`) on `x [T, d]`, as
+    /// mlx-lm's sparse MoE blocks compute it: the router's logits, the top `k` experts of each
+    /// row with their weights (softmax then top k, or top k then softmax), each chosen
+    /// expert's SwiGLU, their weighted sum, plus Qwen2-MoE's gated shared expert.
+    ///
+    /// A step of few rows (`T * k` below the experts: decode) gathers the chosen experts'
+    /// matrices and runs one matrix-vector product per (row, choice), so it reads only those
+    /// experts' weights; a prompt chunk runs every expert on every row (each expert's
+    /// weights read once) and weighs the unchosen ones by zero.
+    fn moe(&self, x: V<'c, 'b>, block: &str, moe: &Moe) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let (t, d) = (x.shape()[0], x.shape()[1]);
+        let (k, e) = (moe.top_k as i64, moe.experts as i64);
+        let logits = self.linear(x, &format!("{block}.gate"), false)?;
+        let (scores, chosen) = match moe.routing {
+            Routing::SoftmaxTopK { normalize } => {
+                let (v, i) = f.top_k(f.softmax(logits)?, moe.top_k)?;
+                if normalize {
+                    (f.div(v, f.broadcast_in_dim(f.reduce_sum(v, &[1])?, &[t, k], &[0])?)?, i)
+                } else {
+                    (v, i)
+                }
+            }
+            Routing::TopKSoftmax => {
+                let (v, i) = f.top_k(logits, moe.top_k)?;
+                (f.softmax(v)?, i)
+            }
+        };
+        let experts = |name: &str| format!("{block}.switch_mlp.{name}");
+        let mut y = if t * k < e {
+            let n = t * k;
+            let chosen = f.reshape(chosen, &[n])?;
+            let rows = f.reshape(f.broadcast_in_dim(x, &[t, k, d], &[0, 2])?, &[n, d])?;
+            // [n, out, in] · [n, in] -> [n, out], one product per (row, choice).
+            let apply = |name: &str, h: V<'c, 'b>| {
+                let w = self.expert_weights(&experts(name), Some(chosen))?;
+                f.dot_general(w, h, DotDims::contract(&[2], &[1]).batch(&[0], &[0]))
+            };
+            let hidden = f.mul(self.activation(apply("gate_proj", rows)?)?, apply("up_proj", rows)?)?;
+            let out = f.reshape(apply("down_proj", hidden)?, &[t, k, d])?;
+            f.reduce_sum(f.mul(out, f.broadcast_in_dim(scores, &[t, k, d], &[0, 1])?)?, &[1])?
+        } else {
+            // [E, I, d] · [T, d] -> [E, I, T]; then [E, d, I] · [E, I, T] -> [E, d, T].
+            let up_side = |name: &str| {
+                f.dot_general(self.expert_weights(&experts(name), None)?, x, DotDims::contract(&[2], &[1]))
+            };
+            let hidden = f.mul(self.activation(up_side("gate_proj")?)?, up_side("up_proj")?)?;
+            let down = self.expert_weights(&experts("down_proj"), None)?;
+            let out = f.dot_general(down, hidden, DotDims::contract(&[2], &[1]).batch(&[0], &[0]))?;
+            // Each row's weight of each expert [T, E]: its score where chosen, else 0.
+            let column = f.iota(&I32.tensor(&[t, e]), 1)?;
+            let mut weights = f.splat(0.0, &F32.tensor(&[t, e]))?;
+            for j in 0..k {
+                let pick =
+                    |v: V<'c, 'b>| f.broadcast_in_dim(f.reshape(f.slice_dim(v, 1, j, j + 1)?, &[t])?, &[t, e], &[0]);
+                let here = f.compare(column, pick(chosen)?, Cmp::Eq)?;
+                weights = f.add(weights, f.select(here, pick(scores)?, f.splat(0.0, &F32.tensor(&[t, e]))?)?)?;
+            }
+            // [T, E] · [E, d, T] -> [T, d], batched over the rows.
+            f.dot_general(weights, out, DotDims::contract(&[1], &[0]).batch(&[0], &[2]))?
+        };
+        if moe.shared_expert.is_some() {
+            let shared = format!("{block}.shared_expert");
+            let gate = self.linear(x, &format!("{shared}.gate_proj"), false)?;
+            let hidden = f.mul(self.activation(gate)?, self.linear(x, &format!("{shared}.up_proj"), false)?)?;
+            let out = self.linear(hidden, &format!("{shared}.down_proj"), false)?;
+            let g = f.logistic(self.linear(x, &format!("{block}.shared_expert_gate"), false)?)?;
+            y = f.add(y, f.mul(f.broadcast_in_dim(f.reshape(g, &[t])?, &[t, d], &[0])?, out)?)?;
+        }
+        Ok(y)
+    }
+
+    /// Stacked expert weights `prefix` as f32 `[N, out, in]`: the experts `chosen` (i32
+    /// `[N]`) gathered first, else all of them; widened (dense) or dequantized (packed:
+    /// MLX's values from the low bits of each byte up, `q * scale + bias` per group) after
+    /// the gather, so only the gathered experts are converted.
+    fn expert_weights(&self, prefix: &str, chosen: Option<V<'c, 'b>>) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let pick = |name: &str| -> R<V<'c, 'b>> {
+            let v = f.load(self.global(&format!("{prefix}.{name}"))?)?;
+            match chosen {
+                Some(i) => f.gather_rows(v, i),
+                None => Ok(v),
+            }
+        };
+        let Some(p) = self.layout.packing(prefix) else {
+            let w = pick("weight")?;
+            return if w.elem() == F32 { Ok(w) } else { f.convert(w, F32) };
+        };
+        let (w, scales, biases) = (pick("weight")?, pick("scales")?, pick("biases")?);
+        let (n, o, bytes) = (w.shape()[0], w.shape()[1], w.shape()[2]);
+        let (groups, gs) = (scales.shape()[2], p.group_size as i64);
+        let int = |v: f64| f.splat(v, &I32.tensor(&[n, o, bytes]));
+        let unsigned = f.and(f.convert(w, I32)?, int(255.0)?)?;
+        let q = if p.bits == 4 {
+            let low = f.and(unsigned, int(15.0)?)?;
+            let high = f.shift_right_arithmetic(unsigned, int(4.0)?)?;
+            let pair = |v| f.reshape(v, &[n, o, bytes, 1]);
+            f.concatenate(&[pair(low)?, pair(high)?], 3)?
+        } else {
+            unsigned
+        };
+        let grouped = [n, o, groups, gs];
+        let q = f.reshape(f.convert(q, F32)?, &grouped)?;
+        let per_group = |v: V<'c, 'b>| f.broadcast_in_dim(f.convert(v, F32)?, &grouped, &[0, 1, 2]);
+        let w = f.add(f.mul(q, per_group(scales)?)?, per_group(biases)?)?;
+        f.reshape(w, &[n, o, groups * gs])
     }
 
     fn activation(&self, x: V<'c, 'b>) -> R<V<'c, 'b>> {

@@ -68,6 +68,13 @@ pub enum Role {
     /// The packed 4-bit weight's bytes as `i8 [out, in / 2]`, for gathering embedding rows:
     /// IREE 3.13 cannot gather `i4` rows on CUDA ("failed to emulate bit width").
     PackedRows,
+    /// Stacked experts `[experts, out, in]` MLX-packed, as the checkpoint stores them: the
+    /// words' bytes `i8 [experts, out, in * bits / 8]` (values from the low bits up).
+    ExpertWeight,
+    /// Their scales `[experts, out, groups]`, as stored.
+    ExpertScales,
+    /// Their biases `[experts, out, groups]` (MLX's, no offset folded), as stored.
+    ExpertBiases,
 }
 
 /// One global of the graph: the parameter key it is bound to, its shape and element type.
@@ -119,9 +126,12 @@ impl Layout {
             return Ok(Layout::dense(precision));
         }
         let mut packed = HashMap::new();
-        for spec in param_specs(cfg).iter().filter(|s| s.kind == Kind::Matrix) {
+        for spec in param_specs(cfg).iter().filter(|s| s.kind != Kind::Vector) {
             let prefix = spec.prefix();
-            let Linear::Quantized(q) = spec.linear(ckpt)? else { continue };
+            let experts = spec.kind == Kind::Experts;
+            // Stacked experts are one tensor quantized alike: expert 0 tells.
+            let layer = if experts { spec.expert(ckpt, 0)? } else { spec.linear(ckpt)? };
+            let Linear::Quantized(q) = layer else { continue };
             let (bits, gs) = (q.bits(), q.group_size());
             if bits != 4 && bits != 8 {
                 return Err(Error::Invalid(format!(
@@ -129,10 +139,10 @@ impl Layout {
                     ckpt.dir().display()
                 )));
             }
-            if gs == 0 || spec.shape[1] % gs != 0 {
+            let inputs = spec.shape[spec.shape.len() - 1];
+            if gs == 0 || inputs % gs != 0 {
                 return Err(Error::Invalid(format!(
-                    "{prefix}: group size {gs} does not divide the input size {}",
-                    spec.shape[1]
+                    "{prefix}: group size {gs} does not divide the input size {inputs}"
                 )));
             }
             let scale_elem = match q.scales().dtype() {
@@ -146,8 +156,9 @@ impl Layout {
                     )));
                 }
             };
-            let bias_elem = if scale_elem == ElementType::F16 { ElementType::F16 } else { ElementType::F32 };
-            let wide = bits == 4 && (spec.shape[0] % 64 != 0 || spec.shape[1] % 64 != 0);
+            // Experts keep MLX's biases as they are (the graph dequantizes the experts it picks).
+            let bias_elem = if scale_elem == ElementType::F16 || experts { scale_elem } else { ElementType::F32 };
+            let wide = !experts && bits == 4 && (spec.shape[0] % 64 != 0 || spec.shape[1] % 64 != 0);
             let packing = Packing { bits, group_size: gs, scale_elem, bias_elem, kernel: false, wide };
             packed.insert(prefix.to_owned(), packing);
         }
@@ -165,8 +176,12 @@ impl Layout {
     /// an x86-64 `llvm-cpu` target whose CPU runs that object's instruction set
     /// (`kernels::cpu::Isa::runs_on_host`).
     pub fn with_cpu_kernels(mut self, cfg: &ModelConfig, object: &Path) -> Layout {
-        let shapes: HashMap<String, Vec<usize>> =
-            param_specs(cfg).into_iter().map(|s| (s.prefix().to_owned(), s.shape)).collect();
+        // Matrices only: stacked experts stay in the graph form.
+        let shapes: HashMap<String, Vec<usize>> = param_specs(cfg)
+            .into_iter()
+            .filter(|s| s.kind == Kind::Matrix)
+            .map(|s| (s.prefix().to_owned(), s.shape))
+            .collect();
         for (prefix, p) in &mut self.packed {
             let Some(shape) = shapes.get(prefix) else { continue };
             if kernels::cpu::supports(p.bits, shape[0], shape[1], p.group_size) {
@@ -269,8 +284,16 @@ impl Layout {
                 (Kind::Vector, _) => {
                     out.push(param(spec.key.clone(), spec.shape.clone(), ElementType::F32, Role::Vector))
                 }
-                (Kind::Matrix, None) => {
+                (Kind::Matrix | Kind::Experts, None) => {
                     out.push(param(spec.key.clone(), spec.shape.clone(), self.precision.matrix_elem(), Role::Dense))
+                }
+                (Kind::Experts, Some(p)) => {
+                    let (e, o, i) = (spec.shape[0], spec.shape[1], spec.shape[2]);
+                    let groups = vec![e, o, i / p.group_size];
+                    let bytes = i * p.bits as usize / 8;
+                    out.push(param(format!("{prefix}.weight"), vec![e, o, bytes], ElementType::I8, Role::ExpertWeight));
+                    out.push(param(format!("{prefix}.scales"), groups.clone(), p.scale_elem, Role::ExpertScales));
+                    out.push(param(format!("{prefix}.biases"), groups, p.bias_elem, Role::ExpertBiases));
                 }
                 (Kind::Matrix, Some(p)) if p.kernel => {
                     // [O/16, bytes per 16-row block] and [O/16, G * 16]: the kernel's blocks.
@@ -313,6 +336,29 @@ impl Layout {
         let dims = &param.dims;
         match param.role {
             Role::Vector | Role::Dense => crate::params::load_param(ckpt, &param.spec, param.elem),
+            Role::ExpertWeight | Role::ExpertScales | Role::ExpertBiases => {
+                // The stacked tensors as stored; expert 0 checked the quantization.
+                let Linear::Quantized(q) = param.spec.expert(ckpt, 0)? else {
+                    return Err(Error::Invalid(format!("{}: expected quantized experts", param.key)));
+                };
+                let name = match param.role {
+                    Role::ExpertWeight => "weight",
+                    Role::ExpertScales => "scales",
+                    _ => "biases",
+                };
+                let t = ckpt.tensor(&format!("{}.{name}", param.spec.prefix()))?;
+                let stored = match t.dtype() {
+                    Dtype::F16 => Some(ElementType::F16),
+                    Dtype::BF16 => Some(ElementType::BF16),
+                    Dtype::F32 => Some(ElementType::F32),
+                    _ => None,
+                };
+                if name == "weight" || stored == Some(param.elem) {
+                    debug_assert_eq!(t.bytes().len(), param.bytes(), "{} ({q:?})", param.key);
+                    return Ok(Cow::Borrowed(t.bytes()));
+                }
+                Ok(Cow::Owned(encode_f32(t.to_f32_vec()?.into_iter(), param.elem)))
+            }
             Role::PackedWeight | Role::PackedScales | Role::PackedBiases if param.parts.len() > 1 => {
                 // A merged projection: each part in the kernel layout, stacked by rows (whole
                 // 16-row blocks, so stacking the parts' bytes stacks the matrices).

@@ -19,7 +19,7 @@ mod params;
 mod precision;
 mod rope;
 
-pub use config::{Activation, Family, LayerConfig, ModelConfig, RopeScaling, SUPPORTED};
+pub use config::{Activation, Family, LayerConfig, ModelConfig, Moe, RopeScaling, Routing, SUPPORTED};
 pub use error::{Error, Result};
 pub use graph::{CacheShape, Function, KvElem, emit_functions};
 pub use layout::{DeviceParam, Layout, Packing, Role};

@@ -14,6 +14,9 @@ pub enum Kind {
     Matrix,
     /// A 1-D tensor stored as is (norm weights, biases).
     Vector,
+    /// Stacked expert weights `[experts, out, in]` (MLX's `SwitchLinear`), dense or
+    /// MLX-quantized per expert.
+    Experts,
 }
 
 /// One graph parameter: its checkpoint tensor name and f32 shape.
@@ -51,6 +54,20 @@ impl ParamSpec {
             Some(part) => Ok(ckpt.linear(&part.of)?.part(part.first_row, self.shape[0])?),
         }
     }
+
+    /// Expert `e` of stacked expert weights ([`Kind::Experts`]), checked against the
+    /// `[out, in]` config.json gives each expert.
+    ///
+    /// # Errors
+    /// As [`Checkpoint::expert`]; a shape other than config.json's.
+    pub fn expert<'a>(&self, ckpt: &'a Checkpoint, e: usize) -> Result<Linear<'a>> {
+        let linear = ckpt.expert(self.prefix(), e)?;
+        let (o, i) = (linear.out_features(), linear.in_features());
+        if [o, i] != self.shape[1..] {
+            return Err(shape_error(ckpt, &self.key, &self.shape, &[self.shape[0], o, i]));
+        }
+        Ok(linear)
+    }
 }
 
 /// Checkpoint names of one decoder layer's tensors, so the names appear once.
@@ -67,18 +84,46 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
         out.push(ParamSpec { key, shape: vec![o, i], kind: Kind::Matrix, part: None })
     };
     mat("model.embed_tokens.weight".into(), cfg.vocab, d);
-    for l in 0..cfg.num_layers() {
+    for (l, layer) in cfg.layers.iter().enumerate() {
         let p = layer_prefix(l);
         mat(format!("{p}.self_attn.q_proj.weight"), q_out, d);
         mat(format!("{p}.self_attn.k_proj.weight"), kv_out, d);
         mat(format!("{p}.self_attn.v_proj.weight"), kv_out, d);
         mat(format!("{p}.self_attn.o_proj.weight"), d, q_out);
-        mat(format!("{p}.mlp.gate_proj.weight"), cfg.intermediate, d);
-        mat(format!("{p}.mlp.up_proj.weight"), cfg.intermediate, d);
-        mat(format!("{p}.mlp.down_proj.weight"), d, cfg.intermediate);
+        match cfg.moe.as_ref().filter(|_| layer.moe) {
+            None => {
+                mat(format!("{p}.mlp.gate_proj.weight"), cfg.intermediate, d);
+                mat(format!("{p}.mlp.up_proj.weight"), cfg.intermediate, d);
+                mat(format!("{p}.mlp.down_proj.weight"), d, cfg.intermediate);
+            }
+            Some(moe) => {
+                let b = format!("{p}.{}", moe.block);
+                mat(format!("{b}.gate.weight"), moe.experts, d);
+                if let Some(shared) = moe.shared_expert {
+                    mat(format!("{b}.shared_expert.gate_proj.weight"), shared, d);
+                    mat(format!("{b}.shared_expert.up_proj.weight"), shared, d);
+                    mat(format!("{b}.shared_expert.down_proj.weight"), d, shared);
+                    mat(format!("{b}.shared_expert_gate.weight"), 1, d);
+                }
+            }
+        }
     }
     if !cfg.tie_embeddings {
         mat("lm_head.weight".into(), cfg.vocab, d);
+    }
+    if let Some(moe) = &cfg.moe {
+        let (e, i) = (moe.experts, moe.intermediate);
+        for (l, _) in cfg.layers.iter().enumerate().filter(|(_, layer)| layer.moe) {
+            let s = format!("{}.{}.switch_mlp", layer_prefix(l), moe.block);
+            for (name, shape) in [("gate_proj", [e, i, d]), ("up_proj", [e, i, d]), ("down_proj", [e, d, i])] {
+                out.push(ParamSpec {
+                    key: format!("{s}.{name}.weight"),
+                    shape: shape.to_vec(),
+                    kind: Kind::Experts,
+                    part: None,
+                });
+            }
+        }
     }
     if cfg.fused_projections {
         // Phi-3's `qkv_proj` holds q, k, v and `gate_up_proj` gate, up, stacked by rows: each
@@ -148,6 +193,14 @@ pub fn load_param<'a>(ckpt: &'a Checkpoint, spec: &ParamSpec, elem: ElementType)
             return Ok(Cow::Borrowed(w.bytes()));
         }
     }
+    if let (Kind::Experts, Some(wanted)) = (spec.kind, wanted)
+        && let Some(w) = ckpt.get(&spec.key)
+        && !ckpt.contains(&format!("{}.scales", spec.prefix()))
+        && w.dtype() == wanted
+        && w.shape() == &spec.shape[..]
+    {
+        return Ok(Cow::Borrowed(w.bytes()));
+    }
     let data = load_f32(ckpt, spec)?;
     let elem = if spec.kind == Kind::Vector { ElementType::F32 } else { elem };
     Ok(Cow::Owned(crate::layout::encode_f32(data.into_iter(), elem)))
@@ -163,6 +216,13 @@ pub fn load_f32(ckpt: &Checkpoint, spec: &ParamSpec) -> Result<Vec<f32>> {
                 return Err(shape_error(ckpt, &spec.key, &spec.shape, &[o, i]));
             }
             Ok(linear.weight_f32())
+        }
+        Kind::Experts => {
+            let mut all = Vec::with_capacity(spec.shape.iter().product());
+            for e in 0..spec.shape[0] {
+                all.extend(spec.expert(ckpt, e)?.weight_f32());
+            }
+            Ok(all)
         }
         Kind::Vector => {
             let t = ckpt.tensor(&spec.key)?;

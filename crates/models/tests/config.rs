@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use models::{Activation, Family, ModelConfig, RopeScaling, RopeTable};
+use models::{Activation, Family, ModelConfig, Moe, RopeScaling, RopeTable, Routing};
 use serde_json::{Value, json};
 use std::path::Path;
 
@@ -35,7 +35,7 @@ fn refusals_name_the_cause() {
         llama(),
         "model_type",
         json!("gpt2"),
-        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, phi3, qwen2, qwen3, gemma, gemma2, gemma3_text)",
+        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text)",
     );
     check_err(llama(), "model_type", Value::Null, "m/config.json: model_type: missing");
     check_err(llama(), "hidden_size", Value::Null, "m/config.json: hidden_size: missing");
@@ -58,6 +58,17 @@ fn refusals_name_the_cause() {
         "m/config.json: num_key_value_heads: 3 does not divide num_attention_heads 4",
     );
     check_err(llama(), "num_hidden_layers", json!(0), "m/config.json: num_hidden_layers: must be > 0");
+    let mut mixtral = llama();
+    mixtral["model_type"] = json!("mixtral");
+    check_err(
+        mixtral.clone(),
+        "num_experts_per_tok",
+        json!(9),
+        "m/config.json: num_experts_per_tok: 9 of 8 experts; it must be 1 to the experts",
+    );
+    mixtral["model_type"] = json!("qwen3_moe");
+    mixtral["head_dim"] = json!(16);
+    check_err(mixtral, "num_experts", json!(8), "m/config.json: norm_topk_prob: missing");
     check_err(
         llama(),
         "hidden_size",
@@ -104,6 +115,36 @@ fn fixtures_normalise_per_family() {
     assert_eq!(c.attn_scale, 24f64.powf(-0.5));
     let windows: Vec<_> = c.layers.iter().map(|l| l.sliding_window).collect();
     assert_eq!(windows, vec![Some(128), None, Some(128)], "HF Gemma2: even layers slide");
+
+    let c = fixture_config("qwen3_moe");
+    let moe: Vec<bool> = c.layers.iter().map(|l| l.moe).collect();
+    assert_eq!(moe, [true, false, true], "layer 1 is in mlp_only_layers");
+    let want = Moe {
+        block: "mlp",
+        experts: 8,
+        top_k: 2,
+        intermediate: 64,
+        routing: Routing::SoftmaxTopK { normalize: true },
+        shared_expert: None,
+    };
+    assert_eq!(c.moe, Some(want));
+    assert!(c.qk_norm && !c.qkv_bias && !c.tie_embeddings);
+
+    let c = fixture_config("qwen2_moe");
+    let moe = c.moe.clone().unwrap();
+    assert_eq!(
+        (moe.routing, moe.shared_expert, moe.experts),
+        (Routing::SoftmaxTopK { normalize: false }, Some(128), 4)
+    );
+    assert!(c.layers.iter().all(|l| l.moe) && c.qkv_bias);
+
+    let c = fixture_config("mixtral");
+    let moe = c.moe.clone().unwrap();
+    assert_eq!(
+        (moe.block, moe.routing, moe.intermediate, moe.top_k),
+        ("block_sparse_moe", Routing::TopKSoftmax, 128, 2)
+    );
+    assert_eq!((c.layers[0].rope_theta, c.head_dim), (1e6, 16));
 
     let c = fixture_config("gemma3_text");
     let pattern: Vec<_> = c.layers.iter().map(|l| (l.sliding_window, l.rope_theta)).collect();

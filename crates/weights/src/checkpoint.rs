@@ -147,8 +147,27 @@ impl Checkpoint {
     /// the layer unquantized; [`Error::WrongDtype`] / [`Error::WrongShape`] naming the tensor,
     /// the expected and the actual dtype or shape.
     pub fn linear(&self, prefix: &str) -> Result<Linear<'_>> {
-        let weight = self.tensor(&format!("{prefix}.weight"))?;
-        let bias = self.get(&format!("{prefix}.bias"));
+        self.layer(prefix, Ok)
+    }
+
+    /// Expert `e` of the stacked expert layer at `prefix` (MLX's `SwitchLinear`,
+    /// `switch_mlp.up_proj` and the like: weight `[experts, out, in]`, and for a quantized
+    /// one scales and biases `[experts, out, groups]`), as a layer of its own; no copy.
+    ///
+    /// # Errors
+    /// As [`Checkpoint::linear`]; [`Error::WrongShape`] when `e` is past the experts.
+    pub fn expert(&self, prefix: &str, e: usize) -> Result<Linear<'_>> {
+        self.layer(prefix, |t| t.outer(e))
+    }
+
+    /// The layer at `prefix` with each of its tensors passed through `pick`.
+    fn layer<'a>(
+        &'a self,
+        prefix: &str,
+        pick: impl Fn(TensorView<'a>) -> Result<TensorView<'a>>,
+    ) -> Result<Linear<'a>> {
+        let weight = pick(self.tensor(&format!("{prefix}.weight"))?)?;
+        let bias = self.get(&format!("{prefix}.bias")).map(&pick).transpose()?;
         let Some(scales) = self.get(&format!("{prefix}.scales")) else {
             return Ok(Linear::Dense(DenseLinear::new(weight, bias)?));
         };
@@ -166,8 +185,8 @@ impl Checkpoint {
             }
             Some(LayerQuant::Quantized(p)) => p,
         };
-        let biases = self.tensor(&format!("{prefix}.biases"))?;
-        Ok(Linear::Quantized(QuantizedLinear::new(weight, scales, biases, bias, params)?))
+        let biases = pick(self.tensor(&format!("{prefix}.biases"))?)?;
+        Ok(Linear::Quantized(QuantizedLinear::new(weight, pick(scales)?, biases, bias, params)?))
     }
 
     /// The embedding table at `prefix` (e.g. `model.embed_tokens`): the same layout as a

@@ -101,6 +101,19 @@ impl<'a> TensorView<'a> {
         })
     }
 
+    /// Entry `i` of the outermost dimension, that dimension dropped (one expert's matrix of
+    /// stacked expert weights `[experts, out, in]`); no copy.
+    ///
+    /// # Errors
+    /// [`Error::WrongShape`] for a scalar or an index past the first dimension.
+    pub fn outer(&self, i: usize) -> Result<TensorView<'a>> {
+        let mut one = self.rows(i, 1)?;
+        let rank = one.shape.len as usize;
+        one.shape.dims.copy_within(1..rank, 0);
+        one.shape.len -= 1;
+        Ok(one)
+    }
+
     /// Number of elements (1 for a scalar).
     pub fn numel(&self) -> usize {
         // Validated at open: shape * dtype size equals the byte length, so this cannot overflow.

@@ -443,3 +443,32 @@ fn a_part_of_a_fused_layer_is_its_rows() {
     assert!(matches!(err, Error::WrongShape { .. }), "{err:?}");
     assert_names(&err.to_string(), &[&format!("`{Q}.weight`"), "at least 3 rows", "[2, 8]"]);
 }
+
+#[test]
+fn one_expert_of_stacked_experts_is_a_layer() {
+    const EXPERTS: &str = "model.layers.0.mlp.switch_mlp.up_proj";
+    let config = r#"{"model_type": "qwen3_moe", "quantization": {"group_size": 32, "bits": 4}}"#;
+    // Expert 0 is q_proj's two rows, expert 1 the same rows swapped, with their scales.
+    let mut words = vec![0xFFFF_FFFFu32; 8];
+    words.extend([0x7654_3210, 0xFEDC_BA98].repeat(4));
+    let swapped = [&words[8..], &words[..8]].concat();
+    let mut w = Writer::new();
+    add_q_proj(&mut w);
+    w.add_u32(&format!("{EXPERTS}.weight"), &[2, 2, 8], &[words.clone(), swapped].concat()).expect("w");
+    let scales = [0.5, 0.25, 1.0, -0.5];
+    let biases = [-1.0, 2.0, 0.0, 8.0];
+    let (s1, b1) = ([1.0, -0.5, 0.5, 0.25], [0.0, 8.0, -1.0, 2.0]);
+    w.add_f16(&format!("{EXPERTS}.scales"), &[2, 2, 2], &[&scales[..], &s1].concat()).expect("s");
+    w.add_f16(&format!("{EXPERTS}.biases"), &[2, 2, 2], &[&biases[..], &b1].concat()).expect("b");
+    let dir = checkpoint(config, &w.to_bytes());
+    let ckpt = Checkpoint::open(dir.path()).expect("open");
+    let q = ckpt.linear(Q).expect("q_proj").weight_f32();
+    let e0 = ckpt.expert(EXPERTS, 0).expect("expert 0");
+    let Linear::Quantized(e1) = ckpt.expert(EXPERTS, 1).expect("expert 1") else { panic!("quantized") };
+    assert_eq!((e1.out_features(), e1.in_features(), e1.bits(), e1.group_size()), (2, 64, 4, 32));
+    assert_eq!(e1.weight().shape(), [2, 8]);
+    assert_eq!(bits_of(&e0.weight_f32()), bits_of(&q));
+    assert_eq!(bits_of(&e1.dequantize_f32()), bits_of(&[&q[64..], &q[..64]].concat()));
+    let err = ckpt.expert(EXPERTS, 2).expect_err("two experts");
+    assert_names(&err.to_string(), &[&format!("`{EXPERTS}.weight`"), "at least 3 rows", "[2, 2, 8]"]);
+}

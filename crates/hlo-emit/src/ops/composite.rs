@@ -1,4 +1,4 @@
-//! Composite ops a transformer block needs (RMSNorm, softmax), built from the primitive
+//! Composite ops a transformer block needs (RMSNorm, softmax, top-k), built from the primitive
 //! ops so every model and test states them the same way.
 
 use crate::error::Error;
@@ -31,5 +31,33 @@ impl<'c, 'b> Func<'c, 'b> {
         let e = self.exp(self.sub(x, m)?)?;
         let s = self.broadcast_in_dim(self.reduce_sum(e, &[last])?, &shape, &keep)?;
         self.div(e, s)
+    }
+
+    /// The `k` largest entries of each row of `x [T, N]`, largest first, and their indices
+    /// (i32; among equal values the lower index first): `([T, k], [T, k])`. Built as `k`
+    /// rounds of one max-and-argmax reduction each, the entry taken masked to the lowest
+    /// value for the next round; for the small `k` of expert routing (2 to 8).
+    pub fn top_k(&self, x: Value<'c, 'b>, k: usize) -> Result<(Value<'c, 'b>, Value<'c, 'b>), Error> {
+        let t = x.ty();
+        if t.rank() != 2 || t.elem.is_bool() {
+            return Err(Error::op("top_k", "a [T, N] float or integer tensor", t));
+        }
+        let (rows, n) = (t.shape[0], t.shape[1]);
+        if k == 0 || k as i64 > n {
+            return Err(Error::op("top_k", format!("k in 1..={n}"), k));
+        }
+        let column = self.iota(&t.with_elem(crate::ElementType::I32), 1)?;
+        let lowest = self.splat(t.elem.range().0, &t)?;
+        let (mut values, mut indices, mut rest) = (Vec::new(), Vec::new(), x);
+        for round in 0..k {
+            let (v, i) = self.max_and_argmax(rest, 1)?;
+            values.push(self.reshape(v, &[rows, 1])?);
+            indices.push(self.reshape(i, &[rows, 1])?);
+            if round + 1 < k {
+                let taken = self.compare(column, self.broadcast_in_dim(i, &[rows, n], &[0])?, crate::Cmp::Eq)?;
+                rest = self.select(taken, lowest, rest)?;
+            }
+        }
+        Ok((self.concatenate(&values, 1)?, self.concatenate(&indices, 1)?))
     }
 }

@@ -145,21 +145,24 @@ impl<'c, 'b> Func<'c, 'b> {
         self.emit1(OP, &[operand, indices], attrs, t.with_shape(&shape))
     }
 
-    /// Embedding lookup: rows of `table` `[V, D]` picked by integer `ids` of any shape
-    /// `[...]`, giving `[..., D]`. Out-of-range ids are clamped (StableHLO semantics).
+    /// Embedding lookup: rows of `table` `[V, D...]` picked by integer `ids` of any shape
+    /// `[...]`, giving `[..., D...]` (a row may be a matrix: one expert of stacked expert
+    /// weights). Out-of-range ids are clamped (StableHLO semantics).
     pub fn gather_rows(&self, table: Value<'c, 'b>, ids: Value<'c, 'b>) -> Result<Value<'c, 'b>, Error> {
         let t = table.ty();
-        if t.rank() != 2 {
-            return Err(Error::op("gather_rows", "a [V, D] table", t));
+        if t.rank() < 2 {
+            return Err(Error::op("gather_rows", "a [V, D...] table of rank >= 2", t));
         }
         let ri = ids.rank() as i64;
         let dims = GatherDims {
-            offset_dims: vec![ri],
+            offset_dims: (ri..ri + t.rank() as i64 - 1).collect(),
             collapsed_slice_dims: vec![0],
             start_index_map: vec![0],
             index_vector_dim: ri,
             ..GatherDims::default()
         };
-        self.gather(table, ids, dims, &[1, t.shape[1]])
+        let mut sizes = t.shape.clone();
+        sizes[0] = 1;
+        self.gather(table, ids, dims, &sizes)
     }
 }

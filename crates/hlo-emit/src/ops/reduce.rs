@@ -85,6 +85,12 @@ impl<'c, 'b> Func<'c, 'b> {
     /// Index (i32) of the maximum along `dim`; ties go to the lowest index. The result
     /// drops `dim`. NaNs never win (they compare false).
     pub fn argmax(&self, a: Value<'c, 'b>, dim: i64) -> Result<Value<'c, 'b>, Error> {
+        Ok(self.max_and_argmax(a, dim)?.1)
+    }
+
+    /// The maximum along `dim` and its index (i32), as [`Func::argmax`] finds them: one
+    /// reduction gives both.
+    pub fn max_and_argmax(&self, a: Value<'c, 'b>, dim: i64) -> Result<(Value<'c, 'b>, Value<'c, 'b>), Error> {
         let t = a.ty();
         if t.elem.is_bool() {
             return Err(Error::op("argmax", "a float or integer tensor", t));
@@ -94,7 +100,7 @@ impl<'c, 'b> Func<'c, 'b> {
         let (lo, _) = t.elem.range();
         let init_v = self.scalar(lo, t.elem)?;
         let init_i = self.scalar(0.0, ElementType::I32)?;
-        let mut out = self.reduce(&[a, idx], &[init_v, init_i], &[dim], |b, x| {
+        let out = self.reduce(&[a, idx], &[init_v, init_i], &[dim], |b, x| {
             let (av, ai, bv, bi) = (x[0], x[1], x[2], x[3]);
             // Take `a` when it is larger, or equal with a lower index: an associative,
             // commutative combine, so the order IREE reduces in does not matter.
@@ -105,6 +111,9 @@ impl<'c, 'b> Func<'c, 'b> {
             let take_a = b.or(gt, tie)?;
             Ok(vec![b.select(take_a, av, bv)?, b.select(take_a, ai, bi)?])
         })?;
-        out.pop().ok_or_else(|| Error::mlir("stablehlo.reduce", "no result"))
+        match out[..] {
+            [v, i] => Ok((v, i)),
+            _ => Err(Error::mlir("stablehlo.reduce", "expected two results")),
+        }
     }
 }
