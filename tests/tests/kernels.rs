@@ -16,8 +16,8 @@ use kernels::cpu::{self, Isa, Op, Scale};
 
 mod kernel_cases;
 use kernel_cases::{
-    ATTN_CASES, AttnCase, IDS, K, Matrix, O, ROWS, attention_f64, check_qmv, check_rows, entries, function_name,
-    group_size, input, module,
+    ATTN_CASES, AttnCase, EXPERTS, IDS, K, Matrix, O, PAIRS, ROWS, attention_f64, check_qmv, check_rows, entries,
+    expert_of, experts_function_name, function_name, group_size, input, module,
 };
 
 /// The matrix in the kernel layout on the device: weight, scales, biases.
@@ -48,9 +48,13 @@ fn run(isa: Isa) -> Vec<Vec<f32>> {
     session.load_vmfb(&vmfb).unwrap();
     let mut outputs = Vec::new();
     for (i, e) in entries().into_iter().enumerate() {
+        let what = format!("{isa} {}", cpu::export(e.op, e.bits, e.scale));
+        if e.op == Op::Experts {
+            outputs.extend(run_experts(&mut session, &device, &e, &what, 10 * i as u64));
+            continue;
+        }
         let m = Matrix::random(e.bits, e.scale, O, K, group_size(e.bits, e.scale), 10 * i as u64);
         let [w, s, b] = upload(&m, &device, e.scale);
-        let what = format!("{isa} {}", cpu::export(e.op, e.bits, e.scale));
         if e.op == Op::Rows {
             let ids = device.upload(&[IDS.len()], &IDS).unwrap();
             let got: Vec<f32> =
@@ -70,6 +74,46 @@ fn run(isa: Isa) -> Vec<Vec<f32>> {
             check_qmv(&what, &m, &x, t, residual.as_deref(), &got);
             outputs.push(got);
         }
+    }
+    outputs
+}
+
+/// `qmve` over stacked random experts, with pairs numbered by pair and by expert: each
+/// pair's row is the one-row `qmv` of its (clamped) expert, bit for bit.
+fn run_experts(
+    session: &mut Session,
+    device: &iree_hal::Device,
+    e: &cpu::Entry,
+    what: &str,
+    seed: u64,
+) -> Vec<Vec<f32>> {
+    let gs = group_size(e.bits, e.scale);
+    let experts: Vec<Matrix> =
+        (0..EXPERTS).map(|x| Matrix::random(e.bits, e.scale, O, K, gs, seed + x as u64)).collect();
+    let uploads: Vec<[iree_hal::BufferView; 3]> = experts.iter().map(|m| upload(m, device, e.scale)).collect();
+    // Stack the experts' device bytes: [E, blocks, ...] each.
+    let stacked = |i: usize, elem: iree_hal::ElementType| {
+        let parts: Vec<Vec<u8>> = uploads.iter().map(|u| u[i].to_bytes().unwrap()).collect();
+        let dims = uploads[0][i].shape();
+        device.upload_bytes(elem, &[EXPERTS, dims[0], dims[1]], &parts.concat()).unwrap()
+    };
+    let (w, s, b) = (
+        stacked(0, uploads[0][0].element_type()),
+        stacked(1, uploads[0][1].element_type()),
+        stacked(2, uploads[0][2].element_type()),
+    );
+    let x = input(PAIRS.len(), K, seed + 100);
+    let xs = device.upload(&[PAIRS.len(), K], &x).unwrap();
+    let ids = device.upload(&[PAIRS.len()], &PAIRS).unwrap();
+    let mut outputs = Vec::new();
+    for by_expert in [0, 1] {
+        let got: Vec<f32> =
+            session.call(&experts_function_name(e, by_expert), &[&xs, &ids, &w, &s, &b]).unwrap()[0].to_vec().unwrap();
+        for (n, id) in PAIRS.iter().enumerate() {
+            let what = format!("{what} by_expert {by_expert} pair {n} (id {id})");
+            check_qmv(&what, &experts[expert_of(*id)], &x[n * K..][..K], 1, None, &got[n * O..][..O]);
+        }
+        outputs.push(got);
     }
     outputs
 }

@@ -112,6 +112,7 @@ fn push_case(stdin: &mut Vec<u8>, op: Op, m: &Matrix, scale: Scale, t: usize, in
         Op::Matvec => 0,
         Op::Rows => 1,
         Op::MatvecAdd => 3,
+        Op::Experts => 4,
     };
     let header = [code, m.bits, u32::from(scale == Scale::F16), t as u32, K as u32, O as u32, m.group_size as u32];
     push_part(stdin, &header.into_iter().flat_map(u32::to_le_bytes).collect::<Vec<u8>>());
@@ -152,7 +153,8 @@ fn the_aarch64_object_computes_the_models_bits() {
                 for t in ROWS {
                     let x = input(t, K, 100 + t as u64);
                     let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
-                    for op in [Op::Matvec, Op::MatvecAdd] {
+                    // `qmve` with one expert is each row's one-row `qmv`: the model's bits.
+                    for op in [Op::Matvec, Op::MatvecAdd, Op::Experts] {
                         let residual = (op == Op::MatvecAdd).then(|| input(t, O, 200 + t as u64));
                         push_case(&mut stdin, op, &m, scale, t, &bytes, residual.as_deref().unwrap_or_default());
                         let what = format!("neondot {} group size {gs}", cpu::export(op, bits, scale));

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""A 1B-class Llama with random weights (Llama-3.2-1B's shape), for `cargo xtask bench`.
+"""1B-class models with random weights, for `cargo xtask bench`: Llama-3.2-1B's shape, and
+a Qwen3-MoE of about 1.2B parameters of which about 0.35B run per token.
 
 Run by `cargo xtask bench` (one call per variant, each into its own folder):
     python make_random_llama.py --variant f16  --out target/models/llama-1b-random-f16
     python make_random_llama.py --variant 4bit --out target/models/llama-1b-random-4bit
     python make_random_llama.py --variant 8bit --out target/models/llama-1b-random-8bit
+    python make_random_llama.py --shape qwen3-moe-1b --variant 4bit --out target/models/qwen3-moe-1b-random-4bit
 
-The model is mlx-lm's own Llama class built from Llama-3.2-1B's config.json values
+The model is mlx-lm's own model class built from the shape's config.json values
 (no download: the weights are random, only the shape and the RoPE settings matter for
 speed), filled with seeded float16 normals of a small scale, and saved exactly as
 `mlx_lm.convert --dtype float16 [-q --q-bits B --q-group-size 64]` would: cast, then
@@ -52,6 +54,33 @@ CONFIG = {
     "hidden_act": "silu",
     "tie_word_embeddings": True,
 }
+# A Qwen3-MoE scaled to the 1B class: 8 experts, 2 per token, every layer sparse. Experts
+# hold 8 x 3 x 2816 x 1024 x 16 = 1.11 G weights, the rest (attention, the tied embedding
+# of SmolLM2's 49152-token vocabulary, whose tokenizer `cargo xtask bench` lends it,
+# routers) 0.09 G: 1.20 G in all, 0.36 G per token.
+QWEN3_MOE_1B = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 1024,
+    "intermediate_size": 2816,
+    "moe_intermediate_size": 2816,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "num_hidden_layers": 16,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "vocab_size": 49152,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": True,
+}
+SHAPES = {"llama-1b": CONFIG, "qwen3-moe-1b": QWEN3_MOE_1B}
 # Small weights (HF's initializer_range for Llama), so activations stay well inside
 # float16's range through 16 layers.
 WEIGHT_STD = 0.02
@@ -61,10 +90,10 @@ GROUP_SIZE = 64
 VARIANTS = {"f16": None, "4bit": 4, "8bit": 8}
 
 
-def build():
-    """mlx-lm's Llama for CONFIG with seeded random float16 weights."""
-    model_class, args_class = _get_classes(CONFIG)
-    model = model_class(args_class.from_dict(CONFIG))
+def build(config):
+    """mlx-lm's model for `config` with seeded random float16 weights."""
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
     names = sorted(tree_flatten(model.parameters()))
     keys = mx.random.split(mx.random.key(SEED), len(names))
     params = []
@@ -86,13 +115,14 @@ def build():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", required=True, choices=sorted(VARIANTS))
+    ap.add_argument("--shape", default="llama-1b", choices=sorted(SHAPES))
     ap.add_argument("--out", required=True, help="the model folder to write")
     args = ap.parse_args()
     mx.set_default_device(mx.cpu)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model = build()
-    config = dict(CONFIG, torch_dtype="float16")
+    model = build(SHAPES[args.shape])
+    config = dict(SHAPES[args.shape], torch_dtype="float16")
     bits = VARIANTS[args.variant]
     if bits is not None:
         # quantize_model prints a bits-per-weight line; keep the progress output short.
@@ -100,7 +130,7 @@ def main():
             model, config = quantize_model(model, config, GROUP_SIZE, bits)
     save_model(out, model, donate_model=True)
     save_config(config, config_path=out / "config.json")
-    print(f"wrote {args.variant} random Llama-3.2-1B-shaped model to {out}")
+    print(f"wrote {args.variant} random {args.shape}-shaped model to {out}")
     return 0
 
 

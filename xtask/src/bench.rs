@@ -32,6 +32,7 @@ const PRECISIONS: [&str; 4] = ["f32", "f16", "bf16", "packed"];
 const SMOLLM2: &str = "smollm2-135m-instruct-4bit";
 const LLAMA_1B: &str = "llama-1b-random";
 const LLAMA_1B_VARIANTS: [&str; 3] = ["f16", "4bit", "8bit"];
+const QWEN3_MOE_1B: &str = "qwen3-moe-1b-random";
 const KV_CACHE: [&str; 2] = ["f32", "f16"];
 
 pub const USAGE: &str = "\
@@ -41,7 +42,9 @@ usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
                          [--peers]
   --model M        smollm2 (SmolLM2-135M-Instruct 4-bit), llama-1b (Llama-3.2-1B shape,
                    random weights: the f16 folder for f32/f16/bf16, the 4-bit and 8-bit
-                   folders for packed) or an MLX model folder; repeatable
+                   folders for packed), qwen3-moe-1b (a random Qwen3-MoE, 8 experts, 2 a
+                   token, 1.2 G weights of which 0.36 G run per token; folders as llama-1b;
+                   no peers) or an MLX model folder; repeatable
                    (default: smollm2 and llama-1b)
   --precision P    f32, f16, bf16, packed, a comma list of them (packed,f16) or all
                    (default: all)
@@ -104,7 +107,20 @@ fn precisions(list: &str) -> Result<Vec<&'static str>> {
 pub enum ModelArg {
     SmolLm2,
     Llama1b,
+    /// A random Qwen3-MoE of the 1B class (8 experts, 2 per token): 1.2 G weights, 0.36 G a token.
+    Qwen3Moe1b,
     Dir(PathBuf),
+}
+
+impl ModelArg {
+    /// The random model shapes: (`make_random_llama.py --shape`, folder name before the variant).
+    fn random_shape(&self) -> Option<(&'static str, &'static str)> {
+        match self {
+            ModelArg::Llama1b => Some(("llama-1b", LLAMA_1B)),
+            ModelArg::Qwen3Moe1b => Some(("qwen3-moe-1b", QWEN3_MOE_1B)),
+            ModelArg::SmolLm2 | ModelArg::Dir(_) => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,7 +156,7 @@ pub struct Options {
 /// (128, 256, ... positions), so a few steps after the prompt measure the rate at that context.
 pub fn default_steps(model: &ModelArg) -> usize {
     match model {
-        ModelArg::Llama1b => 16,
+        ModelArg::Llama1b | ModelArg::Qwen3Moe1b => 16,
         ModelArg::SmolLm2 | ModelArg::Dir(_) => 128,
     }
 }
@@ -170,6 +186,7 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
             "--model" => o.models.push(match value()?.as_str() {
                 "smollm2" => ModelArg::SmolLm2,
                 "llama-1b" => ModelArg::Llama1b,
+                "qwen3-moe-1b" => ModelArg::Qwen3Moe1b,
                 dir => ModelArg::Dir(PathBuf::from(dir)),
             }),
             "--precision" => o.precisions = precisions(value()?)?,
@@ -257,12 +274,13 @@ pub fn cases(o: &Options, models_dir: &Path) -> Vec<Case> {
                 }),
                 // Float precisions read the f16 folder; packed keeps MLX's quantized words,
                 // so it runs on the quantized folders.
-                ModelArg::Llama1b => {
+                ModelArg::Llama1b | ModelArg::Qwen3Moe1b => {
+                    let Some((_, name)) = m.random_shape() else { continue };
                     let variants: &[&str] = if precision == "packed" { &["4bit", "8bit"] } else { &["f16"] };
                     for v in variants {
                         out.push(Case {
-                            family: LLAMA_1B.into(),
-                            model: llama_1b_dir(models_dir, v),
+                            family: name.into(),
+                            model: random_dir(models_dir, name, v),
                             precision,
                             steps,
                         });
@@ -282,8 +300,8 @@ pub fn cases(o: &Options, models_dir: &Path) -> Vec<Case> {
     out
 }
 
-fn llama_1b_dir(models_dir: &Path, variant: &str) -> PathBuf {
-    models_dir.join(format!("{LLAMA_1B}-{variant}"))
+fn random_dir(models_dir: &Path, name: &str, variant: &str) -> PathBuf {
+    models_dir.join(format!("{name}-{variant}"))
 }
 
 pub fn run(args: &[String]) -> Result<()> {
@@ -434,17 +452,17 @@ fn prepare(o: &Options) -> Result<()> {
     let toolchain = crate::setup::run()?;
     let runtime = if o.device.starts_with("cuda") { Target::Cuda } else { Target::Cpu };
     let runtime_dir = build_iree::build(&toolchain, runtime)?;
-    // The 1B shape borrows SmolLM2's tokenizer (llama_1b), so it needs SmolLM2 too.
-    if o.models.contains(&ModelArg::SmolLm2) || o.models.contains(&ModelArg::Llama1b) {
+    // The random shapes borrow SmolLM2's tokenizer (random_models), so they need SmolLM2 too.
+    if o.models.iter().any(|m| *m == ModelArg::SmolLm2 || m.random_shape().is_some()) {
         crate::model::run(&[])?;
     }
-    if o.models.contains(&ModelArg::Llama1b) {
+    for (shape, name) in o.models.iter().filter_map(ModelArg::random_shape) {
         let packed = o.precisions.contains(&"packed");
         // The peers convert the f16 folder.
         let floats = o.peers || o.precisions.iter().any(|p| *p != "packed");
         let variants: Vec<&str> =
             LLAMA_1B_VARIANTS.iter().copied().filter(|v| if *v == "f16" { floats } else { packed }).collect();
-        llama_1b(&variants)?;
+        random_models(shape, name, &variants)?;
     }
     if o.serve {
         crate::test::client_venv()?;
@@ -469,9 +487,9 @@ fn prepare(o: &Options) -> Result<()> {
     util::run(&mut cargo)
 }
 
-/// target/models/llama-1b-random-<variant> for each variant, made by mlx-lm unless its
-/// stamp says the same script and packages already made it.
-fn llama_1b(variants: &[&str]) -> Result<()> {
+/// target/models/<name>-<variant> for each variant (`llama-1b-random-4bit`), made by
+/// mlx-lm unless its stamp says the same script and packages already made it.
+fn random_models(shape: &str, name: &str, variants: &[&str]) -> Result<()> {
     let pins = Pins::load()?;
     let venv = fixtures::mlx_venv(&pins, "bench 1/2")?;
     let base = format!(
@@ -480,11 +498,15 @@ fn llama_1b(variants: &[&str]) -> Result<()> {
         script_digest("make_random_llama.py")?
     );
     for v in variants {
-        let dest = llama_1b_dir(&crate::model::models_dir(), v);
-        let stamp = format!("{base}variant: {v}\n");
+        let dest = random_dir(&crate::model::models_dir(), name, v);
+        let stamp = format!("{base}shape: {shape}\nvariant: {v}\n");
         crate::model::step("bench 2/2", &dest, &stamp, |partial| {
             util::progress("bench 2/2", "random weights with mlx-lm: about a minute");
-            util::run(fixtures::python(&venv, "make_random_llama.py").args(["--variant", v, "--out"]).arg(partial))
+            util::run(
+                fixtures::python(&venv, "make_random_llama.py")
+                    .args(["--shape", shape, "--variant", v, "--out"])
+                    .arg(partial),
+            )
         })?;
         borrow_tokenizer(&crate::model::models_dir().join(SMOLLM2), &dest)?;
     }
@@ -817,8 +839,10 @@ pub fn peer_models(o: &Options, models_dir: &Path) -> Vec<PeerModel> {
             }
             ModelArg::Llama1b => {
                 let vocab = crate::model::source_gguf(models_dir);
-                (LLAMA_1B.to_owned(), llama_1b_dir(models_dir, "f16"), false, vocab)
+                (LLAMA_1B.to_owned(), random_dir(models_dir, LLAMA_1B, "f16"), false, vocab)
             }
+            // peers.py converts llama-architecture folders only: the MoE shape has no peer row.
+            ModelArg::Qwen3Moe1b => continue,
             ModelArg::Dir(dir) => (display_name(dir), dir.clone(), false, None),
         };
         if !out.iter().any(|p| p.family == family) {
@@ -1488,6 +1512,16 @@ mod tests {
         let o = parse_args(&args(&["--model", "llama-1b", "--precision", "packed"])).unwrap();
         let dirs: Vec<PathBuf> = cases(&o, Path::new("/m")).into_iter().map(|c| c.model).collect();
         assert_eq!(dirs, vec![PathBuf::from("/m/llama-1b-random-4bit"), PathBuf::from("/m/llama-1b-random-8bit")]);
+    }
+
+    #[test]
+    fn the_moe_shape_has_its_folders_and_no_peers() {
+        let o = parse_args(&args(&["--model", "qwen3-moe-1b", "--precision", "packed,f16", "--peers"])).unwrap();
+        let rows: Vec<(String, PathBuf)> =
+            cases(&o, Path::new("/m")).into_iter().map(|c| (c.family, c.model)).collect();
+        let row = |v: &str| ("qwen3-moe-1b-random".to_owned(), PathBuf::from(format!("/m/qwen3-moe-1b-random-{v}")));
+        assert_eq!(rows, vec![row("4bit"), row("8bit"), row("f16")]);
+        assert!(peer_models(&o, Path::new("/m")).is_empty());
     }
 
     #[test]

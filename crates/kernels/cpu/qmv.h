@@ -144,3 +144,48 @@ QMVR(mlx_iree_qmvr4_f16, 4, 1, uint16_t)
 QMVR(mlx_iree_qmvr4_f32, 4, 0, float)
 QMVR(mlx_iree_qmvr8_f16, 8, 1, uint16_t)
 QMVR(mlx_iree_qmvr8_f32, 8, 0, float)
+
+// Mixture-of-experts matvec: y[n, O] = x[n, K] . W[ids[n]]^T for each of N (row, choice)
+// pairs, the experts' matrices stacked (weights [E][blocks][block_bytes], scales and biases
+// [E][blocks][G][16]); ids past the experts (or negative) are clamped into them. Units are
+// row blocks, numbered `n * blocks + rb` when `by_expert` is 0 (a few pairs: each unit one
+// pair's block, so only the chosen experts are read) or `e * blocks + rb` when it is 1
+// (many pairs: a workgroup runs expert e's blocks for every pair that chose e, so each
+// expert's blocks come from memory once, then from cache). Each pair goes through the
+// one-row path of `qmv_body`, with its bits.
+static inline __attribute__((always_inline)) void qmve_body(int bits, int f16, const float* x, const int32_t* ids,
+                                                            const uint8_t* w, const char* sc, const char* bi,
+                                                            float* y, size_t N, size_t K, size_t O, size_t GS,
+                                                            size_t E, size_t by_expert, size_t u0, size_t u1) {
+  const size_t blocks = O / 16, G = K / GS, sbytes = f16 ? 2 : 4;
+  const size_t expert_bytes = blocks * (K * bits * 16 / 8), expert_groups = blocks * G * 16 * sbytes;
+  const size_t units = (by_expert ? E : N) * blocks;
+  if (E == 0 || blocks == 0) return;
+  if (u1 > units) u1 = units;
+  for (size_t u = u0; u < u1;) {
+    const size_t major = u / blocks, rb0 = u % blocks;
+    size_t rb1 = rb0 + (u1 - u);
+    if (rb1 > blocks) rb1 = blocks;
+    for (size_t n = by_expert ? 0 : major; n < (by_expert ? N : major + 1); ++n) {
+      const int32_t id = ids[n];
+      const size_t e = id < 0 ? 0 : ((size_t)id >= E ? E - 1 : (size_t)id);
+      if (by_expert && e != major) continue;
+      qmv_body(bits, f16, x + n * K, w + e * expert_bytes, sc + e * expert_groups, bi + e * expert_groups, 0,
+               y + n * O, 1, K, O, GS, rb0, rb1);
+    }
+    u += rb1 - rb0;
+  }
+}
+
+#define QMVE(NAME, BITS, F16, STYPE)                                                                       \
+  void NAME(const float* x, size_t x_off, const int32_t* ids, size_t i_off, const uint8_t* w, size_t w_off, \
+            const STYPE* sc, size_t s_off, const STYPE* bi, size_t b_off, float* y, size_t y_off, size_t N,  \
+            size_t K, size_t O, size_t GS, size_t E, size_t by_expert, size_t u0, size_t u1) {             \
+    qmve_body(BITS, F16, x + x_off, ids + i_off, w + w_off, (const char*)(sc + s_off),                      \
+              (const char*)(bi + b_off), y + y_off, N, K, O, GS, E, by_expert, u0, u1);                     \
+  }
+
+QMVE(mlx_iree_qmve4_f16, 4, 1, uint16_t)
+QMVE(mlx_iree_qmve4_f32, 4, 0, float)
+QMVE(mlx_iree_qmve8_f16, 8, 1, uint16_t)
+QMVE(mlx_iree_qmve8_f32, 8, 0, float)

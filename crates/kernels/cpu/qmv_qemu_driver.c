@@ -5,11 +5,11 @@
 //! needed, only clang and lld.
 //!
 //! stdin: cases one after the other until its end. A case is 7 little-endian u32 (op: 0 for
-//! `qmv`, 1 for `qrows`, 3 for `qmvr`; bits; 1 for f16 scales, 0 for f32; T; K; O; group
-//! size), then its input (T x K f32 for `qmv` and `qmvr`, T i32 ids for `qrows`), for `qmvr`
-//! the residual (T x O f32), weights (kernel layout), scales and biases ([O / 16][K / group
-//! size][16]), each part padded with zeros to a
-//! multiple of 64 bytes (the alignment IREE gives its bindings); or an attention case (`attn`,
+//! `qmv`, 1 for `qrows`, 3 for `qmvr`, 4 for `qmve` with one expert that every row chose;
+//! bits; 1 for f16 scales, 0 for f32; T; K; O; group size), then its input (T x K f32 for
+//! `qmv`, `qmvr` and `qmve`, T i32 ids for `qrows`), for `qmvr` the residual (T x O f32),
+//! weights (kernel layout), scales and biases ([O / 16][K / group size][16]), each part
+//! padded with zeros to a multiple of 64 bytes (the alignment IREE gives its bindings); or an attention case (`attn`,
 //! attn.h): 14 u32 (2; 1 for an f16 cache, 0 for f32; L; S; P; K; G; hd; W; sliding; the
 //! scale's f32 bits; n; kv heads per workgroup; layer), then q, k_new, v_new, the k and v
 //! caches, positions and slots, each padded the same way. stdout: each case's output (T x O
@@ -29,6 +29,12 @@ typedef void qmvr_fn(const float*, size_t, const uint8_t*, size_t, const void*, 
                      const float*, size_t, float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
 qmvr_fn mlx_iree_qmvr4_f16, mlx_iree_qmvr4_f32, mlx_iree_qmvr8_f16, mlx_iree_qmvr8_f32;
 qrows_fn mlx_iree_qrows4_f16, mlx_iree_qrows4_f32, mlx_iree_qrows8_f16, mlx_iree_qrows8_f32;
+typedef void qmve_fn(const float*, size_t, const int32_t*, size_t, const uint8_t*, size_t, const void*, size_t,
+                     const void*, size_t, float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t,
+                     size_t);
+qmve_fn mlx_iree_qmve4_f16, mlx_iree_qmve4_f32, mlx_iree_qmve8_f16, mlx_iree_qmve8_f32;
+// Each row's expert in a `qmve` case: the one expert there is.
+static const int32_t expert_ids[64];
 typedef void attn_fn(const float*, size_t, const float*, size_t, const float*, size_t, const void*, size_t,
                      const void*, size_t, const int32_t*, size_t, const int32_t*, size_t, float*, size_t, size_t,
                      size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
@@ -125,6 +131,14 @@ static size_t run_case(const uint8_t* p, size_t len) {
                             : (f16 ? mlx_iree_qmvr8_f16 : mlx_iree_qmvr8_f32);
     for (size_t rb = 0; rb < O / 16; rb += 4)
       fn((const float*)x, 0, w, 0, s, 0, b, 0, (const float*)r, 0, output, 0, T, K, O, GS, rb, rb + 4);
+  } else if (op == 4) {
+    // One expert, every row's: the rows by row (fewer than 8) or by expert.
+    if (T > sizeof expert_ids / sizeof expert_ids[0]) fail("qmv_qemu_driver: too many rows for qmve\n");
+    qmve_fn* fn = bits == 4 ? (f16 ? mlx_iree_qmve4_f16 : mlx_iree_qmve4_f32)
+                            : (f16 ? mlx_iree_qmve8_f16 : mlx_iree_qmve8_f32);
+    const size_t by_expert = T >= 8, units = (by_expert ? 1 : T) * (O / 16);
+    for (size_t u = 0; u < units; u += 4)
+      fn((const float*)x, 0, expert_ids, 0, w, 0, s, 0, b, 0, output, 0, T, K, O, GS, 1, by_expert, u, u + 4);
   } else {
     qrows_fn* fn = bits == 4 ? (f16 ? mlx_iree_qrows4_f16 : mlx_iree_qrows4_f32)
                              : (f16 ? mlx_iree_qrows8_f16 : mlx_iree_qrows8_f32);

@@ -223,10 +223,16 @@ pub enum Op {
     MatvecAdd,
     /// `out[T, K] = W[ids[t], :]` dequantized (i32 ids in).
     Rows,
+    /// `y[N, O] = x[N, K] . W[ids[n]]^T` over stacked experts `W[E, O, K]` (x and i32 ids
+    /// in): a mixture-of-experts step, one row per (row, choice). Its constants are
+    /// [`Op::EXPERTS_CONSTANTS`]; units are row blocks of pairs or of experts (`by_expert`).
+    Experts,
 }
 
 impl Op {
-    pub const ALL: [Op; 3] = [Op::Matvec, Op::MatvecAdd, Op::Rows];
+    pub const ALL: [Op; 4] = [Op::Matvec, Op::MatvecAdd, Op::Rows, Op::Experts];
+    /// Push constants of [`Op::Experts`]: N, K, O, group size, experts, by_expert (0 or 1).
+    pub const EXPERTS_CONSTANTS: usize = 6;
 }
 
 /// Element type of the scales and biases in the kernel layout.
@@ -259,6 +265,7 @@ pub fn export(op: Op, bits: u32, scale: Scale) -> String {
         Op::Matvec => "qmv",
         Op::MatvecAdd => "qmvr",
         Op::Rows => "qrows",
+        Op::Experts => "qmve",
     };
     format!("{op}{bits}_{}", scale.name())
 }
@@ -267,7 +274,7 @@ pub fn export(op: Op, bits: u32, scale: Scale) -> String {
 /// lookup).
 pub fn units_per_workgroup(op: Op) -> usize {
     match op {
-        Op::Matvec | Op::MatvecAdd => BLOCKS_PER_WORKGROUP,
+        Op::Matvec | Op::MatvecAdd | Op::Experts => BLOCKS_PER_WORKGROUP,
         Op::Rows => 1,
     }
 }
@@ -585,12 +592,17 @@ impl ExportSpec {
             // The residual, before the result.
             bindings.insert(4, "f32");
         }
+        if e.op == Op::Experts {
+            // Each pair's expert, after x.
+            bindings.insert(1, "i32");
+        }
+        let constants = if e.op == Op::Experts { Op::EXPERTS_CONSTANTS } else { 4 };
         ExportSpec {
             c_name: format!("mlx_iree_{name}"),
             name,
             per_workgroup: units_per_workgroup(e.op),
             bindings,
-            constants: 4,
+            constants,
         }
     }
 

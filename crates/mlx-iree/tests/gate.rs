@@ -80,6 +80,11 @@ const F16_KV_F16_WEIGHTS: [&str; 2] = ["llama_llama3_tied", "gemma2"];
 const F16_KV_PACKED: [&str; 1] = ["gemma3_text"];
 /// The family whose 4-bit variant also runs through every other kernel object the host runs.
 const OTHER_KERNELS_FAMILY: &str = "llama_llama3_tied";
+/// The family whose 4-bit variant also runs in the graph form (no CPU kernel), as on every
+/// target but the CPU: a mixture of experts, whose packed experts the graph gathers and
+/// dequantizes itself (a one-row decode) or runs all at once (a prompt), beside 8-bit
+/// routers and a dense layer.
+const GRAPH_FORM_FAMILY: &str = "qwen3_moe";
 
 /// The gate's report for `precision` on `dir` (local-task) against `refs`.
 fn check(dir: &Path, precision: Precision, refs: &[Reference]) -> Report {
@@ -172,7 +177,9 @@ fn packed_matches_mlx_lm(family: &str) {
         _ => Vec::new(),
     };
     let q8 = Q8_PACKED_FAMILIES.contains(&family).then_some(("q8", CpuKernels::Auto));
-    let runs = [("q4", CpuKernels::Auto)].into_iter().chain(q8).chain(others.into_iter().map(|k| ("q4", k)));
+    let graph = (family == GRAPH_FORM_FAMILY).then_some(("q4", CpuKernels::Off));
+    let runs =
+        [("q4", CpuKernels::Auto)].into_iter().chain(q8).chain(graph).chain(others.into_iter().map(|k| ("q4", k)));
     for (variant, setting) in runs {
         let dir = root().join("tests/fixtures").join(family).join(variant);
         let report = check_with(&dir, Precision::Packed, KvElem::F32, setting, &references(&dir, "expected.json"));
@@ -221,7 +228,7 @@ per_family!(
 fn every_fixture_family_is_swept() {
     let names: Vec<String> = fixtures().iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
     assert_eq!(names, FAMILIES, "a fixture family without its tests in gate.rs's per_family!");
-    for family in Q8_PACKED_FAMILIES.iter().chain(F16_KV_FAMILIES).chain([&OTHER_KERNELS_FAMILY]) {
+    for family in Q8_PACKED_FAMILIES.iter().chain(F16_KV_FAMILIES).chain([&OTHER_KERNELS_FAMILY, &GRAPH_FORM_FAMILY]) {
         assert!(FAMILIES.contains(family), "{family} is not a fixture family");
     }
     for family in F16_KV_F16_WEIGHTS.iter().chain(&F16_KV_PACKED) {

@@ -445,6 +445,12 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let (workload, result) = match op {
             kernels::cpu::Op::Matvec | kernels::cpu::Op::MatvecAdd => (blocks, [t, out]),
             kernels::cpu::Op::Rows => (t, [t, inp]),
+            kernels::cpu::Op::Experts => {
+                return Err(hlo_emit::Error::Mlir {
+                    what: "kernel dispatch".into(),
+                    detail: "stacked experts dispatch through Step::expert_dispatch".into(),
+                });
+            }
         };
         let dims = [t, inp, out, p.group_size as i64].map(|d| d as i32);
         let entry = kernels::cpu::Entry { op, bits: p.bits, scale: p.kernel_scale() };
@@ -975,7 +981,24 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             }
         };
         let experts = |name: &str| format!("{block}.switch_mlp.{name}");
-        let mut y = if t * k < e {
+        let in_kernel = |name: &str| self.layout.packing(&experts(name)).is_some_and(|p| p.kernel);
+        let mut y = if ["gate_proj", "up_proj", "down_proj"].iter().any(|n| in_kernel(n)) {
+            // The CPU kernel's `qmve`: one row per (row, choice), each against its expert's
+            // packed blocks, by pair for a few pairs and by expert for many.
+            let n = t * k;
+            let chosen = f.reshape(chosen, &[n])?;
+            let rows = f.reshape(f.broadcast_in_dim(x, &[t, k, d], &[0, 2])?, &[n, d])?;
+            let apply = |name: &str, h: V<'c, 'b>| match self.layout.packing(&experts(name)) {
+                Some(p) if p.kernel => self.expert_dispatch(h, chosen, &experts(name), p, n >= e),
+                _ => {
+                    let w = self.expert_weights(&experts(name), Some(chosen))?;
+                    f.dot_general(w, h, DotDims::contract(&[2], &[1]).batch(&[0], &[0]))
+                }
+            };
+            let hidden = f.mul(self.activation(apply("gate_proj", rows)?)?, apply("up_proj", rows)?)?;
+            let out = f.reshape(apply("down_proj", hidden)?, &[t, k, d])?;
+            f.reduce_sum(f.mul(out, f.broadcast_in_dim(scores, &[t, k, d], &[0, 1])?)?, &[1])?
+        } else if t * k < e {
             let n = t * k;
             let chosen = f.reshape(chosen, &[n])?;
             let rows = f.reshape(f.broadcast_in_dim(x, &[t, k, d], &[0, 2])?, &[n, d])?;
@@ -1016,6 +1039,34 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             y = f.add(y, f.mul(f.broadcast_in_dim(f.reshape(g, &[t])?, &[t, d], &[0])?, out)?)?;
         }
         Ok(y)
+    }
+
+    /// `x [N, in]` through the stacked experts `prefix` in the CPU kernel's layout, row `n`
+    /// against expert `chosen[n]` (`qmve`): `[N, out]`. `by_expert` numbers the workgroups by
+    /// expert (each expert's blocks read once for all its rows) instead of by row.
+    fn expert_dispatch(
+        &self,
+        x: V<'c, 'b>,
+        chosen: V<'c, 'b>,
+        prefix: &str,
+        p: &Packing,
+        by_expert: bool,
+    ) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let (w, s, b) = (
+            f.load(self.global(&format!("{prefix}.weight"))?)?,
+            f.load(self.global(&format!("{prefix}.scales"))?)?,
+            f.load(self.global(&format!("{prefix}.biases"))?)?,
+        );
+        let (experts, blocks) = (w.shape()[0], w.shape()[1]);
+        let out = blocks * kernels::cpu::BLOCK_ROWS as i64;
+        let (n, inp) = (x.shape()[0], x.shape()[1]);
+        let dims = [n, inp, out, p.group_size as i64, experts, i64::from(by_expert)].map(|d| d as i32);
+        let op = kernels::cpu::Op::Experts;
+        self.entries.borrow_mut().insert(kernels::cpu::Entry { op, bits: p.bits, scale: p.kernel_scale() });
+        let export = kernels::cpu::export(op, p.bits, p.kernel_scale());
+        let workload = if by_expert { experts } else { n } * blocks;
+        f.dispatch(kernels::cpu::EXECUTABLE, &export, workload, &dims, &[x, chosen, w, s, b], F32.tensor(&[n, out]))
     }
 
     /// Stacked expert weights `prefix` as f32 `[N, out, in]`: the experts `chosen` (i32

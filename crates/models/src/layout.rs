@@ -176,11 +176,12 @@ impl Layout {
     /// an x86-64 `llvm-cpu` target whose CPU runs that object's instruction set
     /// (`kernels::cpu::Isa::runs_on_host`).
     pub fn with_cpu_kernels(mut self, cfg: &ModelConfig, object: &Path) -> Layout {
-        // Matrices only: stacked experts stay in the graph form.
+        // Each matrix's [out, in]: a stacked expert layer's are its experts' (`qmve` takes
+        // them stacked).
         let shapes: HashMap<String, Vec<usize>> = param_specs(cfg)
             .into_iter()
-            .filter(|s| s.kind == Kind::Matrix)
-            .map(|s| (s.prefix().to_owned(), s.shape))
+            .filter(|s| s.kind != Kind::Vector)
+            .map(|s| (s.prefix().to_owned(), s.shape[s.shape.len() - 2..].to_vec()))
             .collect();
         for (prefix, p) in &mut self.packed {
             let Some(shape) = shapes.get(prefix) else { continue };
@@ -287,6 +288,17 @@ impl Layout {
                 (Kind::Matrix | Kind::Experts, None) => {
                     out.push(param(spec.key.clone(), spec.shape.clone(), self.precision.matrix_elem(), Role::Dense))
                 }
+                (Kind::Experts, Some(p)) if p.kernel => {
+                    // Each expert in the kernel's blocks, stacked: [E, O/16, bytes per block].
+                    let (e, o, i) = (spec.shape[0], spec.shape[1], spec.shape[2]);
+                    let blocks = o / kernels::cpu::BLOCK_ROWS;
+                    let block_bytes = i * p.bits as usize * kernels::cpu::BLOCK_ROWS / 8;
+                    let groups = vec![e, blocks, i / p.group_size * kernels::cpu::BLOCK_ROWS];
+                    let weight = vec![e, blocks, block_bytes];
+                    out.push(param(format!("{prefix}.weight"), weight, ElementType::I8, Role::ExpertWeight));
+                    out.push(param(format!("{prefix}.scales"), groups.clone(), p.scale_elem, Role::ExpertScales));
+                    out.push(param(format!("{prefix}.biases"), groups, p.bias_elem, Role::ExpertBiases));
+                }
                 (Kind::Experts, Some(p)) => {
                     let (e, o, i) = (spec.shape[0], spec.shape[1], spec.shape[2]);
                     let groups = vec![e, o, i / p.group_size];
@@ -336,6 +348,27 @@ impl Layout {
         let dims = &param.dims;
         match param.role {
             Role::Vector | Role::Dense => crate::params::load_param(ckpt, &param.spec, param.elem),
+            Role::ExpertWeight | Role::ExpertScales | Role::ExpertBiases
+                if self.packing(param.spec.prefix()).is_some_and(|p| p.kernel) =>
+            {
+                // Each expert in the kernel layout, stacked.
+                let role = match param.role {
+                    Role::ExpertWeight => Role::PackedWeight,
+                    Role::ExpertScales => Role::PackedScales,
+                    _ => Role::PackedBiases,
+                };
+                let packing = self
+                    .packing(param.spec.prefix())
+                    .ok_or_else(|| Error::Invalid(format!("{}: no packing in the layout", param.key)))?;
+                let mut bytes = Vec::with_capacity(param.bytes());
+                for e in 0..param.spec.shape[0] {
+                    let Linear::Quantized(q) = param.spec.expert(ckpt, e)? else {
+                        return Err(Error::Invalid(format!("{}: expert {e} is not quantized", param.key)));
+                    };
+                    bytes.extend_from_slice(&kernel_bytes(&q, packing, role)?);
+                }
+                Ok(Cow::Owned(bytes))
+            }
             Role::ExpertWeight | Role::ExpertScales | Role::ExpertBiases => {
                 // The stacked tensors as stored; expert 0 checked the quantization.
                 let Linear::Quantized(q) = param.spec.expert(ckpt, 0)? else {

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
 use hlo_emit::ElementType;
-use models::{Layout, ModelConfig, Precision, Role};
+use models::{CacheShape, Function, KvElem, Layout, ModelConfig, Precision, Role, emit_functions};
 use std::path::{Path, PathBuf};
 use weights::{Checkpoint, Linear};
 
@@ -175,4 +175,52 @@ fn cpu_kernel_layout() {
         let w = layout.device_params(&cfg).into_iter().find(|p| p.key == key("gate_up_proj.weight")).unwrap();
         assert_eq!(layout.load(&ckpt, &w).unwrap().len(), w.bytes());
     }
+}
+
+/// Stacked experts take the kernel's blocks expert by expert, and the graph dispatches the
+/// kernel's `qmve` for them; without the kernel they stay as MLX stores them.
+#[test]
+fn stacked_experts_in_the_kernel_layout() {
+    let (ckpt, cfg) = open("qwen3_moe", "q4");
+    const DOWN: &str = "model.layers.0.mlp.switch_mlp.down_proj";
+    let params = |layout: &Layout| -> Vec<(String, Vec<usize>, ElementType)> {
+        let of_down = layout.device_params(&cfg).into_iter().filter(|p| p.key.starts_with(DOWN));
+        of_down.map(|p| (p.key, p.dims, p.elem)).collect()
+    };
+    let key = |s: &str| format!("{DOWN}.{s}");
+    // As stored: 8 experts x [64, 64] at 4 bits (32 bytes a row), bf16 scales and biases.
+    let stored = Layout::new(&cfg, Precision::Packed, &ckpt).unwrap();
+    assert_eq!(
+        params(&stored),
+        [
+            (key("weight"), vec![8, 64, 32], ElementType::I8),
+            (key("scales"), vec![8, 64, 1], ElementType::BF16),
+            (key("biases"), vec![8, 64, 1], ElementType::BF16)
+        ]
+    );
+    // The kernel's: 4 blocks of 16 rows per expert, 64 * 4 * 16 / 8 bytes each, f32 groups.
+    let kernel = stored.clone().with_cpu_kernels(&cfg, Path::new("/k.o"));
+    assert_eq!(
+        params(&kernel),
+        [
+            (key("weight"), vec![8, 4, 512], ElementType::I8),
+            (key("scales"), vec![8, 4, 16], ElementType::F32),
+            (key("biases"), vec![8, 4, 16], ElementType::F32)
+        ]
+    );
+    let w = kernel.device_params(&cfg).into_iter().find(|p| p.key == key("weight")).unwrap();
+    let bytes = kernel.load(&ckpt, &w).unwrap();
+    let Linear::Quantized(q) = ckpt.expert(DOWN, 5).unwrap() else { panic!("quantized experts") };
+    assert_eq!(bytes[5 * 2048..6 * 2048], kernels::cpu::repack_weight(4, 64, 64, q.weight().bytes())[..]);
+    // The graph: the kernel's export for each layout that has it, the gather of experts
+    // in the graph form otherwise.
+    let emit = |layout: &Layout| {
+        let cache = CacheShape { slots: 1, positions: 64, elem: KvElem::F32 };
+        let functions = [Function::Decode { rows: 1, window: 32 }, Function::Prefill { tokens: 16, window: 32 }];
+        emit_functions(&cfg, layout, cache, &functions, None).unwrap()
+    };
+    let with_kernel = emit(&kernel);
+    assert!(with_kernel.contains("@qmve4_f32"), "the decode and prefill functions dispatch qmve");
+    let graph_form = emit(&stored);
+    assert!(!graph_form.contains("qmve") && graph_form.contains("slice_sizes = array<i64: 1, 64, 32>"));
 }

@@ -19,6 +19,15 @@ pub const K: usize = 256;
 /// again).
 pub const ROWS: [usize; 4] = [1, 3, 8, 13];
 pub const IDS: [i32; 5] = [0, 95, 17, 17, 1000]; // 1000 is clamped to the last row
+/// Stacked experts of the `qmve` cases, and each pair's expert: repeats, every expert, and
+/// ids past either end (clamped to the first and last expert).
+pub const EXPERTS: usize = 3;
+pub const PAIRS: [i32; 7] = [2, 0, 2, 1, 7, -1, 1];
+
+/// The expert an id names, clamped as the kernel clamps it.
+pub fn expert_of(id: i32) -> usize {
+    usize::try_from(id.max(0)).unwrap_or(0).min(EXPERTS - 1)
+}
 
 pub fn entries() -> Vec<Entry> {
     let mut all = Vec::new();
@@ -47,6 +56,11 @@ pub fn function_name(e: &Entry, rows: usize) -> String {
     format!("{}_t{rows}", cpu::export(e.op, e.bits, e.scale))
 }
 
+/// The `qmve` function of an entry with `by_expert` 0 or 1.
+pub fn experts_function_name(e: &Entry, by_expert: usize) -> String {
+    format!("{}_t{}_m{by_expert}", cpu::export(e.op, e.bits, e.scale), PAIRS.len())
+}
+
 fn scale_elem(scale: Scale) -> ElementType {
     if scale == Scale::F16 { ElementType::F16 } else { ElementType::F32 }
 }
@@ -59,10 +73,34 @@ pub fn module(source: &str) -> String {
     for e in entries() {
         let gs = group_size(e.bits, e.scale);
         let (blocks, block_bytes, groups) = (O / 16, K * e.bits as usize * 16 / 8, K / gs);
+        if e.op == Op::Experts {
+            let (n, x) = (PAIRS.len() as i64, EXPERTS as i64);
+            let s = scale_elem(e.scale).tensor(&[x, blocks as i64, (groups * 16) as i64]);
+            let args = [
+                ElementType::F32.tensor(&[n, K as i64]),
+                ElementType::I32.tensor(&[n]),
+                ElementType::I8.tensor(&[x, blocks as i64, block_bytes as i64]),
+                s.clone(),
+                s,
+            ];
+            for by_expert in [0, 1] {
+                m.func(&experts_function_name(&e, by_expert), &args, |f, a| {
+                    let dims = [PAIRS.len(), K, O, gs, EXPERTS, by_expert].map(|d| d as i32);
+                    let workload = (if by_expert == 1 { EXPERTS } else { PAIRS.len() } * blocks) as i64;
+                    let export = cpu::export(e.op, e.bits, e.scale);
+                    let result = ElementType::F32.tensor(&[n, O as i64]);
+                    Ok(vec![f.dispatch(cpu::EXECUTABLE, &export, workload, &dims, a, result)?])
+                })
+                .unwrap();
+            }
+            continue;
+        }
         let row_counts: &[usize] = if e.op == Op::Rows { &[IDS.len()] } else { &ROWS };
         for &t in row_counts {
             let (input, workload, result) = match e.op {
-                Op::Matvec | Op::MatvecAdd => (ElementType::F32.tensor(&[t as i64, K as i64]), blocks, [t, O]),
+                Op::Matvec | Op::MatvecAdd | Op::Experts => {
+                    (ElementType::F32.tensor(&[t as i64, K as i64]), blocks, [t, O])
+                }
                 Op::Rows => (ElementType::I32.tensor(&[t as i64]), t, [t, K]),
             };
             let s = scale_elem(e.scale).tensor(&[blocks as i64, (groups * 16) as i64]);
