@@ -332,6 +332,18 @@ const FIXTURE_STORE_PARAMETERS: &str = "0";
 /// modules; SmolLM2's run as users run them, weights stored.
 fn gate_cli(dir: &Path, precision: &str, steps: usize, context: &str, extra: &[&str]) -> (i32, String) {
     let store = if dir.starts_with(root().join("tests")) { FIXTURE_STORE_PARAMETERS } else { "1" };
+    gate_cli_storing(dir, precision, steps, context, extra, store)
+}
+
+/// [`gate_cli`] with `MLX_IREE_STORE_PARAMETERS` set to `store`.
+fn gate_cli_storing(
+    dir: &Path,
+    precision: &str,
+    steps: usize,
+    context: &str,
+    extra: &[&str],
+    store: &str,
+) -> (i32, String) {
     assert!(dir.join("config.json").exists(), "test model missing at {}: run `cargo xtask model` first", dir.display());
     let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
         .args(["gate", "--model", dir.to_str().unwrap(), "--precision", precision, "--steps", &steps.to_string()])
@@ -367,6 +379,18 @@ fn checkpoint_smollm2_f16_passes_the_gate() {
     assert_eq!(code, 0, "{stdout}");
     assert!(stdout.contains("-> PASS"), "{stdout}");
     assert_eq!(stdout.matches("prompt ").count(), 4, "{stdout}");
+}
+
+/// A mixture of experts as users run it, its weights stored in final form (data-tiled, the
+/// parameter encoder's output): both engines load (the routers and Qwen2-MoE's shared
+/// expert gate once came out unbound: "no provider registered that handles scopes like
+/// 'model'"), and f16 keeps f32's tokens.
+#[test]
+fn moe_gate_cli_passes_with_stored_parameters() {
+    let dir = root().join("tests/fixtures-trained/qwen2_moe/f32");
+    let (code, stdout) = gate_cli_storing(&dir, "f16", 40, FIXTURE_CONTEXT, &[], "1");
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains("token-exact on every prompt: yes") && stdout.contains("-> PASS"), "{stdout}");
 }
 
 /// The command the issue names, on a trained fixture with no tokenizer (the fixed id prompts).

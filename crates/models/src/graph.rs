@@ -965,7 +965,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let f = self.f;
         let (t, d) = (x.shape()[0], x.shape()[1]);
         let (k, e) = (moe.top_k as i64, moe.experts as i64);
-        let logits = self.linear(x, &format!("{block}.gate"), false)?;
+        let logits = self.narrow_linear(x, &format!("{block}.gate"))?;
         let (scores, chosen) = match moe.routing {
             Routing::SoftmaxTopK { normalize } => {
                 let (v, i) = f.top_k(f.softmax(logits)?, moe.top_k)?;
@@ -1035,10 +1035,28 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             let gate = self.linear(x, &format!("{shared}.gate_proj"), false)?;
             let hidden = f.mul(self.activation(gate)?, self.linear(x, &format!("{shared}.up_proj"), false)?)?;
             let out = self.linear(hidden, &format!("{shared}.down_proj"), false)?;
-            let g = f.logistic(self.linear(x, &format!("{block}.shared_expert_gate"), false)?)?;
+            let g = f.logistic(self.narrow_linear(x, &format!("{block}.shared_expert_gate"))?)?;
             y = f.add(y, f.mul(f.broadcast_in_dim(f.reshape(g, &[t])?, &[t, d], &[0])?, out)?)?;
         }
         Ok(y)
+    }
+
+    /// A linear layer of few outputs (a router `[experts, d]`, Qwen2-MoE's `[1, d]` shared
+    /// expert gate), dense: products and a sum over the input (one fused reduction), not a
+    /// contraction, of the f32 weight (`Role::Widened`). With stored parameters IREE 3.13
+    /// data-tiles such a contraction's weight for some functions and not others, and its
+    /// parameter encoder then leaves the weight unbound for the others ("no provider
+    /// registered that handles scopes like 'model'" at load). Packed, as any linear layer.
+    fn narrow_linear(&self, x: V<'c, 'b>, prefix: &str) -> R<V<'c, 'b>> {
+        if self.layout.packing(prefix).is_some() {
+            return self.linear(x, prefix, false);
+        }
+        let f = self.f;
+        let w = self.param(&format!("{prefix}.weight"))?;
+        let (t, (o, d)) = (x.shape()[0], (w.shape()[0], w.shape()[1]));
+        let both = [t, o, d];
+        let products = f.mul(f.broadcast_in_dim(x, &both, &[0, 2])?, f.broadcast_in_dim(w, &both, &[1, 2])?)?;
+        f.reduce_sum(products, &[2])
     }
 
     /// `x [N, in]` through the stacked experts `prefix` in the CPU kernel's layout, row `n`

@@ -57,6 +57,12 @@ impl Packing {
 pub enum Role {
     /// A dense matrix `[out, in]` in the layout's dense element type.
     Dense,
+    /// A dense matrix of few outputs (`ParamSpec::narrow`: a router) rounded to the layout's
+    /// dense element type and stored widened to f32, which the graph reads in a reduction
+    /// (`Step::narrow_linear`). Read as f16 and widened in the graph, or by a contraction,
+    /// IREE 3.13's parameter encoder left it unbound with stored parameters ("no provider
+    /// registered that handles scopes like 'model'" at load, f16 and bf16 MoE models).
+    Widened,
     /// A 1-D f32 tensor (norm weights, biases of linear layers).
     Vector,
     /// Packed weight `[out, in]` of `i4`/`i8` (nibble/byte-flipped MLX bits).
@@ -285,6 +291,9 @@ impl Layout {
                 (Kind::Vector, _) => {
                     out.push(param(spec.key.clone(), spec.shape.clone(), ElementType::F32, Role::Vector))
                 }
+                (Kind::Matrix, None) if spec.narrow => {
+                    out.push(param(spec.key.clone(), spec.shape.clone(), ElementType::F32, Role::Widened))
+                }
                 (Kind::Matrix | Kind::Experts, None) => {
                     out.push(param(spec.key.clone(), spec.shape.clone(), self.precision.matrix_elem(), Role::Dense))
                 }
@@ -348,6 +357,20 @@ impl Layout {
         let dims = &param.dims;
         match param.role {
             Role::Vector | Role::Dense => crate::params::load_param(ckpt, &param.spec, param.elem),
+            Role::Widened => {
+                let elem = self.precision.matrix_elem();
+                let rounded = crate::params::load_param(ckpt, &param.spec, elem)?;
+                let values: Vec<f32> = match elem {
+                    ElementType::F16 => {
+                        rounded.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+                    }
+                    ElementType::BF16 => {
+                        rounded.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+                    }
+                    _ => return Ok(rounded),
+                };
+                Ok(Cow::Owned(encode_f32(values.into_iter(), ElementType::F32)))
+            }
             Role::ExpertWeight | Role::ExpertScales | Role::ExpertBiases
                 if self.packing(param.spec.prefix()).is_some_and(|p| p.kernel) =>
             {

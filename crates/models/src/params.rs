@@ -28,6 +28,9 @@ pub struct ParamSpec {
     pub kind: Kind,
     /// For a matrix the checkpoint stores inside a fused one (Phi-3's `qkv_proj`).
     pub part: Option<Part>,
+    /// A matrix of few outputs (a router) that the graph reads in f32 at every dense
+    /// precision ([`crate::Role::Widened`]).
+    pub narrow: bool,
 }
 
 /// Rows `[first_row, first_row + shape[0])` of the checkpoint layer `of`.
@@ -80,36 +83,37 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     let (d, hd) = (cfg.hidden, cfg.head_dim);
     let (q_out, kv_out) = (cfg.heads * hd, cfg.kv_heads * hd);
     let mut out = Vec::new();
-    let mut mat = |key: String, o: usize, i: usize| {
-        out.push(ParamSpec { key, shape: vec![o, i], kind: Kind::Matrix, part: None })
+    // `narrow`: a matrix of few outputs (a router), which dense precisions keep in f32.
+    let mut mat = |key: String, o: usize, i: usize, narrow: bool| {
+        out.push(ParamSpec { key, shape: vec![o, i], kind: Kind::Matrix, part: None, narrow })
     };
-    mat("model.embed_tokens.weight".into(), cfg.vocab, d);
+    mat("model.embed_tokens.weight".into(), cfg.vocab, d, false);
     for (l, layer) in cfg.layers.iter().enumerate() {
         let p = layer_prefix(l);
-        mat(format!("{p}.self_attn.q_proj.weight"), q_out, d);
-        mat(format!("{p}.self_attn.k_proj.weight"), kv_out, d);
-        mat(format!("{p}.self_attn.v_proj.weight"), kv_out, d);
-        mat(format!("{p}.self_attn.o_proj.weight"), d, q_out);
+        mat(format!("{p}.self_attn.q_proj.weight"), q_out, d, false);
+        mat(format!("{p}.self_attn.k_proj.weight"), kv_out, d, false);
+        mat(format!("{p}.self_attn.v_proj.weight"), kv_out, d, false);
+        mat(format!("{p}.self_attn.o_proj.weight"), d, q_out, false);
         match cfg.moe.as_ref().filter(|_| layer.moe) {
             None => {
-                mat(format!("{p}.mlp.gate_proj.weight"), cfg.intermediate, d);
-                mat(format!("{p}.mlp.up_proj.weight"), cfg.intermediate, d);
-                mat(format!("{p}.mlp.down_proj.weight"), d, cfg.intermediate);
+                mat(format!("{p}.mlp.gate_proj.weight"), cfg.intermediate, d, false);
+                mat(format!("{p}.mlp.up_proj.weight"), cfg.intermediate, d, false);
+                mat(format!("{p}.mlp.down_proj.weight"), d, cfg.intermediate, false);
             }
             Some(moe) => {
                 let b = format!("{p}.{}", moe.block);
-                mat(format!("{b}.gate.weight"), moe.experts, d);
+                mat(format!("{b}.gate.weight"), moe.experts, d, true);
                 if let Some(shared) = moe.shared_expert {
-                    mat(format!("{b}.shared_expert.gate_proj.weight"), shared, d);
-                    mat(format!("{b}.shared_expert.up_proj.weight"), shared, d);
-                    mat(format!("{b}.shared_expert.down_proj.weight"), d, shared);
-                    mat(format!("{b}.shared_expert_gate.weight"), 1, d);
+                    mat(format!("{b}.shared_expert.gate_proj.weight"), shared, d, false);
+                    mat(format!("{b}.shared_expert.up_proj.weight"), shared, d, false);
+                    mat(format!("{b}.shared_expert.down_proj.weight"), d, shared, false);
+                    mat(format!("{b}.shared_expert_gate.weight"), 1, d, true);
                 }
             }
         }
     }
     if !cfg.tie_embeddings {
-        mat("lm_head.weight".into(), cfg.vocab, d);
+        mat("lm_head.weight".into(), cfg.vocab, d, false);
     }
     if let Some(moe) = &cfg.moe {
         let (e, i) = (moe.experts, moe.intermediate);
@@ -121,6 +125,7 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
                     shape: shape.to_vec(),
                     kind: Kind::Experts,
                     part: None,
+                    narrow: false,
                 });
             }
         }
@@ -145,7 +150,9 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
             }
         }
     }
-    let mut vec = |key: String, n: usize| out.push(ParamSpec { key, shape: vec![n], kind: Kind::Vector, part: None });
+    let mut vec = |key: String, n: usize| {
+        out.push(ParamSpec { key, shape: vec![n], kind: Kind::Vector, part: None, narrow: false })
+    };
     for l in 0..cfg.num_layers() {
         let p = layer_prefix(l);
         vec(format!("{p}.input_layernorm.weight"), d);

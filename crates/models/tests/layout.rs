@@ -224,3 +224,34 @@ fn stacked_experts_in_the_kernel_layout() {
     let graph_form = emit(&stored);
     assert!(!graph_form.contains("qmve") && graph_form.contains("slice_sizes = array<i64: 1, 64, 32>"));
 }
+
+/// A router stays f32 on the device at every dense precision, its values rounded to that
+/// precision (`Role::Widened`): what the graph computes is f16's or bf16's model.
+#[test]
+fn routers_are_rounded_then_widened() {
+    let (ckpt, cfg) = open("qwen2_moe", "f32");
+    for (precision, round) in [
+        (Precision::F16, (|x: f32| half::f16::from_f32(x).to_f32()) as fn(f32) -> f32),
+        (Precision::BF16, |x: f32| half::bf16::from_f32(x).to_f32()),
+        (Precision::F32, |x: f32| x),
+    ] {
+        let layout = Layout::new(&cfg, precision, &ckpt).unwrap();
+        let params = layout.device_params(&cfg);
+        for key in ["model.layers.1.mlp.gate.weight", "model.layers.1.mlp.shared_expert_gate.weight"] {
+            let p = params.iter().find(|p| p.key == key).unwrap();
+            assert_eq!((p.elem, p.role), (ElementType::F32, Role::Widened), "{key} at {precision}");
+            let got: Vec<f32> = layout
+                .load(&ckpt, p)
+                .unwrap()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            let stored = ckpt.tensor(key).unwrap().to_f32_vec().unwrap();
+            let want: Vec<f32> = stored.iter().map(|x| round(*x)).collect();
+            assert_eq!(got, want, "{key} at {precision}");
+            if precision != Precision::F32 {
+                assert_ne!(got, stored, "{key} at {precision}: rounding shows in random weights");
+            }
+        }
+    }
+}
