@@ -433,11 +433,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         residual: Option<V<'c, 'b>>,
     ) -> R<V<'c, 'b>> {
         let f = self.f;
-        let (w, s, b) = (
-            f.load(self.global(&format!("{prefix}.weight"))?)?,
-            f.load(self.global(&format!("{prefix}.scales"))?)?,
-            f.load(self.global(&format!("{prefix}.biases"))?)?,
-        );
+        let (w, s, b) = self.packed_globals(prefix)?;
         let blocks = w.shape()[0];
         let out = blocks * kernels::cpu::BLOCK_ROWS as i64;
         let inp = s.shape()[1] / kernels::cpu::BLOCK_ROWS as i64 * p.group_size as i64;
@@ -459,6 +455,12 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let mut args = vec![x, w, s, b];
         args.extend(residual);
         f.dispatch(kernels::cpu::EXECUTABLE, &export, workload, &dims, &args, F32.tensor(&result))
+    }
+
+    /// The weight, scales and biases of the packed matrix (or stacked experts) `prefix`.
+    fn packed_globals(&self, prefix: &str) -> R<(V<'c, 'b>, V<'c, 'b>, V<'c, 'b>)> {
+        let load = |name: &str| self.f.load(self.global(&format!("{prefix}.{name}"))?);
+        Ok((load("weight")?, load("scales")?, load("biases")?))
     }
 
     /// `residual + linear(x)`, the residual connection after a linear layer: one dispatch of
@@ -1071,11 +1073,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         by_expert: bool,
     ) -> R<V<'c, 'b>> {
         let f = self.f;
-        let (w, s, b) = (
-            f.load(self.global(&format!("{prefix}.weight"))?)?,
-            f.load(self.global(&format!("{prefix}.scales"))?)?,
-            f.load(self.global(&format!("{prefix}.biases"))?)?,
-        );
+        let (w, s, b) = self.packed_globals(prefix)?;
         let (experts, blocks) = (w.shape()[0], w.shape()[1]);
         let out = blocks * kernels::cpu::BLOCK_ROWS as i64;
         let (n, inp) = (x.shape()[0], x.shape()[1]);
