@@ -295,10 +295,13 @@ pub fn graph_modules(
     // slot on CPU (IREE copied a gathered window element by element; the slice offset's trip
     // to the host is free there) and with a gather elsewhere (on a GPU that trip costs a
     // round trip per call, BRIEF 7).
+    let cpu = matches!(target, iree_compiler::Target::LlvmCpu { .. });
     let emit = models::graph::EmitOptions {
-        slot_read: match target {
-            iree_compiler::Target::LlvmCpu { .. } => models::graph::SlotRead::Slice,
-            _ => models::graph::SlotRead::Gather,
+        slot_read: if cpu { models::graph::SlotRead::Slice } else { models::graph::SlotRead::Gather },
+        expert_products: if cpu {
+            models::graph::ExpertProducts::Contraction
+        } else {
+            models::graph::ExpertProducts::Reduction
         },
     };
     let functions = plan.functions();

@@ -11,7 +11,7 @@ fn emit(slots: usize, rows: usize, slot_read: SlotRead) -> String {
     let cfg = ModelConfig::from_file(&path).unwrap();
     let cache = CacheShape { slots, positions: 64, elem: KvElem::F32 };
     let functions = [Function::Decode { rows, window: 32 }];
-    let options = EmitOptions { slot_read };
+    let options = EmitOptions { slot_read, ..EmitOptions::default() };
     emit_functions_with(&cfg, &Layout::dense(Precision::F32), cache, &functions, None, options).unwrap()
 }
 

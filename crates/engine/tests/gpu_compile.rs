@@ -1,0 +1,55 @@
+//! Compile-level checks of model graphs for a GPU target (no GPU needed: IREE cross-compiles
+//! from this host): the mixture-of-experts block (router, top-k, gathered experts, shared
+//! expert) as the engine plans it for `cuda`, dense and packed (the graph form every target
+//! but the CPU runs). The run-level check is scripts/cuda-check on a machine with the GPU.
+
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
+
+use engine::{EngineConfig, Plan, Precision, graph_modules};
+use iree_compiler::{CompileCache, Compiler, Target, check_vmfb};
+use models::{Layout, ModelConfig};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Every module the engine would compile for `cuda` (sm_80) on fixture `family`'s `variant`
+/// at `precision` compiles to a vmfb.
+fn compiles_for_cuda(family: &str, variant: &str, precision: Precision) {
+    let dir = root().join("tests/fixtures").join(family).join(variant);
+    let ckpt = weights::Checkpoint::open(&dir).unwrap();
+    let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();
+    let layout = Layout::new(&cfg, precision, &ckpt).unwrap();
+    let config =
+        EngineConfig { max_batch: 2, max_context: Some(64), ..EngineConfig::new("cuda", precision, "/nonexistent") };
+    let plan = Plan::new(&cfg, &config).unwrap().for_layout(&cfg, &layout);
+    let target = Target::cuda("sm_80");
+    let compiler = Compiler::new().unwrap_or_else(|e| panic!("IREE compiler unavailable (cargo xtask setup): {e}"));
+    let cache = CompileCache::new(root().join("target/test-compile-cache")).unwrap();
+    let modules = graph_modules(&cfg, &layout, &plan, &target).unwrap();
+    assert!(!modules.is_empty());
+    for m in modules {
+        let out = cache
+            .compile(&compiler, &m.mlir, &target, &m.options)
+            .unwrap_or_else(|e| panic!("{family}/{variant} {precision} for {target}: {}: {e}", m.what));
+        check_vmfb(&out.vmfb).unwrap_or_else(|e| panic!("{family}/{variant} {}: not a vmfb: {e}", m.what));
+    }
+}
+
+#[test]
+fn qwen3_moe_f16_compiles_for_cuda() {
+    compiles_for_cuda("qwen3_moe", "f32", Precision::F16);
+}
+
+/// Packed experts in the graph form (gathered bytes dequantized), an 8-bit router.
+#[test]
+fn qwen3_moe_packed_compiles_for_cuda() {
+    compiles_for_cuda("qwen3_moe", "q4", Precision::Packed);
+}
+
+/// The shared expert and its sigmoid gate.
+#[test]
+fn qwen2_moe_bf16_compiles_for_cuda() {
+    compiles_for_cuda("qwen2_moe", "f32", Precision::BF16);
+}
