@@ -287,7 +287,9 @@ FIXTURES = [
     {
         "name": "qwen3",
         "about": "qwen3, q/k RMSNorm, head_dim 32 with hidden 64 and 4 heads, untied; "
-        "intermediate 176 is not a multiple of the group size 64, so quantization leaves down_proj dense",
+        "intermediate 176 is not a multiple of the group size 64, so quantization leaves down_proj dense; "
+        "rope_theta and a YaRN rope_scaling (factor 4 over 32 original positions) nested in "
+        "rope_parameters as transformers >= 5 writes them",
         "group_size": 64,
         "config": {
             "architectures": ["Qwen3ForCausalLM"],
@@ -300,8 +302,13 @@ FIXTURES = [
             "head_dim": 32,
             "vocab_size": 448,
             "rms_norm_eps": 1e-6,
-            "rope_theta": 1000000.0,
             "rope_scaling": None,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 1000000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
             "max_position_embeddings": 4096,
             "tie_word_embeddings": False,
             "attention_bias": False,

@@ -1,7 +1,7 @@
 //! Compile-level checks of model graphs for a GPU target (no GPU needed: IREE cross-compiles
 //! from this host): the mixture-of-experts block (router, top-k, gathered experts, shared
-//! expert) as the engine plans it for `cuda`, dense and packed (the graph form every target
-//! but the CPU runs). The run-level check is scripts/cuda-check on a machine with the GPU.
+//! expert) and Phi-3's partial rotary as the engine plans them for `cuda`, dense and packed
+//! (the graph form every target but the CPU runs). The run-level check is scripts/cuda-check on a machine with the GPU.
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
@@ -52,4 +52,11 @@ fn qwen3_moe_packed_compiles_for_cuda() {
 #[test]
 fn qwen2_moe_bf16_compiles_for_cuda() {
     compiles_for_cuda("qwen2_moe", "f32", Precision::BF16);
+}
+
+/// Phi-3's fused projections read as parts, partial rotary (a slice and a concatenation),
+/// the longrope tables.
+#[test]
+fn phi3_packed_compiles_for_cuda() {
+    compiles_for_cuda("phi3", "q4", Precision::Packed);
 }

@@ -25,6 +25,8 @@ struct RawConfig {
     rope_theta: Option<f64>,
     rope_traditional: Option<bool>,
     rope_scaling: Option<Value>,
+    /// transformers >= 5 nests `rope_theta` and the scaling here (read for qwen3, as mlx-lm).
+    rope_parameters: Option<Value>,
     rope_local_base_freq: Option<f64>,
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
@@ -241,7 +243,15 @@ impl ModelConfig {
         if raw.rope_traditional == Some(true) {
             return Err(unsupported("rope_traditional", "true".into()));
         }
-        let rope_theta = raw.rope_theta.unwrap_or(match family {
+        // mlx-lm's qwen3: `rope_parameters` stands in for a missing `rope_theta` and
+        // `rope_scaling`, and a `rope_theta` found in neither is an error.
+        let nested = raw.rope_parameters.as_ref().filter(|v| family == Family::Qwen3 && v.is_object());
+        let nested_theta = nested.and_then(|v| v.get("rope_theta")).and_then(Value::as_f64);
+        let raw_theta = raw.rope_theta.or(nested_theta);
+        if family == Family::Qwen3 && raw_theta.is_none() {
+            return Err(cfg_err(p, "rope_theta", "missing (and not in rope_parameters)"));
+        }
+        let rope_theta = raw_theta.unwrap_or(match family {
             Family::Qwen2 | Family::Qwen2Moe | Family::Mixtral | Family::Gemma3 => 1_000_000.0,
             _ => 10_000.0,
         });
@@ -250,7 +260,10 @@ impl ModelConfig {
             // mlx-lm ignores it there (its MoE families build a plain `nn.RoPE`).
             Family::Gemma | Family::Gemma2 | Family::Mixtral | Family::Qwen2Moe | Family::Qwen3Moe => RopeScaling::None,
             Family::Phi3 => parse_phi3_rope_scaling(&raw, path, &unsupported)?,
-            _ => parse_rope_scaling(raw.rope_scaling.as_ref(), max_positions, path, &unsupported)?,
+            _ => {
+                let scaling = raw.rope_scaling.as_ref().filter(|v| !v.is_null()).or(nested);
+                parse_rope_scaling(scaling, max_positions, path, &unsupported)?
+            }
         };
         // mlx-lm reads `partial_rotary_factor` for phi3 only.
         let rope_dims = match (family, raw.partial_rotary_factor) {

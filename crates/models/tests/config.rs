@@ -66,6 +66,15 @@ fn refusals_name_the_cause() {
         json!(9),
         "m/config.json: num_experts_per_tok: 9 of 8 experts; it must be 1 to the experts",
     );
+    let mut qwen3 = llama();
+    qwen3["model_type"] = json!("qwen3");
+    qwen3["head_dim"] = json!(16);
+    check_err(
+        qwen3,
+        "rope_parameters",
+        json!({"rope_type": "default"}),
+        "m/config.json: rope_theta: missing (and not in rope_parameters)",
+    );
     mixtral["model_type"] = json!("qwen3_moe");
     mixtral["head_dim"] = json!(16);
     check_err(mixtral, "num_experts", json!(8), "m/config.json: norm_topk_prob: missing");
@@ -101,6 +110,12 @@ fn fixtures_normalise_per_family() {
 
     let c = fixture_config("qwen3");
     assert!(c.qk_norm && !c.qkv_bias);
+    // rope_theta and the scaling nested in rope_parameters (transformers >= 5).
+    assert_eq!(c.layers[1].rope_theta, 1e6);
+    assert!(matches!(
+        c.layers[1].rope_scaling,
+        RopeScaling::Yarn { factor, original_max_position_embeddings, .. } if factor == 4.0 && original_max_position_embeddings == 32.0
+    ));
     assert_eq!((c.head_dim, c.heads, c.hidden), (32, 4, 64));
 
     let c = fixture_config("gemma");
