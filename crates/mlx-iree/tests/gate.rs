@@ -69,9 +69,9 @@ fn references(dir: &Path, file: &str) -> Vec<Reference> {
 /// tests below) whose engines also run an f16 KV cache: tests/tests/kernels.rs proves every
 /// kernel object computes the Rust model's bits at 4 and 8 bits and the cache's element type
 /// is the same code in every family, so these cover a tied and an untied output projection,
-/// QK norms and both Gemma generations' windows; every family more is one more module to
-/// compile (about 25 s in CI).
-const Q8_PACKED_FAMILIES: [&str; 3] = ["llama_llama3_tied", "llama_linear_untied", "gemma3_text"];
+/// QK norms, both Gemma generations' windows and 8-bit experts (`qmve`); every family more
+/// is one more module to compile (about 25 s in CI).
+const Q8_PACKED_FAMILIES: [&str; 4] = ["llama_llama3_tied", "llama_linear_untied", "gemma3_text", "qwen3_moe"];
 /// The F16_KV_FAMILIES whose engines also run an f16 KV cache with f16 weights.
 const F16_KV_F16_WEIGHTS: [&str; 2] = ["llama_llama3_tied", "gemma2"];
 /// The F16_KV_FAMILIES whose 4-bit variants also run packed with an f16 KV cache: decode
