@@ -451,6 +451,17 @@ impl ModelConfig {
         if cfg.family == Family::Gemma3 {
             cfg.tie_embeddings = !ckpt.contains("lm_head.weight");
         }
+        // Refused here, before any compile, with the cause rather than a missing tensor.
+        if let Some((l, moe)) = cfg.layers.iter().position(|l| l.moe).zip(cfg.moe.as_ref()) {
+            let block = format!("{}.{}", crate::params::layer_prefix(l), moe.block);
+            let wanted = format!("{block}.switch_mlp.gate_proj.weight");
+            let (w1, gate) = (format!("{block}.experts.0.w1.weight"), format!("{block}.experts.0.gate_proj.weight"));
+            if !ckpt.contains(&wanted)
+                && let Some(found) = [gate, w1].into_iter().find(|n| ckpt.contains(n))
+            {
+                return Err(Error::UnstackedExperts { dir: ckpt.dir().to_path_buf(), found, wanted });
+            }
+        }
         Ok(cfg)
     }
 

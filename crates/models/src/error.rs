@@ -10,6 +10,13 @@ pub enum Error {
     Config { path: PathBuf, key: String, reason: String },
     #[error("{path}: unsupported option {key} = {value} for model_type `{model_type}`")]
     Unsupported { path: PathBuf, model_type: String, key: String, value: String },
+    /// A mixture of experts stored one expert at a time (Hugging Face's layout), where the
+    /// model reads them stacked as mlx-lm's converter writes them.
+    #[error(
+        "{}: experts stored one by one (`{found}`); mlx-iree reads them stacked as mlx_lm.convert writes them (`{wanted}`): convert the checkpoint with mlx_lm.convert",
+        dir.display()
+    )]
+    UnstackedExperts { dir: PathBuf, found: String, wanted: String },
     #[error(transparent)]
     Weights(#[from] weights::Error),
     #[error("building the graph: {0}")]

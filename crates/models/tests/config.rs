@@ -304,3 +304,24 @@ fn rope_tables_match_mlx_lm() {
         1.0565079928608092,
     );
 }
+
+/// A MoE checkpoint with its experts one by one (Hugging Face's layout, which mlx_lm.convert
+/// stacks) is refused with the cause, before anything is compiled.
+#[test]
+fn unstacked_experts_are_refused_with_the_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/mixtral/f32/config.json");
+    std::fs::copy(fixture, dir.path().join("config.json")).unwrap();
+    let mut w = weights::write::Writer::new();
+    w.add_f32("model.layers.0.block_sparse_moe.experts.0.w1.weight", &[2, 2], &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    std::fs::write(dir.path().join("model.safetensors"), w.to_bytes()).unwrap();
+    let ckpt = weights::Checkpoint::open(dir.path()).unwrap();
+    let err = ModelConfig::for_checkpoint(&ckpt).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "{}: experts stored one by one (`model.layers.0.block_sparse_moe.experts.0.w1.weight`); mlx-iree reads them stacked as mlx_lm.convert writes them (`model.layers.0.block_sparse_moe.switch_mlp.gate_proj.weight`): convert the checkpoint with mlx_lm.convert",
+            dir.path().display()
+        )
+    );
+}
