@@ -998,9 +998,10 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         };
         let experts = |name: &str| format!("{block}.switch_mlp.{name}");
         let in_kernel = |name: &str| self.layout.packing(&experts(name)).is_some_and(|p| p.kernel);
-        let mut y = if ["gate_proj", "up_proj", "down_proj"].iter().any(|n| in_kernel(n)) {
-            // The CPU kernel's `qmve`: one row per (row, choice), each against its expert's
-            // packed blocks, by pair for a few pairs and by expert for many.
+        let mut y = if t * k < e || ["gate_proj", "up_proj", "down_proj"].iter().any(|n| in_kernel(n)) {
+            // One row per (row, choice), each against its expert: the CPU kernel's `qmve` on
+            // its packed blocks (by pair for a few pairs, by expert for many), else the
+            // gathered matrices [n, out, in] · [n, in] -> [n, out] (few pairs only).
             let n = t * k;
             let chosen = f.reshape(chosen, &[n])?;
             let rows = f.reshape(f.broadcast_in_dim(x, &[t, k, d], &[0, 2])?, &[n, d])?;
@@ -1008,15 +1009,6 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
                 Some(p) if p.kernel => self.expert_dispatch(h, chosen, &experts(name), p, n >= e),
                 _ => self.chosen_experts(&experts(name), chosen, h),
             };
-            let hidden = f.mul(self.activation(apply("gate_proj", rows)?)?, apply("up_proj", rows)?)?;
-            let out = f.reshape(apply("down_proj", hidden)?, &[t, k, d])?;
-            f.reduce_sum(f.mul(out, f.broadcast_in_dim(scores, &[t, k, d], &[0, 1])?)?, &[1])?
-        } else if t * k < e {
-            let n = t * k;
-            let chosen = f.reshape(chosen, &[n])?;
-            let rows = f.reshape(f.broadcast_in_dim(x, &[t, k, d], &[0, 2])?, &[n, d])?;
-            // [n, out, in] · [n, in] -> [n, out], one product per (row, choice).
-            let apply = |name: &str, h: V<'c, 'b>| self.chosen_experts(&experts(name), chosen, h);
             let hidden = f.mul(self.activation(apply("gate_proj", rows)?)?, apply("up_proj", rows)?)?;
             let out = f.reshape(apply("down_proj", hidden)?, &[t, k, d])?;
             f.reduce_sum(f.mul(out, f.broadcast_in_dim(scores, &[t, k, d], &[0, 1])?)?, &[1])?

@@ -151,16 +151,11 @@ impl Layout {
                     "{prefix}: group size {gs} does not divide the input size {inputs}"
                 )));
             }
-            let scale_elem = match q.scales().dtype() {
-                Dtype::F16 => ElementType::F16,
-                Dtype::BF16 => ElementType::BF16,
-                Dtype::F32 => ElementType::F32,
-                other => {
-                    return Err(Error::Invalid(format!(
-                        "{prefix}.scales: dtype {} is not a float (expected f16, bf16 or f32)",
-                        other.name()
-                    )));
-                }
+            let Some(scale_elem) = float_elem(q.scales().dtype()) else {
+                return Err(Error::Invalid(format!(
+                    "{prefix}.scales: dtype {} is not a float (expected f16, bf16 or f32)",
+                    q.scales().dtype().name()
+                )));
             };
             // Experts keep MLX's biases as they are (the graph dequantizes the experts it picks).
             let bias_elem = if scale_elem == ElementType::F16 || experts { scale_elem } else { ElementType::F32 };
@@ -297,22 +292,16 @@ impl Layout {
                 (Kind::Matrix | Kind::Experts, None) => {
                     out.push(param(spec.key.clone(), spec.shape.clone(), self.precision.matrix_elem(), Role::Dense))
                 }
-                (Kind::Experts, Some(p)) if p.kernel => {
-                    // Each expert in the kernel's blocks, stacked: [E, O/16, bytes per block].
-                    let (e, o, i) = (spec.shape[0], spec.shape[1], spec.shape[2]);
-                    let blocks = o / kernels::cpu::BLOCK_ROWS;
-                    let block_bytes = i * p.bits as usize * kernels::cpu::BLOCK_ROWS / 8;
-                    let groups = vec![e, blocks, i / p.group_size * kernels::cpu::BLOCK_ROWS];
-                    let weight = vec![e, blocks, block_bytes];
-                    out.push(param(format!("{prefix}.weight"), weight, ElementType::I8, Role::ExpertWeight));
-                    out.push(param(format!("{prefix}.scales"), groups.clone(), p.scale_elem, Role::ExpertScales));
-                    out.push(param(format!("{prefix}.biases"), groups, p.bias_elem, Role::ExpertBiases));
-                }
                 (Kind::Experts, Some(p)) => {
                     let (e, o, i) = (spec.shape[0], spec.shape[1], spec.shape[2]);
-                    let groups = vec![e, o, i / p.group_size];
-                    let bytes = i * p.bits as usize / 8;
-                    out.push(param(format!("{prefix}.weight"), vec![e, o, bytes], ElementType::I8, Role::ExpertWeight));
+                    let (weight, groups) = if p.kernel {
+                        // Each expert in the kernel's blocks, stacked: [E, O/16, bytes per block].
+                        let (rows, blocks) = (kernels::cpu::BLOCK_ROWS, o / kernels::cpu::BLOCK_ROWS);
+                        (vec![e, blocks, i * p.bits as usize * rows / 8], vec![e, blocks, i / p.group_size * rows])
+                    } else {
+                        (vec![e, o, i * p.bits as usize / 8], vec![e, o, i / p.group_size])
+                    };
+                    out.push(param(format!("{prefix}.weight"), weight, ElementType::I8, Role::ExpertWeight));
                     out.push(param(format!("{prefix}.scales"), groups.clone(), p.scale_elem, Role::ExpertScales));
                     out.push(param(format!("{prefix}.biases"), groups, p.bias_elem, Role::ExpertBiases));
                 }
@@ -358,58 +347,42 @@ impl Layout {
         match param.role {
             Role::Vector | Role::Dense => crate::params::load_param(ckpt, &param.spec, param.elem),
             Role::Widened => {
-                let elem = self.precision.matrix_elem();
-                let rounded = crate::params::load_param(ckpt, &param.spec, elem)?;
-                let values: Vec<f32> = match elem {
-                    ElementType::F16 => {
-                        rounded.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
-                    }
-                    ElementType::BF16 => {
-                        rounded.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
-                    }
-                    _ => return Ok(rounded),
+                // The values the precision's element type holds, as f32 (round to nearest even).
+                let round: fn(f32) -> f32 = match self.precision.matrix_elem() {
+                    ElementType::F16 => |x| half::f16::from_f32(x).to_f32(),
+                    ElementType::BF16 => |x| half::bf16::from_f32(x).to_f32(),
+                    _ => |x| x,
                 };
-                Ok(Cow::Owned(encode_f32(values.into_iter(), ElementType::F32)))
-            }
-            Role::ExpertWeight | Role::ExpertScales | Role::ExpertBiases
-                if self.packing(param.spec.prefix()).is_some_and(|p| p.kernel) =>
-            {
-                // Each expert in the kernel layout, stacked.
-                let role = match param.role {
-                    Role::ExpertWeight => Role::PackedWeight,
-                    Role::ExpertScales => Role::PackedScales,
-                    _ => Role::PackedBiases,
-                };
-                let packing = self
-                    .packing(param.spec.prefix())
-                    .ok_or_else(|| Error::Invalid(format!("{}: no packing in the layout", param.key)))?;
-                let mut bytes = Vec::with_capacity(param.bytes());
-                for e in 0..param.spec.shape[0] {
-                    let Linear::Quantized(q) = param.spec.expert(ckpt, e)? else {
-                        return Err(Error::Invalid(format!("{}: expert {e} is not quantized", param.key)));
-                    };
-                    bytes.extend_from_slice(&kernel_bytes(&q, packing, role)?);
-                }
-                Ok(Cow::Owned(bytes))
+                let values = crate::params::load_f32(ckpt, &param.spec)?;
+                Ok(Cow::Owned(encode_f32(values.into_iter().map(round), ElementType::F32)))
             }
             Role::ExpertWeight | Role::ExpertScales | Role::ExpertBiases => {
-                // The stacked tensors as stored; expert 0 checked the quantization.
+                let prefix = param.spec.prefix();
+                let packing = self
+                    .packing(prefix)
+                    .ok_or_else(|| Error::Invalid(format!("{prefix}: no packing in the layout")))?;
+                let (role, name) = match param.role {
+                    Role::ExpertWeight => (Role::PackedWeight, "weight"),
+                    Role::ExpertScales => (Role::PackedScales, "scales"),
+                    _ => (Role::PackedBiases, "biases"),
+                };
+                if packing.kernel {
+                    // Each expert in the kernel layout, stacked.
+                    let mut bytes = Vec::with_capacity(param.bytes());
+                    for e in 0..param.spec.shape[0] {
+                        let Linear::Quantized(q) = param.spec.expert(ckpt, e)? else {
+                            return Err(Error::Invalid(format!("{}: expert {e} is not quantized", param.key)));
+                        };
+                        bytes.extend_from_slice(&kernel_bytes(&q, packing, role)?);
+                    }
+                    return Ok(Cow::Owned(bytes));
+                }
+                // The stacked tensors as stored; expert 0 checks the quantization.
                 let Linear::Quantized(q) = param.spec.expert(ckpt, 0)? else {
                     return Err(Error::Invalid(format!("{}: expected quantized experts", param.key)));
                 };
-                let name = match param.role {
-                    Role::ExpertWeight => "weight",
-                    Role::ExpertScales => "scales",
-                    _ => "biases",
-                };
-                let t = ckpt.tensor(&format!("{}.{name}", param.spec.prefix()))?;
-                let stored = match t.dtype() {
-                    Dtype::F16 => Some(ElementType::F16),
-                    Dtype::BF16 => Some(ElementType::BF16),
-                    Dtype::F32 => Some(ElementType::F32),
-                    _ => None,
-                };
-                if name == "weight" || stored == Some(param.elem) {
+                let t = ckpt.tensor(&format!("{prefix}.{name}"))?;
+                if name == "weight" || float_elem(t.dtype()) == Some(param.elem) {
                     debug_assert_eq!(t.bytes().len(), param.bytes(), "{} ({q:?})", param.key);
                     return Ok(Cow::Borrowed(t.bytes()));
                 }
@@ -499,6 +472,16 @@ fn kernel_bytes(q: &weights::QuantizedLinear<'_>, p: &Packing, role: Role) -> Re
         Role::PackedScales => values(q.scales())?,
         _ => values(q.biases())?,
     }))
+}
+
+/// The element type of a float checkpoint dtype (f16, bf16, f32), else `None`.
+fn float_elem(dtype: Dtype) -> Option<ElementType> {
+    match dtype {
+        Dtype::F16 => Some(ElementType::F16),
+        Dtype::BF16 => Some(ElementType::BF16),
+        Dtype::F32 => Some(ElementType::F32),
+        _ => None,
+    }
 }
 
 /// The embedding table's prefix.

@@ -83,7 +83,9 @@ impl<'a> TensorView<'a> {
     pub fn rows(&self, first: usize, n: usize) -> Result<TensorView<'a>> {
         let shape = self.shape();
         let Some((&outer, inner)) = shape.split_first() else {
-            return Err(self.wrong_shape(format!("at least one dimension to take rows {first}..{}", first + n)));
+            return Err(
+                self.wrong_shape(format!("at least one dimension to take rows {first}..{}", first.saturating_add(n)))
+            );
         };
         let end = first.checked_add(n).filter(|&e| e <= outer);
         let Some(end) = end else {
