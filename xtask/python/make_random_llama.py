@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """1B-class models with random weights, for `cargo xtask bench`: Llama-3.2-1B's shape, and
-a Qwen3-MoE of about 1.2B parameters of which about 0.35B run per token.
+a Qwen3-MoE of about 1.2B parameters of which about 0.36B run per token.
 
 Run by `cargo xtask bench` (one call per variant, each into its own folder):
     python make_random_llama.py --variant f16  --out target/models/llama-1b-random-f16
@@ -98,7 +98,7 @@ def build(config):
     keys = mx.random.split(mx.random.key(SEED), len(names))
     params = []
     # One tensor at a time, each evaluated at once, so peak memory stays near the
-    # float16 model's size (2.5 GB) rather than a float32 copy of it.
+    # float16 model's size (2.5 GB for llama-1b) rather than a float32 copy of it.
     for k, (name, p) in zip(keys, names):
         if name.endswith("norm.weight"):
             v = 1.0 + NORM_STD * mx.random.normal(p.shape, dtype=mx.float32, key=k)
