@@ -1,5 +1,9 @@
 //! `cargo xtask build-iree --target cpu|cuda|vulkan|metal`: the IREE runtime from source.
 //!
+//! Every build carries the CPU drivers and, off macOS, the Vulkan driver (it loads
+//! `libvulkan.so.1` when a Vulkan device is first asked for, so it costs nothing where no
+//! Vulkan driver is installed): `--target vulkan` is the `cpu` build.
+//!
 //! Output layout (what `iree-sys`'s build.rs reads), under `target/iree/<target>/`:
 //! `include/` (runtime + flatcc headers), `lib/` (every static library of the build, flat),
 //! `build/` (the CMake tree, kept for incremental rebuilds) and `build.log`.
@@ -14,9 +18,9 @@ use std::process::{Command, Stdio};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
+    /// The CPU drivers and Vulkan (the runtime the README's commands build).
     Cpu,
     Cuda,
-    Vulkan,
     Metal,
 }
 
@@ -25,20 +29,22 @@ impl Target {
         match self {
             Target::Cpu => "cpu",
             Target::Cuda => "cuda",
-            Target::Vulkan => "vulkan",
             Target::Metal => "metal",
         }
     }
 
-    /// HAL drivers compiled in: always the CPU ones (so every build can run
-    /// the CPU tests), plus the target's own.
+    /// HAL drivers compiled in: always the CPU ones (so every build can run the CPU tests)
+    /// and, off macOS, Vulkan (its headers come with IREE's source; the loader is opened
+    /// at run time), plus the target's own.
     fn driver_flags(self) -> Vec<String> {
         let mut flags =
             vec!["-DIREE_HAL_DRIVER_LOCAL_SYNC=ON".to_string(), "-DIREE_HAL_DRIVER_LOCAL_TASK=ON".to_string()];
+        if self != Target::Metal {
+            flags.push("-DIREE_HAL_DRIVER_VULKAN=ON".into());
+        }
         match self {
             Target::Cpu => {}
             Target::Cuda => flags.push("-DIREE_HAL_DRIVER_CUDA=ON".into()),
-            Target::Vulkan => flags.push("-DIREE_HAL_DRIVER_VULKAN=ON".into()),
             Target::Metal => flags.push("-DIREE_HAL_DRIVER_METAL=ON".into()),
         }
         flags
@@ -64,9 +70,9 @@ pub fn parse_args(args: &[String]) -> Result<Target> {
             other => bail!("build-iree: unknown argument `{other}` (expected --target cpu|cuda|vulkan|metal)"),
         };
         target = match value {
-            "cpu" => Target::Cpu,
+            // The default runtime carries the Vulkan driver.
+            "cpu" | "vulkan" => Target::Cpu,
             "cuda" => Target::Cuda,
-            "vulkan" => Target::Vulkan,
             "metal" => Target::Metal,
             other => bail!("build-iree: unknown target `{other}` (expected cpu, cuda, vulkan or metal)"),
         };
@@ -83,7 +89,7 @@ pub fn preflight(target: Target) -> Result<()> {
         // CUDA needs only headers at build time (the driver loads libcuda at run time): from
         // an installed toolkit, else from pinned wheels (`cuda_headers`), so any host can
         // build it, with or without a GPU.
-        Target::Cpu | Target::Vulkan | Target::Metal | Target::Cuda => Ok(()),
+        Target::Cpu | Target::Metal | Target::Cuda => Ok(()),
     }
 }
 

@@ -23,10 +23,13 @@ usage: cargo xtask <command> [options]
 commands:
   setup                         install what the build needs (Debian packages, the pinned
                                 IREE compiler venv, the IREE runtime source); idempotent
-  build-iree [--target T]       build the IREE runtime for T = cpu (default), cuda, vulkan,
-                                metal into target/iree/<T>/; reuses a finished build
+  build-iree [--target T]       build the IREE runtime for T = cpu (default; with the Vulkan
+                                driver, so vulkan is the same build), cuda, metal into
+                                target/iree/<T>/; reuses a finished build
   test [-- CARGO_TEST_ARGS]     setup + build-iree --target cpu + model + the workspace's
                                 tests (cargo test --no-run, then two test binaries at a time)
+  test-vulkan                   setup + build-iree + every fixture family on --device vulkan
+                                (Mesa's lavapipe; the suite runs four of them)
   quickstart                    setup + build-iree --target cpu + model + a chat answer from
                                 SmolLM2 (mlx-iree generate --chat)
   fixtures [--force]            regenerate tests/fixtures/ (tiny random MLX checkpoints and
@@ -68,6 +71,7 @@ fn run(args: &[String]) -> Result<()> {
             build_iree::build(&toolchain, target).map(|_| ())
         }
         "test" => test::run(rest),
+        "test-vulkan" => test::run_vulkan(rest),
         "quickstart" => quickstart::run(rest),
         "fixtures" => fixtures::run(rest),
         "model" => model::run(rest),

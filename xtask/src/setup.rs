@@ -38,8 +38,8 @@ fn debian_packages(pins: &Pins) -> Result<()> {
     if util::output(Command::new("dpkg-query").arg("--version")).is_none() {
         progress(
             stage,
-            "not a Debian system: make sure LLVM/MLIR 22, libclang 22, clang, lld, python3 venv, valgrind and (off \
-             aarch64) qemu-aarch64 are installed",
+            "not a Debian system: make sure LLVM/MLIR 22, libclang 22, clang, lld, python3 venv, valgrind, a \
+             Vulkan driver and loader (Mesa's lavapipe) and (off aarch64) qemu-aarch64 are installed",
         );
         return Ok(());
     }

@@ -35,8 +35,19 @@ const LANES: usize = 2;
 /// The longest test binaries (integration test targets), longest first as measured in the
 /// suite (docs/PERFORMANCE.md): they start first, so that the short ones fill in beside
 /// them and no long one starts last. Every other binary follows in cargo's order.
-const LONGEST_FIRST: &[&str] =
-    &["gate", "batch", "hub", "fixtures", "chat", "stored_parameters", "scheduler", "http", "concurrent", "bench"];
+const LONGEST_FIRST: &[&str] = &[
+    "gate",
+    "batch",
+    "hub",
+    "fixtures",
+    "vulkan",
+    "chat",
+    "stored_parameters",
+    "scheduler",
+    "http",
+    "concurrent",
+    "bench",
+];
 
 pub fn run(args: &[String]) -> Result<()> {
     let passthrough = match args.split_first() {
@@ -65,6 +76,23 @@ pub fn run(args: &[String]) -> Result<()> {
         util::run(cargo_test().args(passthrough))?;
     }
     progress("test", format!("all tests passed in {:.0} s", started.elapsed().as_secs_f64()));
+    Ok(())
+}
+
+/// `cargo xtask test-vulkan`: set-up, then every fixture family on `--device vulkan`
+/// (crates/mlx-iree/tests/vulkan.rs with its ignored tests: lavapipe is too slow for all of
+/// them in the suite).
+pub fn run_vulkan(args: &[String]) -> Result<()> {
+    util::no_args("test-vulkan", args)?;
+    let toolchain = crate::setup::run()?;
+    build_iree::build(&toolchain, Target::Cpu)?;
+    let started = Instant::now();
+    progress("test-vulkan", "every fixture family on --device vulkan (lavapipe: several minutes)");
+    let mut cmd = Command::new(util::cargo());
+    cmd.current_dir(util::root()).args(["test", "-p", "mlx-iree", "--test", "vulkan", "--", "--include-ignored"]);
+    suite_env(&mut cmd);
+    util::run(&mut cmd)?;
+    progress("test-vulkan", format!("all passed in {:.0} s", started.elapsed().as_secs_f64()));
     Ok(())
 }
 

@@ -11,8 +11,30 @@ pub fn target_for(device: &str) -> Result<Target, crate::Error> {
         // sm_80 PTX runs on newer GPUs too (the driver JIT-compiles it); IREE 3.13's
         // target table has no sm_90 entry.
         "cuda" => Ok(Target::cuda("sm_80")),
+        // Any Vulkan 1.3 device, software (Mesa's lavapipe) or GPU: IREE's named targets
+        // each assume their GPU's subgroup size and give wrong sums on another
+        // (iree_compiler::VULKAN_GENERIC).
+        "vulkan" => Ok(Target::vulkan(iree_compiler::VULKAN_GENERIC)),
+        // Apple GPUs, through a runtime built with `cargo xtask build-iree --target metal`.
+        "metal" if cfg!(target_os = "macos") => Ok(Target::Metal),
         other => Err(crate::Error::UnsupportedDevice(other.to_owned())),
     }
+}
+
+/// The URI the runtime opens for `device`: as given, except that a Vulkan device gets
+/// `cached_bda_replay_instances=0` unless the URI sets it. IREE 3.13's Vulkan driver replays
+/// a recorded command buffer for a later call of the same function, and on lavapipe the
+/// replays computed other numbers than the first call with the same inputs (a qwen2
+/// fixture's second prompt went wrong at its first token; every call right with replays
+/// off, docs/ARCHITECTURE.md).
+pub fn runtime_uri(device: &str) -> String {
+    const REPLAYS_OFF: &str = "cached_bda_replay_instances=0";
+    if !device.starts_with("vulkan") || device.contains("cached_bda_replay_instances") {
+        return device.to_owned();
+    }
+    let rest = device.strip_prefix("vulkan").unwrap_or_default();
+    let rest = rest.strip_prefix("://").unwrap_or(rest);
+    if rest.contains('?') { format!("vulkan://{rest}&{REPLAYS_OFF}") } else { format!("vulkan://{rest}?{REPLAYS_OFF}") }
 }
 
 /// What one call costs on `target` beyond the rows it computes, in rows of work: how
@@ -102,6 +124,19 @@ mod tests {
         assert_eq!(default_precision("local-task", &fixtures.join("f32")), Precision::F16);
         assert_eq!(default_precision("cuda", &fixtures.join("q4")), Precision::F16);
         assert_eq!(default_precision("local-task", Path::new("/nonexistent")), Precision::F16);
+    }
+
+    #[test]
+    fn vulkan_uris_turn_command_buffer_replays_off() {
+        assert_eq!(runtime_uri("local-task"), "local-task");
+        assert_eq!(runtime_uri("cuda://0"), "cuda://0");
+        assert_eq!(runtime_uri("vulkan"), "vulkan://?cached_bda_replay_instances=0");
+        assert_eq!(runtime_uri("vulkan://0"), "vulkan://0?cached_bda_replay_instances=0");
+        assert_eq!(
+            runtime_uri("vulkan://0?dispatch_abi=bda"),
+            "vulkan://0?dispatch_abi=bda&cached_bda_replay_instances=0"
+        );
+        assert_eq!(runtime_uri("vulkan://?cached_bda_replay_instances=4"), "vulkan://?cached_bda_replay_instances=4");
     }
 
     #[test]

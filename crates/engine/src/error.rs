@@ -16,8 +16,13 @@ pub enum Error {
     Compile(#[from] iree_compiler::Error),
     #[error(transparent)]
     Runtime(#[from] iree_hal::Error),
-    #[error("unsupported device `{0}` (expected local-task, local-sync or cuda)")]
+    #[error("unsupported device `{0}` (expected local-task, local-sync, cuda or vulkan)")]
     UnsupportedDevice(String),
+    /// `vulkan` was asked for where no Vulkan driver or device answers.
+    #[error(
+        "no Vulkan device: {message} (install a Vulkan driver, e.g. Debian's mesa-vulkan-drivers for the CPU's lavapipe, or pick another --device)"
+    )]
+    NoVulkanDevice { message: String },
     #[error("max batch must be at least 1")]
     ZeroBatch,
     #[error("max context must be at least 1")]

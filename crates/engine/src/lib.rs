@@ -303,6 +303,11 @@ pub fn graph_modules(
         } else {
             models::graph::ExpertProducts::Reduction
         },
+        packed_products: if target.is_spirv() {
+            models::graph::PackedProducts::Dequantized
+        } else {
+            models::graph::PackedProducts::IntegerGroups
+        },
     };
     let functions = plan.functions();
     let mlir = models::graph::emit_functions_with(cfg, layout, c, &functions, None, emit)?;
@@ -321,7 +326,8 @@ pub fn graph_modules(
 /// The device layout of `precision` for this checkpoint and target. Packed matrices use the
 /// hand-written CPU kernels that `kernels` picks (`kernels::cpu`, the object installed into
 /// `cache_dir`) on an `llvm-cpu` target; elsewhere, or with none, they use the graph form.
-/// Forcing an instruction set the host lacks is `Error::KernelIsa`, whatever the target.
+/// SPIR-V targets get the layout's SPIR-V form (`Layout::for_spirv`). Forcing an
+/// instruction set the host lacks is `Error::KernelIsa`, whatever the target.
 pub fn layout_for(
     cfg: &ModelConfig,
     precision: Precision,
@@ -332,6 +338,9 @@ pub fn layout_for(
 ) -> Result<Layout> {
     let isa = kernels.isa_for(target)?;
     let layout = Layout::new(cfg, precision, ckpt)?;
+    if target.is_spirv() {
+        return Ok(layout.for_spirv());
+    }
     let Some(isa) = isa.filter(|_| precision == Precision::Packed) else { return Ok(layout) };
     let dir = cache_dir.join("kernels");
     match kernels::cpu::install(&dir, isa) {
@@ -399,7 +408,12 @@ impl Engine {
 
         let started = Instant::now();
         let instance = Instance::new()?;
-        let device = instance.device(&config.device)?;
+        let device = instance.device(&device::runtime_uri(&config.device)).map_err(|e| match e {
+            iree_hal::Error::Device { message, .. } if config.device.starts_with("vulkan") => {
+                Error::NoVulkanDevice { message }
+            }
+            e => Error::Runtime(e),
+        })?;
         let mut session = Session::new(&instance, &device)?;
         // Globals that view one parameter share its bytes: each key counts (and is bound) once.
         let mut params = layout.device_params(&cfg);

@@ -1,13 +1,16 @@
 //! Compile-level checks of model graphs for a GPU target (no GPU needed: IREE cross-compiles
 //! from this host): the mixture-of-experts block (router, top-k, gathered experts, shared
 //! expert) and Phi-3's partial rotary as the engine plans them for `cuda`, dense and packed
-//! (the graph form every target but the CPU runs). The run-level check is scripts/cuda-check on a machine with the GPU.
+//! (the graph form every target but the CPU runs), and the SPIR-V forms (bf16 as bit
+//! patterns, 4-bit one value a byte, dequantized contractions) for Metal. The run-level
+//! checks are scripts/cuda-check on a machine with the GPU, and tests/vulkan.rs on lavapipe
+//! for SPIR-V; no Mac runs Metal here.
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use engine::{EngineConfig, Plan, Precision, graph_modules};
+use engine::{CpuKernels, EngineConfig, Plan, Precision, graph_modules, layout_for};
 use iree_compiler::{CompileCache, Compiler, Target, check_vmfb};
-use models::{Layout, ModelConfig};
+use models::ModelConfig;
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -17,16 +20,21 @@ fn root() -> PathBuf {
 /// Every module the engine would compile for `cuda` (sm_80) on fixture `family`'s `variant`
 /// at `precision` compiles to a vmfb.
 fn compiles_for_cuda(family: &str, variant: &str, precision: Precision) {
+    compiles_for(family, variant, precision, Target::cuda("sm_80"));
+}
+
+/// The same for `target`, in the layout the engine gives it.
+fn compiles_for(family: &str, variant: &str, precision: Precision, target: Target) {
     let dir = root().join("tests/fixtures").join(family).join(variant);
     let ckpt = weights::Checkpoint::open(&dir).unwrap();
     let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();
-    let layout = Layout::new(&cfg, precision, &ckpt).unwrap();
+    let cache_dir = root().join("target/test-compile-cache");
+    let layout = layout_for(&cfg, precision, &ckpt, &target, CpuKernels::Auto, &cache_dir).unwrap();
     let config =
         EngineConfig { max_batch: 2, max_context: Some(64), ..EngineConfig::new("cuda", precision, "/nonexistent") };
     let plan = Plan::new(&cfg, &config).unwrap().for_layout(&cfg, &layout);
-    let target = Target::cuda("sm_80");
     let compiler = Compiler::new().unwrap_or_else(|e| panic!("IREE compiler unavailable (cargo xtask setup): {e}"));
-    let cache = CompileCache::new(root().join("target/test-compile-cache")).unwrap();
+    let cache = CompileCache::new(cache_dir).unwrap();
     let modules = graph_modules(&cfg, &layout, &plan, &target).unwrap();
     assert!(!modules.is_empty());
     for m in modules {
@@ -59,4 +67,23 @@ fn qwen2_moe_bf16_compiles_for_cuda() {
 #[test]
 fn phi3_packed_compiles_for_cuda() {
     compiles_for_cuda("phi3", "q4", Precision::Packed);
+}
+
+/// bf16 matrices as 16-bit patterns widened by a shift, on Metal (no bf16 arithmetic there).
+#[test]
+fn qwen2_bf16_compiles_for_metal() {
+    compiles_for("qwen2", "f32", Precision::BF16, Target::Metal);
+}
+
+/// 4-bit weights one value a byte with bf16 scales as f32, dequantized before a float
+/// contraction (IREE 3.13 lowers no `i4` vectors to SPIR-V).
+#[test]
+fn qwen2_packed_compiles_for_metal() {
+    compiles_for("qwen2", "q4", Precision::Packed, Target::Metal);
+}
+
+/// Packed experts gathered and dequantized, an 8-bit router, on Metal.
+#[test]
+fn qwen3_moe_packed_compiles_for_metal() {
+    compiles_for("qwen3_moe", "q4", Precision::Packed, Target::Metal);
 }

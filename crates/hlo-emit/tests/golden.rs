@@ -178,12 +178,15 @@ fn compare_select_convert() {
                 Ok(outs)
             })?;
             m.func("convert", &[F32.tensor(&[2]), UI4.tensor(&[2]), I8.tensor(&[2])], |f, a| {
+                let err = f.bitcast_convert(a[0], F16).unwrap_err().to_string();
+                assert!(err.contains("an element type of 16 bits like f16"), "{err}");
                 Ok(vec![
                     f.convert(a[0], F16)?,
                     f.convert(a[0], BF16)?,
                     f.convert(a[0], I32)?,
                     f.convert(a[1], F32)?,
                     f.convert(a[2], F32)?,
+                    f.bitcast_convert(f.convert(a[0], I32)?, F32)?,
                 ])
             })?;
             Ok(())
@@ -199,13 +202,15 @@ fn compare_select_convert() {
     %6 = "stablehlo.select"(%4, %arg0, %arg1) : (tensor<3xi1>, tensor<3xf32>, tensor<3xf32>) -> tensor<3xf32>
     return %0, %1, %2, %3, %4, %5, %6 : tensor<3xi1>, tensor<3xi1>, tensor<3xi1>, tensor<3xi1>, tensor<3xi1>, tensor<3xi1>, tensor<3xf32>
   }
-  func.func @convert(%arg0: tensor<2xf32>, %arg1: tensor<2xui4>, %arg2: tensor<2xi8>) -> (tensor<2xf16>, tensor<2xbf16>, tensor<2xi32>, tensor<2xf32>, tensor<2xf32>) {
+  func.func @convert(%arg0: tensor<2xf32>, %arg1: tensor<2xui4>, %arg2: tensor<2xi8>) -> (tensor<2xf16>, tensor<2xbf16>, tensor<2xi32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) {
     %0 = "stablehlo.convert"(%arg0) : (tensor<2xf32>) -> tensor<2xf16>
     %1 = "stablehlo.convert"(%arg0) : (tensor<2xf32>) -> tensor<2xbf16>
     %2 = "stablehlo.convert"(%arg0) : (tensor<2xf32>) -> tensor<2xi32>
     %3 = "stablehlo.convert"(%arg1) : (tensor<2xui4>) -> tensor<2xf32>
     %4 = "stablehlo.convert"(%arg2) : (tensor<2xi8>) -> tensor<2xf32>
-    return %0, %1, %2, %3, %4 : tensor<2xf16>, tensor<2xbf16>, tensor<2xi32>, tensor<2xf32>, tensor<2xf32>
+    %5 = "stablehlo.convert"(%arg0) : (tensor<2xf32>) -> tensor<2xi32>
+    %6 = "stablehlo.bitcast_convert"(%5) : (tensor<2xi32>) -> tensor<2xf32>
+    return %0, %1, %2, %3, %4, %6 : tensor<2xf16>, tensor<2xbf16>, tensor<2xi32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>
   }
 }
 "#,

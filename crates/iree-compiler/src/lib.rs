@@ -41,5 +41,7 @@ pub use cache::{CacheOutcome, CompileCache, Compiled};
 pub use compiler::{ApiVersion, Compiler, CompilerIdentity};
 pub use error::{Diagnostic, Diagnostics, Error, Severity};
 pub use locate::{LIB_ENV, LIB_FILE_NAME, locate_library, venv_candidates};
-pub use target::{CompileOptions, ENCODED_SCOPE, InputType, Target, VULKAN_TARGETS, X86_64_CPUS, compile_flags};
+pub use target::{
+    CompileOptions, ENCODED_SCOPE, InputType, Target, VULKAN_GENERIC, VULKAN_TARGETS, X86_64_CPUS, compile_flags,
+};
 pub use vmfb::{VMFB_IDENTIFIER, check_vmfb, flatbuffer_offset};

@@ -25,7 +25,8 @@ pub enum Target {
     /// Apple GPUs through SPIR-V cross-compiled to MSL, for the macOS platform.
     Metal,
     /// Vulkan SPIR-V for a named GPU, architecture or profile, e.g. `"rdna3"`, `"ampere"`,
-    /// `"valhall"`, `"vp_android_baseline_2022"`; see [`VULKAN_TARGETS`].
+    /// `"valhall"`, `"vp_android_baseline_2022"`; see [`VULKAN_TARGETS`]. Or
+    /// [`VULKAN_GENERIC`], this crate's own profile for any Vulkan 1.3 device.
     Vulkan { target: String },
     /// AMD GPUs through HIP. `target` is an LLVM AMDGPU chip or product, e.g. `"gfx942"`,
     /// `"gfx1100"`, `"mi300x"` (not an architecture family such as `"rdna3"`).
@@ -80,6 +81,13 @@ impl Target {
         }
     }
 
+    /// Whether the code is SPIR-V (Vulkan, and Metal through SPIR-V cross-compiled to MSL),
+    /// whose types and lowerings in IREE 3.13 are narrower than LLVM's (no bf16 arithmetic,
+    /// no `i4` vectors).
+    pub fn is_spirv(&self) -> bool {
+        matches!(self, Target::Vulkan { .. } | Target::Metal)
+    }
+
     /// Checks the target name against what the pinned compiler handles without crashing.
     pub fn validate(&self) -> Result<(), Error> {
         match self {
@@ -120,11 +128,11 @@ impl Target {
             Target::Metal => Ok(()),
             Target::Vulkan { target } => {
                 check_charset("vulkan target", target)?;
-                if VULKAN_TARGETS.contains(&target.as_str()) || is_adreno_product(target) {
+                if target == VULKAN_GENERIC || VULKAN_TARGETS.contains(&target.as_str()) || is_adreno_product(target) {
                     Ok(())
                 } else {
                     Err(Error::InvalidTarget(format!(
-                        "unknown Vulkan target `{target}`; IREE 3.13 knows: {}, adreno-NNN",
+                        "unknown Vulkan target `{target}`; known: {VULKAN_GENERIC}, {}, adreno-NNN",
                         VULKAN_TARGETS.join(", ")
                     )))
                 }
@@ -150,6 +158,9 @@ impl Target {
             }
             Target::Metal => {
                 vec!["--iree-hal-target-device=metal".to_owned(), "--iree-metal-target-platform=macos".to_owned()]
+            }
+            Target::Vulkan { target } if target == VULKAN_GENERIC => {
+                vec![format!("--iree-hal-target-device={VULKAN_GENERIC_DEVICE}")]
             }
             Target::Vulkan { target } => {
                 vec!["--iree-hal-target-device=vulkan".to_owned(), format!("--iree-vulkan-target={target}")]
@@ -253,6 +264,27 @@ fn is_adreno_product(target: &str) -> bool {
     let rest = rest.strip_suffix('l').unwrap_or(rest);
     rest.len() == 3 && rest.bytes().all(|b| b.is_ascii_digit())
 }
+
+/// The Vulkan target for a device IREE has no name for: any Vulkan 1.3 device (SPIR-V 1.6)
+/// with 8- and 16-bit storage buffers and f16/i8/i16 arithmetic, such as Mesa's lavapipe.
+/// Its code uses no subgroup operations, so it runs whatever the device's subgroup size:
+/// every named target assumes its GPU's (4 to 128), and a reduction compiled for another
+/// size than the device's computes wrong sums without an error (lavapipe's is 8: `valhall`'s
+/// 16 and `rdna3`'s 64 both gave wrong matvecs there, `vp_android_baseline_2022`, which
+/// has no 16-bit storage, read f16 weights wrong). Workgroups stay at 128 threads and 16 KiB
+/// of shared memory, what every Vulkan 1.3 device offers.
+pub const VULKAN_GENERIC: &str = "generic";
+
+/// [`VULKAN_GENERIC`] as the device target attribute `--iree-hal-target-device` takes in
+/// place of a device name.
+const VULKAN_GENERIC_DEVICE: &str = concat!(
+    r#"#hal.device.target<"vulkan", [#hal.executable.target<"vulkan-spirv", "vulkan-spirv-fb", "#,
+    r#"{iree_codegen.target_info = #iree_gpu.target<arch = "", features = "spirv:v1.6,cap:Shader", "#,
+    r#"wgp = <compute = fp32|fp16|int32|int16|int8, storage = b32|b16|b8, subgroup = none, "#,
+    r#"subgroup_size_choices = [64], max_workgroup_sizes = [128, 128, 64], "#,
+    r#"max_thread_count_per_workgroup = 128, max_workgroup_memory_bytes = 16384, "#,
+    r#"max_workgroup_counts = [65535, 65535, 65535]>>}>]>"#
+);
 
 /// `--iree-vulkan-target` names that IREE 3.13 compiles (each checked with iree-compile
 /// 3.13.0rc20261016). Names outside its tables crash the compiler instead of failing.
@@ -448,6 +480,11 @@ mod tests {
         assert!(Target::cuda("sm_9ab").validate().is_err());
 
         assert!(Target::vulkan("rdna3").validate().is_ok());
+        assert!(Target::vulkan(VULKAN_GENERIC).validate().is_ok());
+        let generic = Target::vulkan(VULKAN_GENERIC).flags();
+        assert_eq!(generic.len(), 1);
+        assert!(generic[0].starts_with("--iree-hal-target-device=#hal.device.target<\"vulkan\""), "{generic:?}");
+        assert!(generic[0].contains("subgroup = none"), "{generic:?}");
         assert!(Target::vulkan("adreno-750").validate().is_ok());
         assert!(Target::vulkan("adreno-740l").validate().is_ok());
         let err = Target::vulkan("sm_90").validate().unwrap_err().to_string();

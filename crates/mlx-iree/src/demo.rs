@@ -16,7 +16,7 @@ const TOLERANCE: f32 = 1e-5;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// IREE device URI: local-task, local-sync or cuda.
+    /// IREE device URI: local-task, local-sync, cuda or vulkan.
     #[arg(long, default_value = "local-task")]
     device: String,
 }

@@ -20,7 +20,7 @@ pub struct ModelArgs {
     /// in `model`; `None` for a local folder.
     #[arg(skip)]
     pub repo: Option<String>,
-    /// IREE device URI: local-task, local-sync or cuda.
+    /// IREE device URI: local-task, local-sync, cuda or vulkan.
     #[arg(long, default_value = "local-task")]
     pub device: String,
     /// Weight precision on the device: f32, f16, bf16 (default: the device's, see

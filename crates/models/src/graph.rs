@@ -179,11 +179,27 @@ pub enum ExpertProducts {
     Contraction,
 }
 
-/// Settings of the emitted graphs that depend on the target; the defaults suit every target.
+/// How a packed matrix multiplies its input in the graph form (the CPU kernels aside).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PackedProducts {
+    /// Integer products per group (`x` quantized to i16 per row), scales and biases once per
+    /// group: the packed weight is read inside one contraction (BRIEF 4).
+    #[default]
+    IntegerGroups,
+    /// The weight dequantized to f32 (`s * q + b`), then a float contraction. For SPIR-V
+    /// targets: IREE 3.13 computes the grouped integer contraction wrong there once it has
+    /// several rows (16 rows of i16 x i8 on lavapipe gave sums off by about 2^28), and the
+    /// float form is also closer to MLX's own `qmm`.
+    Dequantized,
+}
+
+/// Settings of the emitted graphs that depend on the target; the defaults suit every target
+/// but SPIR-V ones (see [`PackedProducts`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct EmitOptions {
     pub slot_read: SlotRead,
     pub expert_products: ExpertProducts,
+    pub packed_products: PackedProducts,
 }
 
 /// Whether attention (decode and prefill) runs in the CPU kernel (`kernels::cpu`, `attn`)
@@ -359,8 +375,23 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     /// A parameter as f32: reduced-precision matrices are widened where they are used, so
     /// IREE can fold the conversion into the contraction that reads them.
     fn param(&self, key: &str) -> R<V<'c, 'b>> {
-        let v = self.f.load(self.global(key)?)?;
-        if v.elem() == F32 { Ok(v) } else { self.f.convert(v, F32) }
+        self.widen(self.f.load(self.global(key)?)?)
+    }
+
+    /// A dense matrix's values as f32: converted, or, for bf16 held as its bit patterns
+    /// (`i16`, `Layout::for_spirv`), shifted into the high half of an f32's bits, which is
+    /// exactly bf16's widening.
+    fn widen(&self, v: V<'c, 'b>) -> R<V<'c, 'b>> {
+        let f = self.f;
+        match v.elem() {
+            F32 => Ok(v),
+            I16 => {
+                let wide = f.convert(v, I32)?;
+                let sixteen = f.splat_like(wide, 16.0)?;
+                f.bitcast_convert(f.shift_left(wide, sixteen)?, F32)
+            }
+            _ => f.convert(v, F32),
+        }
     }
 
     /// `x [T, in]` through the linear layer `prefix`: `W · xᵀ` with the weight on the
@@ -410,6 +441,16 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let (t, k) = (x.shape()[0], x.shape()[1]);
         let (o, gs) = (w.shape()[0], p.group_size as i64);
         let g = k / gs;
+        if self.options.packed_products == PackedProducts::Dequantized {
+            // s * q + b per group (the biases carry the signed storage's offset).
+            let grouped = [o, g, gs];
+            let q = f.reshape(f.convert(w, F32)?, &grouped)?;
+            let per_group = |name: &str| -> R<V<'c, 'b>> {
+                f.broadcast_in_dim(self.param(&format!("{prefix}.{name}"))?, &grouped, &[0, 1])
+            };
+            let w = f.reshape(f.add(f.mul(q, per_group("scales")?)?, per_group("biases")?)?, &[o, k])?;
+            return f.transpose(f.dot_general(w, x, DotDims::contract(&[1], &[1]))?, &[1, 0]);
+        }
         let w = f.convert(f.reshape(w, &[o, g, gs])?, I16)?;
 
         const I16_MAX: f64 = 32767.0;
@@ -497,8 +538,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let f = self.f;
         const PREFIX: &str = crate::layout::EMBEDDING;
         let Some(p) = self.layout.packing(PREFIX) else {
-            let rows = f.gather_rows(f.load(self.global(&format!("{PREFIX}.weight"))?)?, tokens)?;
-            return if rows.elem() == F32 { Ok(rows) } else { f.convert(rows, F32) };
+            return self.widen(f.gather_rows(f.load(self.global(&format!("{PREFIX}.weight"))?)?, tokens)?);
         };
         if p.kernel {
             return self.kernel_dispatch(kernels::cpu::Op::Rows, tokens, PREFIX, p);
@@ -1114,8 +1154,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             }
         };
         let Some(p) = self.layout.packing(prefix) else {
-            let w = pick("weight")?;
-            return if w.elem() == F32 { Ok(w) } else { f.convert(w, F32) };
+            return self.widen(pick("weight")?);
         };
         let (w, scales, biases) = (pick("weight")?, pick("scales")?, pick("biases")?);
         let (n, o, bytes) = (w.shape()[0], w.shape()[1], w.shape()[2]);

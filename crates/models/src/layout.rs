@@ -55,7 +55,8 @@ impl Packing {
 /// What a device parameter holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
-    /// A dense matrix `[out, in]` in the layout's dense element type.
+    /// A dense matrix `[out, in]` in the layout's dense element type (`i16` for bf16 held
+    /// as bit patterns, [`Layout::for_spirv`]).
     Dense,
     /// A dense matrix of few outputs (`ParamSpec::narrow`: a router) rounded to the layout's
     /// dense element type and stored widened to f32, which the graph reads in a reduction
@@ -117,6 +118,9 @@ pub struct Layout {
     /// Kernel-packed projections that read the same input, stacked into one matrix so one
     /// dispatch computes them all: part prefix -> (merged prefix, first row, rows).
     merged: HashMap<String, (String, usize, usize)>,
+    /// bf16 matrices held as their bit patterns (`i16`), widened to f32 in the graph
+    /// ([`Layout::for_spirv`]).
+    bf16_bits: bool,
 }
 
 impl Layout {
@@ -169,7 +173,27 @@ impl Layout {
                 ckpt.dir().display()
             )));
         }
-        Ok(Layout { precision, packed, kernel_object: None, merged: HashMap::new() })
+        Ok(Layout { precision, packed, kernel_object: None, merged: HashMap::new(), bf16_bits: false })
+    }
+
+    /// The form of this layout for SPIR-V targets (Vulkan, Metal), whose code IREE 3.13
+    /// cannot give bf16 arithmetic or `i4` vectors ("failed to legalize operation
+    /// 'vector.bitcast'" to `vector<4xbf16>` and `vector<8xi4>`): bf16 matrices are held as
+    /// their 16-bit patterns (`i16`, the same bytes) and widened to f32 by a shift; 4-bit
+    /// matrices one value a byte (`Packing::wide`, twice the bytes); bf16 scales and
+    /// biases as f32.
+    pub fn for_spirv(mut self) -> Layout {
+        self.bf16_bits = true;
+        for p in self.packed.values_mut().filter(|p| !p.kernel) {
+            p.wide = p.bits == 4;
+            if p.scale_elem == ElementType::BF16 {
+                p.scale_elem = ElementType::F32;
+            }
+            if p.bias_elem == ElementType::BF16 {
+                p.bias_elem = ElementType::F32;
+            }
+        }
+        self
     }
 
     /// Moves every packed matrix the CPU kernels take (`kernels::cpu::supports`) to the
@@ -243,7 +267,7 @@ impl Layout {
     /// The layout of a dense precision (no checkpoint needed). For `Packed` it has no
     /// packed matrices; use [`Layout::new`].
     pub fn dense(precision: Precision) -> Layout {
-        Layout { precision, packed: HashMap::new(), kernel_object: None, merged: HashMap::new() }
+        Layout { precision, packed: HashMap::new(), kernel_object: None, merged: HashMap::new(), bf16_bits: false }
     }
 
     pub fn precision(&self) -> Precision {
@@ -290,7 +314,11 @@ impl Layout {
                     out.push(param(spec.key.clone(), spec.shape.clone(), ElementType::F32, Role::Widened))
                 }
                 (Kind::Matrix | Kind::Experts, None) => {
-                    out.push(param(spec.key.clone(), spec.shape.clone(), self.precision.matrix_elem(), Role::Dense))
+                    let elem = match self.precision.matrix_elem() {
+                        ElementType::BF16 if self.bf16_bits => ElementType::I16,
+                        elem => elem,
+                    };
+                    out.push(param(spec.key.clone(), spec.shape.clone(), elem, Role::Dense))
                 }
                 (Kind::Experts, Some(p)) => {
                     let (e, o, i) = (spec.shape[0], spec.shape[1], spec.shape[2]);
@@ -345,6 +373,10 @@ impl Layout {
     pub fn load<'a>(&self, ckpt: &'a Checkpoint, param: &DeviceParam) -> Result<Cow<'a, [u8]>> {
         let dims = &param.dims;
         match param.role {
+            // bf16 bit patterns are bf16's bytes.
+            Role::Dense if param.elem == ElementType::I16 => {
+                crate::params::load_param(ckpt, &param.spec, ElementType::BF16)
+            }
             Role::Vector | Role::Dense => crate::params::load_param(ckpt, &param.spec, param.elem),
             Role::Widened => {
                 // The values the precision's element type holds, as f32 (round to nearest even).
@@ -416,7 +448,10 @@ impl Layout {
                         let flip = if packing.bits == 4 { 0x88u8 } else { 0x80 };
                         Ok(Cow::Owned(q.weight().bytes().iter().map(|b| b ^ flip).collect()))
                     }
-                    Role::PackedScales => Ok(Cow::Borrowed(q.scales().bytes())),
+                    Role::PackedScales if float_elem(q.scales().dtype()) == Some(param.elem) => {
+                        Ok(Cow::Borrowed(q.scales().bytes()))
+                    }
+                    Role::PackedScales => Ok(Cow::Owned(encode_f32(q.scales().to_f32_vec()?.into_iter(), param.elem))),
                     _ => {
                         let scales = q.scales().to_f32_vec()?;
                         let biases = q.biases().to_f32_vec()?;

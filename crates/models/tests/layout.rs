@@ -255,3 +255,35 @@ fn routers_are_rounded_then_widened() {
         }
     }
 }
+
+/// SPIR-V's form: bf16 matrices as their 16-bit patterns (the same bytes as bf16), 4-bit
+/// weights a byte a value (`q - 8`, the bytes of `wide`), bf16 scales as f32.
+#[test]
+fn spirv_layout_holds_bf16_as_bits_and_four_bits_as_bytes() {
+    let (ckpt, cfg) = open("qwen2", "q4");
+    let key = "model.layers.0.mlp.up_proj";
+    let params = |layout: &Layout| -> Vec<_> {
+        layout.device_params(&cfg).into_iter().filter(|p| p.key.contains(key)).collect::<Vec<_>>()
+    };
+    let bf16 = Layout::new(&cfg, Precision::BF16, &ckpt).unwrap();
+    let bits = bf16.clone().for_spirv();
+    let (plain, spirv) = (params(&bf16), params(&bits));
+    assert_eq!((spirv[0].elem, spirv[0].role), (ElementType::I16, Role::Dense));
+    assert_eq!(bits.load(&ckpt, &spirv[0]).unwrap(), bf16.load(&ckpt, &plain[0]).unwrap());
+
+    let packed = Layout::new(&cfg, Precision::Packed, &ckpt).unwrap().for_spirv();
+    let got: Vec<_> = params(&packed).into_iter().map(|p| (p.key, p.dims, p.elem, p.role)).collect();
+    let want = [
+        ("model.layers.0.mlp.up_proj.weight", vec![128, 64], ElementType::I8, Role::PackedWeight),
+        ("model.layers.0.mlp.up_proj.scales", vec![128, 1], ElementType::F32, Role::PackedScales),
+        ("model.layers.0.mlp.up_proj.biases", vec![128, 1], ElementType::F32, Role::PackedBiases),
+    ];
+    let want: Vec<_> = want.into_iter().map(|(k, d, e, r)| (k.to_owned(), d, e, r)).collect();
+    assert_eq!(got, want);
+    // The scales' values, widened exactly from the checkpoint's bf16.
+    let scales = params(&packed).into_iter().find(|p| p.role == Role::PackedScales).unwrap();
+    let bytes = packed.load(&ckpt, &scales).unwrap();
+    let Linear::Quantized(q) = ckpt.linear(key).unwrap() else { panic!("{key} is not quantized") };
+    let want: Vec<u8> = q.scales().to_f32_vec().unwrap().iter().flat_map(|x| x.to_le_bytes()).collect();
+    assert_eq!(bytes.as_ref(), want.as_slice());
+}

@@ -263,6 +263,17 @@ impl<'c, 'b> Func<'c, 'b> {
         self.emit1("stablehlo.convert", &[a], Vec::new(), t)
     }
 
+    /// Reinterprets each element's bits as `elem`, of the same bit width (`i32` <-> `f32`):
+    /// how a 16-bit pattern becomes a float where the target has no arithmetic of its type.
+    pub fn bitcast_convert(&self, a: Value<'c, 'b>, elem: ElementType) -> Result<Value<'c, 'b>, Error> {
+        const OP: &str = "stablehlo.bitcast_convert";
+        let from = a.ty();
+        if from.elem.bits() != elem.bits() {
+            return Err(Error::op(OP, format!("an element type of {} bits like {elem}", elem.bits()), from));
+        }
+        self.emit1(OP, &[a], Vec::new(), from.with_elem(elem))
+    }
+
     /// A constant of `a`'s type with every element `value` (for scalar arithmetic).
     pub fn splat_like(&self, a: Value<'c, 'b>, value: f64) -> Result<Value<'c, 'b>, Error> {
         self.splat(value, &a.ty())
