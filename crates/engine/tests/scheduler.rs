@@ -217,9 +217,9 @@ fn shutdown_and_load_errors() {
     assert!(tokens < MAX_CONTEXT, "{tokens}");
     assert!(g.blocking_next().is_none());
 
-    let config = EngineConfig::new("vulkan", Precision::F32, root().join("target/test-compile-cache"));
+    let config = EngineConfig::new("hip", Precision::F32, root().join("target/test-compile-cache"));
     let err = Scheduler::start(fixture(), config).unwrap_err();
-    assert_eq!(err.to_string(), "unsupported device `vulkan` (expected local-task, local-sync or cuda)");
+    assert_eq!(err.to_string(), "unsupported device `hip` (expected local-task, local-sync, cuda or vulkan)");
     let config = EngineConfig::new("local-task", Precision::F32, root().join("target/test-compile-cache"));
     let err = Scheduler::start(root().join("no-such-model"), config).unwrap_err().to_string();
     assert!(err.contains("no-such-model"), "{err}");

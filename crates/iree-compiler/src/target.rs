@@ -157,7 +157,7 @@ impl Target {
                 vec!["--iree-hal-target-device=cuda".to_owned(), format!("--iree-cuda-target={sm}")]
             }
             Target::Metal => {
-                vec!["--iree-hal-target-device=metal".to_owned(), "--iree-metal-target-platform=macos".to_owned()]
+                vec![format!("--iree-hal-target-device={METAL_DEVICE}"), "--iree-metal-target-platform=macos".to_owned()]
             }
             Target::Vulkan { target } if target == VULKAN_GENERIC => {
                 vec![format!("--iree-hal-target-device={VULKAN_GENERIC_DEVICE}")]
@@ -283,6 +283,19 @@ const VULKAN_GENERIC_DEVICE: &str = concat!(
     r#"wgp = <compute = fp32|fp16|int32|int16|int8, storage = b32|b16|b8, subgroup = none, "#,
     r#"subgroup_size_choices = [64], max_workgroup_sizes = [128, 128, 64], "#,
     r#"max_thread_count_per_workgroup = 128, max_workgroup_memory_bytes = 16384, "#,
+    r#"max_workgroup_counts = [65535, 65535, 65535]>>}>]>"#
+);
+
+/// IREE 3.13's own Metal target (`apple`) with subgroup operations off: with them its
+/// reductions keep an index in workgroup memory, which the Metal lowering rejects ("failed to
+/// legalize operation 'memref.alloc'" of `memref<1xindex, Workgroup>`) on every model graph,
+/// from the first RMSNorm's sum on. Otherwise `apple`'s details as IREE 3.13 has them.
+const METAL_DEVICE: &str = concat!(
+    r#"#hal.device.target<"metal", [#hal.executable.target<"metal-spirv", "metal-msl-fb", "#,
+    r#"{iree_codegen.target_info = #iree_gpu.target<arch = "apple", features = "spirv:v1.3,cap:Shader", "#,
+    r#"wgp = <compute = fp32|fp16|int64|int32|int16|int8, storage = b64|b32|b16|b8, subgroup = none, "#,
+    r#"dot = dp4xi8toi32, subgroup_size_choices = [32], max_workgroup_sizes = [1024, 1024, 1024], "#,
+    r#"max_thread_count_per_workgroup = 1024, max_workgroup_memory_bytes = 32768, "#,
     r#"max_workgroup_counts = [65535, 65535, 65535]>>}>]>"#
 );
 
@@ -465,7 +478,10 @@ mod tests {
             ]
         );
         assert_eq!(Target::cuda("sm_80").flags(), ["--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80"]);
-        assert_eq!(Target::Metal.flags(), ["--iree-hal-target-device=metal", "--iree-metal-target-platform=macos"]);
+        let metal = Target::Metal.flags();
+        assert!(metal[0].starts_with("--iree-hal-target-device=#hal.device.target<\"metal\""), "{metal:?}");
+        assert!(metal[0].contains("arch = \"apple\"") && metal[0].contains("subgroup = none"), "{metal:?}");
+        assert_eq!(metal[1], "--iree-metal-target-platform=macos");
         assert_eq!(Target::vulkan("rdna3").flags(), ["--iree-hal-target-device=vulkan", "--iree-vulkan-target=rdna3"]);
         assert_eq!(Target::rocm("gfx942").flags(), ["--iree-hal-target-device=hip", "--iree-rocm-target=gfx942"]);
     }

@@ -220,7 +220,9 @@ fn a_conversation_in_a_terminal() {
     let system = "You are a pirate.";
     assert_eq!(t.say(&format!("/system {system}")), "");
     t.say("/reset");
-    let long = "Count from one to one hundred in words.";
+    // An answer that runs to --max-tokens (SmolLM2 answers counting requests in one short
+    // sentence, which could be shown whole before the Ctrl-C arrived).
+    let long = "Tell me a long story about a dragon and a ship.";
     let start = t.shown.len();
     t.type_keys(&format!("{long}\n"));
     let echo = format!("{long}\n");
