@@ -91,7 +91,7 @@ fn libraries_read_no_environment_and_print_nothing() {
 }
 
 /// Variables our own tooling sets, which users do not: not in the README's table.
-const ENV_INTERNAL: [&str; 4] = [
+const ENV_INTERNAL: [&str; 5] = [
     // Set by .cargo/config.toml for every cargo command.
     "MLX_IREE_ROOT",
     // IREE's CMake variable, which `cargo xtask build-iree --target cuda` sets.
@@ -100,6 +100,8 @@ const ENV_INTERNAL: [&str; 4] = [
     "HF_HUB_DISABLE_TELEMETRY",
     // Set by iree-compiler's tests/concurrent.rs for the fresh processes it starts (itself).
     "MLX_IREE_TEST_FIRST_COMPILES_CHILD",
+    // Set by `cargo xtask compile-matrix` for crates/engine/tests/compile_matrix.rs.
+    "MLX_IREE_BLESS_CAPABILITIES",
 ];
 
 #[test]

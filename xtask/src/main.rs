@@ -30,6 +30,8 @@ commands:
                                 tests (cargo test --no-run, then two test binaries at a time)
   test-vulkan                   setup + build-iree + every fixture family on --device vulkan
                                 (Mesa's lavapipe; the suite runs four of them)
+  compile-matrix                setup + build-iree + every fixture family x precision x target
+                                compiled; writes docs/capabilities.json and README's table
   quickstart                    setup + build-iree --target cpu + model + a chat answer from
                                 SmolLM2 (mlx-iree generate --chat)
   fixtures [--force]            regenerate tests/fixtures/ (tiny random MLX checkpoints and
@@ -72,6 +74,7 @@ fn run(args: &[String]) -> Result<()> {
         }
         "test" => test::run(rest),
         "test-vulkan" => test::run_vulkan(rest),
+        "compile-matrix" => test::run_compile_matrix(rest),
         "quickstart" => quickstart::run(rest),
         "fixtures" => fixtures::run(rest),
         "model" => model::run(rest),

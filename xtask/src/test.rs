@@ -84,16 +84,50 @@ pub fn run(args: &[String]) -> Result<()> {
 /// them in the suite).
 pub fn run_vulkan(args: &[String]) -> Result<()> {
     util::no_args("test-vulkan", args)?;
+    let what = "every fixture family on --device vulkan (lavapipe: several minutes)";
+    one_test_binary("test-vulkan", what, ["mlx-iree", "vulkan"], &["--include-ignored"], None)?;
+    Ok(())
+}
+
+/// `cargo xtask compile-matrix`: set-up, then every fixture family at every precision
+/// compiled for every target (crates/engine/tests/compile_matrix.rs's ignored test), its
+/// outcome written into docs/capabilities.json and the README's capability table.
+pub fn run_compile_matrix(args: &[String]) -> Result<()> {
+    util::no_args("compile-matrix", args)?;
+    let what = "every family x precision x target (about 300 modules: tens of minutes cold)";
+    let harness = ["--include-ignored", "every_family_compiles_everywhere"];
+    let secs = one_test_binary(
+        "compile-matrix",
+        what,
+        ["engine", "compile_matrix"],
+        &harness,
+        Some(("MLX_IREE_BLESS_CAPABILITIES", "1")),
+    )?;
+    progress("compile-matrix", format!("docs/capabilities.json and README.md written in {secs:.0} s"));
+    Ok(())
+}
+
+/// Set-up, the runtime, then one test binary (`[package, test]`) with the suite's
+/// environment (and `env`), its harness given `harness`; the seconds it took.
+fn one_test_binary(
+    stage: &str,
+    what: &str,
+    [package, test]: [&str; 2],
+    harness: &[&str],
+    env: Option<(&str, &str)>,
+) -> Result<f64> {
     let toolchain = crate::setup::run()?;
     build_iree::build(&toolchain, Target::Cpu)?;
     let started = Instant::now();
-    progress("test-vulkan", "every fixture family on --device vulkan (lavapipe: several minutes)");
+    progress(stage, what);
     let mut cmd = Command::new(util::cargo());
-    cmd.current_dir(util::root()).args(["test", "-p", "mlx-iree", "--test", "vulkan", "--", "--include-ignored"]);
+    cmd.current_dir(util::root()).args(["test", "-p", package, "--test", test, "--"]).args(harness);
+    cmd.envs(env);
     suite_env(&mut cmd);
     util::run(&mut cmd)?;
-    progress("test-vulkan", format!("all passed in {:.0} s", started.elapsed().as_secs_f64()));
-    Ok(())
+    let secs = started.elapsed().as_secs_f64();
+    progress(stage, format!("passed in {secs:.0} s"));
+    Ok(secs)
 }
 
 /// `cargo test --workspace --exclude xtask` with the suite's environment.

@@ -157,7 +157,10 @@ impl Target {
                 vec!["--iree-hal-target-device=cuda".to_owned(), format!("--iree-cuda-target={sm}")]
             }
             Target::Metal => {
-                vec![format!("--iree-hal-target-device={METAL_DEVICE}"), "--iree-metal-target-platform=macos".to_owned()]
+                vec![
+                    format!("--iree-hal-target-device={METAL_DEVICE}"),
+                    "--iree-metal-target-platform=macos".to_owned(),
+                ]
             }
             Target::Vulkan { target } if target == VULKAN_GENERIC => {
                 vec![format!("--iree-hal-target-device={VULKAN_GENERIC_DEVICE}")]
