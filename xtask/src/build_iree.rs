@@ -39,7 +39,7 @@ impl Target {
     fn driver_flags(self) -> Vec<String> {
         let mut flags =
             vec!["-DIREE_HAL_DRIVER_LOCAL_SYNC=ON".to_string(), "-DIREE_HAL_DRIVER_LOCAL_TASK=ON".to_string()];
-        if self != Target::Metal {
+        if !cfg!(target_os = "macos") {
             flags.push("-DIREE_HAL_DRIVER_VULKAN=ON".into());
         }
         match self {

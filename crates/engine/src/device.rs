@@ -5,8 +5,7 @@ use iree_compiler::Target;
 /// The compile target for a device URI (`local-task`, `local-sync`, `cuda`, `cuda://0`, ...),
 /// or why that device is not supported. Checked before compiling.
 pub fn target_for(device: &str) -> Result<Target, crate::Error> {
-    let driver = device.split(':').next().unwrap_or(device);
-    match driver {
+    match driver(device) {
         "local-task" | "local-sync" => Ok(Target::llvm_cpu_host()),
         // sm_80 PTX runs on newer GPUs too (the driver JIT-compiles it); IREE 3.13's
         // target table has no sm_90 entry.
@@ -29,12 +28,17 @@ pub fn target_for(device: &str) -> Result<Target, crate::Error> {
 /// off, docs/ARCHITECTURE.md).
 pub fn runtime_uri(device: &str) -> String {
     const REPLAYS_OFF: &str = "cached_bda_replay_instances=0";
-    if !device.starts_with("vulkan") || device.contains("cached_bda_replay_instances") {
+    if driver(device) != "vulkan" || device.contains("cached_bda_replay_instances") {
         return device.to_owned();
     }
-    let rest = device.strip_prefix("vulkan").unwrap_or_default();
+    let rest = &device["vulkan".len()..];
     let rest = rest.strip_prefix("://").unwrap_or(rest);
     if rest.contains('?') { format!("vulkan://{rest}&{REPLAYS_OFF}") } else { format!("vulkan://{rest}?{REPLAYS_OFF}") }
+}
+
+/// The HAL driver a device URI names (IREE's URI schema: what comes before the first `:`).
+fn driver(device: &str) -> &str {
+    device.split(':').next().unwrap_or(device)
 }
 
 /// What one call costs on `target` beyond the rows it computes, in rows of work: how

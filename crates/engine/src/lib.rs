@@ -409,7 +409,7 @@ impl Engine {
         let started = Instant::now();
         let instance = Instance::new()?;
         let device = instance.device(&device::runtime_uri(&config.device)).map_err(|e| match e {
-            iree_hal::Error::Device { message, .. } if config.device.starts_with("vulkan") => {
+            iree_hal::Error::Device { message, .. } if matches!(target, iree_compiler::Target::Vulkan { .. }) => {
                 Error::NoVulkanDevice { message }
             }
             e => Error::Runtime(e),

@@ -442,14 +442,10 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let (o, gs) = (w.shape()[0], p.group_size as i64);
         let g = k / gs;
         if self.options.packed_products == PackedProducts::Dequantized {
-            // s * q + b per group (the biases carry the signed storage's offset).
-            let grouped = [o, g, gs];
-            let q = f.reshape(f.convert(w, F32)?, &grouped)?;
-            let per_group = |name: &str| -> R<V<'c, 'b>> {
-                f.broadcast_in_dim(self.param(&format!("{prefix}.{name}"))?, &grouped, &[0, 1])
-            };
-            let w = f.reshape(f.add(f.mul(q, per_group("scales")?)?, per_group("biases")?)?, &[o, k])?;
-            return f.transpose(f.dot_general(w, x, DotDims::contract(&[1], &[1]))?, &[1, 0]);
+            // The biases carry the signed storage's offset.
+            let load = |name: &str| f.load(self.global(&format!("{prefix}.{name}"))?);
+            let w = self.dequantize(w, load("scales")?, load("biases")?, &[o, g, gs])?;
+            return f.transpose(f.dot_general(f.reshape(w, &[o, k])?, x, DotDims::contract(&[1], &[1]))?, &[1, 0]);
         }
         let w = f.convert(f.reshape(w, &[o, g, gs])?, I16)?;
 
@@ -557,14 +553,20 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             f.gather_rows(f.load(self.global(&format!("{PREFIX}.weight"))?)?, tokens)?
         };
         let gs = p.group_size as i64;
-        let grouped = [t, d / gs, gs];
-        let gather = |name: &str| -> R<V<'c, 'b>> {
-            let table = f.load(self.global(&format!("{PREFIX}.{name}"))?)?;
-            let v = f.convert(f.gather_rows(table, tokens)?, F32)?;
-            f.broadcast_in_dim(v, &grouped, &[0, 1])
-        };
-        let q = f.reshape(f.convert(q, F32)?, &grouped)?;
-        f.reshape(f.add(f.mul(q, gather("scales")?)?, gather("biases")?)?, &[t, d])
+        let gather = |name: &str| f.gather_rows(f.load(self.global(&format!("{PREFIX}.{name}"))?)?, tokens);
+        let rows = self.dequantize(q, gather("scales")?, gather("biases")?, &[t, d / gs, gs])?;
+        f.reshape(rows, &[t, d])
+    }
+
+    /// Packed values `q` (integers, any shape of `grouped`'s elements) as f32 `grouped`
+    /// (`[..., G, group size]`), each group's `q * scale + bias` with `scales` and `biases`
+    /// of shape `[..., G]`: MLX's affine dequantization.
+    fn dequantize(&self, q: V<'c, 'b>, scales: V<'c, 'b>, biases: V<'c, 'b>, grouped: &[i64]) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let q = f.reshape(f.convert(q, F32)?, grouped)?;
+        let lead: Vec<i64> = (0..grouped.len() as i64 - 1).collect();
+        let per_group = |v: V<'c, 'b>| f.broadcast_in_dim(self.widen(v)?, grouped, &lead);
+        f.add(f.mul(q, per_group(scales)?)?, per_group(biases)?)
     }
 
     fn norm(&self, x: V<'c, 'b>, key: &str) -> R<V<'c, 'b>> {
@@ -1169,10 +1171,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         } else {
             unsigned
         };
-        let grouped = [n, o, groups, gs];
-        let q = f.reshape(f.convert(q, F32)?, &grouped)?;
-        let per_group = |v: V<'c, 'b>| f.broadcast_in_dim(f.convert(v, F32)?, &grouped, &[0, 1, 2]);
-        let w = f.add(f.mul(q, per_group(scales)?)?, per_group(biases)?)?;
+        let w = self.dequantize(q, scales, biases, &[n, o, groups, gs])?;
         f.reshape(w, &[n, o, groups * gs])
     }
 

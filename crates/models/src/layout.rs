@@ -414,11 +414,9 @@ impl Layout {
                     return Err(Error::Invalid(format!("{}: expected quantized experts", param.key)));
                 };
                 let t = ckpt.tensor(&format!("{prefix}.{name}"))?;
-                if name == "weight" || float_elem(t.dtype()) == Some(param.elem) {
-                    debug_assert_eq!(t.bytes().len(), param.bytes(), "{} ({q:?})", param.key);
-                    return Ok(Cow::Borrowed(t.bytes()));
-                }
-                Ok(Cow::Owned(encode_f32(t.to_f32_vec()?.into_iter(), param.elem)))
+                let bytes = if name == "weight" { Cow::Borrowed(t.bytes()) } else { as_float(t, param.elem)? };
+                debug_assert_eq!(bytes.len(), param.bytes(), "{} ({q:?})", param.key);
+                Ok(bytes)
             }
             Role::PackedWeight | Role::PackedScales | Role::PackedBiases if param.parts.len() > 1 => {
                 // A merged projection: each part in the kernel layout, stacked by rows (whole
@@ -448,10 +446,7 @@ impl Layout {
                         let flip = if packing.bits == 4 { 0x88u8 } else { 0x80 };
                         Ok(Cow::Owned(q.weight().bytes().iter().map(|b| b ^ flip).collect()))
                     }
-                    Role::PackedScales if float_elem(q.scales().dtype()) == Some(param.elem) => {
-                        Ok(Cow::Borrowed(q.scales().bytes()))
-                    }
-                    Role::PackedScales => Ok(Cow::Owned(encode_f32(q.scales().to_f32_vec()?.into_iter(), param.elem))),
+                    Role::PackedScales => as_float(q.scales(), param.elem),
                     _ => {
                         let scales = q.scales().to_f32_vec()?;
                         let biases = q.biases().to_f32_vec()?;
@@ -517,6 +512,15 @@ fn float_elem(dtype: Dtype) -> Option<ElementType> {
         Dtype::F32 => Some(ElementType::F32),
         _ => None,
     }
+}
+
+/// A float tensor's values in `elem`: its bytes where it is stored so, else converted
+/// (rounded to nearest even).
+fn as_float<'a>(t: weights::TensorView<'a>, elem: ElementType) -> Result<Cow<'a, [u8]>> {
+    if float_elem(t.dtype()) == Some(elem) {
+        return Ok(Cow::Borrowed(t.bytes()));
+    }
+    Ok(Cow::Owned(encode_f32(t.to_f32_vec()?.into_iter(), elem)))
 }
 
 /// The embedding table's prefix.
