@@ -8,6 +8,7 @@
 //! `include/` (runtime + flatcc headers), `lib/` (every static library of the build, flat),
 //! `build/` (the CMake tree, kept for incremental rebuilds) and `build.log`.
 
+use crate::iree_patches;
 use crate::pins::Pins;
 use crate::setup::Toolchain;
 use crate::util::{self, progress};
@@ -232,10 +233,11 @@ pub fn build(tc: &Toolchain, target: Target) -> Result<PathBuf> {
         flags.push(format!("-DCMAKE_C_COMPILER={cc}"));
         flags.push(format!("-DCMAKE_CXX_COMPILER={cxx}"));
     }
+    let patches = patch_source(&tc.iree_src, &stage)?;
     let stamp = out.join(".complete");
     let env_lines: String = env.iter().map(|(k, v)| format!("env {k}={v}\n")).collect();
     let stamp_text = format!(
-        "layout=2\nsrc={}\n{}\n{env_lines}targets={}\n",
+        "layout=2\nsrc={}\npatches={patches}\n{}\n{env_lines}targets={}\n",
         tc.iree_src.display(),
         flags.join("\n"),
         NINJA_TARGETS.join(",")
@@ -274,6 +276,25 @@ pub fn build(tc: &Toolchain, target: Target) -> Result<PathBuf> {
     util::write_stamp(&stamp, &stamp_text)?;
     progress(&stage, "done");
     Ok(out)
+}
+
+/// Applies `iree_patches::PATCHES` to the runtime source `setup` unpacked (never to an
+/// `IREE_SOURCE_DIR` checkout); returns what the stamp records: the patches' fingerprint, or
+/// `none`.
+fn patch_source(src: &Path, stage: &str) -> Result<String> {
+    if !src.starts_with(util::target_dir().join("iree-src")) {
+        progress(
+            stage,
+            format!("IREE source {} is not ours: left unpatched (xtask/src/iree_patches.rs)", src.display()),
+        );
+        return Ok("none".into());
+    }
+    let changed = iree_patches::apply(src, iree_patches::PATCHES)?;
+    if changed > 0 {
+        let names: Vec<&str> = iree_patches::PATCHES.iter().map(|p| p.name).collect();
+        progress(stage, format!("patched the IREE source ({changed} files: {})", names.join(", ")));
+    }
+    Ok(iree_patches::fingerprint(iree_patches::PATCHES))
 }
 
 /// Prefers clang (what IREE is tested with), else the system cc/c++.

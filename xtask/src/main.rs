@@ -6,6 +6,7 @@
 mod bench;
 mod build_iree;
 mod fixtures;
+mod iree_patches;
 mod model;
 mod peers;
 mod pins;
