@@ -8,7 +8,8 @@
 //! group, in the same order. Zero-extending one 16-byte half of a 32-byte tile to i16 gives 8
 //! rows x one pair of k, which `vpmaddwd` multiplies with the broadcast pair of x; a block's
 //! two halves are computed one after the other, so the accumulators of 8 rows of x fit the
-//! 16 ymm registers.
+//! 16 ymm registers. One row of x (decode) takes both halves in one pass instead, a sixth
+//! fewer instructions per tile (20 against 24 at 4-bit, GCC 12).
 
 #include <immintrin.h>
 
@@ -79,12 +80,47 @@ static inline __attribute__((always_inline)) void half_dot8(const uint8_t* wg, c
   }
 }
 
+// One row of x (decode), both halves of each tile in one pass: the pair of x is broadcast
+// once for the block's 16 rows, and the loop runs once per tile, not twice. `acc[h]` gets
+// half h's rows (the same exact sums as half_dot4 and half_dot8 with n = 1).
+static inline __attribute__((always_inline)) void tile_dot_1(int bits, const uint8_t* wg, const int16_t* xq,
+                                                             size_t gs, __m256i acc[2]) {
+  const __m256i low = _mm256_set1_epi16(0xF);
+  __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+  for (size_t k = 0; k < gs; k += 4) {
+    const __m256i p0 = _mm256_set1_epi32(pair_of(xq, k)), p2 = _mm256_set1_epi32(pair_of(xq, k + 2));
+    if (bits == 4) {
+      const __m256i v0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)wg));
+      const __m256i v1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(wg + 16)));
+      a0 = _mm256_add_epi32(a0, _mm256_add_epi32(_mm256_madd_epi16(_mm256_and_si256(v0, low), p0),
+                                                 _mm256_madd_epi16(_mm256_srli_epi16(v0, 4), p2)));
+      a1 = _mm256_add_epi32(a1, _mm256_add_epi32(_mm256_madd_epi16(_mm256_and_si256(v1, low), p0),
+                                                 _mm256_madd_epi16(_mm256_srli_epi16(v1, 4), p2)));
+      wg += 32;
+    } else {
+      const __m256i v0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)wg));
+      const __m256i v1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(wg + 16)));
+      const __m256i v2 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(wg + 32)));
+      const __m256i v3 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(wg + 48)));
+      a0 = _mm256_add_epi32(a0, _mm256_add_epi32(_mm256_madd_epi16(v0, p0), _mm256_madd_epi16(v2, p2)));
+      a1 = _mm256_add_epi32(a1, _mm256_add_epi32(_mm256_madd_epi16(v1, p0), _mm256_madd_epi16(v3, p2)));
+      wg += 64;
+    }
+  }
+  acc[0] = a0;
+  acc[1] = a1;
+}
+
 static inline __attribute__((always_inline)) void group_rows(int bits, int f16, const uint8_t* wg,
                                                              const xpanel_t* xp, size_t i, size_t n, size_t gs,
                                                              const void* s, const void* b, float* y, size_t stride) {
+  __m256i one[2];
+  if (n == 1) tile_dot_1(bits, wg, xp->q[i], gs, one);
   for (size_t h = 0; h < 2; ++h) {
     __m256i a[PANEL];
-    if (bits == 4) {
+    if (n == 1) {
+      a[0] = one[h];
+    } else if (bits == 4) {
       half_dot4(wg + 16 * h, xp->q + i, n, gs, a);
     } else {
       half_dot8(wg + 16 * h, xp->q + i, n, gs, a);
