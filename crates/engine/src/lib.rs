@@ -389,6 +389,15 @@ impl Engine {
         let cfg = ModelConfig::for_checkpoint(&ckpt)?;
         let layout = layout_for(&cfg, config.precision, &ckpt, &target, config.cpu_kernels, &config.cache_dir)?;
         let plan = Plan::new(&cfg, config)?.for_layout(&cfg, &layout);
+        // The device before the compile: a machine without one (no Vulkan driver) hears so
+        // at once, not after minutes of compiling.
+        let instance = Instance::new()?;
+        let device = instance.device(&device::runtime_uri(&config.device)).map_err(|e| match e {
+            iree_hal::Error::Device { message, .. } if matches!(target, iree_compiler::Target::Vulkan { .. }) => {
+                Error::NoVulkanDevice { message }
+            }
+            e => Error::Runtime(e),
+        })?;
 
         let mut modules = Vec::new();
         let mut compile = CompileReport::CacheHit;
@@ -407,13 +416,6 @@ impl Engine {
         }
 
         let started = Instant::now();
-        let instance = Instance::new()?;
-        let device = instance.device(&device::runtime_uri(&config.device)).map_err(|e| match e {
-            iree_hal::Error::Device { message, .. } if matches!(target, iree_compiler::Target::Vulkan { .. }) => {
-                Error::NoVulkanDevice { message }
-            }
-            e => Error::Runtime(e),
-        })?;
         let mut session = Session::new(&instance, &device)?;
         // Globals that view one parameter share its bytes: each key counts (and is bound) once.
         let mut params = layout.device_params(&cfg);
