@@ -17,8 +17,8 @@
 //! them before its exported call returns (IREE's worker threads run other code in between).
 //! The process must have been granted AMX tile data (Linux
 //! `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`), which the host side asks for
-//! before it chooses this object (kernels::cpu::Isa::host_has). Stack: about 13 KB (IREE's
-//! worker threads have 128 KB).
+//! before it chooses this object (kernels::cpu::Isa::host_has). Stack: about 13 KB, plus
+//! qmv.h's one-row path's 40 KB (IREE's worker threads have 128 KB).
 
 // Panels of 4 rows or more go to the tiles (fewer do not pay for them).
 #define WHOLE_PANEL_ROWS 4
