@@ -290,9 +290,8 @@ fn patch_source(src: &Path, stage: &str) -> Result<String> {
         return Ok("none".into());
     }
     let changed = iree_patches::apply(src, iree_patches::PATCHES)?;
-    if changed > 0 {
-        let names: Vec<&str> = iree_patches::PATCHES.iter().map(|p| p.name).collect();
-        progress(stage, format!("patched the IREE source ({changed} files: {})", names.join(", ")));
+    if !changed.is_empty() {
+        progress(stage, format!("patched the IREE source: {}", changed.join(", ")));
     }
     Ok(iree_patches::fingerprint(iree_patches::PATCHES))
 }

@@ -72,9 +72,10 @@ pub fn fingerprint(patches: &[Patch]) -> String {
     crate::util::sha256_hex(text.as_bytes())[..16].to_owned()
 }
 
-/// Applies `patches` to the source tree at `src`; returns how many files it changed.
-pub fn apply(src: &Path, patches: &[Patch]) -> Result<usize> {
-    let mut changed = 0;
+/// Applies `patches` to the source tree at `src`; returns the names of those it changed
+/// a file for (none when all were applied before).
+pub fn apply(src: &Path, patches: &[Patch]) -> Result<Vec<&'static str>> {
+    let mut changed = Vec::new();
     for p in patches {
         let path = src.join(p.file);
         let text = std::fs::read_to_string(&path)
@@ -98,7 +99,7 @@ pub fn apply(src: &Path, patches: &[Patch]) -> Result<usize> {
         }
         if patched != text {
             std::fs::write(&path, patched).with_context(|| format!("writing {}", path.display()))?;
-            changed += 1;
+            changed.push(p.name);
         }
     }
     Ok(changed)
@@ -123,9 +124,9 @@ mod tests {
     #[test]
     fn applies_once_then_leaves_the_file_alone() {
         let dir = tree("once", "int x = 1;\nf();\nend\n");
-        assert_eq!(apply(&dir, TEST).unwrap(), 1);
+        assert_eq!(apply(&dir, TEST).unwrap(), ["t"]);
         assert_eq!(std::fs::read_to_string(dir.join("a/b.c")).unwrap(), "int x = 2;\ng();\nend\n");
-        assert_eq!(apply(&dir, TEST).unwrap(), 0);
+        assert!(apply(&dir, TEST).unwrap().is_empty());
         assert_eq!(std::fs::read_to_string(dir.join("a/b.c")).unwrap(), "int x = 2;\ng();\nend\n");
     }
 

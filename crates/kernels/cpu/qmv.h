@@ -70,8 +70,8 @@ static inline void whole_panel(int bits, int f16, const float* x, size_t K, cons
 #endif
 
 // The matvec of every export: a workgroup computes row blocks [rb0, rb1) (at most BLOCKS) for
-// every row of x, accumulating in y itself. One row of x (K <= ROW_MAX_K) goes block by block
-// instead, below. Per panel of rows and per group, each row's group
+// every row of x, accumulating in y itself. One row of x (K <= ROW_MAX_K) goes block by block,
+// group by group. Otherwise, per panel of rows and per group, each row's group
 // is quantized once, and each block's tiles are read for 8, then 4, 2 and 1 rows at a time
 // (what is left of the panel), or the whole panel at once by `whole_panel`. With a residual
 // `r` (same shape as y), each finished row block becomes y + r: the same f32 add as the
@@ -86,34 +86,31 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int f16, co
   if (rb1 > blocks) rb1 = blocks;
   if (rb1 > rb0 + BLOCKS) rb1 = rb0 + BLOCKS;
   xpanel_t xp;
-  if (T == 1 && K <= ROW_MAX_K) {
-    // One row of x (decode): every group of x quantized first, then each block's tiles read
-    // front to back, one stream at a time, where the panel loop below walks the workgroup's
-    // blocks side by side, group by group (four streams a core). Each output sees the same
-    // operations in the same order, so the same bits; decode is about 1.15-1.3x as fast
-    // (docs/PERFORMANCE.md, "One stream per block").
-    int16_t xq[ROW_MAX_K] __attribute__((aligned(64)));
-    float xscale[ROW_MAX_K / 16], xsum[ROW_MAX_K / 16];
-    for (size_t g = 0; g < G; ++g) quantize_group(x + g * GS, GS, xq + g * GS, &xscale[g], &xsum[g]);
-    for (size_t c = rb0 * 16; c < rb1 * 16; ++c) y[c] = 0.0f;
-    for (size_t rb = rb0; rb < rb1; ++rb) {
-      for (size_t g = 0; g < G; ++g) {
-        for (size_t k = 0; k < GS; ++k) xp.q[0][k] = xq[g * GS + k];  // (no memcpy: freestanding)
-        xp.scale[0] = xscale[g];
-        xp.sum[0] = xsum[g];
-        const size_t gi = (rb * G + g) * 16 * sbytes;
-        group_rows(bits, f16, w + rb * block_bytes + g * group_bytes, &xp, 0, 1, GS, sc + gi, bi + gi, y + rb * 16, O);
-      }
-    }
-    if (r)
-      for (size_t c = rb0 * 16; c < rb1 * 16; ++c) y[c] += r[c];
-    return;
-  }
   for (size_t t0 = 0; t0 < T; t0 += PANEL) {
     const size_t np = T - t0 < PANEL ? T - t0 : PANEL;
     for (size_t t = t0; t < t0 + np; ++t)
       for (size_t c = rb0 * 16; c < rb1 * 16; ++c) y[t * O + c] = 0.0f;
-    if (WHOLE_PANEL(np)) {
+    if (T == 1 && K <= ROW_MAX_K) {
+      // One row of x (decode): every group of x quantized first, then each block's tiles
+      // read front to back, one stream at a time, where the group loop below walks the
+      // workgroup's blocks side by side, group by group (four streams a core). Each output
+      // sees the same operations in the same order, so the same bits; decode is about
+      // 1.15-1.3x as fast (docs/PERFORMANCE.md, "One stream per block").
+      int16_t xq[ROW_MAX_K] __attribute__((aligned(64)));
+      float xscale[ROW_MAX_K / 16], xsum[ROW_MAX_K / 16];
+      for (size_t g = 0; g < G; ++g) quantize_group(x + g * GS, GS, xq + g * GS, &xscale[g], &xsum[g]);
+      for (size_t rb = rb0; rb < rb1; ++rb) {
+        for (size_t g = 0; g < G; ++g) {
+          // group_rows reads its row of x from a panel (no memcpy: freestanding).
+          for (size_t k = 0; k < GS; ++k) xp.q[0][k] = xq[g * GS + k];
+          xp.scale[0] = xscale[g];
+          xp.sum[0] = xsum[g];
+          const size_t gi = (rb * G + g) * 16 * sbytes;
+          group_rows(bits, f16, w + rb * block_bytes + g * group_bytes, &xp, 0, 1, GS, sc + gi, bi + gi,
+                     y + rb * 16, O);
+        }
+      }
+    } else if (WHOLE_PANEL(np)) {
       whole_panel(bits, f16, x + t0 * K, K, w + rb0 * block_bytes, block_bytes, sc + rb0 * G * 16 * sbytes,
                   bi + rb0 * G * 16 * sbytes, np, GS, y + t0 * O + rb0 * 16, O, rb1 - rb0);
     } else {

@@ -142,7 +142,7 @@ fn every_family_is_listed() {
 
 /// Without a Vulkan device (here: the loader pointed at no driver), loading fails with one
 /// line naming the cause and the fix, before anything is compiled (an empty compile cache
-/// stays without modules).
+/// stays empty).
 #[test]
 fn no_vulkan_driver_is_a_clear_error() {
     let cache = tempfile::tempdir().unwrap();
@@ -162,17 +162,5 @@ fn no_vulkan_driver_is_a_clear_error() {
     assert!(last.contains("no Vulkan device: "), "{stderr}");
     assert!(last.contains("install a Vulkan driver, e.g. Debian's mesa-vulkan-drivers"), "{stderr}");
     assert!(!stderr.contains("compiling "), "{stderr}");
-    let modules: Vec<_> =
-        walk(cache.path()).into_iter().filter(|p| p.extension().is_some_and(|e| e == "vmfb")).collect();
-    assert!(modules.is_empty(), "compiled before finding no device: {modules:?}");
-}
-
-/// Every file below `dir`.
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.is_dir() { files.extend(walk(&path)) } else { files.push(path) }
-    }
-    files
+    assert!(std::fs::read_dir(cache.path()).map_or(true, |d| d.count() == 0), "compiled before finding no device");
 }
