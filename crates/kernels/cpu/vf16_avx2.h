@@ -16,9 +16,10 @@ static inline vf vf_load_f16(const uint16_t* p) {
               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 8)))};
 }
 // Each lane rounded to f16 (nearest, ties to even) and back.
+// (The mode is a literal: clang takes only a constant expression as the immediate.)
+#define VF_F16_MODE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 static inline vf vf_round_f16(vf v) {
-  const int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  return (vf){_mm256_cvtph_ps(_mm256_cvtps_ph(v.lo, mode)), _mm256_cvtph_ps(_mm256_cvtps_ph(v.hi, mode))};
+  return (vf){_mm256_cvtph_ps(_mm256_cvtps_ph(v.lo, VF_F16_MODE)), _mm256_cvtph_ps(_mm256_cvtps_ph(v.hi, VF_F16_MODE))};
 }
 static inline void vf_store(float* p, vf v) {
   _mm256_storeu_ps(p, v.lo);
