@@ -50,15 +50,15 @@ pub enum Error {
     Abi { function: String, got: usize, expected: usize },
     #[error("empty prompt")]
     EmptyPrompt,
-    #[error("a decode step needs at least one row")]
+    #[error("a step needs at least one row")]
     NoRows,
     #[error("token id {token} is out of range for vocabulary size {vocab}")]
     TokenOutOfRange { token: u32, vocab: usize },
     #[error("slot {slot} does not exist (the engine has {slots})")]
     NoSuchSlot { slot: usize, slots: usize },
-    #[error("slot {slot} appears twice in one decode step")]
+    #[error("slot {slot} appears twice in one step")]
     DuplicateSlot { slot: usize },
-    #[error("{rows} rows exceed the maximum batch {max}")]
+    #[error("{rows} rows exceed the {max} rows one call takes")]
     TooManyRows { rows: usize, max: usize },
     #[error("context full: slot {slot} holds {held} positions, {more} more exceed the maximum context {max}")]
     ContextFull { slot: usize, held: usize, more: usize, max: usize },

@@ -112,12 +112,20 @@ pub struct Plan {
     /// What one call costs beyond its rows, in rows (`device::call_overhead_rows`): how
     /// prefill weighs padding against more calls.
     pub call_rows: usize,
+    /// Rows per mixed call (several sequences' prompt chunks and decode rows in one call,
+    /// `Function::Mixed`): empty unless the attention kernel runs and there are several
+    /// slots ([`Plan::for_layout`]).
+    pub mixed: Vec<usize>,
 }
 
 /// Prompt chunk sizes: short prompts in 16-token calls, long ones in 128-token calls.
 const CHUNKS: [usize; 2] = [16, 128];
 /// The smallest attention window.
 const MIN_WINDOW: usize = 128;
+/// Rows per mixed call: a few new prompts beside the decode rows, and a burst of short
+/// prompts at once. The largest also takes every slot's decode row plus a 16-token chunk
+/// (`Plan::for_layout` adds a size for many slots).
+const MIXED_ROWS: [usize; 2] = [16, 64];
 
 impl Plan {
     /// The plan for `cfg` under `config`, or why it cannot run (a context that does not fit
@@ -156,17 +164,29 @@ impl Plan {
         let mut windows: Vec<usize> = (0..).map(|i| MIN_WINDOW << i).take_while(|w| *w < positions).collect();
         windows.push(positions);
         let call_rows = crate::device::call_overhead_rows(&crate::device::target_for(&config.device)?);
-        Ok(Plan { cache, batches, chunks, decode_windows: windows.clone(), windows, call_rows })
+        Ok(Plan { cache, batches, chunks, decode_windows: windows.clone(), windows, call_rows, mixed: Vec::new() })
     }
 
     /// The plan for graphs of `layout`: where attention runs in the CPU kernel
     /// (`models::graph::attention_in_kernel`), which reads only the positions in use, one
     /// window (the context) per batch size and chunk instead of one per window: the same
     /// speed at every context, and a fraction of the functions to compile.
+    ///
+    /// With several slots there, also the mixed calls: every sequence's new tokens (prompt
+    /// chunks and decode rows) in one call per step, as the kernel tells sequences apart by
+    /// slot, where prompts otherwise take a call each (docs/PERFORMANCE.md, "Prompts beside
+    /// decode rows").
     pub fn for_layout(mut self, cfg: &ModelConfig, layout: &Layout) -> Plan {
         if models::graph::attention_in_kernel(cfg, layout) {
             self.decode_windows = vec![self.cache.positions];
             self.windows = vec![self.cache.positions];
+            if self.cache.slots > 1 {
+                self.mixed = MIXED_ROWS.to_vec();
+                let most = (self.cache.slots + MIXED_ROWS[0]).next_power_of_two();
+                if most > MIXED_ROWS[MIXED_ROWS.len() - 1] {
+                    self.mixed.push(most);
+                }
+            }
         }
         self
     }
@@ -180,10 +200,18 @@ impl Plan {
             .batches
             .iter()
             .flat_map(|&rows| self.decode_windows.iter().map(move |&window| Function::Decode { rows, window }));
-        let mut writes: Vec<usize> = self.batches.iter().chain(&self.chunks).copied().collect();
+        let (outs, window) = (self.cache.slots, self.cache.positions);
+        let mixed = self.mixed.iter().map(move |&rows| Function::Mixed { rows, outs, window });
+        let mut writes: Vec<usize> = self.batches.iter().chain(&self.chunks).chain(&self.mixed).copied().collect();
         writes.sort_unstable();
         writes.dedup();
-        prefill.chain(decode).chain(writes.into_iter().map(|rows| Function::WriteKv { rows })).collect()
+        prefill.chain(decode).chain(mixed).chain(writes.into_iter().map(|rows| Function::WriteKv { rows })).collect()
+    }
+
+    /// The mixed call for `rows` rows, if the plan has one that large.
+    fn mixed(&self, rows: usize) -> Option<Function> {
+        let rows = self.mixed.iter().copied().find(|r| *r >= rows)?;
+        Some(Function::Mixed { rows, outs: self.cache.slots, window: self.cache.positions })
     }
 
     /// The smallest window holding positions `[0, end)`.
@@ -524,20 +552,20 @@ impl Engine {
     }
 
     /// Runs step `function` on `tokens` at `positions` (one per row) for the sequences in
-    /// `slots` (`last`: the prompt row whose logits are wanted), then writes the rows' keys
-    /// and values into the cache at (`row_slots`, `positions`).
+    /// `slots` (`last`: the rows whose logits are wanted, for prefill and mixed calls), then
+    /// writes the rows' keys and values into the cache at (`row_slots`, `positions`).
     fn call(
         &mut self,
         function: Function,
         tokens: &[i32],
         positions: &[i32],
         slots: &[i32],
-        last: Option<i32>,
+        last: Option<&[i32]>,
         row_slots: &[i32],
     ) -> Result<(Vec<i32>, Rc<Logits>)> {
         let upload = |data: &[i32]| self.device.upload(&[data.len()], data);
         let (tokens, positions, slots) = (upload(tokens)?, upload(positions)?, upload(slots)?);
-        let last = last.map(|l| upload(&[l])).transpose()?;
+        let last = last.map(upload).transpose()?;
         let mut args = vec![&tokens, &positions, &slots];
         args.extend(last.as_ref());
         args.extend([&self.k, &self.v]);
@@ -587,7 +615,7 @@ impl Engine {
             let positions: Vec<i32> = (start..start + tokens).map(|p| p as i32).collect();
             let slots = vec![slot as i32; tokens];
             let (next, logits) =
-                self.call(function, &ids, &positions, &[slot as i32], Some(take as i32 - 1), &slots)?;
+                self.call(function, &ids, &positions, &[slot as i32], Some(&[take as i32 - 1]), &slots)?;
             self.lens[slot] += take;
             last = Some(Step { next: next[0] as u32, logits, row: 0 });
             rest = &rest[take..];
@@ -635,6 +663,83 @@ impl Engine {
     /// Feeds one token to `slot`.
     pub fn decode_one(&mut self, slot: usize, token: u32) -> Result<Step> {
         Ok(self.decode(&[(slot, token)])?.remove(0))
+    }
+
+    /// Most rows one [`Engine::step`] takes in a single call (0: the plan has no mixed calls,
+    /// so a step calls once per prompt).
+    pub fn step_rows(&self) -> usize {
+        self.plan.mixed.last().copied().unwrap_or(0)
+    }
+
+    /// Appends each `(slot, tokens)` entry's tokens to its slot (prompt chunks, or one token
+    /// a decode row; slots distinct) and returns, per entry in order, the step after its last
+    /// token: every entry in one mixed call where the plan has them (at most
+    /// [`Engine::step_rows`] rows in all), else one decode call for the single tokens and a
+    /// prefill per longer entry. The results are those of feeding each entry alone.
+    pub fn step(&mut self, batch: &[(usize, &[u32])]) -> Result<Vec<Step>> {
+        if batch.is_empty() {
+            return Err(Error::NoRows);
+        }
+        let mut seen = vec![false; self.lens.len()];
+        for &(slot, tokens) in batch {
+            if tokens.is_empty() {
+                return Err(Error::EmptyPrompt);
+            }
+            self.check_slot(slot)?;
+            check_tokens(tokens, self.cfg.vocab)?;
+            if std::mem::replace(&mut seen[slot], true) {
+                return Err(Error::DuplicateSlot { slot });
+            }
+            if self.lens[slot] + tokens.len() > self.max_context() {
+                return Err(self.context_full(slot, tokens.len()));
+            }
+        }
+        let rows: usize = batch.iter().map(|(_, t)| t.len()).sum();
+        if rows == batch.len() || self.plan.mixed.is_empty() {
+            return self.step_apart(batch);
+        }
+        let function = self.plan.mixed(rows).ok_or(Error::TooManyRows { rows, max: self.step_rows() })?;
+        let (width, outs) = (function.rows(), function.outs());
+        let (mut ids, mut positions, mut slots) =
+            (Vec::with_capacity(width), Vec::with_capacity(width), Vec::with_capacity(width));
+        let mut last = Vec::with_capacity(outs);
+        for &(slot, tokens) in batch {
+            let start = self.lens[slot];
+            for (i, &token) in tokens.iter().enumerate() {
+                ids.push(token as i32);
+                positions.push((start + i) as i32);
+                slots.push(slot as i32);
+            }
+            last.push(ids.len() as i32 - 1);
+        }
+        // Padding rows repeat the last row: the attention kernel gives a repeat of a row the
+        // same bits, and it writes the same bytes to the same place. Unused outputs repeat
+        // the first.
+        let end = ids.len() - 1;
+        let (id, position, slot) = (ids[end], positions[end], slots[end]);
+        ids.resize(width, id);
+        positions.resize(width, position);
+        slots.resize(width, slot);
+        last.resize(outs, last[0]);
+        let (next, logits) = self.call(function, &ids, &positions, &slots, Some(&last), &slots)?;
+        for &(slot, tokens) in batch {
+            self.lens[slot] += tokens.len();
+        }
+        Ok((0..batch.len()).map(|row| Step { next: next[row] as u32, logits: Rc::clone(&logits), row }).collect())
+    }
+
+    /// [`Engine::step`] without a mixed call: the single tokens in one decode call, then each
+    /// longer entry's prefill.
+    fn step_apart(&mut self, batch: &[(usize, &[u32])]) -> Result<Vec<Step>> {
+        let singles: Vec<(usize, u32)> =
+            batch.iter().filter(|(_, t)| t.len() == 1).map(|&(slot, t)| (slot, t[0])).collect();
+        let mut decoded = if singles.is_empty() { Vec::new() } else { self.decode(&singles)? }.into_iter();
+        let mut out = Vec::with_capacity(batch.len());
+        for &(slot, tokens) in batch {
+            let step = if tokens.len() == 1 { decoded.next() } else { Some(self.prefill(slot, tokens)?) };
+            out.push(step.ok_or(Error::NoRows)?);
+        }
+        Ok(out)
     }
 }
 
@@ -732,9 +837,21 @@ mod tests {
             assert_eq!(kernel.decode(3, 0), Some(Function::Decode { rows: 4, window: 300 }));
             assert_eq!(kernel.decode(1, 299), Some(Function::Decode { rows: 1, window: 300 }));
             assert_eq!(kernel.decode(1, 300), None);
+            // Mixed calls (4 slots): 16 and 64 rows, logits for every slot.
+            let mixed: Vec<Function> =
+                kernel.functions().into_iter().filter(|f| matches!(f, Function::Mixed { .. })).collect();
+            let sizes = [16, 64].map(|rows| Function::Mixed { rows, outs: 4, window: 300 });
+            assert_eq!(mixed, sizes);
+            assert_eq!(kernel.mixed(17), Some(sizes[1]));
+            assert_eq!(kernel.mixed(65), None);
+            assert!(plan.mixed.is_empty(), "no mixed calls without the attention kernel");
+            // The largest takes every slot's decode row beside a 16-token chunk; one slot
+            // has no use for them.
+            let slots = |n: usize| Plan::new(&c, &config(n, Some(300))).unwrap().for_layout(&c, &packed).mixed;
+            assert_eq!((slots(48), slots(49), slots(1)), (vec![16, 64], vec![16, 64, 128], vec![]));
             // One attention dispatch per layer per function.
             let mlir = text(&packed, &kernel);
-            let per_call = c.num_layers() * (one_each.len() + chunk_each.len());
+            let per_call = c.num_layers() * (one_each.len() + chunk_each.len() + mixed.len());
             assert_eq!(mlir.matches("entry_points = [@mlx_iree_kernels::@attn_f32_u1]").count(), per_call, "{mlir}");
         }
         let _ = std::fs::remove_dir_all(&cache_dir);

@@ -478,8 +478,12 @@ impl Loop {
             self.reap();
             self.admit();
             self.publish();
-            self.prefill();
-            self.decode();
+            if self.engine.step_rows() == 0 {
+                self.prefill();
+                self.decode();
+            } else {
+                self.step();
+            }
             self.publish();
         }
     }
@@ -565,6 +569,58 @@ impl Loop {
                     }
                 }
                 Err(e) => self.end(i, Err(e)),
+            }
+        }
+    }
+
+    /// One call for every sequence's new tokens, where the engine has mixed calls: each
+    /// decoding sequence's row and this turn's prompt tokens ([`prefills`], within what is
+    /// left of the call's rows), so prompts that arrive together are read in one call, not
+    /// one each, and the decode rows ride along instead of waiting for them.
+    fn step(&mut self) {
+        let decoding = self.running.iter().filter(|r| r.input.is_some()).count();
+        let waiting: Vec<(usize, usize)> = self
+            .running
+            .iter()
+            .filter(|r| r.input.is_none())
+            .map(|r| (r.slot, r.pending.request.prompt.len() - r.prefilled))
+            .collect();
+        let chunks = prefills(&waiting, self.engine.step_rows().saturating_sub(decoding));
+        if chunks.is_empty() {
+            return self.decode();
+        }
+        // (slot, tokens, prompt tokens read by this call: 0 for a decode row).
+        let mut rows: Vec<(usize, Vec<u32>, usize)> =
+            self.running.iter().filter_map(|r| Some((r.slot, vec![r.input?], 0))).collect();
+        for (slot, take) in chunks {
+            let Some(r) = self.running.iter().find(|r| r.slot == slot) else { continue };
+            let start = r.prefilled;
+            rows.push((slot, r.pending.request.prompt[start..start + take].to_vec(), take));
+        }
+        let batch: Vec<(usize, &[u32])> = rows.iter().map(|(slot, tokens, _)| (*slot, tokens.as_slice())).collect();
+        let started = Instant::now();
+        let result = self.engine.step(&batch);
+        self.stats.steps.observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(steps) => {
+                // `advance` may remove a sequence, so match steps to sequences by slot.
+                for ((slot, _, read), step) in rows.iter().zip(steps) {
+                    let Some(i) = self.running.iter().position(|r| r.slot == *slot) else { continue };
+                    let r = &mut self.running[i];
+                    r.prefilled += read;
+                    if *read == 0 || r.prefilled == r.pending.request.prompt.len() {
+                        self.advance(i, &step);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!("step of {} sequences failed: {e}", rows.len());
+                let n = rows.iter().map(|(_, t, _)| t.len()).sum();
+                for (slot, _, _) in rows {
+                    if let Some(i) = self.running.iter().position(|r| r.slot == slot) {
+                        self.end(i, Err(Error::Step { rows: n, cause: e.to_string() }));
+                    }
+                }
             }
         }
     }

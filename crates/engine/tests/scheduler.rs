@@ -24,10 +24,20 @@ fn fixture() -> PathBuf {
     root().join("tests/fixtures-trained/qwen3/f32")
 }
 
+/// The packed twin: on a host with a CPU kernel object its engine steps in mixed calls
+/// (prompts beside decode rows), where the f32 one calls per prompt.
+fn packed_fixture() -> PathBuf {
+    root().join("tests/fixtures-trained/qwen3/q4")
+}
+
 /// The tests take turns: the first one compiles the fixture's modules, the rest load them.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn start() -> (Scheduler, std::sync::MutexGuard<'static, ()>) {
+    start_on(&fixture(), Precision::F32)
+}
+
+fn start_on(dir: &Path, precision: Precision) -> (Scheduler, std::sync::MutexGuard<'static, ()>) {
     let turn = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let config = EngineConfig {
         max_batch: MAX_BATCH,
@@ -35,15 +45,19 @@ fn start() -> (Scheduler, std::sync::MutexGuard<'static, ()>) {
         // The module crates/mlx-iree/tests/batch.rs compiles for this fixture (weights not
         // stored: stored_parameters.rs tests that).
         store_parameters: false,
-        ..EngineConfig::new("local-task", Precision::F32, root().join("target/test-compile-cache"))
+        ..EngineConfig::new("local-task", precision, root().join("target/test-compile-cache"))
     };
-    (Scheduler::start(fixture(), config).unwrap(), turn)
+    (Scheduler::start(dir, config).unwrap(), turn)
 }
 
 /// mlx-lm's trajectories cut into prompts (a reference prompt plus the first k tokens
 /// mlx-lm generated after it), each with the STEPS tokens mlx-lm generated next.
 fn cases() -> Vec<Reference> {
-    let refs = gate::references_from_json(&std::fs::read_to_string(fixture().join("expected.json")).unwrap()).unwrap();
+    cases_of(&fixture())
+}
+
+fn cases_of(dir: &Path) -> Vec<Reference> {
+    let refs = gate::references_from_json(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
     let mut cases = Vec::new();
     for k in [0, 3, 7, 1, 5] {
         for r in &refs {
@@ -61,10 +75,22 @@ fn cases() -> Vec<Reference> {
 /// compiles nothing after start.
 #[test]
 fn concurrent_requests_get_what_each_prompt_gives_alone() {
-    let (scheduler, _turn) = start();
+    concurrent_requests(&fixture(), Precision::F32);
+}
+
+/// The same through mixed calls (packed, on a host with a kernel object): prompts that
+/// arrive together are read in one call beside the decode rows, and still each request gets
+/// mlx-lm's tokens.
+#[test]
+fn concurrent_packed_requests_in_mixed_calls() {
+    concurrent_requests(&packed_fixture(), Precision::Packed);
+}
+
+fn concurrent_requests(dir: &Path, precision: Precision) {
+    let (scheduler, _turn) = start_on(dir, precision);
     let scheduler = Arc::new(scheduler);
     let compiles = engine::cache::compiles();
-    let threads: Vec<_> = cases()
+    let threads: Vec<_> = cases_of(dir)
         .into_iter()
         .map(|c| {
             let scheduler = Arc::clone(&scheduler);

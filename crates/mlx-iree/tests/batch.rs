@@ -237,7 +237,7 @@ fn nothing_is_compiled_after_the_engine_has_started() {
     let err = engine.prefill(1, &prompt(65, 0)).unwrap_err().to_string();
     assert_eq!(err, "context full: slot 1 holds 0 positions, 65 more exceed the maximum context 64");
     let err = engine.decode(&[(1, 1), (1, 2)]).unwrap_err().to_string();
-    assert_eq!(err, "slot 1 appears twice in one decode step");
+    assert_eq!(err, "slot 1 appears twice in one step");
     let err = engine.decode(&[(8, 1)]).unwrap_err().to_string();
     assert_eq!(err, "slot 8 does not exist (the engine has 8)");
     assert_eq!(engine::cache::compiles(), compiles);
@@ -270,4 +270,121 @@ fn two_engines_run_at_the_same_time() {
     for t in threads {
         t.join().unwrap();
     }
+}
+
+/// Each case of `cases` alone in slot 0: the tokens and the logits' bits of its first
+/// STEPS steps (prefill, then single-row decode).
+fn alone_with_logits(engine: &mut Engine, cases: &[Reference]) -> Vec<Vec<(u32, Vec<u32>)>> {
+    let bits = |step: &engine::Step| -> (u32, Vec<u32>) {
+        (step.next, step.logits().unwrap().iter().map(|x| x.to_bits()).collect())
+    };
+    cases
+        .iter()
+        .map(|c| {
+            engine.reset(0);
+            let mut step = engine.prefill(0, &c.prompt_ids).unwrap();
+            let mut out = vec![bits(&step)];
+            while out.len() < STEPS {
+                step = engine.decode_one(0, step.next).unwrap();
+                out.push(bits(&step));
+            }
+            out
+        })
+        .collect()
+}
+
+/// Largest difference of a logit from alone where a prompt is read in other pieces, as a
+/// share of the largest logit's magnitude.
+const LOGIT_TOLERANCE: f32 = 1e-4;
+
+/// Mixed calls (every sequence's new tokens in one call: prompt chunks beside decode rows)
+/// give each sequence the tokens and the logits, bit for bit, that it gets alone, with
+/// prompts split across calls and sequences joining while others decode; and they compile
+/// nothing after start. Packed on the host's kernel, where the engine has mixed calls.
+#[test]
+fn mixed_steps_give_each_sequence_what_it_gets_alone() {
+    let _turn = beside();
+    let dir = root().join("tests/fixtures-trained/qwen3/q4");
+    let cases = cases(&dir);
+    let mut engine = engine(&dir, Precision::Packed);
+    if kernels::cpu::host_isa().is_some() {
+        assert_eq!(engine.step_rows(), 64, "the plan's largest mixed call");
+    }
+    let want = alone_with_logits(&mut engine, &cases);
+    let compiles = engine::cache::compiles();
+    for slot in 0..MAX_BATCH {
+        engine.reset(slot);
+    }
+    // Sequence i joins at turn i / 2 and reads its prompt in pieces of at most 3 tokens
+    // (odd i) or all at once (even i), so calls hold several prompts' pieces, first
+    // tokens and decode rows together.
+    let mut read = [0usize; MAX_BATCH];
+    let mut got: Vec<Vec<(u32, Vec<u32>)>> = vec![Vec::new(); MAX_BATCH];
+    for turn in 0.. {
+        let mut batch: Vec<(usize, Vec<u32>)> = Vec::new();
+        for (i, c) in cases.iter().enumerate() {
+            let prompt = &c.prompt_ids;
+            if turn < i / 2 || got[i].len() == STEPS {
+                continue;
+            }
+            if read[i] < prompt.len() {
+                let take = if i % 2 == 1 { 3.min(prompt.len() - read[i]) } else { prompt.len() - read[i] };
+                batch.push((i, prompt[read[i]..read[i] + take].to_vec()));
+            } else {
+                batch.push((i, vec![got[i].last().unwrap().0]));
+            }
+        }
+        if batch.is_empty() {
+            break;
+        }
+        let calls: Vec<(usize, &[u32])> = batch.iter().map(|(slot, t)| (*slot, t.as_slice())).collect();
+        let steps = engine.step(&calls).unwrap();
+        for ((slot, tokens), step) in batch.iter().zip(steps) {
+            let len = cases[*slot].prompt_ids.len();
+            if read[*slot] < len {
+                read[*slot] += tokens.len();
+                if read[*slot] < len {
+                    continue; // a piece of the prompt: its step is not one of the STEPS
+                }
+            }
+            let logits = step.logits().unwrap().iter().map(|x| x.to_bits()).collect();
+            got[*slot].push((step.next, logits));
+        }
+        assert!(turn < 4 * STEPS, "the mixed steps did not finish");
+    }
+    for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+        let tokens = |v: &[(u32, Vec<u32>)]| -> Vec<u32> { v.iter().map(|s| s.0).collect() };
+        assert_eq!(tokens(got), tokens(want), "sequence {i}: tokens in mixed steps against alone");
+        assert_eq!(tokens(got), cases[i].token_ids, "sequence {i}: mlx-lm's tokens");
+        for (s, (g, w)) in got.iter().zip(want).enumerate() {
+            if i % 2 == 0 {
+                assert!(g.1 == w.1, "sequence {i}, step {s}: logits differ from alone");
+            } else {
+                // A prompt read in pieces: attention's online softmax then takes the earlier
+                // pieces' keys from the cache, a block boundary of their own, so the sums
+                // round differently (as a prompt longer than one chunk does alone).
+                let worst =
+                    g.1.iter()
+                        .zip(&w.1)
+                        .map(|(a, b)| (f32::from_bits(*a) - f32::from_bits(*b)).abs())
+                        .fold(0.0, f32::max);
+                let scale = w.1.iter().map(|b| f32::from_bits(*b).abs()).fold(0.0, f32::max);
+                assert!(worst <= LOGIT_TOLERANCE * scale, "sequence {i}, step {s}: logits {worst:e} from alone");
+            }
+        }
+    }
+    assert_eq!(engine::cache::compiles(), compiles, "modules compiled or loaded after start");
+    // Refusals, each naming its cause.
+    let err = |engine: &mut Engine, batch: &[(usize, &[u32])]| engine.step(batch).unwrap_err().to_string();
+    assert_eq!(err(&mut engine, &[(1, &[1]), (1, &[2, 3])]), "slot 1 appears twice in one step");
+    assert_eq!(err(&mut engine, &[(2, &[])]), "empty prompt");
+    if engine.step_rows() > 0 {
+        let nine = [1u32; 9];
+        let all: Vec<(usize, &[u32])> = (0..MAX_BATCH).map(|slot| (slot, &nine[..])).collect();
+        for slot in 0..MAX_BATCH {
+            engine.reset(slot);
+        }
+        assert_eq!(err(&mut engine, &all), "72 rows exceed the 64 rows one call takes");
+    }
+    assert_eq!(err(&mut engine, &[]), engine::Error::NoRows.to_string());
 }

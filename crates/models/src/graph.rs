@@ -116,6 +116,12 @@ pub enum Function {
     Prefill { tokens: usize, window: usize },
     /// One token for each of `rows` sequences; attention reads positions `[0, window)`.
     Decode { rows: usize, window: usize },
+    /// `rows` tokens of several sequences at once (a sequence's rows consecutive and in
+    /// position order: prompt chunks and decode rows in one call), with the logits of `outs`
+    /// chosen rows (the last of each sequence). Only where attention runs in the CPU kernel
+    /// ([`attention_in_kernel`]), which tells a row's own sequence's earlier rows by slot;
+    /// attention reads positions `[0, window)`.
+    Mixed { rows: usize, outs: usize, window: usize },
     /// Writes `rows` rows of keys and values (a step's `new_k`, `new_v`) into the cache.
     WriteKv { rows: usize },
 }
@@ -125,22 +131,36 @@ impl Function {
         match self {
             Function::Prefill { tokens, window } => format!("prefill_t{tokens}_w{window}"),
             Function::Decode { rows, window } => format!("decode_b{rows}_w{window}"),
+            Function::Mixed { rows, outs, window } => format!("mixed_r{rows}_o{outs}_w{window}"),
             Function::WriteKv { rows } => format!("write_kv_r{rows}"),
         }
     }
 
-    /// Sequences and rows per sequence.
+    /// Sequences and rows per sequence (a mixed call's rows each count as one: its
+    /// sequences are told apart by slot, in the attention kernel).
     fn split(self) -> (usize, usize) {
         match self {
             Function::Prefill { tokens, .. } => (1, tokens),
-            Function::Decode { rows, .. } | Function::WriteKv { rows } => (rows, 1),
+            Function::Decode { rows, .. } | Function::Mixed { rows, .. } | Function::WriteKv { rows } => (rows, 1),
+        }
+    }
+
+    /// Rows whose logits the function returns: the last of a prompt chunk, every decode row,
+    /// a mixed call's chosen rows.
+    pub fn outs(self) -> usize {
+        match self {
+            Function::Prefill { .. } => 1,
+            Function::Decode { rows, .. } | Function::WriteKv { rows } => rows,
+            Function::Mixed { outs, .. } => outs,
         }
     }
 
     /// Positions attention reads (none for `WriteKv`).
     pub fn window(self) -> usize {
         match self {
-            Function::Prefill { window, .. } | Function::Decode { window, .. } => window,
+            Function::Prefill { window, .. } | Function::Decode { window, .. } | Function::Mixed { window, .. } => {
+                window
+            }
             Function::WriteKv { .. } => 0,
         }
     }
@@ -244,6 +264,14 @@ pub fn emit_functions_with(
                 cache.positions
             )));
         }
+        if let Function::Mixed { rows, outs, .. } = *function
+            && (outs == 0 || outs > rows || !attention_in_kernel(cfg, layout))
+        {
+            return Err(crate::Error::Invalid(format!(
+                "function {} needs 1 to {rows} outputs and attention in the CPU kernel",
+                function.name()
+            )));
+        }
     }
     let ctx = Context::new();
     let m = match module_name {
@@ -276,8 +304,8 @@ pub fn emit_functions_with(
             continue;
         }
         let mut inputs = vec![I32.tensor(&[rows]), I32.tensor(&[rows]), I32.tensor(&[n])];
-        if let Function::Prefill { .. } = function {
-            inputs.push(I32.tensor(&[1]));
+        if let Function::Prefill { .. } | Function::Mixed { .. } = function {
+            inputs.push(I32.tensor(&[function.outs() as i64]));
         }
         inputs.extend([kv.clone(), kv.clone()]);
         m.func(&function.name(), &inputs, |f, a| {
@@ -995,8 +1023,9 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         }
 
         let x = self.norm(x, "model.norm.weight")?;
-        // The rows whose logits are returned: the `last` row of a prompt chunk (an index as
-        // data, not a slice offset), or every row of a decode step.
+        // The rows whose logits are returned: the `last` row of a prompt chunk or a mixed
+        // call's chosen rows (indices as data, not slice offsets), or every row of a decode
+        // step.
         let rows = match last {
             Some(last) => f.gather_rows(x, last)?,
             None => x,
