@@ -548,15 +548,18 @@ impl Loop {
         }
     }
 
-    /// This turn's prompt tokens, oldest prompt first ([`prefills`]).
-    fn prefill(&mut self) {
-        let waiting: Vec<(usize, usize)> = self
-            .running
+    /// The sequences still reading their prompts, as (slot, prompt tokens left), oldest first.
+    fn waiting(&self) -> Vec<(usize, usize)> {
+        self.running
             .iter()
             .filter(|r| r.input.is_none())
             .map(|r| (r.slot, r.pending.request.prompt.len() - r.prefilled))
-            .collect();
-        for (slot, tokens) in prefills(&waiting, self.chunk) {
+            .collect()
+    }
+
+    /// This turn's prompt tokens, oldest prompt first ([`prefills`]).
+    fn prefill(&mut self) {
+        for (slot, tokens) in prefills(&self.waiting(), self.chunk) {
             // `advance` and `end` may remove sequences: find this one by its slot.
             let Some(i) = self.running.iter().position(|r| r.slot == slot) else { continue };
             let r = &self.running[i];
@@ -579,13 +582,7 @@ impl Loop {
     /// one each, and the decode rows ride along instead of waiting for them.
     fn step(&mut self) {
         let decoding = self.running.iter().filter(|r| r.input.is_some()).count();
-        let waiting: Vec<(usize, usize)> = self
-            .running
-            .iter()
-            .filter(|r| r.input.is_none())
-            .map(|r| (r.slot, r.pending.request.prompt.len() - r.prefilled))
-            .collect();
-        let chunks = prefills(&waiting, self.engine.step_rows().saturating_sub(decoding));
+        let chunks = prefills(&self.waiting(), self.engine.step_rows().saturating_sub(decoding));
         if chunks.is_empty() {
             return self.decode();
         }
