@@ -123,9 +123,11 @@ const CHUNKS: [usize; 2] = [16, 128];
 /// The smallest attention window.
 const MIN_WINDOW: usize = 128;
 /// Rows per mixed call: a few new prompts beside the decode rows, and a burst of short
-/// prompts at once. The largest also takes every slot's decode row plus a 16-token chunk
-/// (`Plan::for_layout` adds a size for many slots).
-const MIXED_ROWS: [usize; 2] = [16, 64];
+/// prompts at once, in steps of 16 so a burst pads little (with only 16 and 64, SmolLM2's
+/// p99 time to first token at 8 streams was 0.20-0.27 s, with these 0.16-0.19 s:
+/// docs/PERFORMANCE.md). The largest also takes every slot's decode row plus a 16-token
+/// chunk (`Plan::for_layout` adds a size for many slots).
+const MIXED_ROWS: [usize; 4] = [16, 32, 48, 64];
 
 impl Plan {
     /// The plan for `cfg` under `config`, or why it cannot run (a context that does not fit
@@ -837,18 +839,19 @@ mod tests {
             assert_eq!(kernel.decode(3, 0), Some(Function::Decode { rows: 4, window: 300 }));
             assert_eq!(kernel.decode(1, 299), Some(Function::Decode { rows: 1, window: 300 }));
             assert_eq!(kernel.decode(1, 300), None);
-            // Mixed calls (4 slots): 16 and 64 rows, logits for every slot.
+            // Mixed calls (4 slots): 16 to 64 rows in steps of 16, logits for every slot.
             let mixed: Vec<Function> =
                 kernel.functions().into_iter().filter(|f| matches!(f, Function::Mixed { .. })).collect();
-            let sizes = [16, 64].map(|rows| Function::Mixed { rows, outs: 4, window: 300 });
+            let sizes = [16, 32, 48, 64].map(|rows| Function::Mixed { rows, outs: 4, window: 300 });
             assert_eq!(mixed, sizes);
             assert_eq!(kernel.mixed(17), Some(sizes[1]));
+            assert_eq!(kernel.mixed(64), Some(sizes[3]));
             assert_eq!(kernel.mixed(65), None);
             assert!(plan.mixed.is_empty(), "no mixed calls without the attention kernel");
             // The largest takes every slot's decode row beside a 16-token chunk; one slot
             // has no use for them.
             let slots = |n: usize| Plan::new(&c, &config(n, Some(300))).unwrap().for_layout(&c, &packed).mixed;
-            assert_eq!((slots(48), slots(49), slots(1)), (vec![16, 64], vec![16, 64, 128], vec![]));
+            assert_eq!((slots(48), slots(49), slots(1)), (vec![16, 32, 48, 64], vec![16, 32, 48, 64, 128], vec![]));
             // One attention dispatch per layer per function.
             let mlir = text(&packed, &kernel);
             let per_call = c.num_layers() * (one_each.len() + chunk_each.len() + mixed.len());
