@@ -9,7 +9,12 @@
 //!   AMX="$F -mavx512vbmi -mavx512vl -mamx-tile -mamx-int8"; P=crates/kernels/cpu/qmv_pair_bench.c
 //!   cc $F -DSIDE=a -DKERNEL='"cpu/qmv_x86_64.c"' -Icrates/kernels -c $P -o /tmp/a.o
 //!   cc $AMX -DSIDE=b -DKERNEL='"cpu/qmv_x86_64_amx.c"' -Icrates/kernels -c $P -o /tmp/b.o
+//!   for o in /tmp/a.o /tmp/b.o; do objcopy -w --localize-symbol='mlx_iree_*' $o; done
 //!   cc -O2 -Icrates/kernels $P /tmp/a.o /tmp/b.o -o /tmp/qmv_pair
+//!
+//! (The objcopy hides the exports the sides do not rename: attention, residual and expert
+//! matvecs.) For GCC against clang, build side a with `gcc $F -fno-tree-loop-distribute-patterns`
+//! and side b with `clang $F`, both on the same KERNEL.
 //!   /tmp/qmv_pair T BITS         (e.g. 8 4: eight rows of x, 4-bit weights)
 
 #ifdef SIDE
