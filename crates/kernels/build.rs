@@ -49,9 +49,12 @@ fn main() {
     // object multiplies several rows of x (prefill, batched decode) 1.2-1.4x as fast as GCC
     // 12's, which keeps accumulators in memory (docs/PERFORMANCE.md, "Clang builds the
     // kernels"); else the system's `cc`.
-    let cc = env::var("CC").unwrap_or_else(|_| if is_clang("clang") { "clang".into() } else { "cc".into() });
     // Asked once: every object is built by the same compiler.
-    let cc = Cc { clang: is_clang(&cc), path: cc };
+    let cc = match env::var("CC") {
+        Ok(path) => Cc { clang: is_clang(&path), path },
+        Err(_) if is_clang("clang") => Cc { clang: true, path: "clang".into() },
+        Err(_) => Cc { clang: is_clang("cc"), path: "cc".into() },
+    };
     match env::var("CARGO_CFG_TARGET_ARCH").as_deref() {
         Ok("x86_64") => x86_64(&cc, &out_dir),
         Ok("aarch64") => aarch64(&cc, &out_dir),

@@ -553,6 +553,27 @@ impl Engine {
         Error::ContextFull { slot, held: self.lens[slot], more, max: self.max_context() }
     }
 
+    /// The checks of one call's `(slot, tokens)` entries (decode rows or mixed entries):
+    /// tokens present and in the vocabulary, slots existing and distinct, and room for the
+    /// tokens in each slot's context.
+    fn check_entries<'t>(&self, entries: impl IntoIterator<Item = (usize, &'t [u32])>) -> Result<()> {
+        let mut seen = vec![false; self.lens.len()];
+        for (slot, tokens) in entries {
+            if tokens.is_empty() {
+                return Err(Error::EmptyPrompt);
+            }
+            self.check_slot(slot)?;
+            check_tokens(tokens, self.cfg.vocab)?;
+            if std::mem::replace(&mut seen[slot], true) {
+                return Err(Error::DuplicateSlot { slot });
+            }
+            if self.lens[slot] + tokens.len() > self.max_context() {
+                return Err(self.context_full(slot, tokens.len()));
+            }
+        }
+        Ok(())
+    }
+
     /// Runs step `function` on `tokens` at `positions` (one per row) for the sequences in
     /// `slots` (`last`: the rows whose logits are wanted, for prefill and mixed calls), then
     /// writes the rows' keys and values into the cache at (`row_slots`, `positions`).
@@ -631,17 +652,7 @@ impl Engine {
         let Some(&first) = rows.first() else {
             return Err(Error::NoRows);
         };
-        let mut seen = vec![false; self.lens.len()];
-        for &(slot, token) in rows {
-            self.check_slot(slot)?;
-            check_tokens(&[token], self.cfg.vocab)?;
-            if std::mem::replace(&mut seen[slot], true) {
-                return Err(Error::DuplicateSlot { slot });
-            }
-            if self.lens[slot] >= self.max_context() {
-                return Err(self.context_full(slot, 1));
-            }
-        }
+        self.check_entries(rows.iter().map(|(slot, token)| (*slot, std::slice::from_ref(token))))?;
         let top = rows.iter().map(|(slot, _)| self.lens[*slot]).max().unwrap_or(0);
         let function =
             self.plan.decode(rows.len(), top).ok_or(Error::TooManyRows { rows: rows.len(), max: self.max_batch() })?;
@@ -682,20 +693,7 @@ impl Engine {
         if batch.is_empty() {
             return Err(Error::NoRows);
         }
-        let mut seen = vec![false; self.lens.len()];
-        for &(slot, tokens) in batch {
-            if tokens.is_empty() {
-                return Err(Error::EmptyPrompt);
-            }
-            self.check_slot(slot)?;
-            check_tokens(tokens, self.cfg.vocab)?;
-            if std::mem::replace(&mut seen[slot], true) {
-                return Err(Error::DuplicateSlot { slot });
-            }
-            if self.lens[slot] + tokens.len() > self.max_context() {
-                return Err(self.context_full(slot, tokens.len()));
-            }
-        }
+        self.check_entries(batch.iter().copied())?;
         let rows: usize = batch.iter().map(|(_, t)| t.len()).sum();
         if rows == batch.len() || self.plan.mixed.is_empty() {
             return self.step_apart(batch);

@@ -613,11 +613,7 @@ impl Loop {
             Err(e) => {
                 tracing::error!("step of {} sequences failed: {e}", rows.len());
                 let n = rows.iter().map(|(_, t, _)| t.len()).sum();
-                for (slot, _, _) in rows {
-                    if let Some(i) = self.running.iter().position(|r| r.slot == slot) {
-                        self.end(i, Err(Error::Step { rows: n, cause: e.to_string() }));
-                    }
-                }
+                self.fail(rows.iter().map(|(slot, _, _)| *slot), n, &e);
             }
         }
     }
@@ -642,12 +638,17 @@ impl Loop {
             }
             Err(e) => {
                 tracing::error!("decode step of {} rows failed: {e}", rows.len());
-                let n = rows.len();
-                for (slot, _) in rows {
-                    if let Some(i) = self.running.iter().position(|r| r.slot == slot) {
-                        self.end(i, Err(Error::Step { rows: n, cause: e.to_string() }));
-                    }
-                }
+                self.fail(rows.iter().map(|(slot, _)| *slot), rows.len(), &e);
+            }
+        }
+    }
+
+    /// Ends the sequences in `slots` (those still running) with the failure `e` of a call of
+    /// `rows` rows.
+    fn fail(&mut self, slots: impl IntoIterator<Item = usize>, rows: usize, e: &Error) {
+        for slot in slots {
+            if let Some(i) = self.running.iter().position(|r| r.slot == slot) {
+                self.end(i, Err(Error::Step { rows, cause: e.to_string() }));
             }
         }
     }

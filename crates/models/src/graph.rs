@@ -146,12 +146,13 @@ impl Function {
     }
 
     /// Rows whose logits the function returns: the last of a prompt chunk, every decode row,
-    /// a mixed call's chosen rows.
+    /// a mixed call's chosen rows (none for `WriteKv`).
     pub fn outs(self) -> usize {
         match self {
             Function::Prefill { .. } => 1,
-            Function::Decode { rows, .. } | Function::WriteKv { rows } => rows,
+            Function::Decode { rows, .. } => rows,
             Function::Mixed { outs, .. } => outs,
+            Function::WriteKv { .. } => 0,
         }
     }
 
