@@ -4,7 +4,9 @@
 //! `cpu/qmv_aarch64.c` (NEON with the dot-product extension), with the flags of
 //! `src/cflags.rs`, by `CC`, else clang where it is installed, else `cc`. Without a C compiler (or on another architecture) the crate has no
 //! objects and `models` uses its graph-level form instead; a warning says so. A compiler too
-//! old for AMX (GCC < 11, clang < 12) leaves out only the AMX object.
+//! old for AMX (GCC < 11, clang < 12) leaves out only the AMX object. On every host,
+//! `cuda/qmv.cu` becomes PTX where clang is installed (`cflags::CUDA_PTX`); without it,
+//! packed weights on CUDA use the graph-level form.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -22,6 +24,8 @@ const OBJECTS: [(&str, &str, &[&str]); 2] = [
 const AMX: (&str, &str) = ("cpu/qmv_x86_64_amx.c", "qmv_x86_64_amx.o");
 /// The aarch64 object.
 const NEON: (&str, &str) = ("cpu/qmv_aarch64.c", "qmv_aarch64.o");
+/// The CUDA source, its header and the PTX written from it.
+const CUDA: (&str, &str, &str) = ("cuda/qmv.cu", "cuda/device.h", "qmv_cuda.ptx");
 /// Included by the sources.
 const HEADERS: [&str; 7] = [
     "cpu/qmv.h",
@@ -34,15 +38,17 @@ const HEADERS: [&str; 7] = [
 ];
 
 fn main() {
-    for file in HEADERS.into_iter().chain(OBJECTS.map(|o| o.0)).chain([AMX.0, NEON.0, "src/cflags.rs"]) {
+    for file in HEADERS.into_iter().chain(OBJECTS.map(|o| o.0)).chain([AMX.0, NEON.0, CUDA.0, CUDA.1, "src/cflags.rs"])
+    {
         println!("cargo:rerun-if-changed={file}");
     }
     println!("cargo:rerun-if-env-changed=CC");
     println!("cargo::rustc-check-cfg=cfg(kernels_cpu_object)");
     println!("cargo::rustc-check-cfg=cfg(kernels_cpu_amx_object)");
     println!("cargo::rustc-check-cfg=cfg(kernels_cpu_neon_object)");
+    println!("cargo::rustc-check-cfg=cfg(kernels_cuda_ptx)");
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
-    for object in OBJECTS.map(|o| o.1).into_iter().chain([AMX.1, NEON.1]) {
+    for object in OBJECTS.map(|o| o.1).into_iter().chain([AMX.1, NEON.1, CUDA.2]) {
         let _ = std::fs::remove_file(out_dir.join(object));
     }
     // `CC` when set; else clang where it is installed (the setup installs it): its AVX-512
@@ -59,6 +65,25 @@ fn main() {
         Ok("x86_64") => x86_64(&cc, &out_dir),
         Ok("aarch64") => aarch64(&cc, &out_dir),
         _ => {}
+    }
+    cuda(&cc, &out_dir);
+}
+
+/// The PTX, by clang whatever compiles the CPU objects (GCC has no CUDA).
+fn cuda(cc: &Cc, out_dir: &Path) {
+    let clang = if cc.clang { cc.path.as_str() } else { "clang" };
+    let out = out_dir.join(CUDA.2);
+    let status = Command::new(clang).args(cflags::CUDA_PTX).arg(CUDA.0).arg("-o").arg(&out).status();
+    match status {
+        Ok(s) if s.success() => println!("cargo:rustc-cfg=kernels_cuda_ptx"),
+        Ok(s) => println!(
+            "cargo:warning=kernels: `{clang}` failed on {} ({s}); packed weights on CUDA use the graph-level form",
+            CUDA.0
+        ),
+        Err(e) => println!(
+            "cargo:warning=kernels: no clang for {} ({e}); packed weights on CUDA use the graph-level form",
+            CUDA.0
+        ),
     }
 }
 

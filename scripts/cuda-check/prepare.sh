@@ -26,7 +26,7 @@ HERE=scripts/cuda-check
 # shellcheck source=common.sh
 . "$HERE/common.sh"
 
-PRECISIONS=${PRECISIONS:-"f32 f16 bf16"}
+PRECISIONS=${PRECISIONS:-"f32 f16 bf16 packed"}
 DEST=target/cuda-check
 WORK=${WORK:-target/cuda-check-work}
 BIN=target/cuda-bin/release/mlx-iree

@@ -62,7 +62,8 @@ pub enum CpuKernels {
     /// where none does.
     #[default]
     Auto,
-    /// The graph form (for comparisons and tests).
+    /// The graph form (for comparisons and tests), also on `cuda`, whose packed matrices
+    /// otherwise go through the CUDA kernel (`kernels::cuda`).
     Off,
     /// This instruction set's kernels (to compare them on a host that has several);
     /// `Error::KernelIsa` when they cannot run here.

@@ -355,7 +355,9 @@ pub fn graph_modules(
 
 /// The device layout of `precision` for this checkpoint and target. Packed matrices use the
 /// hand-written CPU kernels that `kernels` picks (`kernels::cpu`, the object installed into
-/// `cache_dir`) on an `llvm-cpu` target; elsewhere, or with none, they use the graph form.
+/// `cache_dir`) on an `llvm-cpu` target, and the CUDA kernel (`kernels::cuda`, its PTX in
+/// the module) on `cuda` unless `kernels` is `Off`; elsewhere, or with none, they use the
+/// graph form.
 /// SPIR-V targets get the layout's SPIR-V form (`Layout::for_spirv`). Forcing an
 /// instruction set the host lacks is `Error::KernelIsa`, whatever the target.
 pub fn layout_for(
@@ -370,6 +372,9 @@ pub fn layout_for(
     let layout = Layout::new(cfg, precision, ckpt)?;
     if target.is_spirv() {
         return Ok(layout.for_spirv());
+    }
+    if matches!(target, iree_compiler::Target::Cuda { .. }) && kernels != CpuKernels::Off {
+        return Ok(layout.with_cuda_kernel());
     }
     let Some(isa) = isa.filter(|_| precision == Precision::Packed) else { return Ok(layout) };
     let dir = cache_dir.join("kernels");

@@ -18,13 +18,13 @@ fn root() -> PathBuf {
 }
 
 /// Every module the engine would compile for `cuda` (sm_80) on fixture `family`'s `variant`
-/// at `precision` compiles to a vmfb.
-fn compiles_for_cuda(family: &str, variant: &str, precision: Precision) {
-    compiles_for(family, variant, precision, Target::cuda("sm_80"));
+/// at `precision` compiles to a vmfb; returns their MLIR.
+fn compiles_for_cuda(family: &str, variant: &str, precision: Precision) -> String {
+    compiles_for(family, variant, precision, Target::cuda("sm_80"))
 }
 
 /// The same for `target`, in the layout the engine gives it.
-fn compiles_for(family: &str, variant: &str, precision: Precision, target: Target) {
+fn compiles_for(family: &str, variant: &str, precision: Precision, target: Target) -> String {
     let dir = root().join("tests/fixtures").join(family).join(variant);
     let ckpt = weights::Checkpoint::open(&dir).unwrap();
     let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();
@@ -37,12 +37,26 @@ fn compiles_for(family: &str, variant: &str, precision: Precision, target: Targe
     let cache = CompileCache::new(cache_dir).unwrap();
     let modules = graph_modules(&cfg, &layout, &plan, &target).unwrap();
     assert!(!modules.is_empty());
+    let text = modules.iter().map(|m| m.mlir.as_str()).collect();
     for m in modules {
         let out = cache
             .compile(&compiler, &m.mlir, &target, &m.options)
             .unwrap_or_else(|e| panic!("{family}/{variant} {precision} for {target}: {}: {e}", m.what));
         check_vmfb(&out.vmfb).unwrap_or_else(|e| panic!("{family}/{variant} {}: not a vmfb: {e}", m.what));
     }
+    text
+}
+
+/// The CUDA kernel's exports (`kernels::cuda`) a module dispatches, sorted.
+fn cuda_exports(mlir: &str) -> Vec<String> {
+    let mut names: Vec<String> = mlir
+        .match_indices(&format!("@{}::@", kernels::cuda::EXECUTABLE))
+        .filter_map(|(i, m)| mlir[i + m.len()..].split(|c: char| !c.is_ascii_alphanumeric() && c != '_').next())
+        .map(str::to_owned)
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 #[test]
@@ -54,6 +68,20 @@ fn qwen3_moe_f16_compiles_for_cuda() {
 #[test]
 fn qwen3_moe_packed_compiles_for_cuda() {
     compiles_for_cuda("qwen3_moe", "q4", Precision::Packed);
+}
+
+/// Packed dense layers through the CUDA kernel (its PTX linked as an external variant):
+/// 4-bit with bf16 scales (matrices of 32 rows held one value a byte, read as 8-bit), the
+/// gated MLP in one dispatch, the residual adds inside, the embedding rows; and 8-bit with
+/// f16 scales. Prompt chunks longer than the kernel takes keep the graph form.
+#[test]
+fn llama_packed_compiles_for_cuda_through_the_kernel() {
+    let q4 = cuda_exports(&compiles_for_cuda("llama_llama3_tied", "q4", Precision::Packed));
+    let want = ["glu4_bf16", "qmv4_bf16", "qmv8_bf16", "qmvr4_bf16", "rows4_bf16"];
+    assert_eq!(q4, want.map(|n| format!("mlx_iree_cuda_{n}")), "4-bit");
+    let q8 = cuda_exports(&compiles_for_cuda("llama_llama3_tied", "q8", Precision::Packed));
+    let want = ["glu8_f16", "qmv8_f16", "qmvr8_f16", "rows8_f16"];
+    assert_eq!(q8, want.map(|n| format!("mlx_iree_cuda_{n}")), "8-bit");
 }
 
 /// The shared expert and its sigmoid gate.

@@ -32,3 +32,23 @@ pub const NEON_DOT: [&str; 1] = ["-march=armv8.2-a+dotprod"];
 /// The aarch64 object as an ELF object whatever the host (IREE's embedded-ELF executables
 /// link ELF objects on every OS): clang's target for building it off aarch64 Linux.
 pub const AARCH64_ELF_TARGET: &str = "--target=aarch64-unknown-linux-gnu";
+
+/// `cuda/qmv.cu` to PTX by clang, with no CUDA toolkit (`device.h` declares what it uses):
+/// device code only, for `sm_80` (what IREE's `cuda` target compiles for here, and what later
+/// GPUs JIT-compile), PTX ISA 7.0 (clang 14 picks an older one that lacks the warp shuffles
+/// with a mask), and the matvec's own rounding (`-ffp-contract=off`, as [`COMMON`]).
+pub const CUDA_PTX: [&str; 13] = [
+    "-x",
+    "cuda",
+    "--cuda-device-only",
+    "-nocudainc",
+    "-nocudalib",
+    "--cuda-gpu-arch=sm_80",
+    "-Xclang",
+    "-target-feature",
+    "-Xclang",
+    "+ptx70",
+    "-O3",
+    "-ffp-contract=off",
+    "-S",
+];

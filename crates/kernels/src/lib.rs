@@ -1,15 +1,18 @@
 //! Hand-written kernels that IREE links into the executables it compiles, for the one
 //! operation its code generation does slowly: the matrix-vector product with MLX-packed
 //! 4- and 8-bit weights (docs/PERFORMANCE.md). Each kernel has a graph-level fallback in
-//! `models`, which every other target (CUDA, Vulkan, Metal, x86-64 CPUs without AVX2,
-//! aarch64 CPUs without the dot-product extension, other architectures) uses.
+//! `models`, which every other target (Vulkan, Metal, x86-64 CPUs without AVX2, aarch64
+//! CPUs without the dot-product extension, other architectures) uses.
 //!
 //! This crate owns the three things that must agree: the C sources (`cpu/qmv_x86_64_amx.c`
 //! for AMX, `cpu/qmv_x86_64.c` for AVX-512 VNNI, `cpu/qmv_x86_64_avx2.c` for AVX2,
 //! `cpu/qmv_aarch64.c` for aarch64 NEON with the dot-product extension; one layout, one set
 //! of entry points, the same bits; compiled with [`cflags`]), the MLIR that declares its
 //! entry points to IREE ([`cpu::executable_source`]) and the weight layouts it reads
-//! ([`cpu::repack_weight`], [`cpu::repack_groups`]).
+//! ([`cpu::repack_weight`], [`cpu::repack_groups`]). The same for CUDA ([`cuda`]): the CUDA
+//! C source `cuda/qmv.cu` (PTX by clang), its MLIR declaration
+//! ([`cuda::executable_source`]), and the graph-level layout it reads as it is.
 
 pub mod cflags;
 pub mod cpu;
+pub mod cuda;

@@ -146,3 +146,47 @@ fn refusals_are_one_line() {
         assert!(stderr.starts_with("mlx-iree: error: ") && stderr.contains(msg), "{args:?}: {stderr}");
     }
 }
+
+/// Dispatches per decode step of `model` at `precision` on `cuda`, which `bench` counts at
+/// compile level (the flow phase) before it needs a GPU; `kernels` is
+/// `MLX_IREE_PACKED_KERNELS` (`0`: the graph form).
+fn cuda_dispatches(model: &Path, precision: &str, kernels: Option<&str>) -> usize {
+    let cache = tempfile::tempdir().expect("a temp dir");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mlx-iree"));
+    cmd.args([
+        "bench",
+        "--device",
+        "cuda",
+        "--precision",
+        precision,
+        "--max-context",
+        "64",
+        "--steps",
+        "4",
+        "--prompt-len",
+        "8",
+        "--model",
+    ])
+    .arg(model)
+    .env("MLX_IREE_CACHE_DIR", cache.path());
+    if let Some(k) = kernels {
+        cmd.env("MLX_IREE_PACKED_KERNELS", k);
+    }
+    let out = cmd.output().expect("mlx-iree runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let count = stderr.lines().find_map(|l| l.strip_prefix("bench: ")?.split_once(" dispatches per decode step"));
+    count.and_then(|(n, _)| n.parse().ok()).unwrap_or_else(|| panic!("no dispatch count: {stderr}"))
+}
+
+/// Issue 12's count, at compile level: packed 4-bit decode through the CUDA kernel (one
+/// dispatch a matrix, the residual add and the gated MLP's product inside) takes no more
+/// dispatches a step than f16, where the graph form takes more.
+#[test]
+fn packed_decode_on_cuda_takes_no_more_dispatches_than_f16() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama_llama3_tied");
+    let f16 = cuda_dispatches(&dir.join("f32"), "f16", None);
+    let kernel = cuda_dispatches(&dir.join("q4"), "packed", None);
+    let graph = cuda_dispatches(&dir.join("q4"), "packed", Some("0"));
+    assert!(kernel <= f16, "packed through the CUDA kernel: {kernel} dispatches a step, f16 {f16}");
+    assert!(kernel < graph, "the kernel ({kernel}) should take fewer dispatches than the graph form ({graph})");
+}

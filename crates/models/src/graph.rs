@@ -286,6 +286,7 @@ pub fn emit_functions_with(
     }
     let kv = cache.elem.elem().tensor(&cache.dims(cfg).map(|d| d as i64));
     let entries = RefCell::new(BTreeSet::new());
+    let cuda_entries = RefCell::new(BTreeSet::new());
     let attention = RefCell::new(BTreeSet::new());
     let kv_dims = cache.dims(cfg);
     // A step's new rows travel in f32; `write_kv` converts them to the cache's type.
@@ -316,6 +317,7 @@ pub fn emit_functions_with(
                 layout,
                 globals: &globals,
                 entries: &entries,
+                cuda_entries: &cuda_entries,
                 attention: &attention,
                 merged_out: RefCell::new(HashMap::new()),
                 function,
@@ -337,6 +339,10 @@ pub fn emit_functions_with(
             let source = kernels::cpu::executable_source(object, &entries, &attention);
             m.append_source(kernels::cpu::EXECUTABLE, &source)?;
         }
+    }
+    let cuda_entries: Vec<_> = cuda_entries.into_inner().into_iter().collect();
+    if let (Some(ptx), false) = (kernels::cuda::ptx(), cuda_entries.is_empty()) {
+        m.append_source(kernels::cuda::EXECUTABLE, &kernels::cuda::executable_source(ptx, &cuda_entries))?;
     }
     Ok(m.to_text())
 }
@@ -382,6 +388,8 @@ struct Step<'a, 'c, 'b> {
     globals: &'a HashMap<String, Global>,
     /// Kernel entry points the functions dispatch (declared once, after emission).
     entries: &'a RefCell<BTreeSet<kernels::cpu::Entry>>,
+    /// The CUDA kernel's entry points the step dispatches.
+    cuda_entries: &'a RefCell<BTreeSet<kernels::cuda::Entry>>,
     /// Attention entry points the functions dispatch.
     attention: &'a RefCell<BTreeSet<kernels::cpu::Attention>>,
     /// Outputs of merged projections already computed in this function.
@@ -470,6 +478,9 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let (t, k) = (x.shape()[0], x.shape()[1]);
         let (o, gs) = (w.shape()[0], p.group_size as i64);
         let g = k / gs;
+        if self.cuda_kernel(p, t, o, k).is_some() {
+            return self.cuda_dispatch(kernels::cuda::Op::Matvec, x, &[prefix], None);
+        }
         if self.options.packed_products == PackedProducts::Dequantized {
             // The biases carry the signed storage's offset.
             let load = |name: &str| f.load(self.global(&format!("{prefix}.{name}"))?);
@@ -495,6 +506,69 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             f.mul(f.mul(acc, f.broadcast_in_dim(scales, &full, &[0, 2])?)?, f.broadcast_in_dim(sx, &full, &[1])?)?;
         let offset = f.mul(f.broadcast_in_dim(biases, &full, &[0, 2])?, f.broadcast_in_dim(xsum, &full, &[0, 1])?)?;
         f.reduce_sum(f.add(scaled, offset)?, &[0])
+    }
+
+    /// (bits, scale type, group size) of a packed matrix `[o, k]` of the graph form read by
+    /// `t` rows through the CUDA kernel: when the layout links the kernel and it takes them
+    /// (at most `kernels::cuda::MAX_ROWS` rows). A 4-bit matrix held one value a byte
+    /// (`Packing::wide`) is read as 8-bit: its bytes are the signed values, its biases
+    /// those of 4 bits.
+    fn cuda_kernel(&self, p: &Packing, t: i64, o: i64, k: i64) -> Option<(u32, kernels::cuda::Scale, usize)> {
+        if !self.layout.cuda_kernel() || p.kernel || t as usize > kernels::cuda::MAX_ROWS {
+            return None;
+        }
+        let bits = if p.wide { 8 } else { p.bits };
+        if !kernels::cuda::supports(bits, o as usize, k as usize, p.group_size) {
+            return None;
+        }
+        let scale = match p.scale_elem {
+            ElementType::F16 => kernels::cuda::Scale::F16,
+            ElementType::BF16 => kernels::cuda::Scale::BF16,
+            _ => kernels::cuda::Scale::F32,
+        };
+        Some((bits, scale, p.group_size))
+    }
+
+    /// [`Step::cuda_kernel`] for the matrix `prefix` read by `x`.
+    fn cuda_kernel_for(&self, x: V<'c, 'b>, prefix: &str) -> Option<(u32, kernels::cuda::Scale, usize)> {
+        let p = self.layout.packing(prefix)?;
+        let dims = self.global(&format!("{prefix}.weight")).ok()?.ty().shape.clone();
+        self.cuda_kernel(p, x.shape()[0], dims[0], dims[1])
+    }
+
+    /// One dispatch of the CUDA kernel's `op` on `x [T, in]` and the packed matrices
+    /// `prefixes` (one; gate and up for `Glu`), which share bits, scale type and group size
+    /// ([`Step::cuda_kernel`] said yes to each); `residual [T, out]` for `MatvecAdd`.
+    fn cuda_dispatch(
+        &self,
+        op: kernels::cuda::Op,
+        x: V<'c, 'b>,
+        prefixes: &[&str],
+        residual: Option<V<'c, 'b>>,
+    ) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let mut args = vec![x];
+        let mut found = None;
+        for prefix in prefixes {
+            let (w, s, b) = self.packed_globals(prefix)?;
+            let p = self.layout.packing(prefix);
+            found = p
+                .and_then(|p| self.cuda_kernel(p, x.shape()[0], w.shape()[0], w.shape()[1]))
+                .map(|k| (k, w.shape()[0]));
+            args.extend([w, s, b]);
+        }
+        let Some(((bits, scale, gs), o)) = found else {
+            return Err(hlo_emit::Error::Mlir {
+                what: "CUDA kernel dispatch".into(),
+                detail: format!("{prefixes:?} is not a matrix the CUDA kernel takes"),
+            });
+        };
+        args.extend(residual);
+        let entry = kernels::cuda::Entry { op, bits, scale };
+        self.cuda_entries.borrow_mut().insert(entry);
+        let (t, k) = (x.shape()[0], x.shape()[1]);
+        let dims = [t, k, o, gs as i64].map(|d| d as i32);
+        f.dispatch(kernels::cuda::EXECUTABLE, &entry.export(), o, &dims, &args, F32.tensor(&[t, o]))
     }
 
     /// A packed matrix through the hand-written CPU kernel: the matvec `x [T, in] -> [T, out]`
@@ -554,6 +628,9 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         {
             return self.kernel_dispatch_with(kernels::cpu::Op::MatvecAdd, x, prefix, p, Some(residual));
         }
+        if !bias && self.cuda_kernel_for(x, prefix).is_some() {
+            return self.cuda_dispatch(kernels::cuda::Op::MatvecAdd, x, &[prefix], Some(residual));
+        }
         self.f.add(residual, self.linear(x, prefix, bias)?)
     }
 
@@ -569,6 +646,18 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             return self.kernel_dispatch(kernels::cpu::Op::Rows, tokens, PREFIX, p);
         }
         let (t, d) = (self.rows(), self.cfg.hidden as i64);
+        let vocab = self.global(&format!("{PREFIX}.weight"))?.ty().shape[0];
+        if let Some((bits, scale, gs)) = self.cuda_kernel(p, 1, vocab, d) {
+            // One dispatch of the CUDA kernel; a 4-bit table's bytes come from its rows copy
+            // (the same bytes as the weight, which the head may read instead).
+            let bytes = if p.weight_elem() == I4 { "weight.rows" } else { "weight" };
+            let load = |name: &str| f.load(self.global(&format!("{PREFIX}.{name}"))?);
+            let entry = kernels::cuda::Entry { op: kernels::cuda::Op::Rows, bits, scale };
+            self.cuda_entries.borrow_mut().insert(entry);
+            let dims = [t, d, vocab, gs as i64].map(|v| v as i32);
+            let args = [tokens, load(bytes)?, load("scales")?, load("biases")?];
+            return f.dispatch(kernels::cuda::EXECUTABLE, &entry.export(), t, &dims, &args, F32.tensor(&[t, d]));
+        }
         let q = if p.weight_elem() == I4 {
             // Gather the rows' bytes, then split each into its two signed nibbles (element
             // 2j in the low one), interleaved back to [T, d].
@@ -1011,10 +1100,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
                 x = f.add(x, self.moe(hn, &format!("{p}.{}", moe.block), moe)?)?;
                 continue;
             }
-            let gate = self.linear(hn, &format!("{p}.mlp.gate_proj"), cfg.mlp_bias)?;
-            let up = self.linear(hn, &format!("{p}.mlp.up_proj"), cfg.mlp_bias)?;
-            let act = self.activation(gate)?;
-            let (down, hidden) = (format!("{p}.mlp.down_proj"), f.mul(act, up)?);
+            let (down, hidden) = (format!("{p}.mlp.down_proj"), self.gated_mlp(hn, &format!("{p}.mlp"))?);
             x = if cfg.sandwich_norms {
                 let mo = self.linear(hidden, &down, cfg.mlp_bias)?;
                 f.add(x, self.norm(mo, &format!("{p}.post_feedforward_layernorm.weight"))?)?
@@ -1203,6 +1289,23 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         };
         let w = self.dequantize(q, scales, biases, &[n, o, groups, gs])?;
         f.reshape(w, &[n, o, groups * gs])
+    }
+
+    /// `activation(gate_proj(x)) * up_proj(x)` of the gated MLP `prefix`: one dispatch of the
+    /// CUDA kernel's `Glu` where it takes both matrices alike and the activation is SiLU.
+    fn gated_mlp(&self, x: V<'c, 'b>, prefix: &str) -> R<V<'c, 'b>> {
+        let (gate, up) = (format!("{prefix}.gate_proj"), format!("{prefix}.up_proj"));
+        let kernel = self.cuda_kernel_for(x, &gate);
+        if self.cfg.activation == Activation::Silu
+            && !self.cfg.mlp_bias
+            && kernel.is_some()
+            && kernel == self.cuda_kernel_for(x, &up)
+        {
+            return self.cuda_dispatch(kernels::cuda::Op::Glu, x, &[&gate, &up], None);
+        }
+        let g = self.linear(x, &gate, self.cfg.mlp_bias)?;
+        let u = self.linear(x, &up, self.cfg.mlp_bias)?;
+        self.f.mul(self.activation(g)?, u)
     }
 
     fn activation(&self, x: V<'c, 'b>) -> R<V<'c, 'b>> {

@@ -118,6 +118,9 @@ pub struct Layout {
     /// Kernel-packed projections that read the same input, stacked into one matrix so one
     /// dispatch computes them all: part prefix -> (merged prefix, first row, rows).
     merged: HashMap<String, (String, usize, usize)>,
+    /// Whether the graph links the CUDA kernel (`kernels::cuda`) for the packed matrices of
+    /// the graph-level form it takes ([`Layout::with_cuda_kernel`]).
+    cuda_kernel: bool,
     /// bf16 matrices held as their bit patterns (`i16`), widened to f32 in the graph
     /// ([`Layout::for_spirv`]).
     bf16_bits: bool,
@@ -173,7 +176,14 @@ impl Layout {
                 ckpt.dir().display()
             )));
         }
-        Ok(Layout { precision, packed, kernel_object: None, merged: HashMap::new(), bf16_bits: false })
+        Ok(Layout {
+            precision,
+            packed,
+            kernel_object: None,
+            merged: HashMap::new(),
+            cuda_kernel: false,
+            bf16_bits: false,
+        })
     }
 
     /// The form of this layout for SPIR-V targets (Vulkan, Metal), whose code IREE 3.13
@@ -264,10 +274,30 @@ impl Layout {
         self.kernel_object.as_deref()
     }
 
+    /// Lets the CUDA kernel (`kernels::cuda`) compute the packed matrices it takes, in the
+    /// graph-level layout as it is: for a `cuda` target only, and only when this build has
+    /// its PTX. Steps of more rows than `kernels::cuda::MAX_ROWS` keep the graph form.
+    pub fn with_cuda_kernel(mut self) -> Layout {
+        self.cuda_kernel = !self.packed.is_empty() && kernels::cuda::ptx().is_some();
+        self
+    }
+
+    /// Whether [`Layout::with_cuda_kernel`] linked the CUDA kernel.
+    pub fn cuda_kernel(&self) -> bool {
+        self.cuda_kernel
+    }
+
     /// The layout of a dense precision (no checkpoint needed). For `Packed` it has no
     /// packed matrices; use [`Layout::new`].
     pub fn dense(precision: Precision) -> Layout {
-        Layout { precision, packed: HashMap::new(), kernel_object: None, merged: HashMap::new(), bf16_bits: false }
+        Layout {
+            precision,
+            packed: HashMap::new(),
+            kernel_object: None,
+            merged: HashMap::new(),
+            cuda_kernel: false,
+            bf16_bits: false,
+        }
     }
 
     pub fn precision(&self) -> Precision {

@@ -1,0 +1,235 @@
+//! Packed matrix-vector product for CUDA: MLX affine 4- and 8-bit weights in the graph-level
+//! layout that `models` already keeps on GPU targets, read by one hand-written kernel per
+//! (bits, scale type) instead of the several dispatches IREE makes of the graph form.
+//!
+//! Compiled by clang to PTX (`--cuda-device-only`, no CUDA toolkit: `device.h` declares the
+//! few builtins used) and linked into IREE's executables as an external CUDA variant
+//! (`kernels::cuda`). The same file compiles for the host against `host_sim.h`, which runs
+//! each block's threads as host threads, so the tests check its results without a GPU.
+//!
+//! Layout (models::layout, `Packing` with `kernel` unset, `wide` unset):
+//! - w: [O, K] values of `bits` bits, two's complement (MLX's unsigned q with its top bit
+//!   flipped, i.e. q - 2^(bits-1)), packed from the low bits up: 4-bit, two a byte, k even in
+//!   the low nibble; 8-bit, one a byte.
+//! - scales: [O, K / GS] f16, bf16 or f32; biases: [O, K / GS], f16 beside f16 scales, else
+//!   f32, with the offset folded in (b + 2^(bits-1) s), so W[o, k] = s * v + b.
+//! - x: [T, K] f32, y: [T, O] f32; for `rows`, ids: [T] i32, out: [T, K] f32.
+//!
+//! IREE's CUDA ABI: the bindings' device pointers in order, then the push constants (T, K, O,
+//! GS), each a 32-bit value. Threads: WARPS warps of 32 a block; each warp owns ROWS output
+//! rows; each lane reads 8 consecutive values of k at a time (one 32-bit word at 4-bit, two
+//! at 8-bit; 8 divides every group size MLX uses), 256 values a warp a step, and
+//! accumulates `s * dot + b * sum(x)` per 8 values in f32; the warp then sums its lanes. The
+//! rows of x go TC at a time, each pass reading the row's weights again (from cache).
+
+#include "device.h"
+
+#define WARPS 4
+#define ROWS 4
+#define TC 4
+#define BLOCK_ROWS (WARPS * ROWS)
+
+enum { SCALE_F32 = 0, SCALE_F16 = 1, SCALE_BF16 = 2 };
+
+template <int S>
+KDEV float scale_at(const void* p, uint32_t i) {
+  if (S == SCALE_F32) return ((const float*)p)[i];
+  if (S == SCALE_F16) return f16_to_f32(((const uint16_t*)p)[i]);
+  return bf16_to_f32(((const uint16_t*)p)[i]);
+}
+
+// The biases are f16 beside f16 scales, else f32.
+template <int S>
+KDEV float bias_at(const void* p, uint32_t i) {
+  return S == SCALE_F16 ? f16_to_f32(((const uint16_t*)p)[i]) : ((const float*)p)[i];
+}
+
+// The 8 signed values of row o at k0..k0+7 (k0 a multiple of 8). `aligned`: the weight
+// pointer allows 32-bit loads (IREE aligns buffers; a subrange might not be).
+template <int BITS>
+KDEV void values8(const uint8_t* w, uint32_t K, uint32_t o, uint32_t k0, bool aligned, float v[8]) {
+  const uint8_t* p = w + (size_t)o * (K * BITS / 8) + k0 * BITS / 8;
+  if (BITS == 4) {
+    uint32_t word;
+    if (aligned) {
+      word = *(const uint32_t*)p;
+    } else {
+      word = (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = (float)((int32_t)(word << (28 - 4 * j)) >> 28);
+  } else {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t word;
+      if (aligned) {
+        word = ((const uint32_t*)p)[h];
+      } else {
+        const uint8_t* q = p + 4 * h;
+        word = (uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 24);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[4 * h + j] = (float)((int32_t)(word << (24 - 8 * j)) >> 24);
+    }
+  }
+}
+
+// What a kernel does with its rows' dot products.
+enum { PLAIN = 0, RESIDUAL = 1, GLU = 2 };
+
+// One packed matrix's pointers.
+struct Mat {
+  const uint8_t* w;
+  const void* sc;
+  const void* bi;
+};
+
+// silu(g) * u as the graph writes it: g * logistic(g), then times u. exp by `fast_exp`.
+KDEV float silu_mul(float g, float u) { return g * (1.0f / (1.0f + fast_exp(-g))) * u; }
+
+// Rows t0..t0+N-1 of x against this warp's ROWS rows from o0: of `a` (PLAIN, RESIDUAL, where
+// y = dot + r), or of `a` (gate) and `b` (up) for GLU (y = silu(gate) * up).
+template <int BITS, int S, int N, int KIND>
+KDEV void pass(const float* x, Mat a, Mat b, const float* r, float* y, uint32_t T, uint32_t K, uint32_t O,
+               uint32_t GS, uint32_t o0, uint32_t t0, bool aligned) {
+  const uint32_t lane = lane_id(), G = K / GS;
+  constexpr int M = KIND == GLU ? 2 : 1;
+  float acc[M][ROWS][N];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i)
+#pragma unroll
+      for (int t = 0; t < N; ++t) acc[m][i][t] = 0.0f;
+  for (uint32_t k0 = lane * 8; k0 < K; k0 += 256) {
+    float xv[N][8], xs[N];
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      // Rows past T (the last pass of N) read zeros and write nothing.
+      const bool in = t0 + t < T;
+      const float* xr = x + (size_t)(in ? t0 + t : t0) * K + k0;
+      xs[t] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        xv[t][j] = in ? xr[j] : 0.0f;
+        xs[t] += xv[t][j];
+      }
+    }
+    const uint32_t g = k0 / GS;
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+      const uint32_t o = o0 + i;
+      if (o >= O) continue;  // the same for every lane of the warp
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const Mat mat = m == 0 ? a : b;
+        float v[8];
+        values8<BITS>(mat.w, K, o, k0, aligned, v);
+        const float s = scale_at<S>(mat.sc, o * G + g), bias = bias_at<S>(mat.bi, o * G + g);
+#pragma unroll
+        for (int t = 0; t < N; ++t) {
+          float dot = 0.0f;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) dot = fmaf(v[j], xv[t][j], dot);
+          acc[m][i][t] = fmaf(s, dot, fmaf(bias, xs[t], acc[m][i][t]));
+        }
+      }
+    }
+  }
+  // Every lane takes part in the sums (rows past O hold zeros); lane 0 writes.
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i)
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      float sum[M];
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        sum[m] = acc[m][i][t];
+#pragma unroll
+        for (int mask = 16; mask > 0; mask >>= 1) sum[m] += shuffle_xor(sum[m], mask);
+      }
+      const uint32_t o = o0 + i;
+      if (lane == 0 && o < O && t0 + t < T) {
+        const size_t at = (size_t)(t0 + t) * O + o;
+        if (KIND == PLAIN) y[at] = sum[0];
+        if (KIND == RESIDUAL) y[at] = sum[0] + r[at];
+        if (KIND == GLU) y[at] = silu_mul(sum[0], sum[M - 1]);
+      }
+    }
+}
+
+template <int BITS, int S, int KIND>
+KDEV void qmv(const float* x, Mat a, Mat b, const float* r, float* y, uint32_t T, uint32_t K, uint32_t O,
+              uint32_t GS) {
+  const uint32_t o0 = (block_id() * WARPS + warp_id()) * ROWS;
+  // 32-bit loads of the weights where their pointers allow (IREE aligns buffers; a subrange
+  // might not be).
+  const bool aligned = (((uintptr_t)a.w | (uintptr_t)b.w) & 3) == 0;
+  for (uint32_t t0 = 0; t0 < T; t0 += TC) {
+    if (T - t0 == 1) {
+      pass<BITS, S, 1, KIND>(x, a, b, r, y, T, K, O, GS, o0, t0, aligned);
+    } else {
+      pass<BITS, S, TC, KIND>(x, a, b, r, y, T, K, O, GS, o0, t0, aligned);
+    }
+  }
+}
+
+// Embedding rows: out[t, :] = the dequantized row ids[t] (clamped into [0, O), as a
+// StableHLO gather clamps), each value s * v + b in two roundings, as the graph form's
+// dequantization. One block a row of x, its threads across k.
+template <int BITS, int S>
+KDEV void rows(const int32_t* ids, const uint8_t* w, const void* sc, const void* bi, float* out, uint32_t T,
+               uint32_t K, uint32_t O, uint32_t GS) {
+  const uint32_t t = block_id(), G = K / GS;
+  if (t >= T) return;
+  const int32_t id = ids[t];
+  const uint32_t row = id < 0 ? 0 : ((uint32_t)id >= O ? O - 1 : (uint32_t)id);
+  for (uint32_t k = warp_id() * 32 + lane_id(); k < K; k += WARPS * 32) {
+    int32_t v;
+    if (BITS == 4) {
+      const uint32_t byte = w[(size_t)row * (K / 2) + k / 2];
+      v = (int32_t)(((k & 1) ? byte >> 4 : byte & 15) << 28) >> 28;
+    } else {
+      v = (int8_t)w[(size_t)row * K + k];
+    }
+    const float scaled = scale_at<S>(sc, row * G + k / GS) * (float)v;
+    out[(size_t)t * K + k] = scaled + bias_at<S>(bi, row * G + k / GS);
+  }
+}
+
+// The exports, per (bits, scale type): `qmv` (x, w, scales, biases, y), `qmvr` (x, w, scales,
+// biases, r, y), `glu` (x, gate's w, scales, biases, up's w, scales, biases, y) and `rows`
+// (ids, w, scales, biases, out); push constants T, K, O, GS.
+#define EXPORTS(BITS, SN, S)                                                                               \
+  extern "C" KGLOBAL void mlx_iree_cuda_qmv##BITS##_##SN(const float* __restrict__ x, const uint8_t* __restrict__ w, \
+                                                      const void* __restrict__ sc, const void* __restrict__ bi,    \
+                                                      float* __restrict__ y, uint32_t T, uint32_t K, uint32_t O,   \
+                                                      uint32_t GS) {                                               \
+    const Mat m = {w, sc, bi};                                                                             \
+    qmv<BITS, S, PLAIN>(x, m, m, 0, y, T, K, O, GS);                                                       \
+  }                                                                                                        \
+  extern "C" KGLOBAL void mlx_iree_cuda_qmvr##BITS##_##SN(                                                 \
+      const float* __restrict__ x, const uint8_t* __restrict__ w, const void* __restrict__ sc,             \
+      const void* __restrict__ bi, const float* __restrict__ r, float* __restrict__ y, uint32_t T, uint32_t K, \
+      uint32_t O, uint32_t GS) {                                                                           \
+    const Mat m = {w, sc, bi};                                                                             \
+    qmv<BITS, S, RESIDUAL>(x, m, m, r, y, T, K, O, GS);                                                    \
+  }                                                                                                        \
+  extern "C" KGLOBAL void mlx_iree_cuda_glu##BITS##_##SN(                                                  \
+      const float* __restrict__ x, const uint8_t* __restrict__ wg, const void* __restrict__ sg,            \
+      const void* __restrict__ bg, const uint8_t* __restrict__ wu, const void* __restrict__ su,            \
+      const void* __restrict__ bu, float* __restrict__ y, uint32_t T, uint32_t K, uint32_t O, uint32_t GS) { \
+    qmv<BITS, S, GLU>(x, Mat{wg, sg, bg}, Mat{wu, su, bu}, 0, y, T, K, O, GS);                             \
+  }                                                                                                        \
+  extern "C" KGLOBAL void mlx_iree_cuda_rows##BITS##_##SN(                                                 \
+      const int32_t* __restrict__ ids, const uint8_t* __restrict__ w, const void* __restrict__ sc,         \
+      const void* __restrict__ bi, float* __restrict__ out, uint32_t T, uint32_t K, uint32_t O, uint32_t GS) { \
+    rows<BITS, S>(ids, w, sc, bi, out, T, K, O, GS);                                                       \
+  }
+
+EXPORTS(4, f32, SCALE_F32)
+EXPORTS(4, f16, SCALE_F16)
+EXPORTS(4, bf16, SCALE_BF16)
+EXPORTS(8, f32, SCALE_F32)
+EXPORTS(8, f16, SCALE_F16)
+EXPORTS(8, bf16, SCALE_BF16)
