@@ -9,10 +9,13 @@
 #if defined(__CUDA__) && defined(__CUDA_ARCH__)
 #define KDEV static __attribute__((device)) inline
 #define KGLOBAL __attribute__((global))
+#define KSHARED static __attribute__((shared))
 
 KDEV uint32_t lane_id() { return __nvvm_read_ptx_sreg_tid_x() & 31; }
 KDEV uint32_t warp_id() { return __nvvm_read_ptx_sreg_tid_x() >> 5; }
 KDEV uint32_t block_id() { return __nvvm_read_ptx_sreg_ctaid_x(); }
+// Every thread of the block takes part.
+KDEV void block_sync() { __syncthreads(); }
 // Every lane of the warp takes part.
 KDEV float shuffle_xor(float v, int mask) { return __nvvm_shfl_sync_bfly_f32(0xffffffffu, v, mask, 0x1f); }
 KDEV float f16_to_f32(uint16_t h) {

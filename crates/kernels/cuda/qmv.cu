@@ -16,18 +16,24 @@
 //! - x: [T, K] f32, y: [T, O] f32; for `rows`, ids: [T] i32, out: [T, K] f32.
 //!
 //! IREE's CUDA ABI: the bindings' device pointers in order, then the push constants (T, K, O,
-//! GS), each a 32-bit value. Threads: WARPS warps of 32 a block; each warp owns ROWS output
-//! rows; each lane reads 8 consecutive values of k at a time (one 32-bit word at 4-bit, two
-//! at 8-bit; 8 divides every group size MLX uses), 256 values a warp a step, and
-//! accumulates `s * dot + b * sum(x)` per 8 values in f32; the warp then sums its lanes. The
-//! rows of x go TC at a time, each pass reading the row's weights again (from cache).
+//! GS), each a 32-bit value. Threads: a block of WARPS warps computes ROWS output rows; its
+//! threads split k, each reading 8 consecutive values at a time (one 32-bit word at 4-bit,
+//! two at 8-bit; 8 divides every group size MLX uses), 1024 values a block a step, and
+//! accumulating `s * dot + b * sum(x)` per 8 values in f32 for every row, so each load of x
+//! serves ROWS rows. Each warp sums its lanes (a butterfly of shuffles), then one warp sums
+//! the warps' partial sums (shared memory) and writes. One block a few rows and the whole
+//! block on k keeps many blocks in flight and each thread's loop short (a decode step is
+//! bound by load latency, not arithmetic). The rows of x go TC at a time (one alone when
+//! only one is left, as in a decode step), each pass reading the rows' weights again (from
+//! cache).
 
 #include "device.h"
 
 #define WARPS 4
 #define ROWS 4
 #define TC 4
-#define BLOCK_ROWS (WARPS * ROWS)
+#define THREADS (WARPS * 32)
+#define BLOCK_ROWS ROWS
 
 enum { SCALE_F32 = 0, SCALE_F16 = 1, SCALE_BF16 = 2 };
 
@@ -87,13 +93,15 @@ struct Mat {
 // silu(g) * u as the graph writes it: g * logistic(g), then times u. exp by `fast_exp`.
 KDEV float silu_mul(float g, float u) { return g * (1.0f / (1.0f + fast_exp(-g))) * u; }
 
-// Rows t0..t0+N-1 of x against this warp's ROWS rows from o0: of `a` (PLAIN, RESIDUAL, where
+// Rows t0..t0+N-1 of x against this block's ROWS rows from o0: of `a` (PLAIN, RESIDUAL, where
 // y = dot + r), or of `a` (gate) and `b` (up) for GLU (y = silu(gate) * up).
 template <int BITS, int S, int N, int KIND>
 KDEV void pass(const float* x, Mat a, Mat b, const float* r, float* y, uint32_t T, uint32_t K, uint32_t O,
                uint32_t GS, uint32_t o0, uint32_t t0, bool aligned) {
-  const uint32_t lane = lane_id(), G = K / GS;
+  const uint32_t lane = lane_id(), warp = warp_id(), G = K / GS;
   constexpr int M = KIND == GLU ? 2 : 1;
+  // Each warp's partial sums, for the block's sum.
+  KSHARED float partial[WARPS][M][ROWS][N];
   float acc[M][ROWS][N];
 #pragma unroll
   for (int m = 0; m < M; ++m)
@@ -101,7 +109,7 @@ KDEV void pass(const float* x, Mat a, Mat b, const float* r, float* y, uint32_t 
     for (int i = 0; i < ROWS; ++i)
 #pragma unroll
       for (int t = 0; t < N; ++t) acc[m][i][t] = 0.0f;
-  for (uint32_t k0 = lane * 8; k0 < K; k0 += 256) {
+  for (uint32_t k0 = (warp * 32 + lane) * 8; k0 < K; k0 += THREADS * 8) {
     float xv[N][8], xs[N];
 #pragma unroll
     for (int t = 0; t < N; ++t) {
@@ -119,7 +127,7 @@ KDEV void pass(const float* x, Mat a, Mat b, const float* r, float* y, uint32_t 
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) {
       const uint32_t o = o0 + i;
-      if (o >= O) continue;  // the same for every lane of the warp
+      if (o >= O) continue;  // the same for every thread of the block
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         const Mat mat = m == 0 ? a : b;
@@ -136,32 +144,44 @@ KDEV void pass(const float* x, Mat a, Mat b, const float* r, float* y, uint32_t 
       }
     }
   }
-  // Every lane takes part in the sums (rows past O hold zeros); lane 0 writes.
+  // Every lane takes part in its warp's sums (rows past O and threads past K hold zeros).
 #pragma unroll
-  for (int i = 0; i < ROWS; ++i)
+  for (int m = 0; m < M; ++m)
 #pragma unroll
-    for (int t = 0; t < N; ++t) {
-      float sum[M];
+    for (int i = 0; i < ROWS; ++i)
 #pragma unroll
-      for (int m = 0; m < M; ++m) {
-        sum[m] = acc[m][i][t];
+      for (int t = 0; t < N; ++t) {
+        float v = acc[m][i][t];
 #pragma unroll
-        for (int mask = 16; mask > 0; mask >>= 1) sum[m] += shuffle_xor(sum[m], mask);
+        for (int mask = 16; mask > 0; mask >>= 1) v += shuffle_xor(v, mask);
+        if (lane == 0) partial[warp][m][i][t] = v;
       }
-      const uint32_t o = o0 + i;
-      if (lane == 0 && o < O && t0 + t < T) {
-        const size_t at = (size_t)(t0 + t) * O + o;
-        if (KIND == PLAIN) y[at] = sum[0];
-        if (KIND == RESIDUAL) y[at] = sum[0] + r[at];
-        if (KIND == GLU) y[at] = silu_mul(sum[0], sum[M - 1]);
-      }
+  block_sync();
+  // Warp 0's lanes take one (row, row of x) each and sum the warps in order.
+  if (warp == 0 && lane < ROWS * N) {
+    const uint32_t i = lane / N, t = lane % N, o = o0 + i;
+    float sum[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      sum[m] = partial[0][m][i][t];
+#pragma unroll
+      for (int w = 1; w < WARPS; ++w) sum[m] += partial[w][m][i][t];
     }
+    if (o < O && t0 + t < T) {
+      const size_t at = (size_t)(t0 + t) * O + o;
+      if (KIND == PLAIN) y[at] = sum[0];
+      if (KIND == RESIDUAL) y[at] = sum[0] + r[at];
+      if (KIND == GLU) y[at] = silu_mul(sum[0], sum[M - 1]);
+    }
+  }
+  // The next pass writes `partial` again.
+  block_sync();
 }
 
 template <int BITS, int S, int KIND>
 KDEV void qmv(const float* x, Mat a, Mat b, const float* r, float* y, uint32_t T, uint32_t K, uint32_t O,
               uint32_t GS) {
-  const uint32_t o0 = (block_id() * WARPS + warp_id()) * ROWS;
+  const uint32_t o0 = block_id() * ROWS;
   // 32-bit loads of the weights where their pointers allow (IREE aligns buffers; a subrange
   // might not be).
   const bool aligned = (((uintptr_t)a.w | (uintptr_t)b.w) & 3) == 0;
@@ -184,7 +204,7 @@ KDEV void rows(const int32_t* ids, const uint8_t* w, const void* sc, const void*
   if (t >= T) return;
   const int32_t id = ids[t];
   const uint32_t row = id < 0 ? 0 : ((uint32_t)id >= O ? O - 1 : (uint32_t)id);
-  for (uint32_t k = warp_id() * 32 + lane_id(); k < K; k += WARPS * 32) {
+  for (uint32_t k = warp_id() * 32 + lane_id(); k < K; k += THREADS) {
     int32_t v;
     if (BITS == 4) {
       const uint32_t byte = w[(size_t)row * (K / 2) + k / 2];

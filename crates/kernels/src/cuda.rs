@@ -11,8 +11,8 @@
 //! group_size); [`ROWS_PER_BLOCK`] output rows a block of [`THREADS`] threads; the workload
 //! is O (T for [`Op::Rows`]).
 
-/// Output rows a block computes (4 warps of 4 rows).
-pub const ROWS_PER_BLOCK: usize = 16;
+/// Output rows a block computes (its 4 warps split k).
+pub const ROWS_PER_BLOCK: usize = 4;
 /// Threads a block (4 warps).
 pub const THREADS: usize = 128;
 /// Most rows of x a dispatch of the kernel takes: decode steps and small batches. Each
