@@ -13,8 +13,8 @@ BENCH_STEPS=${STEPS:-128}
 BENCH_REPEATS=${REPEATS:-2}
 
 # gate: its default 32 steps with its built-in id prompts (no tokenizer; the longest has
-# 12 ids). prepare.sh compiles its graphs with `trajectory` on a 12-id prompt and 32 steps
-# at the same --max-context, which plans the same graphs.
+# 12 ids). prepare.sh compiles its graphs with `mlx-iree compile` at the same --max-context,
+# which plans the same graphs.
 GATE_STEPS=32
 GATE_FILL_IDS=1,250,3,77,128,5,199,64,12,230,41,9
 

@@ -7,16 +7,18 @@
 #   OUT=/dir bash scripts/cuda-check/fixtures.sh run     # on the GPU machine, repository root
 #
 # prepare needs the CUDA-linked binary that prepare.sh builds (target/cuda-bin); run needs
-# only an NVIDIA driver and the carried folder target/cuda-fixtures (the fixtures themselves
-# are in the repository). run never compiles (IREE_COMPILER_LIB points at nothing), gives
+# only an NVIDIA driver, the carried folder target/cuda-fixtures (the modules; the fixtures
+# themselves are in the repository) and the binary prepare.sh put in target/cuda-check
+# (one copy carried for both). run never compiles (IREE_COMPILER_LIB points at nothing), gives
 # each command a timeout and the whole run a budget (BUDGET_S, default 300 s).
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=common.sh
-. "$HERE/common.sh" # GATE_FILL_IDS: the gate's longest built-in prompt
+. "$HERE/common.sh" # MAX_CONTEXT, the one the cases are planned at
 cd "$HERE/../.." || exit 1
 DEST=target/cuda-fixtures
+BIN=target/cuda-check/mlx-iree
 NO_COMPILER=/nonexistent/libIREECompiler.so
 STEPS=40
 
@@ -54,42 +56,58 @@ loads() {
 }
 
 prepare() {
-    local bin=target/cuda-bin/release/mlx-iree dir p out n=0
+    local bin=target/cuda-bin/release/mlx-iree dir p out n=0 work=target/cuda-fixtures-work
     [ -x "$bin" ] || { say "error: $bin is missing (run scripts/cuda-check/prepare.sh first)"; exit 1; }
-    mkdir -p "$DEST/cache"
-    # Compiling happens before the device is created, so here (no driver) each load compiles
-    # its modules into the cache and then stops at `cannot create IREE device`; a second
-    # time without a compiler proves they are served from the cache. `trajectory` on a
-    # 12-id prompt for 40 steps plans the graphs of the gate (longest prompt 12, 40 steps:
-    # the gate's built-in prompts and every fixture's).
+    mkdir -p "$work/cache"
+    : >"$work/keys.txt"
+    # `mlx-iree compile` fills the work cache with the modules a load would compile, without
+    # the device (there is none here); a second time without a compiler proves they are
+    # served from the cache, and MLX_IREE_DUMP_MLIR makes each hit name its file (only those
+    # are carried). The gate plans one sequence at --max-context, as `compile` does.
     while read -r dir p; do
         n=$((n + 1))
         for compiler in "" "$NO_COMPILER"; do
-            out=$(
-                export MLX_IREE_CACHE_DIR="$DEST/cache"
-                [ -n "$compiler" ] && export IREE_COMPILER_LIB=$compiler
-                "$bin" trajectory --device cuda --model "$dir" --precision "$p" --steps $STEPS --max-context $MAX_CONTEXT \
-                    --prompt-ids "$GATE_FILL_IDS" --out /dev/null 2>&1
-            )
-            if ! grep -q "cannot create IREE device" <<<"$out"; then
-                say "error: $dir $p did not reach the device${compiler:+ without a compiler}:"
+            if ! out=$(
+                export MLX_IREE_CACHE_DIR="$work/cache"
+                [ -n "$compiler" ] && export IREE_COMPILER_LIB=$compiler MLX_IREE_DUMP_MLIR=1
+                "$bin" compile --device cuda --model "$dir" --precision "$p" --max-context $MAX_CONTEXT 2>&1
+            ); then
+                say "error: $dir $p did not compile${compiler:+ (or was not in the cache, checked without a compiler)}:"
                 echo "$out" | tail -5
                 exit 1
             fi
         done
+        sed -n 's/.*: MLIR written to \(.*\)\.mlir$/\1.vmfb/p' <<<"$out" >>"$work/keys.txt"
         say "$n $dir $p: compiled, served from the cache without a compiler"
     done < <(loads)
-    strip -o "$DEST/mlx-iree" "$bin"
-    say "$(cases | wc -l) cases; $(find "$DEST/cache" -name '*.vmfb' | wc -l) modules; $(du -sh "$DEST" | cut -f1) in $DEST"
+    find "$work/cache" -name '*.mlir' -delete
+    # xz: a cuda module is mostly PTX text (a packed one 2.2 MB -> 0.1 MB), so the folder
+    # stays small enough to carry; run unpacks it.
+    rm -rf "$DEST"
+    mkdir -p "$DEST/cache/compilers"
+    sort -u "$work/keys.txt" | while read -r vmfb; do xz -9 -c "$vmfb" >"$DEST/cache/$(basename "$vmfb").xz"; done
+    cp "$work/cache"/compilers/*.id "$DEST/cache/compilers/"
+    say "$(cases | wc -l) cases; $(find "$DEST/cache" -name '*.vmfb.xz' | wc -l) modules; $(du -sh "$DEST" | cut -f1) in $DEST"
 }
 
 run() {
     local out=${OUT:-$PWD/cuda-fixtures-out} start label dir p ref rc line left
     mkdir -p "$out"
+    [ -x "$BIN" ] || { say "error: $BIN is missing (carry target/cuda-check beside target/cuda-fixtures)"; exit 1; }
     exec > >(tee "$out/fixtures.log") 2>&1
     start=$(date +%s)
-    export MLX_IREE_CACHE_DIR=$DEST/cache IREE_COMPILER_LIB=$NO_COMPILER
+    # The carried modules are xz-compressed; they are unpacked into a cache of their own.
+    export MLX_IREE_CACHE_DIR=${CKPT_DIR:-/tmp/mlx-iree-cuda-fixtures}/cache IREE_COMPILER_LIB=$NO_COMPILER
     export CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-4294967296}
+    rm -rf "$MLX_IREE_CACHE_DIR"
+    python3 - "$DEST/cache" "$MLX_IREE_CACHE_DIR" <<'PY' || exit 1
+import lzma, pathlib, shutil, sys
+src, dst = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+shutil.copytree(src / "compilers", dst / "compilers")
+for f in sorted(src.glob("*.vmfb.xz")):
+    (dst / f.name[: -len(".xz")]).write_bytes(lzma.decompress(f.read_bytes()))
+PY
+    say "compile cache: $(find "$MLX_IREE_CACHE_DIR" -name '*.vmfb' | wc -l) modules unpacked into $MLX_IREE_CACHE_DIR"
     nvidia-smi -L || true
     local pass=0 fail=0 skipped=0
     while read -r label dir p ref; do
@@ -99,7 +117,7 @@ run() {
             say "SKIPPED (budget spent) $label"
             continue
         fi
-        line=$(timeout $((left < 60 ? left : 60)) "$DEST/mlx-iree" gate --device cuda --model "$dir" \
+        line=$(timeout $((left < 60 ? left : 60)) "$BIN" gate --device cuda --model "$dir" \
             --precision "$p" --steps $STEPS --max-context $MAX_CONTEXT --reference "$ref" 2>"$out/err.txt")
         rc=$?
         if [ $rc -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi

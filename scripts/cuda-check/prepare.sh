@@ -9,8 +9,8 @@
 # 2. the two model configs (SmolLM2-135M-Instruct's and Llama-3.2-1B's shape) from
 #    target/models/ (`cargo xtask model`, `cargo xtask bench` make those folders);
 # 3. full-size random checkpoints of those configs under $WORK (not carried) and, for every
-#    case run.sh runs, the cuda modules compiled into $WORK/cache by running the very
-#    command run.sh will run (it compiles, then fails here where there is no CUDA driver);
+#    case run.sh runs, the cuda modules compiled into $WORK/cache by `mlx-iree compile`
+#    with the engine flags of the command run.sh will run (no device needed);
 # 4. each case checked again with no compiler at all (IREE_COMPILER_LIB pointing nowhere):
 #    every module must come from the cache; the cases that pass are written to cases.txt;
 # 5. target/cuda-check = mlx-iree (stripped), cache/ (only the modules the cases use, each
@@ -83,15 +83,17 @@ ensure_ckpt() {
     echo "$stamp" >"$dir/.stamp"
 }
 
-# The command lines of a case: what run.sh runs, or for a gate, `trajectory` at the gate's
-# graph size for the reference (f32) and for the precision checked.
+# The compile commands of a case: `mlx-iree compile` with the engine flags of what run.sh
+# runs (bench and trajectory plan one sequence at --max-context), so it fills the cache with
+# exactly the modules run.sh loads, without the device (there is none here); for a gate,
+# the reference (f32) and the precision checked.
 case_commands() {
     local kind=$1 model=$2 variant=$3 precision=$4 dir=$CKPT/$2-$3 p
     if [ "$kind" = bench ]; then
-        echo "bench --model $dir $(bench_args "$precision")"
+        echo "compile --model $dir --device cuda --precision $precision --max-context $MAX_CONTEXT"
     else
         for p in f32 "$precision"; do
-            echo "trajectory --model $dir --device cuda --precision $p --prompt-ids $GATE_FILL_IDS --steps $GATE_STEPS --max-context $MAX_CONTEXT --out $WORK/trajectory.json"
+            echo "compile --model $dir --device cuda --precision $p --max-context $MAX_CONTEXT"
         done
     fi
 }
@@ -108,13 +110,12 @@ while read -r kind model variant precision; do
         # shellcheck disable=SC2086
         set -- $cmdline
         started=$(date +%s)
-        # Here the command compiles what is missing, then stops at creating the cuda device
-        # (no driver); where a GPU is present it simply runs.
         # shellcheck disable=SC2086
-        env MLX_IREE_CACHE_DIR="$FILL_CACHE" "$BIN" "$@" </dev/null >"$WORK/last.log" 2>&1 || true
+        rc=0
+        env MLX_IREE_CACHE_DIR="$FILL_CACHE" "$BIN" "$@" </dev/null >"$WORK/last.log" 2>&1 || rc=$?
         log="$WORK/logs/${label// /-}.log"
         cp "$WORK/last.log" "$log"
-        if ! grep -q 'cannot create IREE device `cuda`\|"decode_tok_s"\|^wrote ' "$WORK/last.log"; then
+        if [ "$rc" != 0 ]; then
             say "note: skipping $label: $(grep -m1 'mlx-iree: error' "$WORK/last.log" | cut -c1-400 || tail -1 "$WORK/last.log") [...] (all of it: $log)"
             ok=0
             break

@@ -415,7 +415,47 @@ pub struct Engine {
     pub stored_parameters: Option<std::path::PathBuf>,
 }
 
+/// Every module of `plan` compiled (or found in the cache), with what each is, and the
+/// compile report of them all.
+fn compile_modules(
+    cfg: &ModelConfig,
+    layout: &Layout,
+    plan: &Plan,
+    target: &iree_compiler::Target,
+    config: &EngineConfig,
+) -> Result<(Vec<(String, cache::CompiledModule)>, CompileReport)> {
+    let mut modules = Vec::new();
+    let mut compile = CompileReport::CacheHit;
+    for mut module in graph_modules(cfg, layout, plan, target)? {
+        module.options.parameter_encoder &= config.store_parameters;
+        let compiled = cache::compile_module(
+            &config.cache_dir,
+            &module.what,
+            &module.mlir,
+            target,
+            &module.options,
+            config.dump_mlir,
+        )?;
+        compile = compile.and(compiled.report);
+        modules.push((module.what, compiled));
+    }
+    Ok((modules, compile))
+}
+
 impl Engine {
+    /// Compiles (or finds in the cache) every module [`Engine::load`] loads for this model
+    /// and configuration, without opening the device: fills a compile cache for a machine
+    /// that has the device but no compiler (scripts/cuda-check). The same refusals as a
+    /// load, before anything is compiled.
+    pub fn compile_only(dir: &Path, config: &EngineConfig) -> Result<CompileReport> {
+        let target = crate::device::target_for(&config.device)?;
+        let ckpt = Checkpoint::open(dir)?;
+        let cfg = ModelConfig::for_checkpoint(&ckpt)?;
+        let layout = layout_for(&cfg, config.precision, &ckpt, &target, config.cpu_kernels, &config.cache_dir)?;
+        let plan = Plan::new(&cfg, config)?.for_layout(&cfg, &layout);
+        Ok(compile_modules(&cfg, &layout, &plan, &target, config)?.1)
+    }
+
     /// Opens the checkpoint, refuses what it cannot run (before compiling), compiles every
     /// function of its [`Plan`] (cached), binds the weights and allocates the KV cache.
     pub fn load(dir: &Path, config: &EngineConfig) -> Result<Engine> {
@@ -434,21 +474,7 @@ impl Engine {
             e => Error::Runtime(e),
         })?;
 
-        let mut modules = Vec::new();
-        let mut compile = CompileReport::CacheHit;
-        for mut module in graph_modules(&cfg, &layout, &plan, &target)? {
-            module.options.parameter_encoder &= config.store_parameters;
-            let compiled = cache::compile_module(
-                &config.cache_dir,
-                &module.what,
-                &module.mlir,
-                &target,
-                &module.options,
-                config.dump_mlir,
-            )?;
-            compile = compile.and(compiled.report);
-            modules.push((module.what, compiled));
-        }
+        let (modules, compile) = compile_modules(&cfg, &layout, &plan, &target, config)?;
 
         let started = Instant::now();
         let mut session = Session::new(&instance, &device)?;

@@ -15,10 +15,6 @@
 pub const ROWS_PER_BLOCK: usize = 4;
 /// Threads a block (4 warps).
 pub const THREADS: usize = 128;
-/// Most rows of x a dispatch of the kernel takes: decode steps and small batches. Each
-/// group of 4 rows of x reads the matrix again (from cache), so longer prompt chunks stay
-/// with the graph form, whose contraction IREE tiles for many rows.
-pub const MAX_ROWS: usize = 32;
 /// Name of the `hal.executable.source` holding the kernel's entry points.
 pub const EXECUTABLE: &str = "mlx_iree_cuda_kernels";
 

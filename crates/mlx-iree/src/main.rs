@@ -22,6 +22,10 @@ enum Command {
     /// Measure prefill and decode speed, time to first token, memory, compile time and
     /// dispatches per decode step of one model on one device at one precision.
     Bench(bench::Args),
+    /// Compile every module the engine loads for a model, device and precision into the
+    /// compile cache, without opening the device (for a machine with the device but no
+    /// compiler).
+    Compile(run::CompileArgs),
     /// Chat with the model: multi-turn with its chat template, answers streamed to stdout;
     /// /reset, /system TEXT, /exit; Ctrl-C stops an answer.
     Chat(chat::ChatArgs),
@@ -45,6 +49,7 @@ impl Command {
         match self {
             Command::Bench(args) => Some(&mut args.m),
             Command::Chat(args) => Some(&mut args.model),
+            Command::Compile(args) => Some(&mut args.model),
             Command::Demo(_) => None,
             Command::Generate(args) => Some(&mut args.model),
             Command::Serve(args) => Some(&mut args.model),
@@ -101,6 +106,7 @@ fn main() -> ExitCode {
         _ if resolved.is_err() => resolved,
         Command::Bench(args) => bench::run(&args),
         Command::Chat(args) => chat::run(&args),
+        Command::Compile(args) => run::compile(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Generate(args) => run::generate(&args),
         Command::Serve(args) => serve::run(&args),

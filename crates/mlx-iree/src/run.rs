@@ -297,6 +297,29 @@ pub fn check_model_dir(dir: &Path) -> Result<models::ModelConfig> {
     Ok(models::ModelConfig::from_file(&dir.join("config.json"))?)
 }
 
+#[derive(clap::Args, Debug)]
+pub struct CompileArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Sequences at once the engine is planned for (`bench --batch`'s largest).
+    #[arg(long, default_value_t = 1)]
+    pub max_batch: usize,
+}
+
+/// `mlx-iree compile`: every module an engine with these flags loads, compiled into the
+/// cache (or found there), without opening the device, so a cache can be filled for a
+/// machine that has the device but no compiler (scripts/cuda-check).
+pub fn compile(args: &CompileArgs) -> Result<()> {
+    if args.max_batch == 0 {
+        bail!("--max-batch must be at least 1");
+    }
+    let dir = &args.model.model;
+    let config = args.model.engine_config(args.max_batch)?;
+    let report = Engine::compile_only(dir, &config).with_context(|| format!("compiling {}", dir.display()))?;
+    eprintln!("compiled for {} into {}: {report}", args.model.device, config.cache_dir.display());
+    Ok(())
+}
+
 fn load(model: &ModelArgs) -> Result<Engine> {
     Engine::load(&model.model, &model.engine_config(1)?).with_context(|| format!("loading {}", model.model.display()))
 }

@@ -235,3 +235,28 @@ fn warm_cache_runs_without_the_compiler() {
     assert!(stderr.contains("is not in the compile cache"), "{stderr}");
     assert!(stderr.contains("/nonexistent/libIREECompiler.so"), "{stderr}");
 }
+
+/// `compile` fills the cache for a device this machine does not have (no GPU here), and a
+/// second run without a compiler at all is served from that cache: what scripts/cuda-check
+/// does before carrying the cache to a GPU machine. Bad flags are one line.
+#[test]
+fn compile_fills_the_cache_without_the_device() {
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama_llama3_tied/q4");
+    let model = model.to_str().unwrap();
+    let args = ["compile", "--model", model, "--device", "cuda", "--precision", "packed", "--max-context", "64"];
+    let cache = tempfile::tempdir().unwrap();
+    let first = mlx_iree(&args, cache.path());
+    let stderr = String::from_utf8_lossy(&first.stderr);
+    assert!(first.status.success(), "{stderr}");
+    assert!(stderr.contains("compiled for cuda into") && stderr.contains("compiled in"), "{stderr}");
+    let again = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
+        .args(args)
+        .env("MLX_IREE_CACHE_DIR", cache.path())
+        .env("IREE_COMPILER_LIB", "/nonexistent/libIREECompiler.so")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success(), "{stderr}");
+    assert!(stderr.contains("compiled for cuda into") && stderr.contains("compile cache hit"), "{stderr}");
+    check(&["compile", "--model", model, "--max-batch", "0"], 2, "", "--max-batch must be at least 1");
+}

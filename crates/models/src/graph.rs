@@ -478,7 +478,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let (t, k) = (x.shape()[0], x.shape()[1]);
         let (o, gs) = (w.shape()[0], p.group_size as i64);
         let g = k / gs;
-        if self.cuda_kernel(p, t, o, k).is_some() {
+        if self.cuda_kernel(p, o, k).is_some() {
             return self.cuda_dispatch(kernels::cuda::Op::Matvec, x, &[prefix], None);
         }
         if self.options.packed_products == PackedProducts::Dequantized {
@@ -508,13 +508,13 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         f.reduce_sum(f.add(scaled, offset)?, &[0])
     }
 
-    /// (bits, scale type, group size) of a packed matrix `[o, k]` of the graph form read by
-    /// `t` rows through the CUDA kernel: when the layout links the kernel and it takes them
-    /// (at most `kernels::cuda::MAX_ROWS` rows). A 4-bit matrix held one value a byte
+    /// (bits, scale type, group size) of a packed matrix `[o, k]` of the graph form read
+    /// through the CUDA kernel, when the layout links the kernel and it takes the matrix
+    /// (for any number of rows). A 4-bit matrix held one value a byte
     /// (`Packing::wide`) is read as 8-bit: its bytes are the signed values, its biases
     /// those of 4 bits.
-    fn cuda_kernel(&self, p: &Packing, t: i64, o: i64, k: i64) -> Option<(u32, kernels::cuda::Scale, usize)> {
-        if !self.layout.cuda_kernel() || p.kernel || t as usize > kernels::cuda::MAX_ROWS {
+    fn cuda_kernel(&self, p: &Packing, o: i64, k: i64) -> Option<(u32, kernels::cuda::Scale, usize)> {
+        if !self.layout.cuda_kernel() || p.kernel {
             return None;
         }
         let bits = if p.wide { 8 } else { p.bits };
@@ -529,11 +529,11 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         Some((bits, scale, p.group_size))
     }
 
-    /// [`Step::cuda_kernel`] for the matrix `prefix` read by `x`.
-    fn cuda_kernel_for(&self, x: V<'c, 'b>, prefix: &str) -> Option<(u32, kernels::cuda::Scale, usize)> {
+    /// [`Step::cuda_kernel`] for the matrix `prefix`.
+    fn cuda_kernel_for(&self, prefix: &str) -> Option<(u32, kernels::cuda::Scale, usize)> {
         let p = self.layout.packing(prefix)?;
         let dims = self.global(&format!("{prefix}.weight")).ok()?.ty().shape.clone();
-        self.cuda_kernel(p, x.shape()[0], dims[0], dims[1])
+        self.cuda_kernel(p, dims[0], dims[1])
     }
 
     /// One dispatch of the CUDA kernel's `op` on `x [T, in]` and the packed matrices
@@ -552,9 +552,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         for prefix in prefixes {
             let (w, s, b) = self.packed_globals(prefix)?;
             let p = self.layout.packing(prefix);
-            found = p
-                .and_then(|p| self.cuda_kernel(p, x.shape()[0], w.shape()[0], w.shape()[1]))
-                .map(|k| (k, w.shape()[0]));
+            found = p.and_then(|p| self.cuda_kernel(p, w.shape()[0], w.shape()[1])).map(|k| (k, w.shape()[0]));
             args.extend([w, s, b]);
         }
         let Some(((bits, scale, gs), o)) = found else {
@@ -628,7 +626,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         {
             return self.kernel_dispatch_with(kernels::cpu::Op::MatvecAdd, x, prefix, p, Some(residual));
         }
-        if !bias && self.cuda_kernel_for(x, prefix).is_some() {
+        if !bias && self.cuda_kernel_for(prefix).is_some() {
             return self.cuda_dispatch(kernels::cuda::Op::MatvecAdd, x, &[prefix], Some(residual));
         }
         self.f.add(residual, self.linear(x, prefix, bias)?)
@@ -647,7 +645,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         }
         let (t, d) = (self.rows(), self.cfg.hidden as i64);
         let vocab = self.global(&format!("{PREFIX}.weight"))?.ty().shape[0];
-        if let Some((bits, scale, gs)) = self.cuda_kernel(p, 1, vocab, d) {
+        if let Some((bits, scale, gs)) = self.cuda_kernel(p, vocab, d) {
             // One dispatch of the CUDA kernel; a 4-bit table's bytes come from its rows copy
             // (the same bytes as the weight, which the head may read instead).
             let bytes = if p.weight_elem() == I4 { "weight.rows" } else { "weight" };
@@ -1295,11 +1293,11 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     /// CUDA kernel's `Glu` where it takes both matrices alike and the activation is SiLU.
     fn gated_mlp(&self, x: V<'c, 'b>, prefix: &str) -> R<V<'c, 'b>> {
         let (gate, up) = (format!("{prefix}.gate_proj"), format!("{prefix}.up_proj"));
-        let kernel = self.cuda_kernel_for(x, &gate);
+        let kernel = self.cuda_kernel_for(&gate);
         if self.cfg.activation == Activation::Silu
             && !self.cfg.mlp_bias
             && kernel.is_some()
-            && kernel == self.cuda_kernel_for(x, &up)
+            && kernel == self.cuda_kernel_for(&up)
         {
             return self.cuda_dispatch(kernels::cuda::Op::Glu, x, &[&gate, &up], None);
         }

@@ -276,7 +276,7 @@ impl Layout {
 
     /// Lets the CUDA kernel (`kernels::cuda`) compute the packed matrices it takes, in the
     /// graph-level layout as it is: for a `cuda` target only, and only when this build has
-    /// its PTX. Steps of more rows than `kernels::cuda::MAX_ROWS` keep the graph form.
+    /// its PTX.
     pub fn with_cuda_kernel(mut self) -> Layout {
         self.cuda_kernel = !self.packed.is_empty() && kernels::cuda::ptx().is_some();
         self
