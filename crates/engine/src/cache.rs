@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-/// Modules asked of [`compile_in`] (cache hits included) in this process.
+/// Modules asked of [`compile_module`] (cache hits included) in this process.
 static COMPILES: AtomicUsize = AtomicUsize::new(0);
 
 /// How many modules this process has compiled or read from the compile cache: an engine

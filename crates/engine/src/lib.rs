@@ -415,6 +415,27 @@ pub struct Engine {
     pub stored_parameters: Option<std::path::PathBuf>,
 }
 
+/// What a load decides before the device and the compiler: the checkpoint opened, its
+/// config, layout and plan (every refusal of what the engine cannot run happens here).
+struct Planned {
+    target: iree_compiler::Target,
+    ckpt: Checkpoint,
+    cfg: ModelConfig,
+    layout: Layout,
+    plan: Plan,
+}
+
+impl Planned {
+    fn new(dir: &Path, config: &EngineConfig) -> Result<Planned> {
+        let target = crate::device::target_for(&config.device)?;
+        let ckpt = Checkpoint::open(dir)?;
+        let cfg = ModelConfig::for_checkpoint(&ckpt)?;
+        let layout = layout_for(&cfg, config.precision, &ckpt, &target, config.cpu_kernels, &config.cache_dir)?;
+        let plan = Plan::new(&cfg, config)?.for_layout(&cfg, &layout);
+        Ok(Planned { target, ckpt, cfg, layout, plan })
+    }
+}
+
 /// Every module of `plan` compiled (or found in the cache), with what each is, and the
 /// compile report of them all.
 fn compile_modules(
@@ -424,11 +445,24 @@ fn compile_modules(
     target: &iree_compiler::Target,
     config: &EngineConfig,
 ) -> Result<(Vec<(String, cache::CompiledModule)>, CompileReport)> {
-    let mut modules = Vec::new();
-    let mut compile = CompileReport::CacheHit;
-    for mut module in graph_modules(cfg, layout, plan, target)? {
+    let mut modules = graph_modules(cfg, layout, plan, target)?;
+    let (compiled, report) = compile_graph_modules(&mut modules, target, config)?;
+    Ok((modules.into_iter().map(|m| m.what).zip(compiled).collect(), report))
+}
+
+/// `modules` (from [`graph_modules`]) compiled for `target` through `config`'s cache, as a
+/// load compiles them (the parameter encoder only where `config` stores parameters; it is
+/// set off in `modules` otherwise), and the compile report of them all.
+pub fn compile_graph_modules(
+    modules: &mut [GraphModule],
+    target: &iree_compiler::Target,
+    config: &EngineConfig,
+) -> Result<(Vec<cache::CompiledModule>, CompileReport)> {
+    let mut compiled = Vec::new();
+    let mut report = CompileReport::CacheHit;
+    for module in modules {
         module.options.parameter_encoder &= config.store_parameters;
-        let compiled = cache::compile_module(
+        let c = cache::compile_module(
             &config.cache_dir,
             &module.what,
             &module.mlir,
@@ -436,10 +470,10 @@ fn compile_modules(
             &module.options,
             config.dump_mlir,
         )?;
-        compile = compile.and(compiled.report);
-        modules.push((module.what, compiled));
+        report = report.and(c.report);
+        compiled.push(c);
     }
-    Ok((modules, compile))
+    Ok((compiled, report))
 }
 
 impl Engine {
@@ -448,22 +482,14 @@ impl Engine {
     /// that has the device but no compiler (scripts/cuda-check). The same refusals as a
     /// load, before anything is compiled.
     pub fn compile_only(dir: &Path, config: &EngineConfig) -> Result<CompileReport> {
-        let target = crate::device::target_for(&config.device)?;
-        let ckpt = Checkpoint::open(dir)?;
-        let cfg = ModelConfig::for_checkpoint(&ckpt)?;
-        let layout = layout_for(&cfg, config.precision, &ckpt, &target, config.cpu_kernels, &config.cache_dir)?;
-        let plan = Plan::new(&cfg, config)?.for_layout(&cfg, &layout);
+        let Planned { target, cfg, layout, plan, .. } = Planned::new(dir, config)?;
         Ok(compile_modules(&cfg, &layout, &plan, &target, config)?.1)
     }
 
     /// Opens the checkpoint, refuses what it cannot run (before compiling), compiles every
     /// function of its [`Plan`] (cached), binds the weights and allocates the KV cache.
     pub fn load(dir: &Path, config: &EngineConfig) -> Result<Engine> {
-        let target = crate::device::target_for(&config.device)?;
-        let ckpt = Checkpoint::open(dir)?;
-        let cfg = ModelConfig::for_checkpoint(&ckpt)?;
-        let layout = layout_for(&cfg, config.precision, &ckpt, &target, config.cpu_kernels, &config.cache_dir)?;
-        let plan = Plan::new(&cfg, config)?.for_layout(&cfg, &layout);
+        let Planned { target, ckpt, cfg, layout, plan } = Planned::new(dir, config)?;
         // The device before the compile: a machine without one (no Vulkan driver) hears so
         // at once, not after minutes of compiling.
         let instance = Instance::new()?;

@@ -322,17 +322,7 @@ fn cold_compile(
     drop(ckpt);
     let plan = plan.clone().for_layout(cfg, &layout);
     let mut modules = graph_modules(cfg, &layout, &plan, target)?;
-    for module in &mut modules {
-        module.options.parameter_encoder &= config.store_parameters;
-        engine::cache::compile_in(
-            &config.cache_dir,
-            &module.what,
-            &module.mlir,
-            target,
-            &module.options,
-            config.dump_mlir,
-        )?;
-    }
+    engine::compile_graph_modules(&mut modules, target, config)?;
     let compile_cold_s = started.elapsed().as_secs_f64();
 
     let one = models::Function::Decode { rows: 1, window: plan.decode_windows[0] };
