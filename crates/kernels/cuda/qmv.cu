@@ -7,7 +7,8 @@
 //! (`kernels::cuda`). The same file compiles for the host against `host_sim.h`, which runs
 //! each block's threads as host threads, so the tests check its results without a GPU.
 //!
-//! Layout (models::layout, `Packing` with `kernel` unset, `wide` unset):
+//! Layout (models::layout, `Packing` with `kernel` unset; a `wide` 4-bit matrix, one signed
+//! value a byte, is read as 8-bit):
 //! - w: [O, K] values of `bits` bits, two's complement (MLX's unsigned q with its top bit
 //!   flipped, i.e. q - 2^(bits-1)), packed from the low bits up: 4-bit, two a byte, k even in
 //!   the low nibble; 8-bit, one a byte.
@@ -50,30 +51,26 @@ KDEV float bias_at(const void* p, uint32_t i) {
   return S == SCALE_F16 ? f16_to_f32(((const uint16_t*)p)[i]) : ((const float*)p)[i];
 }
 
+// The little-endian 32-bit word at p: one load where `aligned` (IREE aligns buffers; a
+// subrange might not be), else byte by byte.
+KDEV uint32_t word_at(const uint8_t* p, bool aligned) {
+  if (aligned) return *(const uint32_t*)p;
+  return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
 // The 8 signed values of row o at k0..k0+7 (k0 a multiple of 8). `aligned`: the weight
-// pointer allows 32-bit loads (IREE aligns buffers; a subrange might not be).
+// pointer allows 32-bit loads.
 template <int BITS>
 KDEV void values8(const uint8_t* w, uint32_t K, uint32_t o, uint32_t k0, bool aligned, float v[8]) {
   const uint8_t* p = w + (size_t)o * (K * BITS / 8) + k0 * BITS / 8;
   if (BITS == 4) {
-    uint32_t word;
-    if (aligned) {
-      word = *(const uint32_t*)p;
-    } else {
-      word = (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-    }
+    const uint32_t word = word_at(p, aligned);
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[j] = (float)((int32_t)(word << (28 - 4 * j)) >> 28);
   } else {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      uint32_t word;
-      if (aligned) {
-        word = ((const uint32_t*)p)[h];
-      } else {
-        const uint8_t* q = p + 4 * h;
-        word = (uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 24);
-      }
+      const uint32_t word = word_at(p + 4 * h, aligned);
 #pragma unroll
       for (int j = 0; j < 4; ++j) v[4 * h + j] = (float)((int32_t)(word << (24 - 8 * j)) >> 24);
     }

@@ -4,8 +4,8 @@
 //! grouped contraction, then scales and biases; docs/PERFORMANCE.md, "CUDA"), this is one.
 //!
 //! Invariants shared with `cuda/qmv.cu`: it reads the graph-level layout (`models::layout`,
-//! `Packing` neither `kernel` nor `wide`): weight `[O, K]` of signed 4-bit (two a byte, low
-//! nibble first) or 8-bit values, scales `[O, K / group_size]` f16, bf16 or f32, biases the
+//! `Packing` not `kernel`): weight `[O, K]` of signed 4-bit (two a byte, low nibble first)
+//! or 8-bit values (a `wide` 4-bit matrix, a value a byte, read as 8-bit), scales `[O, K / group_size]` f16, bf16 or f32, biases the
 //! same shape, f16 beside f16 scales and f32 otherwise, the offset folded in; bindings (x,
 //! weight, scales, biases, y) and more for the other [`Op`]s, push constants (T, K, O,
 //! group_size); [`ROWS_PER_BLOCK`] output rows a block of [`THREADS`] threads; the workload

@@ -381,6 +381,15 @@ fn write_kv<'c, 'b>(
     ])
 }
 
+/// How the CUDA kernel (`kernels::cuda`) reads a packed matrix: the bits of its stored
+/// values, its scales' type and its group size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CudaForm {
+    bits: u32,
+    scale: kernels::cuda::Scale,
+    group_size: usize,
+}
+
 struct Step<'a, 'c, 'b> {
     f: &'a Func<'c, 'b>,
     cfg: &'a ModelConfig,
@@ -473,14 +482,14 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         if p.kernel {
             return self.kernel_dispatch(kernels::cpu::Op::Matvec, x, prefix, p);
         }
+        if let Some(form) = self.cuda_kernel_for(prefix) {
+            return self.cuda_dispatch(kernels::cuda::Op::Matvec, form, x, &[prefix], None);
+        }
         let f = self.f;
         let w = f.load(self.global(&format!("{prefix}.weight"))?)?;
         let (t, k) = (x.shape()[0], x.shape()[1]);
         let (o, gs) = (w.shape()[0], p.group_size as i64);
         let g = k / gs;
-        if self.cuda_kernel(p, o, k).is_some() {
-            return self.cuda_dispatch(kernels::cuda::Op::Matvec, x, &[prefix], None);
-        }
         if self.options.packed_products == PackedProducts::Dequantized {
             // The biases carry the signed storage's offset.
             let load = |name: &str| f.load(self.global(&format!("{prefix}.{name}"))?);
@@ -508,17 +517,15 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         f.reduce_sum(f.add(scaled, offset)?, &[0])
     }
 
-    /// (bits, scale type, group size) of a packed matrix `[o, k]` of the graph form read
-    /// through the CUDA kernel, when the layout links the kernel and it takes the matrix
-    /// (for any number of rows). A 4-bit matrix held one value a byte
-    /// (`Packing::wide`) is read as 8-bit: its bytes are the signed values, its biases
-    /// those of 4 bits.
-    fn cuda_kernel(&self, p: &Packing, o: i64, k: i64) -> Option<(u32, kernels::cuda::Scale, usize)> {
-        if !self.layout.cuda_kernel() || p.kernel {
-            return None;
-        }
+    /// How the CUDA kernel reads the packed matrix `prefix` of the graph form, when the layout
+    /// links the kernel and it takes the matrix (for any number of rows). A 4-bit matrix held
+    /// one value a byte (`Packing::wide`) is read as 8-bit: its bytes are the signed values,
+    /// its biases those of 4 bits.
+    fn cuda_kernel_for(&self, prefix: &str) -> Option<CudaForm> {
+        let p = self.layout.packing(prefix).filter(|p| self.layout.cuda_kernel() && !p.kernel)?;
+        let shape = &self.global(&format!("{prefix}.weight")).ok()?.ty().shape;
         let bits = if p.wide { 8 } else { p.bits };
-        if !kernels::cuda::supports(bits, o as usize, k as usize, p.group_size) {
+        if !kernels::cuda::supports(bits, shape[0] as usize, shape[1] as usize, p.group_size) {
             return None;
         }
         let scale = match p.scale_elem {
@@ -526,47 +533,45 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             ElementType::BF16 => kernels::cuda::Scale::BF16,
             _ => kernels::cuda::Scale::F32,
         };
-        Some((bits, scale, p.group_size))
-    }
-
-    /// [`Step::cuda_kernel`] for the matrix `prefix`.
-    fn cuda_kernel_for(&self, prefix: &str) -> Option<(u32, kernels::cuda::Scale, usize)> {
-        let p = self.layout.packing(prefix)?;
-        let dims = self.global(&format!("{prefix}.weight")).ok()?.ty().shape.clone();
-        self.cuda_kernel(p, dims[0], dims[1])
+        Some(CudaForm { bits, scale, group_size: p.group_size })
     }
 
     /// One dispatch of the CUDA kernel's `op` on `x [T, in]` and the packed matrices
-    /// `prefixes` (one; gate and up for `Glu`), which share bits, scale type and group size
-    /// ([`Step::cuda_kernel`] said yes to each); `residual [T, out]` for `MatvecAdd`.
+    /// `prefixes` (one; gate and up for `Glu`), which the kernel reads as `form`
+    /// ([`Step::cuda_kernel_for`] for each); `residual [T, out]` for `MatvecAdd`.
     fn cuda_dispatch(
         &self,
         op: kernels::cuda::Op,
+        form: CudaForm,
         x: V<'c, 'b>,
         prefixes: &[&str],
         residual: Option<V<'c, 'b>>,
     ) -> R<V<'c, 'b>> {
-        let f = self.f;
         let mut args = vec![x];
-        let mut found = None;
         for prefix in prefixes {
             let (w, s, b) = self.packed_globals(prefix)?;
-            let p = self.layout.packing(prefix);
-            found = p.and_then(|p| self.cuda_kernel(p, w.shape()[0], w.shape()[1])).map(|k| (k, w.shape()[0]));
             args.extend([w, s, b]);
         }
-        let Some(((bits, scale, gs), o)) = found else {
-            return Err(hlo_emit::Error::Mlir {
-                what: "CUDA kernel dispatch".into(),
-                detail: format!("{prefixes:?} is not a matrix the CUDA kernel takes"),
-            });
-        };
         args.extend(residual);
-        let entry = kernels::cuda::Entry { op, bits, scale };
+        let (t, k, o) = (x.shape()[0], x.shape()[1], args[1].shape()[0]);
+        self.cuda_call(op, form, o, [t, k, o], &args, &[t, o])
+    }
+
+    /// Declares the CUDA kernel's entry for `op` and `form` and dispatches it over `workload`
+    /// with the push constants (T, K, O, group size) and an f32 result of `shape`.
+    fn cuda_call(
+        &self,
+        op: kernels::cuda::Op,
+        form: CudaForm,
+        workload: i64,
+        [t, k, o]: [i64; 3],
+        args: &[V<'c, 'b>],
+        shape: &[i64],
+    ) -> R<V<'c, 'b>> {
+        let entry = kernels::cuda::Entry { op, bits: form.bits, scale: form.scale };
         self.cuda_entries.borrow_mut().insert(entry);
-        let (t, k) = (x.shape()[0], x.shape()[1]);
-        let dims = [t, k, o, gs as i64].map(|d| d as i32);
-        f.dispatch(kernels::cuda::EXECUTABLE, &entry.export(), o, &dims, &args, F32.tensor(&[t, o]))
+        let dims = [t, k, o, form.group_size as i64].map(|d| d as i32);
+        self.f.dispatch(kernels::cuda::EXECUTABLE, &entry.export(), workload, &dims, args, F32.tensor(shape))
     }
 
     /// A packed matrix through the hand-written CPU kernel: the matvec `x [T, in] -> [T, out]`
@@ -626,8 +631,8 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         {
             return self.kernel_dispatch_with(kernels::cpu::Op::MatvecAdd, x, prefix, p, Some(residual));
         }
-        if !bias && self.cuda_kernel_for(prefix).is_some() {
-            return self.cuda_dispatch(kernels::cuda::Op::MatvecAdd, x, &[prefix], Some(residual));
+        if !bias && let Some(form) = self.cuda_kernel_for(prefix) {
+            return self.cuda_dispatch(kernels::cuda::Op::MatvecAdd, form, x, &[prefix], Some(residual));
         }
         self.f.add(residual, self.linear(x, prefix, bias)?)
     }
@@ -644,17 +649,14 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             return self.kernel_dispatch(kernels::cpu::Op::Rows, tokens, PREFIX, p);
         }
         let (t, d) = (self.rows(), self.cfg.hidden as i64);
-        let vocab = self.global(&format!("{PREFIX}.weight"))?.ty().shape[0];
-        if let Some((bits, scale, gs)) = self.cuda_kernel(p, vocab, d) {
+        if let Some(form) = self.cuda_kernel_for(PREFIX) {
             // One dispatch of the CUDA kernel; a 4-bit table's bytes come from its rows copy
             // (the same bytes as the weight, which the head may read instead).
             let bytes = if p.weight_elem() == I4 { "weight.rows" } else { "weight" };
             let load = |name: &str| f.load(self.global(&format!("{PREFIX}.{name}"))?);
-            let entry = kernels::cuda::Entry { op: kernels::cuda::Op::Rows, bits, scale };
-            self.cuda_entries.borrow_mut().insert(entry);
-            let dims = [t, d, vocab, gs as i64].map(|v| v as i32);
             let args = [tokens, load(bytes)?, load("scales")?, load("biases")?];
-            return f.dispatch(kernels::cuda::EXECUTABLE, &entry.export(), t, &dims, &args, F32.tensor(&[t, d]));
+            let vocab = args[1].shape()[0];
+            return self.cuda_call(kernels::cuda::Op::Rows, form, t, [t, d, vocab], &args, &[t, d]);
         }
         let q = if p.weight_elem() == I4 {
             // Gather the rows' bytes, then split each into its two signed nibbles (element
@@ -1293,13 +1295,12 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     /// CUDA kernel's `Glu` where it takes both matrices alike and the activation is SiLU.
     fn gated_mlp(&self, x: V<'c, 'b>, prefix: &str) -> R<V<'c, 'b>> {
         let (gate, up) = (format!("{prefix}.gate_proj"), format!("{prefix}.up_proj"));
-        let kernel = self.cuda_kernel_for(&gate);
         if self.cfg.activation == Activation::Silu
             && !self.cfg.mlp_bias
-            && kernel.is_some()
-            && kernel == self.cuda_kernel_for(&up)
+            && let Some(form) = self.cuda_kernel_for(&gate)
+            && self.cuda_kernel_for(&up) == Some(form)
         {
-            return self.cuda_dispatch(kernels::cuda::Op::Glu, x, &[&gate, &up], None);
+            return self.cuda_dispatch(kernels::cuda::Op::Glu, form, x, &[&gate, &up], None);
         }
         let g = self.linear(x, &gate, self.cfg.mlp_bias)?;
         let u = self.linear(x, &up, self.cfg.mlp_bias)?;
