@@ -86,3 +86,26 @@ find_python() {
     echo "no python3 with numpy found (set PYTHON)" >&2
     return 1
 }
+
+# pack_modules KEYS CACHE DEST: the modules listed in KEYS (cache files, one a line) into
+# DEST, xz-compressed (a cuda module is mostly PTX text: 2-4 MB becomes 70-100 KB), with
+# CACHE's compiler identity records. Here, by prepare.sh and fixtures.sh.
+pack_modules() {
+    local keys=$1 cache=$2 dest=$3 vmfb
+    mkdir -p "$dest/compilers"
+    sort -u "$keys" | while read -r vmfb; do xz -9 -c "$vmfb" >"$dest/$(basename "$vmfb").xz"; done
+    cp "$cache"/compilers/*.id "$dest/compilers/"
+}
+
+# unpack_modules PYTHON SRC DST: what pack_modules wrote into SRC, as a compile cache in DST
+# (emptied first). There, by run.sh and fixtures.sh, with python's lzma (no xz needed).
+unpack_modules() {
+    rm -rf "$3"
+    "$1" - "$2" "$3" <<'PY'
+import lzma, pathlib, shutil, sys
+src, dst = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+shutil.copytree(src / "compilers", dst / "compilers")
+for f in sorted(src.glob("*.vmfb.xz")):
+    (dst / f.name[: -len(".xz")]).write_bytes(lzma.decompress(f.read_bytes()))
+PY
+}

@@ -15,7 +15,7 @@ set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=common.sh
-. "$HERE/common.sh" # MAX_CONTEXT, the one the cases are planned at
+. "$HERE/common.sh" # MAX_CONTEXT (the one the cases are planned at), pack/unpack_modules
 cd "$HERE/../.." || exit 1
 DEST=target/cuda-fixtures
 BIN=target/cuda-check/mlx-iree
@@ -81,12 +81,9 @@ prepare() {
         say "$n $dir $p: compiled, served from the cache without a compiler"
     done < <(loads)
     find "$work/cache" -name '*.mlir' -delete
-    # xz: a cuda module is mostly PTX text (a packed one 2.2 MB -> 0.1 MB), so the folder
-    # stays small enough to carry; run unpacks it.
+    # Compressed, the folder stays small enough to carry (5 MB, not 126); run unpacks it.
     rm -rf "$DEST"
-    mkdir -p "$DEST/cache/compilers"
-    sort -u "$work/keys.txt" | while read -r vmfb; do xz -9 -c "$vmfb" >"$DEST/cache/$(basename "$vmfb").xz"; done
-    cp "$work/cache"/compilers/*.id "$DEST/cache/compilers/"
+    pack_modules "$work/keys.txt" "$work/cache" "$DEST/cache"
     say "$(cases | wc -l) cases; $(find "$DEST/cache" -name '*.vmfb.xz' | wc -l) modules; $(du -sh "$DEST" | cut -f1) in $DEST"
 }
 
@@ -99,14 +96,7 @@ run() {
     # The carried modules are xz-compressed; they are unpacked into a cache of their own.
     export MLX_IREE_CACHE_DIR=${CKPT_DIR:-/tmp/mlx-iree-cuda-fixtures}/cache IREE_COMPILER_LIB=$NO_COMPILER
     export CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-4294967296}
-    rm -rf "$MLX_IREE_CACHE_DIR"
-    python3 - "$DEST/cache" "$MLX_IREE_CACHE_DIR" <<'PY' || exit 1
-import lzma, pathlib, shutil, sys
-src, dst = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-shutil.copytree(src / "compilers", dst / "compilers")
-for f in sorted(src.glob("*.vmfb.xz")):
-    (dst / f.name[: -len(".xz")]).write_bytes(lzma.decompress(f.read_bytes()))
-PY
+    unpack_modules python3 "$DEST/cache" "$MLX_IREE_CACHE_DIR" || exit 1
     say "compile cache: $(find "$MLX_IREE_CACHE_DIR" -name '*.vmfb' | wc -l) modules unpacked into $MLX_IREE_CACHE_DIR"
     nvidia-smi -L || true
     local pass=0 fail=0 skipped=0

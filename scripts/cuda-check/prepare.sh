@@ -142,10 +142,9 @@ find "$FILL_CACHE" -name '*.mlir' -delete
 
 say "5/5 assembling $DEST"
 rm -rf "$DEST"
-mkdir -p "$DEST/cache/compilers" "$DEST/configs"
-# xz: a cuda module is mostly PTX text, repeated per layer (4 MB -> 70 KB); run.sh unpacks.
-sort -u "$WORK/keys.txt" | while read -r vmfb; do xz -9 -c "$vmfb" >"$DEST/cache/$(basename "$vmfb").xz"; done
-cp "$FILL_CACHE"/compilers/*.id "$DEST/cache/compilers/"
+mkdir -p "$DEST/configs"
+# Compressed (run.sh unpacks them).
+pack_modules "$WORK/keys.txt" "$FILL_CACHE" "$DEST/cache"
 strip -o "$DEST/mlx-iree" "$BIN"
 cp "$WORK/configs/"*.json "$DEST/configs/"
 cp xtask/python/random_checkpoint.py "$HERE/common.sh" "$HERE/run.sh" "$DEST/"

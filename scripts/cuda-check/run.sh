@@ -108,14 +108,7 @@ PY=$(find_python) || {
     exit 1
 }
 mkdir -p "$CKPT"
-rm -rf "$MLX_IREE_CACHE_DIR"
-"$PY" - "$HERE/cache" "$MLX_IREE_CACHE_DIR" <<'EOF' || exit 1
-import lzma, pathlib, shutil, sys
-src, dst = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-shutil.copytree(src / "compilers", dst / "compilers")
-for f in sorted(src.glob("*.vmfb.xz")):
-    (dst / f.name[: -len(".xz")]).write_bytes(lzma.decompress(f.read_bytes()))
-EOF
+unpack_modules "$PY" "$HERE/cache" "$MLX_IREE_CACHE_DIR" || exit 1
 echo "compile cache: $(find "$MLX_IREE_CACHE_DIR" -name '*.vmfb' | wc -l) modules unpacked into $MLX_IREE_CACHE_DIR"
 
 # The 1B checkpoints (several GB) are written in the background while SmolLM2 runs.
