@@ -29,6 +29,7 @@
 //! ```
 
 mod cache;
+mod command_buffers;
 mod compiler;
 mod error;
 mod ffi;
@@ -38,6 +39,7 @@ mod target;
 mod vmfb;
 
 pub use cache::{CacheOutcome, CompileCache, Compiled};
+pub use command_buffers::recorded_per_call;
 pub use compiler::{ApiVersion, Compiler, CompilerIdentity};
 pub use error::{Diagnostic, Diagnostics, Error, Severity};
 pub use locate::{LIB_ENV, LIB_FILE_NAME, locate_library, venv_candidates};

@@ -621,13 +621,7 @@ impl ExportSpec {
     /// The export op, the C function's declaration and the export's function.
     fn text(&self, ordinal: usize) -> (String, String, String) {
         let (name, c_name, per) = (&self.name, &self.c_name, self.per_workgroup);
-        let ro = "#hal.pipeline.binding<storage_buffer, ReadOnly>";
-        let last = self.bindings.len() - 1;
-        let binding_list: Vec<&str> = (0..self.bindings.len())
-            .map(|i| if i < last { ro } else { "#hal.pipeline.binding<storage_buffer>" })
-            .collect();
-        let layout =
-            format!("#hal.pipeline.layout<constants = {}, bindings = [{}]>", self.constants, binding_list.join(", "));
+        let layout = crate::pipeline_layout(self.constants, self.bindings.len());
         let mut params: Vec<String> = self.bindings.iter().map(|e| format!("memref<{e}>, index")).collect();
         params.extend((0..self.constants + 2).map(|_| "index".to_owned()));
         let params = params.join(", ");
@@ -822,7 +816,9 @@ mod tests {
         assert!(decl("qmv8_f32").contains(&format!("({plain}, index")), "{text}");
         let residual = format!("{plain}, memref<f32>, index, index");
         assert!(decl("qmvr8_f32").contains(&residual), "{text}");
-        assert!(text.contains("bindings = [#hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer>]"));
+        let ro = r#"#hal.pipeline.binding<storage_buffer, "ReadOnly|Indirect">"#;
+        let bindings = format!("bindings = [{}, #hal.pipeline.binding<storage_buffer, Indirect>]", [ro; 5].join(", "));
+        assert!(text.contains(&bindings), "{text}");
     }
 
     /// Objects are keyed by the generic target of their architecture (IREE's format name for

@@ -130,9 +130,7 @@ pub fn executable_source(ptx: &[u8], entries: &[Entry]) -> String {
     let mut exports = String::new();
     for (ordinal, e) in entries.iter().enumerate() {
         let name = e.export();
-        let mut bindings = vec!["#hal.pipeline.binding<storage_buffer, ReadOnly>"; e.op.bindings() - 1];
-        bindings.push("#hal.pipeline.binding<storage_buffer>");
-        let layout = format!("#hal.pipeline.layout<constants = 4, bindings = [{}]>", bindings.join(", "));
+        let layout = crate::pipeline_layout(4, e.op.bindings());
         let per = e.op.units_per_block();
         // The generic form: IREE 3.13's custom syntax for the op takes no `workgroup_size`,
         // which CUDA needs ahead of time (the second region, the export's fallback
@@ -204,8 +202,8 @@ mod tests {
         // The glu export's eight bindings (its layout comes after the first export's name),
         // the last written.
         let glu = text.split("mlx_iree_cuda_qmv4_f16").nth(1).unwrap();
-        assert_eq!(glu.matches("storage_buffer, ReadOnly>").count(), 7);
-        assert_eq!(glu.matches("storage_buffer>").count(), 1);
+        assert_eq!(glu.matches(r#"storage_buffer, "ReadOnly|Indirect">"#).count(), 7);
+        assert_eq!(glu.matches("storage_buffer, Indirect>").count(), 1);
         assert!(!text.contains("qmv4_bf16"));
         assert!(text.contains(r#"#hal.executable.object<{data = dense<"0x50545801"> : vector<4xi8>}>"#));
         assert!(text.contains("workgroup_size = [128 : index, 1 : index, 1 : index]"));

@@ -16,3 +16,16 @@
 pub mod cflags;
 pub mod cpu;
 pub mod cuda;
+
+/// The pipeline layout of a kernel export: `constants` 32-bit push constants and `bindings`
+/// storage buffers, the last one written. Every binding is `Indirect`: IREE then records
+/// a call's buffers (the activations, the results) as slots of the command buffer's binding
+/// table and keeps constant buffers (the weights) direct, so a function's command buffer
+/// is recorded once and replayed each call. A direct binding of a per-call buffer makes
+/// the whole command buffer one-shot, re-recorded by the VM on every call, one VM call per
+/// dispatch (IREE 3.13, StreamToHAL; docs/PERFORMANCE.md).
+pub(crate) fn pipeline_layout(constants: usize, bindings: usize) -> String {
+    let mut list = vec![r#"#hal.pipeline.binding<storage_buffer, "ReadOnly|Indirect">"#; bindings.saturating_sub(1)];
+    list.push("#hal.pipeline.binding<storage_buffer, Indirect>");
+    format!("#hal.pipeline.layout<constants = {constants}, bindings = [{}]>", list.join(", "))
+}

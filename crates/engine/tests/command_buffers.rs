@@ -1,0 +1,62 @@
+//! Every function the engine compiles records its command buffer once, when the module
+//! loads, and replays it each call: on the CPU and on CUDA, through the hand-written
+//! kernels and without them (one known exception, below). A kernel export whose bindings are not `Indirect` made IREE
+//! record the whole step again on every call (`kernels::pipeline_layout`).
+
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
+
+use engine::{CpuKernels, EngineConfig, Plan, Precision, graph_modules, layout_for};
+use iree_compiler::{Compiler, Target, recorded_per_call};
+use models::ModelConfig;
+use std::path::Path;
+
+/// The functions of the modules the engine compiles for fixture `variant` of the llama
+/// family at `precision` for `target` that record a command buffer on each call.
+fn recorded_per_call_for(variant: &str, precision: Precision, target: Target) -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = root.join("tests/fixtures/llama_llama3_tied").join(variant);
+    let ckpt = weights::Checkpoint::open(&dir).unwrap();
+    let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();
+    let cache_dir = root.join("target/test-compile-cache");
+    let layout = layout_for(&cfg, precision, &ckpt, &target, CpuKernels::Auto, &cache_dir).unwrap();
+    let device = target.runtime_driver();
+    let config =
+        EngineConfig { max_batch: 2, max_context: Some(64), ..EngineConfig::new(device, precision, "/nonexistent") };
+    let plan = Plan::new(&cfg, &config).unwrap().for_layout(&cfg, &layout);
+    let compiler = Compiler::new().unwrap_or_else(|e| panic!("IREE compiler unavailable (cargo xtask setup): {e}"));
+    let mut found = Vec::new();
+    for m in graph_modules(&cfg, &layout, &plan, &target).unwrap() {
+        let vm = compiler.compile_to_ir(&m.mlir, &target, &m.options, "vm").unwrap();
+        assert!(vm.contains("@hal.command_buffer.create("), "{}: no command buffer at all", m.what);
+        found.extend(recorded_per_call(&vm).into_iter().map(|f| format!("{}: {f}", m.what)));
+    }
+    found
+}
+
+/// Packed through the CPU kernel (matvecs and decode attention as external calls).
+#[test]
+fn cpu_packed_steps_are_recorded_once() {
+    assert_eq!(recorded_per_call_for("q4", Precision::Packed, Target::llvm_cpu_host()), Vec::<String>::new());
+}
+
+/// All but one: on the CPU a single-row decode on a cache of several slots slices its
+/// slot's window at an offset the host reads each call (`SlotRead::Slice`, chosen over a
+/// gather that IREE copies element by element), so that one function is recorded per call.
+#[test]
+fn cpu_f16_steps_are_recorded_once_but_the_sliced_decode() {
+    let found = recorded_per_call_for("f32", Precision::F16, Target::llvm_cpu_host());
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].ends_with(": decode_b1_w64"), "{found:?}");
+}
+
+/// Packed through the CUDA kernel: before its bindings were `Indirect`, the VM recorded a
+/// 1B-shape decode step's 261 dispatches on every call.
+#[test]
+fn cuda_packed_steps_are_recorded_once() {
+    assert_eq!(recorded_per_call_for("q4", Precision::Packed, Target::cuda("sm_80")), Vec::<String>::new());
+}
+
+#[test]
+fn cuda_f16_steps_are_recorded_once() {
+    assert_eq!(recorded_per_call_for("f32", Precision::F16, Target::cuda("sm_80")), Vec::<String>::new());
+}
