@@ -644,6 +644,7 @@ impl Engine {
         row_slots: &[i32],
     ) -> Result<(Vec<i32>, Rc<Logits>)> {
         let upload = |data: &[i32]| self.device.upload(&[data.len()], data);
+        let slots_given = slots;
         let (tokens, positions, slots) = (upload(tokens)?, upload(positions)?, upload(slots)?);
         let last = last.map(upload).transpose()?;
         let mut args = vec![&tokens, &positions, &slots];
@@ -656,8 +657,11 @@ impl Engine {
             return Err(Error::Abi { function: name, got, expected: 4 });
         };
         let write = Function::WriteKv { rows: row_slots.len() }.name();
-        let row_slots = upload(row_slots)?;
-        let out = self.session.call(&write, &[&positions, &row_slots, &new_k, &new_v, &self.k, &self.v])?;
+        // A decode or mixed call's rows are its slots: the same view, not a second upload
+        // (on a GPU each upload is an allocation and a synchronous copy).
+        let own_row_slots = if row_slots == slots_given { None } else { Some(upload(row_slots)?) };
+        let row_slots = own_row_slots.as_ref().unwrap_or(&slots);
+        let out = self.session.call(&write, &[&positions, row_slots, &new_k, &new_v, &self.k, &self.v])?;
         let got = out.len();
         let Ok([k, v]) = <[BufferView; 2]>::try_from(out) else {
             return Err(Error::Abi { function: write, got, expected: 2 });
