@@ -374,7 +374,7 @@ pub fn layout_for(
         return Ok(layout.for_spirv());
     }
     if matches!(target, iree_compiler::Target::Cuda { .. }) && kernels != CpuKernels::Off {
-        return Ok(layout.with_cuda_kernel());
+        return Ok(layout.with_cuda_kernel(cfg));
     }
     let Some(isa) = isa.filter(|_| precision == Precision::Packed) else { return Ok(layout) };
     let dir = cache_dir.join("kernels");

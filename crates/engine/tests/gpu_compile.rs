@@ -73,7 +73,7 @@ fn qwen3_moe_packed_compiles_for_cuda() {
 /// Packed dense layers through the CUDA kernel (its PTX linked as an external variant):
 /// 4-bit with bf16 scales (matrices of 32 rows held one value a byte, read as 8-bit), the
 /// gated MLP in one dispatch, the residual adds inside, the embedding rows; and 8-bit with
-/// f16 scales. Prompt chunks too (each group of 4 rows of x reads the matrix again, from
+/// f16 scales, its q, k and v stacked into one matrix. Prompt chunks too (each group of 4 rows of x reads the matrix again, from
 /// the cache: IREE's contraction of the graph form prefilled 5x slower than f16 on the H200).
 #[test]
 fn llama_packed_compiles_for_cuda_through_the_kernel() {
@@ -89,9 +89,12 @@ fn llama_packed_compiles_for_cuda_through_the_kernel() {
         assert!(f.contains(&format!("@{}::@", kernels::cuda::EXECUTABLE)) || name.starts_with("write_kv"), "{name}");
     }
     assert!(!mlir.contains("xi16>"), "an i16 tensor: the graph form's quantized x");
-    let q8 = cuda_exports(&compiles_for_cuda("llama_llama3_tied", "q8", Precision::Packed));
+    let q8 = compiles_for_cuda("llama_llama3_tied", "q8", Precision::Packed);
     let want = ["glu8_f16", "qmv8_f16", "qmvr8_f16", "rows8_f16"];
-    assert_eq!(q8, want.map(|n| format!("mlx_iree_cuda_{n}")), "8-bit");
+    assert_eq!(cuda_exports(&q8), want.map(|n| format!("mlx_iree_cuda_{n}")), "8-bit");
+    // q, k and v (alike at 8 bits) stacked into one matrix: one dispatch for the three.
+    assert!(q8.contains("model.layers.0.self_attn.qkv_proj.weight"), "q/k/v not stacked");
+    assert!(!q8.contains("model.layers.0.self_attn.q_proj.weight"), "q_proj beside the stacked matrix");
 }
 
 /// The shared expert and its sigmoid gate.

@@ -467,18 +467,25 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     fn packed_linear(&self, x: V<'c, 'b>, prefix: &str, p: &Packing) -> R<V<'c, 'b>> {
         if let Some((merged, first, rows)) = self.layout.merged(prefix) {
             // One dispatch for all parts (they read this same `x`), computed at the first
-            // part's use; each part is a column slice of it.
+            // part's use; each part is a column slice of it (q/k/v on CUDA and the CPU,
+            // gate/up on the CPU).
             let cached = self.merged_out.borrow().get(merged).copied();
             let all = match cached {
                 Some(v) => v,
                 None => {
-                    let v = self.kernel_dispatch(kernels::cpu::Op::Matvec, x, merged, p)?;
+                    let v = self.packed_matrix(x, merged, p)?;
                     self.merged_out.borrow_mut().insert(merged.to_owned(), v);
                     v
                 }
             };
             return self.f.slice_dim(all, 1, first as i64, (first + rows) as i64);
         }
+        self.packed_matrix(x, prefix, p)
+    }
+
+    /// [`Step::packed_linear`] through the whole matrix `prefix` (merged or not): the CPU
+    /// kernel, the CUDA kernel, or the graph form.
+    fn packed_matrix(&self, x: V<'c, 'b>, prefix: &str, p: &Packing) -> R<V<'c, 'b>> {
         if p.kernel {
             return self.kernel_dispatch(kernels::cpu::Op::Matvec, x, prefix, p);
         }

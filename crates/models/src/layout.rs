@@ -213,11 +213,7 @@ impl Layout {
     pub fn with_cpu_kernels(mut self, cfg: &ModelConfig, object: &Path) -> Layout {
         // Each matrix's [out, in]: a stacked expert layer's are its experts' (`qmve` takes
         // them stacked).
-        let shapes: HashMap<String, Vec<usize>> = param_specs(cfg)
-            .into_iter()
-            .filter(|s| s.kind != Kind::Vector)
-            .map(|s| (s.prefix().to_owned(), s.shape[s.shape.len() - 2..].to_vec()))
-            .collect();
+        let shapes = matrix_shapes(cfg);
         for (prefix, p) in &mut self.packed {
             let Some(shape) = shapes.get(prefix) else { continue };
             if kernels::cpu::supports(p.bits, shape[0], shape[1], p.group_size) {
@@ -232,30 +228,7 @@ impl Layout {
         }
         // q/k/v and gate/up read the same normed input: one dispatch each instead of 3 and
         // 2, when the parts share one kernel packing.
-        for l in 0..cfg.num_layers() {
-            let p = crate::params::layer_prefix(l);
-            for (merged, parts) in [
-                (
-                    format!("{p}.self_attn.qkv_proj"),
-                    ["q_proj", "k_proj", "v_proj"].map(|n| format!("{p}.self_attn.{n}")).to_vec(),
-                ),
-                (format!("{p}.mlp.gate_up_proj"), ["gate_proj", "up_proj"].map(|n| format!("{p}.mlp.{n}")).to_vec()),
-            ] {
-                let packings: Vec<Option<&Packing>> = parts.iter().map(|n| self.packed.get(n)).collect();
-                let Some(Some(first)) = packings.first().copied() else { continue };
-                if !first.kernel || packings.iter().any(|q| *q != Some(first)) {
-                    continue;
-                }
-                let first = *first;
-                let mut row = 0;
-                for part in &parts {
-                    let rows = shapes[part][0];
-                    self.merged.insert(part.clone(), (merged.clone(), row, rows));
-                    row += rows;
-                }
-                self.packed.insert(merged, first);
-            }
-        }
+        self.merge(cfg, &[QKV, GATE_UP], |p, _, _| p.kernel);
         self
     }
 
@@ -277,9 +250,52 @@ impl Layout {
     /// Lets the CUDA kernel (`kernels::cuda`) compute the packed matrices it takes, in the
     /// graph-level layout as it is: for a `cuda` target only, and only when this build has
     /// its PTX.
-    pub fn with_cuda_kernel(mut self) -> Layout {
+    pub fn with_cuda_kernel(mut self, cfg: &ModelConfig) -> Layout {
         self.cuda_kernel = !self.packed.is_empty() && kernels::cuda::ptx().is_some();
+        if self.cuda_kernel {
+            // q/k/v in one dispatch where the kernel takes them stacked (gate and up already
+            // share one, `Op::Glu`): on a GPU a decode step is bound by its dispatches.
+            self.merge(cfg, &[QKV], |p, rows, inp| {
+                !p.kernel && kernels::cuda::supports(if p.wide { 8 } else { p.bits }, rows, inp, p.group_size)
+            });
+        }
         self
+    }
+
+    /// Merges, in every layer, each of `groups` (the merged matrix's name and its parts',
+    /// under the layer's prefix) whose parts are packed alike and which `accept`s (the
+    /// packing, the merged rows, the input width) into one matrix, the parts stacked by rows
+    /// in order ([`Layout::merged`]).
+    fn merge(
+        &mut self,
+        cfg: &ModelConfig,
+        groups: &[(&str, &[&str])],
+        accept: impl Fn(&Packing, usize, usize) -> bool,
+    ) {
+        let shapes = matrix_shapes(cfg);
+        for l in 0..cfg.num_layers() {
+            let p = crate::params::layer_prefix(l);
+            for (merged, parts) in groups {
+                let merged = format!("{p}.{merged}");
+                let parts: Vec<String> = parts.iter().map(|n| format!("{p}.{n}")).collect();
+                let packings: Vec<Option<&Packing>> = parts.iter().map(|n| self.packed.get(n)).collect();
+                let Some(Some(first)) = packings.first().copied() else { continue };
+                let Some(part_shapes) = parts.iter().map(|n| shapes.get(n)).collect::<Option<Vec<_>>>() else {
+                    continue;
+                };
+                let rows: usize = part_shapes.iter().map(|s| s[0]).sum();
+                if packings.iter().any(|q| *q != Some(first)) || !accept(first, rows, part_shapes[0][1]) {
+                    continue;
+                }
+                let first = *first;
+                let mut row = 0;
+                for (part, shape) in parts.iter().zip(&part_shapes) {
+                    self.merged.insert(part.clone(), (merged.clone(), row, shape[0]));
+                    row += shape[0];
+                }
+                self.packed.insert(merged, first);
+            }
+        }
     }
 
     /// Whether [`Layout::with_cuda_kernel`] linked the CUDA kernel.
@@ -380,7 +396,7 @@ impl Layout {
                     out.push(param(format!("{prefix}.biases"), groups, p.bias_elem, Role::PackedBiases));
                 }
                 (Kind::Matrix, Some(p)) => {
-                    let (o, i) = (spec.shape[0], spec.shape[1]);
+                    let (o, i) = (parts.iter().map(|s| s.shape[0]).sum(), spec.shape[1]);
                     let groups = vec![o, i / p.group_size];
                     if p.weight_elem() == ElementType::I4 && prefix == EMBEDDING {
                         let mut rows =
@@ -401,7 +417,6 @@ impl Layout {
     /// in the device form, else converted (dense matrices rounded to nearest even, packed
     /// weights bit-flipped, biases adjusted).
     pub fn load<'a>(&self, ckpt: &'a Checkpoint, param: &DeviceParam) -> Result<Cow<'a, [u8]>> {
-        let dims = &param.dims;
         match param.role {
             // bf16 bit patterns are bf16's bytes.
             Role::Dense if param.elem == ElementType::I16 => {
@@ -449,12 +464,18 @@ impl Layout {
                 Ok(bytes)
             }
             Role::PackedWeight | Role::PackedScales | Role::PackedBiases if param.parts.len() > 1 => {
-                // A merged projection: each part in the kernel layout, stacked by rows (whole
-                // 16-row blocks, so stacking the parts' bytes stacks the matrices).
+                // A merged projection: the parts stacked by rows (in the kernel layout whole
+                // 16-row blocks, in the graph form whole rows, so stacking the parts' bytes
+                // stacks the matrices).
                 let mut bytes = Vec::with_capacity(param.bytes());
                 for part in &param.parts {
                     let (packing, q) = self.packed_layer(ckpt, part)?;
-                    bytes.extend_from_slice(&kernel_bytes(&q, packing, param.role)?);
+                    let part_bytes = if packing.kernel {
+                        kernel_bytes(&q, packing, param.role)?
+                    } else {
+                        graph_bytes(&q, packing, param.role, param.elem)?
+                    };
+                    bytes.extend_from_slice(&part_bytes);
                 }
                 Ok(Cow::Owned(bytes))
             }
@@ -463,28 +484,9 @@ impl Layout {
                 if packing.kernel {
                     return kernel_bytes(&q, packing, param.role);
                 }
-                match param.role {
-                    Role::PackedWeight if packing.wide => {
-                        // Each nibble q as its own byte, q - 8 (element 2j is the low nibble).
-                        let bytes = q.weight().bytes();
-                        Ok(Cow::Owned(
-                            bytes.iter().flat_map(|b| [(b & 0xF).wrapping_sub(8), (b >> 4).wrapping_sub(8)]).collect(),
-                        ))
-                    }
-                    Role::PackedWeight | Role::PackedRows => {
-                        // Flip each value's top bit: nibbles with 0x88, bytes with 0x80.
-                        let flip = if packing.bits == 4 { 0x88u8 } else { 0x80 };
-                        Ok(Cow::Owned(q.weight().bytes().iter().map(|b| b ^ flip).collect()))
-                    }
-                    Role::PackedScales => as_float(q.scales(), param.elem),
-                    _ => {
-                        let scales = q.scales().to_f32_vec()?;
-                        let biases = q.biases().to_f32_vec()?;
-                        debug_assert_eq!(scales.len(), dims.iter().product::<usize>());
-                        let adjusted = biases.iter().zip(&scales).map(|(b, s)| b + packing.offset() * s);
-                        Ok(Cow::Owned(encode_f32(adjusted, packing.bias_elem)))
-                    }
-                }
+                let bytes = graph_bytes(&q, packing, param.role, param.elem)?;
+                debug_assert_eq!(bytes.len(), param.bytes(), "{}", param.key);
+                Ok(bytes)
             }
         }
     }
@@ -510,6 +512,49 @@ impl Layout {
             )));
         }
         Ok((packing, q))
+    }
+}
+
+/// Projections that read the same input, merged where a layout allows: (merged name, parts).
+const QKV: (&str, &[&str]) = ("self_attn.qkv_proj", &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]);
+const GATE_UP: (&str, &[&str]) = ("mlp.gate_up_proj", &["mlp.gate_proj", "mlp.up_proj"]);
+
+/// Each matrix's `[out, in]` by prefix; a stacked expert layer's are its experts'.
+fn matrix_shapes(cfg: &ModelConfig) -> HashMap<String, Vec<usize>> {
+    param_specs(cfg)
+        .into_iter()
+        .filter(|s| s.kind != Kind::Vector)
+        .map(|s| (s.prefix().to_owned(), s.shape[s.shape.len() - 2..].to_vec()))
+        .collect()
+}
+
+/// A packed matrix's tensor `role` in the graph form (`Packing::wide` 4-bit one value a
+/// byte, values' top bits flipped to signed, the offset folded into the biases), scales as
+/// `elem`.
+fn graph_bytes<'a>(
+    q: &weights::QuantizedLinear<'a>,
+    packing: &Packing,
+    role: Role,
+    elem: ElementType,
+) -> Result<Cow<'a, [u8]>> {
+    match role {
+        Role::PackedWeight if packing.wide => {
+            // Each nibble q as its own byte, q - 8 (element 2j is the low nibble).
+            let bytes = q.weight().bytes();
+            Ok(Cow::Owned(bytes.iter().flat_map(|b| [(b & 0xF).wrapping_sub(8), (b >> 4).wrapping_sub(8)]).collect()))
+        }
+        Role::PackedWeight | Role::PackedRows => {
+            // Flip each value's top bit: nibbles with 0x88, bytes with 0x80.
+            let flip = if packing.bits == 4 { 0x88u8 } else { 0x80 };
+            Ok(Cow::Owned(q.weight().bytes().iter().map(|b| b ^ flip).collect()))
+        }
+        Role::PackedScales => as_float(q.scales(), elem),
+        _ => {
+            let scales = q.scales().to_f32_vec()?;
+            let biases = q.biases().to_f32_vec()?;
+            let adjusted = biases.iter().zip(&scales).map(|(b, s)| b + packing.offset() * s);
+            Ok(Cow::Owned(encode_f32(adjusted, packing.bias_elem)))
+        }
     }
 }
 

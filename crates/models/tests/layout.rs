@@ -287,3 +287,47 @@ fn spirv_layout_holds_bf16_as_bits_and_four_bits_as_bytes() {
     let want: Vec<u8> = q.scales().to_f32_vec().unwrap().iter().flat_map(|x| x.to_le_bytes()).collect();
     assert_eq!(bytes.as_ref(), want.as_slice());
 }
+
+/// With the CUDA kernel, q, k and v (packed alike) are stacked by rows in the graph form
+/// into one matrix the kernel reads in one dispatch; the stacked bytes are the parts'
+/// bytes, in order. Gate and up stay apart (the kernel's `glu` reads both).
+#[test]
+fn cuda_kernel_layout_stacks_q_k_v() {
+    let (ckpt, cfg) = open("llama_llama3_tied", "q8");
+    let plain = Layout::new(&cfg, Precision::Packed, &ckpt).unwrap();
+    let layout = Layout::new(&cfg, Precision::Packed, &ckpt).unwrap().with_cuda_kernel(&cfg);
+    if kernels::cuda::ptx().is_none() {
+        assert!(!layout.cuda_kernel() && layout.merged("model.layers.0.self_attn.k_proj").is_none());
+        return;
+    }
+    let attn = |s: &str| format!("model.layers.0.self_attn.{s}");
+    // q [64, 64], k and v [32, 64]: 128 rows, groups of 64, 8 bits, f16 scales as stored.
+    assert_eq!(layout.merged(&attn("q_proj")), Some((attn("qkv_proj").as_str(), 0, 64)));
+    assert_eq!(layout.merged(&attn("k_proj")), Some((attn("qkv_proj").as_str(), 64, 32)));
+    assert_eq!(layout.merged(&attn("v_proj")), Some((attn("qkv_proj").as_str(), 96, 32)));
+    assert_eq!(layout.merged("model.layers.0.mlp.up_proj"), None);
+    let params = layout.device_params(&cfg);
+    let merged: Vec<_> = params.iter().filter(|p| p.key.starts_with(&attn("qkv_proj"))).collect();
+    let shapes: Vec<_> = merged.iter().map(|p| (p.key.as_str(), p.dims.clone(), p.elem)).collect();
+    assert_eq!(
+        shapes,
+        [
+            (attn("qkv_proj.weight").as_str(), vec![128, 64], ElementType::I8),
+            (attn("qkv_proj.scales").as_str(), vec![128, 1], ElementType::F16),
+            (attn("qkv_proj.biases").as_str(), vec![128, 1], ElementType::F16)
+        ]
+    );
+    assert!(!params.iter().any(|p| p.key.starts_with(&attn("q_proj."))), "q_proj declared beside qkv_proj");
+    let plain_params = plain.device_params(&cfg);
+    for m in merged {
+        let name = m.key.rsplit('.').next().unwrap();
+        let mut parts = Vec::new();
+        for part in ["q_proj", "k_proj", "v_proj"] {
+            let p = plain_params.iter().find(|p| p.key == attn(&format!("{part}.{name}"))).unwrap();
+            parts.extend_from_slice(&plain.load(&ckpt, p).unwrap());
+        }
+        let bytes = layout.load(&ckpt, m).unwrap();
+        assert_eq!(bytes.len(), m.bytes(), "{}", m.key);
+        assert!(bytes[..] == parts[..], "{}: not the parts' bytes in order", m.key);
+    }
+}
