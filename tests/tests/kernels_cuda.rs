@@ -1,7 +1,8 @@
 //! The CUDA kernel (`crates/kernels/cuda/qmv.cu`) without a GPU: the same source compiled for
 //! the host against `cuda/host_sim.h`, which runs each block's threads as host threads and
 //! meets a warp's 32 threads at a barrier for each shuffle, so the kernel's own code computes
-//! every export (qmv, qmvr, glu, rows; 4 and 8 bits; f16, bf16 and f32 scales) against a
+//! every export (qmv, qmvr, glu, rows, and qmvn and glun after RMSNorm; 4 and 8 bits; f16,
+//! bf16 and f32 scales) against a
 //! reference in double (`cuda/qmv_host_test.cc`). That the PTX builds and that IREE links it
 //! into a module for `cuda` is checked by the kernels crate's tests and
 //! crates/engine/tests/gpu_compile.rs; running it on a GPU is scripts/cuda-check's part.
@@ -31,8 +32,9 @@ fn every_cuda_export_computes_its_results_on_the_host() {
     let out = Command::new(&exe).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
-    // 36 products (3 exports x 2 bit widths x 3 scale types x 2 shapes), 6 lookups, 6 more.
-    assert_eq!(stdout.lines().filter(|l| l.starts_with("ok ")).count(), 48, "{stdout}");
+    // 48 products (3 exports x 2 bit widths x 3 scale types x 2 shapes, the 2 normed ones in
+    // one shape), 6 lookups, 9 more.
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("ok ")).count(), 63, "{stdout}");
     assert!(stdout.trim_end().ends_with("0 failed"), "{stdout}");
 }
 

@@ -78,7 +78,9 @@ fn qwen3_moe_packed_compiles_for_cuda() {
 #[test]
 fn llama_packed_compiles_for_cuda_through_the_kernel() {
     let mlir = compiles_for_cuda("llama_llama3_tied", "q4", Precision::Packed);
-    let want = ["glu4_bf16", "qmv4_bf16", "qmv8_bf16", "qmvr4_bf16", "rows4_bf16"];
+    // The products that read an RMSNorm's output take its input instead (`n`: the norm in
+    // the kernel); a prompt's head reads the gathered last rows, so plain `qmv` stays.
+    let want = ["glun4_bf16", "qmv4_bf16", "qmvn4_bf16", "qmvn8_bf16", "qmvr4_bf16", "rows4_bf16"];
     assert_eq!(cuda_exports(&mlir), want.map(|n| format!("mlx_iree_cuda_{n}")), "4-bit");
     // Every function (decode steps and prompt chunks) dispatches the kernel; the graph
     // form's integer contraction is nowhere.
@@ -90,7 +92,7 @@ fn llama_packed_compiles_for_cuda_through_the_kernel() {
     }
     assert!(!mlir.contains("xi16>"), "an i16 tensor: the graph form's quantized x");
     let q8 = compiles_for_cuda("llama_llama3_tied", "q8", Precision::Packed);
-    let want = ["glu8_f16", "qmv8_f16", "qmvr8_f16", "rows8_f16"];
+    let want = ["glun8_f16", "qmv8_f16", "qmvn8_f16", "qmvr8_f16", "rows8_f16"];
     assert_eq!(cuda_exports(&q8), want.map(|n| format!("mlx_iree_cuda_{n}")), "8-bit");
     // q, k and v (alike at 8 bits) stacked into one matrix: one dispatch for the three.
     assert!(q8.contains("model.layers.0.self_attn.qkv_proj.weight"), "q/k/v not stacked");

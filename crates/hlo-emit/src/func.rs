@@ -15,7 +15,7 @@ use std::fmt;
 /// A tensor value inside a function (or a reduce body). Cheap to copy; it knows its
 /// [`TensorType`]. The lifetime `'b` ties it to the block it was built in, so values
 /// cannot leak into another function or region.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 pub struct Value<'c, 'b> {
     raw: melior::ir::Value<'c, 'b>,
     elem: ElementType,

@@ -26,7 +26,10 @@
 //! block on k keeps many blocks in flight and each thread's loop short (a decode step is
 //! bound by load latency, not arithmetic). The rows of x go TC at a time (one alone when
 //! only one is left, as in a decode step), each pass reading the rows' weights again (from
-//! cache).
+//! cache). The `n` exports (`qmvn`, `glun`) take x before its RMSNorm and the norm's weight
+//! g: each thread scales its x values by g and sums their squares beside the dot products,
+//! and the block's sums come out times `1 / sqrt(sum(x^2) / K + eps)` (the product is linear
+//! in x, so the norm's one factor a row applies once, at the end).
 
 #include "device.h"
 
@@ -92,13 +95,18 @@ KDEV float silu_mul(float g, float u) { return g * (1.0f / (1.0f + fast_exp(-g))
 
 // Rows t0..t0+N-1 of x against this block's ROWS rows from o0: of `a` (PLAIN, RESIDUAL, where
 // y = dot + r), or of `a` (gate) and `b` (up) for GLU (y = silu(gate) * up).
-template <int BITS, int S, int N, int KIND>
-KDEV void pass(const float* x, Mat a, Mat b, const float* r, float* y, uint32_t T, uint32_t K, uint32_t O,
-               uint32_t GS, uint32_t o0, uint32_t t0, bool aligned) {
+// With NORM, x is RMSNorm's input and `gn` its weight (see the top of the file).
+template <int BITS, int S, int N, int KIND, bool NORM>
+KDEV void pass(const float* x, const float* gn, float eps, Mat a, Mat b, const float* r, float* y, uint32_t T,
+               uint32_t K, uint32_t O, uint32_t GS, uint32_t o0, uint32_t t0, bool aligned) {
   const uint32_t lane = lane_id(), warp = warp_id(), G = K / GS;
   constexpr int M = KIND == GLU ? 2 : 1;
-  // Each warp's partial sums, for the block's sum.
+  // Each warp's partial sums, for the block's sum; with NORM, its sums of x^2 too.
   KSHARED float partial[WARPS][M][ROWS][N];
+  KSHARED float partial_sq[WARPS][N];
+  float sq[N];
+#pragma unroll
+  for (int t = 0; t < N; ++t) sq[t] = 0.0f;
   float acc[M][ROWS][N];
 #pragma unroll
   for (int m = 0; m < M; ++m)
@@ -117,6 +125,10 @@ KDEV void pass(const float* x, Mat a, Mat b, const float* r, float* y, uint32_t 
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         xv[t][j] = in ? xr[j] : 0.0f;
+        if (NORM) {
+          sq[t] = fmaf(xv[t][j], xv[t][j], sq[t]);
+          xv[t][j] *= gn[k0 + j];
+        }
         xs[t] += xv[t][j];
       }
     }
@@ -153,6 +165,15 @@ KDEV void pass(const float* x, Mat a, Mat b, const float* r, float* y, uint32_t 
         for (int mask = 16; mask > 0; mask >>= 1) v += shuffle_xor(v, mask);
         if (lane == 0) partial[warp][m][i][t] = v;
       }
+  if (NORM) {
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      float v = sq[t];
+#pragma unroll
+      for (int mask = 16; mask > 0; mask >>= 1) v += shuffle_xor(v, mask);
+      if (lane == 0) partial_sq[warp][t] = v;
+    }
+  }
   block_sync();
   // Warp 0's lanes take one (row, row of x) each and sum the warps in order.
   if (warp == 0 && lane < ROWS * N) {
@@ -163,6 +184,14 @@ KDEV void pass(const float* x, Mat a, Mat b, const float* r, float* y, uint32_t 
       sum[m] = partial[0][m][i][t];
 #pragma unroll
       for (int w = 1; w < WARPS; ++w) sum[m] += partial[w][m][i][t];
+    }
+    if (NORM) {
+      float total = partial_sq[0][t];
+#pragma unroll
+      for (int w = 1; w < WARPS; ++w) total += partial_sq[w][t];
+      const float inv = 1.0f / __builtin_sqrtf(total / (float)K + eps);
+#pragma unroll
+      for (int m = 0; m < M; ++m) sum[m] *= inv;
     }
     if (o < O && t0 + t < T) {
       const size_t at = (size_t)(t0 + t) * O + o;
@@ -175,18 +204,18 @@ KDEV void pass(const float* x, Mat a, Mat b, const float* r, float* y, uint32_t 
   block_sync();
 }
 
-template <int BITS, int S, int KIND>
+template <int BITS, int S, int KIND, bool NORM = false>
 KDEV void qmv(const float* x, Mat a, Mat b, const float* r, float* y, uint32_t T, uint32_t K, uint32_t O,
-              uint32_t GS) {
+              uint32_t GS, const float* gn = 0, float eps = 0.0f) {
   const uint32_t o0 = block_id() * ROWS;
   // 32-bit loads of the weights where their pointers allow (IREE aligns buffers; a subrange
   // might not be).
   const bool aligned = (((uintptr_t)a.w | (uintptr_t)b.w) & 3) == 0;
   for (uint32_t t0 = 0; t0 < T; t0 += TC) {
     if (T - t0 == 1) {
-      pass<BITS, S, 1, KIND>(x, a, b, r, y, T, K, O, GS, o0, t0, aligned);
+      pass<BITS, S, 1, KIND, NORM>(x, gn, eps, a, b, r, y, T, K, O, GS, o0, t0, aligned);
     } else {
-      pass<BITS, S, TC, KIND>(x, a, b, r, y, T, K, O, GS, o0, t0, aligned);
+      pass<BITS, S, TC, KIND, NORM>(x, gn, eps, a, b, r, y, T, K, O, GS, o0, t0, aligned);
     }
   }
 }
@@ -214,9 +243,17 @@ KDEV void rows(const int32_t* ids, const uint8_t* w, const void* sc, const void*
   }
 }
 
+// The bits of an f32 push constant.
+KDEV float f32_from_bits(uint32_t u) {
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+
 // The exports, per (bits, scale type): `qmv` (x, w, scales, biases, y), `qmvr` (x, w, scales,
 // biases, r, y), `glu` (x, gate's w, scales, biases, up's w, scales, biases, y) and `rows`
-// (ids, w, scales, biases, out); push constants T, K, O, GS.
+// (ids, w, scales, biases, out); push constants T, K, O, GS. `qmvn` and `glun` are `qmv` and
+// `glu` with RMSNorm's weight g after x and its epsilon's bits as a fifth constant.
 #define EXPORTS(BITS, SN, S)                                                                               \
   extern "C" KGLOBAL void mlx_iree_cuda_qmv##BITS##_##SN(const float* __restrict__ x, const uint8_t* __restrict__ w, \
                                                       const void* __restrict__ sc, const void* __restrict__ bi,    \
@@ -237,6 +274,20 @@ KDEV void rows(const int32_t* ids, const uint8_t* w, const void* sc, const void*
       const void* __restrict__ bg, const uint8_t* __restrict__ wu, const void* __restrict__ su,            \
       const void* __restrict__ bu, float* __restrict__ y, uint32_t T, uint32_t K, uint32_t O, uint32_t GS) { \
     qmv<BITS, S, GLU>(x, Mat{wg, sg, bg}, Mat{wu, su, bu}, 0, y, T, K, O, GS);                             \
+  }                                                                                                        \
+  extern "C" KGLOBAL void mlx_iree_cuda_qmvn##BITS##_##SN(                                                 \
+      const float* __restrict__ x, const float* __restrict__ gn, const uint8_t* __restrict__ w,            \
+      const void* __restrict__ sc, const void* __restrict__ bi, float* __restrict__ y, uint32_t T, uint32_t K, \
+      uint32_t O, uint32_t GS, uint32_t EPS) {                                                             \
+    const Mat m = {w, sc, bi};                                                                             \
+    qmv<BITS, S, PLAIN, true>(x, m, m, 0, y, T, K, O, GS, gn, f32_from_bits(EPS));                         \
+  }                                                                                                        \
+  extern "C" KGLOBAL void mlx_iree_cuda_glun##BITS##_##SN(                                                 \
+      const float* __restrict__ x, const float* __restrict__ gn, const uint8_t* __restrict__ wg,           \
+      const void* __restrict__ sg, const void* __restrict__ bg, const uint8_t* __restrict__ wu,            \
+      const void* __restrict__ su, const void* __restrict__ bu, float* __restrict__ y, uint32_t T, uint32_t K, \
+      uint32_t O, uint32_t GS, uint32_t EPS) {                                                             \
+    qmv<BITS, S, GLU, true>(x, Mat{wg, sg, bg}, Mat{wu, su, bu}, 0, y, T, K, O, GS, gn, f32_from_bits(EPS)); \
   }                                                                                                        \
   extern "C" KGLOBAL void mlx_iree_cuda_rows##BITS##_##SN(                                                 \
       const int32_t* __restrict__ ids, const uint8_t* __restrict__ w, const void* __restrict__ sc,         \

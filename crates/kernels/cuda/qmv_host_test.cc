@@ -1,6 +1,6 @@
 //! qmv.cu run on the host (host_sim.h) against a reference in double, for
-//! tests/tests/kernels_cuda.rs: every export (qmv, qmvr, glu, rows) for every (bits, scale
-//! type), several group sizes, rows of x from 1 to 9, output counts that are not multiples
+//! tests/tests/kernels_cuda.rs: every export (qmv, qmvr, glu, rows, and qmvn and glun with
+//! RMSNorm's weight) for every (bits, scale type), several group sizes, rows of x from 1 to 9, output counts that are not multiples
 //! of a block's 16 rows, weight pointers off 32-bit alignment, and ids past the table.
 //! Prints one line per case and exits 1 if a product is off by more than 1e-5 of the sum of
 //! its terms' magnitudes, or a looked-up row is not exactly `s * v + b`.
@@ -52,6 +52,10 @@ typedef void (*Rows)(const int32_t*, const uint8_t*, const void*, const void*, f
                      uint32_t);
 typedef void (*Glu)(const float*, const uint8_t*, const void*, const void*, const uint8_t*, const void*,
                     const void*, float*, uint32_t, uint32_t, uint32_t, uint32_t);
+typedef void (*Qmvn)(const float*, const float*, const uint8_t*, const void*, const void*, float*, uint32_t,
+                     uint32_t, uint32_t, uint32_t, uint32_t);
+typedef void (*Glun)(const float*, const float*, const uint8_t*, const void*, const void*, const uint8_t*,
+                     const void*, const void*, float*, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t);
 
 #define TABLE(OP, TYPE)                                                                          \
   static const TYPE OP##_kernels[2][3] = {                                                       \
@@ -61,6 +65,8 @@ TABLE(qmv, Qmv)
 TABLE(qmvr, Qmvr)
 TABLE(glu, Glu)
 TABLE(rows, Rows)
+TABLE(qmvn, Qmvn)
+TABLE(glun, Glun)
 
 // A random packed matrix [O, K] in the kernel's layout (`misalign` bytes into its buffer),
 // with its values, scales and biases as the kernel reads them.
@@ -118,7 +124,7 @@ struct Matrix {
   }
 };
 
-enum { QMV, QMVR, GLU_OP };
+enum { QMV, QMVR, GLU_OP, QMVN, GLUN };
 
 // Rows `ids` (an id past O and a negative one among them, clamped) of a packed matrix
 // [O, K], against s * v + b in float, which they must equal exactly.
@@ -142,31 +148,50 @@ static int rows_case(int bits, int scale, uint32_t K, uint32_t O, uint32_t GS) {
   return wrong ? 1 : 0;
 }
 
+// `xscale`: x's magnitude (a small one makes RMSNorm's epsilon count).
 static int run_case(int op, int bits, int scale, uint32_t T, uint32_t K, uint32_t O, uint32_t GS,
-                    uint32_t misalign) {
+                    uint32_t misalign, float xscale = 1.0f) {
   std::vector<float> x((size_t)T * K), r((size_t)T * O), y((size_t)T * O, -1.0f);
-  for (auto& e : x) e = uniform();
+  for (auto& e : x) e = xscale * uniform();
   for (auto& e : r) e = uniform();
   const Matrix a(bits, scale, K, O, GS, misalign), b(bits, scale, K, O, GS, misalign);
   const int i = bits == 8;
+  // For the `n` exports: RMSNorm's weight and epsilon, and the normed x the reference reads
+  // (in double, rounded once to float).
+  const bool norm = op == QMVN || op == GLUN;
+  const float eps = 1e-5f;
+  uint32_t eps_bits;
+  memcpy(&eps_bits, &eps, 4);
+  std::vector<float> g(K), xn = x;
+  for (auto& e : g) e = 1.0f + 0.5f * uniform();
+  if (norm)
+    for (uint32_t t = 0; t < T; ++t) {
+      double sq = 0.0;
+      for (uint32_t k = 0; k < K; ++k) sq += (double)x[(size_t)t * K + k] * x[(size_t)t * K + k];
+      const double inv = 1.0 / sqrt(sq / K + eps);
+      for (uint32_t k = 0; k < K; ++k) xn[(size_t)t * K + k] = (float)(x[(size_t)t * K + k] * (double)g[k] * inv);
+    }
   sim_launch((O + BLOCK_ROWS - 1) / BLOCK_ROWS, WARPS * 32, [&] {
     if (op == QMV) qmv_kernels[i][scale](x.data(), a.w, a.sp, a.bp, y.data(), T, K, O, GS);
     if (op == QMVR) qmvr_kernels[i][scale](x.data(), a.w, a.sp, a.bp, r.data(), y.data(), T, K, O, GS);
     if (op == GLU_OP) glu_kernels[i][scale](x.data(), a.w, a.sp, a.bp, b.w, b.sp, b.bp, y.data(), T, K, O, GS);
+    if (op == QMVN) qmvn_kernels[i][scale](x.data(), g.data(), a.w, a.sp, a.bp, y.data(), T, K, O, GS, eps_bits);
+    if (op == GLUN)
+      glun_kernels[i][scale](x.data(), g.data(), a.w, a.sp, a.bp, b.w, b.sp, b.bp, y.data(), T, K, O, GS, eps_bits);
   });
   double worst = 0.0;
   for (uint32_t t = 0; t < T; ++t)
     for (uint32_t o = 0; o < O; ++o) {
       double ref, mag;
-      a.dot(x, t, o, K, GS, &ref, &mag);
+      a.dot(xn, t, o, K, GS, &ref, &mag);
       double want = ref, allowed = mag;
       if (op == QMVR) {
         want = ref + r[(size_t)t * O + o];
         allowed = mag + fabs(r[(size_t)t * O + o]);
       }
-      if (op == GLU_OP) {
+      if (op == GLU_OP || op == GLUN) {
         double up, up_mag;
-        b.dot(x, t, o, K, GS, &up, &up_mag);
+        b.dot(xn, t, o, K, GS, &up, &up_mag);
         const double act = ref / (1.0 + exp(-ref));
         want = act * up;
         // Each factor's error carries through the product (the sigmoid's slope is below 1.1).
@@ -176,7 +201,7 @@ static int run_case(int op, int bits, int scale, uint32_t T, uint32_t K, uint32_
       if (!(err <= worst)) worst = err;  // NaN counts as worst
     }
   const bool ok = worst <= 1e-5;
-  const char* ops[3] = {"qmv", "qmvr", "glu"};
+  const char* ops[5] = {"qmv", "qmvr", "glu", "qmvn", "glun"};
   const char* names[3] = {"f32", "f16", "bf16"};
   printf("%s %s bits=%d scale=%s T=%u K=%u O=%u GS=%u misalign=%u worst=%.3g\n", ok ? "ok  " : "FAIL", ops[op], bits,
          names[scale], T, K, O, GS, misalign, worst);
@@ -185,10 +210,11 @@ static int run_case(int op, int bits, int scale, uint32_t T, uint32_t K, uint32_
 
 int main() {
   int failed = 0;
-  for (int op : {QMV, QMVR, GLU_OP})
+  for (int op : {QMV, QMVR, GLU_OP, QMVN, GLUN})
     for (int bits : {4, 8})
       for (int scale : {SCALE_F32, SCALE_F16, SCALE_BF16}) {
-        failed += run_case(op, bits, scale, 1, 512, 12, 64, 0);
+        // The normed exports share everything but their prologue and last factor: one shape.
+        if (op != QMVN && op != GLUN) failed += run_case(op, bits, scale, 1, 512, 12, 64, 0);
         failed += run_case(op, bits, scale, 6, 384, 10, 32, 0);
       }
   for (int bits : {4, 8})
@@ -199,6 +225,9 @@ int main() {
   failed += run_case(QMVR, 8, SCALE_BF16, 3, 256, 48, 64, 3);
   failed += run_case(QMV, 4, SCALE_F32, 1, 2048, 64, 64, 0);
   failed += run_case(GLU_OP, 8, SCALE_F16, 5, 2304, 12, 128, 0);
+  failed += run_case(QMVN, 4, SCALE_F16, 1, 2048, 20, 64, 0);
+  failed += run_case(GLUN, 4, SCALE_BF16, 9, 1024, 12, 64, 1);
+  failed += run_case(QMVN, 8, SCALE_F32, 2, 512, 8, 64, 0, 0.004f);
   printf("%d failed\n", failed);
   return failed ? 1 : 0;
 }

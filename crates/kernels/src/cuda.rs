@@ -8,7 +8,7 @@
 //! or 8-bit values (a `wide` 4-bit matrix, a value a byte, read as 8-bit), scales `[O, K / group_size]` f16, bf16 or f32, biases the
 //! same shape, f16 beside f16 scales and f32 otherwise, the offset folded in; bindings (x,
 //! weight, scales, biases, y) and more for the other [`Op`]s, push constants (T, K, O,
-//! group_size); [`ROWS_PER_BLOCK`] output rows a block of [`THREADS`] threads; the workload
+//! group_size, and RMSNorm's epsilon for the normed ops); [`ROWS_PER_BLOCK`] output rows a block of [`THREADS`] threads; the workload
 //! is O (T for [`Op::Rows`]).
 
 /// Output rows a block computes (its 4 warps split k).
@@ -58,6 +58,13 @@ pub enum Op {
     /// product in one: (x, gate's weight, scales, biases, up's weight, scales, biases, y).
     /// silu(g) is `g * (1 / (1 + exp(-g)))` with the hardware's `exp`.
     Glu,
+    /// [`Op::Matvec`] of `x` after RMSNorm with weight `g`: `y = (x * g / rms(x)) . W^T`,
+    /// `rms(x) = sqrt(sum(x^2) / K + eps)`, applied once to each row's sums: (x, g f32 `[K]`,
+    /// weight, scales, biases, y), `eps`'s bits a fifth push constant.
+    NormMatvec,
+    /// [`Op::Glu`] of `x` after RMSNorm, as [`Op::NormMatvec`]: (x, g, gate's weight, scales,
+    /// biases, up's weight, scales, biases, y), `eps` a fifth constant.
+    NormGlu,
     /// `out[T, K] = W[ids[t], :]` dequantized, `s * v + b` in two roundings as the graph
     /// form's (an embedding lookup; ids clamped into the table): (ids i32, weight, scales,
     /// biases, out); the workload is T, one block a row.
@@ -70,8 +77,23 @@ impl Op {
             Op::Matvec => "qmv",
             Op::MatvecAdd => "qmvr",
             Op::Glu => "glu",
+            Op::NormMatvec => "qmvn",
+            Op::NormGlu => "glun",
             Op::Rows => "rows",
         }
+    }
+
+    /// Every op, for tests and listings.
+    pub const ALL: [Op; 6] = [Op::Matvec, Op::MatvecAdd, Op::Glu, Op::NormMatvec, Op::NormGlu, Op::Rows];
+
+    /// Whether the op reads RMSNorm's input and weight (and `eps`) rather than its output.
+    pub fn normed(self) -> bool {
+        matches!(self, Op::NormMatvec | Op::NormGlu)
+    }
+
+    /// 32-bit push constants: T, K, O, group size, and `eps`'s bits for the normed ops.
+    pub fn constants(self) -> usize {
+        if self.normed() { 5 } else { 4 }
     }
 
     /// Units of the workload a block computes: output rows, or rows of ids for `Rows`.
@@ -83,8 +105,9 @@ impl Op {
     pub fn bindings(self) -> usize {
         match self {
             Op::Matvec | Op::Rows => 5,
-            Op::MatvecAdd => 6,
+            Op::MatvecAdd | Op::NormMatvec => 6,
             Op::Glu => 8,
+            Op::NormGlu => 9,
         }
     }
 }
@@ -130,7 +153,7 @@ pub fn executable_source(ptx: &[u8], entries: &[Entry]) -> String {
     let mut exports = String::new();
     for (ordinal, e) in entries.iter().enumerate() {
         let name = e.export();
-        let layout = crate::pipeline_layout(4, e.op.bindings());
+        let layout = crate::pipeline_layout(e.op.constants(), e.op.bindings());
         let per = e.op.units_per_block();
         // The generic form: IREE 3.13's custom syntax for the op takes no `workgroup_size`,
         // which CUDA needs ahead of time (the second region, the export's fallback
@@ -160,6 +183,22 @@ mod tests {
         assert_eq!(Entry { op: Op::Matvec, bits: 4, scale: Scale::F16 }.export(), "mlx_iree_cuda_qmv4_f16");
         assert_eq!(Entry { op: Op::MatvecAdd, bits: 8, scale: Scale::BF16 }.export(), "mlx_iree_cuda_qmvr8_bf16");
         assert_eq!(Entry { op: Op::Glu, bits: 4, scale: Scale::F32 }.export(), "mlx_iree_cuda_glu4_f32");
+        assert_eq!(Entry { op: Op::NormMatvec, bits: 4, scale: Scale::F16 }.export(), "mlx_iree_cuda_qmvn4_f16");
+        assert_eq!(Entry { op: Op::NormGlu, bits: 8, scale: Scale::BF16 }.export(), "mlx_iree_cuda_glun8_bf16");
+    }
+
+    /// The normed ops take RMSNorm's weight after x and its epsilon as a fifth constant.
+    #[test]
+    fn normed_exports_declare_five_constants() {
+        let e = |op| Entry { op, bits: 4, scale: Scale::F16 };
+        let text = executable_source(b"PTX", &[e(Op::Matvec), e(Op::NormMatvec), e(Op::NormGlu)]);
+        let layouts: Vec<&str> =
+            text.match_indices("#hal.pipeline.layout<constants = ").map(|(i, _)| &text[i..]).collect();
+        assert_eq!(layouts.len(), 3);
+        assert!(layouts[0].starts_with("#hal.pipeline.layout<constants = 4,"));
+        assert!(layouts[1].starts_with("#hal.pipeline.layout<constants = 5,"));
+        assert!(layouts[2].starts_with("#hal.pipeline.layout<constants = 5,"));
+        assert_eq!((Op::NormMatvec.bindings(), Op::NormGlu.bindings()), (6, 9));
     }
 
     /// Every export the source can declare is a kernel of the PTX (when this build has it).
@@ -167,16 +206,16 @@ mod tests {
     fn the_ptx_defines_every_export() {
         let Some(ptx) = ptx() else { return };
         let text = String::from_utf8_lossy(ptx);
-        for op in [Op::Matvec, Op::MatvecAdd, Op::Glu, Op::Rows] {
+        for op in Op::ALL {
             for bits in [4, 8] {
                 for scale in [Scale::F16, Scale::BF16, Scale::F32] {
                     let name = Entry { op, bits, scale }.export();
                     let params = text.split(&format!(".visible .entry {name}(")).nth(1);
                     let params = params.unwrap_or_else(|| panic!("{name} missing from the PTX"));
-                    // Each binding a pointer, then the four constants.
+                    // Each binding a pointer, then the constants.
                     let declared = params.split(')').next().unwrap_or("");
                     assert_eq!(declared.matches(".param .u64").count(), op.bindings(), "{name}'s bindings");
-                    assert_eq!(declared.matches(".param .u32").count(), 4, "{name}'s constants");
+                    assert_eq!(declared.matches(".param .u32").count(), op.constants(), "{name}'s constants");
                 }
             }
         }

@@ -320,6 +320,7 @@ pub fn emit_functions_with(
                 cuda_entries: &cuda_entries,
                 attention: &attention,
                 merged_out: RefCell::new(HashMap::new()),
+                normed: RefCell::new(Vec::new()),
                 function,
                 kv_elem: cache.elem.elem(),
                 options,
@@ -403,6 +404,9 @@ struct Step<'a, 'c, 'b> {
     attention: &'a RefCell<BTreeSet<kernels::cpu::Attention>>,
     /// Outputs of merged projections already computed in this function.
     merged_out: RefCell<HashMap<String, V<'c, 'b>>>,
+    /// Each RMSNorm's (output, input, weight), where the CUDA kernel links: a matvec reading
+    /// a norm's output takes its input and weight instead and norms in its prologue.
+    normed: RefCell<Vec<(V<'c, 'b>, V<'c, 'b>, V<'c, 'b>)>>,
     function: Function,
     kv_elem: ElementType,
     options: EmitOptions,
@@ -546,6 +550,10 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     /// One dispatch of the CUDA kernel's `op` on `x [T, in]` and the packed matrices
     /// `prefixes` (one; gate and up for `Glu`), which the kernel reads as `form`
     /// ([`Step::cuda_kernel_for`] for each); `residual [T, out]` for `MatvecAdd`.
+    ///
+    /// A plain or gated product whose `x` is an RMSNorm's output ([`Step::norm_of`]) takes the
+    /// norm's input and weight instead (`NormMatvec`, `NormGlu`): the norm in the kernel's
+    /// prologue, one dispatch fewer.
     fn cuda_dispatch(
         &self,
         op: kernels::cuda::Op,
@@ -554,13 +562,23 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         prefixes: &[&str],
         residual: Option<V<'c, 'b>>,
     ) -> R<V<'c, 'b>> {
-        let mut args = vec![x];
+        use kernels::cuda::Op;
+        let normed = match op {
+            Op::Matvec | Op::Glu => self.norm_of(x),
+            _ => None,
+        };
+        let (op, mut args) = match (op, normed) {
+            (Op::Matvec, Some((x, w))) => (Op::NormMatvec, vec![x, w]),
+            (Op::Glu, Some((x, w))) => (Op::NormGlu, vec![x, w]),
+            _ => (op, vec![x]),
+        };
         for prefix in prefixes {
             let (w, s, b) = self.packed_globals(prefix)?;
             args.extend([w, s, b]);
         }
         args.extend(residual);
-        let (t, k, o) = (x.shape()[0], x.shape()[1], args[1].shape()[0]);
+        let first_weight = if op.normed() { 2 } else { 1 };
+        let (t, k, o) = (x.shape()[0], x.shape()[1], args[first_weight].shape()[0]);
         self.cuda_call(op, form, o, [t, k, o], &args, &[t, o])
     }
 
@@ -577,7 +595,11 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     ) -> R<V<'c, 'b>> {
         let entry = kernels::cuda::Entry { op, bits: form.bits, scale: form.scale };
         self.cuda_entries.borrow_mut().insert(entry);
-        let dims = [t, k, o, form.group_size as i64].map(|d| d as i32);
+        let mut dims: Vec<i32> = [t, k, o, form.group_size as i64].map(|d| d as i32).to_vec();
+        if op.normed() {
+            // RMSNorm's epsilon, as the graph's norm rounds it (to f32), by its bits.
+            dims.push((self.cfg.rms_eps as f32).to_bits() as i32);
+        }
         self.f.dispatch(kernels::cuda::EXECUTABLE, &entry.export(), workload, &dims, args, F32.tensor(shape))
     }
 
@@ -699,7 +721,16 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         if self.cfg.norm_plus_one {
             w = self.f.add_scalar(w, 1.0)?;
         }
-        self.f.rms_norm(x, w, self.cfg.rms_eps)
+        let y = self.f.rms_norm(x, w, self.cfg.rms_eps)?;
+        if self.layout.cuda_kernel() {
+            self.normed.borrow_mut().push((y, x, w));
+        }
+        Ok(y)
+    }
+
+    /// The input and weight of the RMSNorm whose output is `y`, if [`Step::norm`] made it.
+    fn norm_of(&self, y: V<'c, 'b>) -> Option<(V<'c, 'b>, V<'c, 'b>)> {
+        self.normed.borrow().iter().find(|(out, _, _)| *out == y).map(|&(_, x, w)| (x, w))
     }
 
     /// Rotates `x [T, heads, hd]` by the positions' angles (MLX's non-traditional layout:
