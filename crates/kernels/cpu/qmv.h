@@ -42,6 +42,15 @@
 // 128 KB). Longer rows take the panel path.
 #define ROW_MAX_K 16384
 
+// Bytes of the weight stream a one-row matvec asks for ahead of the group it reads
+// (software prefetch). One row of x does little arithmetic per byte, so the kernel waits on
+// memory unless requests run ahead of it; the hardware's own prefetch did not (on a Xeon
+// with AMX, weights beyond the last-level cache: 4 KB ahead took one thread from 12.5 to
+// about 25 GMAC/s and two at once from 12.5 to 21 each; docs/PERFORMANCE.md, "Prefetch").
+// Scales and biases are asked for the same number of groups ahead.
+#define PREFETCH_AHEAD 4096
+#define CACHE_LINE 64
+
 typedef struct {
   int16_t q[PANEL][MAX_GROUP] __attribute__((aligned(64)));
   float scale[PANEL];
@@ -69,6 +78,12 @@ static inline void whole_panel(int bits, int f16, const float* x, size_t K, cons
 #define whole_panel(...) ((void)0)
 #endif
 
+// Asks for [p, p + bytes) to be brought into the cache; no effect on any result (a
+// prefetch never faults, so addresses past a buffer's end are harmless).
+static inline __attribute__((always_inline)) void prefetch_span(const void* p, size_t bytes) {
+  for (size_t o = 0; o < bytes; o += CACHE_LINE) __builtin_prefetch((const char*)p + o, 0, 3);
+}
+
 // The matvec of every export: a workgroup computes row blocks [rb0, rb1) (at most BLOCKS) for
 // every row of x, accumulating in y itself. One row of x (K <= ROW_MAX_K) goes block by block,
 // group by group. Otherwise, per panel of rows and per group, each row's group
@@ -85,6 +100,7 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int f16, co
   const size_t group_bytes = GS * bits * 16 / 8, sbytes = f16 ? 2 : 4;
   if (rb1 > blocks) rb1 = blocks;
   if (rb1 > rb0 + BLOCKS) rb1 = rb0 + BLOCKS;
+  if (rb1 <= rb0) return;
   xpanel_t xp;
   for (size_t t0 = 0; t0 < T; t0 += PANEL) {
     const size_t np = T - t0 < PANEL ? T - t0 : PANEL;
@@ -98,9 +114,20 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int f16, co
       // 1.15-1.3x as fast (docs/PERFORMANCE.md, "One stream per block").
       int16_t xq[ROW_MAX_K] __attribute__((aligned(64)));
       float xscale[ROW_MAX_K / 16], xsum[ROW_MAX_K / 16];
+      // The workgroup's blocks, scales and biases are three contiguous streams, read one
+      // group at a time; each group asks for the one `ahead` groups on (the first `ahead`
+      // asked for at once here).
+      const size_t ahead = PREFETCH_AHEAD / group_bytes, sgroup = 16 * sbytes;
+      prefetch_span(w + rb0 * block_bytes, ahead * group_bytes);
+      prefetch_span(sc + rb0 * G * sgroup, ahead * sgroup);
+      prefetch_span(bi + rb0 * G * sgroup, ahead * sgroup);
       for (size_t g = 0; g < G; ++g) quantize_group(x + g * GS, GS, xq + g * GS, &xscale[g], &xsum[g]);
       for (size_t rb = rb0; rb < rb1; ++rb) {
         for (size_t g = 0; g < G; ++g) {
+          const size_t next = (rb * G + g + ahead);
+          prefetch_span(w + next * group_bytes, group_bytes);
+          prefetch_span(sc + next * sgroup, sgroup);
+          prefetch_span(bi + next * sgroup, sgroup);
           // group_rows reads its row of x from a panel (no memcpy: freestanding).
           for (size_t k = 0; k < GS; ++k) xp.q[0][k] = xq[g * GS + k];
           xp.scale[0] = xscale[g];
@@ -114,12 +141,20 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int f16, co
       whole_panel(bits, f16, x + t0 * K, K, w + rb0 * block_bytes, block_bytes, sc + rb0 * G * 16 * sbytes,
                   bi + rb0 * G * 16 * sbytes, np, GS, y + t0 * O + rb0 * 16, O, rb1 - rb0);
     } else {
+      // The blocks are read side by side here, group by group, so each block's stream asks
+      // for its share of PREFETCH_AHEAD; later panels find the workgroup's weights cached.
+      const size_t ahead = PREFETCH_AHEAD / (group_bytes * (rb1 - rb0)) + 1, sgroup = 16 * sbytes;
       for (size_t g = 0; g < G; ++g) {
         for (size_t i = 0; i < np; ++i)
           quantize_group(x + (t0 + i) * K + g * GS, GS, xp.q[i], &xp.scale[i], &xp.sum[i]);
         for (size_t rb = rb0; rb < rb1; ++rb) {
           const size_t gi = (rb * G + g) * 16 * sbytes;
           const uint8_t* wg = w + rb * block_bytes + g * group_bytes;
+          if (t0 == 0) {
+            prefetch_span(wg + ahead * group_bytes, group_bytes);
+            prefetch_span(sc + gi + ahead * sgroup, sgroup);
+            prefetch_span(bi + gi + ahead * sgroup, sgroup);
+          }
           float* yb = y + t0 * O + rb * 16;
           size_t i = 0;
           if (np - i >= 8) {

@@ -264,7 +264,15 @@ static inline void whole_panel(int bits, int f16, const float* x, size_t K, cons
   const size_t G = K / gs, group_bytes = gs * bits * 16 / 8, elem = f16 ? 2 : 4;
   configure_tiles(np, gs);
   quantize_panel(x, K, gs, &tp[0], np);
+  // The blocks are read side by side, group by group: each block's stream asks for its
+  // share of qmv.h's PREFETCH_AHEAD.
+  const size_t ahead = PREFETCH_AHEAD / (group_bytes * nb) + 1;
   for (size_t g = 0; g < G; ++g) {
+    for (size_t j = 0; j < nb; ++j) {
+      prefetch_span(w + j * block_bytes + (g + ahead) * group_bytes, group_bytes);
+      prefetch_span((const char*)s + (j * G + g + ahead) * 16 * elem, 16 * elem);
+      prefetch_span((const char*)b + (j * G + g + ahead) * 16 * elem, 16 * elem);
+    }
     if (g + 1 < G) quantize_panel(x + (g + 1) * gs, K, gs, &tp[(g + 1) & 1], np);
     panel_group(bits, f16, w + g * group_bytes, block_bytes, (const char*)s + g * 16 * elem,
                 (const char*)b + g * 16 * elem, G * 16 * elem, &tp[g & 1], np, gs, y, stride, nb);
