@@ -84,6 +84,15 @@ static inline __attribute__((always_inline)) void prefetch_span(const void* p, s
   for (size_t o = 0; o < bytes; o += CACHE_LINE) __builtin_prefetch((const char*)p + o, 0, 3);
 }
 
+// One group of one block's three streams: its tiles (`group_bytes` at `wg`) and its 16
+// scales and 16 biases (`sgroup` bytes each at `s` and `b`).
+static inline __attribute__((always_inline)) void prefetch_group(const uint8_t* wg, const char* s, const char* b,
+                                                                 size_t group_bytes, size_t sgroup) {
+  prefetch_span(wg, group_bytes);
+  prefetch_span(s, sgroup);
+  prefetch_span(b, sgroup);
+}
+
 // The matvec of every export: a workgroup computes row blocks [rb0, rb1) (at most BLOCKS) for
 // every row of x, accumulating in y itself. One row of x (K <= ROW_MAX_K) goes block by block,
 // group by group. Otherwise, per panel of rows and per group, each row's group
@@ -124,10 +133,8 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int f16, co
       for (size_t g = 0; g < G; ++g) quantize_group(x + g * GS, GS, xq + g * GS, &xscale[g], &xsum[g]);
       for (size_t rb = rb0; rb < rb1; ++rb) {
         for (size_t g = 0; g < G; ++g) {
-          const size_t next = (rb * G + g + ahead);
-          prefetch_span(w + next * group_bytes, group_bytes);
-          prefetch_span(sc + next * sgroup, sgroup);
-          prefetch_span(bi + next * sgroup, sgroup);
+          const size_t next = rb * G + g + ahead;
+          prefetch_group(w + next * group_bytes, sc + next * sgroup, bi + next * sgroup, group_bytes, sgroup);
           // group_rows reads its row of x from a panel (no memcpy: freestanding).
           for (size_t k = 0; k < GS; ++k) xp.q[0][k] = xq[g * GS + k];
           xp.scale[0] = xscale[g];
@@ -150,11 +157,9 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int f16, co
         for (size_t rb = rb0; rb < rb1; ++rb) {
           const size_t gi = (rb * G + g) * 16 * sbytes;
           const uint8_t* wg = w + rb * block_bytes + g * group_bytes;
-          if (t0 == 0) {
-            prefetch_span(wg + ahead * group_bytes, group_bytes);
-            prefetch_span(sc + gi + ahead * sgroup, sgroup);
-            prefetch_span(bi + gi + ahead * sgroup, sgroup);
-          }
+          if (t0 == 0)
+            prefetch_group(wg + ahead * group_bytes, sc + gi + ahead * sgroup, bi + gi + ahead * sgroup, group_bytes,
+                           sgroup);
           float* yb = y + t0 * O + rb * 16;
           size_t i = 0;
           if (np - i >= 8) {

@@ -269,9 +269,9 @@ static inline void whole_panel(int bits, int f16, const float* x, size_t K, cons
   const size_t ahead = PREFETCH_AHEAD / (group_bytes * nb) + 1;
   for (size_t g = 0; g < G; ++g) {
     for (size_t j = 0; j < nb; ++j) {
-      prefetch_span(w + j * block_bytes + (g + ahead) * group_bytes, group_bytes);
-      prefetch_span((const char*)s + (j * G + g + ahead) * 16 * elem, 16 * elem);
-      prefetch_span((const char*)b + (j * G + g + ahead) * 16 * elem, 16 * elem);
+      const size_t at = (j * G + g + ahead) * 16 * elem;
+      prefetch_group(w + j * block_bytes + (g + ahead) * group_bytes, (const char*)s + at, (const char*)b + at,
+                     group_bytes, 16 * elem);
     }
     if (g + 1 < G) quantize_panel(x + (g + 1) * gs, K, gs, &tp[(g + 1) & 1], np);
     panel_group(bits, f16, w + g * group_bytes, block_bytes, (const char*)s + g * 16 * elem,

@@ -470,21 +470,13 @@ impl Layout {
                 let mut bytes = Vec::with_capacity(param.bytes());
                 for part in &param.parts {
                     let (packing, q) = self.packed_layer(ckpt, part)?;
-                    let part_bytes = if packing.kernel {
-                        kernel_bytes(&q, packing, param.role)?
-                    } else {
-                        graph_bytes(&q, packing, param.role, param.elem)?
-                    };
-                    bytes.extend_from_slice(&part_bytes);
+                    bytes.extend_from_slice(&packed_bytes(&q, packing, param.role, param.elem)?);
                 }
                 Ok(Cow::Owned(bytes))
             }
             Role::PackedWeight | Role::PackedScales | Role::PackedBiases | Role::PackedRows => {
                 let (packing, q) = self.packed_layer(ckpt, &param.spec)?;
-                if packing.kernel {
-                    return kernel_bytes(&q, packing, param.role);
-                }
-                let bytes = graph_bytes(&q, packing, param.role, param.elem)?;
+                let bytes = packed_bytes(&q, packing, param.role, param.elem)?;
                 debug_assert_eq!(bytes.len(), param.bytes(), "{}", param.key);
                 Ok(bytes)
             }
@@ -526,6 +518,17 @@ fn matrix_shapes(cfg: &ModelConfig) -> HashMap<String, Vec<usize>> {
         .filter(|s| s.kind != Kind::Vector)
         .map(|s| (s.prefix().to_owned(), s.shape[s.shape.len() - 2..].to_vec()))
         .collect()
+}
+
+/// A packed matrix's tensor `role` as the device holds it: in the CPU kernel's layout or
+/// in the graph form.
+fn packed_bytes<'a>(
+    q: &weights::QuantizedLinear<'a>,
+    packing: &Packing,
+    role: Role,
+    elem: ElementType,
+) -> Result<Cow<'a, [u8]>> {
+    if packing.kernel { kernel_bytes(q, packing, role) } else { graph_bytes(q, packing, role, elem) }
 }
 
 /// A packed matrix's tensor `role` in the graph form (`Packing::wide` 4-bit one value a
