@@ -16,8 +16,9 @@ use kernels::cpu::{self, Isa, Op, Scale};
 
 mod kernel_cases;
 use kernel_cases::{
-    ATTN_CASES, AttnCase, EXPERTS, IDS, K, Matrix, O, PAIRS, ROWS, attention_f64, check_qmv, check_rows, entries,
-    expert_of, experts_function_name, function_name, group_size, input, module,
+    ATTN_CASES, AttnCase, DENSE_ROWS, DenseMatrix, EXPERTS, IDS, K, Matrix, O, PAIRS, ROWS, attention_f64, check_dense,
+    check_dense_rows, check_qmv, check_rows, dense_function_name, dense_module, entries, expert_of,
+    experts_function_name, function_name, group_size, input, module,
 };
 
 /// The matrix in the kernel layout on the device: weight, scales, biases.
@@ -41,7 +42,7 @@ fn upload(m: &Matrix, device: &iree_hal::Device, scale: Scale) -> [iree_hal::Buf
 fn run(isa: Isa) -> Vec<Vec<f32>> {
     let dir = tempfile::tempdir().unwrap();
     let object = cpu::install(dir.path(), isa).unwrap().unwrap();
-    let vmfb = compile_cpu(&module(&cpu::executable_source(&object, &entries(), &[])));
+    let vmfb = compile_cpu(&module(&cpu::executable_source(&object, &entries(), &[], &[])));
     let instance = Instance::new().unwrap();
     let device = instance.device("local-task").unwrap();
     let mut session = Session::new(&instance, &device).unwrap();
@@ -170,7 +171,7 @@ fn every_attention_object_computes_the_same_bits() {
     for isa in cpu::host_isas() {
         let dir = tempfile::tempdir().unwrap();
         let object = cpu::install(dir.path(), isa).unwrap().unwrap();
-        let vmfb = compile_cpu(&attention_module(&cpu::executable_source(&object, &[], &attention)));
+        let vmfb = compile_cpu(&attention_module(&cpu::executable_source(&object, &[], &attention, &[])));
         let instance = Instance::new().unwrap();
         let device = instance.device("local-task").unwrap();
         let mut session = Session::new(&instance, &device).unwrap();
@@ -205,6 +206,41 @@ fn every_attention_object_computes_the_same_bits() {
             let exact = attention_f64(case, &case.model_inputs(&inputs));
             let err = got.iter().zip(&exact).map(|(a, b)| (f64::from(*a) - b).abs()).fold(0.0, f64::max);
             assert!(err < 2e-6, "{isa} attention case {i}: {err:e} from attention in f64");
+        }
+    }
+}
+
+/// The f16 product and lookup (`cpu/hmv.h`) of every object this host runs equal the Rust
+/// model (`kernels::cpu::dense_model`) bit for bit at row counts that take every path (one
+/// row; tiles of each size), so every object equals every other; the lookup gives the f16
+/// rows exactly.
+#[test]
+fn every_dense_object_computes_the_same_bits() {
+    let m = DenseMatrix::random(77);
+    for isa in cpu::host_isas() {
+        let dir = tempfile::tempdir().unwrap();
+        let object = cpu::install(dir.path(), isa).unwrap().unwrap();
+        let vmfb = compile_cpu(&dense_module(&cpu::executable_source(&object, &[], &[], &cpu::Dense::ALL)));
+        let instance = Instance::new().unwrap();
+        let device = instance.device("local-task").unwrap();
+        let mut session = Session::new(&instance, &device).unwrap();
+        session.load_vmfb(&vmfb).unwrap();
+        let w = device.upload_bytes(iree_hal::ElementType::I16, &[O / 16, K * 16], &m.kernel_bytes()).unwrap();
+        let ids = device.upload(&[IDS.len()], &IDS).unwrap();
+        let got: Vec<f32> =
+            session.call(&dense_function_name(cpu::Dense::Rows, IDS.len()), &[&ids, &w]).unwrap()[0].to_vec().unwrap();
+        check_dense_rows(&format!("{isa} hrows_f16"), &m, &IDS, &got);
+        for op in [cpu::Dense::Matvec, cpu::Dense::MatvecAdd] {
+            for t in DENSE_ROWS {
+                let x = input(t, K, 300 + t as u64);
+                let xs = device.upload(&[t, K], &x).unwrap();
+                let residual = (op == cpu::Dense::MatvecAdd).then(|| input(t, O, 400 + t as u64));
+                let r = residual.as_ref().map(|r| device.upload(&[t, O], r).unwrap());
+                let mut args = vec![&xs, &w];
+                args.extend(r.as_ref());
+                let got: Vec<f32> = session.call(&dense_function_name(op, t), &args).unwrap()[0].to_vec().unwrap();
+                check_dense(&format!("{isa} {}", op.export()), &m, &x, t, residual.as_deref(), &got);
+            }
         }
     }
 }

@@ -23,7 +23,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 mod kernel_cases;
-use kernel_cases::{ATTN_CASES, IDS, K, Matrix, O, ROWS, check_qmv, check_rows, entries, input, module};
+use kernel_cases::{
+    ATTN_CASES, DENSE_ROWS, DenseMatrix, IDS, K, Matrix, O, ROWS, check_dense, check_dense_rows, check_qmv, check_rows,
+    entries, input, module,
+};
 
 /// Every group size the kernels take, each at every (bits, scale).
 const GROUP_SIZES: [usize; 4] = [16, 32, 64, 128];
@@ -245,6 +248,54 @@ fn the_aarch64_attention_computes_the_models_bits() {
     assert_eq!(at, got.len(), "the driver wrote more than was asked for");
 }
 
+/// The f16 product and lookup (cpu/hmv.h) of the aarch64 object give kernel_cases' cases
+/// the Rust model's bits (`kernels::cpu::dense_model`), as the host's objects do through
+/// IREE (kernels.rs).
+#[test]
+fn the_aarch64_dense_product_computes_the_models_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = executable(dir.path(), &object(dir.path()));
+    let m = DenseMatrix::random(77);
+    let mut stdin = Vec::new();
+    let mut cases = Vec::new();
+    let floats = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let push = |stdin: &mut Vec<u8>, op: cpu::Dense, t: usize, input: &[u8], residual: Option<&[f32]>| {
+        let code: u32 = match op {
+            cpu::Dense::Matvec => 5,
+            cpu::Dense::MatvecAdd => 6,
+            cpu::Dense::Rows => 7,
+        };
+        let header = [code, t as u32, K as u32, O as u32];
+        push_part(stdin, &header.into_iter().flat_map(u32::to_le_bytes).collect::<Vec<u8>>());
+        push_part(stdin, input);
+        if let Some(r) = residual {
+            push_part(stdin, &floats(r));
+        }
+        push_part(stdin, &m.kernel_bytes());
+    };
+    push(&mut stdin, cpu::Dense::Rows, IDS.len(), &IDS.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(), None);
+    for op in [cpu::Dense::Matvec, cpu::Dense::MatvecAdd] {
+        for t in DENSE_ROWS {
+            let x = input(t, K, 300 + t as u64);
+            let residual = (op == cpu::Dense::MatvecAdd).then(|| input(t, O, 400 + t as u64));
+            push(&mut stdin, op, t, &floats(&x), residual.as_deref());
+            cases.push((op, t, x, residual));
+        }
+    }
+    let out = run(&exe, &stdin);
+    let got: Vec<f32> = out.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let rows = IDS.len() * K;
+    assert!(got.len() >= rows, "the driver wrote too few values");
+    check_dense_rows("neondot hrows_f16", &m, &IDS, &got[..rows]);
+    let mut at = rows;
+    for (op, t, x, residual) in &cases {
+        assert!(got.len() >= at + t * O, "{}: the driver wrote too few values", op.export());
+        check_dense(&format!("neondot {}", op.export()), &m, x, *t, residual.as_deref(), &got[at..at + t * O]);
+        at += t * O;
+    }
+    assert_eq!(at, got.len(), "the driver wrote more than was asked for");
+}
+
 /// How many by-element `sdot`/`udot` instructions (`0 Q U 01111 10 L M Rm 1110 H 0 Rn Rd`)
 /// `code` holds, read as 32-bit words from its start.
 fn dot_instructions(code: &[u8]) -> usize {
@@ -259,7 +310,7 @@ fn dot_instructions(code: &[u8]) -> usize {
 fn iree_links_the_aarch64_object() {
     let dir = tempfile::tempdir().unwrap();
     let object = object(dir.path());
-    let mlir = module(&cpu::executable_source_for("aarch64", &object, &entries(), &[]));
+    let mlir = module(&cpu::executable_source_for("aarch64", &object, &entries(), &[], &[]));
     let target = Target::LlvmCpu { cpu: "generic".into() };
     let options = CompileOptions::default().with_flag("--iree-llvmcpu-target-triple=aarch64-unknown-linux-gnu");
     let vmfb = e2e::compiler().compile(&mlir, &target, &options).unwrap();

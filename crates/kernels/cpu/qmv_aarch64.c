@@ -161,3 +161,4 @@ static inline __attribute__((always_inline)) void group_rows(int bits, int f16, 
 #include "qrows.h"
 #include "vf16_neon.h"
 #include "attn.h"
+#include "hmv.h"

@@ -12,3 +12,6 @@
 #include "qrows.h"
 #include "vf16_avx512.h"
 #include "attn.h"
+// 24 of the 32 zmm registers accumulate a tile of 12 rows x 2 blocks.
+#define HMV_ROWS 12
+#include "hmv.h"

@@ -283,3 +283,6 @@ static inline void whole_panel(int bits, int f16, const float* x, size_t K, cons
 #include "qrows.h"
 #include "vf16_avx512.h"
 #include "attn.h"
+// 24 of the 32 zmm registers accumulate a tile of 12 rows x 2 blocks.
+#define HMV_ROWS 12
+#include "hmv.h"

@@ -140,3 +140,4 @@ static inline __attribute__((always_inline)) void group_rows(int bits, int f16, 
 #include "qrows.h"
 #include "vf16_avx2.h"
 #include "attn.h"
+#include "hmv.h"

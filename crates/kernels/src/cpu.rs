@@ -343,6 +343,76 @@ pub struct Entry {
     pub scale: Scale,
 }
 
+/// What an entry point over an f16 matrix in the blocks of [`repack_dense`] computes
+/// (`cpu/hmv.h`); x, y and the lookup's rows are f32. Push constants T, K, O; units are row
+/// blocks ([`BLOCKS_PER_WORKGROUP`] a workgroup) for the products, rows (one a workgroup) for
+/// the lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Dense {
+    /// `y[T, O] = x[T, K] . W^T`.
+    Matvec,
+    /// The same plus a residual `r[T, O]`, the graph's f32 add after the product.
+    MatvecAdd,
+    /// `out[T, K] = W[ids[t], :]` (i32 ids in): an embedding lookup.
+    Rows,
+}
+
+impl Dense {
+    pub const ALL: [Dense; 3] = [Dense::Matvec, Dense::MatvecAdd, Dense::Rows];
+
+    /// The export name: `hmv_f16`, `hmvr_f16` or `hrows_f16`.
+    pub fn export(self) -> String {
+        let op = match self {
+            Dense::Matvec => "hmv",
+            Dense::MatvecAdd => "hmvr",
+            Dense::Rows => "hrows",
+        };
+        format!("{op}_f16")
+    }
+
+    /// Workgroups per unit of the dispatch's workload.
+    pub fn units_per_workgroup(self) -> usize {
+        if self == Dense::Rows { 1 } else { BLOCKS_PER_WORKGROUP }
+    }
+
+    /// Push constants: T, K, O.
+    pub const CONSTANTS: usize = 3;
+}
+
+/// Whether the f16 product takes a matrix `[out, in]`: whole 16-row blocks.
+pub fn supports_dense(out: usize, inp: usize) -> bool {
+    out > 0 && out.is_multiple_of(BLOCK_ROWS) && inp > 0
+}
+
+/// A row-major `[out, in]` matrix (f16 bits, or any element) as the f16 product reads it:
+/// `[out / 16][in][16]`, block b's 16 values of column k contiguous. `out` passes
+/// [`supports_dense`].
+pub fn repack_dense<T: Copy>(values: &[T], out: usize, inp: usize) -> Vec<T> {
+    debug_assert_eq!(values.len(), out * inp);
+    let mut packed = Vec::with_capacity(values.len());
+    for rb in 0..out / BLOCK_ROWS {
+        for k in 0..inp {
+            packed.extend((0..BLOCK_ROWS).map(|r| values[(rb * BLOCK_ROWS + r) * inp + k]));
+        }
+    }
+    packed
+}
+
+/// `cpu/hmv.h`'s arithmetic in Rust, for tests to hold the objects to, bit for bit: `x [t, k]`
+/// times the row-major `w [o, k]` (f16 values, which f32 holds exactly) transposed, each
+/// output one chain of fused multiply-adds over k in order from 0, plus `r [t, o]` after it
+/// when given.
+pub fn dense_model(x: &[f32], t: usize, k: usize, o: usize, w: &[f32], r: Option<&[f32]>) -> Vec<f32> {
+    let mut y = vec![0.0f32; t * o];
+    for i in 0..t {
+        for j in 0..o {
+            let acc = (0..k).fold(0.0f32, |acc, c| w[j * k + c].mul_add(x[i * k + c], acc));
+            y[i * o + j] = r.map_or(acc, |r| acc + r[i * o + j]);
+        }
+    }
+    y
+}
+
 /// IREE's llvm-cpu executable target for objects of `arch` (an [`Isa::arch`]): a generic
 /// one, so it matches any host CPU of that architecture.
 fn executable_target(arch: &str) -> String {
@@ -544,17 +614,24 @@ fn attn_exp(x: f32) -> f32 {
 /// from [`install`], for an instruction set of this host's architecture, which the target
 /// says). Each export takes one workload value (see [`units_per_workgroup`]; an attention
 /// export's units are rows times kv heads).
-pub fn executable_source(object: &Path, entries: &[Entry], attention: &[Attention]) -> String {
-    executable_source_for(std::env::consts::ARCH, object, entries, attention)
+pub fn executable_source(object: &Path, entries: &[Entry], attention: &[Attention], dense: &[Dense]) -> String {
+    executable_source_for(std::env::consts::ARCH, object, entries, attention, dense)
 }
 
 /// [`executable_source`] for an object of another architecture (`arch` as [`Isa::arch`]
 /// names it), for a module compiled here to run there.
-pub fn executable_source_for(arch: &str, object: &Path, entries: &[Entry], attention: &[Attention]) -> String {
+pub fn executable_source_for(
+    arch: &str,
+    object: &Path,
+    entries: &[Entry],
+    attention: &[Attention],
+    dense: &[Dense],
+) -> String {
     let target = executable_target(arch);
     let path = object.display().to_string().replace('\\', "\\\\").replace('"', "\\\"");
     let mut exports: Vec<ExportSpec> = entries.iter().map(|e| ExportSpec::packed(*e)).collect();
     exports.extend(attention.iter().map(|a| ExportSpec::attention(*a)));
+    exports.extend(dense.iter().map(|d| ExportSpec::dense(*d)));
     // One export op per entry, then one inner module holding every entry's function (IREE
     // reads a single inner module per source), each C function declared once.
     let (mut export_ops, mut funcs, mut declared) = (String::new(), String::new(), BTreeSet::new());
@@ -615,6 +692,22 @@ impl ExportSpec {
             per_workgroup: a.units,
             bindings: vec!["f32", "f32", "f32", c, c, "i32", "i32", "f32"],
             constants: Attention::CONSTANTS,
+        }
+    }
+
+    fn dense(d: Dense) -> ExportSpec {
+        // f16 travels as its bits; the residual before the result.
+        let bindings = match d {
+            Dense::Matvec => vec!["f32", "i16", "f32"],
+            Dense::MatvecAdd => vec!["f32", "i16", "f32", "f32"],
+            Dense::Rows => vec!["i32", "i16", "f32"],
+        };
+        ExportSpec {
+            name: d.export(),
+            c_name: format!("mlx_iree_{}", d.export()),
+            per_workgroup: d.units_per_workgroup(),
+            bindings,
+            constants: Dense::CONSTANTS,
         }
     }
 
@@ -788,7 +881,7 @@ mod tests {
             .flat_map(|(op, bits)| [Scale::F16, Scale::F32].into_iter().map(move |scale| Entry { op, bits, scale }))
             .collect();
         let used = [all[0], all[5], all[9]];
-        let text = executable_source(Path::new("/k/qmv.o"), &used, &[]);
+        let text = executable_source(Path::new("/k/qmv.o"), &used, &[], &[]);
         for (i, e) in all.iter().enumerate() {
             let name = export(e.op, e.bits, e.scale);
             let expected = usize::from(used.contains(e));
@@ -810,7 +903,7 @@ mod tests {
     #[test]
     fn the_residual_matvec_takes_one_binding_more() {
         let e = |op| Entry { op, bits: 8, scale: Scale::F32 };
-        let text = executable_source(Path::new("/k/qmv.o"), &[e(Op::Matvec), e(Op::MatvecAdd)], &[]);
+        let text = executable_source(Path::new("/k/qmv.o"), &[e(Op::Matvec), e(Op::MatvecAdd)], &[], &[]);
         let decl = |name: &str| text.lines().find(|l| l.contains(&format!("private @mlx_iree_{name}("))).unwrap();
         let plain = "memref<f32>, index, memref<i8>, index, memref<f32>, index, memref<f32>, index, memref<f32>, index";
         assert!(decl("qmv8_f32").contains(&format!("({plain}, index")), "{text}");
@@ -821,15 +914,54 @@ mod tests {
         assert!(text.contains(&bindings), "{text}");
     }
 
+    /// Value (r, k) of a row-major matrix lands at block r / 16, column k, lane r % 16.
+    #[test]
+    fn dense_matrices_are_blocked_by_16_rows() {
+        let (out, inp) = (32, 3);
+        let values: Vec<u32> = (0..(out * inp) as u32).collect();
+        let packed = repack_dense(&values, out, inp);
+        for r in 0..out {
+            for k in 0..inp {
+                assert_eq!(packed[(r / 16) * inp * 16 + k * 16 + r % 16], values[r * inp + k], "row {r} k {k}");
+            }
+        }
+        assert!(supports_dense(2048, 8192) && supports_dense(128256, 2048));
+        assert!(!supports_dense(100, 64), "rows not a multiple of 16");
+        assert!(!supports_dense(0, 64) && !supports_dense(16, 0), "empty");
+    }
+
+    /// The f16 exports' C functions take x (or ids), the weight's bits, the residual
+    /// (`hmvr` only) and the result, then T, K, O and the units.
+    #[test]
+    fn the_dense_exports_declare_their_bindings() {
+        let text = executable_source(Path::new("/k/qmv.o"), &[], &[], &Dense::ALL);
+        let decl = |name: &str| text.lines().find(|l| l.contains(&format!("private @mlx_iree_{name}("))).unwrap();
+        let constants = "index, index, index, index, index) attributes";
+        let with = |bindings: &str| format!("({bindings}, {constants}");
+        assert!(decl("hmv_f16").contains(&with("memref<f32>, index, memref<i16>, index, memref<f32>, index")));
+        assert!(
+            decl("hmvr_f16")
+                .contains(&with("memref<f32>, index, memref<i16>, index, memref<f32>, index, memref<f32>, index"))
+        );
+        assert!(decl("hrows_f16").contains(&with("memref<i32>, index, memref<i16>, index, memref<f32>, index")));
+        // Row blocks 4 a workgroup for the products, one row for the lookup.
+        assert!(text.contains("@hmv_f16 ordinal(0)") && text.contains("@hrows_f16 ordinal(2)"), "{text}");
+        assert_eq!(text.matches("ceildiv 4").count(), 2, "{text}");
+        assert_eq!(text.matches("ceildiv 1)").count(), 1, "{text}");
+        // Their results are the model's: one fused chain per output, then the residual.
+        let y = dense_model(&[1.0, 2.0], 1, 2, 1, &[0.5, 0.25], Some(&[10.0]));
+        assert_eq!(y, vec![11.0]);
+    }
+
     /// Objects are keyed by the generic target of their architecture (IREE's format name for
     /// aarch64 is `arm_64`), the host's for the objects this build installs.
     #[test]
     fn the_source_names_the_objects_architecture() {
         let entries = [Entry { op: Op::Matvec, bits: 4, scale: Scale::F16 }];
         let object = Path::new("/k/qmv.o");
-        let x86 = executable_source_for("x86_64", object, &entries, &[]);
+        let x86 = executable_source_for("x86_64", object, &entries, &[], &[]);
         assert!(x86.contains(r#""embedded-elf-x86_64", {target_triple = "x86_64-unknown-unknown-eabi-elf"}"#), "{x86}");
-        let arm = executable_source_for("aarch64", object, &entries, &[]);
+        let arm = executable_source_for("aarch64", object, &entries, &[], &[]);
         assert!(
             arm.contains(r#""embedded-elf-arm_64", {target_triple = "aarch64-unknown-unknown-eabi-elf"}"#),
             "{arm}"
@@ -839,8 +971,8 @@ mod tests {
             arm.replace("embedded-elf-arm_64", "").replace("aarch64-", "")
         );
         assert_eq!(
-            executable_source(object, &entries, &[]),
-            executable_source_for(std::env::consts::ARCH, object, &entries, &[])
+            executable_source(object, &entries, &[], &[]),
+            executable_source_for(std::env::consts::ARCH, object, &entries, &[], &[])
         );
     }
 }

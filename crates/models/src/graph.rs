@@ -224,8 +224,8 @@ pub struct EmitOptions {
 }
 
 /// Whether attention (decode and prefill) runs in the CPU kernel (`kernels::cpu`, `attn`)
-/// for this model and layout: the layout links the kernel object (packed weights on an
-/// `llvm-cpu` target), the scores are not soft-capped and the kernel takes the heads. It then
+/// for this model and layout: the layout links the kernel object (packed or f16 weights on
+/// an `llvm-cpu` target), the scores are not soft-capped and the kernel takes the heads. It then
 /// reads only the positions in use, whatever the function's window.
 pub fn attention_in_kernel(cfg: &ModelConfig, layout: &Layout) -> bool {
     layout.kernel_object().is_some()
@@ -288,6 +288,7 @@ pub fn emit_functions_with(
     let entries = RefCell::new(BTreeSet::new());
     let cuda_entries = RefCell::new(BTreeSet::new());
     let attention = RefCell::new(BTreeSet::new());
+    let dense = RefCell::new(BTreeSet::new());
     let kv_dims = cache.dims(cfg);
     // A step's new rows travel in f32; `write_kv` converts them to the cache's type.
     let rows_kv = |r: usize| F32.tensor(&[kv_dims[0] as i64, r as i64, kv_dims[3] as i64, kv_dims[4] as i64]);
@@ -319,6 +320,7 @@ pub fn emit_functions_with(
                 entries: &entries,
                 cuda_entries: &cuda_entries,
                 attention: &attention,
+                dense: &dense,
                 merged_out: RefCell::new(HashMap::new()),
                 normed: RefCell::new(Vec::new()),
                 function,
@@ -336,8 +338,9 @@ pub fn emit_functions_with(
     if let Some(object) = layout.kernel_object() {
         let entries: Vec<_> = entries.into_inner().into_iter().collect();
         let attention: Vec<_> = attention.into_inner().into_iter().collect();
-        if !entries.is_empty() || !attention.is_empty() {
-            let source = kernels::cpu::executable_source(object, &entries, &attention);
+        let dense: Vec<_> = dense.into_inner().into_iter().collect();
+        if !entries.is_empty() || !attention.is_empty() || !dense.is_empty() {
+            let source = kernels::cpu::executable_source(object, &entries, &attention, &dense);
             m.append_source(kernels::cpu::EXECUTABLE, &source)?;
         }
     }
@@ -402,6 +405,8 @@ struct Step<'a, 'c, 'b> {
     cuda_entries: &'a RefCell<BTreeSet<kernels::cuda::Entry>>,
     /// Attention entry points the functions dispatch.
     attention: &'a RefCell<BTreeSet<kernels::cpu::Attention>>,
+    /// f16 product entry points the functions dispatch.
+    dense: &'a RefCell<BTreeSet<kernels::cpu::Dense>>,
     /// Outputs of merged projections already computed in this function.
     merged_out: RefCell<HashMap<String, V<'c, 'b>>>,
     /// Each RMSNorm's (output, input, weight), where the CUDA kernel links: a matvec reading
@@ -450,6 +455,9 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let f = self.f;
         let y = match self.layout.packing(prefix) {
             Some(p) => self.packed_linear(x, prefix, p)?,
+            None if self.layout.dense_kernel(prefix) => {
+                self.merged_or(prefix, |m| self.dense_dispatch(kernels::cpu::Dense::Matvec, x, m, None))?
+            }
             None => {
                 let w = self.param(&format!("{prefix}.weight"))?;
                 f.transpose(f.dot_general(w, x, DotDims::contract(&[1], &[1]))?, &[1, 0])?
@@ -469,22 +477,24 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     /// The integer contraction over each group reads the packed weight directly (one
     /// `batch_matmul ... i16xi4xi32` dispatch); scales and biases apply once per group.
     fn packed_linear(&self, x: V<'c, 'b>, prefix: &str, p: &Packing) -> R<V<'c, 'b>> {
-        if let Some((merged, first, rows)) = self.layout.merged(prefix) {
-            // One dispatch for all parts (they read this same `x`), computed at the first
-            // part's use; each part is a column slice of it (q/k/v on CUDA and the CPU,
-            // gate/up on the CPU).
-            let cached = self.merged_out.borrow().get(merged).copied();
-            let all = match cached {
-                Some(v) => v,
-                None => {
-                    let v = self.packed_matrix(x, merged, p)?;
-                    self.merged_out.borrow_mut().insert(merged.to_owned(), v);
-                    v
-                }
-            };
-            return self.f.slice_dim(all, 1, first as i64, (first + rows) as i64);
-        }
-        self.packed_matrix(x, prefix, p)
+        self.merged_or(prefix, |m| self.packed_matrix(x, m, p))
+    }
+
+    /// `product(prefix)`, or, where `prefix` is part of a merged matrix, its columns of
+    /// `product(merged)`: one dispatch for all parts (they read the same `x`), computed at the
+    /// first part's use (q/k/v on CUDA and the CPU, gate/up on the CPU).
+    fn merged_or(&self, prefix: &str, product: impl Fn(&str) -> R<V<'c, 'b>>) -> R<V<'c, 'b>> {
+        let Some((merged, first, rows)) = self.layout.merged(prefix) else { return product(prefix) };
+        let cached = self.merged_out.borrow().get(merged).copied();
+        let all = match cached {
+            Some(v) => v,
+            None => {
+                let v = product(merged)?;
+                self.merged_out.borrow_mut().insert(merged.to_owned(), v);
+                v
+            }
+        };
+        self.f.slice_dim(all, 1, first as i64, (first + rows) as i64)
     }
 
     /// [`Step::packed_linear`] through the whole matrix `prefix` (merged or not): the CPU
@@ -643,6 +653,28 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         f.dispatch(kernels::cpu::EXECUTABLE, &export, workload, &dims, &args, F32.tensor(&result))
     }
 
+    /// A dense f16 matrix in the CPU kernel's blocks through its f16 product: `x [T, in] ->
+    /// [T, out]`, plus `residual [T, out]` after it when given (the graph's f32 add); or, for
+    /// `Dense::Rows`, the rows `x` (i32 ids `[T]`) of the table -> `[T, in]`.
+    fn dense_dispatch(
+        &self,
+        op: kernels::cpu::Dense,
+        x: V<'c, 'b>,
+        prefix: &str,
+        residual: Option<V<'c, 'b>>,
+    ) -> R<V<'c, 'b>> {
+        let w = self.f.load(self.global(&format!("{prefix}.weight"))?)?;
+        let blocks = w.shape()[0];
+        let (t, inp, out) =
+            (x.shape()[0], w.shape()[1] / kernels::cpu::BLOCK_ROWS as i64, blocks * kernels::cpu::BLOCK_ROWS as i64);
+        self.dense.borrow_mut().insert(op);
+        let mut args = vec![x, w];
+        args.extend(residual);
+        let dims = [t, inp, out].map(|d| d as i32);
+        let (workload, result) = if op == kernels::cpu::Dense::Rows { (t, [t, inp]) } else { (blocks, [t, out]) };
+        self.f.dispatch(kernels::cpu::EXECUTABLE, &op.export(), workload, &dims, &args, F32.tensor(&result))
+    }
+
     /// The weight, scales and biases of the packed matrix (or stacked experts) `prefix`.
     fn packed_globals(&self, prefix: &str) -> R<(V<'c, 'b>, V<'c, 'b>, V<'c, 'b>)> {
         let load = |name: &str| self.f.load(self.global(&format!("{prefix}.{name}"))?);
@@ -660,6 +692,9 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         {
             return self.kernel_dispatch_with(kernels::cpu::Op::MatvecAdd, x, prefix, p, Some(residual));
         }
+        if !bias && self.layout.dense_kernel(prefix) && self.layout.merged(prefix).is_none() {
+            return self.dense_dispatch(kernels::cpu::Dense::MatvecAdd, x, prefix, Some(residual));
+        }
         if !bias && let Some(form) = self.cuda_kernel_for(prefix) {
             return self.cuda_dispatch(kernels::cuda::Op::MatvecAdd, form, x, &[prefix], Some(residual));
         }
@@ -671,6 +706,9 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     fn embed(&self, tokens: V<'c, 'b>) -> R<V<'c, 'b>> {
         let f = self.f;
         const PREFIX: &str = crate::layout::EMBEDDING;
+        if self.layout.dense_kernel(PREFIX) {
+            return self.dense_dispatch(kernels::cpu::Dense::Rows, tokens, PREFIX, None);
+        }
         let Some(p) = self.layout.packing(PREFIX) else {
             return self.widen(f.gather_rows(f.load(self.global(&format!("{PREFIX}.weight"))?)?, tokens)?);
         };

@@ -9,7 +9,7 @@ use crate::params::{Kind, ParamSpec, param_specs};
 use crate::precision::Precision;
 use hlo_emit::ElementType;
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use weights::{Checkpoint, Dtype, Linear};
 
@@ -82,6 +82,9 @@ pub enum Role {
     ExpertScales,
     /// Their biases `[experts, out, groups]` (MLX's, no offset folded), as stored.
     ExpertBiases,
+    /// A dense f16 matrix `[out, in]` in the CPU kernel's 16-row blocks
+    /// (`kernels::cpu::repack_dense`), held as `[out / 16, in * 16]`.
+    DenseBlocks,
 }
 
 /// One global of the graph: the parameter key it is bound to, its shape and element type.
@@ -115,6 +118,9 @@ pub struct Layout {
     packed: HashMap<String, Packing>,
     /// The CPU kernel object linked into the graph, when any packing uses it.
     kernel_object: Option<PathBuf>,
+    /// Dense f16 matrices (by prefix) the CPU kernel's f16 product reads in its blocks
+    /// ([`Layout::dense_kernel`]).
+    dense_kernel: HashSet<String>,
     /// Kernel-packed projections that read the same input, stacked into one matrix so one
     /// dispatch computes them all: part prefix -> (merged prefix, first row, rows).
     merged: HashMap<String, (String, usize, usize)>,
@@ -180,6 +186,7 @@ impl Layout {
             precision,
             packed,
             kernel_object: None,
+            dense_kernel: HashSet::new(),
             merged: HashMap::new(),
             cuda_kernel: false,
             bf16_bits: false,
@@ -207,10 +214,27 @@ impl Layout {
     }
 
     /// Moves every packed matrix the CPU kernels take (`kernels::cpu::supports`) to the
-    /// kernel form, linking `object` (from `kernels::cpu::install`) into the graph. Only for
-    /// an x86-64 `llvm-cpu` target whose CPU runs that object's instruction set
-    /// (`kernels::cpu::Isa::runs_on_host`).
+    /// kernel form, and every dense f16 matrix they take (`kernels::cpu::supports_dense`,
+    /// the embedding table and routers aside) to the f16 product's blocks, linking `object`
+    /// (from `kernels::cpu::install`) into the graph. Only for an `llvm-cpu` target whose CPU
+    /// runs that object's instruction set (`kernels::cpu::Isa::runs_on_host`).
     pub fn with_cpu_kernels(mut self, cfg: &ModelConfig, object: &Path) -> Layout {
+        if self.precision.matrix_elem() == ElementType::F16 {
+            // The embedding table too: the kernel looks its rows up (`Dense::Rows`), so a
+            // tied head reads the same one copy.
+            for spec in param_specs(cfg) {
+                let prefix = spec.prefix();
+                if spec.kind == Kind::Matrix
+                    && !spec.narrow
+                    && !self.packed.contains_key(prefix)
+                    && kernels::cpu::supports_dense(spec.shape[0], spec.shape[1])
+                {
+                    self.dense_kernel.insert(prefix.to_owned());
+                    self.kernel_object = Some(object.to_path_buf());
+                }
+            }
+            self.merge_dense(cfg);
+        }
         // Each matrix's [out, in]: a stacked expert layer's are its experts' (`qmve` takes
         // them stacked).
         let shapes = matrix_shapes(cfg);
@@ -242,7 +266,13 @@ impl Layout {
         self.merged.get(prefix).map(|(m, first, rows)| (m.as_str(), *first, *rows))
     }
 
-    /// The CPU kernel object the graph links, if any packed matrix uses it.
+    /// Whether the dense matrix `prefix` is in the CPU kernel's f16 blocks
+    /// ([`Role::DenseBlocks`]), read by its f16 product.
+    pub fn dense_kernel(&self, prefix: &str) -> bool {
+        self.dense_kernel.contains(prefix)
+    }
+
+    /// The CPU kernel object the graph links, if any matrix uses it.
     pub fn kernel_object(&self) -> Option<&Path> {
         self.kernel_object.as_deref()
     }
@@ -298,6 +328,29 @@ impl Layout {
         }
     }
 
+    /// Stacks q/k/v and gate/up by rows in every layer where all parts are in the f16
+    /// product's blocks: whole blocks, so the merged matrix's blocks are the parts' in order.
+    fn merge_dense(&mut self, cfg: &ModelConfig) {
+        let shapes = matrix_shapes(cfg);
+        for l in 0..cfg.num_layers() {
+            let p = crate::params::layer_prefix(l);
+            for (merged, parts) in [QKV, GATE_UP] {
+                let parts: Vec<String> = parts.iter().map(|n| format!("{p}.{n}")).collect();
+                if !parts.iter().all(|n| self.dense_kernel.contains(n)) {
+                    continue;
+                }
+                let merged = format!("{p}.{merged}");
+                let mut row = 0;
+                for part in &parts {
+                    let rows = shapes[part][0];
+                    self.merged.insert(part.clone(), (merged.clone(), row, rows));
+                    row += rows;
+                }
+                self.dense_kernel.insert(merged);
+            }
+        }
+    }
+
     /// Whether [`Layout::with_cuda_kernel`] linked the CUDA kernel.
     pub fn cuda_kernel(&self) -> bool {
         self.cuda_kernel
@@ -310,6 +363,7 @@ impl Layout {
             precision,
             packed: HashMap::new(),
             kernel_object: None,
+            dense_kernel: HashSet::new(),
             merged: HashMap::new(),
             cuda_kernel: false,
             bf16_bits: false,
@@ -358,6 +412,12 @@ impl Layout {
                 }
                 (Kind::Matrix, None) if spec.narrow => {
                     out.push(param(spec.key.clone(), spec.shape.clone(), ElementType::F32, Role::Widened))
+                }
+                (Kind::Matrix, None) if self.dense_kernel(&prefix) => {
+                    let (o, i): (usize, usize) = (parts.iter().map(|s| s.shape[0]).sum(), spec.shape[1]);
+                    let blocks = o / kernels::cpu::BLOCK_ROWS;
+                    let dims = vec![blocks, i * kernels::cpu::BLOCK_ROWS];
+                    out.push(param(format!("{prefix}.weight"), dims, ElementType::F16, Role::DenseBlocks))
                 }
                 (Kind::Matrix | Kind::Experts, None) => {
                     let elem = match self.precision.matrix_elem() {
@@ -423,6 +483,17 @@ impl Layout {
                 crate::params::load_param(ckpt, &param.spec, ElementType::BF16)
             }
             Role::Vector | Role::Dense => crate::params::load_param(ckpt, &param.spec, param.elem),
+            Role::DenseBlocks => {
+                // Each part's blocks in order (whole blocks: stacking them stacks the rows).
+                let mut out = Vec::with_capacity(param.bytes());
+                for part in &param.parts {
+                    let bytes = crate::params::load_param(ckpt, part, ElementType::F16)?;
+                    let bits: Vec<u16> = bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+                    let blocks = kernels::cpu::repack_dense(&bits, part.shape[0], part.shape[1]);
+                    out.extend(blocks.iter().flat_map(|b| b.to_le_bytes()));
+                }
+                Ok(Cow::Owned(out))
+            }
             Role::Widened => {
                 // The values the precision's element type holds, as f32 (round to nearest even).
                 let round: fn(f32) -> f32 = match self.precision.matrix_elem() {

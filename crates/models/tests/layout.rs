@@ -177,6 +177,71 @@ fn cpu_kernel_layout() {
     }
 }
 
+/// With the CPU kernels, an f16 layout holds every dense matrix of whole 16-row blocks,
+/// the embedding table included, in the f16 product's blocks (`kernels::cpu::repack_dense`),
+/// and the graph dispatches the f16 exports for them; routers and stacked experts stay as
+/// they were.
+#[test]
+fn f16_matrices_in_the_kernel_blocks() {
+    let (ckpt, cfg) = open("qwen2", "f32");
+    let layout = Layout::new(&cfg, Precision::F16, &ckpt).unwrap().with_cpu_kernels(&cfg, Path::new("/k.o"));
+    assert_eq!(layout.kernel_object(), Some(Path::new("/k.o")));
+    let param = |key: &str| layout.device_params(&cfg).into_iter().find(|p| p.key == key).unwrap();
+    // gate and up [128, 64] read the same input: stacked into [256, 64], 16 blocks of 64
+    // columns x 16 rows; the tied table [384, 64] the same way.
+    let gate_up = param("model.layers.0.mlp.gate_up_proj.weight");
+    assert_eq!(
+        (gate_up.dims.clone(), gate_up.elem, gate_up.role),
+        (vec![16, 1024], ElementType::F16, Role::DenseBlocks)
+    );
+    assert_eq!(layout.merged("model.layers.0.mlp.up_proj"), Some(("model.layers.0.mlp.gate_up_proj", 128, 128)));
+    assert_eq!(
+        layout.merged("model.layers.0.self_attn.v_proj").map(|m| m.0),
+        Some("model.layers.0.self_attn.qkv_proj")
+    );
+    let table = param("model.embed_tokens.weight");
+    assert_eq!((table.dims.clone(), table.role), (vec![24, 1024], Role::DenseBlocks));
+    // The bytes: each part's values rounded to f16, then blocked, gate's blocks first.
+    let blocked = |spec: &models::ParamSpec| -> Vec<u8> {
+        let bits: Vec<u16> =
+            models::load_f32(&ckpt, spec).unwrap().into_iter().map(|v| half::f16::from_f32(v).to_bits()).collect();
+        kernels::cpu::repack_dense(&bits, spec.shape[0], spec.shape[1]).iter().flat_map(|b| b.to_le_bytes()).collect()
+    };
+    let want = [blocked(&gate_up.parts[0]), blocked(&gate_up.parts[1])].concat();
+    assert_eq!(gate_up.parts[1].key, "model.layers.0.mlp.up_proj.weight");
+    assert_eq!(layout.load(&ckpt, &gate_up).unwrap()[..], want[..]);
+    assert!(layout.dense_kernel("model.layers.1.self_attn.o_proj"));
+    // Without the kernels, or at another precision, the same matrix stays row-major.
+    let plain = Layout::new(&cfg, Precision::F16, &ckpt).unwrap();
+    assert!(!plain.dense_kernel("model.layers.0.mlp.up_proj") && plain.merged("model.layers.0.mlp.up_proj").is_none());
+    let f32 = Layout::new(&cfg, Precision::F32, &ckpt).unwrap().with_cpu_kernels(&cfg, Path::new("/k.o"));
+    assert!(!f32.dense_kernel("model.layers.0.mlp.up_proj") && f32.kernel_object().is_none());
+    // The graph: one f16 product per matrix, residual adds in the output and down projections, the lookup.
+    let cache = CacheShape { slots: 1, positions: 32, elem: KvElem::F32 };
+    let mlir = emit_functions(&cfg, &layout, cache, &[Function::Decode { rows: 1, window: 32 }], None).unwrap();
+    for export in ["@hmv_f16", "@hmvr_f16", "@hrows_f16"] {
+        assert!(mlir.contains(&format!("hal.executable.export public {export} ")), "{export}");
+    }
+    // Stacked experts and routers are not blocked.
+    let (ckpt, cfg) = open("qwen3_moe", "f32");
+    let moe = Layout::new(&cfg, Precision::F16, &ckpt).unwrap().with_cpu_kernels(&cfg, Path::new("/k.o"));
+    let roles: Vec<(String, Role)> = moe
+        .device_params(&cfg)
+        .into_iter()
+        .filter(|p| p.key.starts_with("model.layers.0.mlp."))
+        .map(|p| (p.key, p.role))
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            ("model.layers.0.mlp.gate.weight".to_owned(), Role::Widened),
+            ("model.layers.0.mlp.switch_mlp.gate_proj.weight".to_owned(), Role::Dense),
+            ("model.layers.0.mlp.switch_mlp.up_proj.weight".to_owned(), Role::Dense),
+            ("model.layers.0.mlp.switch_mlp.down_proj.weight".to_owned(), Role::Dense),
+        ]
+    );
+}
+
 /// Stacked experts take the kernel's blocks expert by expert, and the graph dispatches the
 /// kernel's `qmve` for them; without the kernel they stay as MLX stores them.
 #[test]

@@ -272,6 +272,107 @@ pub fn check_rows(what: &str, m: &Matrix, ids: &[i32], got: &[f32]) {
     }
 }
 
+/// Rows of x of the f16 product's cases: one (decode: the blocks side by side); 3; 8; 13;
+/// 27 (the AVX-512 objects' tiles of 12 rows twice, then 2 and 1; others' tiles of 2).
+pub const DENSE_ROWS: [usize; 5] = [1, 3, 8, 13, 27];
+
+/// A random f16 matrix `[O, K]` for the f16 product (`kernels::cpu::Dense`): its bits and
+/// their values, with magnitudes from subnormal to large (and a zero and a negative zero).
+pub struct DenseMatrix {
+    pub bits: Vec<u16>,
+    pub values: Vec<f32>,
+}
+
+impl DenseMatrix {
+    pub fn random(seed: u64) -> DenseMatrix {
+        let mut bits: Vec<u16> = values(seed, O * K)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| f16::from_f32(v * [1.0, 8.0, 1e-5][i % 3]).to_bits())
+            .collect();
+        bits[1] = 0;
+        bits[2] = 0x8000;
+        let values = bits.iter().map(|b| f16::from_bits(*b).to_f32()).collect();
+        DenseMatrix { bits, values }
+    }
+
+    /// The matrix in the kernel's blocks, as bytes.
+    pub fn kernel_bytes(&self) -> Vec<u8> {
+        cpu::repack_dense(&self.bits, O, K).iter().flat_map(|b| b.to_le_bytes()).collect()
+    }
+}
+
+/// The f16 product's function name for `rows` rows (or ids, for the lookup).
+pub fn dense_function_name(op: cpu::Dense, rows: usize) -> String {
+    format!("{}_t{rows}", op.export())
+}
+
+/// One function per (f16 entry point, row count), each one dispatch of it: the products at
+/// [`DENSE_ROWS`], the lookup of [`IDS`].
+pub fn dense_module(source: &str) -> String {
+    let ctx = Context::new();
+    let m = Module::new(&ctx);
+    let (blocks, f32) = ((O / 16) as i64, ElementType::F32);
+    let weight = ElementType::I16.tensor(&[blocks, (K * 16) as i64]);
+    for op in cpu::Dense::ALL {
+        let rows: &[usize] = if op == cpu::Dense::Rows { &[IDS.len()] } else { &DENSE_ROWS };
+        for &t in rows {
+            let t64 = t as i64;
+            let (args, workload, result) = match op {
+                cpu::Dense::Rows => (vec![ElementType::I32.tensor(&[t64]), weight.clone()], t64, [t64, K as i64]),
+                cpu::Dense::Matvec => (vec![f32.tensor(&[t64, K as i64]), weight.clone()], blocks, [t64, O as i64]),
+                cpu::Dense::MatvecAdd => (
+                    vec![f32.tensor(&[t64, K as i64]), weight.clone(), f32.tensor(&[t64, O as i64])],
+                    blocks,
+                    [t64, O as i64],
+                ),
+            };
+            m.func(&dense_function_name(op, t), &args, |f, a| {
+                let dims = [t, K, O].map(|d| d as i32);
+                Ok(vec![f.dispatch(cpu::EXECUTABLE, &op.export(), workload, &dims, a, f32.tensor(&result))?])
+            })
+            .unwrap();
+        }
+    }
+    m.append_source(cpu::EXECUTABLE, source).unwrap();
+    m.to_text()
+}
+
+/// An f16 product's result (`hmvr`'s: plus the `residual`): `kernels::cpu::dense_model`'s
+/// bits, and within 1e-5 of each row's scale of the product in f64.
+pub fn check_dense(what: &str, m: &DenseMatrix, x: &[f32], t: usize, residual: Option<&[f32]>, got: &[f32]) {
+    let model = cpu::dense_model(x, t, K, O, &m.values, residual);
+    assert_eq!(got.len(), model.len(), "{what} T={t}: output length");
+    for (i, (g, want)) in got.iter().zip(&model).enumerate() {
+        assert_eq!(g.to_bits(), want.to_bits(), "{what} T={t}: y[{}, {}] = {g}, the model says {want}", i / O, i % O);
+    }
+    for r in 0..t {
+        let exact: Vec<f64> = (0..O)
+            .map(|o| {
+                let dot: f64 = (0..K).map(|k| f64::from(m.values[o * K + k]) * f64::from(x[r * K + k])).sum();
+                dot + residual.map_or(0.0, |res| f64::from(res[r * O + o]))
+            })
+            .collect();
+        let scale = exact.iter().fold(1e-3f64, |a, v| a.max(v.abs()));
+        for (o, want) in exact.iter().enumerate() {
+            let err = (f64::from(got[r * O + o]) - want).abs() / scale;
+            assert!(err < 1e-5, "{what} T={t}: y[{r}, {o}] = {}, exactly {want} (error {err:.1e})", got[r * O + o]);
+        }
+    }
+}
+
+/// The f16 lookup's result for `ids`: each row's f16 values, exactly (ids past the end
+/// clamped to the last row).
+pub fn check_dense_rows(what: &str, m: &DenseMatrix, ids: &[i32], got: &[f32]) {
+    assert_eq!(got.len(), ids.len() * K, "{what}: output length");
+    for (t, id) in ids.iter().enumerate() {
+        let o = usize::try_from(*id).unwrap().min(O - 1);
+        let want = &m.values[o * K..][..K];
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got[t * K..][..K]), bits(want), "{what}: id {id}");
+    }
+}
+
 /// One attention case: the model's heads, the cache, the step's rows.
 pub struct AttnCase {
     pub heads: usize,
