@@ -25,7 +25,8 @@
 //!   block's e_j, zeros past the context), acc = acc * alpha (when alpha is not 1), then acc =
 //!   fma(e_j, v_j, acc) for j in order.
 //! - out = acc * (1 / l).
-//! - exp is `attn_exp` below (Cephes' single-precision polynomial, fused multiply-adds).
+//! - exp is `attn_exp` below (Cephes' single-precision polynomial, fused multiply-adds), a
+//!   block's 16 at once in `vf_attn_exp` (the same operations in every lane).
 //!
 //! Bindings: q [n, K * G * hd] f32, k_new and v_new [n, K * hd] f32 (the kernel rounds them
 //! through the cache's type, as write_kv stores them, so attention sees what later steps
@@ -41,6 +42,9 @@
 
 // Keys scored together before their softmax update.
 #define ATTN_BLOCK 16
+// Blocks ahead of the one being scored whose rows are prefetched (1: 7.2 ms, 2: 6.2 ms for
+// one thread's half of the 1B shape's 16 layers at 2,000 positions; docs/PERFORMANCE.md).
+#define ATTN_AHEAD 2
 // Floats of per-head state a workgroup keeps (qs and acc: G * hd per kv head; at most this
 // for one kv head, kernels::cpu::supports_attention) and the most heads per kv head: with
 // the block's scores, 17 KiB of stack, which IREE's worker threads keep small.
@@ -70,6 +74,24 @@ static inline float attn_exp(float x) {
   const float y = __builtin_fmaf(p, r * r, r) + 1.0f;
   const int32_t e = (int32_t)n + 127;
   return y * attn_bits_to_f32((uint32_t)e << 23);
+}
+
+// attn_exp in every lane: the same operations, so the same bits (16 exponentials of a block
+// at once; one at a time they took most of a long context's attention).
+static inline vf vf_attn_exp(vf x) {
+  const vf t = vf_fma(x, vf_set1(1.44269504088896341f), vf_set1(12582912.0f));
+  const vf n = vf_add(t, vf_set1(-12582912.0f));
+  vf r = vf_fma(n, vf_set1(-0.693359375f), x);
+  r = vf_fma(n, vf_set1(2.12194440e-4f), r);
+  vf p = vf_set1(1.9875691500e-4f);
+  p = vf_fma(p, r, vf_set1(1.3981999507e-3f));
+  p = vf_fma(p, r, vf_set1(8.3334519073e-3f));
+  p = vf_fma(p, r, vf_set1(4.1665795894e-2f));
+  p = vf_fma(p, r, vf_set1(1.6666665459e-1f));
+  p = vf_fma(p, r, vf_set1(5.0000001201e-1f));
+  const vf y = vf_add(vf_fma(p, vf_mul(r, r), r), vf_set1(1.0f));
+  // Lanes below -87 would scale by 2^n for n < -126: they are 0, as attn_exp returns.
+  return vf_zero_below(x, -87.0f, vf_mul(y, vf_pow2i(vf_zero_below(x, -87.0f, n))));
 }
 
 // acc[g][c] = fma(e[g][jj], v_jj[c], acc[g][c]) for jj in order, for heads g0..g0+GN and
@@ -112,14 +134,18 @@ static inline float attn_exp(float x) {
     const int64_t span_hi = (TO);                                                                 \
     for (int64_t j0 = (FROM); j0 < span_hi; j0 += ATTN_BLOCK) {                                   \
       const size_t nb = (size_t)(span_hi - j0 < ATTN_BLOCK ? span_hi - j0 : ATTN_BLOCK);          \
-      /* The next block's rows: the prefetchers do not follow rows stride apart far enough. */    \
-      if (j0 + ATTN_BLOCK < span_hi)                                                              \
-        for (size_t jj = 0; jj < ATTN_BLOCK; ++jj)                                                \
-          for (size_t b = 0; b < nh * HD * sizeof(ETYPE); b += 64) {                              \
-            __builtin_prefetch((const char*)(krows + ((size_t)j0 + ATTN_BLOCK + jj) * stride) + b); \
-            __builtin_prefetch((const char*)(vrows + ((size_t)j0 + ATTN_BLOCK + jj) * stride) + b); \
-          }                                                                                       \
       for (size_t h = 0; h < nh; ++h) {                                                           \
+        /* Head h's rows ATTN_AHEAD blocks on (the prefetchers do not follow rows stride */      \
+        /* apart far enough), asked for head by head rather than all at once, which stalled */  \
+        /* on the outstanding requests. */                                                         \
+        if (j0 + ATTN_AHEAD * ATTN_BLOCK < span_hi)                                               \
+          for (size_t jj = 0; jj < ATTN_BLOCK; ++jj) {                                            \
+            const size_t row = ((size_t)j0 + ATTN_AHEAD * ATTN_BLOCK + jj) * stride + h * HD;     \
+            for (size_t b = 0; b < HD * sizeof(ETYPE); b += 64) {                                 \
+              __builtin_prefetch((const char*)(krows + row) + b);                                 \
+              __builtin_prefetch((const char*)(vrows + row) + b);                                 \
+            }                                                                                     \
+          }                                                                                       \
         const ETYPE* kblock = krows + (size_t)j0 * stride + h * HD;                               \
         const ETYPE* vblock = vrows + (size_t)j0 * stride + h * HD;                               \
         float* acc_h = acc + h * GHD;                                                             \
@@ -148,7 +174,7 @@ static inline float attn_exp(float x) {
           const float block_top = vf_max_lane(vf_load(e[g]));                                     \
           const float top = block_top > *mg ? block_top : *mg;                                    \
           const float alpha = attn_exp(*mg - top);                                                \
-          for (size_t jj = 0; jj < ATTN_BLOCK; ++jj) e[g][jj] = attn_exp(e[g][jj] - top);         \
+          vf_store(e[g], vf_attn_exp(vf_add(vf_load(e[g]), vf_set1(-top))));                      \
           l[h * G + g] = __builtin_fmaf(l[h * G + g], alpha, vf_sum(vf_load(e[g])));              \
           *mg = top;                                                                              \
           if (alpha != 1.0f)                                                                      \

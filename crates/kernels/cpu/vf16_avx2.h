@@ -30,6 +30,18 @@ static inline vf vf_mul(vf a, vf b) { return (vf){_mm256_mul_ps(a.lo, b.lo), _mm
 static inline vf vf_fma(vf a, vf b, vf c) {
   return (vf){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
 }
+static inline vf vf_add(vf a, vf b) { return (vf){_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+// 2^n in each lane, for integral n in [-126, 127].
+static inline __m256 pow2i8(__m256 n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+static inline vf vf_pow2i(vf n) { return (vf){pow2i8(n.lo), pow2i8(n.hi)}; }
+// y where x is not below lim (NaN included), else 0.
+static inline vf vf_zero_below(vf x, float lim, vf y) {
+  const __m256 l = _mm256_set1_ps(lim);
+  return (vf){_mm256_and_ps(_mm256_cmp_ps(x.lo, l, _CMP_NLT_UQ), y.lo),
+              _mm256_and_ps(_mm256_cmp_ps(x.hi, l, _CMP_NLT_UQ), y.hi)};
+}
 static inline float vf_sum(vf v) {
   const __m256 s8 = _mm256_add_ps(v.lo, v.hi);
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));

@@ -19,6 +19,15 @@ static inline vf vf_round_f16(vf v) {
 static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 // a * b + c, one rounding.
 static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+// 2^n in each lane, for integral n in [-126, 127].
+static inline vf vf_pow2i(vf n) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
+// y where x is not below lim (NaN included), else 0.
+static inline vf vf_zero_below(vf x, float lim, vf y) {
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lim), _CMP_NLT_UQ), y);
+}
 static inline float vf_sum(vf v) {
   const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));

@@ -44,6 +44,27 @@ static inline vf vf_fma(vf a, vf b, vf c) {
   for (int i = 0; i < 4; ++i) r.v[i] = vfmaq_f32(c.v[i], a.v[i], b.v[i]);
   return r;
 }
+static inline vf vf_add(vf a, vf b) {
+  vf r;
+  for (int i = 0; i < 4; ++i) r.v[i] = vaddq_f32(a.v[i], b.v[i]);
+  return r;
+}
+// 2^n in each lane, for integral n in [-126, 127].
+static inline vf vf_pow2i(vf n) {
+  vf r;
+  for (int i = 0; i < 4; ++i)
+    r.v[i] = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n.v[i]), vdupq_n_s32(127)), 23));
+  return r;
+}
+// y where x is not below lim (NaN included), else 0.
+static inline vf vf_zero_below(vf x, float lim, vf y) {
+  vf r;
+  for (int i = 0; i < 4; ++i) {
+    const uint32x4_t below = vcltq_f32(x.v[i], vdupq_n_f32(lim));
+    r.v[i] = vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(y.v[i]), below));
+  }
+  return r;
+}
 static inline float vf_sum(vf a) {
   const float32x4_t s4 = vaddq_f32(vaddq_f32(a.v[0], a.v[2]), vaddq_f32(a.v[1], a.v[3]));
   const float32x2_t s2 = vadd_f32(vget_low_f32(s4), vget_high_f32(s4));

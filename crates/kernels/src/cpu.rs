@@ -325,11 +325,17 @@ pub fn repack_weight(bits: u32, out: usize, inp: usize, mlx: &[u8]) -> Vec<u8> {
 
 /// Per-group values `[out, groups]` (scales or biases, any element) as `[out/16][groups][16]`.
 pub fn repack_groups<T: Copy>(values: &[T], out: usize, groups: usize) -> Vec<T> {
-    debug_assert_eq!(values.len(), out * groups);
+    blocks_of_columns(values, out, groups)
+}
+
+/// A row-major `[out, cols]` matrix as `[out / 16][cols][16]`: each 16-row block's column c
+/// contiguous, the layout every kernel reads its per-row values in.
+fn blocks_of_columns<T: Copy>(values: &[T], out: usize, cols: usize) -> Vec<T> {
+    debug_assert_eq!(values.len(), out * cols);
     let mut packed = Vec::with_capacity(values.len());
     for rb in 0..out / BLOCK_ROWS {
-        for g in 0..groups {
-            packed.extend((0..BLOCK_ROWS).map(|r| values[(rb * BLOCK_ROWS + r) * groups + g]));
+        for c in 0..cols {
+            packed.extend((0..BLOCK_ROWS).map(|r| values[(rb * BLOCK_ROWS + r) * cols + c]));
         }
     }
     packed
@@ -388,14 +394,7 @@ pub fn supports_dense(out: usize, inp: usize) -> bool {
 /// `[out / 16][in][16]`, block b's 16 values of column k contiguous. `out` passes
 /// [`supports_dense`].
 pub fn repack_dense<T: Copy>(values: &[T], out: usize, inp: usize) -> Vec<T> {
-    debug_assert_eq!(values.len(), out * inp);
-    let mut packed = Vec::with_capacity(values.len());
-    for rb in 0..out / BLOCK_ROWS {
-        for k in 0..inp {
-            packed.extend((0..BLOCK_ROWS).map(|r| values[(rb * BLOCK_ROWS + r) * inp + k]));
-        }
-    }
-    packed
+    blocks_of_columns(values, out, inp)
 }
 
 /// `cpu/hmv.h`'s arithmetic in Rust, for tests to hold the objects to, bit for bit: `x [t, k]`
