@@ -210,13 +210,12 @@ fn every_attention_object_computes_the_same_bits() {
     }
 }
 
-/// The f16 product and lookup (`cpu/hmv.h`) of every object this host runs equal the Rust
-/// model (`kernels::cpu::dense_model`) bit for bit at row counts that take every path (one
-/// row; tiles of each size), so every object equals every other; the lookup gives the f16
-/// rows exactly.
+/// The dense product and lookup (`cpu/hmv.h`, f16 and bf16) of every object this host runs
+/// equal the Rust model (`kernels::cpu::dense_model`) bit for bit at row counts that take
+/// every path (one row; tiles of each size), so every object equals every other; the lookup
+/// gives the rows' values exactly.
 #[test]
 fn every_dense_object_computes_the_same_bits() {
-    let m = DenseMatrix::random(77);
     for isa in cpu::host_isas() {
         let dir = tempfile::tempdir().unwrap();
         let object = cpu::install(dir.path(), isa).unwrap().unwrap();
@@ -225,21 +224,27 @@ fn every_dense_object_computes_the_same_bits() {
         let device = instance.device("local-task").unwrap();
         let mut session = Session::new(&instance, &device).unwrap();
         session.load_vmfb(&vmfb).unwrap();
-        let w = device.upload_bytes(iree_hal::ElementType::I16, &[O / 16, K * 16], &m.kernel_bytes()).unwrap();
-        let ids = device.upload(&[IDS.len()], &IDS).unwrap();
-        let got: Vec<f32> =
-            session.call(&dense_function_name(cpu::Dense::Rows, IDS.len()), &[&ids, &w]).unwrap()[0].to_vec().unwrap();
-        check_dense_rows(&format!("{isa} hrows_f16"), &m, &IDS, &got);
-        for op in [cpu::Dense::Matvec, cpu::Dense::MatvecAdd] {
-            for t in DENSE_ROWS {
-                let x = input(t, K, 300 + t as u64);
-                let xs = device.upload(&[t, K], &x).unwrap();
-                let residual = (op == cpu::Dense::MatvecAdd).then(|| input(t, O, 400 + t as u64));
-                let r = residual.as_ref().map(|r| device.upload(&[t, O], r).unwrap());
-                let mut args = vec![&xs, &w];
-                args.extend(r.as_ref());
-                let got: Vec<f32> = session.call(&dense_function_name(op, t), &args).unwrap()[0].to_vec().unwrap();
-                check_dense(&format!("{isa} {}", op.export()), &m, &x, t, residual.as_deref(), &got);
+        for elem in [cpu::Half::F16, cpu::Half::BF16] {
+            let m = DenseMatrix::random(elem, 77);
+            let w = device.upload_bytes(iree_hal::ElementType::I16, &[O / 16, K * 16], &m.kernel_bytes()).unwrap();
+            let ids = device.upload(&[IDS.len()], &IDS).unwrap();
+            let rows = cpu::Dense { op: cpu::DenseOp::Rows, elem };
+            let got: Vec<f32> =
+                session.call(&dense_function_name(rows, IDS.len()), &[&ids, &w]).unwrap()[0].to_vec().unwrap();
+            check_dense_rows(&format!("{isa} {}", rows.export()), &m, &IDS, &got);
+            for op in [cpu::DenseOp::Matvec, cpu::DenseOp::MatvecAdd] {
+                let entry = cpu::Dense { op, elem };
+                for t in DENSE_ROWS {
+                    let x = input(t, K, 300 + t as u64);
+                    let xs = device.upload(&[t, K], &x).unwrap();
+                    let residual = (op == cpu::DenseOp::MatvecAdd).then(|| input(t, O, 400 + t as u64));
+                    let r = residual.as_ref().map(|r| device.upload(&[t, O], r).unwrap());
+                    let mut args = vec![&xs, &w];
+                    args.extend(r.as_ref());
+                    let got: Vec<f32> =
+                        session.call(&dense_function_name(entry, t), &args).unwrap()[0].to_vec().unwrap();
+                    check_dense(&format!("{isa} {}", entry.export()), &m, &x, t, residual.as_deref(), &got);
+                }
             }
         }
     }

@@ -248,52 +248,57 @@ fn the_aarch64_attention_computes_the_models_bits() {
     assert_eq!(at, got.len(), "the driver wrote more than was asked for");
 }
 
-/// The f16 product and lookup (cpu/hmv.h) of the aarch64 object give kernel_cases' cases
-/// the Rust model's bits (`kernels::cpu::dense_model`), as the host's objects do through
-/// IREE (kernels.rs).
+/// The dense product and lookup (cpu/hmv.h, f16 and bf16) of the aarch64 object give
+/// kernel_cases' cases the Rust model's bits (`kernels::cpu::dense_model`), as the host's
+/// objects do through IREE (kernels.rs).
 #[test]
 fn the_aarch64_dense_product_computes_the_models_bits() {
     let dir = tempfile::tempdir().unwrap();
     let exe = executable(dir.path(), &object(dir.path()));
-    let m = DenseMatrix::random(77);
-    let mut stdin = Vec::new();
-    let mut cases = Vec::new();
     let floats = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    let push = |stdin: &mut Vec<u8>, op: cpu::Dense, t: usize, input: &[u8], residual: Option<&[f32]>| {
-        let code: u32 = match op {
-            cpu::Dense::Matvec => 5,
-            cpu::Dense::MatvecAdd => 6,
-            cpu::Dense::Rows => 7,
+    for elem in [cpu::Half::F16, cpu::Half::BF16] {
+        let m = DenseMatrix::random(elem, 77);
+        let mut stdin = Vec::new();
+        let mut cases = Vec::new();
+        let push = |stdin: &mut Vec<u8>, op: cpu::DenseOp, t: usize, input: &[u8], residual: Option<&[f32]>| {
+            let code: u32 = match op {
+                cpu::DenseOp::Matvec => 5,
+                cpu::DenseOp::MatvecAdd => 6,
+                cpu::DenseOp::Rows => 7,
+            };
+            let header = [code, t as u32, K as u32, O as u32, u32::from(elem == cpu::Half::BF16)];
+            push_part(stdin, &header.into_iter().flat_map(u32::to_le_bytes).collect::<Vec<u8>>());
+            push_part(stdin, input);
+            if let Some(r) = residual {
+                push_part(stdin, &floats(r));
+            }
+            push_part(stdin, &m.kernel_bytes());
         };
-        let header = [code, t as u32, K as u32, O as u32];
-        push_part(stdin, &header.into_iter().flat_map(u32::to_le_bytes).collect::<Vec<u8>>());
-        push_part(stdin, input);
-        if let Some(r) = residual {
-            push_part(stdin, &floats(r));
+        let ids: Vec<u8> = IDS.iter().flat_map(|v| v.to_le_bytes()).collect();
+        push(&mut stdin, cpu::DenseOp::Rows, IDS.len(), &ids, None);
+        for op in [cpu::DenseOp::Matvec, cpu::DenseOp::MatvecAdd] {
+            for t in DENSE_ROWS {
+                let x = input(t, K, 300 + t as u64);
+                let residual = (op == cpu::DenseOp::MatvecAdd).then(|| input(t, O, 400 + t as u64));
+                push(&mut stdin, op, t, &floats(&x), residual.as_deref());
+                cases.push((cpu::Dense { op, elem }, t, x, residual));
+            }
         }
-        push_part(stdin, &m.kernel_bytes());
-    };
-    push(&mut stdin, cpu::Dense::Rows, IDS.len(), &IDS.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(), None);
-    for op in [cpu::Dense::Matvec, cpu::Dense::MatvecAdd] {
-        for t in DENSE_ROWS {
-            let x = input(t, K, 300 + t as u64);
-            let residual = (op == cpu::Dense::MatvecAdd).then(|| input(t, O, 400 + t as u64));
-            push(&mut stdin, op, t, &floats(&x), residual.as_deref());
-            cases.push((op, t, x, residual));
+        let out = run(&exe, &stdin);
+        let got: Vec<f32> = out.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let rows = IDS.len() * K;
+        assert!(got.len() >= rows, "the driver wrote too few values");
+        let lookup = cpu::Dense { op: cpu::DenseOp::Rows, elem };
+        check_dense_rows(&format!("neondot {}", lookup.export()), &m, &IDS, &got[..rows]);
+        let mut at = rows;
+        for (entry, t, x, residual) in &cases {
+            assert!(got.len() >= at + t * O, "{}: the driver wrote too few values", entry.export());
+            let what = format!("neondot {}", entry.export());
+            check_dense(&what, &m, x, *t, residual.as_deref(), &got[at..at + t * O]);
+            at += t * O;
         }
+        assert_eq!(at, got.len(), "the driver wrote more than was asked for");
     }
-    let out = run(&exe, &stdin);
-    let got: Vec<f32> = out.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
-    let rows = IDS.len() * K;
-    assert!(got.len() >= rows, "the driver wrote too few values");
-    check_dense_rows("neondot hrows_f16", &m, &IDS, &got[..rows]);
-    let mut at = rows;
-    for (op, t, x, residual) in &cases {
-        assert!(got.len() >= at + t * O, "{}: the driver wrote too few values", op.export());
-        check_dense(&format!("neondot {}", op.export()), &m, x, *t, residual.as_deref(), &got[at..at + t * O]);
-        at += t * O;
-    }
-    assert_eq!(at, got.len(), "the driver wrote more than was asked for");
 }
 
 /// How many by-element `sdot`/`udot` instructions (`0 Q U 01111 10 L M Rm 1110 H 0 Rn Rd`)

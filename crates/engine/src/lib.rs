@@ -354,7 +354,7 @@ pub fn graph_modules(
 }
 
 /// The device layout of `precision` for this checkpoint and target. Packed matrices, and at
-/// `f16` (or `packed`) the dense ones, use the hand-written CPU kernels that `kernels` picks
+/// `f16`, `bf16` (or `packed`) the dense ones, use the hand-written CPU kernels that `kernels` picks
 /// (`kernels::cpu`, the object installed into `cache_dir`) on an `llvm-cpu` target, and the CUDA kernel (`kernels::cuda`, its PTX in
 /// the module) on `cuda` unless `kernels` is `Off`; elsewhere, or with none, they use the
 /// graph form.
@@ -376,8 +376,8 @@ pub fn layout_for(
     if matches!(target, iree_compiler::Target::Cuda { .. }) && kernels != CpuKernels::Off {
         return Ok(layout.with_cuda_kernel(cfg));
     }
-    // The kernels take packed matrices and dense f16 ones.
-    let Some(isa) = isa.filter(|_| matches!(precision, Precision::Packed | Precision::F16)) else { return Ok(layout) };
+    // The kernels take packed matrices and dense f16 and bf16 ones (not f32).
+    let Some(isa) = isa.filter(|_| precision != Precision::F32) else { return Ok(layout) };
     let dir = cache_dir.join("kernels");
     match kernels::cpu::install(&dir, isa) {
         Ok(Some(object)) => Ok(layout.with_cpu_kernels(cfg, &object)),

@@ -12,9 +12,10 @@
 //! padded with zeros to a multiple of 64 bytes (the alignment IREE gives its bindings); or an attention case (`attn`,
 //! attn.h): 14 u32 (2; 1 for an f16 cache, 0 for f32; L; S; P; K; G; hd; W; sliding; the
 //! scale's f32 bits; n; kv heads per workgroup; layer), then q, k_new, v_new, the k and v
-//! caches, positions and slots, each padded the same way; or an f16 case (hmv.h): 4 u32 (5
-//! for `hmv`, 6 for `hmvr`, 7 for `hrows`; T; K; O), then x (T x K f32, or T i32 ids), for
-//! `hmvr` the residual, and the weights in hmv.h's blocks (O x K f16), padded the same way.
+//! caches, positions and slots, each padded the same way; or a dense case (hmv.h): 5 u32 (5
+//! for `hmv`, 6 for `hmvr`, 7 for `hrows`; T; K; O; 1 for bf16, 0 for f16), then x (T x K
+//! f32, or T i32 ids), for `hmvr` the residual, and the weights in hmv.h's blocks (O x K
+//! 16-bit values), padded the same way.
 //! stdout: each case's output (T x O
 //! or T x K f32; n x K x G x hd f32), in order. The work is split into workgroups as
 //! IREE splits it (4 row blocks per `qmv` call, one id per `qrows` call), and the output
@@ -42,12 +43,15 @@ typedef void attn_fn(const float*, size_t, const float*, size_t, const float*, s
                      const void*, size_t, const int32_t*, size_t, const int32_t*, size_t, float*, size_t, size_t,
                      size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
 attn_fn mlx_iree_attn_f16, mlx_iree_attn_f32;
-void mlx_iree_hmv_f16(const float*, size_t, const uint16_t*, size_t, float*, size_t, size_t, size_t, size_t, size_t,
+typedef void hmv_fn(const float*, size_t, const uint16_t*, size_t, float*, size_t, size_t, size_t, size_t, size_t,
+                    size_t);
+typedef void hmvr_fn(const float*, size_t, const uint16_t*, size_t, const float*, size_t, float*, size_t, size_t,
+                     size_t, size_t, size_t, size_t);
+typedef void hrows_fn(const int32_t*, size_t, const uint16_t*, size_t, float*, size_t, size_t, size_t, size_t, size_t,
                       size_t);
-void mlx_iree_hmvr_f16(const float*, size_t, const uint16_t*, size_t, const float*, size_t, float*, size_t, size_t,
-                       size_t, size_t, size_t, size_t);
-void mlx_iree_hrows_f16(const int32_t*, size_t, const uint16_t*, size_t, float*, size_t, size_t, size_t, size_t,
-                        size_t, size_t);
+hmv_fn mlx_iree_hmv_f16, mlx_iree_hmv_bf16;
+hmvr_fn mlx_iree_hmvr_f16, mlx_iree_hmvr_bf16;
+hrows_fn mlx_iree_hrows_f16, mlx_iree_hrows_bf16;
 
 static long syscall3(long nr, long a, long b, long c) {
   register long x8 __asm__("x8") = nr;
@@ -112,9 +116,9 @@ static size_t run_attention(const uint8_t* p, size_t len, const uint32_t* h) {
   return size;
 }
 
-// Runs the f16 case at p (header h) and returns its size.
+// Runs the dense case at p (header h) and returns its size.
 static size_t run_dense(const uint8_t* p, size_t len, const uint32_t* h) {
-  const uint32_t op = h[0];
+  const uint32_t op = h[0], bf16 = h[4];
   const size_t T = h[1], K = h[2], O = h[3];
   const size_t in_bytes = op == 7 ? T * 4 : T * K * 4, r_bytes = op == 6 ? T * O * 4 : 0, w_bytes = O * K * 2;
   const size_t out_len = T * (op == 7 ? K : O);
@@ -126,13 +130,16 @@ static size_t run_dense(const uint8_t* p, size_t len, const uint32_t* h) {
   const uint16_t* w = (const uint16_t*)(x + padded(in_bytes) + padded(r_bytes));
   for (size_t i = 0; i < out_len; ++i) output[i] = __builtin_nanf("");
   if (op == 7) {
-    for (size_t t = 0; t < T; ++t) mlx_iree_hrows_f16((const int32_t*)x, 0, w, 0, output, 0, T, K, O, t, t + 1);
+    hrows_fn* fn = bf16 ? mlx_iree_hrows_bf16 : mlx_iree_hrows_f16;
+    for (size_t t = 0; t < T; ++t) fn((const int32_t*)x, 0, w, 0, output, 0, T, K, O, t, t + 1);
   } else {
     for (size_t rb = 0; rb < O / 16; rb += 4) {
       if (op == 6) {
-        mlx_iree_hmvr_f16((const float*)x, 0, w, 0, r, 0, output, 0, T, K, O, rb, rb + 4);
+        hmvr_fn* fn = bf16 ? mlx_iree_hmvr_bf16 : mlx_iree_hmvr_f16;
+        fn((const float*)x, 0, w, 0, r, 0, output, 0, T, K, O, rb, rb + 4);
       } else {
-        mlx_iree_hmv_f16((const float*)x, 0, w, 0, output, 0, T, K, O, rb, rb + 4);
+        hmv_fn* fn = bf16 ? mlx_iree_hmv_bf16 : mlx_iree_hmv_f16;
+        fn((const float*)x, 0, w, 0, output, 0, T, K, O, rb, rb + 4);
       }
     }
   }

@@ -15,6 +15,11 @@ static inline vf vf_load_f16(const uint16_t* p) {
   return (vf){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)),
               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 8)))};
 }
+// bf16 is the top half of an f32: widened exactly by a shift.
+static inline __m256 load8_bf16(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+static inline vf vf_load_bf16(const uint16_t* p) { return (vf){load8_bf16(p), load8_bf16(p + 8)}; }
 // Each lane rounded to f16 (nearest, ties to even) and back.
 // (The mode is a literal: clang takes only a constant expression as the immediate.)
 #define VF_F16_MODE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)

@@ -11,6 +11,10 @@ static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
 static inline vf vf_set1(float v) { return _mm512_set1_ps(v); }
 static inline vf vf_load(const float* p) { return _mm512_loadu_ps(p); }
 static inline vf vf_load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+// bf16 is the top half of an f32: widened exactly by a shift.
+static inline vf vf_load_bf16(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
 static inline void vf_store(float* p, vf v) { _mm512_storeu_ps(p, v); }
 // Each lane rounded to f16 (nearest, ties to even) and back.
 static inline vf vf_round_f16(vf v) {

@@ -24,6 +24,12 @@ static inline vf vf_load_f16(const uint16_t* p) {
   for (int i = 0; i < 4; ++i) r.v[i] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4 * i)));
   return r;
 }
+// bf16 is the top half of an f32: widened exactly by a shift.
+static inline vf vf_load_bf16(const uint16_t* p) {
+  vf r;
+  for (int i = 0; i < 4; ++i) r.v[i] = vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p + 4 * i), 16));
+  return r;
+}
 // Each lane rounded to f16 (nearest, ties to even: FPCR's default mode) and back.
 static inline vf vf_round_f16(vf a) {
   vf r;

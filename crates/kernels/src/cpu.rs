@@ -349,12 +349,12 @@ pub struct Entry {
     pub scale: Scale,
 }
 
-/// What an entry point over an f16 matrix in the blocks of [`repack_dense`] computes
-/// (`cpu/hmv.h`); x, y and the lookup's rows are f32. Push constants T, K, O; units are row
-/// blocks ([`BLOCKS_PER_WORKGROUP`] a workgroup) for the products, rows (one a workgroup) for
-/// the lookup.
+/// What an entry point over a half-precision matrix in the blocks of [`repack_dense`]
+/// computes (`cpu/hmv.h`); x, y and the lookup's rows are f32. Push constants T, K, O; units
+/// are row blocks ([`BLOCKS_PER_WORKGROUP`] a workgroup) for the products, rows (one a
+/// workgroup) for the lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Dense {
+pub enum DenseOp {
     /// `y[T, O] = x[T, K] . W^T`.
     Matvec,
     /// The same plus a residual `r[T, O]`, the graph's f32 add after the product.
@@ -363,34 +363,66 @@ pub enum Dense {
     Rows,
 }
 
-impl Dense {
-    pub const ALL: [Dense; 3] = [Dense::Matvec, Dense::MatvecAdd, Dense::Rows];
+/// The element type of a dense matrix the kernels take: both travel as their 16 bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Half {
+    F16,
+    BF16,
+}
 
-    /// The export name: `hmv_f16`, `hmvr_f16` or `hrows_f16`.
+/// An entry point over a dense matrix: what it computes, for which element type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Dense {
+    pub op: DenseOp,
+    pub elem: Half,
+}
+
+impl Dense {
+    /// Every entry point.
+    pub const ALL: [Dense; 6] = {
+        const fn d(op: DenseOp, elem: Half) -> Dense {
+            Dense { op, elem }
+        }
+        [
+            d(DenseOp::Matvec, Half::F16),
+            d(DenseOp::MatvecAdd, Half::F16),
+            d(DenseOp::Rows, Half::F16),
+            d(DenseOp::Matvec, Half::BF16),
+            d(DenseOp::MatvecAdd, Half::BF16),
+            d(DenseOp::Rows, Half::BF16),
+        ]
+    };
+
+    /// The export name, e.g. `hmv_f16`, `hmvr_bf16` or `hrows_f16`.
     pub fn export(self) -> String {
-        let op = match self {
-            Dense::Matvec => "hmv",
-            Dense::MatvecAdd => "hmvr",
-            Dense::Rows => "hrows",
+        let op = match self.op {
+            DenseOp::Matvec => "hmv",
+            DenseOp::MatvecAdd => "hmvr",
+            DenseOp::Rows => "hrows",
         };
-        format!("{op}_f16")
+        let elem = match self.elem {
+            Half::F16 => "f16",
+            Half::BF16 => "bf16",
+        };
+        format!("{op}_{elem}")
     }
 
     /// Workgroups per unit of the dispatch's workload.
     pub fn units_per_workgroup(self) -> usize {
-        if self == Dense::Rows { 1 } else { BLOCKS_PER_WORKGROUP }
+        if self.op == DenseOp::Rows { 1 } else { BLOCKS_PER_WORKGROUP }
     }
 
     /// Push constants: T, K, O.
     pub const CONSTANTS: usize = 3;
 }
 
-/// Whether the f16 product takes a matrix `[out, in]`: whole 16-row blocks.
+/// Whether the dense product takes a matrix `[out, in]`: whole 16-row blocks.
 pub fn supports_dense(out: usize, inp: usize) -> bool {
     out > 0 && out.is_multiple_of(BLOCK_ROWS) && inp > 0
 }
 
-/// A row-major `[out, in]` matrix (f16 bits, or any element) as the f16 product reads it:
+/// A row-major `[out, in]` matrix (f16 or bf16 bits, or any element) as the dense product
+/// reads it:
 /// `[out / 16][in][16]`, block b's 16 values of column k contiguous. `out` passes
 /// [`supports_dense`].
 pub fn repack_dense<T: Copy>(values: &[T], out: usize, inp: usize) -> Vec<T> {
@@ -398,7 +430,7 @@ pub fn repack_dense<T: Copy>(values: &[T], out: usize, inp: usize) -> Vec<T> {
 }
 
 /// `cpu/hmv.h`'s arithmetic in Rust, for tests to hold the objects to, bit for bit: `x [t, k]`
-/// times the row-major `w [o, k]` (f16 values, which f32 holds exactly) transposed, each
+/// times the row-major `w [o, k]` (f16 or bf16 values, which f32 holds exactly) transposed, each
 /// output one chain of fused multiply-adds over k in order from 0, plus `r [t, o]` after it
 /// when given.
 pub fn dense_model(x: &[f32], t: usize, k: usize, o: usize, w: &[f32], r: Option<&[f32]>) -> Vec<f32> {
@@ -696,10 +728,10 @@ impl ExportSpec {
 
     fn dense(d: Dense) -> ExportSpec {
         // f16 travels as its bits; the residual before the result.
-        let bindings = match d {
-            Dense::Matvec => vec!["f32", "i16", "f32"],
-            Dense::MatvecAdd => vec!["f32", "i16", "f32", "f32"],
-            Dense::Rows => vec!["i32", "i16", "f32"],
+        let bindings = match d.op {
+            DenseOp::Matvec => vec!["f32", "i16", "f32"],
+            DenseOp::MatvecAdd => vec!["f32", "i16", "f32", "f32"],
+            DenseOp::Rows => vec!["i32", "i16", "f32"],
         };
         ExportSpec {
             name: d.export(),
@@ -933,7 +965,7 @@ mod tests {
     /// (`hmvr` only) and the result, then T, K, O and the units.
     #[test]
     fn the_dense_exports_declare_their_bindings() {
-        let text = executable_source(Path::new("/k/qmv.o"), &[], &[], &Dense::ALL);
+        let text = executable_source(Path::new("/k/qmv.o"), &[], &[], &Dense::ALL[..3]);
         let decl = |name: &str| text.lines().find(|l| l.contains(&format!("private @mlx_iree_{name}("))).unwrap();
         let constants = "index, index, index, index, index) attributes";
         let with = |bindings: &str| format!("({bindings}, {constants}");

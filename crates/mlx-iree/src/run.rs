@@ -108,8 +108,8 @@ pub fn store_parameters() -> Result<bool> {
     }
 }
 
-/// `MLX_IREE_PACKED_KERNELS`: `0` puts packed weights on the graph form and f16 matrices on
-/// IREE's own code (for comparisons; on CUDA too, instead of the CUDA kernel),
+/// `MLX_IREE_PACKED_KERNELS`: `0` puts packed weights on the graph form and f16 and bf16
+/// matrices on IREE's own code (for comparisons; on CUDA too, instead of the CUDA kernel),
 /// an instruction set's name (`amx`, `avx512`, `avx2`, `neondot`: [`engine::Isa::name`])
 /// forces its CPU kernels (the load fails where they cannot run), unset (or `auto`, or `1`)
 /// takes the best the host runs.

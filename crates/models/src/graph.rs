@@ -456,7 +456,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let y = match self.layout.packing(prefix) {
             Some(p) => self.packed_linear(x, prefix, p)?,
             None if self.layout.dense_kernel(prefix) => {
-                self.merged_or(prefix, |m| self.dense_dispatch(kernels::cpu::Dense::Matvec, x, m, None))?
+                self.merged_or(prefix, |m| self.dense_dispatch(kernels::cpu::DenseOp::Matvec, x, m, None))?
             }
             None => {
                 let w = self.param(&format!("{prefix}.weight"))?;
@@ -653,12 +653,13 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         f.dispatch(kernels::cpu::EXECUTABLE, &export, workload, &dims, &args, F32.tensor(&result))
     }
 
-    /// A dense f16 matrix in the CPU kernel's blocks through its f16 product: `x [T, in] ->
+    /// A dense f16 or bf16 matrix in the CPU kernel's blocks through its product: `x [T, in] ->
     /// [T, out]`, plus `residual [T, out]` after it when given (the graph's f32 add); or, for
-    /// `Dense::Rows`, the rows `x` (i32 ids `[T]`) of the table -> `[T, in]`.
+    /// `DenseOp::Rows`, the rows `x` (i32 ids `[T]`) of the table -> `[T, in]`. The entry is
+    /// the global's element type's (f16 or bf16).
     fn dense_dispatch(
         &self,
-        op: kernels::cpu::Dense,
+        op: kernels::cpu::DenseOp,
         x: V<'c, 'b>,
         prefix: &str,
         residual: Option<V<'c, 'b>>,
@@ -667,12 +668,14 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let blocks = w.shape()[0];
         let (t, inp, out) =
             (x.shape()[0], w.shape()[1] / kernels::cpu::BLOCK_ROWS as i64, blocks * kernels::cpu::BLOCK_ROWS as i64);
-        self.dense.borrow_mut().insert(op);
+        let elem = if w.elem() == ElementType::BF16 { kernels::cpu::Half::BF16 } else { kernels::cpu::Half::F16 };
+        let entry = kernels::cpu::Dense { op, elem };
+        self.dense.borrow_mut().insert(entry);
         let mut args = vec![x, w];
         args.extend(residual);
         let dims = [t, inp, out].map(|d| d as i32);
-        let (workload, result) = if op == kernels::cpu::Dense::Rows { (t, [t, inp]) } else { (blocks, [t, out]) };
-        self.f.dispatch(kernels::cpu::EXECUTABLE, &op.export(), workload, &dims, &args, F32.tensor(&result))
+        let (workload, result) = if op == kernels::cpu::DenseOp::Rows { (t, [t, inp]) } else { (blocks, [t, out]) };
+        self.f.dispatch(kernels::cpu::EXECUTABLE, &entry.export(), workload, &dims, &args, F32.tensor(&result))
     }
 
     /// The weight, scales and biases of the packed matrix (or stacked experts) `prefix`.
@@ -693,7 +696,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             return self.kernel_dispatch_with(kernels::cpu::Op::MatvecAdd, x, prefix, p, Some(residual));
         }
         if !bias && self.layout.dense_kernel(prefix) && self.layout.merged(prefix).is_none() {
-            return self.dense_dispatch(kernels::cpu::Dense::MatvecAdd, x, prefix, Some(residual));
+            return self.dense_dispatch(kernels::cpu::DenseOp::MatvecAdd, x, prefix, Some(residual));
         }
         if !bias && let Some(form) = self.cuda_kernel_for(prefix) {
             return self.cuda_dispatch(kernels::cuda::Op::MatvecAdd, form, x, &[prefix], Some(residual));
@@ -707,7 +710,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let f = self.f;
         const PREFIX: &str = crate::layout::EMBEDDING;
         if self.layout.dense_kernel(PREFIX) {
-            return self.dense_dispatch(kernels::cpu::Dense::Rows, tokens, PREFIX, None);
+            return self.dense_dispatch(kernels::cpu::DenseOp::Rows, tokens, PREFIX, None);
         }
         let Some(p) = self.layout.packing(PREFIX) else {
             return self.widen(f.gather_rows(f.load(self.global(&format!("{PREFIX}.weight"))?)?, tokens)?);

@@ -82,7 +82,7 @@ pub enum Role {
     ExpertScales,
     /// Their biases `[experts, out, groups]` (MLX's, no offset folded), as stored.
     ExpertBiases,
-    /// A dense f16 matrix `[out, in]` in the CPU kernel's 16-row blocks
+    /// A dense f16 or bf16 matrix `[out, in]` in the CPU kernel's 16-row blocks
     /// (`kernels::cpu::repack_dense`), held as `[out / 16, in * 16]`.
     DenseBlocks,
 }
@@ -118,7 +118,7 @@ pub struct Layout {
     packed: HashMap<String, Packing>,
     /// The CPU kernel object linked into the graph, when any packing uses it.
     kernel_object: Option<PathBuf>,
-    /// Dense f16 matrices (by prefix) the CPU kernel's f16 product reads in its blocks
+    /// Dense f16 or bf16 matrices (by prefix) the CPU kernel's product reads in its blocks
     /// ([`Layout::dense_kernel`]).
     dense_kernel: HashSet<String>,
     /// Kernel-packed projections that read the same input, stacked into one matrix so one
@@ -214,12 +214,12 @@ impl Layout {
     }
 
     /// Moves every packed matrix the CPU kernels take (`kernels::cpu::supports`) to the
-    /// kernel form, and every dense f16 matrix they take (`kernels::cpu::supports_dense`,
-    /// the embedding table and routers aside) to the f16 product's blocks, linking `object`
+    /// kernel form, and every dense f16 or bf16 matrix they take (`kernels::cpu::supports_dense`;
+    /// routers and stacked experts aside) to the dense product's blocks, linking `object`
     /// (from `kernels::cpu::install`) into the graph. Only for an `llvm-cpu` target whose CPU
     /// runs that object's instruction set (`kernels::cpu::Isa::runs_on_host`).
     pub fn with_cpu_kernels(mut self, cfg: &ModelConfig, object: &Path) -> Layout {
-        if self.precision.matrix_elem() == ElementType::F16 {
+        if matches!(self.precision.matrix_elem(), ElementType::F16 | ElementType::BF16) && !self.bf16_bits {
             // The embedding table too: the kernel looks its rows up (`Dense::Rows`), so a
             // tied head reads the same one copy.
             for spec in param_specs(cfg) {
@@ -266,7 +266,7 @@ impl Layout {
         self.merged.get(prefix).map(|(m, first, rows)| (m.as_str(), *first, *rows))
     }
 
-    /// Whether the dense matrix `prefix` is in the CPU kernel's f16 blocks
+    /// Whether the dense matrix `prefix` is in the CPU kernel's blocks
     /// ([`Role::DenseBlocks`]), read by its f16 product.
     pub fn dense_kernel(&self, prefix: &str) -> bool {
         self.dense_kernel.contains(prefix)
@@ -417,7 +417,7 @@ impl Layout {
                     let (o, i): (usize, usize) = (parts.iter().map(|s| s.shape[0]).sum(), spec.shape[1]);
                     let blocks = o / kernels::cpu::BLOCK_ROWS;
                     let dims = vec![blocks, i * kernels::cpu::BLOCK_ROWS];
-                    out.push(param(format!("{prefix}.weight"), dims, ElementType::F16, Role::DenseBlocks))
+                    out.push(param(format!("{prefix}.weight"), dims, self.precision.matrix_elem(), Role::DenseBlocks))
                 }
                 (Kind::Matrix | Kind::Experts, None) => {
                     let elem = match self.precision.matrix_elem() {
@@ -487,7 +487,7 @@ impl Layout {
                 // Each part's blocks in order (whole blocks: stacking them stacks the rows).
                 let mut out = Vec::with_capacity(param.bytes());
                 for part in &param.parts {
-                    let bytes = crate::params::load_param(ckpt, part, ElementType::F16)?;
+                    let bytes = crate::params::load_param(ckpt, part, param.elem)?;
                     let bits: Vec<u16> = bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
                     let blocks = kernels::cpu::repack_dense(&bits, part.shape[0], part.shape[1]);
                     out.extend(blocks.iter().flat_map(|b| b.to_le_bytes()));

@@ -177,7 +177,7 @@ fn cpu_kernel_layout() {
     }
 }
 
-/// With the CPU kernels, an f16 layout holds every dense matrix of whole 16-row blocks,
+/// With the CPU kernels, an f16 (or bf16) layout holds every dense matrix of whole 16-row blocks,
 /// the embedding table included, in the f16 product's blocks (`kernels::cpu::repack_dense`),
 /// and the graph dispatches the f16 exports for them; routers and stacked experts stay as
 /// they were.
@@ -216,6 +216,17 @@ fn f16_matrices_in_the_kernel_blocks() {
     assert!(!plain.dense_kernel("model.layers.0.mlp.up_proj") && plain.merged("model.layers.0.mlp.up_proj").is_none());
     let f32 = Layout::new(&cfg, Precision::F32, &ckpt).unwrap().with_cpu_kernels(&cfg, Path::new("/k.o"));
     assert!(!f32.dense_kernel("model.layers.0.mlp.up_proj") && f32.kernel_object().is_none());
+    // bf16 the same way, in its own element type and exports.
+    let bf16 = Layout::new(&cfg, Precision::BF16, &ckpt).unwrap().with_cpu_kernels(&cfg, Path::new("/k.o"));
+    let p = bf16.device_params(&cfg).into_iter().find(|p| p.key == "model.layers.0.self_attn.o_proj.weight").unwrap();
+    assert_eq!((p.dims.clone(), p.elem, p.role), (vec![4, 1024], ElementType::BF16, Role::DenseBlocks));
+    let bits: Vec<u16> =
+        models::load_f32(&ckpt, &p.spec).unwrap().into_iter().map(|v| half::bf16::from_f32(v).to_bits()).collect();
+    let want: Vec<u8> = kernels::cpu::repack_dense(&bits, 64, 64).iter().flat_map(|b| b.to_le_bytes()).collect();
+    assert_eq!(bf16.load(&ckpt, &p).unwrap()[..], want[..]);
+    let cache = CacheShape { slots: 1, positions: 32, elem: KvElem::F32 };
+    let mlir = emit_functions(&cfg, &bf16, cache, &[Function::Decode { rows: 1, window: 32 }], None).unwrap();
+    assert!(mlir.contains("export public @hmvr_bf16 ") && !mlir.contains("@hmv_f16"));
     // The graph: one f16 product per matrix, residual adds in the output and down projections, the lookup.
     let cache = CacheShape { slots: 1, positions: 32, elem: KvElem::F32 };
     let mlir = emit_functions(&cfg, &layout, cache, &[Function::Decode { rows: 1, window: 32 }], None).unwrap();

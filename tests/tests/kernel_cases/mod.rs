@@ -276,23 +276,27 @@ pub fn check_rows(what: &str, m: &Matrix, ids: &[i32], got: &[f32]) {
 /// 27 (the AVX-512 objects' tiles of 12 rows twice, then 2 and 1; others' tiles of 2).
 pub const DENSE_ROWS: [usize; 5] = [1, 3, 8, 13, 27];
 
-/// A random f16 matrix `[O, K]` for the f16 product (`kernels::cpu::Dense`): its bits and
-/// their values, with magnitudes from subnormal to large (and a zero and a negative zero).
+/// A random f16 or bf16 matrix `[O, K]` for the dense product (`kernels::cpu::Dense`): its
+/// bits and their values, with magnitudes from subnormal (f16) to large, a zero and a
+/// negative zero.
 pub struct DenseMatrix {
     pub bits: Vec<u16>,
     pub values: Vec<f32>,
 }
 
 impl DenseMatrix {
-    pub fn random(seed: u64) -> DenseMatrix {
-        let mut bits: Vec<u16> = values(seed, O * K)
-            .iter()
-            .enumerate()
-            .map(|(i, v)| f16::from_f32(v * [1.0, 8.0, 1e-5][i % 3]).to_bits())
-            .collect();
+    pub fn random(elem: cpu::Half, seed: u64) -> DenseMatrix {
+        let scaled = values(seed, O * K).into_iter().enumerate().map(|(i, v)| v * [1.0, 8.0, 1e-5][i % 3]);
+        let mut bits: Vec<u16> = match elem {
+            cpu::Half::F16 => scaled.map(|v| f16::from_f32(v).to_bits()).collect(),
+            cpu::Half::BF16 => scaled.map(|v| half::bf16::from_f32(v).to_bits()).collect(),
+        };
         bits[1] = 0;
         bits[2] = 0x8000;
-        let values = bits.iter().map(|b| f16::from_bits(*b).to_f32()).collect();
+        let values = match elem {
+            cpu::Half::F16 => bits.iter().map(|b| f16::from_bits(*b).to_f32()).collect(),
+            cpu::Half::BF16 => bits.iter().map(|b| half::bf16::from_bits(*b).to_f32()).collect(),
+        };
         DenseMatrix { bits, values }
     }
 
@@ -302,12 +306,12 @@ impl DenseMatrix {
     }
 }
 
-/// The f16 product's function name for `rows` rows (or ids, for the lookup).
+/// The dense product's function name for `rows` rows (or ids, for the lookup).
 pub fn dense_function_name(op: cpu::Dense, rows: usize) -> String {
     format!("{}_t{rows}", op.export())
 }
 
-/// One function per (f16 entry point, row count), each one dispatch of it: the products at
+/// One function per (dense entry point, row count), each one dispatch of it: the products at
 /// [`DENSE_ROWS`], the lookup of [`IDS`].
 pub fn dense_module(source: &str) -> String {
     let ctx = Context::new();
@@ -315,13 +319,13 @@ pub fn dense_module(source: &str) -> String {
     let (blocks, f32) = ((O / 16) as i64, ElementType::F32);
     let weight = ElementType::I16.tensor(&[blocks, (K * 16) as i64]);
     for op in cpu::Dense::ALL {
-        let rows: &[usize] = if op == cpu::Dense::Rows { &[IDS.len()] } else { &DENSE_ROWS };
+        let rows: &[usize] = if op.op == cpu::DenseOp::Rows { &[IDS.len()] } else { &DENSE_ROWS };
         for &t in rows {
             let t64 = t as i64;
-            let (args, workload, result) = match op {
-                cpu::Dense::Rows => (vec![ElementType::I32.tensor(&[t64]), weight.clone()], t64, [t64, K as i64]),
-                cpu::Dense::Matvec => (vec![f32.tensor(&[t64, K as i64]), weight.clone()], blocks, [t64, O as i64]),
-                cpu::Dense::MatvecAdd => (
+            let (args, workload, result) = match op.op {
+                cpu::DenseOp::Rows => (vec![ElementType::I32.tensor(&[t64]), weight.clone()], t64, [t64, K as i64]),
+                cpu::DenseOp::Matvec => (vec![f32.tensor(&[t64, K as i64]), weight.clone()], blocks, [t64, O as i64]),
+                cpu::DenseOp::MatvecAdd => (
                     vec![f32.tensor(&[t64, K as i64]), weight.clone(), f32.tensor(&[t64, O as i64])],
                     blocks,
                     [t64, O as i64],
@@ -338,7 +342,7 @@ pub fn dense_module(source: &str) -> String {
     m.to_text()
 }
 
-/// An f16 product's result (`hmvr`'s: plus the `residual`): `kernels::cpu::dense_model`'s
+/// A dense product's result (`hmvr`'s: plus the `residual`): `kernels::cpu::dense_model`'s
 /// bits, and within 1e-5 of each row's scale of the product in f64.
 pub fn check_dense(what: &str, m: &DenseMatrix, x: &[f32], t: usize, residual: Option<&[f32]>, got: &[f32]) {
     let model = cpu::dense_model(x, t, K, O, &m.values, residual);
@@ -361,7 +365,7 @@ pub fn check_dense(what: &str, m: &DenseMatrix, x: &[f32], t: usize, residual: O
     }
 }
 
-/// The f16 lookup's result for `ids`: each row's f16 values, exactly (ids past the end
+/// The dense lookup's result for `ids`: each row's values, exactly (ids past the end
 /// clamped to the last row).
 pub fn check_dense_rows(what: &str, m: &DenseMatrix, ids: &[i32], got: &[f32]) {
     assert_eq!(got.len(), ids.len() * K, "{what}: output length");
