@@ -1,20 +1,20 @@
 //! The matrix product with f16 or bf16 weights, shared by every kernel object:
 //! `mlx_iree_hmv_{f16,bf16}` (`y[T, O] = x[T, K] . W^T`), `mlx_iree_hmvr_{f16,bf16}` (the
-//! same plus a residual `r[T, O]`), x and y f32, and the lookup `mlx_iree_hrows_{f16,bf16}`. IREE's own code for the mixed f32-by-f16 product of a prompt chunk ran at
-//! about half this machine's arithmetic rate (docs/PERFORMANCE.md, "f16 products in the
-//! kernel").
+//! same plus a residual `r[T, O]`), x and y f32, and the lookup `mlx_iree_hrows_{f16,bf16}`.
+//! IREE's own code for the mixed f32-by-f16 product of a prompt chunk ran at about half
+//! this machine's arithmetic rate (docs/PERFORMANCE.md, "f16 products in the kernel").
 //!
-//! Each instruction set's file defines the 16-lane primitives first (vf16_*.h: f16 and bf16
-//! widen exactly, `vf_load_f16`, `vf_load_bf16`) and, if it
-//! has the registers for more, `HMV_ROWS` (rows of x a tile takes at once, default 2).
-//! Arithmetic, the same in every object (built with -ffp-contract=off, so the only fused
-//! multiply-adds are those written) and in crates/kernels/src/cpu.rs's `dense_model`: each
-//! output is one chain `acc = fma(w[o, k], x[t, k], acc)` from 0 over k in order, then
-//! `y = acc`, or `y = acc + r` in f32 for the residual export. No sum crosses lanes, so how
-//! many rows and blocks a tile takes changes no bit.
+//! Each instruction set's file defines the 16-lane primitives first (vf16_*.h; both types
+//! widen exactly: `vf_load_f16`, `vf_load_bf16`) and, if it has the registers for more,
+//! `HMV_ROWS` (rows of x a tile takes at once, default 2). Arithmetic, the same in every
+//! object (built with -ffp-contract=off, so the only fused multiply-adds are those written)
+//! and in crates/kernels/src/cpu.rs's `dense_model`: each output is one chain
+//! `acc = fma(w[o, k], x[t, k], acc)` from 0 over k in order, then `y = acc`, or
+//! `y = acc + r` in f32 for the residual export. No sum crosses lanes, so how many rows and
+//! blocks a tile takes changes no bit.
 //!
 //! Layout (crates/kernels/src/cpu.rs, `repack_dense`): W as 16-row blocks `[O / 16][K][16]`
-//! of 16-bit values (f16 or bf16): block b's 16 values of column k are contiguous. Bindings: x, W, (r,) y;
+//! of 16-bit values: block b's 16 values of column k are contiguous. Bindings: x, W, (r,) y;
 //! push constants T, K, O. A workgroup computes row blocks [rb0, rb1) (at most BLOCKS) for
 //! every row of x: one row (decode) with the blocks side by side (one chain each, their
 //! streams prefetched ahead), more rows in tiles of HMV_ROWS rows by two blocks, whose
