@@ -727,7 +727,7 @@ impl ExportSpec {
     }
 
     fn dense(d: Dense) -> ExportSpec {
-        // f16 travels as its bits; the residual before the result.
+        // f16 and bf16 travel as their bits; the residual before the result.
         let bindings = match d.op {
             DenseOp::Matvec => vec!["f32", "i16", "f32"],
             DenseOp::MatvecAdd => vec!["f32", "i16", "f32", "f32"],

@@ -224,8 +224,8 @@ pub struct EmitOptions {
 }
 
 /// Whether attention (decode and prefill) runs in the CPU kernel (`kernels::cpu`, `attn`)
-/// for this model and layout: the layout links the kernel object (packed or f16 weights on
-/// an `llvm-cpu` target), the scores are not soft-capped and the kernel takes the heads. It then
+/// for this model and layout: the layout links the kernel object (packed, f16 or bf16
+/// weights on an `llvm-cpu` target), the scores are not soft-capped and the kernel takes the heads. It then
 /// reads only the positions in use, whatever the function's window.
 pub fn attention_in_kernel(cfg: &ModelConfig, layout: &Layout) -> bool {
     layout.kernel_object().is_some()
@@ -405,7 +405,7 @@ struct Step<'a, 'c, 'b> {
     cuda_entries: &'a RefCell<BTreeSet<kernels::cuda::Entry>>,
     /// Attention entry points the functions dispatch.
     attention: &'a RefCell<BTreeSet<kernels::cpu::Attention>>,
-    /// f16 product entry points the functions dispatch.
+    /// Dense (f16, bf16) product entry points the functions dispatch.
     dense: &'a RefCell<BTreeSet<kernels::cpu::Dense>>,
     /// Outputs of merged projections already computed in this function.
     merged_out: RefCell<HashMap<String, V<'c, 'b>>>,

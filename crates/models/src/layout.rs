@@ -220,7 +220,7 @@ impl Layout {
     /// runs that object's instruction set (`kernels::cpu::Isa::runs_on_host`).
     pub fn with_cpu_kernels(mut self, cfg: &ModelConfig, object: &Path) -> Layout {
         if matches!(self.precision.matrix_elem(), ElementType::F16 | ElementType::BF16) && !self.bf16_bits {
-            // The embedding table too: the kernel looks its rows up (`Dense::Rows`), so a
+            // The embedding table too: the kernel looks its rows up (`DenseOp::Rows`), so a
             // tied head reads the same one copy.
             for spec in param_specs(cfg) {
                 let prefix = spec.prefix();
@@ -267,7 +267,7 @@ impl Layout {
     }
 
     /// Whether the dense matrix `prefix` is in the CPU kernel's blocks
-    /// ([`Role::DenseBlocks`]), read by its f16 product.
+    /// ([`Role::DenseBlocks`]), read by its dense product.
     pub fn dense_kernel(&self, prefix: &str) -> bool {
         self.dense_kernel.contains(prefix)
     }
@@ -302,51 +302,63 @@ impl Layout {
         groups: &[(&str, &[&str])],
         accept: impl Fn(&Packing, usize, usize) -> bool,
     ) {
+        self.merge_where(
+            cfg,
+            groups,
+            |layout, parts, rows, inp| {
+                let first = layout.packed.get(&parts[0]);
+                first.is_some_and(|f| parts.iter().all(|n| layout.packed.get(n) == Some(f)) && accept(f, rows, inp))
+            },
+            |layout, merged, first| {
+                let packing = layout.packed[first];
+                layout.packed.insert(merged, packing);
+            },
+        );
+    }
+
+    /// Stacks q/k/v and gate/up by rows in every layer where all parts are in the dense
+    /// product's blocks: whole blocks, so the merged matrix's blocks are the parts' in order.
+    fn merge_dense(&mut self, cfg: &ModelConfig) {
+        self.merge_where(
+            cfg,
+            &[QKV, GATE_UP],
+            |layout, parts, _, _| parts.iter().all(|n| layout.dense_kernel.contains(n)),
+            |layout, merged, _| {
+                layout.dense_kernel.insert(merged);
+            },
+        );
+    }
+
+    /// The merging both forms share: in every layer, each of `groups` whose parts (all in
+    /// the config) `alike` accepts (the layout, the parts' prefixes, the merged rows, the
+    /// input width) is recorded as its parts stacked by rows in order, and `register` declares
+    /// the merged matrix (its prefix, the first part's) in the parts' form.
+    fn merge_where(
+        &mut self,
+        cfg: &ModelConfig,
+        groups: &[(&str, &[&str])],
+        alike: impl Fn(&Layout, &[String], usize, usize) -> bool,
+        register: impl Fn(&mut Layout, String, &str),
+    ) {
         let shapes = matrix_shapes(cfg);
         for l in 0..cfg.num_layers() {
             let p = crate::params::layer_prefix(l);
             for (merged, parts) in groups {
                 let merged = format!("{p}.{merged}");
                 let parts: Vec<String> = parts.iter().map(|n| format!("{p}.{n}")).collect();
-                let packings: Vec<Option<&Packing>> = parts.iter().map(|n| self.packed.get(n)).collect();
-                let Some(Some(first)) = packings.first().copied() else { continue };
                 let Some(part_shapes) = parts.iter().map(|n| shapes.get(n)).collect::<Option<Vec<_>>>() else {
                     continue;
                 };
                 let rows: usize = part_shapes.iter().map(|s| s[0]).sum();
-                if packings.iter().any(|q| *q != Some(first)) || !accept(first, rows, part_shapes[0][1]) {
+                if !alike(self, &parts, rows, part_shapes[0][1]) {
                     continue;
                 }
-                let first = *first;
                 let mut row = 0;
                 for (part, shape) in parts.iter().zip(&part_shapes) {
                     self.merged.insert(part.clone(), (merged.clone(), row, shape[0]));
                     row += shape[0];
                 }
-                self.packed.insert(merged, first);
-            }
-        }
-    }
-
-    /// Stacks q/k/v and gate/up by rows in every layer where all parts are in the f16
-    /// product's blocks: whole blocks, so the merged matrix's blocks are the parts' in order.
-    fn merge_dense(&mut self, cfg: &ModelConfig) {
-        let shapes = matrix_shapes(cfg);
-        for l in 0..cfg.num_layers() {
-            let p = crate::params::layer_prefix(l);
-            for (merged, parts) in [QKV, GATE_UP] {
-                let parts: Vec<String> = parts.iter().map(|n| format!("{p}.{n}")).collect();
-                if !parts.iter().all(|n| self.dense_kernel.contains(n)) {
-                    continue;
-                }
-                let merged = format!("{p}.{merged}");
-                let mut row = 0;
-                for part in &parts {
-                    let rows = shapes[part][0];
-                    self.merged.insert(part.clone(), (merged.clone(), row, rows));
-                    row += rows;
-                }
-                self.dense_kernel.insert(merged);
+                register(self, merged, &parts[0]);
             }
         }
     }

@@ -228,7 +228,6 @@ fn f16_matrices_in_the_kernel_blocks() {
     let mlir = emit_functions(&cfg, &bf16, cache, &[Function::Decode { rows: 1, window: 32 }], None).unwrap();
     assert!(mlir.contains("export public @hmvr_bf16 ") && !mlir.contains("@hmv_f16"));
     // The graph: one f16 product per matrix, residual adds in the output and down projections, the lookup.
-    let cache = CacheShape { slots: 1, positions: 32, elem: KvElem::F32 };
     let mlir = emit_functions(&cfg, &layout, cache, &[Function::Decode { rows: 1, window: 32 }], None).unwrap();
     for export in ["@hmv_f16", "@hmvr_f16", "@hrows_f16"] {
         assert!(mlir.contains(&format!("hal.executable.export public {export} ")), "{export}");
