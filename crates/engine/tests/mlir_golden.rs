@@ -1,0 +1,158 @@
+//! The emitted MLIR of every fixture family x precision x target, pinned by hash: a change
+//! of the graph code that is meant to keep the graphs (a refactor) must keep every hash; a
+//! change meant to change them re-records the file and names each difference in its commit.
+//!
+//! Emission only (no compile), so the whole matrix takes seconds. Each cell emits the
+//! modules the engine would compile for a plan of 4 slots x 64 positions (so the mixed
+//! calls of the attention kernel are in) and hashes their text and compile flags, with the
+//! two host-dependent strings made neutral: the path of the installed CPU kernel object
+//! (its name carries the object's content hash, which depends on the C compiler) and the
+//! CUDA kernel's PTX bytes (likewise). CPU cells with the kernels run only where the host
+//! has a kernel instruction set; CUDA cells with the kernel only where this build has PTX.
+//!
+//! `MLX_IREE_BLESS_MLIR=1 cargo test -p engine --test mlir_golden` re-records the file.
+
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
+
+use engine::{CpuKernels, EngineConfig, Plan, Precision, graph_modules, layout_for};
+use iree_compiler::{Target, VULKAN_GENERIC};
+use models::ModelConfig;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+const GOLDEN: &str = "tests/mlir_golden.txt";
+
+/// The targets, each with whether the hand-written kernels may link.
+fn targets() -> Vec<(&'static str, Target, CpuKernels)> {
+    vec![
+        ("cpu", Target::llvm_cpu_host(), CpuKernels::Auto),
+        ("cpu-graph", Target::llvm_cpu_host(), CpuKernels::Off),
+        ("cuda", Target::cuda("sm_80"), CpuKernels::Auto),
+        ("cuda-graph", Target::cuda("sm_80"), CpuKernels::Off),
+        ("vulkan", Target::vulkan(VULKAN_GENERIC), CpuKernels::Auto),
+        ("metal", Target::Metal, CpuKernels::Auto),
+        ("rocm", Target::rocm("gfx942"), CpuKernels::Auto),
+    ]
+}
+
+/// Whether a target row can be computed on this host and build as it was recorded.
+fn available(name: &str) -> bool {
+    match name {
+        "cpu" => kernels::cpu::host_isa().is_some(),
+        "cuda" => kernels::cuda::ptx().is_some(),
+        _ => true,
+    }
+}
+
+/// (precision, checkpoint variant) pairs: packed reads both quantized checkpoints.
+const VARIANTS: [(Precision, &str); 5] = [
+    (Precision::F32, "f32"),
+    (Precision::F16, "f32"),
+    (Precision::BF16, "f32"),
+    (Precision::Packed, "q4"),
+    (Precision::Packed, "q8"),
+];
+
+fn families() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(root().join("tests/fixtures"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `text` with the value of every `path = "..."` and `data = dense<"0x...">` replaced.
+fn neutral(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    loop {
+        let next = [("path = \"", '"'), ("data = dense<\"0x", '"')]
+            .iter()
+            .filter_map(|(open, close)| rest.find(open).map(|i| (i, *open, *close)))
+            .min_by_key(|(i, _, _)| *i);
+        let Some((i, open, close)) = next else { break };
+        out.push_str(&rest[..i + open.len()]);
+        out.push_str("<host>");
+        let after = &rest[i + open.len()..];
+        let end = after.find(close).unwrap();
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn cell(family: &str, precision: Precision, variant: &str, target: &Target, kernels: CpuKernels) -> String {
+    let dir = root().join("tests/fixtures").join(family).join(variant);
+    let ckpt = weights::Checkpoint::open(&dir).unwrap();
+    let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();
+    let cache_dir = root().join("target/test-compile-cache");
+    let layout = layout_for(&cfg, precision, &ckpt, target, kernels, &cache_dir).unwrap();
+    let config = EngineConfig {
+        max_batch: 4,
+        max_context: Some(64),
+        ..EngineConfig::new("local-task", precision, "/nonexistent")
+    };
+    let plan = Plan::new(&cfg, &config).unwrap().for_layout(&cfg, &layout);
+    let mut hash = Sha256::new();
+    for m in graph_modules(&cfg, &layout, &plan, target).unwrap() {
+        hash.update(neutral(&m.mlir).as_bytes());
+        hash.update(format!("{:?}", m.options).as_bytes());
+    }
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn emitted_graphs_match_the_recorded_hashes() {
+    let mut now = BTreeMap::new();
+    for (name, target, kernels) in targets().into_iter().filter(|(n, _, _)| available(n)) {
+        for family in families() {
+            for (precision, variant) in VARIANTS {
+                let key = format!("{family} {precision}-{variant} {name}");
+                now.insert(key, cell(&family, precision, variant, &target, kernels));
+            }
+        }
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(GOLDEN);
+    if std::env::var_os("MLX_IREE_BLESS_MLIR").is_some() {
+        let text: String = now.iter().map(|(k, h)| format!("{k} {h}\n")).collect();
+        std::fs::write(&path, text).unwrap();
+        return;
+    }
+    let recorded: BTreeMap<String, String> = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (MLX_IREE_BLESS_MLIR=1 records it)", path.display()))
+        .lines()
+        .filter_map(|l| l.rsplit_once(' ').map(|(k, h)| (k.to_owned(), h.to_owned())))
+        .collect();
+    let mut differ = Vec::new();
+    for (key, hash) in &now {
+        match recorded.get(key) {
+            Some(h) if h == hash => {}
+            Some(_) => differ.push(format!("{key}: emitted graph changed")),
+            None => differ.push(format!("{key}: not recorded")),
+        }
+    }
+    // Every recorded row of an available target was emitted again (none dropped).
+    for key in recorded.keys() {
+        let target = key.rsplit(' ').next().unwrap_or("");
+        if available(target) && !now.contains_key(key) {
+            differ.push(format!("{key}: recorded, no longer emitted"));
+        }
+    }
+    assert!(differ.is_empty(), "{} of {} cells differ:\n{}", differ.len(), now.len(), differ.join("\n"));
+    assert!(now.len() >= 5 * 14 * 5, "only {} cells emitted", now.len());
+}
+
+#[test]
+fn neutral_text_hides_host_strings_only() {
+    let text = r#"a path = "/x/y/qmv-amx-12ab.o" b data = dense<"0x00FF"> : vector<2xi8> c"#;
+    assert_eq!(neutral(text), r#"a path = "<host>" b data = dense<"0x<host>"> : vector<2xi8> c"#);
+    assert_eq!(neutral("no strings"), "no strings");
+}
