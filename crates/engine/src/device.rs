@@ -85,6 +85,43 @@ impl CpuKernels {
     }
 }
 
+/// What `target` can do for the model's layout and graphs, decided once: the hand-written
+/// kernels it links (the CPU kernel object `kernels` picks, installed into
+/// `cache_dir/kernels`, on an `llvm-cpu` target; the CUDA kernel on `cuda` unless `kernels`
+/// is `Off` and where this build has its PTX), SPIR-V's narrower forms, and the graph
+/// settings that differ by target. A single-row decode on a cache of several slots reads its
+/// window with a slice at the slot on CPU (IREE copied a gathered window element by
+/// element; the slice offset's trip to the host is free there) and with a gather elsewhere
+/// (on a GPU that trip costs a round trip per call). Forcing an instruction set the host
+/// lacks is `Error::KernelIsa`, whatever the target.
+pub fn model_backend(
+    target: &Target,
+    kernels: CpuKernels,
+    cache_dir: &std::path::Path,
+) -> Result<models::Backend, crate::Error> {
+    use models::{ExpertProducts, KernelLink, PackedProducts, SlotRead};
+    let isa = kernels.isa_for(target)?;
+    let cpu = matches!(target, Target::LlvmCpu { .. });
+    let link = match (target, isa) {
+        (Target::Cuda { .. }, _) if kernels != CpuKernels::Off && kernels::cuda::ptx().is_some() => KernelLink::Cuda,
+        (_, Some(isa)) => {
+            let dir = cache_dir.join("kernels");
+            match kernels::cpu::install(&dir, isa) {
+                Ok(Some(object)) => KernelLink::Cpu(object),
+                Ok(None) => KernelLink::None,
+                Err(source) => return Err(crate::Error::KernelObject { dir, source }),
+            }
+        }
+        _ => KernelLink::None,
+    };
+    let emit = models::EmitOptions {
+        slot_read: if cpu { SlotRead::Slice } else { SlotRead::Gather },
+        expert_products: if cpu { ExpertProducts::Contraction } else { ExpertProducts::Reduction },
+        packed_products: if target.is_spirv() { PackedProducts::Dequantized } else { PackedProducts::IntegerGroups },
+    };
+    Ok(models::Backend { kernels: link, spirv: target.is_spirv(), emit })
+}
+
 /// Instruction sets whose packed kernel makes `packed` the CPU default for 4- and 8-bit
 /// checkpoints: each measured token-exact and faster than f16 (docs/PERFORMANCE.md). AMX
 /// computes the AVX-512 object's bits (tests/tests/kernels.rs), faster from 4 rows of x.

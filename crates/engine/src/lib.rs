@@ -321,26 +321,8 @@ pub fn graph_modules(
         _ => CompileOptions::default(),
     };
     let c = plan.cache;
-    // A single-row decode on a cache of several slots reads its window with a slice at the
-    // slot on CPU (IREE copied a gathered window element by element; the slice offset's trip
-    // to the host is free there) and with a gather elsewhere (on a GPU that trip costs a
-    // round trip per call, BRIEF 7).
-    let cpu = matches!(target, iree_compiler::Target::LlvmCpu { .. });
-    let emit = models::graph::EmitOptions {
-        slot_read: if cpu { models::graph::SlotRead::Slice } else { models::graph::SlotRead::Gather },
-        expert_products: if cpu {
-            models::graph::ExpertProducts::Contraction
-        } else {
-            models::graph::ExpertProducts::Reduction
-        },
-        packed_products: if target.is_spirv() {
-            models::graph::PackedProducts::Dequantized
-        } else {
-            models::graph::PackedProducts::IntegerGroups
-        },
-    };
     let functions = plan.functions();
-    let mlir = models::graph::emit_functions_with(cfg, layout, c, &functions, None, emit)?;
+    let mlir = models::graph::emit_functions(cfg, layout, c, &functions, None)?;
     let what = format!(
         "{} {} prefill+decode graphs ({} functions; {} slots x {} positions, {} KV cache)",
         cfg.model_type,
@@ -368,22 +350,8 @@ pub fn layout_for(
     kernels: CpuKernels,
     cache_dir: &Path,
 ) -> Result<Layout> {
-    let isa = kernels.isa_for(target)?;
-    let layout = Layout::new(cfg, precision, ckpt)?;
-    if target.is_spirv() {
-        return Ok(layout.for_spirv());
-    }
-    if matches!(target, iree_compiler::Target::Cuda { .. }) && kernels != CpuKernels::Off {
-        return Ok(layout.with_cuda_kernel(cfg));
-    }
-    // The kernels take packed matrices and dense f16 and bf16 ones (not f32).
-    let Some(isa) = isa.filter(|_| precision != Precision::F32) else { return Ok(layout) };
-    let dir = cache_dir.join("kernels");
-    match kernels::cpu::install(&dir, isa) {
-        Ok(Some(object)) => Ok(layout.with_cpu_kernels(cfg, &object)),
-        Ok(None) => Ok(layout),
-        Err(source) => Err(Error::KernelObject { dir, source }),
-    }
+    let backend = crate::device::model_backend(target, kernels, cache_dir)?;
+    Ok(Layout::new(cfg, precision, ckpt, &backend)?)
 }
 
 /// Refuses the first id at or above `vocab` (`Error::TokenOutOfRange`): the one check of token
@@ -872,7 +840,7 @@ mod tests {
         let target = iree_compiler::Target::llvm_cpu_host();
         let cache_dir = std::env::temp_dir().join(format!("engine-plan-{}", std::process::id()));
         let packed = layout_for(&c, Precision::Packed, &ckpt, &target, CpuKernels::Auto, &cache_dir).unwrap();
-        let dense = Layout::dense(Precision::F32);
+        let dense = Layout::dense(&c, Precision::F32);
         let plan = Plan::new(&c, &config(4, Some(300))).unwrap();
         assert_eq!(plan.decode_windows, plan.windows);
         assert_eq!(plan.clone().for_layout(&c, &dense), plan);
@@ -922,9 +890,11 @@ mod tests {
 
     #[test]
     fn single_row_decode_slices_its_slot_on_cpu_only() {
-        let (c, layout) = (cfg(), Layout::dense(Precision::F32));
+        let c = cfg();
         let plan = Plan::new(&c, &config(4, Some(64))).unwrap();
         let text = |target: &iree_compiler::Target| -> String {
+            let backend = crate::device::model_backend(target, CpuKernels::Off, Path::new("/nonexistent")).unwrap();
+            let layout = Layout::dense_on(&c, Precision::F32, &backend);
             graph_modules(&c, &layout, &plan, target).unwrap().iter().map(|m| m.mlir.clone()).collect()
         };
         assert!(text(&iree_compiler::Target::llvm_cpu_host()).contains("stablehlo.dynamic_slice"));

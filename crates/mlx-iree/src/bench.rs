@@ -685,8 +685,8 @@ mod tests {
         let cache = models::CacheShape { slots: 2, positions: 64, elem: models::KvElem::F32 };
         let functions =
             [models::Function::Prefill { tokens: 16, window: 64 }, models::Function::Decode { rows: 2, window: 64 }];
-        let mlir =
-            models::emit_functions(&cfg, &models::Layout::dense(Precision::F32), cache, &functions, None).unwrap();
+        let mlir = models::emit_functions(&cfg, &models::Layout::dense(&cfg, Precision::F32), cache, &functions, None)
+            .unwrap();
         let target = engine::device::target_for("local-task").unwrap();
         let flow = Compiler::new().unwrap().compile_to_ir(&mlir, &target, &CompileOptions::default(), "flow").unwrap();
         let decode = count_dispatches(&flow, "decode_b2_w64").unwrap();

@@ -1,15 +1,18 @@
-//! How every parameter sits on the device for one precision: dense matrices in the
-//! precision's element type, or, for `packed`, MLX-quantized matrices kept packed with their
-//! scales and biases. The graph declares its globals from this list and the loader fills them
-//! from it, so the two cannot disagree.
+//! How every parameter sits on the device for one precision and backend: each matrix gets
+//! one [`Form`] (dense in the precision's element type, MLX-packed in the graph form, in a
+//! hand-written kernel's layout, ...), decided here once from the checkpoint and the
+//! [`Backend`]; the graph code matches on it in one place, the graph declares its globals
+//! from [`Layout::device_params`] and the loader fills them from the same list, so the
+//! three cannot disagree.
 
+use crate::backend::{Backend, EmitOptions, KernelLink};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::params::{Kind, ParamSpec, param_specs};
 use crate::precision::Precision;
 use hlo_emit::ElementType;
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use weights::{Checkpoint, Dtype, Linear};
 
@@ -19,23 +22,22 @@ pub struct Packing {
     /// 4 or 8.
     pub bits: u32,
     pub group_size: usize,
-    /// The checkpoint's scale dtype (f16, bf16 or f32), kept as is.
+    /// The checkpoint's scale dtype (f16, bf16 or f32), kept as is in the graph form; in the
+    /// CPU kernel's layout f16 or f32.
     pub scale_elem: ElementType,
     /// Element type of the adjusted biases: f16 beside f16 scales, else f32 (bf16's 8-bit
     /// mantissa would round the folded offset by up to 3% of a quantization step).
     pub bias_elem: ElementType,
-    /// Read by the hand-written CPU kernel (`kernels::cpu`) in its own layout instead of the
-    /// graph-level form; scales and biases are then f16 (from f16) or f32, biases as MLX's.
-    pub kernel: bool,
-    /// Graph-level form of a 4-bit matrix with a dimension that is not a multiple of 64:
-    /// one value per byte (`i8`), because IREE 3.13 tiles such shapes with masked `i4`
-    /// loads it cannot emulate ("failed to emulate bit width", seen with 176 rows).
+    /// Graph-level form of a 4-bit matrix held one value per byte (`i8`): a dimension that is
+    /// not a multiple of 64 (IREE 3.13 tiles such shapes with masked `i4` loads it cannot
+    /// emulate, "failed to emulate bit width", seen with 176 rows), and every 4-bit matrix on
+    /// SPIR-V.
     pub wide: bool,
 }
 
 impl Packing {
     /// Element type of the packed weight in the graph-level form: signed, because IREE 3.13 lowers a `ui4` convert
-    /// inside a fused contraction as signed (BRIEF 4). MLX's unsigned `q` is stored as
+    /// inside a fused contraction as signed (docs/ARCHITECTURE.md, "Toolchain facts"). MLX's unsigned `q` is stored as
     /// `q ^ 2^(bits-1)`, which reads as `q - 2^(bits-1)`; the bias absorbs the offset.
     pub fn weight_elem(&self) -> ElementType {
         if self.bits == 4 && !self.wide { ElementType::I4 } else { ElementType::I8 }
@@ -52,17 +54,53 @@ impl Packing {
     }
 }
 
+/// The one decision of how a matrix (or a layer's stacked experts) is held and multiplied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// Dense `[out, in]` in the precision's element type, a graph contraction.
+    Dense,
+    /// Dense bf16 held as its bit patterns (`i16`, the same bytes) and widened to f32 by a
+    /// shift in the graph: SPIR-V targets ([`Backend::spirv`]).
+    Bf16Bits,
+    /// A matrix of few outputs (`ParamSpec::narrow`: a router) rounded to the precision's
+    /// type, stored widened to f32 and read by a reduction ([`Role::Widened`]).
+    Narrow,
+    /// Dense f16 or bf16 in the CPU kernel's 16-row blocks, through its dense product.
+    CpuDense,
+    /// MLX-packed in the graph form (signed values, the offset folded into the biases).
+    GraphPacked(Packing),
+    /// MLX-packed in the CPU kernel's blocks (MLX's values and biases as they are).
+    CpuPacked(Packing),
+    /// MLX-packed in the graph form, multiplied by the CUDA kernel.
+    CudaPacked(Packing),
+}
+
+impl Form {
+    /// The packing of a packed form.
+    pub fn packing(&self) -> Option<&Packing> {
+        match self {
+            Form::GraphPacked(p) | Form::CpuPacked(p) | Form::CudaPacked(p) => Some(p),
+            Form::Dense | Form::Bf16Bits | Form::Narrow | Form::CpuDense => None,
+        }
+    }
+
+    /// Whether the CPU kernel object computes it.
+    pub fn in_cpu_kernel(&self) -> bool {
+        matches!(self, Form::CpuDense | Form::CpuPacked(_))
+    }
+}
+
 /// What a device parameter holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     /// A dense matrix `[out, in]` in the layout's dense element type (`i16` for bf16 held
-    /// as bit patterns, [`Layout::for_spirv`]).
+    /// as bit patterns, [`Form::Bf16Bits`]).
     Dense,
-    /// A dense matrix of few outputs (`ParamSpec::narrow`: a router) rounded to the layout's
-    /// dense element type and stored widened to f32, which the graph reads in a reduction
-    /// (`Step::narrow_linear`). Read as f16 and widened in the graph, or by a contraction,
-    /// IREE 3.13's parameter encoder left it unbound with stored parameters ("no provider
-    /// registered that handles scopes like 'model'" at load, f16 and bf16 MoE models).
+    /// A dense matrix of few outputs ([`Form::Narrow`]) rounded to the layout's dense element
+    /// type and stored widened to f32, which the graph reads in a reduction. Read as f16 and
+    /// widened in the graph, or by a contraction, IREE 3.13's parameter encoder left it
+    /// unbound with stored parameters ("no provider registered that handles scopes like
+    /// 'model'" at load, f16 and bf16 MoE models).
     Widened,
     /// A 1-D f32 tensor (norm weights, biases of linear layers).
     Vector,
@@ -110,42 +148,90 @@ impl DeviceParam {
     }
 }
 
-/// The device layout of a model at a precision.
+/// The device layout of a model at a precision on a backend.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Layout {
     precision: Precision,
-    /// Packed matrices by prefix (`model.layers.0.mlp.up_proj`).
-    packed: HashMap<String, Packing>,
-    /// The CPU kernel object linked into the graph, when any packing uses it.
-    kernel_object: Option<PathBuf>,
-    /// Dense f16 or bf16 matrices (by prefix) the CPU kernel's product reads in its blocks
-    /// ([`Layout::dense_kernel`]).
-    dense_kernel: HashSet<String>,
-    /// Kernel-packed projections that read the same input, stacked into one matrix so one
-    /// dispatch computes them all: part prefix -> (merged prefix, first row, rows).
+    /// Every matrix's form by prefix (`model.layers.0.mlp.up_proj`), merged ones included.
+    forms: HashMap<String, Form>,
+    /// Projections that read the same input, stacked into one matrix so one dispatch
+    /// computes them all: part prefix -> (merged prefix, first row, rows).
     merged: HashMap<String, (String, usize, usize)>,
-    /// Whether the graph links the CUDA kernel (`kernels::cuda`) for the packed matrices of
-    /// the graph-level form it takes ([`Layout::with_cuda_kernel`]).
-    cuda_kernel: bool,
-    /// bf16 matrices held as their bit patterns (`i16`), widened to f32 in the graph
-    /// ([`Layout::for_spirv`]).
-    bf16_bits: bool,
+    /// The CPU kernel object linked into the graph, when some matrix is in a CPU form.
+    kernel_object: Option<PathBuf>,
+    emit: EmitOptions,
 }
 
 impl Layout {
-    /// The layout of `precision` for this checkpoint. Dense precisions do not look at the
-    /// checkpoint (quantized weights are dequantized at load); `packed` keeps every 4- and
-    /// 8-bit MLX-quantized matrix packed and stores the checkpoint's dense matrices as f16.
+    /// The layout of `precision` for this checkpoint on `backend`. Dense precisions do not
+    /// look at the checkpoint's quantization (quantized weights are dequantized at load);
+    /// `packed` keeps every 4- and 8-bit MLX-quantized matrix packed and stores the
+    /// checkpoint's dense matrices as f16. Then each matrix takes the form the backend gives
+    /// it: the CPU kernels' where they link and take its shape (not at f32), the CUDA
+    /// kernel's for graph-packed matrices it takes, SPIR-V's narrower forms there.
     ///
     /// # Errors
     /// `packed` on a checkpoint without quantized matrices, or with a bit width other than
     /// 4 or 8, or a group size that does not divide the input size.
-    pub fn new(cfg: &ModelConfig, precision: Precision, ckpt: &Checkpoint) -> Result<Layout> {
-        if precision != Precision::Packed {
-            return Ok(Layout::dense(precision));
+    pub fn new(cfg: &ModelConfig, precision: Precision, ckpt: &Checkpoint, backend: &Backend) -> Result<Layout> {
+        let mut layout = Layout::dense_for(cfg, precision, backend);
+        if precision == Precision::Packed {
+            layout.pack(cfg, ckpt)?;
         }
-        let mut packed = HashMap::new();
-        for spec in param_specs(cfg).iter().filter(|s| s.kind != Kind::Vector) {
+        layout.apply(cfg, backend);
+        Ok(layout)
+    }
+
+    /// The layout of a dense precision on `backend` (no checkpoint needed: a dense matrix's
+    /// form depends only on its shape). For `Packed` it has no packed matrices; use
+    /// [`Layout::new`].
+    pub fn dense_on(cfg: &ModelConfig, precision: Precision, backend: &Backend) -> Layout {
+        let mut layout = Layout::dense_for(cfg, precision, backend);
+        layout.apply(cfg, backend);
+        layout
+    }
+
+    /// The layout of a dense precision on a backend without kernels and with the default
+    /// graph settings.
+    pub fn dense(cfg: &ModelConfig, precision: Precision) -> Layout {
+        Layout::dense_on(cfg, precision, &Backend::default())
+    }
+
+    /// The backend's forms: SPIR-V's narrower packed forms, the kernels' where they link.
+    fn apply(&mut self, cfg: &ModelConfig, backend: &Backend) {
+        if backend.spirv {
+            self.narrow_for_spirv();
+        }
+        match &backend.kernels {
+            KernelLink::Cpu(object) if self.precision != Precision::F32 => self.link_cpu_kernels(cfg, object),
+            // Its PTX is in this build (the engine links it only then).
+            KernelLink::Cuda if kernels::cuda::ptx().is_some() => self.link_cuda_kernel(cfg),
+            KernelLink::Cpu(_) | KernelLink::Cuda | KernelLink::None => {}
+        }
+    }
+
+    /// Every matrix dense (`Narrow` for routers; bf16 as bits on SPIR-V).
+    fn dense_for(cfg: &ModelConfig, precision: Precision, backend: &Backend) -> Layout {
+        let bits = backend.spirv && precision.matrix_elem() == ElementType::BF16;
+        let forms = matrix_specs(cfg)
+            .map(|s| {
+                let form = if s.narrow {
+                    Form::Narrow
+                } else if bits {
+                    Form::Bf16Bits
+                } else {
+                    Form::Dense
+                };
+                (s.prefix().to_owned(), form)
+            })
+            .collect();
+        Layout { precision, forms, merged: HashMap::new(), kernel_object: None, emit: backend.emit }
+    }
+
+    /// Every MLX 4- or 8-bit quantized matrix of the checkpoint in the graph's packed form.
+    fn pack(&mut self, cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<()> {
+        let mut any = false;
+        for spec in matrix_specs(cfg) {
             let prefix = spec.prefix();
             let experts = spec.kind == Kind::Experts;
             // Stacked experts are one tensor quantized alike: expert 0 tells.
@@ -173,92 +259,90 @@ impl Layout {
             // Experts keep MLX's biases as they are (the graph dequantizes the experts it picks).
             let bias_elem = if scale_elem == ElementType::F16 || experts { scale_elem } else { ElementType::F32 };
             let wide = !experts && bits == 4 && (spec.shape[0] % 64 != 0 || spec.shape[1] % 64 != 0);
-            let packing = Packing { bits, group_size: gs, scale_elem, bias_elem, kernel: false, wide };
-            packed.insert(prefix.to_owned(), packing);
+            let packing = Packing { bits, group_size: gs, scale_elem, bias_elem, wide };
+            self.forms.insert(prefix.to_owned(), Form::GraphPacked(packing));
+            any = true;
         }
-        if packed.is_empty() {
+        if !any {
             return Err(Error::Invalid(format!(
                 "precision `packed` needs an MLX 4- or 8-bit quantized checkpoint; {} has dense weights (use f16, or quantize it with mlx_lm.convert -q)",
                 ckpt.dir().display()
             )));
         }
-        Ok(Layout {
-            precision,
-            packed,
-            kernel_object: None,
-            dense_kernel: HashSet::new(),
-            merged: HashMap::new(),
-            cuda_kernel: false,
-            bf16_bits: false,
-        })
+        Ok(())
     }
 
-    /// The form of this layout for SPIR-V targets (Vulkan, Metal), whose code IREE 3.13
-    /// cannot give bf16 arithmetic or `i4` vectors ("failed to legalize operation
-    /// 'vector.bitcast'" to `vector<4xbf16>` and `vector<8xi4>`): bf16 matrices are held as
-    /// their 16-bit patterns (`i16`, the same bytes) and widened to f32 by a shift; 4-bit
-    /// matrices one value a byte (`Packing::wide`, twice the bytes); bf16 scales and
-    /// biases as f32.
-    pub fn for_spirv(mut self) -> Layout {
-        self.bf16_bits = true;
-        for p in self.packed.values_mut().filter(|p| !p.kernel) {
-            p.wide = p.bits == 4;
-            if p.scale_elem == ElementType::BF16 {
-                p.scale_elem = ElementType::F32;
-            }
-            if p.bias_elem == ElementType::BF16 {
-                p.bias_elem = ElementType::F32;
+    /// SPIR-V's packed forms: 4-bit matrices one value a byte (`Packing::wide`, twice the
+    /// bytes) and bf16 scales and biases as f32 (bf16 dense matrices are already bits).
+    fn narrow_for_spirv(&mut self) {
+        for form in self.forms.values_mut() {
+            if let Form::GraphPacked(p) = form {
+                p.wide = p.bits == 4;
+                if p.scale_elem == ElementType::BF16 {
+                    p.scale_elem = ElementType::F32;
+                }
+                if p.bias_elem == ElementType::BF16 {
+                    p.bias_elem = ElementType::F32;
+                }
             }
         }
-        self
     }
 
-    /// Moves every packed matrix the CPU kernels take (`kernels::cpu::supports`) to the
-    /// kernel form, and every dense f16 or bf16 matrix they take (`kernels::cpu::supports_dense`;
-    /// routers and stacked experts aside) to the dense product's blocks, linking `object`
-    /// (from `kernels::cpu::install`) into the graph. Only for an `llvm-cpu` target whose CPU
-    /// runs that object's instruction set (`kernels::cpu::Isa::runs_on_host`).
-    pub fn with_cpu_kernels(mut self, cfg: &ModelConfig, object: &Path) -> Layout {
-        if matches!(self.precision.matrix_elem(), ElementType::F16 | ElementType::BF16) && !self.bf16_bits {
-            // The embedding table too: the kernel looks its rows up (`DenseOp::Rows`), so a
-            // tied head reads the same one copy.
-            for spec in param_specs(cfg) {
-                let prefix = spec.prefix();
-                if spec.kind == Kind::Matrix
-                    && !spec.narrow
-                    && !self.packed.contains_key(prefix)
-                    && kernels::cpu::supports_dense(spec.shape[0], spec.shape[1])
-                {
-                    self.dense_kernel.insert(prefix.to_owned());
-                    self.kernel_object = Some(object.to_path_buf());
+    /// Moves every packed matrix the CPU kernels take (`kernels::cpu::supports`) to
+    /// [`Form::CpuPacked`], and every dense f16 or bf16 matrix they take
+    /// (`kernels::cpu::supports_dense`; routers and stacked experts aside) to
+    /// [`Form::CpuDense`], linking `object`; then stacks q/k/v and gate/up where their parts
+    /// share one CPU form (one dispatch each instead of 3 and 2).
+    fn link_cpu_kernels(&mut self, cfg: &ModelConfig, object: &Path) {
+        let half = matches!(self.precision.matrix_elem(), ElementType::F16 | ElementType::BF16);
+        for spec in matrix_specs(cfg) {
+            let form = self.forms.get_mut(spec.prefix()).expect("every matrix has a form");
+            let [o, i] = [spec.shape[spec.shape.len() - 2], spec.shape[spec.shape.len() - 1]];
+            match form {
+                // The embedding table too: the kernel looks its rows up (`DenseOp::Rows`), so
+                // a tied head reads the same one copy.
+                Form::Dense if half && spec.kind == Kind::Matrix && kernels::cpu::supports_dense(o, i) => {
+                    *form = Form::CpuDense;
                 }
-            }
-            self.merge_dense(cfg);
-        }
-        // Each matrix's [out, in]: a stacked expert layer's are its experts' (`qmve` takes
-        // them stacked).
-        let shapes = matrix_shapes(cfg);
-        for (prefix, p) in &mut self.packed {
-            let Some(shape) = shapes.get(prefix) else { continue };
-            if kernels::cpu::supports(p.bits, shape[0], shape[1], p.group_size) {
-                p.kernel = true;
-                p.wide = false;
-                p.bias_elem = p.scale_elem;
-                if p.scale_elem != ElementType::F16 {
-                    (p.scale_elem, p.bias_elem) = (ElementType::F32, ElementType::F32);
+                // A stacked expert layer's shape is its experts' (`qmve` takes them stacked).
+                Form::GraphPacked(p) if kernels::cpu::supports(p.bits, o, i, p.group_size) => {
+                    let (scale_elem, bias_elem) = if p.scale_elem == ElementType::F16 {
+                        (ElementType::F16, ElementType::F16)
+                    } else {
+                        (ElementType::F32, ElementType::F32)
+                    };
+                    *form = Form::CpuPacked(Packing { scale_elem, bias_elem, wide: false, ..*p });
                 }
-                self.kernel_object = Some(object.to_path_buf());
+                _ => continue,
+            }
+            self.kernel_object = Some(object.to_path_buf());
+        }
+        self.merge(cfg, &[QKV, GATE_UP], |form, _, _| form.in_cpu_kernel());
+    }
+
+    /// Lets the CUDA kernel (`kernels::cuda`) compute the graph-packed matrices it takes, in
+    /// the graph-level layout as it is ([`Form::CudaPacked`]); stacked experts stay in the
+    /// graph. q/k/v become one matrix where the kernel takes them stacked (gate and up
+    /// already share one dispatch, `Op::Glu`): on a GPU a decode step is bound by its
+    /// dispatches.
+    fn link_cuda_kernel(&mut self, cfg: &ModelConfig) {
+        for spec in matrix_specs(cfg).filter(|s| s.kind == Kind::Matrix) {
+            let form = self.forms.get_mut(spec.prefix()).expect("every matrix has a form");
+            if let Form::GraphPacked(p) = *form
+                && kernels::cuda::supports(cuda_bits(&p), spec.shape[0], spec.shape[1], p.group_size)
+            {
+                *form = Form::CudaPacked(p);
             }
         }
-        // q/k/v and gate/up read the same normed input: one dispatch each instead of 3 and
-        // 2, when the parts share one kernel packing.
-        self.merge(cfg, &[QKV, GATE_UP], |p, _, _| p.kernel);
-        self
+        self.merge(cfg, &[QKV], |form, rows, inp| match form {
+            Form::CudaPacked(p) => kernels::cuda::supports(cuda_bits(p), rows, inp, p.group_size),
+            _ => false,
+        });
     }
 
     /// True when some packed matrix uses the graph-level form (not the CPU kernels).
     pub fn has_graph_packing(&self) -> bool {
-        self.packed.values().any(|p| !p.kernel)
+        self.forms.values().any(|f| matches!(f, Form::GraphPacked(_) | Form::CudaPacked(_)))
     }
 
     /// The merged matrix a projection is part of: (merged prefix, first row, rows).
@@ -266,10 +350,10 @@ impl Layout {
         self.merged.get(prefix).map(|(m, first, rows)| (m.as_str(), *first, *rows))
     }
 
-    /// Whether the dense matrix `prefix` is in the CPU kernel's blocks
-    /// ([`Role::DenseBlocks`]), read by its dense product.
-    pub fn dense_kernel(&self, prefix: &str) -> bool {
-        self.dense_kernel.contains(prefix)
+    /// The form of the matrix (or stacked experts) `prefix`, merged ones included; `None`
+    /// for a name that is no matrix of the model.
+    pub fn form(&self, prefix: &str) -> Option<Form> {
+        self.forms.get(prefix).copied()
     }
 
     /// The CPU kernel object the graph links, if any matrix uses it.
@@ -277,69 +361,16 @@ impl Layout {
         self.kernel_object.as_deref()
     }
 
-    /// Lets the CUDA kernel (`kernels::cuda`) compute the packed matrices it takes, in the
-    /// graph-level layout as it is: for a `cuda` target only, and only when this build has
-    /// its PTX.
-    pub fn with_cuda_kernel(mut self, cfg: &ModelConfig) -> Layout {
-        self.cuda_kernel = !self.packed.is_empty() && kernels::cuda::ptx().is_some();
-        if self.cuda_kernel {
-            // q/k/v in one dispatch where the kernel takes them stacked (gate and up already
-            // share one, `Op::Glu`): on a GPU a decode step is bound by its dispatches.
-            self.merge(cfg, &[QKV], |p, rows, inp| {
-                !p.kernel && kernels::cuda::supports(if p.wide { 8 } else { p.bits }, rows, inp, p.group_size)
-            });
-        }
-        self
+    /// The graph settings of the backend this layout is for.
+    pub fn emit_options(&self) -> EmitOptions {
+        self.emit
     }
 
     /// Merges, in every layer, each of `groups` (the merged matrix's name and its parts',
-    /// under the layer's prefix) whose parts are packed alike and which `accept`s (the
-    /// packing, the merged rows, the input width) into one matrix, the parts stacked by rows
-    /// in order ([`Layout::merged`]).
-    fn merge(
-        &mut self,
-        cfg: &ModelConfig,
-        groups: &[(&str, &[&str])],
-        accept: impl Fn(&Packing, usize, usize) -> bool,
-    ) {
-        self.merge_where(
-            cfg,
-            groups,
-            |layout, parts, rows, inp| {
-                let first = layout.packed.get(&parts[0]);
-                first.is_some_and(|f| parts.iter().all(|n| layout.packed.get(n) == Some(f)) && accept(f, rows, inp))
-            },
-            |layout, merged, first| {
-                let packing = layout.packed[first];
-                layout.packed.insert(merged, packing);
-            },
-        );
-    }
-
-    /// Stacks q/k/v and gate/up by rows in every layer where all parts are in the dense
-    /// product's blocks: whole blocks, so the merged matrix's blocks are the parts' in order.
-    fn merge_dense(&mut self, cfg: &ModelConfig) {
-        self.merge_where(
-            cfg,
-            &[QKV, GATE_UP],
-            |layout, parts, _, _| parts.iter().all(|n| layout.dense_kernel.contains(n)),
-            |layout, merged, _| {
-                layout.dense_kernel.insert(merged);
-            },
-        );
-    }
-
-    /// The merging both forms share: in every layer, each of `groups` whose parts (all in
-    /// the config) `alike` accepts (the layout, the parts' prefixes, the merged rows, the
-    /// input width) is recorded as its parts stacked by rows in order, and `register` declares
-    /// the merged matrix (its prefix, the first part's) in the parts' form.
-    fn merge_where(
-        &mut self,
-        cfg: &ModelConfig,
-        groups: &[(&str, &[&str])],
-        alike: impl Fn(&Layout, &[String], usize, usize) -> bool,
-        register: impl Fn(&mut Layout, String, &str),
-    ) {
+    /// under the layer's prefix) whose parts all have one form that `accept`s (the form,
+    /// the merged rows, the input width) into one matrix of that form, the parts stacked by
+    /// rows in order ([`Layout::merged`]).
+    fn merge(&mut self, cfg: &ModelConfig, groups: &[(&str, &[&str])], accept: impl Fn(&Form, usize, usize) -> bool) {
         let shapes = matrix_shapes(cfg);
         for l in 0..cfg.num_layers() {
             let p = crate::params::layer_prefix(l);
@@ -350,7 +381,8 @@ impl Layout {
                     continue;
                 };
                 let rows: usize = part_shapes.iter().map(|s| s[0]).sum();
-                if !alike(self, &parts, rows, part_shapes[0][1]) {
+                let Some(form) = self.form(&parts[0]) else { continue };
+                if !parts.iter().all(|n| self.form(n) == Some(form)) || !accept(&form, rows, part_shapes[0][1]) {
                     continue;
                 }
                 let mut row = 0;
@@ -358,27 +390,8 @@ impl Layout {
                     self.merged.insert(part.clone(), (merged.clone(), row, shape[0]));
                     row += shape[0];
                 }
-                register(self, merged, &parts[0]);
+                self.forms.insert(merged, form);
             }
-        }
-    }
-
-    /// Whether [`Layout::with_cuda_kernel`] linked the CUDA kernel.
-    pub fn cuda_kernel(&self) -> bool {
-        self.cuda_kernel
-    }
-
-    /// The layout of a dense precision (no checkpoint needed). For `Packed` it has no
-    /// packed matrices; use [`Layout::new`].
-    pub fn dense(precision: Precision) -> Layout {
-        Layout {
-            precision,
-            packed: HashMap::new(),
-            kernel_object: None,
-            dense_kernel: HashSet::new(),
-            merged: HashMap::new(),
-            cuda_kernel: false,
-            bf16_bits: false,
         }
     }
 
@@ -388,7 +401,7 @@ impl Layout {
 
     /// The packing of the matrix at `prefix`, if it stays packed.
     pub fn packing(&self, prefix: &str) -> Option<&Packing> {
-        self.packed.get(prefix)
+        self.forms.get(prefix).and_then(Form::packing)
     }
 
     /// Every global the graph declares, in a fixed order.
@@ -418,31 +431,33 @@ impl Layout {
                 spec: spec.clone(),
                 parts: parts.clone(),
             };
-            match (spec.kind, self.packing(&prefix)) {
-                (Kind::Vector, _) => {
-                    out.push(param(spec.key.clone(), spec.shape.clone(), ElementType::F32, Role::Vector))
-                }
-                (Kind::Matrix, None) if spec.narrow => {
+            if spec.kind == Kind::Vector {
+                out.push(param(spec.key.clone(), spec.shape.clone(), ElementType::F32, Role::Vector));
+                continue;
+            }
+            let form = self.form(&prefix).expect("every matrix has a form");
+            // Rows of the (merged) matrix and its input width.
+            let (o, i): (usize, usize) = (parts.iter().map(|s| s.shape[0]).sum(), spec.shape[1]);
+            let rows = kernels::cpu::BLOCK_ROWS;
+            match (spec.kind, form) {
+                (_, Form::Narrow) => {
                     out.push(param(spec.key.clone(), spec.shape.clone(), ElementType::F32, Role::Widened))
                 }
-                (Kind::Matrix, None) if self.dense_kernel(&prefix) => {
-                    let (o, i): (usize, usize) = (parts.iter().map(|s| s.shape[0]).sum(), spec.shape[1]);
-                    let blocks = o / kernels::cpu::BLOCK_ROWS;
-                    let dims = vec![blocks, i * kernels::cpu::BLOCK_ROWS];
+                (_, Form::CpuDense) => {
+                    let dims = vec![o / rows, i * rows];
                     out.push(param(format!("{prefix}.weight"), dims, self.precision.matrix_elem(), Role::DenseBlocks))
                 }
-                (Kind::Matrix | Kind::Experts, None) => {
-                    let elem = match self.precision.matrix_elem() {
-                        ElementType::BF16 if self.bf16_bits => ElementType::I16,
-                        elem => elem,
-                    };
-                    out.push(param(spec.key.clone(), spec.shape.clone(), elem, Role::Dense))
+                (_, Form::Dense) => {
+                    out.push(param(spec.key.clone(), spec.shape.clone(), self.precision.matrix_elem(), Role::Dense))
                 }
-                (Kind::Experts, Some(p)) => {
+                (_, Form::Bf16Bits) => {
+                    out.push(param(spec.key.clone(), spec.shape.clone(), ElementType::I16, Role::Dense))
+                }
+                (Kind::Experts, Form::CpuPacked(p) | Form::GraphPacked(p) | Form::CudaPacked(p)) => {
                     let (e, o, i) = (spec.shape[0], spec.shape[1], spec.shape[2]);
-                    let (weight, groups) = if p.kernel {
+                    let (weight, groups) = if form.in_cpu_kernel() {
                         // Each expert in the kernel's blocks, stacked: [E, O/16, bytes per block].
-                        let (rows, blocks) = (kernels::cpu::BLOCK_ROWS, o / kernels::cpu::BLOCK_ROWS);
+                        let blocks = o / rows;
                         (vec![e, blocks, i * p.bits as usize * rows / 8], vec![e, blocks, i / p.group_size * rows])
                     } else {
                         (vec![e, o, i * p.bits as usize / 8], vec![e, o, i / p.group_size])
@@ -451,24 +466,16 @@ impl Layout {
                     out.push(param(format!("{prefix}.scales"), groups.clone(), p.scale_elem, Role::ExpertScales));
                     out.push(param(format!("{prefix}.biases"), groups, p.bias_elem, Role::ExpertBiases));
                 }
-                (Kind::Matrix, Some(p)) if p.kernel => {
+                (_, Form::CpuPacked(p)) => {
                     // [O/16, bytes per 16-row block] and [O/16, G * 16]: the kernel's blocks.
-                    let o: usize = parts.iter().map(|s| s.shape[0]).sum();
-                    let i = spec.shape[1];
-                    let blocks = o / kernels::cpu::BLOCK_ROWS;
-                    let block_bytes = i * p.bits as usize * kernels::cpu::BLOCK_ROWS / 8;
-                    let groups = vec![blocks, i / p.group_size * kernels::cpu::BLOCK_ROWS];
-                    out.push(param(
-                        format!("{prefix}.weight"),
-                        vec![blocks, block_bytes],
-                        ElementType::I8,
-                        Role::PackedWeight,
-                    ));
+                    let blocks = o / rows;
+                    let groups = vec![blocks, i / p.group_size * rows];
+                    let weight = vec![blocks, i * p.bits as usize * rows / 8];
+                    out.push(param(format!("{prefix}.weight"), weight, ElementType::I8, Role::PackedWeight));
                     out.push(param(format!("{prefix}.scales"), groups.clone(), p.scale_elem, Role::PackedScales));
                     out.push(param(format!("{prefix}.biases"), groups, p.bias_elem, Role::PackedBiases));
                 }
-                (Kind::Matrix, Some(p)) => {
-                    let (o, i) = (parts.iter().map(|s| s.shape[0]).sum(), spec.shape[1]);
+                (_, Form::GraphPacked(p) | Form::CudaPacked(p)) => {
                     let groups = vec![o, i / p.group_size];
                     if p.weight_elem() == ElementType::I4 && prefix == EMBEDDING {
                         let mut rows =
@@ -518,15 +525,17 @@ impl Layout {
             }
             Role::ExpertWeight | Role::ExpertScales | Role::ExpertBiases => {
                 let prefix = param.spec.prefix();
-                let packing = self
-                    .packing(prefix)
+                let form = self.form(prefix);
+                let packing = form
+                    .as_ref()
+                    .and_then(Form::packing)
                     .ok_or_else(|| Error::Invalid(format!("{prefix}: no packing in the layout")))?;
                 let (role, name) = match param.role {
                     Role::ExpertWeight => (Role::PackedWeight, "weight"),
                     Role::ExpertScales => (Role::PackedScales, "scales"),
                     _ => (Role::PackedBiases, "biases"),
                 };
-                if packing.kernel {
+                if form.is_some_and(|f| f.in_cpu_kernel()) {
                     // Each expert in the kernel layout, stacked.
                     let mut bytes = Vec::with_capacity(param.bytes());
                     for e in 0..param.spec.shape[0] {
@@ -552,30 +561,28 @@ impl Layout {
                 // stacks the matrices).
                 let mut bytes = Vec::with_capacity(param.bytes());
                 for part in &param.parts {
-                    let (packing, q) = self.packed_layer(ckpt, part)?;
-                    bytes.extend_from_slice(&packed_bytes(&q, packing, param.role, param.elem)?);
+                    let (form, q) = self.packed_layer(ckpt, part)?;
+                    bytes.extend_from_slice(&packed_bytes(&q, &form, param.role, param.elem)?);
                 }
                 Ok(Cow::Owned(bytes))
             }
             Role::PackedWeight | Role::PackedScales | Role::PackedBiases | Role::PackedRows => {
-                let (packing, q) = self.packed_layer(ckpt, &param.spec)?;
-                let bytes = packed_bytes(&q, packing, param.role, param.elem)?;
+                let (form, q) = self.packed_layer(ckpt, &param.spec)?;
+                let bytes = packed_bytes(&q, &form, param.role, param.elem)?;
                 debug_assert_eq!(bytes.len(), param.bytes(), "{}", param.key);
                 Ok(bytes)
             }
         }
     }
 
-    /// The packing of the matrix `spec` and its quantized layer in the checkpoint, which
+    /// The packed form of the matrix `spec` and its quantized layer in the checkpoint, which
     /// must have the shape config.json gives it.
-    fn packed_layer<'a>(
-        &self,
-        ckpt: &'a Checkpoint,
-        spec: &ParamSpec,
-    ) -> Result<(&Packing, weights::QuantizedLinear<'a>)> {
+    fn packed_layer<'a>(&self, ckpt: &'a Checkpoint, spec: &ParamSpec) -> Result<(Form, weights::QuantizedLinear<'a>)> {
         let prefix = spec.prefix();
-        let packing =
-            self.packing(prefix).ok_or_else(|| Error::Invalid(format!("{prefix}: no packing in the layout")))?;
+        let form = self
+            .form(prefix)
+            .filter(|f| f.packing().is_some())
+            .ok_or_else(|| Error::Invalid(format!("{prefix}: no packing in the layout")))?;
         let Linear::Quantized(q) = spec.linear(ckpt)? else {
             return Err(Error::Invalid(format!("{prefix}: expected a quantized layer in {}", ckpt.dir().display())));
         };
@@ -586,8 +593,20 @@ impl Layout {
                 [q.out_features(), q.in_features()]
             )));
         }
-        Ok((packing, q))
+        Ok((form, q))
     }
+}
+
+/// The bits the CUDA kernel reads a graph-packed matrix as: a 4-bit one held one value a
+/// byte (`Packing::wide`) as 8-bit (its bytes are the signed values, its biases those of 4
+/// bits).
+pub fn cuda_bits(p: &Packing) -> u32 {
+    if p.wide { 8 } else { p.bits }
+}
+
+/// The matrices (and stacked experts) among the model's parameters.
+fn matrix_specs(cfg: &ModelConfig) -> impl Iterator<Item = ParamSpec> {
+    param_specs(cfg).into_iter().filter(|s| s.kind != Kind::Vector)
 }
 
 /// Projections that read the same input, merged where a layout allows: (merged name, parts).
@@ -607,11 +626,17 @@ fn matrix_shapes(cfg: &ModelConfig) -> HashMap<String, Vec<usize>> {
 /// in the graph form.
 fn packed_bytes<'a>(
     q: &weights::QuantizedLinear<'a>,
-    packing: &Packing,
+    form: &Form,
     role: Role,
     elem: ElementType,
 ) -> Result<Cow<'a, [u8]>> {
-    if packing.kernel { kernel_bytes(q, packing, role) } else { graph_bytes(q, packing, role, elem) }
+    match form {
+        Form::CpuPacked(p) => kernel_bytes(q, p, role),
+        Form::GraphPacked(p) | Form::CudaPacked(p) => graph_bytes(q, p, role, elem),
+        Form::Dense | Form::Bf16Bits | Form::Narrow | Form::CpuDense => {
+            Err(Error::Invalid(format!("packed bytes asked of a {form:?} matrix")))
+        }
+    }
 }
 
 /// A packed matrix's tensor `role` in the graph form (`Packing::wide` 4-bit one value a

@@ -5,12 +5,15 @@
 //!   error here, before anything is compiled.
 //! - [`param_specs`] lists the parameters (checkpoint names and shapes) the graph binds as
 //!   globals in scope [`graph::SCOPE`]; [`load_f32`] reads each as f32 (dequantized at load).
-//! - [`Layout`] says how each parameter sits on the device at a precision (dense in the
-//!   precision's type, or MLX-packed for `packed`); the graph's globals and the loader both
-//!   come from its [`Layout::device_params`].
+//! - [`Backend`] says what the compile target can do (which hand-written kernels link,
+//!   SPIR-V's narrower types, target-dependent graph settings); the engine derives it once.
+//! - [`Layout`] gives every matrix one [`Form`] for a precision on a backend (dense in the
+//!   precision's type, MLX-packed in the graph form, in a kernel's layout); the graph's
+//!   globals and the loader both come from its [`Layout::device_params`].
 //! - [`graph::emit_functions`] writes batched `decode` and chunked `prefill` functions over a
 //!   KV cache of per-sequence slots ([`CacheShape`]), updated in place by every call.
 
+mod backend;
 mod config;
 mod error;
 pub mod graph;
@@ -19,10 +22,11 @@ mod params;
 mod precision;
 mod rope;
 
+pub use backend::{Backend, EmitOptions, ExpertProducts, KernelLink, PackedProducts, SlotRead};
 pub use config::{Activation, Family, LayerConfig, ModelConfig, Moe, RopeScaling, Routing, SUPPORTED};
 pub use error::{Error, Result};
 pub use graph::{CacheShape, Function, KvElem, emit_functions};
-pub use layout::{DeviceParam, Layout, Packing, Role};
+pub use layout::{DeviceParam, EMBEDDING, Form, Layout, Packing, Role, cuda_bits};
 pub use params::{Kind, ParamSpec, Part, load_f32, load_param, param_specs};
 pub use precision::Precision;
 pub use rope::RopeTable;

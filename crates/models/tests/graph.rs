@@ -2,8 +2,8 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use models::graph::{EmitOptions, SlotRead, emit_functions_with};
-use models::{CacheShape, Function, KvElem, Layout, ModelConfig, Precision};
+use models::graph::{EmitOptions, SlotRead, emit_functions};
+use models::{Backend, CacheShape, Function, KvElem, Layout, ModelConfig, Precision};
 use std::path::Path;
 
 fn emit(slots: usize, rows: usize, slot_read: SlotRead) -> String {
@@ -12,7 +12,8 @@ fn emit(slots: usize, rows: usize, slot_read: SlotRead) -> String {
     let cache = CacheShape { slots, positions: 64, elem: KvElem::F32 };
     let functions = [Function::Decode { rows, window: 32 }];
     let options = EmitOptions { slot_read, ..EmitOptions::default() };
-    emit_functions_with(&cfg, &Layout::dense(Precision::F32), cache, &functions, None, options).unwrap()
+    let backend = Backend { emit: options, ..Backend::default() };
+    emit_functions(&cfg, &Layout::dense_on(&cfg, Precision::F32, &backend), cache, &functions, None).unwrap()
 }
 
 #[test]

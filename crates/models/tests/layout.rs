@@ -4,12 +4,24 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
 use hlo_emit::ElementType;
-use models::{CacheShape, Function, KvElem, Layout, ModelConfig, Precision, Role, emit_functions};
+use models::{
+    Backend, CacheShape, Form, Function, KernelLink, KvElem, Layout, ModelConfig, Precision, Role, emit_functions,
+};
 use std::path::{Path, PathBuf};
 use weights::{Checkpoint, Linear};
 
 fn fixture(name: &str, variant: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name).join(variant)
+}
+
+/// A backend that links the CPU kernel object `/k.o` (never read: only its path goes into the module).
+fn cpu() -> Backend {
+    Backend::with_kernels(KernelLink::Cpu(PathBuf::from("/k.o")))
+}
+
+/// A SPIR-V backend.
+fn spirv() -> Backend {
+    Backend { spirv: true, ..Backend::default() }
 }
 
 fn open(name: &str, variant: &str) -> (Checkpoint, ModelConfig) {
@@ -28,7 +40,7 @@ fn check(
     expected: &[(&str, &[usize], ElementType, Role)],
 ) {
     let (ckpt, cfg) = open(name, variant);
-    let layout = Layout::new(&cfg, precision, &ckpt).unwrap();
+    let layout = Layout::new(&cfg, precision, &ckpt, &Backend::default()).unwrap();
     let got: Vec<_> = layout
         .device_params(&cfg)
         .into_iter()
@@ -88,7 +100,7 @@ fn packed_bytes_dequantize_like_mlx() {
         ("qwen3", "q4", 4, "model.layers.0.mlp.gate_proj"),
     ] {
         let (ckpt, cfg) = open(name, variant);
-        let layout = Layout::new(&cfg, Precision::Packed, &ckpt).unwrap();
+        let layout = Layout::new(&cfg, Precision::Packed, &ckpt, &Backend::default()).unwrap();
         let params = layout.device_params(&cfg);
         let find = |suffix: &str| params.iter().find(|p| p.key == format!("{prefix}.{suffix}")).unwrap().clone();
         let (w, s, b) = (find("weight"), find("scales"), find("biases"));
@@ -130,7 +142,7 @@ fn floats(elem: ElementType, bytes: &[u8]) -> Vec<f32> {
 #[test]
 fn packed_needs_a_quantized_checkpoint() {
     let (ckpt, cfg) = open("qwen2", "f32");
-    let err = Layout::new(&cfg, Precision::Packed, &ckpt).unwrap_err().to_string();
+    let err = Layout::new(&cfg, Precision::Packed, &ckpt, &Backend::default()).unwrap_err().to_string();
     let dir = fixture("qwen2", "f32");
     assert_eq!(
         err,
@@ -147,7 +159,7 @@ fn packed_needs_a_quantized_checkpoint() {
 fn cpu_kernel_layout() {
     for (variant, bits, scale) in [("q4", 4, ElementType::F32), ("q8", 8, ElementType::F16)] {
         let (ckpt, cfg) = open("qwen2", variant);
-        let layout = Layout::new(&cfg, Precision::Packed, &ckpt).unwrap().with_cpu_kernels(&cfg, Path::new("/k.o"));
+        let layout = Layout::new(&cfg, Precision::Packed, &ckpt, &cpu()).unwrap();
         assert_eq!(layout.kernel_object(), Some(Path::new("/k.o")));
         let params: Vec<_> = layout
             .device_params(&cfg)
@@ -184,7 +196,7 @@ fn cpu_kernel_layout() {
 #[test]
 fn f16_matrices_in_the_kernel_blocks() {
     let (ckpt, cfg) = open("qwen2", "f32");
-    let layout = Layout::new(&cfg, Precision::F16, &ckpt).unwrap().with_cpu_kernels(&cfg, Path::new("/k.o"));
+    let layout = Layout::new(&cfg, Precision::F16, &ckpt, &cpu()).unwrap();
     assert_eq!(layout.kernel_object(), Some(Path::new("/k.o")));
     let param = |key: &str| layout.device_params(&cfg).into_iter().find(|p| p.key == key).unwrap();
     // gate and up [128, 64] read the same input: stacked into [256, 64], 16 blocks of 64
@@ -210,14 +222,17 @@ fn f16_matrices_in_the_kernel_blocks() {
     let want = [blocked(&gate_up.parts[0]), blocked(&gate_up.parts[1])].concat();
     assert_eq!(gate_up.parts[1].key, "model.layers.0.mlp.up_proj.weight");
     assert_eq!(layout.load(&ckpt, &gate_up).unwrap()[..], want[..]);
-    assert!(layout.dense_kernel("model.layers.1.self_attn.o_proj"));
+    assert!((layout.form("model.layers.1.self_attn.o_proj") == Some(Form::CpuDense)));
     // Without the kernels, or at another precision, the same matrix stays row-major.
-    let plain = Layout::new(&cfg, Precision::F16, &ckpt).unwrap();
-    assert!(!plain.dense_kernel("model.layers.0.mlp.up_proj") && plain.merged("model.layers.0.mlp.up_proj").is_none());
-    let f32 = Layout::new(&cfg, Precision::F32, &ckpt).unwrap().with_cpu_kernels(&cfg, Path::new("/k.o"));
-    assert!(!f32.dense_kernel("model.layers.0.mlp.up_proj") && f32.kernel_object().is_none());
+    let plain = Layout::new(&cfg, Precision::F16, &ckpt, &Backend::default()).unwrap();
+    assert!(
+        !(plain.form("model.layers.0.mlp.up_proj") == Some(Form::CpuDense))
+            && plain.merged("model.layers.0.mlp.up_proj").is_none()
+    );
+    let f32 = Layout::new(&cfg, Precision::F32, &ckpt, &cpu()).unwrap();
+    assert!(!(f32.form("model.layers.0.mlp.up_proj") == Some(Form::CpuDense)) && f32.kernel_object().is_none());
     // bf16 the same way, in its own element type and exports.
-    let bf16 = Layout::new(&cfg, Precision::BF16, &ckpt).unwrap().with_cpu_kernels(&cfg, Path::new("/k.o"));
+    let bf16 = Layout::new(&cfg, Precision::BF16, &ckpt, &cpu()).unwrap();
     let p = bf16.device_params(&cfg).into_iter().find(|p| p.key == "model.layers.0.self_attn.o_proj.weight").unwrap();
     assert_eq!((p.dims.clone(), p.elem, p.role), (vec![4, 1024], ElementType::BF16, Role::DenseBlocks));
     let bits: Vec<u16> =
@@ -234,7 +249,7 @@ fn f16_matrices_in_the_kernel_blocks() {
     }
     // Stacked experts and routers are not blocked.
     let (ckpt, cfg) = open("qwen3_moe", "f32");
-    let moe = Layout::new(&cfg, Precision::F16, &ckpt).unwrap().with_cpu_kernels(&cfg, Path::new("/k.o"));
+    let moe = Layout::new(&cfg, Precision::F16, &ckpt, &cpu()).unwrap();
     let roles: Vec<(String, Role)> = moe
         .device_params(&cfg)
         .into_iter()
@@ -264,7 +279,7 @@ fn stacked_experts_in_the_kernel_layout() {
     };
     let key = |s: &str| format!("{DOWN}.{s}");
     // As stored: 8 experts x [64, 64] at 4 bits (32 bytes a row), bf16 scales and biases.
-    let stored = Layout::new(&cfg, Precision::Packed, &ckpt).unwrap();
+    let stored = Layout::new(&cfg, Precision::Packed, &ckpt, &Backend::default()).unwrap();
     assert_eq!(
         params(&stored),
         [
@@ -274,7 +289,7 @@ fn stacked_experts_in_the_kernel_layout() {
         ]
     );
     // The kernel's: 4 blocks of 16 rows per expert, 64 * 4 * 16 / 8 bytes each, f32 groups.
-    let kernel = stored.clone().with_cpu_kernels(&cfg, Path::new("/k.o"));
+    let kernel = Layout::new(&cfg, Precision::Packed, &ckpt, &cpu()).unwrap();
     assert_eq!(
         params(&kernel),
         [
@@ -310,7 +325,7 @@ fn routers_are_rounded_then_widened() {
         (Precision::BF16, |x: f32| half::bf16::from_f32(x).to_f32()),
         (Precision::F32, |x: f32| x),
     ] {
-        let layout = Layout::new(&cfg, precision, &ckpt).unwrap();
+        let layout = Layout::new(&cfg, precision, &ckpt, &Backend::default()).unwrap();
         let params = layout.device_params(&cfg);
         for key in ["model.layers.1.mlp.gate.weight", "model.layers.1.mlp.shared_expert_gate.weight"] {
             let p = params.iter().find(|p| p.key == key).unwrap();
@@ -340,13 +355,13 @@ fn spirv_layout_holds_bf16_as_bits_and_four_bits_as_bytes() {
     let params = |layout: &Layout| -> Vec<_> {
         layout.device_params(&cfg).into_iter().filter(|p| p.key.contains(key)).collect::<Vec<_>>()
     };
-    let bf16 = Layout::new(&cfg, Precision::BF16, &ckpt).unwrap();
-    let bits = bf16.clone().for_spirv();
-    let (plain, spirv) = (params(&bf16), params(&bits));
-    assert_eq!((spirv[0].elem, spirv[0].role), (ElementType::I16, Role::Dense));
-    assert_eq!(bits.load(&ckpt, &spirv[0]).unwrap(), bf16.load(&ckpt, &plain[0]).unwrap());
+    let bf16 = Layout::new(&cfg, Precision::BF16, &ckpt, &Backend::default()).unwrap();
+    let bits = Layout::new(&cfg, Precision::BF16, &ckpt, &spirv()).unwrap();
+    let (plain, as_bits) = (params(&bf16), params(&bits));
+    assert_eq!((as_bits[0].elem, as_bits[0].role), (ElementType::I16, Role::Dense));
+    assert_eq!(bits.load(&ckpt, &as_bits[0]).unwrap(), bf16.load(&ckpt, &plain[0]).unwrap());
 
-    let packed = Layout::new(&cfg, Precision::Packed, &ckpt).unwrap().for_spirv();
+    let packed = Layout::new(&cfg, Precision::Packed, &ckpt, &spirv()).unwrap();
     let got: Vec<_> = params(&packed).into_iter().map(|p| (p.key, p.dims, p.elem, p.role)).collect();
     let want = [
         ("model.layers.0.mlp.up_proj.weight", vec![128, 64], ElementType::I8, Role::PackedWeight),
@@ -369,10 +384,10 @@ fn spirv_layout_holds_bf16_as_bits_and_four_bits_as_bytes() {
 #[test]
 fn cuda_kernel_layout_stacks_q_k_v() {
     let (ckpt, cfg) = open("llama_llama3_tied", "q8");
-    let plain = Layout::new(&cfg, Precision::Packed, &ckpt).unwrap();
-    let layout = Layout::new(&cfg, Precision::Packed, &ckpt).unwrap().with_cuda_kernel(&cfg);
+    let plain = Layout::new(&cfg, Precision::Packed, &ckpt, &Backend::default()).unwrap();
+    let layout = Layout::new(&cfg, Precision::Packed, &ckpt, &Backend::with_kernels(KernelLink::Cuda)).unwrap();
     if kernels::cuda::ptx().is_none() {
-        assert!(!layout.cuda_kernel() && layout.merged("model.layers.0.self_attn.k_proj").is_none());
+        assert!(!layout.has_graph_packing() && layout.merged("model.layers.0.self_attn.k_proj").is_none());
         return;
     }
     let attn = |s: &str| format!("model.layers.0.self_attn.{s}");

@@ -1,0 +1,189 @@
+//! Feed-forward blocks: the gated MLP and the mixture of experts (router, chosen experts
+//! through the CPU kernel's `qmve` or gathered in the graph, Qwen2-MoE's shared expert).
+
+use super::layer::{MlpPlan, MoePlan};
+use super::{R, Step, V};
+use crate::backend::ExpertProducts;
+use crate::config::{Activation, Routing};
+use crate::layout::Form;
+use crate::layout::Packing;
+use hlo_emit::{Cmp, DotDims, ElementType::*};
+
+impl<'c, 'b> Step<'_, 'c, 'b> {
+    /// The mixture-of-experts block under `block` (`model.layers.0.mlp`) on `x [T, d]`, as
+    /// mlx-lm's sparse MoE blocks compute it: the router's logits, the top `k` experts of each
+    /// row with their weights (softmax then top k, or top k then softmax), each chosen
+    /// expert's SwiGLU, their weighted sum, plus Qwen2-MoE's gated shared expert.
+    ///
+    /// A step of few rows (`T * k` below the experts: decode) gathers the chosen experts'
+    /// matrices and runs one matrix-vector product per (row, choice), so it reads only those
+    /// experts' weights; a prompt chunk runs every expert on every row (each expert's
+    /// weights read once) and weighs the unchosen ones by zero.
+    pub(super) fn moe(&self, x: V<'c, 'b>, moe: &MoePlan<'_>) -> R<V<'c, 'b>> {
+        let (block, moe) = (moe.block.as_str(), moe.config);
+        let f = self.f;
+        let (t, d) = (x.shape()[0], x.shape()[1]);
+        let (k, e) = (moe.top_k as i64, moe.experts as i64);
+        let logits = self.linear(x, &format!("{block}.gate"), false)?;
+        let (scores, chosen) = match moe.routing {
+            Routing::SoftmaxTopK { normalize } => {
+                let (v, i) = f.top_k(f.softmax(logits)?, moe.top_k)?;
+                if normalize {
+                    (f.div(v, f.broadcast_in_dim(f.reduce_sum(v, &[1])?, &[t, k], &[0])?)?, i)
+                } else {
+                    (v, i)
+                }
+            }
+            Routing::TopKSoftmax => {
+                let (v, i) = f.top_k(logits, moe.top_k)?;
+                (f.softmax(v)?, i)
+            }
+        };
+        let experts = |name: &str| format!("{block}.switch_mlp.{name}");
+        let in_kernel = |name: &str| self.layout.form(&experts(name)).is_some_and(|f| f.in_cpu_kernel());
+        let mut y = if t * k < e || ["gate_proj", "up_proj", "down_proj"].iter().any(|n| in_kernel(n)) {
+            // One row per (row, choice), each against its expert: the CPU kernel's `qmve` on
+            // its packed blocks (by pair for a few pairs, by expert for many), else the
+            // gathered matrices [n, out, in] · [n, in] -> [n, out] (few pairs only).
+            let n = t * k;
+            let chosen = f.reshape(chosen, &[n])?;
+            let rows = f.reshape(f.broadcast_in_dim(x, &[t, k, d], &[0, 2])?, &[n, d])?;
+            let apply = |name: &str, h: V<'c, 'b>| match self.layout.form(&experts(name)) {
+                Some(Form::CpuPacked(p)) => self.expert_dispatch(h, chosen, &experts(name), &p, n >= e),
+                _ => self.chosen_experts(&experts(name), chosen, h),
+            };
+            let hidden = f.mul(self.activation(apply("gate_proj", rows)?)?, apply("up_proj", rows)?)?;
+            let out = f.reshape(apply("down_proj", hidden)?, &[t, k, d])?;
+            f.reduce_sum(f.mul(out, f.broadcast_in_dim(scores, &[t, k, d], &[0, 1])?)?, &[1])?
+        } else {
+            // [E, I, d] · [T, d] -> [E, I, T]; then [E, d, I] · [E, I, T] -> [E, d, T].
+            let up_side = |name: &str| {
+                f.dot_general(self.expert_weights(&experts(name), None)?, x, DotDims::contract(&[2], &[1]))
+            };
+            let hidden = f.mul(self.activation(up_side("gate_proj")?)?, up_side("up_proj")?)?;
+            let down = self.expert_weights(&experts("down_proj"), None)?;
+            let out = f.dot_general(down, hidden, DotDims::contract(&[2], &[1]).batch(&[0], &[0]))?;
+            // Each row's weight of each expert [T, E]: its score where chosen, else 0.
+            let column = f.iota(&I32.tensor(&[t, e]), 1)?;
+            let mut weights = f.splat(0.0, &F32.tensor(&[t, e]))?;
+            for j in 0..k {
+                let pick =
+                    |v: V<'c, 'b>| f.broadcast_in_dim(f.reshape(f.slice_dim(v, 1, j, j + 1)?, &[t])?, &[t, e], &[0]);
+                let here = f.compare(column, pick(chosen)?, Cmp::Eq)?;
+                weights = f.add(weights, f.select(here, pick(scores)?, f.splat(0.0, &F32.tensor(&[t, e]))?)?)?;
+            }
+            // [T, E] · [E, d, T] -> [T, d], batched over the rows.
+            f.dot_general(weights, out, DotDims::contract(&[1], &[0]).batch(&[0], &[2]))?
+        };
+        if moe.shared_expert.is_some() {
+            let shared = format!("{block}.shared_expert");
+            let gate = self.linear(x, &format!("{shared}.gate_proj"), false)?;
+            let hidden = f.mul(self.activation(gate)?, self.linear(x, &format!("{shared}.up_proj"), false)?)?;
+            let out = self.linear(hidden, &format!("{shared}.down_proj"), false)?;
+            let g = f.logistic(self.linear(x, &format!("{block}.shared_expert_gate"), false)?)?;
+            y = f.add(y, f.mul(f.broadcast_in_dim(f.reshape(g, &[t])?, &[t, d], &[0])?, out)?)?;
+        }
+        Ok(y)
+    }
+
+    /// `x [N, in]` through the stacked experts `prefix` in the CPU kernel's layout, row `n`
+    /// against expert `chosen[n]` (`qmve`): `[N, out]`. `by_expert` numbers the workgroups by
+    /// expert (each expert's blocks read once for all its rows) instead of by row.
+    fn expert_dispatch(
+        &self,
+        x: V<'c, 'b>,
+        chosen: V<'c, 'b>,
+        prefix: &str,
+        p: &Packing,
+        by_expert: bool,
+    ) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let (w, s, b) = self.packed_globals(prefix)?;
+        let (experts, blocks) = (w.shape()[0], w.shape()[1]);
+        let out = blocks * kernels::cpu::BLOCK_ROWS as i64;
+        let (n, inp) = (x.shape()[0], x.shape()[1]);
+        let dims = [n, inp, out, p.group_size as i64, experts, i64::from(by_expert)].map(|d| d as i32);
+        let op = kernels::cpu::Op::Experts;
+        self.linked.borrow_mut().packed.insert(kernels::cpu::Entry { op, bits: p.bits, scale: p.kernel_scale() });
+        let export = kernels::cpu::export(op, p.bits, p.kernel_scale());
+        let workload = if by_expert { experts } else { n } * blocks;
+        f.dispatch(kernels::cpu::EXECUTABLE, &export, workload, &dims, &[x, chosen, w, s, b], F32.tensor(&[n, out]))
+    }
+
+    /// `h [N, in]` through expert `chosen[n]` of the stacked experts `prefix`, in the graph
+    /// form: the chosen matrices gathered, then one matrix-vector product per row as the
+    /// target wants it ([`ExpertProducts`]), `[N, out]`.
+    fn chosen_experts(&self, prefix: &str, chosen: V<'c, 'b>, h: V<'c, 'b>) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let w = self.expert_weights(prefix, Some(chosen))?;
+        match self.options.expert_products {
+            ExpertProducts::Contraction => f.dot_general(w, h, DotDims::contract(&[2], &[1]).batch(&[0], &[0])),
+            ExpertProducts::Reduction => {
+                let products = f.mul(w, f.broadcast_in_dim(h, &w.shape(), &[0, 2])?)?;
+                f.reduce_sum(products, &[2])
+            }
+        }
+    }
+
+    /// Stacked expert weights `prefix` as f32 `[N, out, in]`: the experts `chosen` (i32
+    /// `[N]`) gathered first, else all of them; widened (dense) or dequantized (packed:
+    /// MLX's values from the low bits of each byte up, `q * scale + bias` per group) after
+    /// the gather, so only the gathered experts are converted.
+    fn expert_weights(&self, prefix: &str, chosen: Option<V<'c, 'b>>) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let pick = |name: &str| -> R<V<'c, 'b>> {
+            let v = f.load(self.global(&format!("{prefix}.{name}"))?)?;
+            match chosen {
+                Some(i) => f.gather_rows(v, i),
+                None => Ok(v),
+            }
+        };
+        let Some(p) = self.layout.packing(prefix) else {
+            return self.widen(pick("weight")?);
+        };
+        let (w, scales, biases) = (pick("weight")?, pick("scales")?, pick("biases")?);
+        let (n, o, bytes) = (w.shape()[0], w.shape()[1], w.shape()[2]);
+        let (groups, gs) = (scales.shape()[2], p.group_size as i64);
+        let int = |v: f64| f.splat(v, &I32.tensor(&[n, o, bytes]));
+        let unsigned = f.and(f.convert(w, I32)?, int(255.0)?)?;
+        let q = if p.bits == 4 {
+            let low = f.and(unsigned, int(15.0)?)?;
+            let high = f.shift_right_arithmetic(unsigned, int(4.0)?)?;
+            let pair = |v| f.reshape(v, &[n, o, bytes, 1]);
+            f.concatenate(&[pair(low)?, pair(high)?], 3)?
+        } else {
+            unsigned
+        };
+        let w = self.dequantize(q, scales, biases, &[n, o, groups, gs])?;
+        f.reshape(w, &[n, o, groups * gs])
+    }
+
+    /// `activation(gate_proj(x)) * up_proj(x)` of the gated MLP `prefix`: one dispatch of the
+    /// CUDA kernel's `Glu` where it takes both matrices alike and the activation is SiLU.
+    pub(super) fn gated_mlp(&self, x: V<'c, 'b>, mlp: &MlpPlan) -> R<V<'c, 'b>> {
+        let (gate, up, bias) = (mlp.gate.as_str(), mlp.up.as_str(), mlp.bias);
+        if let Some(y) = self.glu(x, gate, up, bias)? {
+            return Ok(y);
+        }
+        let g = self.linear(x, gate, bias)?;
+        let u = self.linear(x, up, bias)?;
+        self.f.mul(self.activation(g)?, u)
+    }
+
+    fn activation(&self, x: V<'c, 'b>) -> R<V<'c, 'b>> {
+        let f = self.f;
+        match self.cfg.activation {
+            Activation::Silu => f.mul(x, f.logistic(x)?),
+            Activation::GeluErf => {
+                let e = f.erf(f.mul_scalar(x, std::f64::consts::FRAC_1_SQRT_2)?)?;
+                f.mul_scalar(f.mul(x, f.add_scalar(e, 1.0)?)?, 0.5)
+            }
+            Activation::GeluTanh => {
+                let x3 = f.mul(f.mul(x, x)?, x)?;
+                let inner =
+                    f.mul_scalar(f.add(x, f.mul_scalar(x3, 0.044715)?)?, (2.0 / std::f64::consts::PI).sqrt())?;
+                f.mul_scalar(f.mul(x, f.add_scalar(f.tanh(inner)?, 1.0)?)?, 0.5)
+            }
+        }
+    }
+}

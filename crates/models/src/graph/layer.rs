@@ -1,0 +1,348 @@
+//! The typed plan of a decoder and the step that runs it. Each layer is planned once from
+//! the config: its attention block (projections, q/k norms, biases, sliding window, RoPE
+//! table), where its norms sit, and its feed-forward block ([`FeedForward`]: a gated MLP or
+//! a mixture of experts), each with the checkpoint names it reads. The plan checks every
+//! name against the parameters the model declares ([`crate::param_specs`]), so a name the
+//! graph would read and no parameter has fails when the plan is built, before any compile,
+//! instead of as "no global for ..." halfway through emission.
+
+use super::{R, Step, V};
+use crate::config::{ModelConfig, Moe};
+use crate::error::{Error, Result};
+use crate::params::{Kind, layer_prefix, param_specs};
+use crate::rope::RopeTable;
+use hlo_emit::ElementType::*;
+use std::collections::{HashMap, HashSet};
+
+/// Where a layer's norms sit around its two blocks (`input_layernorm` always comes first).
+#[derive(Debug)]
+pub(super) enum Norms {
+    /// Pre-norm: the feed-forward input normed by `ffn` (`post_attention_layernorm`); each
+    /// block's output projection adds the residual.
+    Pre { ffn: String },
+    /// Gemma 2/3: each block's output normed before its residual add, the feed-forward input
+    /// by `pre_ffn`.
+    Sandwich { post_attention: String, pre_ffn: String, post_ffn: String },
+}
+
+/// One layer's attention: its projections' prefixes and what surrounds them.
+#[derive(Debug)]
+pub(super) struct AttentionPlan {
+    pub q: String,
+    pub k: String,
+    pub v: String,
+    pub o: String,
+    pub qkv_bias: bool,
+    pub o_bias: bool,
+    /// RMSNorm weights of each query and key head (Qwen3, Gemma 3).
+    pub qk_norm: Option<(String, String)>,
+    /// Keys older than this many positions are masked.
+    pub sliding_window: Option<usize>,
+    pub rope: RopeTable,
+}
+
+/// A gated MLP: `down(activation(gate(x)) * up(x))`.
+#[derive(Debug)]
+pub(super) struct MlpPlan {
+    pub gate: String,
+    pub up: String,
+    pub down: String,
+    pub bias: bool,
+}
+
+/// A mixture-of-experts block under `block` (`model.layers.0.mlp`): router `{block}.gate`,
+/// stacked experts `{block}.switch_mlp.{gate,up,down}_proj`, and the config's shared expert.
+#[derive(Debug)]
+pub(super) struct MoePlan<'a> {
+    pub block: String,
+    pub config: &'a Moe,
+}
+
+/// A layer's feed-forward block.
+#[derive(Debug)]
+pub(super) enum FeedForward<'a> {
+    Mlp(MlpPlan),
+    Moe(MoePlan<'a>),
+}
+
+/// One decoder layer.
+#[derive(Debug)]
+pub(super) struct LayerPlan<'a> {
+    pub input_norm: String,
+    pub attention: AttentionPlan,
+    pub norms: Norms,
+    pub ffn: FeedForward<'a>,
+}
+
+impl<'a> LayerPlan<'a> {
+    /// Every layer of `cfg`, checked against the model's parameters.
+    ///
+    /// # Errors
+    /// A name the plan reads that no parameter of the model declares, or a combination the
+    /// step does not run (a mixture of experts with sandwich norms).
+    pub(super) fn all(cfg: &'a ModelConfig) -> Result<Vec<LayerPlan<'a>>> {
+        let plans: Vec<LayerPlan<'a>> = (0..cfg.num_layers()).map(|l| LayerPlan::new(cfg, l)).collect::<Result<_>>()?;
+        let specs = param_specs(cfg);
+        let declared: HashSet<&str> =
+            specs.iter().map(|s| if s.kind == Kind::Vector { s.key.as_str() } else { s.prefix() }).collect();
+        let mut undeclared: Vec<String> =
+            plans.iter().flat_map(LayerPlan::names).filter(|n| !declared.contains(n.as_str())).collect();
+        for global in ["model.norm.weight", head(cfg)] {
+            if !declared.contains(global) {
+                undeclared.push(global.to_owned());
+            }
+        }
+        if let Some(first) = undeclared.first() {
+            return Err(Error::Invalid(format!(
+                "the {} graph reads {first}, which no parameter of the model declares ({} such names)",
+                cfg.model_type,
+                undeclared.len()
+            )));
+        }
+        Ok(plans)
+    }
+
+    fn new(cfg: &'a ModelConfig, l: usize) -> Result<LayerPlan<'a>> {
+        let p = layer_prefix(l);
+        let layer = &cfg.layers[l];
+        let attention = AttentionPlan {
+            q: format!("{p}.self_attn.q_proj"),
+            k: format!("{p}.self_attn.k_proj"),
+            v: format!("{p}.self_attn.v_proj"),
+            o: format!("{p}.self_attn.o_proj"),
+            qkv_bias: cfg.qkv_bias,
+            o_bias: cfg.o_bias,
+            qk_norm: cfg
+                .qk_norm
+                .then(|| (format!("{p}.self_attn.q_norm.weight"), format!("{p}.self_attn.k_norm.weight"))),
+            sliding_window: layer.sliding_window,
+            rope: RopeTable::new(layer, cfg.rope_dims),
+        };
+        let norms = if cfg.sandwich_norms {
+            Norms::Sandwich {
+                post_attention: format!("{p}.post_attention_layernorm.weight"),
+                pre_ffn: format!("{p}.pre_feedforward_layernorm.weight"),
+                post_ffn: format!("{p}.post_feedforward_layernorm.weight"),
+            }
+        } else {
+            Norms::Pre { ffn: format!("{p}.post_attention_layernorm.weight") }
+        };
+        let ffn = match cfg.moe.as_ref().filter(|_| layer.moe) {
+            Some(moe) => {
+                if cfg.sandwich_norms {
+                    return Err(Error::Invalid(format!(
+                        "{}: a mixture of experts with sandwich norms is not supported",
+                        cfg.model_type
+                    )));
+                }
+                FeedForward::Moe(MoePlan { block: format!("{p}.{}", moe.block), config: moe })
+            }
+            None => FeedForward::Mlp(MlpPlan {
+                gate: format!("{p}.mlp.gate_proj"),
+                up: format!("{p}.mlp.up_proj"),
+                down: format!("{p}.mlp.down_proj"),
+                bias: cfg.mlp_bias,
+            }),
+        };
+        Ok(LayerPlan { input_norm: format!("{p}.input_layernorm.weight"), attention, norms, ffn })
+    }
+
+    /// Every parameter name the layer reads: matrices by prefix, vectors by key.
+    fn names(&self) -> Vec<String> {
+        let a = &self.attention;
+        let mut names = vec![self.input_norm.clone(), a.q.clone(), a.k.clone(), a.v.clone(), a.o.clone()];
+        if a.qkv_bias {
+            names.extend([&a.q, &a.k, &a.v].map(|m| format!("{m}.bias")));
+        }
+        if a.o_bias {
+            names.push(format!("{}.bias", a.o));
+        }
+        if let Some((q, k)) = &a.qk_norm {
+            names.extend([q.clone(), k.clone()]);
+        }
+        match &self.norms {
+            Norms::Pre { ffn } => names.push(ffn.clone()),
+            Norms::Sandwich { post_attention, pre_ffn, post_ffn } => {
+                names.extend([post_attention.clone(), pre_ffn.clone(), post_ffn.clone()]);
+            }
+        }
+        match &self.ffn {
+            FeedForward::Mlp(m) => {
+                names.extend([m.gate.clone(), m.up.clone(), m.down.clone()]);
+                if m.bias {
+                    names.extend([&m.gate, &m.up, &m.down].map(|n| format!("{n}.bias")));
+                }
+            }
+            FeedForward::Moe(m) => {
+                let b = &m.block;
+                names.push(format!("{b}.gate"));
+                names.extend(["gate_proj", "up_proj", "down_proj"].map(|n| format!("{b}.switch_mlp.{n}")));
+                if m.config.shared_expert.is_some() {
+                    names.extend(["gate_proj", "up_proj", "down_proj"].map(|n| format!("{b}.shared_expert.{n}")));
+                    names.push(format!("{b}.shared_expert_gate"));
+                }
+            }
+        }
+        names
+    }
+}
+
+/// The output projection's prefix: the embedding where the model ties them.
+fn head(cfg: &ModelConfig) -> &'static str {
+    if cfg.tie_embeddings { crate::layout::EMBEDDING } else { "lm_head" }
+}
+
+impl<'c, 'b> Step<'_, 'c, 'b> {
+    /// The step: embed the tokens, run every layer of `plan`, norm, and the logits and
+    /// greedy next id of the rows the function returns, beside every layer's new keys and
+    /// values (`[L, R, K, hd]`) for `write_kv`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn emit(
+        &self,
+        plan: &[LayerPlan<'_>],
+        tokens: V<'c, 'b>,
+        positions: V<'c, 'b>,
+        slots: V<'c, 'b>,
+        last: Option<V<'c, 'b>>,
+        kc: V<'c, 'b>,
+        vc: V<'c, 'b>,
+    ) -> R<Vec<V<'c, 'b>>> {
+        let (f, cfg) = (self.f, self.cfg);
+        let m = self.function.split().1;
+        let r = self.rows();
+
+        let mut x = self.embed(tokens)?;
+        if let Some(scale) = cfg.embed_scale {
+            x = f.mul_scalar(x, scale as f64)?;
+        }
+
+        let pos_f = f.convert(positions, F32)?;
+        // Each row's slot (a chunk's rows share their sequence's), for the attention kernel;
+        // the graph form reads `slots` per sequence.
+        let row_slots = if m == 1 || !super::attention_in_kernel(cfg, self.layout) {
+            slots
+        } else {
+            f.reshape(f.broadcast_in_dim(slots, &[slots.shape()[0], m as i64], &[0])?, &[r])?
+        };
+        let (mut new_k, mut new_v) = (Vec::new(), Vec::new());
+        let mut ropes: HashMap<String, (V<'c, 'b>, V<'c, 'b>)> = HashMap::new();
+        let cache = Cache { k: kc, v: vc, slots, row_slots, positions };
+
+        for (l, layer) in plan.iter().enumerate() {
+            let rope_key = format!("{:?}", layer.attention.rope);
+            let (cos, sin) = match ropes.get(&rope_key) {
+                Some(cs) => *cs,
+                None => {
+                    let cs = self.rope_tables(pos_f, &layer.attention.rope)?;
+                    ropes.insert(rope_key, cs);
+                    cs
+                }
+            };
+
+            let hn = self.norm(x, &layer.input_norm)?;
+            let (o, k_rows, v_rows) = self.attention(hn, &layer.attention, (cos, sin), l, &cache)?;
+            new_k.push(k_rows);
+            new_v.push(v_rows);
+
+            let a = &layer.attention;
+            x = match &layer.norms {
+                Norms::Sandwich { post_attention, .. } => {
+                    let out = self.linear(o, &a.o, a.o_bias)?;
+                    f.add(x, self.norm(out, post_attention)?)?
+                }
+                Norms::Pre { .. } => self.linear_residual(x, o, &a.o, a.o_bias)?,
+            };
+
+            let pre_ffn = match &layer.norms {
+                Norms::Pre { ffn } => ffn,
+                Norms::Sandwich { pre_ffn, .. } => pre_ffn,
+            };
+            let hn = self.norm(x, pre_ffn)?;
+            x = match (&layer.ffn, &layer.norms) {
+                (FeedForward::Moe(moe), _) => f.add(x, self.moe(hn, moe)?)?,
+                (FeedForward::Mlp(mlp), Norms::Sandwich { post_ffn, .. }) => {
+                    let hidden = self.gated_mlp(hn, mlp)?;
+                    let out = self.linear(hidden, &mlp.down, mlp.bias)?;
+                    f.add(x, self.norm(out, post_ffn)?)?
+                }
+                (FeedForward::Mlp(mlp), Norms::Pre { .. }) => {
+                    let hidden = self.gated_mlp(hn, mlp)?;
+                    self.linear_residual(x, hidden, &mlp.down, mlp.bias)?
+                }
+            };
+        }
+
+        let x = self.norm(x, "model.norm.weight")?;
+        // The rows whose logits are returned: the `last` row of a prompt chunk or a mixed
+        // call's chosen rows (indices as data, not slice offsets), or every row of a decode
+        // step.
+        let rows = match last {
+            Some(last) => f.gather_rows(x, last)?,
+            None => x,
+        };
+        let mut logits = self.linear(rows, head(cfg), false)?;
+        if let Some(cap) = cfg.final_softcap {
+            logits = f.mul_scalar(f.tanh(f.mul_scalar(logits, 1.0 / cap)?)?, cap)?;
+        }
+        let next = f.argmax(logits, 1)?;
+        Ok(vec![next, logits, f.concatenate(&new_k, 0)?, f.concatenate(&new_v, 0)?])
+    }
+
+    /// One layer's attention on the normed input `hn [R, d]`: q, k, v (q/k normed where the
+    /// model does), rotated, then attention over the cache through the CPU kernel where it
+    /// runs, else the graph form (a decode row against its window, or a prompt chunk).
+    /// Returns the heads' output `[R, heads * hd]` (before the output projection) and the
+    /// step's new keys and values as one layer's rows for `write_kv` (`[1, R, kv_heads, hd]`).
+    fn attention(
+        &self,
+        hn: V<'c, 'b>,
+        a: &AttentionPlan,
+        (cos, sin): (V<'c, 'b>, V<'c, 'b>),
+        l: usize,
+        cache: &Cache<'c, 'b>,
+    ) -> R<(V<'c, 'b>, V<'c, 'b>, V<'c, 'b>)> {
+        let (f, cfg) = (self.f, self.cfg);
+        let (m, r) = (self.function.split().1, self.rows());
+        let (h, k, hd) = (cfg.heads as i64, cfg.kv_heads as i64, cfg.head_dim as i64);
+        let q = f.reshape(self.linear(hn, &a.q, a.qkv_bias)?, &[r, h, hd])?;
+        let kk = f.reshape(self.linear(hn, &a.k, a.qkv_bias)?, &[r, k, hd])?;
+        let vv = f.reshape(self.linear(hn, &a.v, a.qkv_bias)?, &[r, k, hd])?;
+        let (q, kk) = match &a.qk_norm {
+            Some((qn, kn)) => (self.norm(q, qn)?, self.norm(kk, kn)?),
+            None => (q, kk),
+        };
+        let q = self.rope(q, cos, sin)?;
+        let kk = self.rope(kk, cos, sin)?;
+        // The step's keys and values go to the cache in `write_kv`, after this call, which
+        // rounds them to the cache's type.
+        let as_rows = |x: V<'c, 'b>| f.reshape(x, &[1, r, k, hd]);
+        let (k_rows, v_rows) = (as_rows(kk)?, as_rows(vv)?);
+
+        // Grouped-query attention: head j = kv * G + i attends with kv head `kv`.
+        let Cache { k: kc, v: vc, slots, row_slots, positions } = *cache;
+        let o = match self.attend_kernel(q, kk, vv, (kc, vc), l, row_slots, positions, a.sliding_window)? {
+            Some(o) => o,
+            None if m == 1 => {
+                let (kl, vl) = (self.window(kc, l, slots)?, self.window(vc, l, slots)?);
+                self.attend_one(q, kk, vv, kl, vl, positions, a.sliding_window)?
+            }
+            None => {
+                let kl = self.window_with(kc, l, slots, kk, positions)?;
+                let vl = self.window_with(vc, l, slots, vv, positions)?;
+                self.attend_chunk(q, kl, vl, positions, a.sliding_window)?
+            }
+        };
+        Ok((o, k_rows, v_rows))
+    }
+}
+
+/// What attention reads of the step's inputs: the whole caches, each sequence's slot, each
+/// row's slot (for the kernel) and each row's position.
+#[derive(Clone, Copy)]
+struct Cache<'c, 'b> {
+    k: V<'c, 'b>,
+    v: V<'c, 'b>,
+    slots: V<'c, 'b>,
+    row_slots: V<'c, 'b>,
+    positions: V<'c, 'b>,
+}

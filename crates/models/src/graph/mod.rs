@@ -1,0 +1,373 @@
+//! The decoder as StableHLO: one step body emitted for a chunk of one sequence's prompt
+//! (`prefill`) and for one token of each of several sequences (`decode`), over a KV cache of
+//! per-sequence slots, plus the function that writes a step's keys and values into it.
+//!
+//! Function signatures (`R` rows; `n` sequences of `m` rows each: prefill n = 1, m = T;
+//! decode n = B, m = 1; `L` layers, `K` kv heads, `hd` head dim):
+//! - `prefill_t{T}_w{W}(tokens: i32[T], positions: i32[T], slots: i32[1], last: i32[1], k, v)
+//!   -> (next: i32[1], logits: f32[1, V], new_k: [L, T, K, hd], new_v)`
+//! - `decode_b{B}_w{W}(tokens: i32[B], positions: i32[B], slots: i32[B], k, v)
+//!   -> (next: i32[B], logits: f32[B, V], new_k: [L, B, K, hd], new_v)`
+//! - `write_kv_r{R}(positions: i32[R], slots: i32[R], new_k, new_v, k, v) -> (k', v')`
+//!
+//! `k`, `v` are `[layers, slots, positions, kv_heads, head_dim]` in the cache's element type
+//! (positions before heads: IREE 3.13 lowers a scatter only when its inserted dims lead).
+//! The step functions only read the cache: attention gathers positions `[0, W)` of each
+//! sequence's slot and puts the step's own keys and values into that small copy (a
+//! `scatter` at each row's position), masked to `<= positions[r]`. The caller then runs
+//! `write_kv` to scatter the new rows into the cache at (slot, position), in place. Reads and
+//! writes live in separate calls because a cache that one function both updates and reads
+//! back was copied whole by IREE on every call (docs/PERFORMANCE.md); positions and slots
+//! are data, never slice offsets (a run-time slice offset costs a host round trip on a GPU,
+//! BRIEF 7). `last` picks the row of the prompt chunk whose logits are returned. Callers keep
+//! every position below `W` and the cache's capacity, and never put two rows of one call on
+//! one slot and position unless the rows are identical (padding): they then write the same
+//! bytes.
+
+mod attention;
+mod ffn;
+mod layer;
+mod matrix;
+mod norm;
+mod rope;
+
+pub use crate::backend::{EmitOptions, ExpertProducts, PackedProducts, SlotRead};
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::layout::Layout;
+use hlo_emit::{Context, ElementType, ElementType::*, Func, Global, Module, ScatterDims, Value};
+use layer::LayerPlan;
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
+
+/// Parameter scope name the globals are bound to.
+pub const SCOPE: &str = "model";
+
+/// Element type of the KV cache on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum KvElem {
+    #[default]
+    F32,
+    F16,
+}
+
+impl KvElem {
+    pub fn bytes(self) -> usize {
+        match self {
+            KvElem::F32 => 4,
+            KvElem::F16 => 2,
+        }
+    }
+
+    fn elem(self) -> ElementType {
+        match self {
+            KvElem::F32 => F32,
+            KvElem::F16 => F16,
+        }
+    }
+}
+
+impl std::fmt::Display for KvElem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvElem::F32 => "f32",
+            KvElem::F16 => "f16",
+        })
+    }
+}
+
+impl std::str::FromStr for KvElem {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "f32" => Ok(KvElem::F32),
+            "f16" => Ok(KvElem::F16),
+            other => Err(format!("unknown KV cache type `{other}` (expected f32 or f16)")),
+        }
+    }
+}
+
+/// The KV cache every function of a model reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CacheShape {
+    /// Sequences the cache holds at once.
+    pub slots: usize,
+    /// Positions per slot (the most context a sequence can have).
+    pub positions: usize,
+    pub elem: KvElem,
+}
+
+impl CacheShape {
+    /// `[layers, slots, positions, kv_heads, head_dim]` of one of the two caches (k or v).
+    pub fn dims(&self, cfg: &ModelConfig) -> [usize; 5] {
+        [cfg.num_layers(), self.slots, self.positions, cfg.kv_heads, cfg.head_dim]
+    }
+
+    /// Device bytes of the k and v caches together.
+    pub fn bytes(&self, cfg: &ModelConfig) -> usize {
+        2 * self.dims(cfg).iter().product::<usize>() * self.elem.bytes()
+    }
+
+    /// Device bytes the k and v caches take per position of one slot.
+    pub fn bytes_per_position(cfg: &ModelConfig, elem: KvElem) -> usize {
+        2 * cfg.num_layers() * cfg.kv_heads * cfg.head_dim * elem.bytes()
+    }
+}
+
+/// An entry point of the module. Every function shares the globals and the cache layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Function {
+    /// `tokens` consecutive tokens of one sequence; attention reads positions `[0, window)`.
+    Prefill { tokens: usize, window: usize },
+    /// One token for each of `rows` sequences; attention reads positions `[0, window)`.
+    Decode { rows: usize, window: usize },
+    /// `rows` tokens of several sequences at once (a sequence's rows consecutive and in
+    /// position order: prompt chunks and decode rows in one call), with the logits of `outs`
+    /// chosen rows (the last of each sequence). Only where attention runs in the CPU kernel
+    /// ([`attention_in_kernel`]), which tells a row's own sequence's earlier rows by slot;
+    /// attention reads positions `[0, window)`.
+    Mixed { rows: usize, outs: usize, window: usize },
+    /// Writes `rows` rows of keys and values (a step's `new_k`, `new_v`) into the cache.
+    WriteKv { rows: usize },
+}
+
+impl Function {
+    pub fn name(self) -> String {
+        match self {
+            Function::Prefill { tokens, window } => format!("prefill_t{tokens}_w{window}"),
+            Function::Decode { rows, window } => format!("decode_b{rows}_w{window}"),
+            Function::Mixed { rows, outs, window } => format!("mixed_r{rows}_o{outs}_w{window}"),
+            Function::WriteKv { rows } => format!("write_kv_r{rows}"),
+        }
+    }
+
+    /// Sequences and rows per sequence (a mixed call's rows each count as one: its
+    /// sequences are told apart by slot, in the attention kernel).
+    fn split(self) -> (usize, usize) {
+        match self {
+            Function::Prefill { tokens, .. } => (1, tokens),
+            Function::Decode { rows, .. } | Function::Mixed { rows, .. } | Function::WriteKv { rows } => (rows, 1),
+        }
+    }
+
+    /// Rows whose logits the function returns: the last of a prompt chunk, every decode row,
+    /// a mixed call's chosen rows (none for `WriteKv`).
+    pub fn outs(self) -> usize {
+        match self {
+            Function::Prefill { .. } => 1,
+            Function::Decode { rows, .. } => rows,
+            Function::Mixed { outs, .. } => outs,
+            Function::WriteKv { .. } => 0,
+        }
+    }
+
+    /// Positions attention reads (none for `WriteKv`).
+    pub fn window(self) -> usize {
+        match self {
+            Function::Prefill { window, .. } | Function::Decode { window, .. } | Function::Mixed { window, .. } => {
+                window
+            }
+            Function::WriteKv { .. } => 0,
+        }
+    }
+
+    /// Rows of the token input.
+    pub fn rows(self) -> usize {
+        let (n, m) = self.split();
+        n * m
+    }
+}
+
+/// Whether attention (decode and prefill) runs in the CPU kernel (`kernels::cpu`, `attn`)
+/// for this model and layout: the layout links the kernel object (some matrix in a CPU
+/// form: packed, f16 or bf16 weights on an `llvm-cpu` target), the scores are not
+/// soft-capped and the kernel takes the heads. It then reads only the positions in use,
+/// whatever the function's window.
+pub fn attention_in_kernel(cfg: &ModelConfig, layout: &Layout) -> bool {
+    layout.kernel_object().is_some()
+        && cfg.attn_softcap.is_none()
+        && kernels::cpu::supports_attention(cfg.heads, cfg.kv_heads, cfg.head_dim)
+}
+
+/// The hand-written kernels' entry points the functions of a module dispatch, declared
+/// once after every function is emitted (IREE keeps only exports a module dispatches).
+#[derive(Debug, Default)]
+struct Linked {
+    /// The CPU kernel's packed products and lookups.
+    packed: BTreeSet<kernels::cpu::Entry>,
+    /// The CPU kernel's attention.
+    attention: BTreeSet<kernels::cpu::Attention>,
+    /// The CPU kernel's dense (f16, bf16) products and lookups.
+    dense: BTreeSet<kernels::cpu::Dense>,
+    /// The CUDA kernel's entries.
+    cuda: BTreeSet<kernels::cuda::Entry>,
+}
+
+/// Emits `functions` over `cache`, in a module named `module_name` when given (modules loaded
+/// side by side in one session need distinct names; they share the parameter scope), with
+/// the graph settings of the layout's backend.
+pub fn emit_functions(
+    cfg: &ModelConfig,
+    layout: &Layout,
+    cache: CacheShape,
+    functions: &[Function],
+    module_name: Option<&str>,
+) -> Result<String> {
+    for function in functions {
+        check_fits(cfg, layout, cache, *function)?;
+    }
+    let plan = LayerPlan::all(cfg)?;
+    let ctx = Context::new();
+    let m = match module_name {
+        Some(name) => Module::named(&ctx, name)?,
+        None => Module::new(&ctx),
+    };
+    let mut globals = HashMap::new();
+    for (i, p) in layout.device_params(cfg).iter().enumerate() {
+        let dims: Vec<i64> = p.dims.iter().map(|d| *d as i64).collect();
+        globals.insert(p.global.clone(), m.global_param(&format!("p{i}"), SCOPE, &p.key, &p.elem.tensor(&dims))?);
+    }
+    let kv = cache.elem.elem().tensor(&cache.dims(cfg).map(|d| d as i64));
+    let linked = RefCell::new(Linked::default());
+    let kv_dims = cache.dims(cfg);
+    // A step's new rows travel in f32; `write_kv` converts them to the cache's type.
+    let rows_kv = |r: usize| F32.tensor(&[kv_dims[0] as i64, r as i64, kv_dims[3] as i64, kv_dims[4] as i64]);
+    for &function in functions {
+        let (n, rows) = (function.split().0 as i64, function.rows() as i64);
+        if let Function::WriteKv { .. } = function {
+            let inputs = [
+                I32.tensor(&[rows]),
+                I32.tensor(&[rows]),
+                rows_kv(rows as usize),
+                rows_kv(rows as usize),
+                kv.clone(),
+                kv.clone(),
+            ];
+            m.func(&function.name(), &inputs, |f, a| write_kv(f, a[0], a[1], a[2], a[3], a[4], a[5]))?;
+            continue;
+        }
+        let mut inputs = vec![I32.tensor(&[rows]), I32.tensor(&[rows]), I32.tensor(&[n])];
+        if let Function::Prefill { .. } | Function::Mixed { .. } = function {
+            inputs.push(I32.tensor(&[function.outs() as i64]));
+        }
+        inputs.extend([kv.clone(), kv.clone()]);
+        m.func(&function.name(), &inputs, |f, a| {
+            let step = Step {
+                f,
+                cfg,
+                layout,
+                globals: &globals,
+                linked: &linked,
+                merged_out: RefCell::new(HashMap::new()),
+                normed: RefCell::new(Vec::new()),
+                function,
+                kv_elem: cache.elem.elem(),
+                options: layout.emit_options(),
+            };
+            let last = if a.len() == 6 { Some(a[3]) } else { None };
+            let (k, v) = (a[a.len() - 2], a[a.len() - 1]);
+            step.emit(&plan, a[0], a[1], a[2], last, k, v)
+        })?;
+    }
+    let linked = linked.into_inner();
+    if let Some(object) = layout.kernel_object()
+        && !(linked.packed.is_empty() && linked.attention.is_empty() && linked.dense.is_empty())
+    {
+        let packed: Vec<_> = linked.packed.into_iter().collect();
+        let attention: Vec<_> = linked.attention.into_iter().collect();
+        let dense: Vec<_> = linked.dense.into_iter().collect();
+        let source = kernels::cpu::executable_source(object, &packed, &attention, &dense);
+        m.append_source(kernels::cpu::EXECUTABLE, &source)?;
+    }
+    let cuda: Vec<_> = linked.cuda.into_iter().collect();
+    if let (Some(ptx), false) = (kernels::cuda::ptx(), cuda.is_empty()) {
+        m.append_source(kernels::cuda::EXECUTABLE, &kernels::cuda::executable_source(ptx, &cuda))?;
+    }
+    Ok(m.to_text())
+}
+
+/// Refuses a function that does not fit the cache (no rows, no window, a window past the
+/// positions, no slots) or, for a mixed call, has no outputs or no attention kernel.
+fn check_fits(cfg: &ModelConfig, layout: &Layout, cache: CacheShape, function: Function) -> Result<()> {
+    let (rows, window) = (function.rows(), function.window());
+    let reads = !matches!(function, Function::WriteKv { .. });
+    if rows == 0 || (reads && window == 0) || window > cache.positions || cache.slots == 0 {
+        return Err(crate::Error::Invalid(format!(
+            "function {} does not fit a cache of {} slots x {} positions",
+            function.name(),
+            cache.slots,
+            cache.positions
+        )));
+    }
+    if let Function::Mixed { rows, outs, .. } = function
+        && (outs == 0 || outs > rows || !attention_in_kernel(cfg, layout))
+    {
+        return Err(crate::Error::Invalid(format!(
+            "function {} needs 1 to {rows} outputs and attention in the CPU kernel",
+            function.name()
+        )));
+    }
+    Ok(())
+}
+
+/// `write_kv`: every layer's new rows `[L, R, K, hd]` (f32) scattered into the cache at
+/// (layer, slot, position) in the cache's type, one scatter per cache; nothing else touches
+/// the cache here, so IREE updates it in place.
+fn write_kv<'c, 'b>(
+    f: &Func<'c, 'b>,
+    positions: V<'c, 'b>,
+    slots: V<'c, 'b>,
+    new_k: V<'c, 'b>,
+    new_v: V<'c, 'b>,
+    k: V<'c, 'b>,
+    v: V<'c, 'b>,
+) -> R<Vec<V<'c, 'b>>> {
+    let dims = new_k.shape();
+    let (l, r) = (dims[0], dims[1]);
+    let column = |x: V<'c, 'b>| -> R<V<'c, 'b>> { f.reshape(f.broadcast_in_dim(x, &[l, r], &[1])?, &[l * r, 1]) };
+    let layer = f.reshape(f.iota(&I32.tensor(&[l, r]), 0)?, &[l * r, 1])?;
+    let indices = f.concatenate(&[layer, column(slots)?, column(positions)?], 1)?;
+    let scatter_dims = ScatterDims {
+        update_window_dims: vec![1, 2],
+        inserted_window_dims: vec![0, 1, 2],
+        scatter_dims_to_operand_dims: vec![0, 1, 2],
+        index_vector_dim: 1,
+        ..ScatterDims::default()
+    };
+    let flat = |x: V<'c, 'b>| -> R<V<'c, 'b>> {
+        let x = if x.elem() == k.elem() { x } else { f.convert(x, k.elem())? };
+        f.reshape(x, &[l * r, dims[2], dims[3]])
+    };
+    Ok(vec![
+        f.scatter(k, indices, flat(new_k)?, scatter_dims.clone())?,
+        f.scatter(v, indices, flat(new_v)?, scatter_dims)?,
+    ])
+}
+
+/// One function's emission: the builder, the model, its layout and globals, and what the
+/// step has computed so far that later blocks reuse.
+struct Step<'a, 'c, 'b> {
+    f: &'a Func<'c, 'b>,
+    cfg: &'a ModelConfig,
+    layout: &'a Layout,
+    globals: &'a HashMap<String, Global>,
+    /// Kernel entry points the module's functions dispatch.
+    linked: &'a RefCell<Linked>,
+    /// Outputs of merged projections already computed in this function.
+    merged_out: RefCell<HashMap<String, V<'c, 'b>>>,
+    /// Each RMSNorm's (output, input, weight): a CUDA kernel product reading a norm's output
+    /// takes its input and weight instead and norms in its prologue.
+    normed: RefCell<Vec<(V<'c, 'b>, V<'c, 'b>, V<'c, 'b>)>>,
+    function: Function,
+    kv_elem: ElementType,
+    options: EmitOptions,
+}
+
+type V<'c, 'b> = Value<'c, 'b>;
+type R<T> = std::result::Result<T, hlo_emit::Error>;
+
+impl<'c, 'b> Step<'_, 'c, 'b> {
+    fn rows(&self) -> i64 {
+        self.function.rows() as i64
+    }
+}
