@@ -260,3 +260,41 @@ fn compile_fills_the_cache_without_the_device() {
     assert!(stderr.contains("compiled for cuda into") && stderr.contains("compile cache hit"), "{stderr}");
     check(&["compile", "--model", model, "--max-batch", "0"], 2, "", "--max-batch must be at least 1");
 }
+
+/// A checkpoint whose tensors disagree with its config.json (here a qwen3_moe whose
+/// `moe_intermediate_size` is not its experts' width) is refused when the layout is
+/// planned: one line naming the tensor and both shapes, exit 2, nothing compiled.
+#[test]
+fn a_checkpoint_that_disagrees_with_its_config_is_refused_before_compiling() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_moe/f32");
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["model.safetensors", "model.safetensors.index.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    config["moe_intermediate_size"] = serde_json::json!(96);
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    for precision in ["f32", "f16"] {
+        let cache = tempfile::tempdir().unwrap();
+        let args = ["trajectory", "--model", dir.path().to_str().unwrap(), "--prompt-ids", "1,2", "--steps", "2"];
+        let out = mlx_iree(&[&args[..], &["--precision", precision, "--out", "/tmp/x.json"]].concat(), cache.path());
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{precision}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{precision}: one line: {stderr}");
+        let want = "tensor model.layers.0.mlp.switch_mlp.gate_proj.weight: expected shape [8, 96, 64] from config.json, got [8, 64, 64]";
+        assert!(stderr.contains(want), "{precision}: {stderr}");
+        let compiled = walk(cache.path()).into_iter().filter(|p| p.extension().is_some_and(|e| e == "vmfb")).count();
+        assert_eq!(compiled, 0, "{precision}: compiled before refusing");
+    }
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() { out.extend(walk(&path)) } else { out.push(path) }
+    }
+    out
+}

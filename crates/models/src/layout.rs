@@ -171,9 +171,12 @@ impl Layout {
     /// kernel's for graph-packed matrices it takes, SPIR-V's narrower forms there.
     ///
     /// # Errors
-    /// `packed` on a checkpoint without quantized matrices, or with a bit width other than
-    /// 4 or 8, or a group size that does not divide the input size.
+    /// A parameter the checkpoint lacks or holds in another shape than config.json gives it
+    /// ([`crate::check_checkpoint`]); `packed` on a checkpoint without quantized matrices, or
+    /// with a bit width other than 4 or 8, or a group size that does not divide the input
+    /// size.
     pub fn new(cfg: &ModelConfig, precision: Precision, ckpt: &Checkpoint, backend: &Backend) -> Result<Layout> {
+        crate::params::check_checkpoint(cfg, ckpt)?;
         let mut layout = Layout::dense_for(cfg, precision, backend);
         if precision == Precision::Packed {
             layout.pack(cfg, ckpt)?;

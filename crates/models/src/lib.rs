@@ -27,6 +27,6 @@ pub use config::{Activation, Family, LayerConfig, ModelConfig, Moe, RopeScaling,
 pub use error::{Error, Result};
 pub use graph::{CacheShape, Function, KvElem, emit_functions};
 pub use layout::{DeviceParam, EMBEDDING, Form, Layout, Packing, Role, cuda_bits};
-pub use params::{Kind, ParamSpec, Part, load_f32, load_param, param_specs};
+pub use params::{Kind, ParamSpec, Part, check_checkpoint, load_f32, load_param, param_specs};
 pub use precision::Precision;
 pub use rope::RopeTable;

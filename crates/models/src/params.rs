@@ -183,6 +183,41 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     out
 }
 
+/// Checks that `ckpt` holds every parameter `cfg` declares, each in the shape config.json
+/// gives it (matrices as dense or MLX-quantized layers, stacked experts by their count and
+/// each expert's shape), from the tensors' headers only: so a checkpoint that disagrees with
+/// its config.json is refused when the layout is planned, naming the tensor, before
+/// anything is compiled.
+///
+/// # Errors
+/// The first missing tensor, or the first whose shape disagrees, with both shapes.
+pub fn check_checkpoint(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<()> {
+    for spec in param_specs(cfg) {
+        let got = match spec.kind {
+            Kind::Matrix => {
+                let linear = spec.linear(ckpt)?;
+                vec![linear.out_features(), linear.in_features()]
+            }
+            Kind::Experts => {
+                // The stacked tensor's leading dimension is the experts (packed or not);
+                // expert 0 checks each expert's [out, in].
+                let experts = ckpt.tensor(&spec.key)?.shape().first().copied().unwrap_or(0);
+                if experts == spec.shape[0] {
+                    spec.expert(ckpt, 0)?;
+                }
+                let mut got = spec.shape.clone();
+                got[0] = experts;
+                got
+            }
+            Kind::Vector => ckpt.tensor(&spec.key)?.shape().to_vec(),
+        };
+        if got != spec.shape {
+            return Err(shape_error(ckpt, &spec.key, &spec.shape, &got));
+        }
+    }
+    Ok(())
+}
+
 /// The bytes of one dense parameter as a graph declares it: matrices in `elem` (borrowed
 /// from the checkpoint when it already has that dtype and shape, else converted with
 /// round-to-nearest-even, or dequantized then converted), vectors f32.
