@@ -197,42 +197,268 @@ fn required<T: Copy>(path: &Path, key: &str, v: Option<T>) -> Result<T> {
     v.ok_or_else(|| cfg_err(path, key, "missing"))
 }
 
+/// How a family finds its head size.
+#[derive(Debug, Clone, Copy)]
+enum HeadDim {
+    /// `head_dim` from config.json, required.
+    Given,
+    /// `head_dim` from config.json, else `hidden_size / num_attention_heads`.
+    GivenOrDerived,
+    /// Always `hidden_size / num_attention_heads`, whatever config.json says (mlx-lm's phi3,
+    /// mixtral and qwen2_moe).
+    Derived,
+}
+
+/// Which `rope_scaling` a family reads.
+#[derive(Debug, Clone, Copy)]
+enum Scaling {
+    /// None: mlx-lm builds a plain `nn.RoPE` there (gemma, gemma2 and its MoE families).
+    Ignored,
+    /// `linear`, `llama3`, `yarn`, `longrope` (and qwen3's nested `rope_parameters`).
+    Read,
+    /// Phi-3's own: `longrope`/`su` with the model's position limits, or `linear`.
+    Phi3,
+}
+
+/// Which layers use a sliding window.
+#[derive(Debug, Clone, Copy)]
+enum Windows {
+    /// None.
+    Global,
+    /// Those `layer_types` marks `sliding_attention` (llama, mistral).
+    LayerTypes,
+    /// Even layers, when `sliding_window` is set (HF's Gemma 2).
+    Even,
+    /// All but every `sliding_window_pattern`-th, with their own RoPE base (Gemma 3).
+    Gemma3,
+}
+
+/// Biases of the linear layers.
+#[derive(Debug, Clone, Copy)]
+enum Biases {
+    None,
+    /// On q, k and v (Qwen2).
+    Qkv,
+    /// `attention_bias` on q, k, v and o, `mlp_bias` on the MLP (Llama).
+    Configured,
+}
+
+/// Gemma's differences: the `1 + w` norm scale, 1e-6 epsilon, scaled embeddings.
+#[derive(Debug, Clone, Copy)]
+struct Gemma {
+    activation: Activation,
+    /// The embedding scale `sqrt(hidden)` rounded to bf16 (mlx-lm's gemma3_text).
+    bf16_embed_scale: bool,
+    /// `query_pre_attn_scalar`'s default, when the family scales by it (else `head_dim`).
+    query_pre_attn: Option<f64>,
+    /// Default attention and final logit soft caps (Gemma 2).
+    softcaps: Option<(f64, f64)>,
+    /// Norms after attention and around the MLP.
+    sandwich: bool,
+}
+
+/// How a family's MoE block reads config.json.
+#[derive(Debug, Clone, Copy)]
+struct MoeRules {
+    block: &'static str,
+    /// `num_local_experts` with this default (Mixtral), else `num_experts`, required.
+    local_experts: Option<usize>,
+    /// `num_experts_per_tok`'s default, else required.
+    top_k: Option<usize>,
+    /// Softmax then top k, `norm_topk_prob` read (required) when set; else top k then softmax.
+    softmax_first: Option<bool>,
+    /// Each expert's width: `moe_intermediate_size` (else `intermediate_size`).
+    moe_width: bool,
+    /// Qwen2-MoE's shared expert (`shared_expert_intermediate_size`).
+    shared_expert: bool,
+    /// Qwen3-MoE: experts only in every `decoder_sparse_step`-th layer not in
+    /// `mlp_only_layers`; no experts means a dense model.
+    sparse_layers: bool,
+}
+
+/// One family's reading of config.json, as mlx-lm 0.32's model file for it does: every
+/// per-family rule of [`ModelConfig::from_json`] is a field here, one row per family.
+#[derive(Debug, Clone, Copy)]
+struct Rules {
+    family: Family,
+    /// The `model_type`s that map here (mlx-lm runs `mistral` as its llama model).
+    model_types: &'static [&'static str],
+    head_dim: HeadDim,
+    rope_theta: f64,
+    /// `rope_parameters` stands in for a missing `rope_theta` and `rope_scaling`, and a theta
+    /// in neither is an error (qwen3).
+    rope_parameters: bool,
+    scaling: Scaling,
+    /// `partial_rotary_factor` read (phi3).
+    partial_rotary: bool,
+    /// `tie_word_embeddings`' default; `None`: always tied (gemma, gemma2).
+    tie: Option<bool>,
+    biases: Biases,
+    qk_norm: bool,
+    /// q/k/v and gate/up stored fused (phi3).
+    fused_projections: bool,
+    windows: Windows,
+    gemma: Option<Gemma>,
+    moe: Option<MoeRules>,
+}
+
+const DENSE: Rules = Rules {
+    family: Family::Llama,
+    model_types: &[],
+    head_dim: HeadDim::Given,
+    rope_theta: 10_000.0,
+    rope_parameters: false,
+    scaling: Scaling::Read,
+    partial_rotary: false,
+    tie: Some(false),
+    biases: Biases::None,
+    qk_norm: false,
+    fused_projections: false,
+    windows: Windows::Global,
+    gemma: None,
+    moe: None,
+};
+
+const QWEN_MOE: MoeRules = MoeRules {
+    block: "mlp",
+    local_experts: None,
+    top_k: None,
+    softmax_first: Some(false),
+    moe_width: true,
+    shared_expert: false,
+    sparse_layers: false,
+};
+
+/// Every family, in the order [`SUPPORTED`] names them.
+const FAMILIES: &[Rules] = &[
+    Rules {
+        model_types: &["llama", "mistral"],
+        head_dim: HeadDim::GivenOrDerived,
+        tie: Some(true),
+        biases: Biases::Configured,
+        windows: Windows::LayerTypes,
+        ..DENSE
+    },
+    Rules {
+        family: Family::Mixtral,
+        model_types: &["mixtral"],
+        head_dim: HeadDim::Derived,
+        rope_theta: 1_000_000.0,
+        scaling: Scaling::Ignored,
+        moe: Some(MoeRules {
+            block: "block_sparse_moe",
+            local_experts: Some(8),
+            top_k: Some(2),
+            softmax_first: None,
+            moe_width: false,
+            ..QWEN_MOE
+        }),
+        ..DENSE
+    },
+    Rules {
+        family: Family::Phi3,
+        model_types: &["phi3"],
+        head_dim: HeadDim::Derived,
+        scaling: Scaling::Phi3,
+        partial_rotary: true,
+        fused_projections: true,
+        ..DENSE
+    },
+    Rules {
+        family: Family::Qwen2,
+        model_types: &["qwen2"],
+        head_dim: HeadDim::GivenOrDerived,
+        rope_theta: 1_000_000.0,
+        tie: Some(true),
+        biases: Biases::Qkv,
+        ..DENSE
+    },
+    Rules {
+        family: Family::Qwen2Moe,
+        model_types: &["qwen2_moe"],
+        head_dim: HeadDim::Derived,
+        rope_theta: 1_000_000.0,
+        scaling: Scaling::Ignored,
+        biases: Biases::Qkv,
+        moe: Some(MoeRules { shared_expert: true, ..QWEN_MOE }),
+        ..DENSE
+    },
+    Rules { family: Family::Qwen3, model_types: &["qwen3"], rope_parameters: true, qk_norm: true, ..DENSE },
+    Rules {
+        family: Family::Qwen3Moe,
+        model_types: &["qwen3_moe"],
+        scaling: Scaling::Ignored,
+        qk_norm: true,
+        moe: Some(MoeRules { softmax_first: Some(true), sparse_layers: true, ..QWEN_MOE }),
+        ..DENSE
+    },
+    Rules {
+        family: Family::Gemma,
+        model_types: &["gemma"],
+        scaling: Scaling::Ignored,
+        tie: None,
+        gemma: Some(Gemma {
+            activation: Activation::GeluErf,
+            bf16_embed_scale: false,
+            query_pre_attn: None,
+            softcaps: None,
+            sandwich: false,
+        }),
+        ..DENSE
+    },
+    Rules {
+        family: Family::Gemma2,
+        model_types: &["gemma2"],
+        scaling: Scaling::Ignored,
+        tie: None,
+        windows: Windows::Even,
+        gemma: Some(Gemma {
+            activation: Activation::GeluTanh,
+            bf16_embed_scale: false,
+            query_pre_attn: Some(144.0),
+            softcaps: Some((50.0, 30.0)),
+            sandwich: true,
+        }),
+        ..DENSE
+    },
+    Rules {
+        family: Family::Gemma3,
+        model_types: &["gemma3_text"],
+        rope_theta: 1_000_000.0,
+        // mlx-lm's gemma3_text decides by whether lm_head.weight exists;
+        // `ModelConfig::for_checkpoint` corrects this from the checkpoint.
+        tie: Some(true),
+        qk_norm: true,
+        windows: Windows::Gemma3,
+        gemma: Some(Gemma {
+            activation: Activation::GeluTanh,
+            bf16_embed_scale: true,
+            query_pre_attn: Some(256.0),
+            softcaps: None,
+            sandwich: true,
+        }),
+        ..DENSE
+    },
+];
+
 impl ModelConfig {
-    /// Normalises `config.json` (already parsed; `path` names it in errors). Any
-    /// `model_type` or option this crate cannot run is refused here, before any compile.
+    /// Normalises `config.json` (already parsed; `path` names it in errors) by its family's
+    /// row of the rules table. Any `model_type` or option this crate cannot run is refused
+    /// here, before any compile.
     pub fn from_json(value: &Value, path: &Path) -> Result<ModelConfig> {
         let raw: RawConfig =
             serde_json::from_value(value.clone()).map_err(|e| cfg_err(path, "config", e.to_string()))?;
         let model_type = raw.model_type.clone().ok_or_else(|| cfg_err(path, "model_type", "missing"))?;
-        let family = match model_type.as_str() {
-            // mlx-lm runs `mistral` as its llama model (`MODEL_REMAPPING`): a sliding window
-            // applies only to layers `layer_types` marks, none in Mistral's own configs.
-            "llama" | "mistral" => Family::Llama,
-            "mixtral" => Family::Mixtral,
-            "phi3" => Family::Phi3,
-            "qwen2" => Family::Qwen2,
-            "qwen2_moe" => Family::Qwen2Moe,
-            "qwen3" => Family::Qwen3,
-            "qwen3_moe" => Family::Qwen3Moe,
-            "gemma" => Family::Gemma,
-            "gemma2" => Family::Gemma2,
-            "gemma3_text" => Family::Gemma3,
-            _ => {
-                return Err(Error::UnsupportedModelType { path: path.to_path_buf(), model_type, supported: SUPPORTED });
-            }
+        let Some(rules) = FAMILIES.iter().find(|r| r.model_types.contains(&model_type.as_str())) else {
+            return Err(Error::UnsupportedModelType { path: path.to_path_buf(), model_type, supported: SUPPORTED });
         };
         let p = path;
         let hidden = required(p, "hidden_size", raw.hidden_size)?;
-        let n_layers = required(p, "num_hidden_layers", raw.num_hidden_layers)?;
         let heads = required(p, "num_attention_heads", raw.num_attention_heads)?;
-        let is_gemma = matches!(family, Family::Gemma | Family::Gemma2 | Family::Gemma3);
-        let kv_heads = raw.num_key_value_heads.unwrap_or(heads);
-        let head_dim = match (family, raw.head_dim) {
-            // mlx-lm's phi3, mixtral and qwen2_moe derive it, whatever config.json says.
-            (Family::Phi3 | Family::Mixtral | Family::Qwen2Moe, _) => hidden / heads.max(1),
+        let head_dim = match (rules.head_dim, raw.head_dim) {
+            (HeadDim::Derived, _) | (HeadDim::GivenOrDerived, None) => hidden / heads.max(1),
             (_, Some(d)) => d,
-            (Family::Llama | Family::Qwen2, None) => hidden / heads.max(1),
-            (_, None) => return Err(cfg_err(p, "head_dim", "missing")),
+            (HeadDim::Given, None) => return Err(cfg_err(p, "head_dim", "missing")),
         };
         let unsupported = |key: &str, value: String| Error::Unsupported {
             path: path.to_path_buf(),
@@ -243,137 +469,56 @@ impl ModelConfig {
         if raw.rope_traditional == Some(true) {
             return Err(unsupported("rope_traditional", "true".into()));
         }
-        // mlx-lm's qwen3: `rope_parameters` stands in for a missing `rope_theta` and
-        // `rope_scaling`, and a `rope_theta` found in neither is an error.
-        let nested = raw.rope_parameters.as_ref().filter(|v| family == Family::Qwen3 && v.is_object());
-        let nested_theta = nested.and_then(|v| v.get("rope_theta")).and_then(Value::as_f64);
-        let raw_theta = raw.rope_theta.or(nested_theta);
-        if family == Family::Qwen3 && raw_theta.is_none() {
-            return Err(cfg_err(p, "rope_theta", "missing (and not in rope_parameters)"));
-        }
-        let rope_theta = raw_theta.unwrap_or(match family {
-            Family::Qwen2 | Family::Qwen2Moe | Family::Mixtral | Family::Gemma3 => 1_000_000.0,
-            _ => 10_000.0,
+        let (rope_theta, rope_scaling) = rope(&raw, rules, p, &unsupported)?;
+        let rope_dims = match raw.partial_rotary_factor.filter(|_| rules.partial_rotary) {
+            Some(f) if f > 0.0 && f <= 1.0 => (head_dim as f64 * f) as usize,
+            Some(f) => return Err(cfg_err(p, "partial_rotary_factor", format!("{f} is not in (0, 1]"))),
+            None => head_dim,
+        };
+        let moe = match &rules.moe {
+            Some(m) => parse_moe(&raw, m, p)?,
+            None => None,
+        };
+        let global = LayerConfig { rope_theta, rope_scaling, sliding_window: None, moe: false };
+        let layers = layers(&raw, rules, moe.is_some(), global, p)?;
+        let gemma = rules.gemma;
+        let attn_scale = match gemma.and_then(|g| g.query_pre_attn) {
+            Some(default) => raw.query_pre_attn_scalar.unwrap_or(default).powf(-0.5),
+            None => (head_dim as f64).powf(-0.5),
+        };
+        let embed_scale = gemma.map(|g| {
+            let scale = (hidden as f64).sqrt();
+            // mlx-lm's gemma3_text: mx.array(hidden ** 0.5, mx.bfloat16)
+            if g.bf16_embed_scale { half::bf16::from_f64(scale).to_f32() } else { scale as f32 }
         });
-        let max_positions = raw.max_position_embeddings.map(|m| m as f64);
-        let rope_scaling = match family {
-            // mlx-lm ignores it there (its MoE families build a plain `nn.RoPE`).
-            Family::Gemma | Family::Gemma2 | Family::Mixtral | Family::Qwen2Moe | Family::Qwen3Moe => RopeScaling::None,
-            Family::Phi3 => parse_phi3_rope_scaling(&raw, path, &unsupported)?,
-            _ => {
-                let scaling = raw.rope_scaling.as_ref().filter(|v| !v.is_null()).or(nested);
-                parse_rope_scaling(scaling, max_positions, path, &unsupported)?
-            }
-        };
-        // mlx-lm reads `partial_rotary_factor` for phi3 only.
-        let rope_dims = match (family, raw.partial_rotary_factor) {
-            (Family::Phi3, Some(f)) if f > 0.0 && f <= 1.0 => (head_dim as f64 * f) as usize,
-            (Family::Phi3, Some(f)) => {
-                return Err(cfg_err(p, "partial_rotary_factor", format!("{f} is not in (0, 1]")));
-            }
-            _ => head_dim,
-        };
-
-        let moe = parse_moe(&raw, family, p)?;
-        let sparse_step = raw.decoder_sparse_step.unwrap_or(1).max(1);
-        let mlp_only = raw.mlp_only_layers.clone().unwrap_or_default();
-        let window = raw.sliding_window;
-        let layers: Vec<LayerConfig> = (0..n_layers)
-            .map(|i| -> Result<LayerConfig> {
-                // mlx-lm's qwen3_moe: layers in `mlp_only_layers`, and all but every
-                // `decoder_sparse_step`-th, keep the dense MLP; the other MoE families use
-                // experts in every layer.
-                let is_moe = moe.is_some()
-                    && (family != Family::Qwen3Moe || (!mlp_only.contains(&i) && (i + 1) % sparse_step == 0));
-                let global =
-                    LayerConfig { rope_theta, rope_scaling: rope_scaling.clone(), sliding_window: None, moe: is_moe };
-                Ok(match family {
-                    Family::Llama => match raw.layer_types.as_ref().map(|t| t.get(i).map(String::as_str)) {
-                        None | Some(Some("full_attention")) => global,
-                        Some(Some("sliding_attention")) => {
-                            LayerConfig { sliding_window: Some(required(p, "sliding_window", window)?), ..global }
-                        }
-                        Some(other) => return Err(cfg_err(p, "layer_types", format!("layer {i}: {other:?}"))),
-                    },
-                    // HF's Gemma2 alternates: even layers use the sliding window.
-                    Family::Gemma2 => LayerConfig { sliding_window: window.filter(|_| i % 2 == 0), ..global },
-                    Family::Gemma3 => {
-                        let pattern = raw.sliding_window_pattern.unwrap_or(6).max(1);
-                        if (i + 1) % pattern != 0 {
-                            LayerConfig {
-                                rope_theta: raw.rope_local_base_freq.unwrap_or(10_000.0),
-                                rope_scaling: RopeScaling::None,
-                                sliding_window: Some(window.unwrap_or(512)),
-                                moe: false,
-                            }
-                        } else {
-                            global
-                        }
-                    }
-                    _ => global,
-                })
-            })
-            .collect::<Result<_>>()?;
-
-        let qpas = raw.query_pre_attn_scalar;
-        let attn_scale = match family {
-            Family::Gemma2 => qpas.unwrap_or(144.0).powf(-0.5),
-            Family::Gemma3 => qpas.unwrap_or(256.0).powf(-0.5),
-            _ => (head_dim as f64).powf(-0.5),
-        };
-        let embed_scale = match family {
-            Family::Gemma | Family::Gemma2 => Some((hidden as f64).sqrt() as f32),
-            // mlx-lm: mx.array(hidden ** 0.5, mx.bfloat16)
-            Family::Gemma3 => Some(half::bf16::from_f64((hidden as f64).sqrt()).to_f32()),
-            _ => None,
-        };
+        let softcaps = gemma.and_then(|g| g.softcaps);
         let attention_bias = raw.attention_bias.unwrap_or(false);
+        let configured = matches!(rules.biases, Biases::Configured);
         ModelConfig {
             model_type: model_type.clone(),
-            family,
+            family: rules.family,
             hidden,
             intermediate: required(p, "intermediate_size", raw.intermediate_size)?,
             heads,
-            kv_heads,
+            kv_heads: raw.num_key_value_heads.unwrap_or(heads),
             head_dim,
             rope_dims,
             vocab: required(p, "vocab_size", raw.vocab_size)?,
-            rms_eps: raw.rms_norm_eps.unwrap_or(if is_gemma { 1e-6 } else { 1e-5 }),
+            rms_eps: raw.rms_norm_eps.unwrap_or(if gemma.is_some() { 1e-6 } else { 1e-5 }),
             layers,
-            tie_embeddings: match family {
-                Family::Gemma | Family::Gemma2 => true,
-                // mlx-lm's gemma3_text decides by whether lm_head.weight exists; the loader
-                // corrects this from the checkpoint.
-                Family::Gemma3 => raw.tie_word_embeddings.unwrap_or(true),
-                Family::Qwen3 | Family::Phi3 | Family::Mixtral | Family::Qwen2Moe | Family::Qwen3Moe => {
-                    raw.tie_word_embeddings.unwrap_or(false)
-                }
-                _ => raw.tie_word_embeddings.unwrap_or(true),
-            },
-            fused_projections: family == Family::Phi3,
-            qkv_bias: matches!(family, Family::Qwen2 | Family::Qwen2Moe) || (family == Family::Llama && attention_bias),
-            o_bias: family == Family::Llama && attention_bias,
-            mlp_bias: family == Family::Llama && raw.mlp_bias.unwrap_or(false),
-            qk_norm: matches!(family, Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3),
-            norm_plus_one: is_gemma,
-            sandwich_norms: matches!(family, Family::Gemma2 | Family::Gemma3),
+            tie_embeddings: rules.tie.is_none_or(|default| raw.tie_word_embeddings.unwrap_or(default)),
+            fused_projections: rules.fused_projections,
+            qkv_bias: matches!(rules.biases, Biases::Qkv) || (configured && attention_bias),
+            o_bias: configured && attention_bias,
+            mlp_bias: configured && raw.mlp_bias.unwrap_or(false),
+            qk_norm: rules.qk_norm,
+            norm_plus_one: gemma.is_some(),
+            sandwich_norms: gemma.is_some_and(|g| g.sandwich),
             embed_scale,
-            activation: match family {
-                Family::Gemma => Activation::GeluErf,
-                Family::Gemma2 | Family::Gemma3 => Activation::GeluTanh,
-                _ => Activation::Silu,
-            },
+            activation: gemma.map_or(Activation::Silu, |g| g.activation),
             attn_scale,
-            attn_softcap: if family == Family::Gemma2 {
-                Some(raw.attn_logit_softcapping.unwrap_or(50.0))
-            } else {
-                None
-            },
-            final_softcap: if family == Family::Gemma2 {
-                Some(raw.final_logit_softcapping.unwrap_or(30.0))
-            } else {
-                None
-            },
+            attn_softcap: softcaps.map(|(attn, _)| raw.attn_logit_softcapping.unwrap_or(attn)),
+            final_softcap: softcaps.map(|(_, last)| raw.final_logit_softcapping.unwrap_or(last)),
             max_position_embeddings: raw.max_position_embeddings,
             moe,
         }
@@ -513,26 +658,93 @@ fn parse_rope_scaling(
     }
 }
 
-/// The MoE block of the MoE families, with mlx-lm's defaults (Mixtral: 8 experts, top 2).
-fn parse_moe(raw: &RawConfig, family: Family, p: &Path) -> Result<Option<Moe>> {
-    let (block, experts, routing) = match family {
-        Family::Mixtral => ("block_sparse_moe", raw.num_local_experts.unwrap_or(8), Routing::TopKSoftmax),
-        Family::Qwen2Moe => {
-            ("mlp", required(p, "num_experts", raw.num_experts)?, Routing::SoftmaxTopK { normalize: false })
+/// The RoPE base and scaling every global layer uses, by the family's rules.
+fn rope(
+    raw: &RawConfig,
+    rules: &Rules,
+    p: &Path,
+    unsupported: &dyn Fn(&str, String) -> Error,
+) -> Result<(f64, RopeScaling)> {
+    // mlx-lm's qwen3: `rope_parameters` stands in for a missing `rope_theta` and
+    // `rope_scaling`, and a `rope_theta` found in neither is an error.
+    let nested = raw.rope_parameters.as_ref().filter(|v| rules.rope_parameters && v.is_object());
+    let nested_theta = nested.and_then(|v| v.get("rope_theta")).and_then(Value::as_f64);
+    let raw_theta = raw.rope_theta.or(nested_theta);
+    if rules.rope_parameters && raw_theta.is_none() {
+        return Err(cfg_err(p, "rope_theta", "missing (and not in rope_parameters)"));
+    }
+    let max_positions = raw.max_position_embeddings.map(|m| m as f64);
+    let scaling = match rules.scaling {
+        Scaling::Ignored => RopeScaling::None,
+        Scaling::Phi3 => parse_phi3_rope_scaling(raw, p, unsupported)?,
+        Scaling::Read => {
+            let scaling = raw.rope_scaling.as_ref().filter(|v| !v.is_null()).or(nested);
+            parse_rope_scaling(scaling, max_positions, p, unsupported)?
         }
-        Family::Qwen3Moe => (
-            "mlp",
-            required(p, "num_experts", raw.num_experts)?,
-            Routing::SoftmaxTopK { normalize: required(p, "norm_topk_prob", raw.norm_topk_prob)? },
-        ),
-        _ => return Ok(None),
     };
-    let top_k = match family {
-        Family::Mixtral => raw.num_experts_per_tok.unwrap_or(2),
-        _ => required(p, "num_experts_per_tok", raw.num_experts_per_tok)?,
+    Ok((raw_theta.unwrap_or(rules.rope_theta), scaling))
+}
+
+/// Every layer's settings: `global`'s, with the family's sliding windows and MoE layers.
+fn layers(raw: &RawConfig, rules: &Rules, has_moe: bool, global: LayerConfig, p: &Path) -> Result<Vec<LayerConfig>> {
+    let n_layers = required(p, "num_hidden_layers", raw.num_hidden_layers)?;
+    let sparse = rules.moe.is_some_and(|m| m.sparse_layers);
+    let sparse_step = raw.decoder_sparse_step.unwrap_or(1).max(1);
+    let mlp_only = raw.mlp_only_layers.clone().unwrap_or_default();
+    let window = raw.sliding_window;
+    (0..n_layers)
+        .map(|i| -> Result<LayerConfig> {
+            // mlx-lm's qwen3_moe: layers in `mlp_only_layers`, and all but every
+            // `decoder_sparse_step`-th, keep the dense MLP; the other MoE families use
+            // experts in every layer.
+            let moe = has_moe && (!sparse || (!mlp_only.contains(&i) && (i + 1) % sparse_step == 0));
+            let global = LayerConfig { moe, ..global.clone() };
+            Ok(match rules.windows {
+                Windows::Global => global,
+                Windows::LayerTypes => match raw.layer_types.as_ref().map(|t| t.get(i).map(String::as_str)) {
+                    None | Some(Some("full_attention")) => global,
+                    Some(Some("sliding_attention")) => {
+                        LayerConfig { sliding_window: Some(required(p, "sliding_window", window)?), ..global }
+                    }
+                    Some(other) => return Err(cfg_err(p, "layer_types", format!("layer {i}: {other:?}"))),
+                },
+                Windows::Even => LayerConfig { sliding_window: window.filter(|_| i % 2 == 0), ..global },
+                Windows::Gemma3 => {
+                    let pattern = raw.sliding_window_pattern.unwrap_or(6).max(1);
+                    if (i + 1) % pattern == 0 {
+                        global
+                    } else {
+                        LayerConfig {
+                            rope_theta: raw.rope_local_base_freq.unwrap_or(10_000.0),
+                            rope_scaling: RopeScaling::None,
+                            sliding_window: Some(window.unwrap_or(512)),
+                            moe: false,
+                        }
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// The MoE block of a family with one, by its rules (mlx-lm's defaults: Mixtral 8 experts,
+/// top 2).
+fn parse_moe(raw: &RawConfig, rules: &MoeRules, p: &Path) -> Result<Option<Moe>> {
+    let experts = match rules.local_experts {
+        Some(default) => raw.num_local_experts.unwrap_or(default),
+        None => required(p, "num_experts", raw.num_experts)?,
+    };
+    let routing = match rules.softmax_first {
+        Some(true) => Routing::SoftmaxTopK { normalize: required(p, "norm_topk_prob", raw.norm_topk_prob)? },
+        Some(false) => Routing::SoftmaxTopK { normalize: false },
+        None => Routing::TopKSoftmax,
+    };
+    let top_k = match rules.top_k {
+        Some(default) => raw.num_experts_per_tok.unwrap_or(default),
+        None => required(p, "num_experts_per_tok", raw.num_experts_per_tok)?,
     };
     // A qwen3_moe config with no experts is a dense model in mlx-lm.
-    if experts == 0 && family == Family::Qwen3Moe {
+    if experts == 0 && rules.sparse_layers {
         return Ok(None);
     }
     if experts == 0 || top_k == 0 || top_k > experts {
@@ -542,15 +754,17 @@ fn parse_moe(raw: &RawConfig, family: Family, p: &Path) -> Result<Option<Moe>> {
             format!("{top_k} of {experts} experts; it must be 1 to the experts"),
         ));
     }
-    let intermediate = match family {
-        Family::Mixtral => required(p, "intermediate_size", raw.intermediate_size)?,
-        _ => required(p, "moe_intermediate_size", raw.moe_intermediate_size)?,
+    let intermediate = if rules.moe_width {
+        required(p, "moe_intermediate_size", raw.moe_intermediate_size)?
+    } else {
+        required(p, "intermediate_size", raw.intermediate_size)?
     };
-    let shared_expert = match family {
-        Family::Qwen2Moe => Some(required(p, "shared_expert_intermediate_size", raw.shared_expert_intermediate_size)?),
-        _ => None,
+    let shared_expert = if rules.shared_expert {
+        Some(required(p, "shared_expert_intermediate_size", raw.shared_expert_intermediate_size)?)
+    } else {
+        None
     };
-    Ok(Some(Moe { block, experts, top_k, intermediate, routing, shared_expert }))
+    Ok(Some(Moe { block: rules.block, experts, top_k, intermediate, routing, shared_expert }))
 }
 
 /// mlx-lm's phi3: `rope_scaling` must hold `type` and `long_factor`; `longrope` and `su`
@@ -580,4 +794,18 @@ fn factors(obj: &serde_json::Map<String, Value>, key: &str, path: &Path) -> Resu
     let list = obj.get(key).ok_or_else(|| cfg_err(path, &what, "missing"))?;
     let list = list.as_array().ok_or_else(|| cfg_err(path, &what, "expected a list of numbers"))?;
     list.iter().map(|x| x.as_f64().ok_or_else(|| cfg_err(path, &what, "expected a list of numbers"))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error that lists the supported types says exactly what the rules table holds.
+    #[test]
+    fn supported_names_every_family_in_the_table() {
+        let names: Vec<&str> = FAMILIES.iter().flat_map(|r| r.model_types.iter().copied()).collect();
+        assert_eq!(SUPPORTED, names.join(", "));
+        let families: std::collections::HashSet<_> = FAMILIES.iter().map(|r| format!("{:?}", r.family)).collect();
+        assert_eq!(families.len(), FAMILIES.len(), "one row per family");
+    }
 }

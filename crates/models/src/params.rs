@@ -131,24 +131,7 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
         }
     }
     if cfg.fused_projections {
-        // Phi-3's `qkv_proj` holds q, k, v and `gate_up_proj` gate, up, stacked by rows: each
-        // part is read from its rows there, and the graph uses the parts as any model's.
-        for l in 0..cfg.num_layers() {
-            let p = layer_prefix(l);
-            let fused: [(&str, &str, &[&str]); 2] = [
-                ("self_attn", "qkv_proj", &["q_proj", "k_proj", "v_proj"]),
-                ("mlp", "gate_up_proj", &["gate_proj", "up_proj"]),
-            ];
-            for (block, fused, parts) in fused {
-                let mut first_row = 0;
-                for name in parts {
-                    let key = format!("{p}.{block}.{name}.weight");
-                    let Some(spec) = out.iter_mut().find(|s| s.key == key) else { continue };
-                    spec.part = Some(Part { of: format!("{p}.{block}.{fused}"), first_row });
-                    first_row += spec.shape[0];
-                }
-            }
-        }
+        mark_fused_parts(cfg, &mut out);
     }
     let mut vec = |key: String, n: usize| {
         out.push(ParamSpec { key, shape: vec![n], kind: Kind::Vector, part: None, narrow: false })
@@ -181,6 +164,28 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     }
     vec("model.norm.weight".into(), d);
     out
+}
+
+/// Phi-3's `qkv_proj` holds q, k, v and `gate_up_proj` gate, up, stacked by rows: each part
+/// is read from its rows there ([`ParamSpec::part`]), and the graph uses the parts as any
+/// model's.
+fn mark_fused_parts(cfg: &ModelConfig, out: &mut [ParamSpec]) {
+    for l in 0..cfg.num_layers() {
+        let p = layer_prefix(l);
+        let fused: [(&str, &str, &[&str]); 2] = [
+            ("self_attn", "qkv_proj", &["q_proj", "k_proj", "v_proj"]),
+            ("mlp", "gate_up_proj", &["gate_proj", "up_proj"]),
+        ];
+        for (block, fused, parts) in fused {
+            let mut first_row = 0;
+            for name in parts {
+                let key = format!("{p}.{block}.{name}.weight");
+                let Some(spec) = out.iter_mut().find(|s| s.key == key) else { continue };
+                spec.part = Some(Part { of: format!("{p}.{block}.{fused}"), first_row });
+                first_row += spec.shape[0];
+            }
+        }
+    }
 }
 
 /// Checks that `ckpt` holds every parameter `cfg` declares, each in the shape config.json
