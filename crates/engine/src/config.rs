@@ -29,12 +29,12 @@ pub struct EngineConfig {
     pub dump_mlir: bool,
     /// Store the weights of a data-tiled CPU module in their final (repacked) form in a file
     /// beside the module in `cache_dir`, written on the first load and mapped by every later
-    /// one ([`crate::cache::stored_parameters`]; about the weights' size on disk per model, shape
+    /// one (`cache::stored_parameters`; about the weights' size on disk per model, shape
     /// and precision). Off: every load binds the checkpoint's weights and IREE repacks them
     /// in memory, holding both copies at once (peak RSS 2-3x the weights, docs/PERFORMANCE.md).
     pub store_parameters: bool,
     /// Most bytes the modules in `cache_dir` may take: after a load, the least recently used
-    /// other entries go until the rest fits ([`crate::cache::evict`]; `None`: no limit).
+    /// other entries go until the rest fits (`cache::evict`; `None`: no limit).
     pub cache_max_bytes: Option<u64>,
 }
 

@@ -12,6 +12,7 @@
 pub mod cache;
 mod config;
 pub mod device;
+mod dispatches;
 mod error;
 pub mod gate;
 mod modules;
@@ -24,7 +25,7 @@ pub use crate::device::CpuKernels;
 pub use crate::error::{BoxError, Error, Result};
 pub use crate::modules::{GraphModule, compile_graph_modules, graph_modules, layout_for};
 pub use crate::plan::Plan;
-pub use crate::runner::{Engine, Step, check_tokens};
+pub use crate::runner::{Engine, LoadReport, Step, check_tokens};
 pub use kernels::cpu::Isa;
 pub use models::KvElem;
 pub use models::Precision;

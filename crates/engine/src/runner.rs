@@ -64,7 +64,18 @@ pub struct Engine {
     v: BufferView,
     /// Positions in use per slot.
     lens: Vec<usize>,
+    report: LoadReport,
+}
+
+/// What a load did, in plain values (nothing of IREE): what a caller prints after loading
+/// (`generate`'s summary line, the server's start line) and what `mlx-iree bench` reports.
+#[derive(Debug, Clone)]
+pub struct LoadReport {
+    /// Whether every module came from the compile cache, else the seconds compiling took.
     pub compile: CompileReport,
+    /// Seconds from the compiled modules to a ready engine: binding the weights (mapping
+    /// stored ones, or reading the checkpoint and, on a first load, writing them in final
+    /// form) and allocating the KV cache.
     pub load_seconds: f64,
     /// Bytes of all parameters bound on the device.
     pub weight_bytes: usize,
@@ -73,6 +84,58 @@ pub struct Engine {
     /// The file the weights are bound from, in the final form the module reads, when they
     /// are stored ([`EngineConfig::store_parameters`] on a data-tiled CPU module).
     pub stored_parameters: Option<std::path::PathBuf>,
+}
+
+/// The rows of one step call in the graph ABI's order: per row its token id, its position in
+/// its sequence and its sequence's KV slot (the three `i32` vectors the step function and
+/// `write_kv` read), pushed a row at a time so the three always have one entry per row.
+#[derive(Debug)]
+struct Rows {
+    tokens: Vec<i32>,
+    positions: Vec<i32>,
+    slots: Vec<i32>,
+}
+
+impl Rows {
+    fn with_capacity(rows: usize) -> Rows {
+        Rows { tokens: Vec::with_capacity(rows), positions: Vec::with_capacity(rows), slots: Vec::with_capacity(rows) }
+    }
+
+    /// Appends a row: `token` at `position` of the sequence in `slot`. Ids, positions and
+    /// slots are far below 2^31 (vocabularies, contexts and slot counts are checked at load).
+    fn push(&mut self, token: u32, position: usize, slot: usize) {
+        self.tokens.push(token as i32);
+        self.positions.push(position as i32);
+        self.slots.push(slot as i32);
+    }
+
+    fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Pads to `width` rows by repeating row `row` (the same token at the same place: a
+    /// repeated row computes and writes the same bytes as the row itself).
+    fn pad(&mut self, width: usize, row: usize) {
+        let (token, position, slot) = (self.tokens[row], self.positions[row], self.slots[row]);
+        self.tokens.resize(width, token);
+        self.positions.resize(width, position);
+        self.slots.resize(width, slot);
+    }
+}
+
+/// What a step function reads beside its rows, by kind of call (the graph ABI's `slots` and
+/// `last` arguments: `models::graph`).
+#[derive(Debug)]
+enum Reads {
+    /// A decode call: every row is a sequence of its own (its slot is the row's), and each
+    /// row's logits come back.
+    Decode,
+    /// A prefill call: every row belongs to the sequence in `slot`; the logits of row `last`
+    /// (the chunk's last real token) come back.
+    Prefill { slot: usize, last: usize },
+    /// A mixed call: rows of several sequences (each row's slot its own); the logits of the
+    /// rows `outs` (each sequence's last row, padded to the function's outputs) come back.
+    Mixed { outs: Vec<usize> },
 }
 
 /// What a load decides before the device and the compiler: the checkpoint opened, its
@@ -104,6 +167,27 @@ impl Engine {
     pub fn compile_only(dir: &Path, config: &EngineConfig) -> Result<CompileReport> {
         let Planned { target, cfg, layout, plan, .. } = Planned::new(dir, config)?;
         Ok(compile_modules(&cfg, &layout, &plan, &target, config)?.1)
+    }
+
+    /// The `flow.dispatch` ops one decode step of one sequence runs (the smallest decode
+    /// window) for this model and configuration: its module compiled to IREE's `flow` phase
+    /// (this needs the compiler, never the device; nothing is cached) and counted inside the
+    /// step's function and whatever it calls. For benchmarks: on a GPU a step costs about its
+    /// dispatches. The same refusals as a load, before anything is compiled.
+    pub fn decode_dispatches(dir: &Path, config: &EngineConfig) -> Result<usize> {
+        let Planned { target, cfg, layout, plan, .. } = Planned::new(dir, config)?;
+        let window = plan.decode_windows.first().copied().unwrap_or(plan.cache.positions);
+        let one = Function::Decode { rows: 1, window };
+        let name = one.name();
+        let module = crate::graph_modules(&cfg, &layout, &plan, &target)?
+            .into_iter()
+            .find(|m| m.functions.contains(&one))
+            .ok_or_else(|| Error::DispatchCount { function: name.clone(), reason: "no module holds it".into() })?;
+        // The options a load compiles with (the parameter encoder only where it stores them).
+        let mut options = module.options;
+        options.parameter_encoder &= config.store_parameters;
+        let flow = iree_compiler::Compiler::new()?.compile_to_ir(&module.mlir, &target, &options, "flow")?;
+        crate::dispatches::count(&flow, &name).map_err(|reason| Error::DispatchCount { function: name, reason })
     }
 
     /// Opens the checkpoint, refuses what it cannot run (before compiling), compiles every
@@ -172,20 +256,13 @@ impl Engine {
         let load_seconds = started.elapsed().as_secs_f64();
         let kv_bytes = plan.cache.bytes(&cfg);
         let lens = vec![0; plan.cache.slots];
-        Ok(Engine {
-            cfg,
-            plan,
-            device,
-            session,
-            k,
-            v,
-            lens,
-            compile,
-            load_seconds,
-            weight_bytes,
-            kv_bytes,
-            stored_parameters,
-        })
+        let report = LoadReport { compile, load_seconds, weight_bytes, kv_bytes, stored_parameters };
+        Ok(Engine { cfg, plan, device, session, k, v, lens, report })
+    }
+
+    /// What the load did: compile, load time, device bytes, the stored-weights file.
+    pub fn load_report(&self) -> &LoadReport {
+        &self.report
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -251,23 +328,23 @@ impl Engine {
         Ok(())
     }
 
-    /// Runs step `function` on `tokens` at `positions` (one per row) for the sequences in
-    /// `slots` (`last`: the rows whose logits are wanted, for prefill and mixed calls), then
-    /// writes the rows' keys and values into the cache at (`row_slots`, `positions`).
-    fn call(
-        &mut self,
-        function: Function,
-        tokens: &[i32],
-        positions: &[i32],
-        slots: &[i32],
-        last: Option<&[i32]>,
-        row_slots: &[i32],
-    ) -> Result<(Vec<i32>, Rc<Logits>)> {
+    /// Runs step `function` on `rows` with what its kind of call reads beside them
+    /// (`reads`), then writes the rows' keys and values into the cache at each row's (slot,
+    /// position). Returns every output row's next id and the call's logits.
+    fn call(&mut self, function: Function, rows: &Rows, reads: Reads) -> Result<(Vec<i32>, Rc<Logits>)> {
         let upload = |data: &[i32]| self.device.upload(&[data.len()], data);
-        let slots_given = slots;
-        let (tokens, positions, slots) = (upload(tokens)?, upload(positions)?, upload(slots)?);
-        let last = last.map(upload).transpose()?;
-        let mut args = vec![&tokens, &positions, &slots];
+        let (tokens, positions, row_slots) = (upload(&rows.tokens)?, upload(&rows.positions)?, upload(&rows.slots)?);
+        // A decode or mixed call reads its rows' slots: the same view, not a second upload
+        // (on a GPU each upload is an allocation and a synchronous copy).
+        let (slot, last) = match &reads {
+            Reads::Decode => (None, None),
+            Reads::Prefill { slot, last } => (Some(upload(&[*slot as i32])?), Some(upload(&[*last as i32])?)),
+            Reads::Mixed { outs } => {
+                let outs: Vec<i32> = outs.iter().map(|&row| row as i32).collect();
+                (None, Some(upload(&outs)?))
+            }
+        };
+        let mut args = vec![&tokens, &positions, slot.as_ref().unwrap_or(&row_slots)];
         args.extend(last.as_ref());
         args.extend([&self.k, &self.v]);
         let name = function.name();
@@ -276,12 +353,8 @@ impl Engine {
         let Ok([next, logits, new_k, new_v]) = <[BufferView; 4]>::try_from(out) else {
             return Err(Error::Abi { function: name, got, expected: 4 });
         };
-        let write = Function::WriteKv { rows: row_slots.len() }.name();
-        // A decode or mixed call's rows are its slots: the same view, not a second upload
-        // (on a GPU each upload is an allocation and a synchronous copy).
-        let own_row_slots = if row_slots == slots_given { None } else { Some(upload(row_slots)?) };
-        let row_slots = own_row_slots.as_ref().unwrap_or(&slots);
-        let out = self.session.call(&write, &[&positions, row_slots, &new_k, &new_v, &self.k, &self.v])?;
+        let write = Function::WriteKv { rows: rows.len() }.name();
+        let out = self.session.call(&write, &[&positions, &row_slots, &new_k, &new_v, &self.k, &self.v])?;
         let got = out.len();
         let Ok([k, v]) = <[BufferView; 2]>::try_from(out) else {
             return Err(Error::Abi { function: write, got, expected: 2 });
@@ -314,12 +387,14 @@ impl Engine {
                 continue;
             };
             let take = tokens.min(rest.len());
-            let mut ids: Vec<i32> = rest[..take].iter().map(|t| *t as i32).collect();
-            ids.resize(tokens, 0);
-            let positions: Vec<i32> = (start..start + tokens).map(|p| p as i32).collect();
-            let slots = vec![slot as i32; tokens];
-            let (next, logits) =
-                self.call(function, &ids, &positions, &[slot as i32], Some(&[take as i32 - 1]), &slots)?;
+            // Padding rows: token 0 at the positions after the prompt's (inside the slot, and
+            // overwritten before any query can see them).
+            let mut rows = Rows::with_capacity(tokens);
+            let ids = rest[..take].iter().copied().chain(std::iter::repeat(0));
+            for (i, token) in ids.take(tokens).enumerate() {
+                rows.push(token, start + i, slot);
+            }
+            let (next, logits) = self.call(function, &rows, Reads::Prefill { slot, last: take - 1 })?;
             self.lens[slot] += take;
             last = Some(Step { next: next[0] as u32, logits, row: 0 });
             rest = &rest[take..];
@@ -330,9 +405,9 @@ impl Engine {
     /// One decode step for every `(slot, token)` row at once; slots must be distinct. Returns
     /// one step per row, in order.
     pub fn decode(&mut self, rows: &[(usize, u32)]) -> Result<Vec<Step>> {
-        let Some(&first) = rows.first() else {
+        if rows.is_empty() {
             return Err(Error::NoRows);
-        };
+        }
         self.check_entries(rows.iter().map(|(slot, token)| (*slot, std::slice::from_ref(token))))?;
         let top = rows.iter().map(|(slot, _)| self.lens[*slot]).max().unwrap_or(0);
         let function =
@@ -340,14 +415,12 @@ impl Engine {
         // Padding rows repeat the first row: rows are computed independently, so they write
         // the same bytes to the same place.
         let b = function.rows();
-        let padded = rows.iter().chain(std::iter::repeat_n(&first, b - rows.len()));
-        let (mut ids, mut positions, mut slots) = (Vec::with_capacity(b), Vec::with_capacity(b), Vec::with_capacity(b));
-        for &(slot, token) in padded {
-            ids.push(token as i32);
-            positions.push(self.lens[slot] as i32);
-            slots.push(slot as i32);
+        let mut call = Rows::with_capacity(b);
+        for &(slot, token) in rows {
+            call.push(token, self.lens[slot], slot);
         }
-        let (next, logits) = self.call(function, &ids, &positions, &slots, None, &slots)?;
+        call.pad(b, 0);
+        let (next, logits) = self.call(function, &call, Reads::Decode)?;
         for &(slot, _) in rows {
             self.lens[slot] += 1;
         }
@@ -381,28 +454,21 @@ impl Engine {
         }
         let function = self.plan.mixed(rows).ok_or(Error::TooManyRows { rows, max: self.step_rows() })?;
         let (width, outs) = (function.rows(), function.outs());
-        let (mut ids, mut positions, mut slots) =
-            (Vec::with_capacity(width), Vec::with_capacity(width), Vec::with_capacity(width));
+        let mut rows = Rows::with_capacity(width);
         let mut last = Vec::with_capacity(outs);
         for &(slot, tokens) in batch {
             let start = self.lens[slot];
             for (i, &token) in tokens.iter().enumerate() {
-                ids.push(token as i32);
-                positions.push((start + i) as i32);
-                slots.push(slot as i32);
+                rows.push(token, start + i, slot);
             }
-            last.push(ids.len() as i32 - 1);
+            last.push(rows.len() - 1);
         }
         // Padding rows repeat the last row: the attention kernel gives a repeat of a row the
         // same bits, and it writes the same bytes to the same place. Unused outputs repeat
         // the first.
-        let end = ids.len() - 1;
-        let (id, position, slot) = (ids[end], positions[end], slots[end]);
-        ids.resize(width, id);
-        positions.resize(width, position);
-        slots.resize(width, slot);
+        rows.pad(width, rows.len() - 1);
         last.resize(outs, last[0]);
-        let (next, logits) = self.call(function, &ids, &positions, &slots, Some(&last), &slots)?;
+        let (next, logits) = self.call(function, &rows, Reads::Mixed { outs: last })?;
         for &(slot, tokens) in batch {
             self.lens[slot] += tokens.len();
         }

@@ -352,8 +352,8 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
         done.generated,
         done.prompt_tokens as f64 / done.prefill_seconds,
         if decode_steps > 0 { decode_steps as f64 / done.decode_seconds } else { 0.0 },
-        info.compile,
-        info.load_seconds,
+        info.load.compile,
+        info.load.load_seconds,
         args.model.device,
         args.model.precision(),
     );

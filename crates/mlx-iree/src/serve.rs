@@ -92,8 +92,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             listener.local_addr()?,
             info.max_batch,
             info.max_context,
-            info.kv_bytes >> 20,
-            info.compile,
+            info.load.kv_bytes >> 20,
+            info.load.compile,
         );
         server.run(listener, shutdown_signal()).await?;
         anyhow::Ok(())

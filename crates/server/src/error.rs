@@ -54,7 +54,12 @@ impl ApiError {
 
 impl From<engine::Error> for ApiError {
     fn from(e: engine::Error) -> ApiError {
-        if e.is_request_error() {
+        if let engine::Error::QueueFull { max } = e {
+            ApiError::status(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("the server is busy ({max} requests running or queued); retry later"),
+            )
+        } else if e.is_request_error() {
             ApiError::bad_request(e.to_string())
         } else if matches!(e, engine::Error::Stopped) {
             ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down")

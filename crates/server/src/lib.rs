@@ -76,7 +76,9 @@ pub struct ServerConfig {
     pub model_id: String,
     /// When set, `/v1/*` needs `Authorization: Bearer KEY`.
     pub api_key: Option<String>,
-    /// Requests that may wait for a slot beyond the running ones; more get 429.
+    /// Requests that may wait for a slot beyond the running ones; more get 429. It is the
+    /// scheduler's queue limit ([`Scheduler::set_queue_limit`], set by [`Server::new`]),
+    /// which `submit` enforces.
     pub queue_limit: usize,
     pub max_body_bytes: usize,
     /// After SIGTERM or Ctrl-C, how long requests in flight may take to finish.
@@ -133,7 +135,9 @@ fn unix_now() -> u64 {
 }
 
 impl Server {
+    /// A server for `model`, whose scheduler takes `config.queue_limit` as its queue limit.
     pub fn new(model: Arc<Model>, config: ServerConfig) -> Server {
+        model.scheduler.set_queue_limit(Some(config.queue_limit));
         Server(Arc::new(Inner {
             model,
             config,
@@ -204,19 +208,12 @@ impl Server {
         }
     }
 
-    /// Takes a place among the requests the server answers at once (running plus queued),
-    /// or says 429.
-    fn admit(&self) -> Result<InFlight, ApiError> {
-        let limit = self.0.model.scheduler.info().max_batch + self.0.config.queue_limit;
-        let inner = Arc::clone(&self.0);
-        let taken = inner.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1));
-        match taken {
-            Ok(_) => Ok(InFlight(inner)),
-            Err(_) => Err(ApiError::status(
-                StatusCode::TOO_MANY_REQUESTS,
-                format!("the server is busy ({limit} requests running or queued); retry later"),
-            )),
-        }
+    /// Counts a submitted request among those being answered (for `/metrics` and the
+    /// shutdown line) until its answer is written. The limit is the scheduler's: `submit`
+    /// refuses a request beyond it ([`engine::Error::QueueFull`], a 429).
+    fn enter(&self) -> InFlight {
+        self.0.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(Arc::clone(&self.0))
     }
 
     /// Everything up to the engine: parse, check, tokenize, admit, submit.
@@ -293,7 +290,6 @@ impl Server {
             let mut sampler = Sampler::new(params).map_err(|e| ApiError::bad_request(e.to_string()))?;
             Sampling::Custom(Box::new(move |logits: &[f32]| Ok(sampler.sample(logits)?)))
         };
-        let in_flight = self.admit()?;
         let prompt_tokens = prompt.len();
         let request = Request {
             prompt,
@@ -303,6 +299,7 @@ impl Server {
             sampling,
         };
         let generation = model.scheduler.submit(request)?;
+        let in_flight = self.enter();
         let n = self.0.next_id.fetch_add(1, Ordering::Relaxed);
         let id = match endpoint {
             Endpoint::Completions => format!("cmpl-{}-{n}", self.0.started),
