@@ -2,7 +2,7 @@
 
 use crate::run::ModelArgs;
 use anyhow::{Context, Result, bail};
-use server::{Model, Server, ServerConfig};
+use server::{Generator, Server, ServerConfig};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,7 +70,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         }
     };
     let model = Arc::new(
-        Model::load(dir, args.model.engine_config(args.max_batch)?)
+        Generator::load(dir, args.model.engine_config(args.max_batch)?)
             .with_context(|| format!("loading {}", dir.display()))?,
     );
     let info = model.scheduler.info().clone();

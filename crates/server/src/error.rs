@@ -70,6 +70,22 @@ impl From<engine::Error> for ApiError {
     }
 }
 
+impl From<crate::GenerateError> for ApiError {
+    fn from(e: crate::GenerateError) -> ApiError {
+        use crate::GenerateError;
+        match e {
+            GenerateError::Engine(e) => e.into(),
+            GenerateError::Sampling(e) => ApiError::bad_request(e.to_string()),
+            GenerateError::Chat(e) => ApiError::field("messages", e.to_string()),
+            GenerateError::NoChatTemplate(_) => {
+                ApiError::bad_request("this model has no chat template: use /v1/completions")
+            }
+            // Turning generated ids into text: the server's fault, not the request's.
+            GenerateError::Tokenizer(e) => ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, axum::Json(self.body())).into_response();
