@@ -1,6 +1,12 @@
 //! Where compiled modules are cached, compiling through that cache with progress lines, the
 //! parameters stored in final form beside a compiled module ([`stored_parameters`]), and
 //! keeping the folder to a size ([`evict`]: least recently used modules first).
+//!
+//! Public: where the cache lives ([`default_dir`], [`DEFAULT_CACHE_MAX_BYTES`]), how a
+//! compile went ([`CompileReport`]) and how many modules this process asked of it
+//! ([`compiles`]). The steps of a load (compiling, binding stored parameters, evicting)
+//! are the engine's own: callers go through [`crate::Engine`] and its
+//! [`crate::LoadReport`], never IREE types.
 
 use iree_compiler::{CacheOutcome, CompileCache, CompileOptions, Compiler, Error, Target};
 use iree_hal::{Device, Instance, Parameters};
@@ -79,25 +85,13 @@ pub struct CompiledModule {
     pub report: CompileReport,
 }
 
-/// [`compile_module`], for callers that want the module's bytes only.
-pub fn compile_in(
-    cache_dir: &Path,
-    what: &str,
-    mlir: &str,
-    target: &Target,
-    opts: &CompileOptions,
-    dump_mlir: bool,
-) -> Result<(Vec<u8>, CompileReport), Error> {
-    compile_module(cache_dir, what, mlir, target, opts, dump_mlir).map(|m| (m.vmfb, m.report))
-}
-
 /// Compiles `mlir` for `target` through the cache in `cache_dir`, saying what happens as
 /// `tracing` info events (a user must never stare at a silent terminal while IREE works;
 /// the binary prints them on stderr). The compiler library is loaded only when the module
 /// is not in the cache ([`CompileCache::lookup`]), so a warm cache runs on a machine without
 /// the compiler, and a warm run does not pay for loading it. `dump_mlir` also writes the
 /// input next to the cache entry (see [`crate::EngineConfig::dump_mlir`]).
-pub fn compile_module(
+pub(crate) fn compile_module(
     cache_dir: &Path,
     what: &str,
     mlir: &str,
@@ -158,7 +152,7 @@ const STORED_PARAMETERS_VERSION: &str = "mlx-iree stored parameters v1";
 /// share one module (every checkpoint of an architecture at a dense precision does) get
 /// files of their own, and a changed checkpoint gets a new one (the old one is removed
 /// when the new one is written).
-pub fn parameters_path(vmfb: &Path, dir: &Path, files: &[&Path]) -> std::io::Result<PathBuf> {
+pub(crate) fn parameters_path(vmfb: &Path, dir: &Path, files: &[&Path]) -> std::io::Result<PathBuf> {
     let hex = |h: Sha256| -> String { h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect() };
     let mut folder = Sha256::new();
     folder.update(dir.canonicalize()?.to_string_lossy().as_bytes());
@@ -189,7 +183,7 @@ pub fn parameters_path(vmfb: &Path, dir: &Path, files: &[&Path]) -> std::io::Res
 /// before the file is mapped. Where the cache folder cannot be written, the file goes to the
 /// system's temporary folder and is removed once mapped (each load then encodes again).
 /// Returns the parameters, and whether they are bound from `path`.
-pub fn stored_parameters(
+pub(crate) fn stored_parameters(
     instance: &Instance,
     device: &Device,
     what: &str,
@@ -294,7 +288,7 @@ fn entry_key(name: &str) -> Option<&str> {
 /// newest modification time among an entry's files: loads [`touch`] its module), until the entries
 /// left take at most `max_bytes`. Never an entry used in the last hour (another process may be
 /// loading it) nor one of `keep` (the modules just loaded, by path). Returns the bytes removed.
-pub fn evict(dir: &Path, max_bytes: u64, keep: &[&Path]) -> u64 {
+pub(crate) fn evict(dir: &Path, max_bytes: u64, keep: &[&Path]) -> u64 {
     let Ok(files) = std::fs::read_dir(dir) else { return 0 };
     let mut entries: std::collections::BTreeMap<String, (SystemTime, u64, Vec<PathBuf>)> = Default::default();
     for file in files.filter_map(std::result::Result::ok) {

@@ -1,24 +1,6 @@
-//! Device URIs and the compile target whose code runs on them.
+//! Device URIs, the kernel setting, and the precision a device runs by default.
 
-use iree_compiler::Target;
-
-/// The compile target for a device URI (`local-task`, `local-sync`, `cuda`, `cuda://0`, ...),
-/// or why that device is not supported. Checked before compiling.
-pub fn target_for(device: &str) -> Result<Target, crate::Error> {
-    match driver(device) {
-        "local-task" | "local-sync" => Ok(Target::llvm_cpu_host()),
-        // sm_80 PTX runs on newer GPUs too (the driver JIT-compiles it); IREE 3.13's
-        // target table has no sm_90 entry.
-        "cuda" => Ok(Target::cuda("sm_80")),
-        // Any Vulkan 1.3 device, software (Mesa's lavapipe) or GPU: IREE's named targets
-        // each assume their GPU's subgroup size and give wrong sums on another
-        // (iree_compiler::VULKAN_GENERIC).
-        "vulkan" => Ok(Target::vulkan(iree_compiler::VULKAN_GENERIC)),
-        // Apple GPUs, through a runtime built with `cargo xtask build-iree --target metal`.
-        "metal" if cfg!(target_os = "macos") => Ok(Target::Metal),
-        other => Err(crate::Error::UnsupportedDevice(other.to_owned())),
-    }
-}
+use crate::backend::CompileTarget;
 
 /// The URI the runtime opens for `device`: as given, except that a Vulkan device gets
 /// `cached_bda_replay_instances=0` unless the URI sets it. IREE 3.13's Vulkan driver replays
@@ -37,20 +19,8 @@ pub fn runtime_uri(device: &str) -> String {
 }
 
 /// The HAL driver a device URI names (IREE's URI schema: what comes before the first `:`).
-fn driver(device: &str) -> &str {
+pub(crate) fn driver(device: &str) -> &str {
     device.split(':').next().unwrap_or(device)
-}
-
-/// What one call costs on `target` beyond the rows it computes, in rows of work: how
-/// `Plan` weighs a padded prefill chunk against more, smaller calls. CPU code is
-/// compute-bound, so a padded row costs what a real one does and a call's own overhead is
-/// small (about 8 rows: SmolLM2 packed prefilled 16 tokens in 1/5.6 of the time of 128,
-/// docs/PERFORMANCE.md); a GPU call costs its dispatches, its rows nearly nothing.
-pub fn call_overhead_rows(target: &Target) -> usize {
-    match target {
-        Target::LlvmCpu { .. } => 8,
-        _ => 4096,
-    }
 }
 
 /// Which hand-written CPU kernels (`kernels::cpu`) packed matrices use on an `llvm-cpu`
@@ -74,52 +44,15 @@ impl CpuKernels {
     /// The instruction set whose kernels code for `target` links: `None` for the graph form
     /// (kernels off, none running on this host, or not an `llvm-cpu` target). A forced one the
     /// host lacks is an error on every target, so a setting never passes silently.
-    pub fn isa_for(self, target: &Target) -> Result<Option<kernels::cpu::Isa>, crate::Error> {
+    pub fn isa_for(self, target: &CompileTarget) -> Result<Option<kernels::cpu::Isa>, crate::Error> {
         let isa = match self {
             CpuKernels::Auto => kernels::cpu::host_isa(),
             CpuKernels::Off => None,
             CpuKernels::Force(isa) if isa.runs_on_host() => Some(isa),
             CpuKernels::Force(isa) => return Err(crate::Error::KernelIsa { isa }),
         };
-        Ok(isa.filter(|_| matches!(target, Target::LlvmCpu { .. })))
+        Ok(isa.filter(|_| target.is_cpu()))
     }
-}
-
-/// What `target` can do for the model's layout and graphs, decided once: the hand-written
-/// kernels it links (the CPU kernel object `kernels` picks, installed into
-/// `cache_dir/kernels`, on an `llvm-cpu` target; the CUDA kernel on `cuda` unless `kernels`
-/// is `Off` and where this build has its PTX), SPIR-V's narrower forms, and the graph
-/// settings that differ by target. A single-row decode on a cache of several slots reads its
-/// window with a slice at the slot on CPU (IREE copied a gathered window element by
-/// element; the slice offset's trip to the host is free there) and with a gather elsewhere
-/// (on a GPU that trip costs a round trip per call). Forcing an instruction set the host
-/// lacks is `Error::KernelIsa`, whatever the target.
-pub fn model_backend(
-    target: &Target,
-    kernels: CpuKernels,
-    cache_dir: &std::path::Path,
-) -> Result<models::Backend, crate::Error> {
-    use models::{ExpertProducts, KernelLink, PackedProducts, SlotRead};
-    let isa = kernels.isa_for(target)?;
-    let cpu = matches!(target, Target::LlvmCpu { .. });
-    let link = match (target, isa) {
-        (Target::Cuda { .. }, _) if kernels != CpuKernels::Off && kernels::cuda::ptx().is_some() => KernelLink::Cuda,
-        (_, Some(isa)) => {
-            let dir = cache_dir.join("kernels");
-            match kernels::cpu::install(&dir, isa) {
-                Ok(Some(object)) => KernelLink::Cpu(object),
-                Ok(None) => KernelLink::None,
-                Err(source) => return Err(crate::Error::KernelObject { dir, source }),
-            }
-        }
-        _ => KernelLink::None,
-    };
-    let emit = models::EmitOptions {
-        slot_read: if cpu { SlotRead::Slice } else { SlotRead::Gather },
-        expert_products: if cpu { ExpertProducts::Contraction } else { ExpertProducts::Reduction },
-        packed_products: if target.is_spirv() { PackedProducts::Dequantized } else { PackedProducts::IntegerGroups },
-    };
-    Ok(models::Backend { kernels: link, spirv: target.is_spirv(), emit })
 }
 
 /// Instruction sets whose packed kernel makes `packed` the CPU default for 4- and 8-bit
@@ -135,7 +68,7 @@ pub const PACKED_BY_DEFAULT: &[kernels::cpu::Isa] = &[kernels::cpu::Isa::Amx, ke
 /// f32 on the 1B shape on CPU; on CUDA (H200) f16 decoded 1.08x f32 and 1.84x packed's
 /// graph-level form.
 pub fn default_precision(device: &str, model: &std::path::Path) -> models::Precision {
-    let kernels = target_for(device).is_ok_and(|t| {
+    let kernels = CompileTarget::for_device(device).is_ok_and(|t| {
         CpuKernels::Auto.isa_for(&t).is_ok_and(|isa| isa.is_some_and(|i| PACKED_BY_DEFAULT.contains(&i)))
     });
     if kernels && quantized_4_or_8_bit(model) { models::Precision::Packed } else { models::Precision::F16 }
@@ -183,8 +116,8 @@ mod tests {
 
     #[test]
     fn kernel_settings_pick_an_instruction_set_or_refuse() {
-        let cpu = target_for("local-task").unwrap();
-        let cuda = target_for("cuda").unwrap();
+        let cpu = CompileTarget::for_device("local-task").unwrap();
+        let cuda = CompileTarget::for_device("cuda").unwrap();
         assert_eq!(CpuKernels::Auto.isa_for(&cpu).unwrap(), kernels::cpu::host_isa());
         assert_eq!(CpuKernels::Auto.isa_for(&cuda).unwrap(), None);
         assert_eq!(CpuKernels::Off.isa_for(&cpu).unwrap(), None);

@@ -48,6 +48,9 @@ pub enum Error {
     /// A compiled function returned other results than the graph ABI says: a bug.
     #[error("`{function}` returned {got} results, expected {expected}")]
     Abi { function: String, got: usize, expected: usize },
+    /// The decode step's dispatches could not be counted in its `flow`-phase IR.
+    #[error("counting the dispatches of `{function}`: {reason}")]
+    DispatchCount { function: String, reason: String },
     #[error("empty prompt")]
     EmptyPrompt,
     #[error("a step needs at least one row")]
@@ -74,6 +77,10 @@ pub enum Error {
     /// (the cause, as text, since one error cannot be given to many callers).
     #[error("a decode step of {rows} rows failed: {cause}")]
     Step { rows: usize, cause: String },
+    /// The scheduler holds as many requests (running or waiting for a slot) as its queue
+    /// limit lets it (`Scheduler::set_queue_limit`): ask again later.
+    #[error("the engine is busy: {max} requests running or queued, the most it takes")]
+    QueueFull { max: usize },
     #[error("starting the engine thread: {0}")]
     Spawn(std::io::Error),
     /// The engine thread is gone (shut down, or it failed on an earlier error).

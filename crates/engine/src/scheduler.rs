@@ -3,10 +3,11 @@
 //! and then decodes every running sequence's next token in one batched step (continuous batching,
 //! as llama.cpp's server slots and mistral.rs's engine do). Callers hold plain types only: a
 //! [`Request`] goes in, a [`Generation`] of [`Event`]s comes out; IREE handles (not `Send`)
-//! never leave the thread.
+//! never leave the thread. How many requests it holds at once (running plus queued) is its
+//! queue limit ([`Scheduler::set_queue_limit`]), enforced by [`Scheduler::submit`]
+//! ([`Error::QueueFull`], which a server answers with 429).
 
-use crate::cache::CompileReport;
-use crate::{BoxError, Engine, EngineConfig, Error, Result, Step};
+use crate::{BoxError, Engine, EngineConfig, Error, LoadReport, Result, Step};
 use models::ModelConfig;
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -102,10 +103,8 @@ pub struct EngineInfo {
     pub model: ModelConfig,
     pub max_batch: usize,
     pub max_context: usize,
-    pub weight_bytes: usize,
-    pub kv_bytes: usize,
-    pub compile: CompileReport,
-    pub load_seconds: f64,
+    /// What the load did (compile, load time, device bytes).
+    pub load: LoadReport,
 }
 
 /// Durations counted per bucket, lock-free: written by one thread, read by others (the
@@ -271,6 +270,29 @@ struct Pending {
     events: events::UnboundedSender<Result<Event>>,
     cancel: Arc<AtomicBool>,
     submitted: Instant,
+    /// Its place among the requests the scheduler holds, given back when it ends.
+    place: Place,
+}
+
+/// One request's place in a scheduler's count of the requests it holds (running or queued),
+/// against its queue limit. Given back once, by [`Place::release`] (before the request's
+/// last event is sent, so a caller that reads it and submits again finds the place free)
+/// or when dropped.
+#[derive(Debug)]
+struct Place(Option<Arc<AtomicUsize>>);
+
+impl Place {
+    fn release(&mut self) {
+        if let Some(held) = self.0.take() {
+            held.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 impl Pending {
@@ -288,6 +310,11 @@ pub struct Scheduler {
     stats: Arc<Stats>,
     thread: Option<JoinHandle<()>>,
     info: EngineInfo,
+    /// Requests submitted and not yet ended (running or queued).
+    held: Arc<AtomicUsize>,
+    /// Most requests that may wait for a slot beyond the running ones (`usize::MAX`: no
+    /// limit).
+    queue_limit: AtomicUsize,
 }
 
 impl Scheduler {
@@ -313,17 +340,14 @@ impl Scheduler {
                     model: engine.config().clone(),
                     max_batch: engine.max_batch(),
                     max_context: engine.max_context(),
-                    weight_bytes: engine.weight_bytes,
-                    kv_bytes: engine.kv_bytes,
-                    compile: engine.compile,
-                    load_seconds: engine.load_seconds,
+                    load: engine.load_report().clone(),
                 };
                 tracing::info!(
                     "engine ready: {} slots x {} positions, weights {} MiB, KV cache {} MiB",
                     info.max_batch,
                     info.max_context,
-                    info.weight_bytes >> 20,
-                    info.kv_bytes >> 20
+                    info.load.weight_bytes >> 20,
+                    info.load.kv_bytes >> 20
                 );
                 if ready.send(Ok(info)).is_ok() {
                     Loop::new(engine, inbox, shared).run();
@@ -331,7 +355,14 @@ impl Scheduler {
             })
             .map_err(Error::Spawn)?;
         match loaded.recv() {
-            Ok(Ok(info)) => Ok(Scheduler { commands: Some(commands), stats, thread: Some(thread), info }),
+            Ok(Ok(info)) => Ok(Scheduler {
+                commands: Some(commands),
+                stats,
+                thread: Some(thread),
+                info,
+                held: Arc::new(AtomicUsize::new(0)),
+                queue_limit: AtomicUsize::new(usize::MAX),
+            }),
             Ok(Err(e)) => {
                 let _ = thread.join();
                 Err(e)
@@ -349,15 +380,34 @@ impl Scheduler {
         &self.stats
     }
 
+    /// Sets how many requests may wait for a slot beyond the running ones (`None`, the
+    /// default: no limit): [`Scheduler::submit`] refuses a request while `max_batch` plus
+    /// that many are running or queued ([`Error::QueueFull`]). Requests already held stay.
+    pub fn set_queue_limit(&self, queue: Option<usize>) {
+        self.queue_limit.store(queue.unwrap_or(usize::MAX), Ordering::Relaxed);
+    }
+
+    /// The queue limit ([`Scheduler::set_queue_limit`]).
+    pub fn queue_limit(&self) -> Option<usize> {
+        Some(self.queue_limit.load(Ordering::Relaxed)).filter(|q| *q != usize::MAX)
+    }
+
     /// Queues `request`; its events come through the returned [`Generation`]. Requests the
     /// engine can never run (empty prompt, ids out of range, a prompt longer than the
-    /// context, `max_tokens` 0) are refused here.
+    /// context, `max_tokens` 0) are refused here, and so is any request while the scheduler
+    /// holds as many as its queue limit lets it ([`Error::QueueFull`]).
     pub fn submit(&self, request: Request) -> Result<Generation> {
         self.check(&request)?;
+        let commands = self.commands.as_ref().ok_or(Error::Stopped)?;
+        let max = self.info.max_batch.saturating_add(self.queue_limit.load(Ordering::Relaxed));
+        if self.held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).is_err() {
+            return Err(Error::QueueFull { max });
+        }
+        let place = Place(Some(Arc::clone(&self.held)));
         let (sender, events) = events::unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
-        let pending = Pending { request, events: sender, cancel: Arc::clone(&cancel), submitted: Instant::now() };
-        let commands = self.commands.as_ref().ok_or(Error::Stopped)?;
+        let pending =
+            Pending { request, events: sender, cancel: Arc::clone(&cancel), submitted: Instant::now(), place };
         self.stats.queued.fetch_add(1, Ordering::Relaxed);
         if commands.send(pending).is_err() {
             self.stats.queued.fetch_sub(1, Ordering::Relaxed);
@@ -492,19 +542,22 @@ impl Loop {
     fn stop(mut self) {
         self.stats.running.store(0, Ordering::Relaxed);
         self.stats.queued.store(0, Ordering::Relaxed);
-        for pending in self.queue.drain(..) {
+        for mut pending in self.queue.drain(..) {
+            pending.place.release();
             let _ = pending.events.send(Err(Error::Stopped));
         }
-        for running in self.running.drain(..) {
+        for mut running in self.running.drain(..) {
+            running.pending.place.release();
             let _ = running.pending.events.send(Err(Error::Stopped));
         }
     }
 
     /// Drops cancelled requests, queued or running.
     fn reap(&mut self) {
-        self.queue.retain(|p| {
+        self.queue.retain_mut(|p| {
             let cancelled = p.cancelled();
             if cancelled {
+                p.place.release();
                 let _ = p.events.send(Ok(Event::Done(Finished {
                     reason: FinishReason::Cancelled,
                     prompt_tokens: p.request.prompt.len(),
@@ -683,7 +736,8 @@ impl Loop {
 
     /// Ends sequence `i` with `Done(reason)` or an error, and frees its slot.
     fn end(&mut self, i: usize, how: Result<FinishReason>) {
-        let r = self.running.swap_remove(i);
+        let mut r = self.running.swap_remove(i);
+        r.pending.place.release();
         let event = how.map(|reason| Event::Done(r.finished(reason)));
         tracing::debug!("slot {}: ended after {} tokens ({:?})", r.slot, r.generated, event.as_ref().err());
         let _ = r.pending.events.send(event);

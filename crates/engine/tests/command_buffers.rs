@@ -5,28 +5,28 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use engine::{CpuKernels, EngineConfig, Plan, Precision, graph_modules, layout_for};
-use iree_compiler::{Compiler, Target, recorded_per_call};
+use engine::{Backend, CompileTarget, CpuKernels, EngineConfig, Plan, Precision};
+use iree_compiler::recorded_per_call;
 use models::ModelConfig;
 use std::path::Path;
 
 /// The functions of the modules the engine compiles for fixture `variant` of the llama
 /// family at `precision` for `target` that record a command buffer on each call.
-fn recorded_per_call_for(variant: &str, precision: Precision, target: Target) -> Vec<String> {
+fn recorded_per_call_for(variant: &str, precision: Precision, target: CompileTarget) -> Vec<String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let dir = root.join("tests/fixtures/llama_llama3_tied").join(variant);
     let ckpt = weights::Checkpoint::open(&dir).unwrap();
     let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();
     let cache_dir = root.join("target/test-compile-cache");
-    let layout = layout_for(&cfg, precision, &ckpt, &target, CpuKernels::Auto, &cache_dir).unwrap();
-    let device = target.runtime_driver();
+    let device = if target.is_cpu() { "local-task" } else { "cuda" };
+    let backend = Backend::new(target, CpuKernels::Auto, &cache_dir).unwrap();
+    let layout = backend.layout(&cfg, precision, &ckpt).unwrap();
     let config =
         EngineConfig { max_batch: 2, max_context: Some(64), ..EngineConfig::new(device, precision, "/nonexistent") };
     let plan = Plan::new(&cfg, &config).unwrap().for_layout(&cfg, &layout);
-    let compiler = Compiler::new().unwrap_or_else(|e| panic!("IREE compiler unavailable (cargo xtask setup): {e}"));
     let mut found = Vec::new();
-    for m in graph_modules(&cfg, &layout, &plan, &target).unwrap() {
-        let vm = compiler.compile_to_ir(&m.mlir, &target, &m.options, "vm").unwrap();
+    for m in backend.graph_modules(&cfg, &layout, &plan).unwrap() {
+        let vm = backend.compile_to_ir(&m, "vm").unwrap();
         assert!(vm.contains("@hal.command_buffer.create("), "{}: no command buffer at all", m.what);
         found.extend(recorded_per_call(&vm).into_iter().map(|f| format!("{}: {f}", m.what)));
     }
@@ -36,13 +36,13 @@ fn recorded_per_call_for(variant: &str, precision: Precision, target: Target) ->
 /// Packed through the CPU kernel (matvecs and decode attention as external calls).
 #[test]
 fn cpu_packed_steps_are_recorded_once() {
-    assert_eq!(recorded_per_call_for("q4", Precision::Packed, Target::llvm_cpu_host()), Vec::<String>::new());
+    assert_eq!(recorded_per_call_for("q4", Precision::Packed, CompileTarget::HostCpu), Vec::<String>::new());
 }
 
 /// f16 through the CPU kernels (the f16 product, decode attention as external calls).
 #[test]
 fn cpu_f16_steps_are_recorded_once() {
-    assert_eq!(recorded_per_call_for("f32", Precision::F16, Target::llvm_cpu_host()), Vec::<String>::new());
+    assert_eq!(recorded_per_call_for("f32", Precision::F16, CompileTarget::HostCpu), Vec::<String>::new());
 }
 
 /// All but one without a kernel (f32): on the CPU a single-row decode on a cache of several
@@ -51,7 +51,7 @@ fn cpu_f16_steps_are_recorded_once() {
 /// recorded per call.
 #[test]
 fn cpu_f32_steps_are_recorded_once_but_the_sliced_decode() {
-    let found = recorded_per_call_for("f32", Precision::F32, Target::llvm_cpu_host());
+    let found = recorded_per_call_for("f32", Precision::F32, CompileTarget::HostCpu);
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(found[0].ends_with(": decode_b1_w64"), "{found:?}");
 }
@@ -60,10 +60,13 @@ fn cpu_f32_steps_are_recorded_once_but_the_sliced_decode() {
 /// 1B-shape decode step's 261 dispatches on every call.
 #[test]
 fn cuda_packed_steps_are_recorded_once() {
-    assert_eq!(recorded_per_call_for("q4", Precision::Packed, Target::cuda("sm_80")), Vec::<String>::new());
+    assert_eq!(
+        recorded_per_call_for("q4", Precision::Packed, CompileTarget::Cuda("sm_80".into())),
+        Vec::<String>::new()
+    );
 }
 
 #[test]
 fn cuda_f16_steps_are_recorded_once() {
-    assert_eq!(recorded_per_call_for("f32", Precision::F16, Target::cuda("sm_80")), Vec::<String>::new());
+    assert_eq!(recorded_per_call_for("f32", Precision::F16, CompileTarget::Cuda("sm_80".into())), Vec::<String>::new());
 }

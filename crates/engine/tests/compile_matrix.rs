@@ -13,21 +13,21 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use engine::{CpuKernels, EngineConfig, Plan, Precision, graph_modules, layout_for};
-use iree_compiler::{CompileCache, Compiler, Target, VULKAN_GENERIC, check_vmfb};
+use engine::{Backend, CompileTarget, CpuKernels, EngineConfig, Plan, Precision};
+use iree_compiler::check_vmfb;
 use models::ModelConfig;
 use serde_json::{Map, Value, json};
 use std::path::{Path, PathBuf};
 
 /// The targets of the matrix, by the names the table shows.
-fn targets() -> Vec<(&'static str, Target)> {
+fn targets() -> Vec<(&'static str, CompileTarget)> {
     vec![
-        ("llvm-cpu (this host)", Target::llvm_cpu_host()),
-        ("cuda (sm_80)", Target::cuda("sm_80")),
-        ("vulkan-spirv (generic)", Target::vulkan(VULKAN_GENERIC)),
-        ("metal-spirv (macos)", Target::Metal),
-        ("rocm (gfx942)", Target::rocm("gfx942")),
-        ("rocm (gfx1100)", Target::rocm("gfx1100")),
+        ("llvm-cpu (this host)", CompileTarget::HostCpu),
+        ("cuda (sm_80)", CompileTarget::Cuda("sm_80".into())),
+        ("vulkan-spirv (generic)", CompileTarget::Vulkan),
+        ("metal-spirv (macos)", CompileTarget::Metal),
+        ("rocm (gfx942)", CompileTarget::Rocm("gfx942".into())),
+        ("rocm (gfx1100)", CompileTarget::Rocm("gfx1100".into())),
     ]
 }
 
@@ -60,30 +60,29 @@ fn variant(precision: Precision) -> &'static str {
 }
 
 /// One cell: "compiles", or "fails: <the compiler's error>" (which fails the test).
-fn outcome(family: &str, precision: Precision, target: &Target) -> String {
+fn outcome(family: &str, precision: Precision, target: &CompileTarget) -> String {
     let dir = root().join("tests/fixtures").join(family).join(variant(precision));
     let ckpt = weights::Checkpoint::open(&dir).unwrap();
     let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();
     let cache_dir = root().join("target/test-compile-cache");
-    let layout = layout_for(&cfg, precision, &ckpt, target, CpuKernels::Auto, &cache_dir).unwrap();
+    let backend = Backend::new(target.clone(), CpuKernels::Auto, &cache_dir).unwrap();
+    let layout = backend.layout(&cfg, precision, &ckpt).unwrap();
     let config = EngineConfig {
         max_batch: 1,
         max_context: Some(64),
         ..EngineConfig::new("local-task", precision, "/nonexistent")
     };
     let plan = Plan::new(&cfg, &config).unwrap().for_layout(&cfg, &layout);
-    let compiler = Compiler::new().unwrap_or_else(|e| panic!("IREE compiler unavailable (cargo xtask setup): {e}"));
-    let cache = CompileCache::new(cache_dir).unwrap();
-    for m in graph_modules(&cfg, &layout, &plan, target).unwrap() {
-        let out = match cache.compile(&compiler, &m.mlir, target, &m.options) {
-            Ok(out) => out,
+    for m in backend.graph_modules(&cfg, &layout, &plan).unwrap() {
+        let vmfb = match backend.compile(&m, &cache_dir) {
+            Ok(vmfb) => vmfb,
             Err(e) => {
                 let first = e.to_string().chars().take(400).collect::<String>();
                 return format!("fails: {first}");
             }
         };
-        assert!(!out.vmfb.is_empty(), "{family} {precision} for {target}: empty vmfb");
-        check_vmfb(&out.vmfb).unwrap_or_else(|e| panic!("{family} {precision} for {target}: not a vmfb: {e}"));
+        assert!(!vmfb.is_empty(), "{family} {precision} for {target}: empty vmfb");
+        check_vmfb(&vmfb).unwrap_or_else(|e| panic!("{family} {precision} for {target}: not a vmfb: {e}"));
     }
     "compiles".to_owned()
 }

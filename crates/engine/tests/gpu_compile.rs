@@ -8,8 +8,8 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use engine::{CpuKernels, EngineConfig, Plan, Precision, graph_modules, layout_for};
-use iree_compiler::{CompileCache, Compiler, Target, check_vmfb};
+use engine::{Backend, CompileTarget, CpuKernels, EngineConfig, Plan, Precision};
+use iree_compiler::check_vmfb;
 use models::ModelConfig;
 use std::path::{Path, PathBuf};
 
@@ -20,29 +20,28 @@ fn root() -> PathBuf {
 /// Every module the engine would compile for `cuda` (sm_80) on fixture `family`'s `variant`
 /// at `precision` compiles to a vmfb; returns their MLIR.
 fn compiles_for_cuda(family: &str, variant: &str, precision: Precision) -> String {
-    compiles_for(family, variant, precision, Target::cuda("sm_80"))
+    compiles_for(family, variant, precision, CompileTarget::Cuda("sm_80".into()))
 }
 
 /// The same for `target`, in the layout the engine gives it.
-fn compiles_for(family: &str, variant: &str, precision: Precision, target: Target) -> String {
+fn compiles_for(family: &str, variant: &str, precision: Precision, target: CompileTarget) -> String {
     let dir = root().join("tests/fixtures").join(family).join(variant);
     let ckpt = weights::Checkpoint::open(&dir).unwrap();
     let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();
     let cache_dir = root().join("target/test-compile-cache");
-    let layout = layout_for(&cfg, precision, &ckpt, &target, CpuKernels::Auto, &cache_dir).unwrap();
+    let backend = Backend::new(target.clone(), CpuKernels::Auto, &cache_dir).unwrap();
+    let layout = backend.layout(&cfg, precision, &ckpt).unwrap();
     let config =
         EngineConfig { max_batch: 2, max_context: Some(64), ..EngineConfig::new("cuda", precision, "/nonexistent") };
     let plan = Plan::new(&cfg, &config).unwrap().for_layout(&cfg, &layout);
-    let compiler = Compiler::new().unwrap_or_else(|e| panic!("IREE compiler unavailable (cargo xtask setup): {e}"));
-    let cache = CompileCache::new(cache_dir).unwrap();
-    let modules = graph_modules(&cfg, &layout, &plan, &target).unwrap();
+    let modules = backend.graph_modules(&cfg, &layout, &plan).unwrap();
     assert!(!modules.is_empty());
     let text = modules.iter().map(|m| m.mlir.as_str()).collect();
     for m in modules {
-        let out = cache
-            .compile(&compiler, &m.mlir, &target, &m.options)
+        let vmfb = backend
+            .compile(&m, &cache_dir)
             .unwrap_or_else(|e| panic!("{family}/{variant} {precision} for {target}: {}: {e}", m.what));
-        check_vmfb(&out.vmfb).unwrap_or_else(|e| panic!("{family}/{variant} {}: not a vmfb: {e}", m.what));
+        check_vmfb(&vmfb).unwrap_or_else(|e| panic!("{family}/{variant} {}: not a vmfb: {e}", m.what));
     }
     text
 }
@@ -115,18 +114,18 @@ fn phi3_packed_compiles_for_cuda() {
 /// bf16 matrices as 16-bit patterns widened by a shift, on Metal (no bf16 arithmetic there).
 #[test]
 fn qwen2_bf16_compiles_for_metal() {
-    compiles_for("qwen2", "f32", Precision::BF16, Target::Metal);
+    compiles_for("qwen2", "f32", Precision::BF16, CompileTarget::Metal);
 }
 
 /// 4-bit weights one value a byte with bf16 scales as f32, dequantized before a float
 /// contraction (IREE 3.13 lowers no `i4` vectors to SPIR-V).
 #[test]
 fn qwen2_packed_compiles_for_metal() {
-    compiles_for("qwen2", "q4", Precision::Packed, Target::Metal);
+    compiles_for("qwen2", "q4", Precision::Packed, CompileTarget::Metal);
 }
 
 /// Packed experts gathered and dequantized, an 8-bit router, on Metal.
 #[test]
 fn qwen3_moe_packed_compiles_for_metal() {
-    compiles_for("qwen3_moe", "q4", Precision::Packed, Target::Metal);
+    compiles_for("qwen3_moe", "q4", Precision::Packed, CompileTarget::Metal);
 }

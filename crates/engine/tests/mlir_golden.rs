@@ -14,8 +14,7 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use engine::{CpuKernels, EngineConfig, Plan, Precision, graph_modules, layout_for};
-use iree_compiler::{Target, VULKAN_GENERIC};
+use engine::{Backend, CompileTarget, CpuKernels, EngineConfig, Plan, Precision};
 use models::ModelConfig;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -28,15 +27,16 @@ fn root() -> PathBuf {
 const GOLDEN: &str = "tests/mlir_golden.txt";
 
 /// The targets, each with whether the hand-written kernels may link.
-fn targets() -> Vec<(&'static str, Target, CpuKernels)> {
+fn targets() -> Vec<(&'static str, CompileTarget, CpuKernels)> {
+    let cuda = || CompileTarget::Cuda("sm_80".into());
     vec![
-        ("cpu", Target::llvm_cpu_host(), CpuKernels::Auto),
-        ("cpu-graph", Target::llvm_cpu_host(), CpuKernels::Off),
-        ("cuda", Target::cuda("sm_80"), CpuKernels::Auto),
-        ("cuda-graph", Target::cuda("sm_80"), CpuKernels::Off),
-        ("vulkan", Target::vulkan(VULKAN_GENERIC), CpuKernels::Auto),
-        ("metal", Target::Metal, CpuKernels::Auto),
-        ("rocm", Target::rocm("gfx942"), CpuKernels::Auto),
+        ("cpu", CompileTarget::HostCpu, CpuKernels::Auto),
+        ("cpu-graph", CompileTarget::HostCpu, CpuKernels::Off),
+        ("cuda", cuda(), CpuKernels::Auto),
+        ("cuda-graph", cuda(), CpuKernels::Off),
+        ("vulkan", CompileTarget::Vulkan, CpuKernels::Auto),
+        ("metal", CompileTarget::Metal, CpuKernels::Auto),
+        ("rocm", CompileTarget::Rocm("gfx942".into()), CpuKernels::Auto),
     ]
 }
 
@@ -89,12 +89,13 @@ fn neutral(text: &str) -> String {
     out
 }
 
-fn cell(family: &str, precision: Precision, variant: &str, target: &Target, kernels: CpuKernels) -> String {
+fn cell(family: &str, precision: Precision, variant: &str, target: &CompileTarget, kernels: CpuKernels) -> String {
     let dir = root().join("tests/fixtures").join(family).join(variant);
     let ckpt = weights::Checkpoint::open(&dir).unwrap();
     let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();
     let cache_dir = root().join("target/test-compile-cache");
-    let layout = layout_for(&cfg, precision, &ckpt, target, kernels, &cache_dir).unwrap();
+    let backend = Backend::new(target.clone(), kernels, &cache_dir).unwrap();
+    let layout = backend.layout(&cfg, precision, &ckpt).unwrap();
     let config = EngineConfig {
         max_batch: 4,
         max_context: Some(64),
@@ -102,9 +103,9 @@ fn cell(family: &str, precision: Precision, variant: &str, target: &Target, kern
     };
     let plan = Plan::new(&cfg, &config).unwrap().for_layout(&cfg, &layout);
     let mut hash = Sha256::new();
-    for m in graph_modules(&cfg, &layout, &plan, target).unwrap() {
+    for m in backend.graph_modules(&cfg, &layout, &plan).unwrap() {
         hash.update(neutral(&m.mlir).as_bytes());
-        hash.update(format!("{:?}", m.options).as_bytes());
+        hash.update(m.options_text().as_bytes());
     }
     hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }

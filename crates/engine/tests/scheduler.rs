@@ -178,6 +178,49 @@ fn cancelling_frees_the_slot_for_the_queue() {
     assert_eq!(done.reason, FinishReason::Length);
 }
 
+/// The queue limit: while every slot runs and `queue` more wait, `submit` refuses the next
+/// request with `QueueFull`; a request gives its place back before its last event, so once
+/// they have ended requests are taken again; `None` lifts the limit.
+#[test]
+fn a_full_queue_refuses_at_submit() {
+    let (scheduler, _turn) = start();
+    assert_eq!(scheduler.queue_limit(), None);
+    scheduler.set_queue_limit(Some(1));
+    assert_eq!(scheduler.queue_limit(), Some(1));
+    // The engine thread waits in the samplers until the gate opens: the requests stay held.
+    let gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let cases = cases();
+    let gated = |i: usize| {
+        let gate = Arc::clone(&gate);
+        let sampling = Sampling::Custom(Box::new(move |logits: &[f32]| -> Result<u32, engine::BoxError> {
+            let (open, wake) = &*gate;
+            let mut open = open.lock().unwrap();
+            while !*open {
+                open = wake.wait(open).unwrap();
+            }
+            Ok(logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32)
+        }));
+        Request { sampling, ..Request::greedy(cases[i].prompt_ids.clone(), STEPS) }
+    };
+    let held: Vec<_> = (0..=MAX_BATCH).map(|i| scheduler.submit(gated(i)).unwrap()).collect();
+    let err = scheduler.submit(Request::greedy(cases[0].prompt_ids.clone(), 1)).unwrap_err();
+    assert!(matches!(err, Error::QueueFull { max: 9 }), "{err}");
+    assert_eq!(err.to_string(), "the engine is busy: 9 requests running or queued, the most it takes");
+    assert!(!err.is_request_error());
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
+    for generation in held {
+        let (tokens, done) = generation.collect_blocking().unwrap();
+        assert_eq!((tokens.len(), done.reason), (STEPS, FinishReason::Length));
+    }
+    let c = &cases[0];
+    let (tokens, _) =
+        scheduler.submit(Request::greedy(c.prompt_ids.clone(), STEPS)).unwrap().collect_blocking().unwrap();
+    assert_eq!(tokens, c.token_ids);
+    scheduler.set_queue_limit(None);
+    assert_eq!(scheduler.queue_limit(), None);
+}
+
 #[test]
 fn bad_requests_are_refused_at_submit() {
     let (scheduler, _turn) = start();

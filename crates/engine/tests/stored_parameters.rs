@@ -50,7 +50,7 @@ fn second_load_maps_the_stored_weights_and_gives_the_same_logits() {
     let config = config();
 
     let mut first = Engine::load(dir.path(), &config).unwrap();
-    let stored = first.stored_parameters.clone().expect("a data-tiled CPU module stores its weights");
+    let stored = first.load_report().stored_parameters.clone().expect("a data-tiled CPU module stores its weights");
     assert!(stored.starts_with(&config.cache_dir), "{}", stored.display());
     assert_eq!(stored.extension().and_then(|e| e.to_str()), Some("irpa"));
     let written = std::fs::metadata(&stored).unwrap();
@@ -70,11 +70,14 @@ fn second_load_maps_the_stored_weights_and_gives_the_same_logits() {
     drop(file);
 
     let mut second = Engine::load(dir.path(), &config).unwrap();
-    assert!(matches!(second.compile, CompileReport::CacheHit));
-    assert_eq!(second.stored_parameters.as_ref(), Some(&stored));
+    assert!(matches!(second.load_report().compile, CompileReport::CacheHit));
+    assert_eq!(second.load_report().stored_parameters.as_ref(), Some(&stored));
     let again = std::fs::metadata(&stored).unwrap();
     assert_eq!(again.modified().unwrap(), written.modified().unwrap(), "the stored weights were written again");
-    assert_eq!(second.weight_bytes, std::fs::metadata(src.join("model.safetensors")).unwrap().len() as usize - header);
+    assert_eq!(
+        second.load_report().weight_bytes,
+        std::fs::metadata(src.join("model.safetensors")).unwrap().len() as usize - header
+    );
     let got = run(&mut second);
     assert_eq!(got.0, want.0);
     assert_eq!(bits(&got.1), bits(&want.1));
@@ -86,7 +89,7 @@ fn second_load_maps_the_stored_weights_and_gives_the_same_logits() {
     file.set_modified(meta.modified().unwrap() + std::time::Duration::from_secs(1)).unwrap();
     drop(file);
     let mut third = Engine::load(dir.path(), &config).unwrap();
-    let restored = third.stored_parameters.clone().unwrap();
+    let restored = third.load_report().stored_parameters.clone().unwrap();
     assert_ne!(restored, stored);
     assert!(!stored.exists(), "the stale stored weights were left behind");
     assert_ne!(bits(&run(&mut third).1), bits(&want.1));

@@ -3,9 +3,8 @@
 //! (cold and cached) and dispatches per decode step. `cargo xtask bench` runs it per row.
 
 use anyhow::{Context, Result, bail};
+use engine::Engine;
 use engine::cache::CompileReport;
-use engine::{Engine, Plan, graph_modules};
-use iree_compiler::{CompileOptions, Compiler, Target};
 use models::ModelConfig;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -115,7 +114,7 @@ fn check(args: &Args) -> Result<ModelConfig> {
     if args.context.contains(&0) {
         bail!("--context lengths must be at least 1");
     }
-    engine::device::target_for(&args.m.device)?;
+    engine::CompileTarget::for_device(&args.m.device)?;
     if !args.m.model.is_dir() {
         bail!("model folder {} does not exist", args.m.model.display());
     }
@@ -131,11 +130,9 @@ fn measure(args: &Args) -> Result<Vec<Report>> {
     let contexts = contexts(args);
     let max_batch = args.batch.iter().copied().max().unwrap_or(1);
     let longest = contexts.iter().copied().max().unwrap_or(1);
-    let plan =
-        args.m.plan(&cfg, max_batch, longest + args.steps, &format!("--context {longest} + --steps {}", args.steps))?;
+    args.m.plan(&cfg, max_batch, longest + args.steps, &format!("--context {longest} + --steps {}", args.steps))?;
     let loading = || format!("loading {}", args.m.model.display());
 
-    let target = engine::device::target_for(&args.m.device)?;
     let mut config = args.m.engine_config(max_batch)?;
     if !args.cache_only {
         // Cold: compiled into an empty cache. The runs are then measured by this same
@@ -144,7 +141,7 @@ fn measure(args: &Args) -> Result<Vec<Report>> {
         // as it never is in a run on a warm cache.
         let cold_cache = TempDir::new()?;
         config.cache_dir = cold_cache.path().to_path_buf();
-        let (compile_cold_s, dispatches) = cold_compile(args, &cfg, &plan, &target, &config)?;
+        let (compile_cold_s, dispatches) = cold_compile(args, &config)?;
         let mut reports = measure_in_child(cold_cache.path(), &args.m.model)?;
         for r in &mut reports {
             if r.compile_cold_s.is_finite() {
@@ -166,7 +163,7 @@ fn measure(args: &Args) -> Result<Vec<Report>> {
     // unmeasured, so the measured load is such a later one (on a filled cache it takes
     // hundredths of a second). A compile it had to do counts as the measured load's.
     let first = match config.store_parameters {
-        true => Some(Engine::load(&args.m.model, &config).with_context(loading)?.compile),
+        true => Some(Engine::load(&args.m.model, &config).with_context(loading)?.load_report().compile),
         false => None,
     };
 
@@ -178,10 +175,11 @@ fn measure(args: &Args) -> Result<Vec<Report>> {
     }
     let started = Instant::now();
     let mut engine = Engine::load(&args.m.model, &config).with_context(loading)?;
-    let mut compile_cached_s = started.elapsed().as_secs_f64() - engine.load_seconds;
-    let compile = first.map_or(engine.compile, |first| first.and(engine.compile));
+    let load = engine.load_report().clone();
+    let mut compile_cached_s = started.elapsed().as_secs_f64() - load.load_seconds;
+    let compile = first.map_or(load.compile, |first| first.and(load.compile));
     // A cached load was measured unless the measured load itself compiled.
-    let measured_compiled = matches!(engine.compile, CompileReport::Compiled { .. });
+    let measured_compiled = matches!(load.compile, CompileReport::Compiled { .. });
     if let CompileReport::Compiled { seconds } = compile {
         eprintln!("bench: --cache-only: the cache did not hold the graphs; they were compiled now ({seconds:.1} s)");
         compile_cold_s = seconds;
@@ -206,13 +204,13 @@ fn measure(args: &Args) -> Result<Vec<Report>> {
                 prefill_tok_s: context as f64 / prefill,
                 decode_tok_s: (batch * args.steps) as f64 / decode,
                 ttft_ms: prefill * 1e3,
-                weight_bytes: engine.weight_bytes as u64,
-                kv_bytes: engine.kv_bytes as u64,
+                weight_bytes: load.weight_bytes as u64,
+                kv_bytes: load.kv_bytes as u64,
                 peak_rss_bytes: 0,
                 dispatches_per_decode_step,
                 compile_cold_s,
                 compile_cached_s,
-                weights_load_s: engine.load_seconds,
+                weights_load_s: load.load_seconds,
                 prompt_len: context,
                 decode_steps: args.steps,
                 repeats: args.repeats,
@@ -306,32 +304,21 @@ fn run_batch(args: &Args, engine: &mut Engine, cfg: &ModelConfig, batch: usize, 
 }
 
 /// Cold: the engine's graphs compiled into the empty cache `config.cache_dir` (no weights
-/// needed for that); the engine then loads from that cache, which checks that these are its
-/// very graphs. Returns the seconds to compiled modules and the dispatches of one decode step
-/// of one sequence.
-fn cold_compile(
-    args: &Args,
-    cfg: &ModelConfig,
-    plan: &Plan,
-    target: &Target,
-    config: &engine::EngineConfig,
-) -> Result<(f64, usize)> {
+/// needed for that; `Engine::compile_only`); the engine then loads from that cache, which
+/// checks that these are its very graphs. Returns the seconds to compiled modules and the
+/// dispatches of one decode step of one sequence (`Engine::decode_dispatches`).
+fn cold_compile(args: &Args, config: &engine::EngineConfig) -> Result<(f64, usize)> {
+    let compiling = || format!("compiling {}", args.m.model.display());
     let started = Instant::now();
-    let ckpt = weights::Checkpoint::open(&args.m.model)?;
-    let layout = engine::layout_for(cfg, config.precision, &ckpt, target, config.cpu_kernels, &config.cache_dir)?;
-    drop(ckpt);
-    let plan = plan.clone().for_layout(cfg, &layout);
-    let mut modules = graph_modules(cfg, &layout, &plan, target)?;
-    engine::compile_graph_modules(&mut modules, target, config)?;
+    Engine::compile_only(&args.m.model, config).with_context(compiling)?;
     let compile_cold_s = started.elapsed().as_secs_f64();
-
-    let one = models::Function::Decode { rows: 1, window: plan.decode_windows[0] };
-    let decode = modules
-        .iter()
-        .find(|m| m.functions.contains(&one))
-        .context("the engine's graphs have no single-row decode function")?;
-    let dispatches_per_decode_step = decode_dispatches(&decode.mlir, target, &decode.options, &one.name())?;
-    Ok((compile_cold_s, dispatches_per_decode_step))
+    let started = Instant::now();
+    let dispatches = Engine::decode_dispatches(&args.m.model, config).with_context(compiling)?;
+    eprintln!(
+        "bench: {dispatches} dispatches per decode step (flow phase in {:.1} s)",
+        started.elapsed().as_secs_f64()
+    );
+    Ok((compile_cold_s, dispatches))
 }
 
 /// A fixed prompt: ids cycling with a stride through `[1, min(vocab, 1000))`, so every
@@ -350,81 +337,6 @@ pub fn median(xs: &mut [f64]) -> f64 {
         _ if n % 2 == 1 => xs[n / 2],
         _ => f64::midpoint(xs[n / 2 - 1], xs[n / 2]),
     }
-}
-
-/// `flow.dispatch` ops one call of `function` runs: the engine's graph compiled to IREE's
-/// `flow` phase, counted inside `@function` and whatever it calls.
-fn decode_dispatches(mlir: &str, target: &Target, options: &CompileOptions, function: &str) -> Result<usize> {
-    let started = Instant::now();
-    let flow = Compiler::new()?.compile_to_ir(mlir, target, options, "flow")?;
-    let n = count_dispatches(&flow, function)
-        .with_context(|| format!("counting the dispatches of `{function}` in the flow-phase IR"))?;
-    eprintln!("bench: {n} dispatches per decode step (flow phase in {:.1} s)", started.elapsed().as_secs_f64());
-    Ok(n)
-}
-
-/// Counts `flow.dispatch @...` ops in function `func` of flow-phase IR text, following
-/// `call`s into other functions of the module (each call counts its callee's dispatches).
-pub fn count_dispatches(ir: &str, func: &str) -> Result<usize> {
-    fn count(ir: &str, func: &str, stack: &mut Vec<String>) -> Result<usize> {
-        if stack.iter().any(|f| f == func) {
-            bail!("recursive call to @{func}");
-        }
-        let body = function_body(ir, func).with_context(|| format!("no function @{func} in the IR"))?;
-        stack.push(func.to_owned());
-        let mut n = 0;
-        for line in body.lines() {
-            let line = line.trim_start();
-            let op = line.split_once(" = ").map_or(line, |(_, rhs)| rhs).trim_start();
-            if op.starts_with("flow.dispatch @") {
-                n += 1;
-            } else if let Some(callee) = call_target(op) {
-                n += count(ir, callee, stack)?;
-            }
-        }
-        stack.pop();
-        Ok(n)
-    }
-    count(ir, func, &mut Vec::new())
-}
-
-/// The callee of a `call @f(...)` / `util.call @f(...)` / `func.call @f(...)` op.
-fn call_target(op: &str) -> Option<&str> {
-    let rest = ["util.call @", "func.call @", "call @"].iter().find_map(|p| op.strip_prefix(p))?;
-    let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '$' | '.' | '-')))?;
-    Some(&rest[..end])
-}
-
-/// The text between the braces of the body of function `@name` (`func.func`, `util.func`,
-/// public or private), found by brace depth from its opening line.
-fn function_body<'a>(ir: &'a str, name: &str) -> Option<&'a str> {
-    let header = format!("@{name}(");
-    let mut offset = 0;
-    for line in ir.split_inclusive('\n') {
-        let t = line.trim_start();
-        let is_func = (t.starts_with("func.func ") || t.starts_with("util.func ")) && t.contains(&header);
-        if is_func {
-            // The body opens at the last `{` of the header line (attribute dictionaries
-            // before it are balanced), and ends where the depth returns to zero.
-            let open = offset + line.rfind('{')?;
-            let mut depth = 0usize;
-            for (i, c) in ir[open..].char_indices() {
-                match c {
-                    '{' => depth += 1,
-                    '}' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            return Some(&ir[open + 1..open + i]);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            return None;
-        }
-        offset += line.len();
-    }
-    None
 }
 
 /// Peak resident set size of this process (`VmHWM` in /proc/self/status), in bytes.
@@ -632,78 +544,5 @@ mod tests {
         assert_eq!(parse_vm_hwm(status), Some(2048 * 1024));
         assert_eq!(parse_vm_hwm("VmRSS: 1 kB\n"), None);
         assert!(peak_rss().unwrap() > 1 << 20);
-    }
-
-    /// Flow-phase text as IREE 3.13 prints it (trimmed): the ABI wrapper calls the body.
-    const FLOW: &str = r#"module {
-  flow.executable private @decode_dispatch_0 {
-    flow.executable.export public @decode_dispatch_0_x workgroups() -> (index, index, index) {
-      flow.return %c1, %c1, %c1 : index, index, index
-    }
-  }
-  util.func public @prefill(%arg0: !hal.buffer_view) -> !hal.buffer_view attributes {iree.abi.stub} {
-    %0 = flow.dispatch @prefill_dispatch_0::@prefill_dispatch_0_x(%a) : (tensor<4xf32>) -> tensor<4xf32>
-    %1 = flow.dispatch @prefill_dispatch_1::@prefill_dispatch_1_x(%0) : (tensor<4xf32>) -> tensor<4xf32>
-    util.return %1 : !hal.buffer_view
-  }
-  util.func private @helper(%arg0: tensor<4xf32>) -> tensor<4xf32> {
-    %0 = flow.dispatch @decode_dispatch_2::@decode_dispatch_2_x(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
-    util.return %0 : tensor<4xf32>
-  }
-  util.func public @decode(%arg0: !hal.buffer_view) -> !hal.buffer_view attributes {iree.abi.stub, iree.reflection = {f = "x"}} {
-    %0 = flow.dispatch @decode_dispatch_0::@decode_dispatch_0_x(%a) : (tensor<4xf32>) -> tensor<4xf32>
-    %1:2 = flow.dispatch @decode_dispatch_1::@decode_dispatch_1_x(%0) {some = {nested}} : (tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>)
-    %2 = util.call @helper(%1#0) : (tensor<4xf32>) -> tensor<4xf32>
-    flow.dispatch @decode_dispatch_3::@decode_dispatch_3_x(%2) : (tensor<4xf32>) -> ()
-    util.return %2 : !hal.buffer_view
-  }
-}
-"#;
-
-    #[test]
-    fn counts_dispatches_in_one_function_and_its_callees() {
-        assert_eq!(count_dispatches(FLOW, "decode").unwrap(), 4);
-        assert_eq!(count_dispatches(FLOW, "prefill").unwrap(), 2);
-        assert_eq!(count_dispatches(FLOW, "helper").unwrap(), 1);
-        let err = count_dispatches(FLOW, "missing").unwrap_err();
-        assert_eq!(err.to_string(), "no function @missing in the IR");
-    }
-
-    #[test]
-    fn recursion_is_an_error() {
-        let ir = "util.func private @f() {\n  util.call @f() : () -> ()\n}\n";
-        assert_eq!(count_dispatches(ir, "f").unwrap_err().to_string(), "recursive call to @f");
-    }
-
-    /// The real thing: a tiny fixture's graph compiled to `flow`. Its decode step is one
-    /// token through 2 layers; the count is whatever IREE fuses it into, but every
-    /// dispatch in @decode is accounted for exactly once.
-    #[test]
-    fn counts_dispatches_of_a_fixture_decode_graph() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/f32");
-        let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
-        let cache = models::CacheShape { slots: 2, positions: 64, elem: models::KvElem::F32 };
-        let functions =
-            [models::Function::Prefill { tokens: 16, window: 64 }, models::Function::Decode { rows: 2, window: 64 }];
-        let mlir = models::emit_functions(&cfg, &models::Layout::dense(&cfg, Precision::F32), cache, &functions, None)
-            .unwrap();
-        let target = engine::device::target_for("local-task").unwrap();
-        let flow = Compiler::new().unwrap().compile_to_ir(&mlir, &target, &CompileOptions::default(), "flow").unwrap();
-        let decode = count_dispatches(&flow, "decode_b2_w64").unwrap();
-        let prefill = count_dispatches(&flow, "prefill_t16_w64").unwrap();
-        let all = flow.lines().filter(|l| l.contains("flow.dispatch @")).count();
-        // Every dispatch op belongs to one of the two entry points (nothing else calls).
-        assert_eq!(decode + prefill, all, "{flow}");
-        assert!(decode > 0, "{flow}");
-        // Independently, by indentation: the lines from the decode function's header to its
-        // closing brace at the function's indent. (Not by executable name: IREE deduplicates
-        // executables, so decode also runs some named `prefill_..._dispatch_N`.)
-        let by_indent = flow
-            .lines()
-            .skip_while(|l| !(l.contains("util.func public @decode_b2_w64(")))
-            .take_while(|l| *l != "  }")
-            .filter(|l| l.contains("flow.dispatch @"))
-            .count();
-        assert_eq!(by_indent, decode, "{flow}");
     }
 }

@@ -1,17 +1,18 @@
 //! `mlx-iree chat`: an interactive conversation with the model's chat template. Answers
-//! stream to stdout through `generate`'s path (`run::Generator`); `/reset`, `/system TEXT`
-//! and `/exit` steer it; Ctrl-C stops an answer (or, at the prompt, ends the chat); turns
-//! that no longer fit the context are dropped, oldest first, with a note on stderr.
+//! stream to stdout through `generate`'s path (`run::answer` over the server's
+//! `generator::Generator`); `/reset`, `/system TEXT` and `/exit` steer it; Ctrl-C stops an
+//! answer (or, at the prompt, ends the chat); turns that no longer fit the context are
+//! dropped, oldest first, with a note on stderr.
 
-use crate::run::{Generator, ModelArgs, SamplingArgs, check_model_dir};
+use crate::run::{ModelArgs, SamplingArgs, answer, check_model_dir};
 use anyhow::{Result, bail};
 use engine::scheduler::FinishReason;
+use server::ModelText;
 use std::io::{BufRead, IsTerminal, Write};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use text::chat::{ChatTemplate, Message};
-use text::tokenizer::Tokenizer;
+use text::chat::Message;
 
 #[derive(clap::Args, Debug)]
 pub struct ChatArgs {
@@ -158,15 +159,17 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     let dir = &args.model.model;
     let config = check_model_dir(dir)?;
     args.sampling.check()?;
+    let text = ModelText::load(dir)?;
     // A model without a chat template cannot chat: said before anything is loaded.
-    let template = ChatTemplate::from_dir(dir)?;
-    let tokenizer = Tokenizer::from_dir(dir)?;
+    if let Err(e) = &text.chat {
+        bail!("{e}");
+    }
     let plan = args.model.plan(&config, 1, 2, "a one-token message and its answer")?;
     let context = plan.cache.positions;
     // Room kept for the answer: `--max-tokens`, but at most a quarter of the context (an
     // answer longer than that ends when the context is full).
     let room = context - args.sampling.max_tokens.min(context / 4);
-    let generator = Generator::start(&args.model, tokenizer)?;
+    let generator = crate::run::start(&args.model, text)?;
 
     let (tx, inputs) = mpsc::channel();
     let interrupts = count_interrupts(tx.clone())?;
@@ -215,7 +218,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             }
             Line::Say(text) => text,
         };
-        let encode = |messages: &[Message]| Ok(template.encode(&generator.tokenizer, messages)?);
+        let encode = |messages: &[Message]| Ok(generator.encode_chat(messages)?);
         let fitted = match conversation.fit(text, room, encode) {
             Ok(fitted) => fitted,
             Err(e) => {
@@ -232,7 +235,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             );
         }
         let stop = || interrupts.load(Ordering::SeqCst) != seen;
-        let answer = generator.answer(fitted.ids, &args.sampling, &mut stdout, &stop)?;
+        let answer = answer(&generator, fitted.ids, &args.sampling, &mut stdout, &stop)?;
         match answer.done.reason {
             FinishReason::Cancelled => eprintln!("chat: answer stopped (Ctrl-C); kept as far as it got"),
             FinishReason::ContextFull => eprintln!("chat: the answer filled the context ({context} positions)"),

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result, bail};
 use hlo_emit::{DotDims, ElementType::F32};
-use iree_compiler::CompileOptions;
+use iree_compiler::{CompileCache, CompileOptions, Compiler, Target};
 use iree_hal::{Instance, Session};
 use std::time::Instant;
 
@@ -50,17 +50,38 @@ fn reference(x: &[f32], gamma: &[f32], w: &[f32]) -> Vec<f32> {
     logits.iter().map(|l| ((l - max).exp() / sum) as f32).collect()
 }
 
+/// The demo graph compiled for `target` through the compile cache (`--cache-dir`, else
+/// `MLX_IREE_CACHE_DIR`...), loading the compiler only on a miss.
+fn compile(mlir: &str, target: &Target, cache_dir: &std::path::Path) -> Result<Vec<u8>> {
+    let cache = CompileCache::new(cache_dir)?;
+    let options = CompileOptions::default();
+    if let Some(hit) = cache.lookup(mlir, target, &options)? {
+        eprintln!("demo graph: compile cache hit");
+        return Ok(hit.vmfb);
+    }
+    let compiler = Compiler::new()?;
+    let started = Instant::now();
+    let out = cache.compile(&compiler, mlir, target, &options)?;
+    cache.remember(&compiler)?;
+    eprintln!("demo graph: compiled in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(out.vmfb)
+}
+
+/// IREE's target for the engine's: the demo compiles through `iree-compiler` itself.
+fn iree_target(target: &engine::CompileTarget) -> Target {
+    match target {
+        engine::CompileTarget::HostCpu => Target::llvm_cpu_host(),
+        engine::CompileTarget::Cuda(arch) => Target::cuda(arch),
+        engine::CompileTarget::Vulkan => Target::vulkan(iree_compiler::VULKAN_GENERIC),
+        engine::CompileTarget::Metal => Target::Metal,
+        engine::CompileTarget::Rocm(arch) => Target::rocm(arch),
+    }
+}
+
 pub fn run(args: &Args) -> Result<()> {
-    let target = engine::device::target_for(&args.device).context("demo")?;
+    let target = iree_target(&engine::CompileTarget::for_device(&args.device).context("demo")?);
     println!("graph: softmax(W · rmsnorm(x)), x [{HIDDEN}], W [{VOCAB}, {HIDDEN}], built with hlo-emit");
-    let (vmfb, _) = engine::cache::compile_in(
-        &crate::cache_dir(),
-        "demo graph",
-        &graph()?,
-        &target,
-        &CompileOptions::default(),
-        false,
-    )?;
+    let vmfb = compile(&graph()?, &target, &crate::cache_dir())?;
 
     let instance = Instance::new()?;
     let device = instance.device(&args.device).with_context(|| format!("opening device `{}`", args.device))?;

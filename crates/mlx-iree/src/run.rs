@@ -1,14 +1,14 @@
 //! `mlx-iree generate` and `mlx-iree trajectory`: the CLI contract of BRIEF section 6.
 
 use anyhow::{Context, Result, bail};
-use engine::scheduler::{Event, FinishReason, Finished, Request, Sampling, Scheduler};
+use engine::scheduler::{FinishReason, Finished};
 use engine::{CpuKernels, Engine, EngineConfig, KvElem, Plan, Precision};
+use server::{Generator, ModelText, Piece};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use text::chat::{ChatTemplate, Message};
+use text::chat::Message;
 use text::sampler::{Sampler, SamplingParams};
-use text::stream::StreamDecoder;
-use text::tokenizer::{Tokenizer, eos_ids};
+use text::tokenizer::Tokenizer;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
@@ -174,28 +174,23 @@ impl SamplingArgs {
         Ok(())
     }
 
+    /// The generator's options for one answer (greedy at temperature 0, else seeded with
+    /// `--seed`, so each request with the same prompt gives the same text).
+    pub fn options(&self) -> server::Options {
+        server::Options { max_tokens: self.max_tokens, sampling: self.params(), ..server::Options::greedy(0) }
+    }
+
     fn params(&self) -> SamplingParams {
         SamplingParams { temperature: self.temperature, top_k: self.top_k, top_p: self.top_p, seed: self.seed }
     }
-
-    /// The engine's token choice for one request: its argmax at temperature 0, else a
-    /// sampler seeded with `--seed` (so each request with the same prompt gives the same text).
-    fn sampling(&self) -> Result<Sampling> {
-        if self.temperature == 0.0 {
-            return Ok(Sampling::Greedy);
-        }
-        let mut sampler = Sampler::new(self.params())?;
-        Ok(Sampling::Custom(Box::new(move |logits: &[f32]| Ok(sampler.sample(logits)?))))
-    }
 }
 
-/// A model ready to answer: the engine on its own thread (one slot) with the model's
-/// tokenizer and end-of-sequence ids. `generate` and `chat` answer through it.
-#[derive(Debug)]
-pub struct Generator {
-    pub scheduler: Scheduler,
-    pub tokenizer: Tokenizer,
-    eos: Vec<u32>,
+/// Loads the model in `model.model` for one answer at a time (the caller has read its text
+/// side, `text`, and checked its plan): the shared generator (`server::Generator`) on a
+/// scheduler of one slot.
+pub fn start(model: &ModelArgs, text: ModelText) -> Result<Generator> {
+    let dir = &model.model;
+    Generator::start(dir, model.engine_config(1)?, text).with_context(|| format!("loading {}", dir.display()))
 }
 
 /// One answer as it was streamed.
@@ -207,67 +202,42 @@ pub struct Answer {
     pub done: Finished,
 }
 
-impl Generator {
-    /// Loads the model in `model.model` (the caller has checked its plan).
-    pub fn start(model: &ModelArgs, tokenizer: Tokenizer) -> Result<Generator> {
-        let dir = &model.model;
-        let eos = eos_ids(dir, &tokenizer)?.into_iter().collect();
-        let scheduler =
-            Scheduler::start(dir, model.engine_config(1)?).with_context(|| format!("loading {}", dir.display()))?;
-        Ok(Generator { scheduler, tokenizer, eos })
-    }
-
-    /// Generates the answer to `prompt`, writing its text to `out` as it decodes, then a
-    /// newline. `stop` is asked after every token: once it says yes the generation is
-    /// cancelled and the answer ends with what was printed.
-    pub fn answer(
-        &self,
-        prompt: Vec<u32>,
-        sampling: &SamplingArgs,
-        out: &mut impl Write,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<Answer> {
-        let request = Request {
-            prompt,
-            max_tokens: sampling.max_tokens,
-            stop_tokens: self.eos.clone(),
-            // Embedding tables can be padded past the tokenizer's vocabulary: those ids decode
-            // to nothing, so they are never chosen.
-            vocab_limit: Some(self.tokenizer.vocab_size()),
-            sampling: sampling.sampling()?,
-        };
-        let mut generation = self.scheduler.submit(request)?;
-        let mut stream = StreamDecoder::new(true);
-        let mut text = String::new();
-        let mut stopped = false;
-        let mut done = loop {
-            match generation.blocking_next() {
-                Some(Ok(Event::Token(_))) if stopped => {}
-                Some(Ok(Event::Token(_))) if stop() => {
-                    // Not shown: the answer ends where the user stopped it.
-                    generation.cancel();
-                    stopped = true;
-                }
-                Some(Ok(Event::Token(token))) => {
-                    let piece = stream.push(&self.tokenizer, token)?;
-                    write!(out, "{piece}")?;
-                    out.flush()?;
-                    text += &piece;
-                }
-                Some(Ok(Event::Done(done))) => break done,
-                Some(Err(e)) => return Err(e.into()),
-                None => bail!("the engine ended the generation without saying why"),
+/// Generates the answer to `prompt`, writing its text to `out` as it decodes, then a newline.
+/// `stop` is asked after every token: once it says yes the generation is cancelled and the
+/// answer ends with what was printed.
+pub fn answer(
+    generator: &Generator,
+    prompt: Vec<u32>,
+    sampling: &SamplingArgs,
+    out: &mut impl Write,
+    stop: &dyn Fn() -> bool,
+) -> Result<Answer> {
+    let mut stream = generator.submit(prompt, &sampling.options())?;
+    let mut text = String::new();
+    let mut stopped = false;
+    loop {
+        match stream.blocking_next(&generator.tokenizer)? {
+            Piece::Text(_) if stopped => {}
+            // Not shown: the answer ends where the user stopped it.
+            Piece::Text(_) if stream.finished().is_none() && stop() => {
+                stream.cancel();
+                stopped = true;
             }
-        };
-        if stopped {
-            done.reason = FinishReason::Cancelled;
+            Piece::Text(piece) => {
+                write!(out, "{piece}")?;
+                out.flush()?;
+                text += &piece;
+            }
+            Piece::End(_) => break,
         }
-        let rest = stream.finish(&self.tokenizer)?;
-        writeln!(out, "{rest}")?;
-        out.flush()?;
-        text += &rest;
-        Ok(Answer { text, done })
     }
+    let mut done = stream.finished().cloned().context("the engine ended the generation without saying why")?;
+    if stopped {
+        done.reason = FinishReason::Cancelled;
+    }
+    writeln!(out)?;
+    out.flush()?;
+    Ok(Answer { text, done })
 }
 
 #[derive(clap::Args, Debug)]
@@ -329,20 +299,16 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
     let dir = &args.model.model;
     let config = check_model_dir(dir)?;
     args.sampling.check()?;
-    let tokenizer = Tokenizer::from_dir(dir)?;
-    let prompt = if args.chat {
-        ChatTemplate::from_dir(dir)?.encode(&tokenizer, &[Message::user(&args.prompt)])?
-    } else {
-        tokenizer.encode(&args.prompt, true)?
-    };
+    let text = ModelText::load(dir)?;
+    let prompt = if args.chat { text.encode_chat(&[Message::user(&args.prompt)])? } else { text.encode(&args.prompt)? };
     if prompt.is_empty() {
         bail!("--prompt encodes to no tokens");
     }
     // Generation stops at the end of the context; the prompt itself (and its first new
     // token) must fit.
     args.model.plan(&config, 1, prompt.len() + 1, &format!("the prompt ({} tokens)", prompt.len()))?;
-    let generator = Generator::start(&args.model, tokenizer)?;
-    let done = generator.answer(prompt, &args.sampling, &mut std::io::stdout().lock(), &|| false)?.done;
+    let generator = start(&args.model, text)?;
+    let done = answer(&generator, prompt, &args.sampling, &mut std::io::stdout().lock(), &|| false)?.done;
     // The first generated token came from prefill; the rest from decode steps.
     let decode_steps = done.generated.saturating_sub(1);
     let info = generator.scheduler.info();
@@ -352,8 +318,8 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
         done.generated,
         done.prompt_tokens as f64 / done.prefill_seconds,
         if decode_steps > 0 { decode_steps as f64 / done.decode_seconds } else { 0.0 },
-        info.compile,
-        info.load_seconds,
+        info.load.compile,
+        info.load.load_seconds,
         args.model.device,
         args.model.precision(),
     );

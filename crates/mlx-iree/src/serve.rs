@@ -2,7 +2,7 @@
 
 use crate::run::ModelArgs;
 use anyhow::{Context, Result, bail};
-use server::{Model, Server, ServerConfig};
+use server::{Generator, Server, ServerConfig};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,7 +70,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         }
     };
     let model = Arc::new(
-        Model::load(dir, args.model.engine_config(args.max_batch)?)
+        Generator::load(dir, args.model.engine_config(args.max_batch)?)
             .with_context(|| format!("loading {}", dir.display()))?,
     );
     let info = model.scheduler.info().clone();
@@ -92,8 +92,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             listener.local_addr()?,
             info.max_batch,
             info.max_context,
-            info.kv_bytes >> 20,
-            info.compile,
+            info.load.kv_bytes >> 20,
+            info.load.compile,
         );
         server.run(listener, shutdown_signal()).await?;
         anyhow::Ok(())

@@ -54,13 +54,34 @@ impl ApiError {
 
 impl From<engine::Error> for ApiError {
     fn from(e: engine::Error) -> ApiError {
-        if e.is_request_error() {
+        if let engine::Error::QueueFull { max } = e {
+            ApiError::status(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("the server is busy ({max} requests running or queued); retry later"),
+            )
+        } else if e.is_request_error() {
             ApiError::bad_request(e.to_string())
         } else if matches!(e, engine::Error::Stopped) {
             ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down")
         } else {
             tracing::error!("request failed in the engine: {e}");
             ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+        }
+    }
+}
+
+impl From<crate::GenerateError> for ApiError {
+    fn from(e: crate::GenerateError) -> ApiError {
+        use crate::GenerateError;
+        match e {
+            GenerateError::Engine(e) => e.into(),
+            GenerateError::Sampling(e) => ApiError::bad_request(e.to_string()),
+            GenerateError::Chat(e) => ApiError::field("messages", e.to_string()),
+            GenerateError::NoChatTemplate(_) => {
+                ApiError::bad_request("this model has no chat template: use /v1/completions")
+            }
+            // Turning generated ids into text: the server's fault, not the request's.
+            GenerateError::Tokenizer(e) => ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         }
     }
 }

@@ -1,18 +1,20 @@
 //! `mlx-iree serve`: an OpenAI-compatible HTTP server (axum) over the engine's
-//! [`Scheduler`]. It only translates: a request becomes prompt ids, sampling settings and
+//! [`engine::scheduler::Scheduler`]. It only translates: a request becomes prompt ids, sampling settings and
 //! stop strings, is submitted to the scheduler (which batches every running request into
 //! one decode step), and the token events come back as a JSON body or server-sent events.
 //! Routes: POST `/v1/completions`, POST `/v1/chat/completions`, GET `/v1/models`,
-//! GET `/health`, GET `/metrics`.
+//! GET `/health`, GET `/metrics`. The text-to-engine glue it shares with the binary's
+//! `generate` and `chat` is [`generator`].
 
 pub mod api;
 mod error;
+pub mod generator;
 mod metrics;
 pub mod stop;
 
 pub use crate::error::ApiError;
+pub use crate::generator::{GenerateError, Generator, LoadError, ModelText, Options, Piece, TextStream};
 use crate::metrics::Metrics;
-use crate::stop::StopMatcher;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
@@ -20,54 +22,12 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use engine::EngineConfig;
-use engine::scheduler::{Event, FinishReason, Generation, Request, Sampling, Scheduler};
+use engine::scheduler::FinishReason;
 use serde_json::{Value, json};
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use text::chat::{ChatTemplate, Message};
-use text::sampler::Sampler;
-use text::stream::StreamDecoder;
-use text::tokenizer::{Tokenizer, eos_ids};
-
-/// Why a model could not be loaded for serving.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    #[error(transparent)]
-    Tokenizer(#[from] text::tokenizer::TokenizerError),
-    #[error(transparent)]
-    Engine(#[from] engine::Error),
-}
-
-/// A loaded model: the engine thread and the text side around it.
-#[derive(Debug)]
-pub struct Model {
-    pub scheduler: Scheduler,
-    pub tokenizer: Tokenizer,
-    /// `None` when the folder has no chat template (then `/v1/chat/completions` is a 400).
-    pub chat: Option<ChatTemplate>,
-    pub eos: Vec<u32>,
-}
-
-impl Model {
-    /// Reads the tokenizer and chat template (so a folder without them fails before any
-    /// compile), then starts the engine, compiling or loading every graph.
-    pub fn load(dir: &Path, config: EngineConfig) -> Result<Model, LoadError> {
-        let tokenizer = Tokenizer::from_dir(dir)?;
-        let eos = eos_ids(dir, &tokenizer)?;
-        let chat = match ChatTemplate::from_dir(dir) {
-            Ok(chat) => Some(chat),
-            Err(e) => {
-                tracing::warn!("no chat template ({e}): /v1/chat/completions will answer 400");
-                None
-            }
-        };
-        let scheduler = Scheduler::start(dir, config)?;
-        Ok(Model { scheduler, tokenizer, chat, eos })
-    }
-}
+use text::chat::Message;
 
 /// Settings of the HTTP side.
 #[derive(Debug, Clone)]
@@ -76,7 +36,9 @@ pub struct ServerConfig {
     pub model_id: String,
     /// When set, `/v1/*` needs `Authorization: Bearer KEY`.
     pub api_key: Option<String>,
-    /// Requests that may wait for a slot beyond the running ones; more get 429.
+    /// Requests that may wait for a slot beyond the running ones; more get 429. It is the
+    /// scheduler's queue limit ([`Scheduler::set_queue_limit`], set by [`Server::new`]),
+    /// which `submit` enforces.
     pub queue_limit: usize,
     pub max_body_bytes: usize,
     /// After SIGTERM or Ctrl-C, how long requests in flight may take to finish.
@@ -99,7 +61,7 @@ impl ServerConfig {
 /// The server's shared state.
 #[derive(Debug)]
 struct Inner {
-    model: Arc<Model>,
+    model: Arc<Generator>,
     config: ServerConfig,
     metrics: Metrics,
     in_flight: AtomicUsize,
@@ -133,7 +95,9 @@ fn unix_now() -> u64 {
 }
 
 impl Server {
-    pub fn new(model: Arc<Model>, config: ServerConfig) -> Server {
+    /// A server for `model`, whose scheduler takes `config.queue_limit` as its queue limit.
+    pub fn new(model: Arc<Generator>, config: ServerConfig) -> Server {
+        model.scheduler.set_queue_limit(Some(config.queue_limit));
         Server(Arc::new(Inner {
             model,
             config,
@@ -204,19 +168,12 @@ impl Server {
         }
     }
 
-    /// Takes a place among the requests the server answers at once (running plus queued),
-    /// or says 429.
-    fn admit(&self) -> Result<InFlight, ApiError> {
-        let limit = self.0.model.scheduler.info().max_batch + self.0.config.queue_limit;
-        let inner = Arc::clone(&self.0);
-        let taken = inner.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1));
-        match taken {
-            Ok(_) => Ok(InFlight(inner)),
-            Err(_) => Err(ApiError::status(
-                StatusCode::TOO_MANY_REQUESTS,
-                format!("the server is busy ({limit} requests running or queued); retry later"),
-            )),
-        }
+    /// Counts a submitted request among those being answered (for `/metrics` and the
+    /// shutdown line) until its answer is written. The limit is the scheduler's: `submit`
+    /// refuses a request beyond it ([`engine::Error::QueueFull`], a 429).
+    fn enter(&self) -> InFlight {
+        self.0.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(Arc::clone(&self.0))
     }
 
     /// Everything up to the engine: parse, check, tokenize, admit, submit.
@@ -254,7 +211,7 @@ impl Server {
                 let chat = model
                     .chat
                     .as_ref()
-                    .ok_or_else(|| ApiError::bad_request("this model has no chat template: use /v1/completions"))?;
+                    .map_err(|_| ApiError::bad_request("this model has no chat template: use /v1/completions"))?;
                 if body.messages.is_empty() {
                     return Err(ApiError::field("messages", "messages must not be empty"));
                 }
@@ -285,24 +242,15 @@ impl Server {
         let max_tokens = common.max_tokens(prompt.len(), info.max_context)?;
         let seed = self.0.next_id.load(Ordering::Relaxed)
             ^ SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-        let params = common.sampling(seed)?;
-        let stops = common.stops()?;
-        let sampling = if params.temperature == 0.0 {
-            Sampling::Greedy
-        } else {
-            let mut sampler = Sampler::new(params).map_err(|e| ApiError::bad_request(e.to_string()))?;
-            Sampling::Custom(Box::new(move |logits: &[f32]| Ok(sampler.sample(logits)?)))
-        };
-        let in_flight = self.admit()?;
-        let prompt_tokens = prompt.len();
-        let request = Request {
-            prompt,
+        let options = Options {
             max_tokens,
-            stop_tokens: if common.ignore_eos { Vec::new() } else { model.eos.clone() },
-            vocab_limit: Some(model.tokenizer.vocab_size()),
-            sampling,
+            sampling: common.sampling(seed)?,
+            stop: common.stops()?,
+            ignore_eos: common.ignore_eos,
         };
-        let generation = model.scheduler.submit(request)?;
+        let prompt_tokens = prompt.len();
+        let reader = model.submit(prompt, &options)?;
+        let in_flight = self.enter();
         let n = self.0.next_id.fetch_add(1, Ordering::Relaxed);
         let id = match endpoint {
             Endpoint::Completions => format!("cmpl-{}-{n}", self.0.started),
@@ -316,14 +264,8 @@ impl Server {
             stream: common.stream,
             include_usage: common.include_usage(),
             prompt_tokens,
-            reader: Reader {
-                generation,
-                decoder: StreamDecoder::new(true),
-                stop: StopMatcher::new(stops),
-                end: None,
-                generated: 0,
-                first: false,
-            },
+            reader,
+            first: false,
             _in_flight: in_flight,
         })
     }
@@ -350,60 +292,6 @@ impl Drop for InFlight {
     }
 }
 
-/// One piece of an answer.
-enum Piece {
-    Text(String),
-    End(FinishReason),
-}
-
-/// Turns a generation's token events into text pieces: detokenized as a stream, cut at the
-/// first stop string.
-struct Reader {
-    generation: Generation,
-    decoder: StreamDecoder,
-    stop: StopMatcher,
-    /// Set once the end is known (a stop string, or `Done`); given out after the last text.
-    end: Option<FinishReason>,
-    generated: usize,
-    first: bool,
-}
-
-impl Reader {
-    async fn next(&mut self, model: &Model) -> Result<Piece, ApiError> {
-        if let Some(end) = self.end {
-            return Ok(Piece::End(end));
-        }
-        let internal =
-            |e: text::tokenizer::TokenizerError| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
-        match self.generation.next().await {
-            Some(Ok(Event::Token(token))) => {
-                self.generated += 1;
-                let text = self.decoder.push(&model.tokenizer, token).map_err(internal)?;
-                let (out, stopped) = self.stop.push(&text);
-                if stopped {
-                    // Frees the slot now; nothing after the stop string is sent.
-                    self.generation.cancel();
-                    self.end = Some(FinishReason::Stop);
-                }
-                Ok(Piece::Text(out))
-            }
-            Some(Ok(Event::Done(done))) => {
-                self.end = Some(done.reason);
-                let text = self.decoder.finish(&model.tokenizer).map_err(internal)?;
-                let (mut out, stopped) = self.stop.push(&text);
-                if stopped {
-                    self.end = Some(FinishReason::Stop);
-                } else {
-                    out.push_str(&self.stop.finish());
-                }
-                Ok(Piece::Text(out))
-            }
-            Some(Err(e)) => Err(e.into()),
-            None => Err(engine::Error::Stopped.into()),
-        }
-    }
-}
-
 fn finish_reason(reason: FinishReason) -> &'static str {
     match reason {
         FinishReason::Stop => "stop",
@@ -420,13 +308,15 @@ struct Job {
     stream: bool,
     include_usage: bool,
     prompt_tokens: usize,
-    reader: Reader,
+    reader: TextStream,
+    /// Whether the first token has come (its time noted).
+    first: bool,
     _in_flight: InFlight,
 }
 
 impl Job {
     fn usage(&self) -> Value {
-        let completion = self.reader.generated;
+        let completion = self.reader.generated();
         json!({
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
@@ -436,13 +326,13 @@ impl Job {
 
     /// The next piece, noting the time to the first token.
     async fn piece(&mut self, arrived: Instant) -> Result<Piece, ApiError> {
-        let piece = self.reader.next(&self.server.0.model).await;
-        if !self.reader.first && self.reader.generated > 0 {
-            self.reader.first = true;
+        let piece = self.reader.next(&self.server.0.model.tokenizer).await.map_err(ApiError::from);
+        if !self.first && self.reader.generated() > 0 {
+            self.first = true;
             self.server.0.metrics.first_token(arrived.elapsed().as_secs_f64());
         }
         if let Ok(Piece::End(_)) | Err(_) = &piece {
-            self.server.0.metrics.tokens(self.prompt_tokens, self.reader.generated);
+            self.server.0.metrics.tokens(self.prompt_tokens, self.reader.generated());
         }
         piece
     }

@@ -9,7 +9,7 @@
 use engine::scheduler::Request;
 use engine::{EngineConfig, KvElem};
 use serde_json::{Value, json};
-use server::{Model, Server, ServerConfig};
+use server::{Generator, Server, ServerConfig};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -30,8 +30,8 @@ fn model_dir() -> PathBuf {
 }
 
 /// One engine for every test of this file (loading compiles; the tests take turns).
-fn model() -> Arc<Model> {
-    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
+fn model() -> Arc<Generator> {
+    static MODEL: OnceLock<Arc<Generator>> = OnceLock::new();
     Arc::clone(MODEL.get_or_init(|| {
         let dir = model_dir();
         assert!(dir.join("config.json").exists(), "{} is missing: run `cargo xtask model`", dir.display());
@@ -45,7 +45,7 @@ fn model() -> Arc<Model> {
                 root().join("target/test-compile-cache"),
             )
         };
-        Arc::new(Model::load(&dir, config).unwrap())
+        Arc::new(Generator::load(&dir, config).unwrap())
     }))
 }
 

@@ -1,0 +1,67 @@
+//! [`EngineConfig`]: an engine's settings, passed as a value (nothing below the binary
+//! reads the environment for them).
+
+use crate::{CpuKernels, KvElem, Precision};
+
+/// Settings of an engine, passed as a value: nothing below the binary reads the environment
+/// for them.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// IREE device URI (`local-task`, `local-sync`, `cuda`).
+    pub device: String,
+    pub precision: Precision,
+    /// Most sequences decoded together in one step; the cache holds one slot for each.
+    pub max_batch: usize,
+    /// Positions per sequence (prompt plus generated tokens). `None`: the model's
+    /// `max_position_embeddings`, capped so the KV cache fits `kv_budget_bytes`.
+    pub max_context: Option<usize>,
+    /// Device bytes the KV cache may take when `max_context` is not given.
+    pub kv_budget_bytes: usize,
+    /// Element type of the KV cache.
+    pub kv_elem: KvElem,
+    /// Which hand-written CPU kernels packed matrices use on a CPU device (else the graph
+    /// form); forcing an instruction set the host lacks fails the load before compiling.
+    pub cpu_kernels: CpuKernels,
+    /// Where compiled modules are cached (see [`crate::cache::default_dir`]).
+    pub cache_dir: std::path::PathBuf,
+    /// Also write each compiled module's input MLIR next to its cache entry, with the flags
+    /// on its first line, for reproducing compiler problems with `iree-compile`.
+    pub dump_mlir: bool,
+    /// Store the weights of a data-tiled CPU module in their final (repacked) form in a file
+    /// beside the module in `cache_dir`, written on the first load and mapped by every later
+    /// one (`cache::stored_parameters`; about the weights' size on disk per model, shape
+    /// and precision). Off: every load binds the checkpoint's weights and IREE repacks them
+    /// in memory, holding both copies at once (peak RSS 2-3x the weights, docs/PERFORMANCE.md).
+    pub store_parameters: bool,
+    /// Most bytes the modules in `cache_dir` may take: after a load, the least recently used
+    /// other entries go until the rest fits (`cache::evict`; `None`: no limit).
+    pub cache_max_bytes: Option<u64>,
+}
+
+/// Default KV budget: 4 GiB, a sixth of this project's 24 GiB machines, leaving room for the
+/// weights (and their repacked decode copy) of a 1B-class model several times over.
+pub const DEFAULT_KV_BUDGET: usize = 4 << 30;
+
+/// Context used when the config has no `max_position_embeddings`.
+pub(crate) const FALLBACK_CONTEXT: usize = 2048;
+
+impl EngineConfig {
+    /// One sequence at a time on `device` at `precision`, context from the model, the
+    /// default KV budget, f32 cache, the best CPU kernels the host runs, modules (and the
+    /// weights stored in final form) cached in `cache_dir`.
+    pub fn new(device: &str, precision: Precision, cache_dir: impl Into<std::path::PathBuf>) -> EngineConfig {
+        EngineConfig {
+            device: device.to_owned(),
+            precision,
+            max_batch: 1,
+            max_context: None,
+            kv_budget_bytes: DEFAULT_KV_BUDGET,
+            kv_elem: KvElem::F32,
+            cpu_kernels: CpuKernels::Auto,
+            cache_dir: cache_dir.into(),
+            dump_mlir: false,
+            store_parameters: true,
+            cache_max_bytes: Some(crate::cache::DEFAULT_CACHE_MAX_BYTES),
+        }
+    }
+}

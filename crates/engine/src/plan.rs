@@ -1,0 +1,318 @@
+//! [`Plan`]: the static shapes an engine compiles at load (cache, decode batches, prefill
+//! chunks, attention windows, mixed calls) and which of them serves a given call.
+
+use crate::config::FALLBACK_CONTEXT;
+use crate::{EngineConfig, Error, Result};
+use models::{CacheShape, Function, Layout, ModelConfig};
+
+/// The static shapes an engine compiles at load, so no request ever compiles: the cache,
+/// the decode batch sizes, the prefill chunk sizes and the attention windows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub cache: CacheShape,
+    /// Rows per decode call: powers of two below `max_batch`, and `max_batch`.
+    pub batches: Vec<usize>,
+    /// Tokens per prefill call.
+    pub chunks: Vec<usize>,
+    /// Positions prefill's attention reads: powers of two from 128 below the context, and
+    /// the context; or only the context ([`Plan::for_layout`]).
+    pub windows: Vec<usize>,
+    /// Positions decode's attention reads: the same windows, or only the context where a
+    /// step's attention costs what the context holds whatever its window ([`Plan::for_layout`]).
+    pub decode_windows: Vec<usize>,
+    /// What one call costs beyond its rows, in rows (`CompileTarget::call_overhead_rows`): how
+    /// prefill weighs padding against more calls.
+    pub call_rows: usize,
+    /// Rows per mixed call (several sequences' prompt chunks and decode rows in one call,
+    /// `Function::Mixed`): empty unless the attention kernel runs and there are several
+    /// slots ([`Plan::for_layout`]).
+    pub mixed: Vec<usize>,
+}
+
+/// Prompt chunk sizes: short prompts in 16-token calls, long ones in 128-token calls.
+const CHUNKS: [usize; 2] = [16, 128];
+/// The smallest attention window.
+const MIN_WINDOW: usize = 128;
+/// Rows per mixed call: a few new prompts beside the decode rows, and a burst of short
+/// prompts at once, in steps of 16 so a burst pads little (with only 16 and 64, SmolLM2's
+/// p99 time to first token at 8 streams was 0.20-0.27 s, with these 0.16-0.19 s:
+/// docs/PERFORMANCE.md). The largest also takes every slot's decode row plus a 16-token
+/// chunk (`Plan::for_layout` adds a size for many slots).
+const MIXED_ROWS: [usize; 4] = [16, 32, 48, 64];
+
+impl Plan {
+    /// The plan for `cfg` under `config`, or why it cannot run (a context that does not fit
+    /// the budget, zero sizes).
+    pub fn new(cfg: &ModelConfig, config: &EngineConfig) -> Result<Plan> {
+        if config.max_batch == 0 {
+            return Err(Error::ZeroBatch);
+        }
+        let per_position = CacheShape::bytes_per_position(cfg, config.kv_elem);
+        let positions = match config.max_context {
+            Some(0) => return Err(Error::ZeroContext),
+            Some(n) => n,
+            None => {
+                let model = cfg.max_position_embeddings.unwrap_or(FALLBACK_CONTEXT);
+                let fits = config.kv_budget_bytes / (per_position * config.max_batch);
+                if fits == 0 {
+                    return Err(Error::BudgetTooSmall {
+                        budget: config.kv_budget_bytes,
+                        slots: config.max_batch,
+                        per_position,
+                    });
+                }
+                model.min(fits)
+            }
+        };
+        let cache = CacheShape { slots: config.max_batch, positions, elem: config.kv_elem };
+        let mut batches: Vec<usize> = (0..).map(|i| 1 << i).take_while(|b| *b < config.max_batch).collect();
+        batches.push(config.max_batch);
+        // Only chunks smaller than the context: a chunk the size of the whole context (128 at
+        // 128 positions) is one more compiled prefill and cache write (a third of a small
+        // model's compile) to save a few 16-token calls on prompts that are the context.
+        let mut chunks: Vec<usize> = CHUNKS.iter().copied().filter(|c| *c < positions).collect();
+        if chunks.is_empty() {
+            chunks.push(positions);
+        }
+        let mut windows: Vec<usize> = (0..).map(|i| MIN_WINDOW << i).take_while(|w| *w < positions).collect();
+        windows.push(positions);
+        let call_rows = crate::CompileTarget::for_device(&config.device)?.call_overhead_rows();
+        Ok(Plan { cache, batches, chunks, decode_windows: windows.clone(), windows, call_rows, mixed: Vec::new() })
+    }
+
+    /// The plan for graphs of `layout`: where attention runs in the CPU kernel
+    /// (`models::graph::attention_in_kernel`), which reads only the positions in use, one
+    /// window (the context) per batch size and chunk instead of one per window: the same
+    /// speed at every context, and a fraction of the functions to compile.
+    ///
+    /// With several slots there, also the mixed calls: every sequence's new tokens (prompt
+    /// chunks and decode rows) in one call per step, as the kernel tells sequences apart by
+    /// slot, where prompts otherwise take a call each (docs/PERFORMANCE.md, "Prompts beside
+    /// decode rows").
+    pub fn for_layout(mut self, cfg: &ModelConfig, layout: &Layout) -> Plan {
+        if models::graph::attention_in_kernel(cfg, layout) {
+            self.decode_windows = vec![self.cache.positions];
+            self.windows = vec![self.cache.positions];
+            if self.cache.slots > 1 {
+                self.mixed = MIXED_ROWS.to_vec();
+                let most = (self.cache.slots + MIXED_ROWS[0]).next_power_of_two();
+                if most > MIXED_ROWS[MIXED_ROWS.len() - 1] {
+                    self.mixed.push(most);
+                }
+            }
+        }
+        self
+    }
+
+    /// Every function the engine can call.
+    pub fn functions(&self) -> Vec<Function> {
+        let prefill = self.chunks.iter().flat_map(|&tokens| {
+            self.windows.iter().filter(move |w| **w >= tokens).map(move |&window| Function::Prefill { tokens, window })
+        });
+        let decode = self
+            .batches
+            .iter()
+            .flat_map(|&rows| self.decode_windows.iter().map(move |&window| Function::Decode { rows, window }));
+        let (outs, window) = (self.cache.slots, self.cache.positions);
+        let mixed = self.mixed.iter().map(move |&rows| Function::Mixed { rows, outs, window });
+        let mut writes: Vec<usize> = self.batches.iter().chain(&self.chunks).chain(&self.mixed).copied().collect();
+        writes.sort_unstable();
+        writes.dedup();
+        prefill.chain(decode).chain(mixed).chain(writes.into_iter().map(|rows| Function::WriteKv { rows })).collect()
+    }
+
+    /// The mixed call for `rows` rows, if the plan has one that large.
+    pub(crate) fn mixed(&self, rows: usize) -> Option<Function> {
+        let rows = self.mixed.iter().copied().find(|r| *r >= rows)?;
+        Some(Function::Mixed { rows, outs: self.cache.slots, window: self.cache.positions })
+    }
+
+    /// The smallest window holding positions `[0, end)`.
+    pub(crate) fn window(&self, end: usize) -> Option<usize> {
+        self.windows.iter().copied().find(|w| *w >= end)
+    }
+
+    /// The decode call for `rows` rows whose highest position is `top`.
+    pub(crate) fn decode(&self, rows: usize, top: usize) -> Option<Function> {
+        let rows = self.batches.iter().copied().find(|b| *b >= rows)?;
+        let window = self.decode_windows.iter().copied().find(|w| *w > top)?;
+        Some(Function::Decode { rows, window })
+    }
+
+    /// The prefill call for the next of `remaining` prompt tokens at `start`: the first call
+    /// of the cheapest run of chunks covering them, a call costing its rows (padding
+    /// included) plus `call_rows`; ties go to the larger chunk. Never one whose padding would
+    /// pass the end of the slot. `None` when no chunk fits there (the caller feeds single
+    /// tokens).
+    pub(crate) fn prefill(&self, start: usize, remaining: usize) -> Option<Function> {
+        let fits: Vec<usize> = self.chunks.iter().copied().filter(|c| start + c <= self.cache.positions).collect();
+        let largest = *fits.last()?;
+        // A full largest chunk costs the least per token, so it goes first while it fills;
+        // under that, best[r] is the cheapest cover of r tokens (a small table: r < largest).
+        let tokens = if remaining >= largest {
+            largest
+        } else {
+            let cost = |c: usize| c + self.call_rows;
+            let mut best = vec![0usize; remaining + 1];
+            for r in 1..=remaining {
+                best[r] = fits.iter().map(|&c| cost(c) + best[r.saturating_sub(c)]).min()?;
+            }
+            *fits.iter().rev().min_by_key(|&&c| cost(c) + best[remaining.saturating_sub(c)])?
+        };
+        Some(Function::Prefill { tokens, window: self.window(start + tokens)? })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::DEFAULT_KV_BUDGET;
+    use crate::{Backend, CompileTarget, CpuKernels, KvElem, Precision};
+    use std::path::Path;
+    use weights::Checkpoint;
+
+    fn cfg() -> ModelConfig {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/f32");
+        ModelConfig::from_file(&dir.join("config.json")).unwrap()
+    }
+
+    fn config(max_batch: usize, max_context: Option<usize>) -> EngineConfig {
+        EngineConfig { max_batch, max_context, ..EngineConfig::new("local-task", Precision::F32, "/nonexistent") }
+    }
+
+    #[test]
+    fn plan_sizes() {
+        let p = Plan::new(&cfg(), &config(8, Some(1000))).unwrap();
+        assert_eq!(p.batches, [1, 2, 4, 8]);
+        assert_eq!(p.chunks, [16, 128]);
+        assert_eq!(p.windows, [128, 256, 512, 1000]);
+        assert_eq!(p.cache.slots, 8);
+        let p = Plan::new(&cfg(), &config(6, Some(64))).unwrap();
+        assert_eq!(
+            (p.batches.as_slice(), p.chunks.as_slice(), p.windows.as_slice()),
+            (&[1, 2, 4, 6][..], &[16][..], &[64][..])
+        );
+        let p = Plan::new(&cfg(), &config(1, Some(128))).unwrap();
+        assert_eq!((p.chunks.as_slice(), p.windows.as_slice()), (&[16][..], &[128][..]));
+        let p = Plan::new(&cfg(), &config(1, Some(129))).unwrap();
+        assert_eq!((p.chunks.as_slice(), p.windows.as_slice()), (&[16, 128][..], &[128, 129][..]));
+        let p = Plan::new(&cfg(), &config(1, Some(16))).unwrap();
+        assert_eq!(p.chunks, [16]);
+        let p = Plan::new(&cfg(), &config(1, Some(10))).unwrap();
+        assert_eq!((p.batches.as_slice(), p.chunks.as_slice(), p.windows.as_slice()), (&[1][..], &[10][..], &[10][..]));
+        // Every prefill function's chunk fits its window.
+        for f in Plan::new(&cfg(), &config(3, Some(300))).unwrap().functions() {
+            if let Function::Prefill { tokens, window } = f {
+                assert!(tokens <= window, "{f:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn context_from_the_model_capped_by_the_budget() {
+        let c = cfg();
+        let per = CacheShape::bytes_per_position(&c, KvElem::F32);
+        let model = c.max_position_embeddings.unwrap_or(FALLBACK_CONTEXT);
+        let p = Plan::new(&c, &config(2, None)).unwrap();
+        assert_eq!(p.cache.positions, model.min(DEFAULT_KV_BUDGET / (2 * per)));
+        let tight = EngineConfig { kv_budget_bytes: per * 2 * 100, ..config(2, None) };
+        assert_eq!(Plan::new(&c, &tight).unwrap().cache.positions, 100.min(model));
+        let none = EngineConfig { kv_budget_bytes: 1, ..config(2, None) };
+        let err = Plan::new(&c, &none).unwrap_err().to_string();
+        assert!(err.starts_with("a KV budget of 1 bytes holds no position for 2 sequences"), "{err}");
+        assert_eq!(Plan::new(&c, &config(0, None)).unwrap_err().to_string(), "max batch must be at least 1");
+    }
+
+    /// Where the CPU kernel runs attention (packed weights on llvm-cpu, a host with a kernel
+    /// object), decode and prefill are compiled for one window, the context, and their graphs
+    /// dispatch the kernel; dense weights keep every window and the graph form.
+    #[test]
+    fn one_window_where_the_kernel_attends() {
+        let c = cfg();
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/q4");
+        let ckpt = Checkpoint::open(&dir).unwrap();
+        let cache_dir = std::env::temp_dir().join(format!("engine-plan-{}", std::process::id()));
+        let backend = Backend::new(CompileTarget::HostCpu, CpuKernels::Auto, &cache_dir).unwrap();
+        let packed = backend.layout(&c, Precision::Packed, &ckpt).unwrap();
+        let dense = Layout::dense(&c, Precision::F32);
+        let plan = Plan::new(&c, &config(4, Some(300))).unwrap();
+        assert_eq!(plan.decode_windows, plan.windows);
+        assert_eq!(plan.clone().for_layout(&c, &dense), plan);
+        let decodes = |p: &Plan| -> Vec<Function> {
+            p.functions().into_iter().filter(|f| matches!(f, Function::Decode { .. })).collect()
+        };
+        assert_eq!(decodes(&plan).len(), plan.batches.len() * plan.windows.len());
+        let text = |layout: &Layout, plan: &Plan| -> String {
+            backend.graph_modules(&c, layout, plan).unwrap().iter().map(|m| m.mlir.clone()).collect()
+        };
+        assert!(!text(&dense, &plan).contains("@attn_f32_u"));
+        if kernels::cpu::host_isa().is_some() {
+            let kernel = plan.clone().for_layout(&c, &packed);
+            assert_eq!((kernel.decode_windows.as_slice(), kernel.windows.as_slice()), (&[300][..], &[300][..]));
+            assert_eq!((&kernel.batches, &kernel.chunks), (&plan.batches, &plan.chunks));
+            let prefills: Vec<Function> =
+                kernel.functions().into_iter().filter(|f| matches!(f, Function::Prefill { .. })).collect();
+            let chunk_each: Vec<Function> =
+                plan.chunks.iter().map(|&tokens| Function::Prefill { tokens, window: 300 }).collect();
+            assert_eq!(prefills, chunk_each);
+            let rows: Vec<usize> = kernel.batches.clone();
+            let one_each: Vec<Function> = rows.iter().map(|&rows| Function::Decode { rows, window: 300 }).collect();
+            assert_eq!(decodes(&kernel), one_each);
+            assert_eq!(kernel.decode(3, 0), Some(Function::Decode { rows: 4, window: 300 }));
+            assert_eq!(kernel.decode(1, 299), Some(Function::Decode { rows: 1, window: 300 }));
+            assert_eq!(kernel.decode(1, 300), None);
+            // Mixed calls (4 slots): 16 to 64 rows in steps of 16, logits for every slot.
+            let mixed: Vec<Function> =
+                kernel.functions().into_iter().filter(|f| matches!(f, Function::Mixed { .. })).collect();
+            let sizes = [16, 32, 48, 64].map(|rows| Function::Mixed { rows, outs: 4, window: 300 });
+            assert_eq!(mixed, sizes);
+            assert_eq!(kernel.mixed(17), Some(sizes[1]));
+            assert_eq!(kernel.mixed(64), Some(sizes[3]));
+            assert_eq!(kernel.mixed(65), None);
+            assert!(plan.mixed.is_empty(), "no mixed calls without the attention kernel");
+            // The largest takes every slot's decode row beside a 16-token chunk; one slot
+            // has no use for them.
+            let slots = |n: usize| Plan::new(&c, &config(n, Some(300))).unwrap().for_layout(&c, &packed).mixed;
+            assert_eq!((slots(48), slots(49), slots(1)), (vec![16, 32, 48, 64], vec![16, 32, 48, 64, 128], vec![]));
+            // One attention dispatch per layer per function.
+            let mlir = text(&packed, &kernel);
+            let per_call = c.num_layers() * (one_each.len() + chunk_each.len() + mixed.len());
+            assert_eq!(mlir.matches("entry_points = [@mlx_iree_kernels::@attn_f32_u1]").count(), per_call, "{mlir}");
+        }
+        let _ = std::fs::remove_dir_all(&cache_dir);
+    }
+
+    #[test]
+    fn calls_pick_the_smallest_fitting_shape() {
+        let p = Plan::new(&cfg(), &config(8, Some(1000))).unwrap();
+        assert_eq!(p.decode(1, 0), Some(Function::Decode { rows: 1, window: 128 }));
+        assert_eq!(p.decode(3, 128), Some(Function::Decode { rows: 4, window: 256 }));
+        assert_eq!(p.decode(8, 999), Some(Function::Decode { rows: 8, window: 1000 }));
+        assert_eq!(p.decode(9, 0), None);
+        assert_eq!(p.prefill(0, 5), Some(Function::Prefill { tokens: 16, window: 128 }));
+        // On a CPU padding costs what real rows do: 37 tokens in three 16-token calls, 100
+        // in one of 128 (cheaper than seven of 16 once each call's overhead counts).
+        assert_eq!(p.prefill(0, 37), Some(Function::Prefill { tokens: 16, window: 128 }));
+        assert_eq!(p.prefill(0, 100), Some(Function::Prefill { tokens: 128, window: 128 }));
+        assert_eq!(p.prefill(128, 300), Some(Function::Prefill { tokens: 128, window: 256 }));
+        // Near the end of the slot: only chunks whose padding stays inside it.
+        assert_eq!(p.prefill(900, 50), Some(Function::Prefill { tokens: 16, window: 1000 }));
+        assert_eq!(p.prefill(990, 5), None);
+        // On a GPU a call costs its dispatches, whatever its rows: the fewest calls.
+        let gpu = Plan::new(&cfg(), &EngineConfig { device: "cuda".into(), ..config(8, Some(1000)) }).unwrap();
+        assert_eq!(gpu.prefill(0, 37), Some(Function::Prefill { tokens: 128, window: 128 }));
+        assert_eq!(gpu.prefill(0, 5), Some(Function::Prefill { tokens: 16, window: 128 }));
+        // Every call the plan picks is one it compiles.
+        let all = p.functions();
+        for start in (0..1000).step_by(7) {
+            for remaining in [1, 15, 16, 17, 200] {
+                if let Some(f) = p.prefill(start, remaining) {
+                    assert!(all.contains(&f), "{f:?}");
+                }
+            }
+            for rows in 1..=8 {
+                assert!(all.contains(&p.decode(rows, start).unwrap()));
+            }
+        }
+    }
+}

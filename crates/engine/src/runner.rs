@@ -1,0 +1,493 @@
+//! [`Engine`]: the model runner. Loads a checkpoint (plan, compile, bind the weights,
+//! allocate the KV cache) and runs prefill, decode and mixed calls for its slots, on the one
+//! thread that made it (IREE handles are not `Send`).
+
+use crate::cache::{self, CompileReport};
+use crate::modules::compile_modules;
+use crate::{Backend, CompileTarget, EngineConfig, Error, KvElem, Plan, Result, device};
+use iree_hal::{BufferView, Device, Instance, Parameters, Session};
+use models::{Function, Layout, ModelConfig, graph::SCOPE};
+use std::cell::OnceCell;
+use std::path::Path;
+use std::rc::Rc;
+use std::time::Instant;
+use weights::Checkpoint;
+
+/// The logits of one call, `[rows, vocab]`, still on the device; downloaded once, the first
+/// time a row asks.
+#[derive(Debug)]
+struct Logits {
+    view: BufferView,
+    vocab: usize,
+    host: OnceCell<Vec<f32>>,
+}
+
+/// One row's result: the greedy next token, and its logits on demand.
+#[derive(Debug, Clone)]
+pub struct Step {
+    pub next: u32,
+    logits: Rc<Logits>,
+    row: usize,
+}
+
+impl Step {
+    /// This row's `[vocab]` logits (the call's logits are downloaded on the first ask).
+    pub fn logits(&self) -> Result<Vec<f32>> {
+        let all = match self.logits.host.get() {
+            Some(all) => all,
+            None => {
+                let all = self.logits.view.to_vec()?;
+                self.logits.host.get_or_init(|| all)
+            }
+        };
+        let v = self.logits.vocab;
+        Ok(all[self.row * v..(self.row + 1) * v].to_vec())
+    }
+}
+
+/// Refuses the first id at or above `vocab` (`Error::TokenOutOfRange`): the one check of token
+/// ids, for the engine, the scheduler and the CLI's own inputs.
+pub fn check_tokens<'a>(tokens: impl IntoIterator<Item = &'a u32>, vocab: usize) -> Result<()> {
+    match tokens.into_iter().find(|t| **t as usize >= vocab) {
+        Some(&token) => Err(Error::TokenOutOfRange { token, vocab }),
+        None => Ok(()),
+    }
+}
+
+#[derive(Debug)]
+pub struct Engine {
+    cfg: ModelConfig,
+    plan: Plan,
+    device: Device,
+    session: Session,
+    k: BufferView,
+    v: BufferView,
+    /// Positions in use per slot.
+    lens: Vec<usize>,
+    report: LoadReport,
+}
+
+/// What a load did, in plain values (nothing of IREE): what a caller prints after loading
+/// (`generate`'s summary line, the server's start line) and what `mlx-iree bench` reports.
+#[derive(Debug, Clone)]
+pub struct LoadReport {
+    /// Whether every module came from the compile cache, else the seconds compiling took.
+    pub compile: CompileReport,
+    /// Seconds from the compiled modules to a ready engine: binding the weights (mapping
+    /// stored ones, or reading the checkpoint and, on a first load, writing them in final
+    /// form) and allocating the KV cache.
+    pub load_seconds: f64,
+    /// Bytes of all parameters bound on the device.
+    pub weight_bytes: usize,
+    /// Bytes of the k and v caches on the device.
+    pub kv_bytes: usize,
+    /// The file the weights are bound from, in the final form the module reads, when they
+    /// are stored ([`EngineConfig::store_parameters`] on a data-tiled CPU module).
+    pub stored_parameters: Option<std::path::PathBuf>,
+}
+
+/// The rows of one step call in the graph ABI's order: per row its token id, its position in
+/// its sequence and its sequence's KV slot (the three `i32` vectors the step function and
+/// `write_kv` read), pushed a row at a time so the three always have one entry per row.
+#[derive(Debug)]
+struct Rows {
+    tokens: Vec<i32>,
+    positions: Vec<i32>,
+    slots: Vec<i32>,
+}
+
+impl Rows {
+    fn with_capacity(rows: usize) -> Rows {
+        Rows { tokens: Vec::with_capacity(rows), positions: Vec::with_capacity(rows), slots: Vec::with_capacity(rows) }
+    }
+
+    /// Appends a row: `token` at `position` of the sequence in `slot`. Ids, positions and
+    /// slots are far below 2^31 (vocabularies, contexts and slot counts are checked at load).
+    fn push(&mut self, token: u32, position: usize, slot: usize) {
+        self.tokens.push(token as i32);
+        self.positions.push(position as i32);
+        self.slots.push(slot as i32);
+    }
+
+    fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Pads to `width` rows by repeating row `row` (the same token at the same place: a
+    /// repeated row computes and writes the same bytes as the row itself).
+    fn pad(&mut self, width: usize, row: usize) {
+        let (token, position, slot) = (self.tokens[row], self.positions[row], self.slots[row]);
+        self.tokens.resize(width, token);
+        self.positions.resize(width, position);
+        self.slots.resize(width, slot);
+    }
+}
+
+/// What a step function reads beside its rows, by kind of call (the graph ABI's `slots` and
+/// `last` arguments: `models::graph`).
+#[derive(Debug)]
+enum Reads {
+    /// A decode call: every row is a sequence of its own (its slot is the row's), and each
+    /// row's logits come back.
+    Decode,
+    /// A prefill call: every row belongs to the sequence in `slot`; the logits of row `last`
+    /// (the chunk's last real token) come back.
+    Prefill { slot: usize, last: usize },
+    /// A mixed call: rows of several sequences (each row's slot its own); the logits of the
+    /// rows `outs` (each sequence's last row, padded to the function's outputs) come back.
+    Mixed { outs: Vec<usize> },
+}
+
+/// What a load decides before the device and the compiler: the checkpoint opened, its
+/// config, layout and plan (every refusal of what the engine cannot run happens here).
+struct Planned {
+    backend: Backend,
+    ckpt: Checkpoint,
+    cfg: ModelConfig,
+    layout: Layout,
+    plan: Plan,
+}
+
+impl Planned {
+    fn new(dir: &Path, config: &EngineConfig) -> Result<Planned> {
+        let target = CompileTarget::for_device(&config.device)?;
+        let ckpt = Checkpoint::open(dir)?;
+        let cfg = ModelConfig::for_checkpoint(&ckpt)?;
+        let backend = Backend::new(target, config.cpu_kernels, &config.cache_dir)?;
+        let layout = backend.layout(&cfg, config.precision, &ckpt)?;
+        let plan = Plan::new(&cfg, config)?.for_layout(&cfg, &layout);
+        Ok(Planned { backend, ckpt, cfg, layout, plan })
+    }
+}
+
+impl Engine {
+    /// Compiles (or finds in the cache) every module [`Engine::load`] loads for this model
+    /// and configuration, without opening the device: fills a compile cache for a machine
+    /// that has the device but no compiler (scripts/cuda-check). The same refusals as a
+    /// load, before anything is compiled.
+    pub fn compile_only(dir: &Path, config: &EngineConfig) -> Result<CompileReport> {
+        let Planned { backend, cfg, layout, plan, .. } = Planned::new(dir, config)?;
+        Ok(compile_modules(&cfg, &layout, &plan, &backend, config)?.1)
+    }
+
+    /// The `flow.dispatch` ops one decode step of one sequence runs (the smallest decode
+    /// window) for this model and configuration: its module compiled to IREE's `flow` phase
+    /// (this needs the compiler, never the device; nothing is cached) and counted inside the
+    /// step's function and whatever it calls. For benchmarks: on a GPU a step costs about its
+    /// dispatches. The same refusals as a load, before anything is compiled.
+    pub fn decode_dispatches(dir: &Path, config: &EngineConfig) -> Result<usize> {
+        let Planned { backend, cfg, layout, plan, .. } = Planned::new(dir, config)?;
+        let window = plan.decode_windows.first().copied().unwrap_or(plan.cache.positions);
+        let one = Function::Decode { rows: 1, window };
+        let name = one.name();
+        let module = backend
+            .graph_modules(&cfg, &layout, &plan)?
+            .into_iter()
+            .find(|m| m.functions.contains(&one))
+            .ok_or_else(|| Error::DispatchCount { function: name.clone(), reason: "no module holds it".into() })?;
+        // The options a load compiles with (the parameter encoder only where it stores them).
+        let mut options = module.options;
+        options.parameter_encoder &= config.store_parameters;
+        let flow = iree_compiler::Compiler::new()?.compile_to_ir(&module.mlir, backend.iree(), &options, "flow")?;
+        crate::dispatches::count(&flow, &name).map_err(|reason| Error::DispatchCount { function: name, reason })
+    }
+
+    /// Opens the checkpoint, refuses what it cannot run (before compiling), compiles every
+    /// function of its [`Plan`] (cached), binds the weights and allocates the KV cache.
+    pub fn load(dir: &Path, config: &EngineConfig) -> Result<Engine> {
+        let Planned { backend, ckpt, cfg, layout, plan } = Planned::new(dir, config)?;
+        // The device before the compile: a machine without one (no Vulkan driver) hears so
+        // at once, not after minutes of compiling.
+        let instance = Instance::new()?;
+        let device = instance.device(&device::runtime_uri(&config.device)).map_err(|e| match e {
+            iree_hal::Error::Device { message, .. } if *backend.target() == CompileTarget::Vulkan => {
+                Error::NoVulkanDevice { message }
+            }
+            e => Error::Runtime(e),
+        })?;
+
+        let (modules, compile) = compile_modules(&cfg, &layout, &plan, &backend, config)?;
+
+        let started = Instant::now();
+        let mut session = Session::new(&instance, &device)?;
+        // Globals that view one parameter share its bytes: each key counts (and is bound) once.
+        let mut params = layout.device_params(&cfg);
+        let mut seen = std::collections::HashSet::new();
+        params.retain(|p| seen.insert(p.key.clone()));
+        let weight_bytes = params.iter().map(|p| p.bytes()).sum();
+        let host_params = || -> Result<Parameters> {
+            let mut bound = Parameters::new(SCOPE)?;
+            for param in &params {
+                let bytes = layout.load(&ckpt, param)?;
+                debug_assert_eq!(bytes.len(), param.bytes(), "{}", param.key);
+                bound.add_tensor(&param.key, &bytes)?;
+            }
+            Ok(bound)
+        };
+        let encoded: Vec<_> = modules.iter().filter(|(_, m)| m.encoder.is_some()).collect();
+        let (bound, stored_parameters) = match encoded.as_slice() {
+            [] => (host_params()?, None),
+            [(what, module)] if modules.len() == 1 => {
+                let files: Vec<&Path> = ckpt.shards().iter().map(|f| f.path()).collect();
+                let path = cache::parameters_path(&module.path, ckpt.dir(), &files)
+                    .map_err(|source| Error::ParameterStore { path: module.path.clone(), source })?;
+                let encoder = module.encoder.as_deref().unwrap_or_default();
+                let (bound, kept) = cache::stored_parameters(&instance, &device, what, &path, encoder, host_params)?;
+                (bound, kept.then_some(path))
+            }
+            _ => return Err(Error::EncodedModules { modules: encoded.len() }),
+        };
+        session.append_parameters(&[&bound])?;
+        for (_, module) in &modules {
+            session.load_vmfb(&module.vmfb)?;
+        }
+        if let Some(max) = config.cache_max_bytes {
+            let keep: Vec<&Path> = modules.iter().map(|(_, m)| m.path.as_path()).collect();
+            cache::evict(&config.cache_dir, max, &keep);
+        }
+        let dims = plan.cache.dims(&cfg);
+        // Zeros, not garbage: a masked position still multiplies its value by 0 in attention.
+        let zeros = vec![0u8; dims.iter().product::<usize>() * plan.cache.elem.bytes()];
+        let elem = match plan.cache.elem {
+            KvElem::F32 => iree_hal::ElementType::F32,
+            KvElem::F16 => iree_hal::ElementType::F16,
+        };
+        let k = device.upload_bytes(elem, &dims, &zeros)?;
+        let v = device.upload_bytes(elem, &dims, &zeros)?;
+        drop(zeros);
+        let load_seconds = started.elapsed().as_secs_f64();
+        let kv_bytes = plan.cache.bytes(&cfg);
+        let lens = vec![0; plan.cache.slots];
+        let report = LoadReport { compile, load_seconds, weight_bytes, kv_bytes, stored_parameters };
+        Ok(Engine { cfg, plan, device, session, k, v, lens, report })
+    }
+
+    /// What the load did: compile, load time, device bytes, the stored-weights file.
+    pub fn load_report(&self) -> &LoadReport {
+        &self.report
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Sequences that can be decoded together (KV slots).
+    pub fn max_batch(&self) -> usize {
+        self.plan.cache.slots
+    }
+
+    /// Positions per sequence.
+    pub fn max_context(&self) -> usize {
+        self.plan.cache.positions
+    }
+
+    /// Positions used so far by `slot`.
+    pub fn position(&self, slot: usize) -> usize {
+        self.lens.get(slot).copied().unwrap_or(0)
+    }
+
+    /// Forgets `slot`'s context; its next call starts at position 0. Stale cache entries are
+    /// never read: a position is written before any query can see it.
+    pub fn reset(&mut self, slot: usize) {
+        if let Some(len) = self.lens.get_mut(slot) {
+            *len = 0;
+        }
+    }
+
+    fn check_slot(&self, slot: usize) -> Result<()> {
+        if slot >= self.lens.len() {
+            return Err(Error::NoSuchSlot { slot, slots: self.lens.len() });
+        }
+        Ok(())
+    }
+
+    fn context_full(&self, slot: usize, more: usize) -> Error {
+        Error::ContextFull { slot, held: self.lens[slot], more, max: self.max_context() }
+    }
+
+    /// The checks of one call's `(slot, tokens)` entries (decode rows or mixed entries):
+    /// tokens present and in the vocabulary, slots existing and distinct, and room for the
+    /// tokens in each slot's context.
+    fn check_entries<'t>(&self, entries: impl IntoIterator<Item = (usize, &'t [u32])>) -> Result<()> {
+        let mut seen = vec![false; self.lens.len()];
+        for (slot, tokens) in entries {
+            if tokens.is_empty() {
+                return Err(Error::EmptyPrompt);
+            }
+            self.check_slot(slot)?;
+            check_tokens(tokens, self.cfg.vocab)?;
+            if std::mem::replace(&mut seen[slot], true) {
+                return Err(Error::DuplicateSlot { slot });
+            }
+            if self.lens[slot] + tokens.len() > self.max_context() {
+                return Err(self.context_full(slot, tokens.len()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs step `function` on `rows` with what its kind of call reads beside them
+    /// (`reads`), then writes the rows' keys and values into the cache at each row's (slot,
+    /// position). Returns every output row's next id and the call's logits.
+    fn call(&mut self, function: Function, rows: &Rows, reads: Reads) -> Result<(Vec<i32>, Rc<Logits>)> {
+        let upload = |data: &[i32]| self.device.upload(&[data.len()], data);
+        let (tokens, positions, row_slots) = (upload(&rows.tokens)?, upload(&rows.positions)?, upload(&rows.slots)?);
+        // A decode or mixed call reads its rows' slots: the same view, not a second upload
+        // (on a GPU each upload is an allocation and a synchronous copy).
+        let (slot, last) = match &reads {
+            Reads::Decode => (None, None),
+            Reads::Prefill { slot, last } => (Some(upload(&[*slot as i32])?), Some(upload(&[*last as i32])?)),
+            Reads::Mixed { outs } => {
+                let outs: Vec<i32> = outs.iter().map(|&row| row as i32).collect();
+                (None, Some(upload(&outs)?))
+            }
+        };
+        let mut args = vec![&tokens, &positions, slot.as_ref().unwrap_or(&row_slots)];
+        args.extend(last.as_ref());
+        args.extend([&self.k, &self.v]);
+        let name = function.name();
+        let out = self.session.call(&name, &args)?;
+        let got = out.len();
+        let Ok([next, logits, new_k, new_v]) = <[BufferView; 4]>::try_from(out) else {
+            return Err(Error::Abi { function: name, got, expected: 4 });
+        };
+        let write = Function::WriteKv { rows: rows.len() }.name();
+        let out = self.session.call(&write, &[&positions, &row_slots, &new_k, &new_v, &self.k, &self.v])?;
+        let got = out.len();
+        let Ok([k, v]) = <[BufferView; 2]>::try_from(out) else {
+            return Err(Error::Abi { function: write, got, expected: 2 });
+        };
+        self.k = k;
+        self.v = v;
+        let logits = Rc::new(Logits { view: logits, vocab: self.cfg.vocab, host: OnceCell::new() });
+        Ok((next.to_vec()?, logits))
+    }
+
+    /// Appends `prompt` to `slot`'s context (in chunks) and returns the step after its last
+    /// token.
+    pub fn prefill(&mut self, slot: usize, prompt: &[u32]) -> Result<Step> {
+        if prompt.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        self.check_slot(slot)?;
+        check_tokens(prompt, self.cfg.vocab)?;
+        if self.lens[slot] + prompt.len() > self.max_context() {
+            return Err(self.context_full(slot, prompt.len()));
+        }
+        let mut rest = prompt;
+        let mut last = None;
+        while !rest.is_empty() {
+            let start = self.lens[slot];
+            let Some(function @ Function::Prefill { tokens, .. }) = self.plan.prefill(start, rest.len()) else {
+                // Too close to the end of the slot for any chunk's padding: one token at a time.
+                last = Some(self.decode(&[(slot, rest[0])])?.remove(0));
+                rest = &rest[1..];
+                continue;
+            };
+            let take = tokens.min(rest.len());
+            // Padding rows: token 0 at the positions after the prompt's (inside the slot, and
+            // overwritten before any query can see them).
+            let mut rows = Rows::with_capacity(tokens);
+            let ids = rest[..take].iter().copied().chain(std::iter::repeat(0));
+            for (i, token) in ids.take(tokens).enumerate() {
+                rows.push(token, start + i, slot);
+            }
+            let (next, logits) = self.call(function, &rows, Reads::Prefill { slot, last: take - 1 })?;
+            self.lens[slot] += take;
+            last = Some(Step { next: next[0] as u32, logits, row: 0 });
+            rest = &rest[take..];
+        }
+        last.ok_or(Error::EmptyPrompt)
+    }
+
+    /// One decode step for every `(slot, token)` row at once; slots must be distinct. Returns
+    /// one step per row, in order.
+    pub fn decode(&mut self, rows: &[(usize, u32)]) -> Result<Vec<Step>> {
+        if rows.is_empty() {
+            return Err(Error::NoRows);
+        }
+        self.check_entries(rows.iter().map(|(slot, token)| (*slot, std::slice::from_ref(token))))?;
+        let top = rows.iter().map(|(slot, _)| self.lens[*slot]).max().unwrap_or(0);
+        let function =
+            self.plan.decode(rows.len(), top).ok_or(Error::TooManyRows { rows: rows.len(), max: self.max_batch() })?;
+        // Padding rows repeat the first row: rows are computed independently, so they write
+        // the same bytes to the same place.
+        let b = function.rows();
+        let mut call = Rows::with_capacity(b);
+        for &(slot, token) in rows {
+            call.push(token, self.lens[slot], slot);
+        }
+        call.pad(b, 0);
+        let (next, logits) = self.call(function, &call, Reads::Decode)?;
+        for &(slot, _) in rows {
+            self.lens[slot] += 1;
+        }
+        Ok((0..rows.len()).map(|row| Step { next: next[row] as u32, logits: Rc::clone(&logits), row }).collect())
+    }
+
+    /// Feeds one token to `slot`.
+    pub fn decode_one(&mut self, slot: usize, token: u32) -> Result<Step> {
+        Ok(self.decode(&[(slot, token)])?.remove(0))
+    }
+
+    /// Most rows one [`Engine::step`] takes in a single call (0: the plan has no mixed calls,
+    /// so a step calls once per prompt).
+    pub fn step_rows(&self) -> usize {
+        self.plan.mixed.last().copied().unwrap_or(0)
+    }
+
+    /// Appends each `(slot, tokens)` entry's tokens to its slot (prompt chunks, or one token
+    /// a decode row; slots distinct) and returns, per entry in order, the step after its last
+    /// token: every entry in one mixed call where the plan has them (at most
+    /// [`Engine::step_rows`] rows in all), else one decode call for the single tokens and a
+    /// prefill per longer entry. The results are those of feeding each entry alone.
+    pub fn step(&mut self, batch: &[(usize, &[u32])]) -> Result<Vec<Step>> {
+        if batch.is_empty() {
+            return Err(Error::NoRows);
+        }
+        self.check_entries(batch.iter().copied())?;
+        let rows: usize = batch.iter().map(|(_, t)| t.len()).sum();
+        if rows == batch.len() || self.plan.mixed.is_empty() {
+            return self.step_apart(batch);
+        }
+        let function = self.plan.mixed(rows).ok_or(Error::TooManyRows { rows, max: self.step_rows() })?;
+        let (width, outs) = (function.rows(), function.outs());
+        let mut rows = Rows::with_capacity(width);
+        let mut last = Vec::with_capacity(outs);
+        for &(slot, tokens) in batch {
+            let start = self.lens[slot];
+            for (i, &token) in tokens.iter().enumerate() {
+                rows.push(token, start + i, slot);
+            }
+            last.push(rows.len() - 1);
+        }
+        // Padding rows repeat the last row: the attention kernel gives a repeat of a row the
+        // same bits, and it writes the same bytes to the same place. Unused outputs repeat
+        // the first.
+        rows.pad(width, rows.len() - 1);
+        last.resize(outs, last[0]);
+        let (next, logits) = self.call(function, &rows, Reads::Mixed { outs: last })?;
+        for &(slot, tokens) in batch {
+            self.lens[slot] += tokens.len();
+        }
+        Ok((0..batch.len()).map(|row| Step { next: next[row] as u32, logits: Rc::clone(&logits), row }).collect())
+    }
+
+    /// [`Engine::step`] without a mixed call: the single tokens in one decode call, then each
+    /// longer entry's prefill.
+    fn step_apart(&mut self, batch: &[(usize, &[u32])]) -> Result<Vec<Step>> {
+        let singles: Vec<(usize, u32)> =
+            batch.iter().filter(|(_, t)| t.len() == 1).map(|&(slot, t)| (slot, t[0])).collect();
+        let mut decoded = if singles.is_empty() { Vec::new() } else { self.decode(&singles)? }.into_iter();
+        let mut out = Vec::with_capacity(batch.len());
+        for &(slot, tokens) in batch {
+            let step = if tokens.len() == 1 { decoded.next() } else { Some(self.prefill(slot, tokens)?) };
+            out.push(step.ok_or(Error::NoRows)?);
+        }
+        Ok(out)
+    }
+}

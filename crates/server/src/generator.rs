@@ -1,0 +1,277 @@
+//! The one place where the text side meets the engine, for every front end (the HTTP
+//! server here, and the binary's `generate` and `chat`): a model folder's tokenizer, chat
+//! template and end-of-sequence ids beside the engine's [`Scheduler`] ([`Generator`]), a
+//! request built from prompt ids and plain options ([`Options`]: the stop tokens, the
+//! vocabulary limit and the sampler closure), and its token events turned back into text
+//! ([`TextStream`]: streaming detokenizer and stop strings).
+
+use crate::stop::StopMatcher;
+use engine::EngineConfig;
+use engine::scheduler::{Event, FinishReason, Finished, Generation, Request, Sampling, Scheduler};
+use std::path::Path;
+use text::chat::{ChatError, ChatTemplate, Message};
+use text::sampler::{Sampler, SamplingError, SamplingParams};
+use text::stream::StreamDecoder;
+use text::tokenizer::{Tokenizer, TokenizerError, eos_ids};
+
+/// Why a model could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Engine(#[from] engine::Error),
+}
+
+/// Why a generation could not be asked for or read.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    /// The sampling settings (refused before anything reaches the engine).
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    #[error(transparent)]
+    Engine(#[from] engine::Error),
+    /// Detokenizing the generated ids.
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    /// Rendering a chat prompt.
+    #[error(transparent)]
+    Chat(#[from] ChatError),
+    /// A chat prompt for a model folder without a usable chat template (why, as text).
+    #[error("{0}")]
+    NoChatTemplate(String),
+}
+
+/// A model folder's text side, read before the engine loads (so a folder without a
+/// tokenizer fails before anything is compiled).
+#[derive(Debug)]
+pub struct ModelText {
+    pub tokenizer: Tokenizer,
+    /// The chat template, or why the folder has none.
+    pub chat: Result<ChatTemplate, ChatError>,
+    pub eos: Vec<u32>,
+}
+
+impl ModelText {
+    pub fn load(dir: &Path) -> Result<ModelText, TokenizerError> {
+        let tokenizer = Tokenizer::from_dir(dir)?;
+        let eos = eos_ids(dir, &tokenizer)?;
+        let chat = ChatTemplate::from_dir(dir);
+        Ok(ModelText { tokenizer, chat, eos })
+    }
+
+    /// `text` as prompt ids (with the tokenizer's special tokens, as mlx-lm encodes a prompt).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.tokenizer.encode(text, true)
+    }
+
+    /// `messages` rendered with the chat template (and a generation prompt) as prompt ids.
+    pub fn encode_chat(&self, messages: &[Message]) -> Result<Vec<u32>, GenerateError> {
+        encode_chat(&self.chat, &self.tokenizer, messages)
+    }
+}
+
+fn encode_chat(
+    chat: &Result<ChatTemplate, ChatError>,
+    tokenizer: &Tokenizer,
+    messages: &[Message],
+) -> Result<Vec<u32>, GenerateError> {
+    let chat = chat.as_ref().map_err(|e| GenerateError::NoChatTemplate(e.to_string()))?;
+    Ok(chat.encode(tokenizer, messages)?)
+}
+
+/// How one answer is generated: plain values a front end fills from its flags or request
+/// body.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Temperature, top-k, top-p and seed; temperature 0 is greedy (the device's argmax).
+    pub sampling: SamplingParams,
+    /// Strings that end the answer; the text from the first one on is never given out.
+    pub stop: Vec<String>,
+    /// Go on past the model's end-of-sequence ids.
+    pub ignore_eos: bool,
+}
+
+impl Options {
+    /// Greedy, up to `max_tokens`, ending at end of sequence.
+    pub fn greedy(max_tokens: usize) -> Options {
+        Options {
+            max_tokens,
+            sampling: SamplingParams { temperature: 0.0, top_k: None, top_p: None, seed: 0 },
+            stop: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
+/// The engine's token choice for `params`: its argmax at temperature 0 (no logits leave the
+/// device), else a [`Sampler`] closure (temperature, top-k, top-p, seeded).
+pub fn sampling(params: SamplingParams) -> Result<Sampling, SamplingError> {
+    if params.temperature == 0.0 {
+        return Ok(Sampling::Greedy);
+    }
+    let mut sampler = Sampler::new(params)?;
+    Ok(Sampling::Custom(Box::new(move |logits: &[f32]| Ok(sampler.sample(logits)?))))
+}
+
+/// A loaded model: the engine thread and the text side around it.
+#[derive(Debug)]
+pub struct Generator {
+    pub scheduler: Scheduler,
+    pub tokenizer: Tokenizer,
+    /// The chat template, or why the folder has none (then chat prompts are refused).
+    pub chat: Result<ChatTemplate, ChatError>,
+    pub eos: Vec<u32>,
+}
+
+impl Generator {
+    /// Reads the text side (so a folder without a tokenizer fails before any compile), then
+    /// starts the engine, compiling or loading every graph.
+    pub fn load(dir: &Path, config: EngineConfig) -> Result<Generator, LoadError> {
+        let text = ModelText::load(dir)?;
+        Ok(Generator::start(dir, config, text)?)
+    }
+
+    /// Starts the engine for `dir` beside its text side, read already (a caller that needed
+    /// the tokenizer before loading, to check a prompt's length).
+    pub fn start(dir: &Path, config: EngineConfig, text: ModelText) -> Result<Generator, engine::Error> {
+        if let Err(e) = &text.chat {
+            tracing::warn!("no chat template ({e}): chat prompts will be refused");
+        }
+        let scheduler = Scheduler::start(dir, config)?;
+        let ModelText { tokenizer, chat, eos } = text;
+        Ok(Generator { scheduler, tokenizer, chat, eos })
+    }
+
+    /// `text` as prompt ids (with the tokenizer's special tokens).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.tokenizer.encode(text, true)
+    }
+
+    /// `messages` rendered with the chat template (and a generation prompt) as prompt ids.
+    pub fn encode_chat(&self, messages: &[Message]) -> Result<Vec<u32>, GenerateError> {
+        encode_chat(&self.chat, &self.tokenizer, messages)
+    }
+
+    /// The engine request for `prompt` under `options`: the model's end-of-sequence ids as
+    /// stop tokens (unless ignored), ids past the tokenizer's vocabulary never chosen
+    /// (embedding tables padded past it decode to nothing), the sampler closure.
+    pub fn request(&self, prompt: Vec<u32>, options: &Options) -> Result<Request, GenerateError> {
+        Ok(Request {
+            prompt,
+            max_tokens: options.max_tokens,
+            stop_tokens: if options.ignore_eos { Vec::new() } else { self.eos.clone() },
+            vocab_limit: Some(self.tokenizer.vocab_size()),
+            sampling: sampling(options.sampling)?,
+        })
+    }
+
+    /// Submits `prompt` and returns its answer as a stream of text pieces.
+    pub fn submit(&self, prompt: Vec<u32>, options: &Options) -> Result<TextStream, GenerateError> {
+        let generation = self.scheduler.submit(self.request(prompt, options)?)?;
+        Ok(TextStream::new(generation, options.stop.clone()))
+    }
+}
+
+/// One piece of an answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Piece {
+    /// Text to give out now (possibly empty: bytes held for a character or a stop string).
+    Text(String),
+    /// The end, after the last text; asked again, the same.
+    End(FinishReason),
+}
+
+/// A generation's token events as text: detokenized as a stream, cut at the first stop
+/// string (which cancels the generation, freeing its slot at once). Dropping it cancels the
+/// generation.
+#[derive(Debug)]
+pub struct TextStream {
+    generation: Generation,
+    decoder: StreamDecoder,
+    stop: StopMatcher,
+    /// Set once the end is known (a stop string, or `Done`); given out after the last text.
+    end: Option<FinishReason>,
+    finished: Option<Finished>,
+    generated: usize,
+}
+
+impl TextStream {
+    pub fn new(generation: Generation, stops: Vec<String>) -> TextStream {
+        TextStream {
+            generation,
+            decoder: StreamDecoder::new(true),
+            stop: StopMatcher::new(stops),
+            end: None,
+            finished: None,
+            generated: 0,
+        }
+    }
+
+    /// The next piece, waiting for the engine (from async code).
+    pub async fn next(&mut self, tokenizer: &Tokenizer) -> Result<Piece, GenerateError> {
+        if let Some(end) = self.end {
+            return Ok(Piece::End(end));
+        }
+        let event = self.generation.next().await;
+        self.piece(tokenizer, event)
+    }
+
+    /// The next piece, blocking this thread until the engine sends it.
+    pub fn blocking_next(&mut self, tokenizer: &Tokenizer) -> Result<Piece, GenerateError> {
+        if let Some(end) = self.end {
+            return Ok(Piece::End(end));
+        }
+        let event = self.generation.blocking_next();
+        self.piece(tokenizer, event)
+    }
+
+    /// Asks the engine to stop: it frees the slot at its next step and the stream ends with
+    /// `Cancelled` (tokens already on their way still come first).
+    pub fn cancel(&self) {
+        self.generation.cancel();
+    }
+
+    /// Tokens generated so far (stop tokens not counted).
+    pub fn generated(&self) -> usize {
+        self.generated
+    }
+
+    /// How the engine ended the generation, once it has said so (`None` before, and when a
+    /// stop string ended the answer first).
+    pub fn finished(&self) -> Option<&Finished> {
+        self.finished.as_ref()
+    }
+
+    fn piece(&mut self, tokenizer: &Tokenizer, event: Option<engine::Result<Event>>) -> Result<Piece, GenerateError> {
+        match event {
+            Some(Ok(Event::Token(token))) => {
+                self.generated += 1;
+                let text = self.decoder.push(tokenizer, token)?;
+                let (out, stopped) = self.stop.push(&text);
+                if stopped {
+                    // Frees the slot now; nothing after the stop string is given out.
+                    self.generation.cancel();
+                    self.end = Some(FinishReason::Stop);
+                }
+                Ok(Piece::Text(out))
+            }
+            Some(Ok(Event::Done(done))) => {
+                self.end = Some(done.reason);
+                self.finished = Some(done);
+                let text = self.decoder.finish(tokenizer)?;
+                let (mut out, stopped) = self.stop.push(&text);
+                if stopped {
+                    self.end = Some(FinishReason::Stop);
+                } else {
+                    out.push_str(&self.stop.finish());
+                }
+                Ok(Piece::Text(out))
+            }
+            Some(Err(e)) => Err(e.into()),
+            None => Err(engine::Error::Stopped.into()),
+        }
+    }
+}
