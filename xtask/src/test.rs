@@ -104,11 +104,13 @@ fn check_formatting() -> Result<()> {
 
 /// `cargo clippy --workspace --all-targets -- -D warnings`; an error when any lint fires.
 ///
-/// It runs with the test build's environment ([`suite_env`]) and the same dev profile, so the
-/// build scripts (melior's MLIR bindings, iree-sys's bindgen, the kernel objects) and proc
-/// macros (melior's dialect tables) it needs are the ones `cargo test` then reuses, built
-/// once: what clippy adds is a check of the dependencies (metadata only, unoptimised) and a
-/// lint pass over the workspace's own crates.
+/// It runs with the test build's environment ([`suite_env`]) and profile, so the
+/// dependencies' build scripts (mlir-sys's bindgen run over MLIR) and proc macros (melior's
+/// dialect tables) are the ones the test build then reuses, built once (the root Cargo.toml's
+/// `profile.dev.build-override` says why that needs stating). What clippy adds: a check of
+/// the dependencies (metadata only), the workspace's own build scripts (iree-sys's bindgen, the
+/// kernel objects: clippy's compiler wrapper is part of their hash) and a lint pass over the
+/// workspace's crates.
 fn check_lints() -> Result<()> {
     progress(
         "test",
