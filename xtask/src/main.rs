@@ -27,8 +27,9 @@ commands:
   build-iree [--target T]       build the IREE runtime for T = cpu (default; with the Vulkan
                                 driver, so vulkan is the same build), cuda, metal into
                                 target/iree/<T>/; reuses a finished build
-  test [-- CARGO_TEST_ARGS]     setup + build-iree --target cpu + model + the workspace's
-                                tests (cargo test --no-run, then two test binaries at a time)
+  test [-- CARGO_TEST_ARGS]     cargo fmt --check + setup + build-iree --target cpu + cargo
+                                clippy (warnings fail) + model + the workspace's tests (cargo
+                                test --no-run, then two test binaries at a time)
   test-vulkan                   setup + build-iree + every fixture family on --device vulkan
                                 (Mesa's lavapipe; the suite runs four of them)
   compile-matrix                setup + build-iree + every fixture family x precision x target

@@ -1,6 +1,8 @@
 //! `cargo xtask test`: the README's test command, also what `.ci/run` calls.
 //!
-//! Set-up first (idempotent), then the whole workspace's tests on CPU: `cargo test
+//! The lint gates first (`cargo fmt --check`, then, once set-up has made melior buildable,
+//! `cargo clippy --workspace --all-targets -- -D warnings`), then the whole workspace's
+//! tests on CPU: `cargo test
 //! --no-run` builds every test binary, then they and the doc tests run [`LANES`] at a time,
 //! the longest first (cargo test runs them one after another, and most of this suite's time
 //! is IREE compiling modules on one core each: a binary's sequential stretches left the
@@ -55,8 +57,14 @@ pub fn run(args: &[String]) -> Result<()> {
         Some((other, _)) => bail!("test: unexpected argument `{other}` (pass cargo test arguments after `--`)"),
         None => &[],
     };
+    // Formatting needs nothing built: checked before set-up, so a misformatted change fails
+    // in seconds rather than after it.
+    check_formatting()?;
     let toolchain = crate::setup::run()?;
     build_iree::build(&toolchain, Target::Cpu)?;
+    // Clippy needs LLVM/MLIR (melior) and the runtime (iree-sys's bindings), nothing more, so
+    // it fails a change before the model conversion and the tests.
+    check_lints()?;
     // The SmolLM2 tests compare against mlx-lm's trajectories on the converted model.
     crate::model::run(&[])?;
     client_venv()?;
@@ -76,6 +84,50 @@ pub fn run(args: &[String]) -> Result<()> {
         util::run(cargo_test().args(passthrough))?;
     }
     progress("test", format!("all tests passed in {:.0} s", started.elapsed().as_secs_f64()));
+    Ok(())
+}
+
+/// `cargo fmt --check` over the workspace; an error naming the fix when a file differs (cargo
+/// fmt prints the diff above it).
+fn check_formatting() -> Result<()> {
+    progress("test", "cargo fmt --check");
+    let mut cmd = Command::new(util::cargo());
+    cmd.current_dir(util::root()).args(["fmt", "--check"]);
+    let status = cmd.status().context("could not start `cargo fmt --check` (rustup component add rustfmt)")?;
+    if !status.success() {
+        bail!(
+            "cargo fmt --check failed ({status}): the diff above is what `cargo fmt` would change; run it and commit"
+        );
+    }
+    Ok(())
+}
+
+/// `cargo clippy --workspace --all-targets -- -D warnings`; an error when any lint fires.
+///
+/// It runs with the test build's environment ([`suite_env`]) and profile, so the
+/// dependencies' build scripts (mlir-sys's bindgen run over MLIR) and proc macros (melior's
+/// dialect tables) are the ones the test build then reuses, built once (the root Cargo.toml's
+/// `profile.dev.build-override` says why that needs stating). What clippy adds: a check of
+/// the dependencies (metadata only), the workspace's own build scripts (iree-sys's bindgen, the
+/// kernel objects: clippy's compiler wrapper is part of their hash) and a lint pass over the
+/// workspace's crates.
+fn check_lints() -> Result<()> {
+    progress(
+        "test",
+        "cargo clippy --workspace --all-targets -- -D warnings (first run builds melior: several minutes)",
+    );
+    let started = Instant::now();
+    let mut cmd = Command::new(util::cargo());
+    cmd.current_dir(util::root()).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]);
+    suite_env(&mut cmd);
+    let status = cmd.status().context("could not start `cargo clippy` (rustup component add clippy)")?;
+    if !status.success() {
+        bail!(
+            "cargo clippy failed ({status}): every warning above fails the suite; fix it (an #[allow] goes on \
+             the one item, with a one-line reason)"
+        );
+    }
+    progress("test", format!("clippy clean in {:.0} s", started.elapsed().as_secs_f64()));
     Ok(())
 }
 

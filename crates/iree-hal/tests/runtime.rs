@@ -337,7 +337,8 @@ fn missing_parameter_is_an_error() {
 
 #[test]
 fn u4_values_of_eight_and_above_widen_unsigned() {
-    // Nibbles >= 8 are where a signed/unsigned mix-up shows (see BRIEF §4).
+    // Nibbles >= 8 are where a signed/unsigned mix-up shows (docs/ARCHITECTURE.md, "Toolchain
+    // facts": unsigned 4-bit reads as signed).
     let mlir = r#"
 func.func @widen(%a: tensor<4xui4>) -> tensor<4xi32> {
   %0 = stablehlo.convert %a : (tensor<4xui4>) -> tensor<4xi32>

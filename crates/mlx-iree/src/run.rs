@@ -1,4 +1,5 @@
-//! `mlx-iree generate` and `mlx-iree trajectory`: the CLI contract of BRIEF section 6.
+//! `mlx-iree generate` and `mlx-iree trajectory`: the CLI contract of docs/ARCHITECTURE.md
+//! (`crates/mlx-iree`) and the README's "The `mlx-iree` command".
 
 use anyhow::{Context, Result, bail};
 use engine::scheduler::{FinishReason, Finished};

@@ -89,7 +89,7 @@ fn packed_keeps_weight_scales_and_biases() {
 
 /// The packed bytes dequantize to exactly what MLX computes: `s * q + b` with MLX's unsigned
 /// `q` equals `s * signed(q ^ 2^(bits-1)) + (b + 2^(bits-1) s)`, for every element, values
-/// of 8 and above included (IREE 3.13 reads `ui4` as signed; BRIEF 4).
+/// of 8 and above included (IREE 3.13 reads `ui4` as signed; docs/ARCHITECTURE.md, "Toolchain facts").
 #[test]
 fn packed_bytes_dequantize_like_mlx() {
     // qwen3's gate_proj has 176 rows: 4-bit stored one value per byte (`wide`, any

@@ -19,7 +19,7 @@
 //! writes live in separate calls because a cache that one function both updates and reads
 //! back was copied whole by IREE on every call (docs/PERFORMANCE.md); positions and slots
 //! are data, never slice offsets (a run-time slice offset costs a host round trip on a GPU,
-//! BRIEF 7). `last` picks the row of the prompt chunk whose logits are returned. Callers keep
+//! docs/ARCHITECTURE.md, "Toolchain facts"). `last` picks the row of the prompt chunk whose logits are returned. Callers keep
 //! every position below `W` and the cache's capacity, and never put two rows of one call on
 //! one slot and position unless the rows are identical (padding): they then write the same
 //! bytes.
