@@ -12,10 +12,13 @@ pub enum Error {
     Weights(#[from] weights::Error),
     #[error(transparent)]
     Model(#[from] models::Error),
+    /// IREE's compiler failed (its diagnostics in the message). Boxed so that no IREE type
+    /// is part of the engine's API.
     #[error(transparent)]
-    Compile(#[from] iree_compiler::Error),
+    Compile(BoxError),
+    /// IREE's runtime failed.
     #[error(transparent)]
-    Runtime(#[from] iree_hal::Error),
+    Runtime(BoxError),
     #[error("unsupported device `{0}` (expected local-task, local-sync, cuda or vulkan)")]
     UnsupportedDevice(String),
     /// `vulkan` was asked for where no Vulkan driver or device answers.
@@ -106,3 +109,15 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<iree_compiler::Error> for Error {
+    fn from(e: iree_compiler::Error) -> Error {
+        Error::Compile(Box::new(e))
+    }
+}
+
+impl From<iree_hal::Error> for Error {
+    fn from(e: iree_hal::Error) -> Error {
+        Error::Runtime(Box::new(e))
+    }
+}

@@ -56,17 +56,9 @@ pub(crate) fn compile_modules(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::tests::{cfg, config};
     use crate::{CompileTarget, CpuKernels, Precision};
     use std::path::Path;
-
-    fn cfg() -> ModelConfig {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/f32");
-        ModelConfig::from_file(&dir.join("config.json")).unwrap()
-    }
-
-    fn config(max_batch: usize, max_context: Option<usize>) -> EngineConfig {
-        EngineConfig { max_batch, max_context, ..EngineConfig::new("local-task", Precision::F32, "/nonexistent") }
-    }
 
     #[test]
     fn single_row_decode_slices_its_slot_on_cpu_only() {

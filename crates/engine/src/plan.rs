@@ -164,19 +164,21 @@ impl Plan {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::DEFAULT_KV_BUDGET;
     use crate::{Backend, CompileTarget, CpuKernels, KvElem, Precision};
     use std::path::Path;
     use weights::Checkpoint;
 
-    fn cfg() -> ModelConfig {
+    /// The qwen2 fixture's config (also for the other modules' tests).
+    pub(crate) fn cfg() -> ModelConfig {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/f32");
         ModelConfig::from_file(&dir.join("config.json")).unwrap()
     }
 
-    fn config(max_batch: usize, max_context: Option<usize>) -> EngineConfig {
+    /// An f32 engine on local-task with these slots and context.
+    pub(crate) fn config(max_batch: usize, max_context: Option<usize>) -> EngineConfig {
         EngineConfig { max_batch, max_context, ..EngineConfig::new("local-task", Precision::F32, "/nonexistent") }
     }
 

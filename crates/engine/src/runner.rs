@@ -203,7 +203,7 @@ impl Engine {
             iree_hal::Error::Device { message, .. } if *backend.target() == CompileTarget::Vulkan => {
                 Error::NoVulkanDevice { message }
             }
-            e => Error::Runtime(e),
+            e => e.into(),
         })?;
 
         let (modules, compile) = compile_modules(&cfg, &layout, &plan, &backend, config)?;

@@ -14,15 +14,14 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
+mod common;
+
+use common::{families, root};
 use engine::{Backend, CompileTarget, CpuKernels, EngineConfig, Plan, Precision};
 use models::ModelConfig;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use std::path::Path;
 
 const GOLDEN: &str = "tests/mlir_golden.txt";
 
@@ -57,17 +56,6 @@ const VARIANTS: [(Precision, &str); 5] = [
     (Precision::Packed, "q4"),
     (Precision::Packed, "q8"),
 ];
-
-fn families() -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(root().join("tests/fixtures"))
-        .unwrap()
-        .flatten()
-        .filter(|e| e.path().is_dir())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
-}
 
 /// `text` with the value of every `path = "..."` and `data = dense<"0x...">` replaced.
 fn neutral(text: &str) -> String {

@@ -49,9 +49,14 @@ fn missing_subcommand_is_one_line() {
     check(&[], 2, "", "mlx-iree: error:");
 }
 
-/// A copy of a fixture checkpoint with one config.json key changed.
+/// A copy of the qwen2 fixture checkpoint with one config.json key changed.
 fn fixture_with(key: &str, value: serde_json::Value) -> tempfile::TempDir {
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/f32");
+    fixture_of("qwen2", key, value)
+}
+
+/// A copy of fixture `family`'s f32 checkpoint with one config.json key changed.
+fn fixture_of(family: &str, key: &str, value: serde_json::Value) -> tempfile::TempDir {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(family).join("f32");
     let dir = tempfile::tempdir().unwrap();
     for f in ["model.safetensors", "model.safetensors.index.json"] {
         std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
@@ -266,15 +271,7 @@ fn compile_fills_the_cache_without_the_device() {
 /// planned: one line naming the tensor and both shapes, exit 2, nothing compiled.
 #[test]
 fn a_checkpoint_that_disagrees_with_its_config_is_refused_before_compiling() {
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_moe/f32");
-    let dir = tempfile::tempdir().unwrap();
-    for f in ["model.safetensors", "model.safetensors.index.json"] {
-        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
-    }
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
-    config["moe_intermediate_size"] = serde_json::json!(96);
-    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let dir = fixture_of("qwen3_moe", "moe_intermediate_size", serde_json::json!(96));
     for precision in ["f32", "f16"] {
         let cache = tempfile::tempdir().unwrap();
         let args = ["trajectory", "--model", dir.path().to_str().unwrap(), "--prompt-ids", "1,2", "--steps", "2"];
