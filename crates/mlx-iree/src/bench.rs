@@ -33,7 +33,7 @@ pub struct Args {
     /// Print one JSON object on one line instead of a table.
     #[arg(long)]
     json: bool,
-    /// Load through the normal compile cache (`$MLX_IREE_CACHE_DIR`) and skip the cold
+    /// Load through the normal compile cache (`--cache-dir`) and skip the cold
     /// compile and the dispatch count, which need the IREE compiler: for a machine that
     /// carries a filled cache but no compiler. A graph missing from the cache is compiled
     /// if the compiler is there (so this also fills a cache), else it is an error.
@@ -224,16 +224,17 @@ fn measure(args: &Args) -> Result<Vec<Report>> {
 }
 
 /// The reports of this very command run with `--cache-only --json` on the compile cache
-/// `cache` (through `MLX_IREE_CACHE_DIR`) and on the model folder `model` (what `--model`
-/// resolved to: a hub repo is not asked about again), in a child process; its progress
-/// lines pass through on stderr.
+/// `cache` (its `--cache-dir`) and on the model folder `model` (what `--model` resolved to: a
+/// hub repo is not asked about again), in a child process; its progress lines pass through
+/// on stderr.
 fn measure_in_child(cache: &Path, model: &Path) -> Result<Vec<Report>> {
     let exe = std::env::current_exe().context("locating this executable")?;
     let args = child_args(std::env::args_os().skip(1), model);
     let out = std::process::Command::new(&exe)
         .args(&args)
         .args(["--cache-only", "--json"])
-        .env("MLX_IREE_CACHE_DIR", cache)
+        .arg("--cache-dir")
+        .arg(cache)
         .stderr(std::process::Stdio::inherit())
         .output()
         .with_context(|| format!("running {} bench --cache-only", exe.display()))?;
@@ -247,19 +248,24 @@ fn measure_in_child(cache: &Path, model: &Path) -> Result<Vec<Report>> {
         .collect()
 }
 
-/// This command's arguments for the measuring child: without `--json` (the child is given
-/// its own) and with `--model` naming `model`.
+/// This command's arguments for the measuring child: without `--json` and `--cache-dir`
+/// (the child is given its own) and with `--model` naming `model`.
 fn child_args(args: impl IntoIterator<Item = OsString>, model: &Path) -> Vec<OsString> {
     let mut out = Vec::new();
     let mut args = args.into_iter();
+    let is = |arg: &OsString, flag: &str| {
+        let joined = arg.to_str().is_some_and(|a| a.strip_prefix(flag).is_some_and(|rest| rest.starts_with('=')));
+        (*arg == *flag, joined)
+    };
     while let Some(arg) = args.next() {
-        let separate = arg == "--model";
-        if separate || arg.to_str().is_some_and(|a| a.starts_with("--model=")) {
-            if separate {
-                args.next();
-            }
+        let (model_flag, model_joined) = is(&arg, "--model");
+        let (cache_flag, cache_joined) = is(&arg, "--cache-dir");
+        if model_flag || cache_flag {
+            args.next();
+        }
+        if model_flag || model_joined {
             out.extend([OsString::from("--model"), model.as_os_str().to_owned()]);
-        } else if arg != "--json" {
+        } else if !(cache_flag || cache_joined) && arg != "--json" {
             out.push(arg);
         }
     }
@@ -460,9 +466,11 @@ mod tests {
         let os = |args: &[&str]| args.iter().map(OsString::from).collect::<Vec<_>>();
         let folder = Path::new("/hf/models--o--n/snapshots/abc");
         let snapshot = "/hf/models--o--n/snapshots/abc";
-        for given in
-            [&["bench", "--model", "o/n@v1", "--json", "--steps", "4"][..], &["bench", "--model=o/n", "--steps", "4"]]
-        {
+        for given in [
+            &["bench", "--model", "o/n@v1", "--json", "--steps", "4"][..],
+            &["bench", "--model=o/n", "--steps", "4"],
+            &["bench", "--cache-dir", "/c", "--model=o/n", "--cache-dir=/d", "--steps", "4"],
+        ] {
             assert_eq!(child_args(os(given), folder), os(&["bench", "--model", snapshot, "--steps", "4"]), "{given:?}");
         }
     }

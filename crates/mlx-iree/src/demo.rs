@@ -19,6 +19,10 @@ pub struct Args {
     /// IREE device URI: local-task, local-sync, cuda or vulkan.
     #[arg(long, default_value = "local-task")]
     device: String,
+    /// The compile cache folder. Default: $MLX_IREE_CACHE_DIR, else
+    /// $XDG_CACHE_HOME/mlx-iree or ~/.cache/mlx-iree.
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<std::path::PathBuf>,
 }
 
 fn graph() -> Result<String> {
@@ -50,8 +54,8 @@ fn reference(x: &[f32], gamma: &[f32], w: &[f32]) -> Vec<f32> {
     logits.iter().map(|l| ((l - max).exp() / sum) as f32).collect()
 }
 
-/// The demo graph compiled for `target` through the compile cache (`--cache-dir`, else
-/// `MLX_IREE_CACHE_DIR`...), loading the compiler only on a miss.
+/// The demo graph compiled for `target` through the compile cache in `cache_dir`, loading the
+/// compiler only on a miss.
 fn compile(mlir: &str, target: &Target, cache_dir: &std::path::Path) -> Result<Vec<u8>> {
     let cache = CompileCache::new(cache_dir)?;
     let options = CompileOptions::default();
@@ -81,7 +85,7 @@ fn iree_target(target: &engine::CompileTarget) -> Target {
 pub fn run(args: &Args) -> Result<()> {
     let target = iree_target(&engine::CompileTarget::for_device(&args.device).context("demo")?);
     println!("graph: softmax(W · rmsnorm(x)), x [{HIDDEN}], W [{VOCAB}, {HIDDEN}], built with hlo-emit");
-    let vmfb = compile(&graph()?, &target, &crate::cache_dir())?;
+    let vmfb = compile(&graph()?, &target, &crate::settings::cache_dir(args.cache_dir.as_deref()))?;
 
     let instance = Instance::new()?;
     let device = instance.device(&args.device).with_context(|| format!("opening device `{}`", args.device))?;

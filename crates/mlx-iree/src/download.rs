@@ -11,13 +11,13 @@ use std::time::{Duration, Instant};
 /// What `--model` names: a local folder when one exists at that path (or the text is no
 /// repo id), else a hub repo (`owner/name[@revision]`) resolved to its cached snapshot,
 /// downloading what is missing. Returns the folder and, for a repo, its id.
-pub fn resolve(model: &Path) -> Result<(PathBuf, Option<String>)> {
+pub fn resolve(model: &Path, offline: bool) -> Result<(PathBuf, Option<String>)> {
     let Some(text) = model.to_str() else { return Ok((model.to_path_buf(), None)) };
     if model.exists() {
         return Ok((model.to_path_buf(), None));
     }
     let Ok(repo) = hub::RepoRef::parse(text) else { return Ok((model.to_path_buf(), None)) };
-    let hub = hub::Hub::new(hub_config()?);
+    let hub = hub::Hub::new(hub_config(offline)?);
     let model = hub.model(&repo).map_err(|e| not_found_here(e, text))?;
     let mut progress = StderrProgress::new();
     // Checked before any weight is downloaded: the repo must be a model this engine runs.
@@ -39,8 +39,9 @@ fn not_found_here(e: hub::Error, text: &str) -> anyhow::Error {
     }
 }
 
-/// The hub settings from the environment (the library reads none itself).
-fn hub_config() -> Result<hub::HubConfig> {
+/// The hub settings from the environment (the library reads none itself); `offline` is
+/// `--offline`, which wins over `HF_HUB_OFFLINE`.
+fn hub_config(offline: bool) -> Result<hub::HubConfig> {
     let var = |name: &str| std::env::var_os(name);
     let mut config = hub::HubConfig::new(hub::default_cache_dir(var));
     if let Some(endpoint) = std::env::var("HF_ENDPOINT").ok().filter(|e| !e.is_empty()) {
@@ -49,7 +50,7 @@ fn hub_config() -> Result<hub::HubConfig> {
         }
         config.endpoint = endpoint;
     }
-    config.offline = offline()?;
+    config.offline = offline || self::offline()?;
     config.token = match std::env::var("HF_TOKEN").ok().filter(|t| !t.trim().is_empty()) {
         Some(token) => Some(token.trim().to_owned()),
         // The token `huggingface-cli login` saved, as huggingface_hub reads it.

@@ -6,6 +6,7 @@ mod demo;
 mod download;
 mod run;
 mod serve;
+mod settings;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -15,6 +16,15 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Which progress and log lines reach stderr (`tracing` filter syntax: warn, debug,
+    /// engine=debug). Default: $MLX_IREE_LOG, else info.
+    #[arg(long, global = true, value_name = "FILTER", value_parser = parse_log)]
+    log: Option<String>,
+}
+
+/// A `--log` filter `tracing` accepts, or why not.
+fn parse_log(filter: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::try_new(filter).map(|_| filter.to_owned()).map_err(|e| e.to_string())
 }
 
 #[derive(Subcommand, Debug)]
@@ -59,18 +69,15 @@ impl Command {
     }
 }
 
-/// The compile cache folder: `MLX_IREE_CACHE_DIR`, else `$XDG_CACHE_HOME/mlx-iree`, else
-/// `~/.cache/mlx-iree` (the libraries take it as a value).
-pub fn cache_dir() -> std::path::PathBuf {
-    engine::cache::default_dir(|name| std::env::var_os(name))
-}
-
 /// Progress and log lines from the libraries (`tracing`) go to stderr as plain lines, so
-/// stdout stays the output. `MLX_IREE_LOG` filters them (default `info`; e.g. `debug`,
-/// `engine=debug`, `warn`).
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("MLX_IREE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// stdout stays the output. `--log`, else `MLX_IREE_LOG`, filters them (default `info`; e.g.
+/// `debug`, `engine=debug`, `warn`).
+fn init_logging(flag: Option<&str>) {
+    let filter = match flag {
+        Some(filter) => tracing_subscriber::EnvFilter::new(filter),
+        None => tracing_subscriber::EnvFilter::try_from_env("MLX_IREE_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -96,7 +103,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging();
+    init_logging(cli.log.as_deref());
     // A hub repo id becomes its cached snapshot folder before any subcommand looks at it.
     let resolved = match cli.command.model_args() {
         Some(model) => model.resolve(),

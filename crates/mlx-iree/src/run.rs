@@ -1,9 +1,10 @@
 //! `mlx-iree generate` and `mlx-iree trajectory`: the CLI contract of docs/ARCHITECTURE.md
 //! (`crates/mlx-iree`) and the README's "The `mlx-iree` command".
 
+use crate::settings::Settings;
 use anyhow::{Context, Result, bail};
 use engine::scheduler::{FinishReason, Finished};
-use engine::{CpuKernels, Engine, EngineConfig, KvElem, Plan, Precision};
+use engine::{Engine, EngineConfig, KvElem, Plan, Precision};
 use server::{Generator, ModelText, Piece};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -35,13 +36,15 @@ pub struct ModelArgs {
     /// Element type of the KV cache: f32 or f16.
     #[arg(long, default_value = "f32")]
     pub kv_cache: KvElem,
+    #[command(flatten)]
+    pub settings: Settings,
 }
 
 impl ModelArgs {
     /// Turns a hub repo id in `--model` into its snapshot folder, downloading what the cache
     /// lacks (crates/hub); a local folder stays as it is.
     pub fn resolve(&mut self) -> Result<()> {
-        let (dir, repo) = crate::download::resolve(&self.model)?;
+        let (dir, repo) = crate::download::resolve(&self.model, self.settings.offline)?;
         self.model = dir;
         self.repo = repo;
         Ok(())
@@ -52,22 +55,20 @@ impl ModelArgs {
         self.precision.unwrap_or_else(|| engine::device::default_precision(&self.device, &self.model))
     }
 
-    /// The engine settings for these flags, with `max_batch` sequences at once.
-    /// `MLX_IREE_PACKED_KERNELS` picks the CPU kernels ([`cpu_kernels`]),
-    /// `MLX_IREE_CACHE_DIR` moves the compile cache, `MLX_IREE_DUMP_MLIR` keeps each
-    /// module's input and `MLX_IREE_STORE_PARAMETERS=0` turns off the weights stored in final
-    /// form ([`EngineConfig::store_parameters`]); the binary reads them, the library takes them
-    /// as values.
+    /// The engine settings for these flags, with `max_batch` sequences at once: the
+    /// [`Settings`] flags (`--kernels`, `--cache-dir`, `--cache-max-gb`,
+    /// `--store-parameters`, `--dump-mlir`), each falling back on its environment variable;
+    /// the binary reads them, the library takes them as values.
     pub fn engine_config(&self, max_batch: usize) -> Result<EngineConfig> {
         Ok(EngineConfig {
             max_batch,
             max_context: self.max_context,
             kv_elem: self.kv_cache,
-            cpu_kernels: cpu_kernels()?,
-            dump_mlir: std::env::var_os("MLX_IREE_DUMP_MLIR").is_some(),
-            store_parameters: store_parameters()?,
-            cache_max_bytes: cache_max_bytes()?,
-            ..EngineConfig::new(&self.device, self.precision(), crate::cache_dir())
+            cpu_kernels: self.settings.kernels()?,
+            dump_mlir: self.settings.dump_mlir(),
+            store_parameters: self.settings.store_parameters()?,
+            cache_max_bytes: self.settings.cache_max_bytes()?,
+            ..EngineConfig::new(&self.device, self.precision(), self.settings.cache_dir())
         })
     }
 
@@ -80,55 +81,6 @@ impl ModelArgs {
         }
         Ok(plan)
     }
-}
-
-/// `MLX_IREE_CACHE_MAX_GB`: the most gigabytes (10^9 bytes) the compile cache keeps (least
-/// recently used modules go first), `0` for no limit; unset: the engine's default.
-pub fn cache_max_bytes() -> Result<Option<u64>> {
-    const VAR: &str = "MLX_IREE_CACHE_MAX_GB";
-    match std::env::var(VAR) {
-        Err(std::env::VarError::NotPresent) => Ok(Some(engine::cache::DEFAULT_CACHE_MAX_BYTES)),
-        Ok(v) => match v.trim().parse::<f64>() {
-            Ok(0.0) => Ok(None),
-            Ok(gb) if gb.is_finite() && gb > 0.0 => Ok(Some((gb * 1e9) as u64)),
-            _ => bail!("{VAR}: expected a number of gigabytes (0 for no limit), got `{v}`"),
-        },
-        Err(e) => bail!("{VAR}: {e}"),
-    }
-}
-
-/// `MLX_IREE_STORE_PARAMETERS`: `0` binds the checkpoint's weights at every load (IREE
-/// repacks them in memory), `1` or unset stores them in final form in the cache.
-pub fn store_parameters() -> Result<bool> {
-    const VAR: &str = "MLX_IREE_STORE_PARAMETERS";
-    match std::env::var(VAR).as_deref() {
-        Err(std::env::VarError::NotPresent) | Ok("1") => Ok(true),
-        Ok("0") => Ok(false),
-        Ok(other) => bail!("{VAR}: expected 0 or 1, got `{other}`"),
-        Err(e) => bail!("{VAR}: {e}"),
-    }
-}
-
-/// `MLX_IREE_PACKED_KERNELS`: `0` puts packed weights on the graph form and f16 and bf16
-/// matrices on IREE's own code (for comparisons; on CUDA too, instead of the CUDA kernel),
-/// an instruction set's name (`amx`, `avx512`, `avx2`, `neondot`: [`engine::Isa::name`])
-/// forces its CPU kernels (the load fails where they cannot run), unset (or `auto`, or `1`)
-/// takes the best the host runs.
-pub fn cpu_kernels() -> Result<CpuKernels> {
-    const VAR: &str = "MLX_IREE_PACKED_KERNELS";
-    let value = match std::env::var(VAR) {
-        Ok(v) => v,
-        Err(std::env::VarError::NotPresent) => return Ok(CpuKernels::Auto),
-        Err(e) => bail!("{VAR}: {e}"),
-    };
-    Ok(match value.as_str() {
-        "" | "auto" | "1" => CpuKernels::Auto,
-        "0" => CpuKernels::Off,
-        isa => CpuKernels::Force(isa.parse().with_context(|| {
-            let names: Vec<&str> = engine::Isa::ALL.iter().map(|isa| isa.name()).collect();
-            format!("{VAR}={isa} (expected 0, {} or auto)", names.join(", "))
-        })?),
-    })
 }
 
 #[derive(clap::Args, Debug)]

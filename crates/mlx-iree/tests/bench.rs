@@ -149,7 +149,7 @@ fn refusals_are_one_line() {
 
 /// Dispatches per decode step of `model` at `precision` on `cuda`, which `bench` counts at
 /// compile level (the flow phase) before it needs a GPU; `kernels` is
-/// `MLX_IREE_PACKED_KERNELS` (`0`: the graph form).
+/// `MLX_IREE_KERNELS` (`0`: the graph form).
 fn cuda_dispatches(model: &Path, precision: &str, kernels: Option<&str>) -> usize {
     let cache = tempfile::tempdir().expect("a temp dir");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_mlx-iree"));
@@ -170,7 +170,7 @@ fn cuda_dispatches(model: &Path, precision: &str, kernels: Option<&str>) -> usiz
     .arg(model)
     .env("MLX_IREE_CACHE_DIR", cache.path());
     if let Some(k) = kernels {
-        cmd.env("MLX_IREE_PACKED_KERNELS", k);
+        cmd.env("MLX_IREE_KERNELS", k);
     }
     let out = cmd.output().expect("mlx-iree runs");
     let stderr = String::from_utf8_lossy(&out.stderr);

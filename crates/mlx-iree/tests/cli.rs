@@ -165,37 +165,130 @@ fn a_bad_cache_limit_is_a_one_line_error() {
     }
 }
 
-/// `MLX_IREE_PACKED_KERNELS` names a kernel setting the binary knows, and a forced
-/// instruction set must run here: both are checked before anything is compiled.
+/// A `trajectory` on a fixture with `args` added and `env` set, in an empty compile cache:
+/// exit status, stderr, and whether anything was compiled into the cache.
+fn settings_run(fixture: &str, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, bool) {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(fixture);
+    let cache = tempfile::tempdir().unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_mlx-iree"));
+    command
+        .args(["trajectory", "--model", fixture.to_str().unwrap(), "--prompt-ids", "1", "--steps", "2"])
+        .args(["--out", "/tmp/x.json"])
+        .args(args)
+        .env("MLX_IREE_CACHE_DIR", cache.path())
+        .env_remove("MLX_IREE_KERNELS")
+        .env_remove("MLX_IREE_PACKED_KERNELS")
+        .env_remove("MLX_IREE_CACHE_MAX_GB")
+        .env_remove("MLX_IREE_STORE_PARAMETERS");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let out = command.output().unwrap();
+    let compiled = std::fs::read_dir(cache.path()).is_ok_and(|d| d.count() > 0);
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned(), compiled)
+}
+
+/// An instruction set whose kernels cannot run on this host (neondot on x86-64, amx on
+/// aarch64): forcing it fails the load before anything is compiled, with its own message.
+fn foreign_isa() -> kernels::cpu::Isa {
+    kernels::cpu::Isa::ALL.into_iter().find(|isa| !isa.runs_on_host()).unwrap()
+}
+
+/// `--kernels` and `MLX_IREE_KERNELS` name a kernel setting the binary knows, and a forced
+/// instruction set must run here: both are checked before anything is compiled, one line
+/// and exit status 2.
 #[test]
 fn bad_kernel_settings_are_one_line_errors() {
-    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/q4");
-    let model = fixture.to_str().unwrap();
-    let args = ["trajectory", "--model", model, "--prompt-ids", "1", "--steps", "2", "--out", "/tmp/x.json"];
-    let run = |setting: &str| {
-        let cache = tempfile::tempdir().unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
-            .args(args)
-            .args(["--precision", "packed"])
-            .env("MLX_IREE_CACHE_DIR", cache.path())
-            .env("MLX_IREE_PACKED_KERNELS", setting)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert_eq!(out.status.code(), Some(2), "{setting}: {stderr}");
-        assert_eq!(stderr.trim_end().lines().count(), 1, "{setting}: one line: {stderr}");
-        assert!(std::fs::read_dir(cache.path()).map_or(true, |d| d.count() == 0), "{setting}: compiled something");
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let (code, stderr, compiled) = settings_run("qwen2/q4", &[&["--precision", "packed"], args].concat(), env);
+        assert_eq!(code, Some(2), "{args:?} {env:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?} {env:?}: one line: {stderr}");
+        assert!(!compiled, "{args:?} {env:?}: compiled something");
         stderr
     };
-    let stderr = run("sse2");
-    assert!(
-        stderr.contains("MLX_IREE_PACKED_KERNELS=sse2 (expected 0, amx, avx512, avx2, neondot or auto)"),
-        "{stderr}"
+    let stderr = run(&[], &[("MLX_IREE_KERNELS", "sse2")]);
+    assert!(stderr.contains("MLX_IREE_KERNELS=sse2 (expected 0, amx, avx512, avx2, neondot or auto)"), "{stderr}");
+    let stderr = run(&["--kernels", "sse2"], &[]);
+    assert_eq!(
+        stderr.trim_end(),
+        "mlx-iree: error: invalid value 'sse2' for '--kernels <SETTING>': expected 0, amx, avx512, avx2, neondot or auto (see mlx-iree --help)"
     );
     for isa in kernels::cpu::Isa::ALL.into_iter().filter(|isa| !isa.runs_on_host()) {
-        let stderr = run(isa.name());
+        let stderr = run(&[], &[("MLX_IREE_KERNELS", isa.name())]);
+        assert!(stderr.contains(&format!("the {isa} CPU kernels do not run here")), "{stderr}");
+        let stderr = run(&["--kernels", isa.name()], &[]);
         assert!(stderr.contains(&format!("the {isa} CPU kernels do not run here")), "{stderr}");
     }
+}
+
+/// Bad values of the other settings' flags are one line and exit status 2 too, before
+/// anything is compiled.
+#[test]
+fn bad_setting_flags_are_one_line_errors() {
+    for (args, expected) in [
+        (
+            &["--cache-max-gb", "lots"][..],
+            "invalid value 'lots' for '--cache-max-gb <GB>': expected a number of gigabytes (0 for no limit)",
+        ),
+        (&["--store-parameters", "yes"], "invalid value 'yes' for '--store-parameters <0|1>': expected 0 or 1"),
+    ] {
+        let (code, stderr, compiled) = settings_run("qwen2/f32", args, &[]);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end(), format!("mlx-iree: error: {expected} (see mlx-iree --help)"), "{args:?}");
+        assert!(!compiled, "{args:?}: compiled something");
+    }
+}
+
+/// A flag wins over its variable, which is then not even read: a bad `MLX_IREE_KERNELS`
+/// or `MLX_IREE_CACHE_MAX_GB` beside the flag is no error, and the flag's own setting holds
+/// (here a foreign instruction set, refused before compiling).
+#[test]
+fn a_flag_overrides_its_environment_variable() {
+    let isa = foreign_isa();
+    let env = [("MLX_IREE_KERNELS", "sse2"), ("MLX_IREE_CACHE_MAX_GB", "lots"), ("MLX_IREE_STORE_PARAMETERS", "x")];
+    let (code, stderr, compiled) =
+        settings_run("qwen2/q4", &["--kernels", isa.name(), "--cache-max-gb", "1", "--store-parameters", "0"], &env);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains(&format!("the {isa} CPU kernels do not run here")), "{stderr}");
+    assert!(!compiled);
+    // And the other way round: `--kernels 0` over a foreign instruction set in the variable
+    // gets past the kernel check to the next setting read, the variable's bad cache size.
+    let (code, stderr, _) = settings_run("qwen2/q4", &["--kernels", "0"], &[("MLX_IREE_KERNELS", isa.name()), env[1]]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        "mlx-iree: error: MLX_IREE_CACHE_MAX_GB: expected a number of gigabytes (0 for no limit), got `lots`"
+    );
+}
+
+/// `MLX_IREE_PACKED_KERNELS`, the old name of `MLX_IREE_KERNELS`, is still read for one
+/// release, with a warning line; a bad value there is still one error line naming it, and
+/// the new name wins when both are set.
+#[test]
+fn the_old_kernel_variable_still_works_with_a_warning() {
+    let isa = foreign_isa();
+    let (code, stderr, compiled) = settings_run("qwen2/q4", &[], &[("MLX_IREE_PACKED_KERNELS", isa.name())]);
+    assert_eq!(code, Some(2), "{stderr}");
+    let lines: Vec<&str> = stderr.trim_end().lines().collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
+    assert_eq!(
+        lines[0],
+        "mlx-iree: warning: MLX_IREE_PACKED_KERNELS is deprecated and goes in the next release: use --kernels or MLX_IREE_KERNELS (the same values)"
+    );
+    assert!(lines[1].contains(&format!("the {isa} CPU kernels do not run here")), "{stderr}");
+    assert!(!compiled);
+    let (code, stderr, _) = settings_run("qwen2/q4", &[], &[("MLX_IREE_PACKED_KERNELS", "sse2")]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        "mlx-iree: error: MLX_IREE_PACKED_KERNELS=sse2 (expected 0, amx, avx512, avx2, neondot or auto)"
+    );
+    let env = [("MLX_IREE_KERNELS", isa.name()), ("MLX_IREE_PACKED_KERNELS", "sse2")];
+    let (code, stderr, _) = settings_run("qwen2/q4", &[], &env);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains(&format!("the {isa} CPU kernels do not run here")), "{stderr}");
 }
 
 /// A warm compile cache needs no compiler: with `IREE_COMPILER_LIB` naming a file that does

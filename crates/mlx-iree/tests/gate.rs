@@ -296,7 +296,7 @@ fn every_trained_fixture_is_gated() {
 }
 
 /// The graph-level packed form (what CUDA and CPUs without the kernel run), forced on CPU
-/// with `MLX_IREE_PACKED_KERNELS=0`, against mlx-lm on one quantized fixture per family.
+/// with `MLX_IREE_KERNELS=0`, against mlx-lm on one quantized fixture per family.
 #[test]
 fn packed_graph_form_matches_mlx_lm() {
     for fixture in ["llama_llama3_tied/q4", "qwen3/q8", "gemma2_window/q4", "gemma3_text/q8"] {
@@ -306,7 +306,7 @@ fn packed_graph_form_matches_mlx_lm() {
             .args(["gate", "--model", dir.to_str().unwrap(), "--precision", "packed", "--steps", "40"])
             .args(["--reference", reference.to_str().unwrap(), "--max-context", "64"])
             .env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"))
-            .env("MLX_IREE_PACKED_KERNELS", "0")
+            .env("MLX_IREE_KERNELS", "0")
             .env("MLX_IREE_STORE_PARAMETERS", FIXTURE_STORE_PARAMETERS)
             .output()
             .unwrap();
@@ -411,7 +411,7 @@ fn bf16_gate_cli_passes_against_f32_on_a_trained_fixture() {
 fn gate_against_the_mlx_oracle_file() {
     let dir = root().join("target/models/smollm2-135m-instruct-4bit");
     let oracle = dir.join("oracle.json");
-    // (precision, MLX_IREE_PACKED_KERNELS)
+    // (precision, MLX_IREE_KERNELS)
     let runs = [(None, "auto"), (Some("packed"), "auto")];
     for (precision, kernels) in runs {
         let mut args = vec!["gate", "--model", dir.to_str().unwrap(), "--reference", oracle.to_str().unwrap()];
@@ -420,7 +420,7 @@ fn gate_against_the_mlx_oracle_file() {
         let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
             .args(&args)
             .env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"))
-            .env("MLX_IREE_PACKED_KERNELS", kernels)
+            .env("MLX_IREE_KERNELS", kernels)
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
