@@ -1,12 +1,12 @@
 //! The one decision per engine of what its compile target can do ([`Backend`]): the target
 //! itself ([`CompileTarget`], named without IREE's types), the hand-written kernels it links
-//! (the CPU kernel object of the instruction set [`CpuKernels`] picks, or the CUDA kernel),
+//! (the CPU kernel object of the instruction set [`KernelSetting`] picks, or the CUDA kernel),
 //! SPIR-V's narrower forms, the graph settings that differ by target, IREE's compile flags
 //! (data tiling on CPU), and what one call costs. Everything downstream asks this value,
 //! never the target's name: `models::Layout` turns its [`models::Backend`] into one form per
 //! matrix, the graph code matches on that form, and the compile flags come from here.
 
-use crate::device::CpuKernels;
+use crate::device::KernelSetting;
 use crate::{Error, GraphModule, Plan, Precision, Result};
 use iree_compiler::{CompileOptions, Target};
 use models::{ExpertProducts, KernelLink, Layout, ModelConfig, PackedProducts, SlotRead};
@@ -99,12 +99,12 @@ impl Backend {
     /// # Errors
     /// Forcing an instruction set the host lacks (`Error::KernelIsa`, whatever the target);
     /// a kernel object that cannot be installed.
-    pub fn new(target: CompileTarget, kernels: CpuKernels, cache_dir: &Path) -> Result<Backend> {
+    pub fn new(target: CompileTarget, kernels: KernelSetting, cache_dir: &Path) -> Result<Backend> {
         let iree = target.iree();
         let isa = kernels.isa_for(&target)?;
         let cpu = target.is_cpu();
         let link = match (&target, isa) {
-            (CompileTarget::Cuda(_), _) if kernels != CpuKernels::Off && kernels::cuda::ptx().is_some() => {
+            (CompileTarget::Cuda(_), _) if kernels != KernelSetting::Off && kernels::cuda::ptx().is_some() => {
                 KernelLink::Cuda
             }
             (_, Some(isa)) => {
@@ -128,7 +128,7 @@ impl Backend {
     }
 
     /// The backend of a device URI ([`CompileTarget::for_device`], then [`Backend::new`]).
-    pub fn for_device(device: &str, kernels: CpuKernels, cache_dir: &Path) -> Result<Backend> {
+    pub fn for_device(device: &str, kernels: KernelSetting, cache_dir: &Path) -> Result<Backend> {
         Backend::new(CompileTarget::for_device(device)?, kernels, cache_dir)
     }
 

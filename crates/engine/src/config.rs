@@ -1,7 +1,7 @@
 //! [`EngineConfig`]: an engine's settings, passed as a value (nothing below the binary
 //! reads the environment for them).
 
-use crate::{CpuKernels, KvElem, Precision};
+use crate::{KernelSetting, KvElem, Precision};
 
 /// Settings of an engine, passed as a value: nothing below the binary reads the environment
 /// for them.
@@ -19,9 +19,9 @@ pub struct EngineConfig {
     pub kv_budget_bytes: usize,
     /// Element type of the KV cache.
     pub kv_elem: KvElem,
-    /// Which hand-written CPU kernels packed matrices use on a CPU device (else the graph
-    /// form); forcing an instruction set the host lacks fails the load before compiling.
-    pub cpu_kernels: CpuKernels,
+    /// Which hand-written kernels the graphs link (else the graph form everywhere); forcing
+    /// an instruction set the host lacks fails the load before compiling.
+    pub kernels: KernelSetting,
     /// Where compiled modules are cached (see [`crate::cache::default_dir`]).
     pub cache_dir: std::path::PathBuf,
     /// Also write each compiled module's input MLIR next to its cache entry, with the flags
@@ -57,7 +57,7 @@ impl EngineConfig {
             max_context: None,
             kv_budget_bytes: DEFAULT_KV_BUDGET,
             kv_elem: KvElem::F32,
-            cpu_kernels: CpuKernels::Auto,
+            kernels: KernelSetting::Auto,
             cache_dir: cache_dir.into(),
             dump_mlir: false,
             store_parameters: true,

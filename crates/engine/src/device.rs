@@ -23,11 +23,12 @@ pub(crate) fn driver(device: &str) -> &str {
     device.split(':').next().unwrap_or(device)
 }
 
-/// Which hand-written CPU kernels (`kernels::cpu`) packed matrices use on an `llvm-cpu`
-/// target. The binary maps `MLX_IREE_PACKED_KERNELS` (`0`, an instruction set's name, unset)
-/// onto it.
+/// Which hand-written kernels the graphs link: on an `llvm-cpu` target the CPU kernels
+/// (`kernels::cpu`: packed and f16/bf16 matrices, attention) of an instruction set, on `cuda`
+/// the CUDA kernel (`kernels::cuda`), or none. The binary maps `--kernels` /
+/// `MLX_IREE_KERNELS` (`0`, an instruction set's name, `auto`) onto it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CpuKernels {
+pub enum KernelSetting {
     /// The fastest instruction set the host runs (`kernels::cpu::host_isa`); the graph form
     /// where none does.
     #[default]
@@ -40,16 +41,16 @@ pub enum CpuKernels {
     Force(kernels::cpu::Isa),
 }
 
-impl CpuKernels {
+impl KernelSetting {
     /// The instruction set whose kernels code for `target` links: `None` for the graph form
     /// (kernels off, none running on this host, or not an `llvm-cpu` target). A forced one the
     /// host lacks is an error on every target, so a setting never passes silently.
     pub fn isa_for(self, target: &CompileTarget) -> Result<Option<kernels::cpu::Isa>, crate::Error> {
         let isa = match self {
-            CpuKernels::Auto => kernels::cpu::host_isa(),
-            CpuKernels::Off => None,
-            CpuKernels::Force(isa) if isa.runs_on_host() => Some(isa),
-            CpuKernels::Force(isa) => return Err(crate::Error::KernelIsa { isa }),
+            KernelSetting::Auto => kernels::cpu::host_isa(),
+            KernelSetting::Off => None,
+            KernelSetting::Force(isa) if isa.runs_on_host() => Some(isa),
+            KernelSetting::Force(isa) => return Err(crate::Error::KernelIsa { isa }),
         };
         Ok(isa.filter(|_| target.is_cpu()))
     }
@@ -69,7 +70,7 @@ pub const PACKED_BY_DEFAULT: &[kernels::cpu::Isa] = &[kernels::cpu::Isa::Amx, ke
 /// graph-level form.
 pub fn default_precision(device: &str, model: &std::path::Path) -> models::Precision {
     let kernels = CompileTarget::for_device(device).is_ok_and(|t| {
-        CpuKernels::Auto.isa_for(&t).is_ok_and(|isa| isa.is_some_and(|i| PACKED_BY_DEFAULT.contains(&i)))
+        KernelSetting::Auto.isa_for(&t).is_ok_and(|isa| isa.is_some_and(|i| PACKED_BY_DEFAULT.contains(&i)))
     });
     if kernels && quantized_4_or_8_bit(model) { models::Precision::Packed } else { models::Precision::F16 }
 }
@@ -118,11 +119,11 @@ mod tests {
     fn kernel_settings_pick_an_instruction_set_or_refuse() {
         let cpu = CompileTarget::for_device("local-task").unwrap();
         let cuda = CompileTarget::for_device("cuda").unwrap();
-        assert_eq!(CpuKernels::Auto.isa_for(&cpu).unwrap(), kernels::cpu::host_isa());
-        assert_eq!(CpuKernels::Auto.isa_for(&cuda).unwrap(), None);
-        assert_eq!(CpuKernels::Off.isa_for(&cpu).unwrap(), None);
+        assert_eq!(KernelSetting::Auto.isa_for(&cpu).unwrap(), kernels::cpu::host_isa());
+        assert_eq!(KernelSetting::Auto.isa_for(&cuda).unwrap(), None);
+        assert_eq!(KernelSetting::Off.isa_for(&cpu).unwrap(), None);
         for isa in kernels::cpu::Isa::ALL {
-            let forced = CpuKernels::Force(isa);
+            let forced = KernelSetting::Force(isa);
             if isa.runs_on_host() {
                 assert_eq!(forced.isa_for(&cpu).unwrap(), Some(isa));
                 assert_eq!(forced.isa_for(&cuda).unwrap(), None);

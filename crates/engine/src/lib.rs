@@ -24,7 +24,7 @@ pub mod scheduler;
 
 pub use crate::backend::{Backend, CompileTarget};
 pub use crate::config::{DEFAULT_KV_BUDGET, EngineConfig};
-pub use crate::device::CpuKernels;
+pub use crate::device::KernelSetting;
 pub use crate::error::{BoxError, Error, Result};
 pub use crate::modules::GraphModule;
 pub use crate::plan::Plan;

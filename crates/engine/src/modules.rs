@@ -57,7 +57,7 @@ pub(crate) fn compile_modules(
 mod tests {
     use super::*;
     use crate::plan::tests::{cfg, config};
-    use crate::{CompileTarget, CpuKernels, Precision};
+    use crate::{CompileTarget, KernelSetting, Precision};
     use std::path::Path;
 
     #[test]
@@ -65,7 +65,7 @@ mod tests {
         let c = cfg();
         let plan = Plan::new(&c, &config(4, Some(64))).unwrap();
         let text = |target: CompileTarget| -> String {
-            let backend = Backend::new(target, CpuKernels::Off, Path::new("/nonexistent")).unwrap();
+            let backend = Backend::new(target, KernelSetting::Off, Path::new("/nonexistent")).unwrap();
             let layout = Layout::dense_on(&c, Precision::F32, backend.model());
             backend.graph_modules(&c, &layout, &plan).unwrap().iter().map(|m| m.mlir.clone()).collect()
         };

@@ -167,7 +167,7 @@ impl Plan {
 pub(crate) mod tests {
     use super::*;
     use crate::config::DEFAULT_KV_BUDGET;
-    use crate::{Backend, CompileTarget, CpuKernels, KvElem, Precision};
+    use crate::{Backend, CompileTarget, KernelSetting, KvElem, Precision};
     use std::path::Path;
     use weights::Checkpoint;
 
@@ -234,7 +234,7 @@ pub(crate) mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/q4");
         let ckpt = Checkpoint::open(&dir).unwrap();
         let cache_dir = std::env::temp_dir().join(format!("engine-plan-{}", std::process::id()));
-        let backend = Backend::new(CompileTarget::HostCpu, CpuKernels::Auto, &cache_dir).unwrap();
+        let backend = Backend::new(CompileTarget::HostCpu, KernelSetting::Auto, &cache_dir).unwrap();
         let packed = backend.layout(&c, Precision::Packed, &ckpt).unwrap();
         let dense = Layout::dense(&c, Precision::F32);
         let plan = Plan::new(&c, &config(4, Some(300))).unwrap();

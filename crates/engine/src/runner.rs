@@ -153,7 +153,7 @@ impl Planned {
         let target = CompileTarget::for_device(&config.device)?;
         let ckpt = Checkpoint::open(dir)?;
         let cfg = ModelConfig::for_checkpoint(&ckpt)?;
-        let backend = Backend::new(target, config.cpu_kernels, &config.cache_dir)?;
+        let backend = Backend::new(target, config.kernels, &config.cache_dir)?;
         let layout = backend.layout(&cfg, config.precision, &ckpt)?;
         let plan = Plan::new(&cfg, config)?.for_layout(&cfg, &layout);
         Ok(Planned { backend, ckpt, cfg, layout, plan })

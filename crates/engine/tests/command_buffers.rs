@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use engine::{Backend, CompileTarget, CpuKernels, EngineConfig, Plan, Precision};
+use engine::{Backend, CompileTarget, EngineConfig, KernelSetting, Plan, Precision};
 use iree_compiler::recorded_per_call;
 use models::ModelConfig;
 use std::path::Path;
@@ -19,7 +19,7 @@ fn recorded_per_call_for(variant: &str, precision: Precision, target: CompileTar
     let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();
     let cache_dir = root.join("target/test-compile-cache");
     let device = if target.is_cpu() { "local-task" } else { "cuda" };
-    let backend = Backend::new(target, CpuKernels::Auto, &cache_dir).unwrap();
+    let backend = Backend::new(target, KernelSetting::Auto, &cache_dir).unwrap();
     let layout = backend.layout(&cfg, precision, &ckpt).unwrap();
     let config =
         EngineConfig { max_batch: 2, max_context: Some(64), ..EngineConfig::new(device, precision, "/nonexistent") };

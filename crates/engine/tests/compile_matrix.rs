@@ -16,7 +16,7 @@
 mod common;
 
 use common::{families, root};
-use engine::{Backend, CompileTarget, CpuKernels, EngineConfig, Plan, Precision};
+use engine::{Backend, CompileTarget, EngineConfig, KernelSetting, Plan, Precision};
 use iree_compiler::check_vmfb;
 use models::ModelConfig;
 use serde_json::{Map, Value, json};
@@ -52,7 +52,7 @@ fn outcome(family: &str, precision: Precision, target: &CompileTarget) -> String
     let ckpt = weights::Checkpoint::open(&dir).unwrap();
     let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();
     let cache_dir = root().join("target/test-compile-cache");
-    let backend = Backend::new(target.clone(), CpuKernels::Auto, &cache_dir).unwrap();
+    let backend = Backend::new(target.clone(), KernelSetting::Auto, &cache_dir).unwrap();
     let layout = backend.layout(&cfg, precision, &ckpt).unwrap();
     let config = EngineConfig {
         max_batch: 1,

@@ -8,7 +8,7 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use engine::{Backend, CompileTarget, CpuKernels, EngineConfig, Plan, Precision};
+use engine::{Backend, CompileTarget, EngineConfig, KernelSetting, Plan, Precision};
 use iree_compiler::check_vmfb;
 use models::ModelConfig;
 use std::path::{Path, PathBuf};
@@ -29,7 +29,7 @@ fn compiles_for(family: &str, variant: &str, precision: Precision, target: Compi
     let ckpt = weights::Checkpoint::open(&dir).unwrap();
     let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();
     let cache_dir = root().join("target/test-compile-cache");
-    let backend = Backend::new(target.clone(), CpuKernels::Auto, &cache_dir).unwrap();
+    let backend = Backend::new(target.clone(), KernelSetting::Auto, &cache_dir).unwrap();
     let layout = backend.layout(&cfg, precision, &ckpt).unwrap();
     let config =
         EngineConfig { max_batch: 2, max_context: Some(64), ..EngineConfig::new("cuda", precision, "/nonexistent") };

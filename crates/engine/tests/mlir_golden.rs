@@ -17,7 +17,7 @@
 mod common;
 
 use common::{families, root};
-use engine::{Backend, CompileTarget, CpuKernels, EngineConfig, Plan, Precision};
+use engine::{Backend, CompileTarget, EngineConfig, KernelSetting, Plan, Precision};
 use models::ModelConfig;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -26,16 +26,16 @@ use std::path::Path;
 const GOLDEN: &str = "tests/mlir_golden.txt";
 
 /// The targets, each with whether the hand-written kernels may link.
-fn targets() -> Vec<(&'static str, CompileTarget, CpuKernels)> {
+fn targets() -> Vec<(&'static str, CompileTarget, KernelSetting)> {
     let cuda = || CompileTarget::Cuda("sm_80".into());
     vec![
-        ("cpu", CompileTarget::HostCpu, CpuKernels::Auto),
-        ("cpu-graph", CompileTarget::HostCpu, CpuKernels::Off),
-        ("cuda", cuda(), CpuKernels::Auto),
-        ("cuda-graph", cuda(), CpuKernels::Off),
-        ("vulkan", CompileTarget::Vulkan, CpuKernels::Auto),
-        ("metal", CompileTarget::Metal, CpuKernels::Auto),
-        ("rocm", CompileTarget::Rocm("gfx942".into()), CpuKernels::Auto),
+        ("cpu", CompileTarget::HostCpu, KernelSetting::Auto),
+        ("cpu-graph", CompileTarget::HostCpu, KernelSetting::Off),
+        ("cuda", cuda(), KernelSetting::Auto),
+        ("cuda-graph", cuda(), KernelSetting::Off),
+        ("vulkan", CompileTarget::Vulkan, KernelSetting::Auto),
+        ("metal", CompileTarget::Metal, KernelSetting::Auto),
+        ("rocm", CompileTarget::Rocm("gfx942".into()), KernelSetting::Auto),
     ]
 }
 
@@ -77,7 +77,7 @@ fn neutral(text: &str) -> String {
     out
 }
 
-fn cell(family: &str, precision: Precision, variant: &str, target: &CompileTarget, kernels: CpuKernels) -> String {
+fn cell(family: &str, precision: Precision, variant: &str, target: &CompileTarget, kernels: KernelSetting) -> String {
     let dir = root().join("tests/fixtures").join(family).join(variant);
     let ckpt = weights::Checkpoint::open(&dir).unwrap();
     let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();

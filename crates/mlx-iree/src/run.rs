@@ -64,7 +64,7 @@ impl ModelArgs {
             max_batch,
             max_context: self.max_context,
             kv_elem: self.kv_cache,
-            cpu_kernels: self.settings.kernels()?,
+            kernels: self.settings.kernels()?,
             dump_mlir: self.settings.dump_mlir(),
             store_parameters: self.settings.store_parameters()?,
             cache_max_bytes: self.settings.cache_max_bytes()?,

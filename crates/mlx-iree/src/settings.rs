@@ -3,7 +3,7 @@
 //! and environment variables"). A bad value, from either, is one error line (exit status 2).
 
 use anyhow::{Result, bail};
-use engine::CpuKernels;
+use engine::KernelSetting;
 use std::path::{Path, PathBuf};
 
 /// The settings' flags (flattened into [`crate::run::ModelArgs`]).
@@ -14,7 +14,7 @@ pub struct Settings {
     /// avx512, avx2 or neondot (that instruction set's; an error where it cannot run), auto
     /// (the fastest this CPU runs). Default: $MLX_IREE_KERNELS, else auto.
     #[arg(long, value_name = "SETTING", value_parser = parse_kernels)]
-    pub kernels: Option<CpuKernels>,
+    pub kernels: Option<KernelSetting>,
     /// The compile cache folder. Default: $MLX_IREE_CACHE_DIR, else
     /// $XDG_CACHE_HOME/mlx-iree or ~/.cache/mlx-iree.
     #[arg(long, value_name = "DIR")]
@@ -53,7 +53,7 @@ const DUMP_MLIR: &str = "MLX_IREE_DUMP_MLIR";
 impl Settings {
     /// `--kernels`, else `MLX_IREE_KERNELS`, else the deprecated `MLX_IREE_PACKED_KERNELS`
     /// (with a warning line), else auto.
-    pub fn kernels(&self) -> Result<CpuKernels> {
+    pub fn kernels(&self) -> Result<KernelSetting> {
         if let Some(kernels) = self.kernels {
             return Ok(kernels);
         }
@@ -73,7 +73,7 @@ impl Settings {
             }
             return Ok(kernels);
         }
-        Ok(CpuKernels::Auto)
+        Ok(KernelSetting::Auto)
     }
 
     /// `--cache-dir`, else `MLX_IREE_CACHE_DIR`, else the usual folder.
@@ -134,18 +134,18 @@ fn env(var: &str) -> Result<Option<String>> {
 }
 
 /// A kernel setting, or what was expected.
-fn kernels_value(value: &str) -> Result<CpuKernels, String> {
+fn kernels_value(value: &str) -> Result<KernelSetting, String> {
     match value {
-        "" | "auto" | "1" => Ok(CpuKernels::Auto),
-        "0" => Ok(CpuKernels::Off),
-        isa => isa.parse().map(CpuKernels::Force).map_err(|_| {
+        "" | "auto" | "1" => Ok(KernelSetting::Auto),
+        "0" => Ok(KernelSetting::Off),
+        isa => isa.parse().map(KernelSetting::Force).map_err(|_| {
             let names: Vec<&str> = engine::Isa::ALL.iter().map(|isa| isa.name()).collect();
             format!("expected 0, {} or auto", names.join(", "))
         }),
     }
 }
 
-fn parse_kernels(value: &str) -> Result<CpuKernels, String> {
+fn parse_kernels(value: &str) -> Result<KernelSetting, String> {
     kernels_value(value)
 }
 
@@ -181,9 +181,9 @@ mod tests {
 
     #[test]
     fn values_parse_or_say_what_was_expected() {
-        assert_eq!(kernels_value("auto"), Ok(CpuKernels::Auto));
-        assert_eq!(kernels_value("0"), Ok(CpuKernels::Off));
-        assert_eq!(kernels_value("avx2"), Ok(CpuKernels::Force(engine::Isa::Avx2)));
+        assert_eq!(kernels_value("auto"), Ok(KernelSetting::Auto));
+        assert_eq!(kernels_value("0"), Ok(KernelSetting::Off));
+        assert_eq!(kernels_value("avx2"), Ok(KernelSetting::Force(engine::Isa::Avx2)));
         assert_eq!(kernels_value("sse2"), Err("expected 0, amx, avx512, avx2, neondot or auto".to_owned()));
         assert_eq!(cache_max_gb_value("0"), Ok(None));
         assert_eq!(cache_max_gb_value("1.5"), Ok(Some(1_500_000_000)));
@@ -197,14 +197,14 @@ mod tests {
     #[test]
     fn flags_win() {
         let settings = Settings {
-            kernels: Some(CpuKernels::Off),
+            kernels: Some(KernelSetting::Off),
             cache_dir: Some(PathBuf::from("/c")),
             cache_max_gb: Some(CacheLimit(None)),
             store_parameters: Some(false),
             dump_mlir: true,
             offline: true,
         };
-        assert_eq!(settings.kernels().unwrap(), CpuKernels::Off);
+        assert_eq!(settings.kernels().unwrap(), KernelSetting::Off);
         assert_eq!(settings.cache_dir(), PathBuf::from("/c"));
         assert_eq!(settings.cache_max_bytes().unwrap(), None);
         assert!(!settings.store_parameters().unwrap());

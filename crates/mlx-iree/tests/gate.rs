@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
 use engine::gate::{self, PromptResult, Reference, Report};
-use engine::{CpuKernels, Engine, EngineConfig, KvElem, Precision};
+use engine::{Engine, EngineConfig, KernelSetting, KvElem, Precision};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -93,18 +93,18 @@ fn check(dir: &Path, precision: Precision, refs: &[Reference]) -> Report {
 
 /// [`check`] with the KV cache in `kv`.
 fn check_kv(dir: &Path, precision: Precision, kv: KvElem, refs: &[Reference]) -> Report {
-    check_with(dir, precision, kv, CpuKernels::Auto, refs)
+    check_with(dir, precision, kv, KernelSetting::Auto, refs)
 }
 
-/// [`check`] with the KV cache in `kv` and the CPU kernels `cpu_kernels`.
-fn check_with(dir: &Path, precision: Precision, kv: KvElem, cpu_kernels: CpuKernels, refs: &[Reference]) -> Report {
+/// [`check`] with the KV cache in `kv` and the kernels `kernels`.
+fn check_with(dir: &Path, precision: Precision, kv: KvElem, kernels: KernelSetting, refs: &[Reference]) -> Report {
     let cache = root().join("target/test-compile-cache");
     let steps = refs.iter().map(|r| r.token_ids.len()).max().unwrap();
     let longest = refs.iter().map(|r| r.prompt_ids.len()).max().unwrap();
     let config = EngineConfig {
         max_context: Some((longest + steps).next_power_of_two().max(64)),
         kv_elem: kv,
-        cpu_kernels,
+        kernels,
         // The f32 modules of fixtures.rs and batch.rs, which have 8 slots.
         max_batch: if (precision, kv) == (Precision::F32, KvElem::F32) { 8 } else { 1 },
         // Storing the weights in final form is proven by crates/engine/tests/stored_parameters.rs;
@@ -172,14 +172,14 @@ fn f16_passes_the_gate(family: &str) {
 /// the object is linked and called; each family or variant more is one more compile.
 fn packed_matches_mlx_lm(family: &str) {
     // `host_isas` is fastest first, and the default (`host_isa`) is its first.
-    let others: Vec<CpuKernels> = match family {
-        OTHER_KERNELS_FAMILY => kernels::cpu::host_isas().skip(1).map(CpuKernels::Force).collect(),
+    let others: Vec<KernelSetting> = match family {
+        OTHER_KERNELS_FAMILY => kernels::cpu::host_isas().skip(1).map(KernelSetting::Force).collect(),
         _ => Vec::new(),
     };
-    let q8 = Q8_PACKED_FAMILIES.contains(&family).then_some(("q8", CpuKernels::Auto));
-    let graph = (family == GRAPH_FORM_FAMILY).then_some(("q4", CpuKernels::Off));
+    let q8 = Q8_PACKED_FAMILIES.contains(&family).then_some(("q8", KernelSetting::Auto));
+    let graph = (family == GRAPH_FORM_FAMILY).then_some(("q4", KernelSetting::Off));
     let runs =
-        [("q4", CpuKernels::Auto)].into_iter().chain(q8).chain(graph).chain(others.into_iter().map(|k| ("q4", k)));
+        [("q4", KernelSetting::Auto)].into_iter().chain(q8).chain(graph).chain(others.into_iter().map(|k| ("q4", k)));
     for (variant, setting) in runs {
         let dir = root().join("tests/fixtures").join(family).join(variant);
         let report = check_with(&dir, Precision::Packed, KvElem::F32, setting, &references(&dir, "expected.json"));
