@@ -594,12 +594,13 @@ impl ModelConfig {
     pub fn for_checkpoint(ckpt: &weights::Checkpoint) -> Result<ModelConfig> {
         let mut cfg = Self::from_json(ckpt.config(), &ckpt.dir().join("config.json"))?;
         if cfg.family == Family::Gemma3 {
-            cfg.tie_embeddings = !ckpt.contains("lm_head.weight");
+            cfg.tie_embeddings = !ckpt.contains(&crate::names::weight(crate::names::LM_HEAD));
         }
         // Refused here, before any compile, with the cause rather than a missing tensor.
         if let Some((l, moe)) = cfg.layers.iter().position(|l| l.moe).zip(cfg.moe.as_ref()) {
-            let block = format!("{}.{}", crate::params::layer_prefix(l), moe.block);
-            let wanted = format!("{block}.switch_mlp.gate_proj.weight");
+            let names = crate::names::LayerNames::new(l).moe_block(moe.block);
+            let block = names.block();
+            let wanted = crate::names::weight(&names.experts("gate_proj"));
             let (w1, gate) = (format!("{block}.experts.0.w1.weight"), format!("{block}.experts.0.gate_proj.weight"));
             if !ckpt.contains(&wanted)
                 && let Some(found) = [gate, w1].into_iter().find(|n| ckpt.contains(n))

@@ -8,6 +8,7 @@
 use crate::backend::{Backend, EmitOptions, KernelLink};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::names::{EMBEDDING, GATE_UP, QKV};
 use crate::params::{Kind, ParamSpec, param_specs};
 use crate::precision::Precision;
 use hlo_emit::ElementType;
@@ -376,10 +377,10 @@ impl Layout {
     fn merge(&mut self, cfg: &ModelConfig, groups: &[(&str, &[&str])], accept: impl Fn(&Form, usize, usize) -> bool) {
         let shapes = matrix_shapes(cfg);
         for l in 0..cfg.num_layers() {
-            let p = crate::params::layer_prefix(l);
+            let n = crate::names::LayerNames::new(l);
             for (merged, parts) in groups {
-                let merged = format!("{p}.{merged}");
-                let parts: Vec<String> = parts.iter().map(|n| format!("{p}.{n}")).collect();
+                let merged = n.at(merged);
+                let parts: Vec<String> = parts.iter().map(|part| n.at(part)).collect();
                 let Some(part_shapes) = parts.iter().map(|n| shapes.get(n)).collect::<Option<Vec<_>>>() else {
                     continue;
                 };
@@ -612,10 +613,6 @@ fn matrix_specs(cfg: &ModelConfig) -> impl Iterator<Item = ParamSpec> {
     param_specs(cfg).into_iter().filter(|s| s.kind != Kind::Vector)
 }
 
-/// Projections that read the same input, merged where a layout allows: (merged name, parts).
-const QKV: (&str, &[&str]) = ("self_attn.qkv_proj", &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]);
-const GATE_UP: (&str, &[&str]) = ("mlp.gate_up_proj", &["mlp.gate_proj", "mlp.up_proj"]);
-
 /// Each matrix's `[out, in]` by prefix; a stacked expert layer's are its experts'.
 fn matrix_shapes(cfg: &ModelConfig) -> HashMap<String, Vec<usize>> {
     param_specs(cfg)
@@ -711,9 +708,6 @@ fn as_float<'a>(t: weights::TensorView<'a>, elem: ElementType) -> Result<Cow<'a,
     }
     Ok(Cow::Owned(encode_f32(t.to_f32_vec()?.into_iter(), elem)))
 }
-
-/// The embedding table's prefix.
-pub const EMBEDDING: &str = "model.embed_tokens";
 
 /// f32 values as little-endian bytes of `elem` (f32, f16 or bf16), rounding to nearest even.
 pub(crate) fn encode_f32(values: impl Iterator<Item = f32>, elem: ElementType) -> Vec<u8> {

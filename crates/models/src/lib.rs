@@ -18,6 +18,7 @@ mod config;
 mod error;
 pub mod graph;
 mod layout;
+pub mod names;
 mod params;
 mod precision;
 mod rope;
@@ -26,7 +27,8 @@ pub use backend::{Backend, EmitOptions, ExpertProducts, KernelLink, PackedProduc
 pub use config::{Activation, Family, LayerConfig, ModelConfig, Moe, RopeScaling, Routing, SUPPORTED};
 pub use error::{Error, Result};
 pub use graph::{CacheShape, Function, KvElem, emit_functions};
-pub use layout::{DeviceParam, EMBEDDING, Form, Layout, Packing, Role, cuda_bits};
+pub use layout::{DeviceParam, Form, Layout, Packing, Role, cuda_bits};
+pub use names::EMBEDDING;
 pub use params::{Kind, ParamSpec, Part, check_checkpoint, load_f32, load_param, param_specs};
 pub use precision::Precision;
 pub use rope::RopeTable;

@@ -3,6 +3,7 @@
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::names::{EMBEDDING, FINAL_NORM, GATE_UP, LM_HEAD, LayerNames, MLP_PARTS, QKV, bias, weight};
 use hlo_emit::ElementType;
 use std::borrow::Cow;
 use weights::{Checkpoint, Dtype, Linear};
@@ -73,55 +74,52 @@ impl ParamSpec {
     }
 }
 
-/// Checkpoint names of one decoder layer's tensors, so the names appear once.
-pub fn layer_prefix(i: usize) -> String {
-    format!("model.layers.{i}")
-}
-
 /// Every parameter the decoder reads, in a fixed order.
 pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     let (d, hd) = (cfg.hidden, cfg.head_dim);
     let (q_out, kv_out) = (cfg.heads * hd, cfg.kv_heads * hd);
     let mut out = Vec::new();
     // `narrow`: a matrix of few outputs (a router), which dense precisions keep in f32.
-    let mut mat = |key: String, o: usize, i: usize, narrow: bool| {
-        out.push(ParamSpec { key, shape: vec![o, i], kind: Kind::Matrix, part: None, narrow })
+    let mut mat = |prefix: String, o: usize, i: usize, narrow: bool| {
+        out.push(ParamSpec { key: weight(&prefix), shape: vec![o, i], kind: Kind::Matrix, part: None, narrow })
     };
-    mat("model.embed_tokens.weight".into(), cfg.vocab, d, false);
+    mat(EMBEDDING.into(), cfg.vocab, d, false);
     for (l, layer) in cfg.layers.iter().enumerate() {
-        let p = layer_prefix(l);
-        mat(format!("{p}.self_attn.q_proj.weight"), q_out, d, false);
-        mat(format!("{p}.self_attn.k_proj.weight"), kv_out, d, false);
-        mat(format!("{p}.self_attn.v_proj.weight"), kv_out, d, false);
-        mat(format!("{p}.self_attn.o_proj.weight"), d, q_out, false);
+        let n = LayerNames::new(l);
+        mat(n.q_proj(), q_out, d, false);
+        mat(n.k_proj(), kv_out, d, false);
+        mat(n.v_proj(), kv_out, d, false);
+        mat(n.o_proj(), d, q_out, false);
         match cfg.moe.as_ref().filter(|_| layer.moe) {
             None => {
-                mat(format!("{p}.mlp.gate_proj.weight"), cfg.intermediate, d, false);
-                mat(format!("{p}.mlp.up_proj.weight"), cfg.intermediate, d, false);
-                mat(format!("{p}.mlp.down_proj.weight"), d, cfg.intermediate, false);
+                let [gate, up, down] = MLP_PARTS.map(|part| n.mlp(part));
+                mat(gate, cfg.intermediate, d, false);
+                mat(up, cfg.intermediate, d, false);
+                mat(down, d, cfg.intermediate, false);
             }
             Some(moe) => {
-                let b = format!("{p}.{}", moe.block);
-                mat(format!("{b}.gate.weight"), moe.experts, d, true);
+                let b = n.moe_block(moe.block);
+                mat(b.router(), moe.experts, d, true);
                 if let Some(shared) = moe.shared_expert {
-                    mat(format!("{b}.shared_expert.gate_proj.weight"), shared, d, false);
-                    mat(format!("{b}.shared_expert.up_proj.weight"), shared, d, false);
-                    mat(format!("{b}.shared_expert.down_proj.weight"), d, shared, false);
-                    mat(format!("{b}.shared_expert_gate.weight"), 1, d, true);
+                    let [gate, up, down] = MLP_PARTS.map(|part| b.shared_expert(part));
+                    mat(gate, shared, d, false);
+                    mat(up, shared, d, false);
+                    mat(down, d, shared, false);
+                    mat(b.shared_expert_gate(), 1, d, true);
                 }
             }
         }
     }
     if !cfg.tie_embeddings {
-        mat("lm_head.weight".into(), cfg.vocab, d, false);
+        mat(LM_HEAD.into(), cfg.vocab, d, false);
     }
     if let Some(moe) = &cfg.moe {
         let (e, i) = (moe.experts, moe.intermediate);
         for (l, _) in cfg.layers.iter().enumerate().filter(|(_, layer)| layer.moe) {
-            let s = format!("{}.{}.switch_mlp", layer_prefix(l), moe.block);
-            for (name, shape) in [("gate_proj", [e, i, d]), ("up_proj", [e, i, d]), ("down_proj", [e, d, i])] {
+            let b = LayerNames::new(l).moe_block(moe.block);
+            for (part, shape) in MLP_PARTS.into_iter().zip([[e, i, d], [e, i, d], [e, d, i]]) {
                 out.push(ParamSpec {
-                    key: format!("{s}.{name}.weight"),
+                    key: weight(&b.experts(part)),
                     shape: shape.to_vec(),
                     kind: Kind::Experts,
                     part: None,
@@ -137,32 +135,33 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
         out.push(ParamSpec { key, shape: vec![n], kind: Kind::Vector, part: None, narrow: false })
     };
     for l in 0..cfg.num_layers() {
-        let p = layer_prefix(l);
-        vec(format!("{p}.input_layernorm.weight"), d);
-        vec(format!("{p}.post_attention_layernorm.weight"), d);
+        let n = LayerNames::new(l);
+        vec(n.input_norm(), d);
+        vec(n.post_attention_norm(), d);
         if cfg.sandwich_norms {
-            vec(format!("{p}.pre_feedforward_layernorm.weight"), d);
-            vec(format!("{p}.post_feedforward_layernorm.weight"), d);
+            vec(n.pre_ffn_norm(), d);
+            vec(n.post_ffn_norm(), d);
         }
         if cfg.qk_norm {
-            vec(format!("{p}.self_attn.q_norm.weight"), hd);
-            vec(format!("{p}.self_attn.k_norm.weight"), hd);
+            vec(n.q_norm(), hd);
+            vec(n.k_norm(), hd);
         }
         if cfg.qkv_bias {
-            vec(format!("{p}.self_attn.q_proj.bias"), q_out);
-            vec(format!("{p}.self_attn.k_proj.bias"), kv_out);
-            vec(format!("{p}.self_attn.v_proj.bias"), kv_out);
+            vec(bias(&n.q_proj()), q_out);
+            vec(bias(&n.k_proj()), kv_out);
+            vec(bias(&n.v_proj()), kv_out);
         }
         if cfg.o_bias {
-            vec(format!("{p}.self_attn.o_proj.bias"), d);
+            vec(bias(&n.o_proj()), d);
         }
         if cfg.mlp_bias {
-            vec(format!("{p}.mlp.gate_proj.bias"), cfg.intermediate);
-            vec(format!("{p}.mlp.up_proj.bias"), cfg.intermediate);
-            vec(format!("{p}.mlp.down_proj.bias"), d);
+            let [gate, up, down] = MLP_PARTS.map(|part| bias(&n.mlp(part)));
+            vec(gate, cfg.intermediate);
+            vec(up, cfg.intermediate);
+            vec(down, d);
         }
     }
-    vec("model.norm.weight".into(), d);
+    vec(FINAL_NORM.into(), d);
     out
 }
 
@@ -171,17 +170,13 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
 /// model's.
 fn mark_fused_parts(cfg: &ModelConfig, out: &mut [ParamSpec]) {
     for l in 0..cfg.num_layers() {
-        let p = layer_prefix(l);
-        let fused: [(&str, &str, &[&str]); 2] = [
-            ("self_attn", "qkv_proj", &["q_proj", "k_proj", "v_proj"]),
-            ("mlp", "gate_up_proj", &["gate_proj", "up_proj"]),
-        ];
-        for (block, fused, parts) in fused {
+        let n = LayerNames::new(l);
+        for (fused, parts) in [QKV, GATE_UP] {
             let mut first_row = 0;
-            for name in parts {
-                let key = format!("{p}.{block}.{name}.weight");
+            for part in parts {
+                let key = weight(&n.at(part));
                 let Some(spec) = out.iter_mut().find(|s| s.key == key) else { continue };
-                spec.part = Some(Part { of: format!("{p}.{block}.{fused}"), first_row });
+                spec.part = Some(Part { of: n.at(fused), first_row });
                 first_row += spec.shape[0];
             }
         }

@@ -20,11 +20,11 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
     /// experts' weights; a prompt chunk runs every expert on every row (each expert's
     /// weights read once) and weighs the unchosen ones by zero.
     pub(super) fn moe(&self, x: V<'c, 'b>, moe: &MoePlan<'_>) -> R<V<'c, 'b>> {
-        let (block, moe) = (moe.block.as_str(), moe.config);
+        let (names, moe) = (&moe.names, moe.config);
         let f = self.f;
         let (t, d) = (x.shape()[0], x.shape()[1]);
         let (k, e) = (moe.top_k as i64, moe.experts as i64);
-        let logits = self.linear(x, &format!("{block}.gate"), false)?;
+        let logits = self.linear(x, &names.router(), false)?;
         let (scores, chosen) = match moe.routing {
             Routing::SoftmaxTopK { normalize } => {
                 let (v, i) = f.top_k(f.softmax(logits)?, moe.top_k)?;
@@ -39,7 +39,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
                 (f.softmax(v)?, i)
             }
         };
-        let experts = |name: &str| format!("{block}.switch_mlp.{name}");
+        let experts = |name: &str| names.experts(name);
         let in_kernel = |name: &str| self.layout.form(&experts(name)).is_some_and(|f| f.in_cpu_kernel());
         let mut y = if t * k < e || ["gate_proj", "up_proj", "down_proj"].iter().any(|n| in_kernel(n)) {
             // One row per (row, choice), each against its expert: the CPU kernel's `qmve` on
@@ -76,11 +76,10 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             f.dot_general(weights, out, DotDims::contract(&[1], &[0]).batch(&[0], &[2]))?
         };
         if moe.shared_expert.is_some() {
-            let shared = format!("{block}.shared_expert");
-            let gate = self.linear(x, &format!("{shared}.gate_proj"), false)?;
-            let hidden = f.mul(self.activation(gate)?, self.linear(x, &format!("{shared}.up_proj"), false)?)?;
-            let out = self.linear(hidden, &format!("{shared}.down_proj"), false)?;
-            let g = f.logistic(self.linear(x, &format!("{block}.shared_expert_gate"), false)?)?;
+            let gate = self.linear(x, &names.shared_expert("gate_proj"), false)?;
+            let hidden = f.mul(self.activation(gate)?, self.linear(x, &names.shared_expert("up_proj"), false)?)?;
+            let out = self.linear(hidden, &names.shared_expert("down_proj"), false)?;
+            let g = f.logistic(self.linear(x, &names.shared_expert_gate(), false)?)?;
             y = f.add(y, f.mul(f.broadcast_in_dim(f.reshape(g, &[t])?, &[t, d], &[0])?, out)?)?;
         }
         Ok(y)

@@ -9,7 +9,8 @@
 use super::{R, Step, V};
 use crate::config::{ModelConfig, Moe};
 use crate::error::{Error, Result};
-use crate::params::{Kind, layer_prefix, param_specs};
+use crate::names::{self, FINAL_NORM, LM_HEAD, LayerNames, MoeNames};
+use crate::params::{Kind, param_specs};
 use crate::rope::RopeTable;
 use hlo_emit::ElementType::*;
 use std::collections::{HashMap, HashSet};
@@ -50,11 +51,11 @@ pub(super) struct MlpPlan {
     pub bias: bool,
 }
 
-/// A mixture-of-experts block under `block` (`model.layers.0.mlp`): router `{block}.gate`,
-/// stacked experts `{block}.switch_mlp.{gate,up,down}_proj`, and the config's shared expert.
+/// A mixture-of-experts block: its names (router, stacked experts, shared expert) and the
+/// config's routing.
 #[derive(Debug)]
 pub(super) struct MoePlan<'a> {
-    pub block: String,
+    pub names: MoeNames,
     pub config: &'a Moe,
 }
 
@@ -87,7 +88,7 @@ impl<'a> LayerPlan<'a> {
             specs.iter().map(|s| if s.kind == Kind::Vector { s.key.as_str() } else { s.prefix() }).collect();
         let mut undeclared: Vec<String> =
             plans.iter().flat_map(LayerPlan::names).filter(|n| !declared.contains(n.as_str())).collect();
-        for global in ["model.norm.weight", head(cfg)] {
+        for global in [FINAL_NORM, head(cfg)] {
             if !declared.contains(global) {
                 undeclared.push(global.to_owned());
             }
@@ -103,29 +104,27 @@ impl<'a> LayerPlan<'a> {
     }
 
     fn new(cfg: &'a ModelConfig, l: usize) -> Result<LayerPlan<'a>> {
-        let p = layer_prefix(l);
+        let n = LayerNames::new(l);
         let layer = &cfg.layers[l];
         let attention = AttentionPlan {
-            q: format!("{p}.self_attn.q_proj"),
-            k: format!("{p}.self_attn.k_proj"),
-            v: format!("{p}.self_attn.v_proj"),
-            o: format!("{p}.self_attn.o_proj"),
+            q: n.q_proj(),
+            k: n.k_proj(),
+            v: n.v_proj(),
+            o: n.o_proj(),
             qkv_bias: cfg.qkv_bias,
             o_bias: cfg.o_bias,
-            qk_norm: cfg
-                .qk_norm
-                .then(|| (format!("{p}.self_attn.q_norm.weight"), format!("{p}.self_attn.k_norm.weight"))),
+            qk_norm: cfg.qk_norm.then(|| (n.q_norm(), n.k_norm())),
             sliding_window: layer.sliding_window,
             rope: RopeTable::new(layer, cfg.rope_dims),
         };
         let norms = if cfg.sandwich_norms {
             Norms::Sandwich {
-                post_attention: format!("{p}.post_attention_layernorm.weight"),
-                pre_ffn: format!("{p}.pre_feedforward_layernorm.weight"),
-                post_ffn: format!("{p}.post_feedforward_layernorm.weight"),
+                post_attention: n.post_attention_norm(),
+                pre_ffn: n.pre_ffn_norm(),
+                post_ffn: n.post_ffn_norm(),
             }
         } else {
-            Norms::Pre { ffn: format!("{p}.post_attention_layernorm.weight") }
+            Norms::Pre { ffn: n.post_attention_norm() }
         };
         let ffn = match cfg.moe.as_ref().filter(|_| layer.moe) {
             Some(moe) => {
@@ -135,61 +134,60 @@ impl<'a> LayerPlan<'a> {
                         cfg.model_type
                     )));
                 }
-                FeedForward::Moe(MoePlan { block: format!("{p}.{}", moe.block), config: moe })
+                FeedForward::Moe(MoePlan { names: n.moe_block(moe.block), config: moe })
             }
             None => FeedForward::Mlp(MlpPlan {
-                gate: format!("{p}.mlp.gate_proj"),
-                up: format!("{p}.mlp.up_proj"),
-                down: format!("{p}.mlp.down_proj"),
+                gate: n.mlp("gate_proj"),
+                up: n.mlp("up_proj"),
+                down: n.mlp("down_proj"),
                 bias: cfg.mlp_bias,
             }),
         };
-        Ok(LayerPlan { input_norm: format!("{p}.input_layernorm.weight"), attention, norms, ffn })
+        Ok(LayerPlan { input_norm: n.input_norm(), attention, norms, ffn })
     }
 
     /// Every parameter name the layer reads: matrices by prefix, vectors by key.
     fn names(&self) -> Vec<String> {
         let a = &self.attention;
-        let mut names = vec![self.input_norm.clone(), a.q.clone(), a.k.clone(), a.v.clone(), a.o.clone()];
+        let mut read = vec![self.input_norm.clone(), a.q.clone(), a.k.clone(), a.v.clone(), a.o.clone()];
         if a.qkv_bias {
-            names.extend([&a.q, &a.k, &a.v].map(|m| format!("{m}.bias")));
+            read.extend([&a.q, &a.k, &a.v].map(|m| names::bias(m)));
         }
         if a.o_bias {
-            names.push(format!("{}.bias", a.o));
+            read.push(names::bias(&a.o));
         }
         if let Some((q, k)) = &a.qk_norm {
-            names.extend([q.clone(), k.clone()]);
+            read.extend([q.clone(), k.clone()]);
         }
         match &self.norms {
-            Norms::Pre { ffn } => names.push(ffn.clone()),
+            Norms::Pre { ffn } => read.push(ffn.clone()),
             Norms::Sandwich { post_attention, pre_ffn, post_ffn } => {
-                names.extend([post_attention.clone(), pre_ffn.clone(), post_ffn.clone()]);
+                read.extend([post_attention.clone(), pre_ffn.clone(), post_ffn.clone()]);
             }
         }
         match &self.ffn {
             FeedForward::Mlp(m) => {
-                names.extend([m.gate.clone(), m.up.clone(), m.down.clone()]);
+                read.extend([m.gate.clone(), m.up.clone(), m.down.clone()]);
                 if m.bias {
-                    names.extend([&m.gate, &m.up, &m.down].map(|n| format!("{n}.bias")));
+                    read.extend([&m.gate, &m.up, &m.down].map(|n| names::bias(n)));
                 }
             }
             FeedForward::Moe(m) => {
-                let b = &m.block;
-                names.push(format!("{b}.gate"));
-                names.extend(["gate_proj", "up_proj", "down_proj"].map(|n| format!("{b}.switch_mlp.{n}")));
+                read.push(m.names.router());
+                read.extend(names::MLP_PARTS.map(|part| m.names.experts(part)));
                 if m.config.shared_expert.is_some() {
-                    names.extend(["gate_proj", "up_proj", "down_proj"].map(|n| format!("{b}.shared_expert.{n}")));
-                    names.push(format!("{b}.shared_expert_gate"));
+                    read.extend(names::MLP_PARTS.map(|part| m.names.shared_expert(part)));
+                    read.push(m.names.shared_expert_gate());
                 }
             }
         }
-        names
+        read
     }
 }
 
 /// The output projection's prefix: the embedding where the model ties them.
 fn head(cfg: &ModelConfig) -> &'static str {
-    if cfg.tie_embeddings { crate::layout::EMBEDDING } else { "lm_head" }
+    if cfg.tie_embeddings { names::EMBEDDING } else { LM_HEAD }
 }
 
 impl<'c, 'b> Step<'_, 'c, 'b> {
@@ -272,7 +270,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             };
         }
 
-        let x = self.norm(x, "model.norm.weight")?;
+        let x = self.norm(x, FINAL_NORM)?;
         // The rows whose logits are returned: the `last` row of a prompt chunk or a mixed
         // call's chosen rows (indices as data, not slice offsets), or every row of a decode
         // step.

@@ -5,7 +5,8 @@
 
 use super::{R, Step, V};
 use crate::backend::PackedProducts;
-use crate::layout::{EMBEDDING, Form, Packing, cuda_bits};
+use crate::layout::{Form, Packing, cuda_bits};
+use crate::names::EMBEDDING;
 use hlo_emit::{DotDims, ElementType, ElementType::*, Global};
 
 /// How the CUDA kernel (`kernels::cuda`) reads a packed matrix: the bits of its stored

@@ -1,0 +1,141 @@
+//! Checkpoint names, spelled once. The parameter list ([`crate::param_specs`]), the layer
+//! plan the graph runs (`graph/layer.rs`) and the layout's stacked projections all build
+//! their names here, so the graph cannot read a tensor under another name than the loader
+//! binds (and the plan still checks every name it reads against the parameter list).
+//! Matrices are named by prefix (`model.layers.0.mlp.up_proj`, whose tensor is
+//! `<prefix>.weight`, quantized ones beside it `<prefix>.scales` and `<prefix>.biases`),
+//! vectors by their full key.
+
+/// The embedding table's prefix.
+pub const EMBEDDING: &str = "model.embed_tokens";
+/// The output projection's prefix, where the model does not tie it to the embedding.
+pub const LM_HEAD: &str = "lm_head";
+/// The final norm's weight.
+pub const FINAL_NORM: &str = "model.norm.weight";
+
+/// Attention's projections that read the same input: the stacked matrix's name and its
+/// parts', under a layer's prefix (Phi-3 stores them stacked; the layouts stack them where a
+/// kernel takes them).
+pub const QKV: (&str, &[&str]) = ("self_attn.qkv_proj", &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]);
+/// The gated MLP's gate and up projections, likewise.
+pub const GATE_UP: (&str, &[&str]) = ("mlp.gate_up_proj", &["mlp.gate_proj", "mlp.up_proj"]);
+
+/// A matrix's weight tensor.
+pub fn weight(prefix: &str) -> String {
+    format!("{prefix}.weight")
+}
+
+/// A linear layer's bias tensor.
+pub fn bias(prefix: &str) -> String {
+    format!("{prefix}.bias")
+}
+
+/// The names of one decoder layer's tensors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerNames {
+    prefix: String,
+}
+
+impl LayerNames {
+    pub fn new(layer: usize) -> LayerNames {
+        LayerNames { prefix: format!("model.layers.{layer}") }
+    }
+
+    /// `model.layers.{i}`.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// `rest` under the layer's prefix.
+    pub fn at(&self, rest: &str) -> String {
+        format!("{}.{rest}", self.prefix)
+    }
+
+    pub fn q_proj(&self) -> String {
+        self.at("self_attn.q_proj")
+    }
+
+    pub fn k_proj(&self) -> String {
+        self.at("self_attn.k_proj")
+    }
+
+    pub fn v_proj(&self) -> String {
+        self.at("self_attn.v_proj")
+    }
+
+    pub fn o_proj(&self) -> String {
+        self.at("self_attn.o_proj")
+    }
+
+    /// The RMSNorm weight of each query head (Qwen3, Gemma 3).
+    pub fn q_norm(&self) -> String {
+        self.at("self_attn.q_norm.weight")
+    }
+
+    pub fn k_norm(&self) -> String {
+        self.at("self_attn.k_norm.weight")
+    }
+
+    pub fn input_norm(&self) -> String {
+        self.at("input_layernorm.weight")
+    }
+
+    /// Before the feed-forward block in pre-norm layers; after attention in Gemma 2/3's.
+    pub fn post_attention_norm(&self) -> String {
+        self.at("post_attention_layernorm.weight")
+    }
+
+    pub fn pre_ffn_norm(&self) -> String {
+        self.at("pre_feedforward_layernorm.weight")
+    }
+
+    pub fn post_ffn_norm(&self) -> String {
+        self.at("post_feedforward_layernorm.weight")
+    }
+
+    /// The dense MLP's `gate_proj`, `up_proj` or `down_proj`.
+    pub fn mlp(&self, part: &str) -> String {
+        self.at(&format!("mlp.{part}"))
+    }
+
+    /// The mixture-of-experts block's module (`mlp`, Mixtral's `block_sparse_moe`).
+    pub fn moe_block(&self, block: &str) -> MoeNames {
+        MoeNames { block: self.at(block) }
+    }
+}
+
+/// The names inside one layer's mixture-of-experts block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MoeNames {
+    block: String,
+}
+
+impl MoeNames {
+    /// The block's prefix (`model.layers.0.mlp`).
+    pub fn block(&self) -> &str {
+        &self.block
+    }
+
+    /// The router `[experts, hidden]`.
+    pub fn router(&self) -> String {
+        format!("{}.gate", self.block)
+    }
+
+    /// The stacked experts' `gate_proj`, `up_proj` or `down_proj` (`[experts, out, in]`).
+    pub fn experts(&self, part: &str) -> String {
+        format!("{}.switch_mlp.{part}", self.block)
+    }
+
+    /// Qwen2-MoE's shared expert's `gate_proj`, `up_proj` or `down_proj`.
+    pub fn shared_expert(&self, part: &str) -> String {
+        format!("{}.shared_expert.{part}", self.block)
+    }
+
+    /// The shared expert's gate `[1, hidden]`.
+    pub fn shared_expert_gate(&self) -> String {
+        format!("{}.shared_expert_gate", self.block)
+    }
+}
+
+/// The three projections of a gated MLP, in the order the parameters list them.
+pub const MLP_PARTS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
