@@ -19,7 +19,7 @@ pub enum Error {
     /// IREE's runtime failed.
     #[error(transparent)]
     Runtime(BoxError),
-    #[error("unsupported device `{0}` (expected local-task, local-sync, cuda or vulkan)")]
+    #[error("unsupported device `{0}` (expected local-task, local-sync, cuda, vulkan, or metal on macOS)")]
     UnsupportedDevice(String),
     /// `vulkan` was asked for where no Vulkan driver or device answers.
     #[error(

@@ -288,7 +288,10 @@ fn shutdown_and_load_errors() {
 
     let config = EngineConfig::new("hip", Precision::F32, root().join("target/test-compile-cache"));
     let err = Scheduler::start(fixture(), config).unwrap_err();
-    assert_eq!(err.to_string(), "unsupported device `hip` (expected local-task, local-sync, cuda or vulkan)");
+    assert_eq!(
+        err.to_string(),
+        "unsupported device `hip` (expected local-task, local-sync, cuda, vulkan, or metal on macOS)"
+    );
     let config = EngineConfig::new("local-task", Precision::F32, root().join("target/test-compile-cache"));
     let err = Scheduler::start(root().join("no-such-model"), config).unwrap_err().to_string();
     assert!(err.contains("no-such-model"), "{err}");

@@ -16,7 +16,7 @@ const TOLERANCE: f32 = 1e-5;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// IREE device URI: local-task, local-sync, cuda or vulkan.
+    /// IREE device URI: local-task, local-sync, cuda, vulkan, or metal on macOS.
     #[arg(long, default_value = "local-task")]
     device: String,
     /// The compile cache folder. Default: $MLX_IREE_CACHE_DIR, else

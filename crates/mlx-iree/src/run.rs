@@ -22,11 +22,12 @@ pub struct ModelArgs {
     /// in `model`; `None` for a local folder.
     #[arg(skip)]
     pub repo: Option<String>,
-    /// IREE device URI: local-task, local-sync, cuda or vulkan.
+    /// IREE device URI: local-task, local-sync, cuda, vulkan, or metal on macOS.
     #[arg(long, default_value = "local-task")]
     pub device: String,
-    /// Weight precision on the device: f32, f16, bf16 (default: the device's, see
-    /// `engine::device::default_precision`).
+    /// Weight precision on the device: f32, f16, bf16 or packed (MLX 4/8-bit kept packed);
+    /// default: packed for a 4/8-bit checkpoint on a CPU with the AVX-512 or AMX kernels,
+    /// else f16.
     #[arg(long)]
     pub precision: Option<Precision>,
     /// Most positions (prompt plus generated tokens) of a sequence; default: the model's
