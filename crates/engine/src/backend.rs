@@ -213,3 +213,62 @@ impl Backend {
         &self.iree
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use models::{EmitOptions, KernelLink};
+
+    fn backend(target: CompileTarget, kernels: KernelSetting) -> Backend {
+        let dir = std::env::temp_dir().join(format!("engine-backend-{}", std::process::id()));
+        Backend::new(target, kernels, &dir).unwrap()
+    }
+
+    /// Each target's one decision: what links, SPIR-V's forms, the graph settings, the cost
+    /// of a call.
+    #[test]
+    fn each_target_decides_once() {
+        let cpu = backend(CompileTarget::HostCpu, KernelSetting::Off);
+        let cpu_emit = EmitOptions {
+            slot_read: SlotRead::Slice,
+            expert_products: ExpertProducts::Contraction,
+            packed_products: PackedProducts::IntegerGroups,
+        };
+        assert_eq!(*cpu.model(), models::Backend { kernels: KernelLink::None, spirv: false, emit: cpu_emit });
+        assert_eq!((cpu.kernel_isa(), cpu.target().call_overhead_rows()), (None, 8));
+
+        let auto = backend(CompileTarget::HostCpu, KernelSetting::Auto);
+        assert_eq!(
+            auto.kernel_isa(),
+            kernels::cpu::host_isa().filter(|_| matches!(auto.model().kernels, KernelLink::Cpu(_)))
+        );
+        if let KernelLink::Cpu(object) = &auto.model().kernels {
+            assert!(object.exists(), "{}", object.display());
+        }
+
+        for target in [CompileTarget::Vulkan, CompileTarget::Metal] {
+            let gpu = backend(target.clone(), KernelSetting::Auto);
+            assert!(gpu.model().spirv && gpu.model().kernels == KernelLink::None, "{target}");
+            assert_eq!(gpu.model().emit.packed_products, PackedProducts::Dequantized, "{target}");
+            assert_eq!(gpu.model().emit.slot_read, SlotRead::Gather, "{target}");
+            assert_eq!(gpu.target().call_overhead_rows(), 4096);
+        }
+
+        let cuda = CompileTarget::Cuda("sm_80".into());
+        let linked = if kernels::cuda::ptx().is_some() { KernelLink::Cuda } else { KernelLink::None };
+        assert_eq!(backend(cuda.clone(), KernelSetting::Auto).model().kernels, linked);
+        assert_eq!(backend(cuda.clone(), KernelSetting::Off).model().kernels, KernelLink::None);
+        let rocm = backend(CompileTarget::Rocm("gfx942".into()), KernelSetting::Auto);
+        assert_eq!((rocm.model().kernels.clone(), rocm.model().spirv), (KernelLink::None, false));
+        assert_eq!(rocm.model().emit.expert_products, ExpertProducts::Reduction);
+    }
+
+    #[test]
+    fn devices_name_their_targets() {
+        assert_eq!(CompileTarget::for_device("local-sync").unwrap(), CompileTarget::HostCpu);
+        assert_eq!(CompileTarget::for_device("cuda://0").unwrap(), CompileTarget::Cuda("sm_80".into()));
+        assert_eq!(CompileTarget::for_device("vulkan").unwrap(), CompileTarget::Vulkan);
+        let err = CompileTarget::for_device("tpu").unwrap_err().to_string();
+        assert_eq!(err, "unsupported device `tpu` (expected local-task, local-sync, cuda, vulkan, or metal on macOS)");
+    }
+}

@@ -83,23 +83,8 @@ impl<'a> LayerPlan<'a> {
     /// step does not run (a mixture of experts with sandwich norms).
     pub(super) fn all(cfg: &'a ModelConfig) -> Result<Vec<LayerPlan<'a>>> {
         let plans: Vec<LayerPlan<'a>> = (0..cfg.num_layers()).map(|l| LayerPlan::new(cfg, l)).collect::<Result<_>>()?;
-        let specs = param_specs(cfg);
-        let declared: HashSet<&str> =
-            specs.iter().map(|s| if s.kind == Kind::Vector { s.key.as_str() } else { s.prefix() }).collect();
-        let mut undeclared: Vec<String> =
-            plans.iter().flat_map(LayerPlan::names).filter(|n| !declared.contains(n.as_str())).collect();
-        for global in [FINAL_NORM, head(cfg)] {
-            if !declared.contains(global) {
-                undeclared.push(global.to_owned());
-            }
-        }
-        if let Some(first) = undeclared.first() {
-            return Err(Error::Invalid(format!(
-                "the {} graph reads {first}, which no parameter of the model declares ({} such names)",
-                cfg.model_type,
-                undeclared.len()
-            )));
-        }
+        let read = plans.iter().flat_map(LayerPlan::names).chain([FINAL_NORM, head(cfg)].map(str::to_owned));
+        check_declared(cfg, read)?;
         Ok(plans)
     }
 
@@ -182,6 +167,23 @@ impl<'a> LayerPlan<'a> {
             }
         }
         read
+    }
+}
+
+/// Refuses the first of the names a graph reads (matrices by prefix, vectors by key) that no
+/// parameter of `cfg` declares.
+fn check_declared(cfg: &ModelConfig, read: impl Iterator<Item = String>) -> Result<()> {
+    let specs = param_specs(cfg);
+    let declared: HashSet<&str> =
+        specs.iter().map(|s| if s.kind == Kind::Vector { s.key.as_str() } else { s.prefix() }).collect();
+    let undeclared: Vec<String> = read.filter(|n| !declared.contains(n.as_str())).collect();
+    match undeclared.first() {
+        Some(first) => Err(Error::Invalid(format!(
+            "the {} graph reads {first}, which no parameter of the model declares (names undeclared: {})",
+            cfg.model_type,
+            undeclared.len()
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -343,4 +345,53 @@ struct Cache<'c, 'b> {
     slots: V<'c, 'b>,
     row_slots: V<'c, 'b>,
     positions: V<'c, 'b>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn config(family: &str) -> ModelConfig {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(family).join("f32");
+        ModelConfig::from_file(&dir.join("config.json")).unwrap_or_else(|e| panic!("{family}: {e}"))
+    }
+
+    #[test]
+    fn every_fixture_family_plans_with_declared_names() {
+        for family in ["llama_llama3_tied", "phi3", "qwen2", "qwen2_moe", "qwen3_moe", "gemma2", "gemma3_text"] {
+            let cfg = config(family);
+            let plans = LayerPlan::all(&cfg).unwrap_or_else(|e| panic!("{family}: {e}"));
+            assert_eq!(plans.len(), cfg.num_layers(), "{family}");
+        }
+        // The kinds the plan chose: qwen3_moe's layer 1 is in `mlp_only_layers`.
+        let cfg = config("qwen3_moe");
+        let plans = LayerPlan::all(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        let kinds: Vec<bool> = plans.iter().map(|p| matches!(p.ffn, FeedForward::Moe(_))).collect();
+        assert_eq!(kinds, [true, false, true]);
+        let cfg = config("gemma2");
+        let plans = LayerPlan::all(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(plans[0].norms, Norms::Sandwich { .. }));
+        assert_eq!(plans[0].attention.q, "model.layers.0.self_attn.q_proj");
+    }
+
+    #[test]
+    fn a_name_no_parameter_declares_is_refused() {
+        let cfg = config("qwen2");
+        let read = ["model.layers.0.self_attn.q_proj", "model.layers.0.self_atn.k_proj", "model.norm.weight"];
+        let err = check_declared(&cfg, read.into_iter().map(str::to_owned)).map(|_| ()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the qwen2 graph reads model.layers.0.self_atn.k_proj, which no parameter of the model declares (names undeclared: 1)"
+        );
+        assert!(check_declared(&cfg, read[..1].iter().map(|s| (*s).to_owned())).is_ok());
+    }
+
+    #[test]
+    fn experts_with_sandwich_norms_are_refused() {
+        let mut cfg = config("qwen3_moe");
+        cfg.sandwich_norms = true;
+        let err = LayerPlan::all(&cfg).map(|_| ()).unwrap_err();
+        assert!(err.to_string().contains("a mixture of experts with sandwich norms is not supported"), "{err}");
+    }
 }
