@@ -105,6 +105,8 @@ const ENV_INTERNAL: &[&str] = &[
     "MLX_IREE_TEST_FIRST_COMPILES_CHILD",
     // Set by `cargo xtask compile-matrix` for crates/engine/tests/compile_matrix.rs.
     "MLX_IREE_BLESS_CAPABILITIES",
+    // Set by `cargo xtask compile-matrix --family NAME` for crates/engine/tests/compile_matrix.rs.
+    "MLX_IREE_MATRIX_FAMILIES",
     // Re-records crates/engine/tests/mlir_golden.txt (the emitted graphs' hashes).
     "MLX_IREE_BLESS_MLIR",
 ];

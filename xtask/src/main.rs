@@ -32,7 +32,7 @@ commands:
                                 test --no-run, then two test binaries at a time)
   test-vulkan                   setup + build-iree + every fixture family on --device vulkan
                                 (Mesa's lavapipe; the suite runs four of them)
-  compile-matrix                setup + build-iree + every fixture family x precision x target
+  compile-matrix [--family F]   setup + build-iree + every fixture family (or F) x precision x target
                                 compiled; writes docs/capabilities.json and README's table
   quickstart                    setup + build-iree --target cpu + model + a chat answer from
                                 SmolLM2 (mlx-iree generate --chat)

@@ -137,24 +137,38 @@ fn check_lints() -> Result<()> {
 pub fn run_vulkan(args: &[String]) -> Result<()> {
     util::no_args("test-vulkan", args)?;
     let what = "every fixture family on --device vulkan (lavapipe: several minutes)";
-    one_test_binary("test-vulkan", what, ["mlx-iree", "vulkan"], &["--include-ignored"], None)?;
+    one_test_binary("test-vulkan", what, ["mlx-iree", "vulkan"], &["--include-ignored"], &[])?;
     Ok(())
 }
 
-/// `cargo xtask compile-matrix`: set-up, then every fixture family at every precision
-/// compiled for every target (crates/engine/tests/compile_matrix.rs's ignored test), its
-/// outcome written into docs/capabilities.json and the README's capability table.
+/// `cargo xtask compile-matrix [--family NAME]...`: set-up, then every fixture family (or
+/// only the named ones) at every precision compiled for every target
+/// (crates/engine/tests/compile_matrix.rs's ignored test), the outcome written into
+/// docs/capabilities.json (the named families' cells replaced, the others kept as recorded)
+/// and the README's capability table. A new family needs only its own row of modules, not
+/// the whole matrix again.
 pub fn run_compile_matrix(args: &[String]) -> Result<()> {
-    util::no_args("compile-matrix", args)?;
-    let what = "every family x precision x target (about 300 modules: tens of minutes cold)";
+    let mut families = Vec::new();
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match (arg.as_str(), rest.next()) {
+            ("--family", Some(name)) if !name.is_empty() && !name.contains(',') => families.push(name.clone()),
+            ("--family", _) => bail!("compile-matrix: --family takes one fixture family's name"),
+            (other, _) => bail!("compile-matrix: unexpected argument `{other}` (expected --family NAME)"),
+        }
+    }
+    let what = if families.is_empty() {
+        "every family x precision x target (about 300 modules: tens of minutes cold)".to_owned()
+    } else {
+        format!("{} x every precision x target", families.join(", "))
+    };
     let harness = ["--include-ignored", "every_family_compiles_everywhere"];
-    let secs = one_test_binary(
-        "compile-matrix",
-        what,
-        ["engine", "compile_matrix"],
-        &harness,
-        Some(("MLX_IREE_BLESS_CAPABILITIES", "1")),
-    )?;
+    let only = families.join(",");
+    let mut env = vec![("MLX_IREE_BLESS_CAPABILITIES", "1")];
+    if !families.is_empty() {
+        env.push(("MLX_IREE_MATRIX_FAMILIES", only.as_str()));
+    }
+    let secs = one_test_binary("compile-matrix", &what, ["engine", "compile_matrix"], &harness, &env)?;
     progress("compile-matrix", format!("docs/capabilities.json and README.md written in {secs:.0} s"));
     Ok(())
 }
@@ -166,7 +180,7 @@ fn one_test_binary(
     what: &str,
     [package, test]: [&str; 2],
     harness: &[&str],
-    env: Option<(&str, &str)>,
+    env: &[(&str, &str)],
 ) -> Result<f64> {
     let toolchain = crate::setup::run()?;
     build_iree::build(&toolchain, Target::Cpu)?;
@@ -174,7 +188,7 @@ fn one_test_binary(
     progress(stage, what);
     let mut cmd = Command::new(util::cargo());
     cmd.current_dir(util::root()).args(["test", "-p", package, "--test", test, "--"]).args(harness);
-    cmd.envs(env);
+    cmd.envs(env.iter().copied());
     suite_env(&mut cmd);
     util::run(&mut cmd)?;
     let secs = started.elapsed().as_secs_f64();

@@ -175,13 +175,23 @@ fn one_family_compiles_everywhere_as_recorded() {
     );
 }
 
-/// Every family, target and precision; with `MLX_IREE_BLESS_CAPABILITIES=1` (what `cargo
+/// Every family, target and precision (or, with `MLX_IREE_MATRIX_FAMILIES=a,b`, only those
+/// families, the others as recorded); with `MLX_IREE_BLESS_CAPABILITIES=1` (what `cargo
 /// xtask compile-matrix` sets) it rewrites docs/capabilities.json and the README's table,
 /// else it checks them.
 #[test]
 #[ignore = "about 300 modules: cargo xtask compile-matrix runs it"]
 fn every_family_compiles_everywhere() {
-    let got = matrix(&families());
+    let only: Option<Vec<String>> =
+        std::env::var("MLX_IREE_MATRIX_FAMILIES").ok().map(|v| v.split(',').map(str::to_owned).collect());
+    let got = match &only {
+        None => matrix(&families()),
+        Some(some) => {
+            let unknown: Vec<&String> = some.iter().filter(|f| !families().contains(f)).collect();
+            assert!(unknown.is_empty(), "not fixture families (tests/fixtures/NAME): {unknown:?}");
+            with_families(recorded(), &matrix(some))
+        }
+    };
     let (_, readme) = readme_with(&render(&got));
     if std::env::var("MLX_IREE_BLESS_CAPABILITIES").is_ok_and(|v| v == "1") {
         let text = serde_json::to_string_pretty(&got).unwrap() + "\n";
@@ -190,4 +200,36 @@ fn every_family_compiles_everywhere() {
         return;
     }
     assert_eq!(got, recorded(), "the matrix differs from docs/capabilities.json: run `cargo xtask compile-matrix`");
+}
+
+/// `record` with the cells of `part`'s families replaced (or added), listing today's fixture
+/// families; every one of them must then have a cell in every target and precision.
+fn with_families(mut record: Value, part: &Value) -> Value {
+    let families = families();
+    for (target, by_precision) in part["targets"].as_object().unwrap() {
+        for (precision, cells) in by_precision.as_object().unwrap() {
+            let into = record["targets"][target][precision].as_object_mut().unwrap();
+            for (family, cell) in cells.as_object().unwrap() {
+                into.insert(family.clone(), cell.clone());
+            }
+            into.retain(|family, _| families.contains(family));
+            let missing: Vec<&String> = families.iter().filter(|f| !into.contains_key(*f)).collect();
+            assert!(missing.is_empty(), "{missing:?} not in the record: cargo xtask compile-matrix --family NAME");
+        }
+    }
+    record["families"] = json!(families);
+    record
+}
+
+/// A partial run replaces its family's cells and keeps the others as recorded.
+#[test]
+fn a_partial_matrix_replaces_only_its_families() {
+    let real = families();
+    let all: Map<String, Value> = real.iter().map(|f| (f.clone(), json!("compiles"))).collect();
+    let record = json!({"families": real, "targets": {"t": {"f32": all}}});
+    let first = real[0].clone();
+    let part = json!({"families": [first], "targets": {"t": {"f32": {first.clone(): "fails: x"}}}});
+    let mut want = record.clone();
+    want["targets"]["t"]["f32"][first.as_str()] = json!("fails: x");
+    assert_eq!(with_families(record, &part), want);
 }
