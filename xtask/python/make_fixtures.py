@@ -352,6 +352,36 @@ FIXTURES = [
         },
     },
     {
+        "name": "smollm3",
+        "about": "smollm3 (llama with NoPE layers): 3 layers, no_rope_layer_interval 2, so layer 1 "
+        "attends without rotary embeddings, tied embeddings, GQA; margins of 0.01 so that packed's "
+        "quantized activations keep mlx-lm's tokens",
+        "group_size": 64,
+        "min_margin": 0.01,
+        "seed": 9,
+        "config": {
+            "architectures": ["SmolLM3ForCausalLM"],
+            "model_type": "smollm3",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": 384,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 2000000.0,
+            "rope_scaling": None,
+            "max_position_embeddings": 4096,
+            "no_rope_layer_interval": 2,
+            "tie_word_embeddings": True,
+            "attention_bias": False,
+            "mlp_bias": False,
+            "hidden_act": "silu",
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    },
+    {
         "name": "gemma",
         "scales": {"embed": 0.25, "final_norm": 4.0},
         "about": "gemma, GeGLU (mlx-lm: exact erf gelu), RMSNorm (1+w), embedding scale sqrt(hidden), "

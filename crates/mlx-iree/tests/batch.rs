@@ -125,7 +125,8 @@ mod eight_rows_at_f32 {
         qwen2,
         qwen2_moe,
         qwen3,
-        qwen3_moe
+        qwen3_moe,
+        smollm3
     );
 
     #[test]

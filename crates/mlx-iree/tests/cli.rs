@@ -80,7 +80,7 @@ fn unsupported_model_type_is_refused_before_compiling() {
         &args,
         2,
         "",
-        "unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text)",
+        "unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3)",
     );
     assert!(!file.exists(), "no partial output file");
 }
@@ -387,4 +387,13 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         if path.is_dir() { out.extend(walk(&path)) } else { out.push(path) }
     }
     out
+}
+
+/// A smollm3 checkpoint whose `no_rope_layers` does not give one flag per layer: one line
+/// naming the setting, exit 2, nothing compiled.
+#[test]
+fn a_malformed_smollm3_config_is_one_line() {
+    let dir = fixture_of("smollm3", "no_rope_layers", serde_json::json!([1, 0]));
+    let args = ["trajectory", "--model", dir.path().to_str().unwrap(), "--prompt-ids", "1", "--steps", "1"];
+    check(&[&args[..], &["--out", "/tmp/x.json"]].concat(), 2, "", "no_rope_layers: 2 entries for 3 layers");
 }

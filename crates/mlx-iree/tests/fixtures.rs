@@ -93,5 +93,6 @@ fixture_tests!(
     gemma,
     gemma2,
     gemma2_window,
-    gemma3_text
+    gemma3_text,
+    smollm3
 );

@@ -221,7 +221,8 @@ per_family!(
     qwen2,
     qwen2_moe,
     qwen3,
-    qwen3_moe
+    qwen3_moe,
+    smollm3
 );
 
 #[test]

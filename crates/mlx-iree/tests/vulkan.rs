@@ -116,7 +116,8 @@ vulkan_tests!(
     mistral,
     mixtral,
     qwen2_moe,
-    qwen3
+    qwen3,
+    smollm3
 );
 
 /// The trained fixtures (one in a default run).

@@ -7,7 +7,7 @@ use serde_json::Value;
 use std::path::Path;
 
 pub const SUPPORTED: &str =
-    "llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text";
+    "llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3";
 
 /// The checkpoint's `config.json` as written, every field optional; [`ModelConfig::from_json`]
 /// decides per `model_type` which are required and what the defaults are.
@@ -48,6 +48,10 @@ struct RawConfig {
     norm_topk_prob: Option<bool>,
     decoder_sparse_step: Option<usize>,
     mlp_only_layers: Option<Vec<usize>>,
+    /// SmolLM3: per layer 1 to rotate, 0 for none (NoPE); else every
+    /// `no_rope_layer_interval`-th layer has none.
+    no_rope_layers: Option<Vec<u8>>,
+    no_rope_layer_interval: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +66,7 @@ pub enum Family {
     Gemma,
     Gemma2,
     Gemma3,
+    SmolLm3,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,6 +150,8 @@ pub struct LayerConfig {
     pub sliding_window: Option<usize>,
     /// The feed-forward block is the model's [`Moe`] (else the dense MLP).
     pub moe: bool,
+    /// Queries and keys are rotated (RoPE); false for SmolLM3's NoPE layers.
+    pub rope: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -298,6 +305,8 @@ struct Rules {
     /// q/k/v and gate/up stored fused (phi3).
     fused_projections: bool,
     windows: Windows,
+    /// `no_rope_layers` / `no_rope_layer_interval` read (smollm3).
+    nope_layers: bool,
     gemma: Option<Gemma>,
     moe: Option<MoeRules>,
 }
@@ -315,6 +324,7 @@ const DENSE: Rules = Rules {
     qk_norm: false,
     fused_projections: false,
     windows: Windows::Global,
+    nope_layers: false,
     gemma: None,
     moe: None,
 };
@@ -439,6 +449,16 @@ const FAMILIES: &[Rules] = &[
         }),
         ..DENSE
     },
+    Rules {
+        family: Family::SmolLm3,
+        model_types: &["smollm3"],
+        head_dim: HeadDim::GivenOrDerived,
+        tie: Some(true),
+        biases: Biases::Configured,
+        windows: Windows::LayerTypes,
+        nope_layers: true,
+        ..DENSE
+    },
 ];
 
 impl ModelConfig {
@@ -479,7 +499,7 @@ impl ModelConfig {
             Some(m) => parse_moe(&raw, m, p)?,
             None => None,
         };
-        let global = LayerConfig { rope_theta, rope_scaling, sliding_window: None, moe: false };
+        let global = LayerConfig { rope_theta, rope_scaling, sliding_window: None, moe: false, rope: true };
         let layers = layers(&raw, rules, moe.is_some(), global, p)?;
         let gemma = rules.gemma;
         let attn_scale = match gemma.and_then(|g| g.query_pre_attn) {
@@ -693,13 +713,14 @@ fn layers(raw: &RawConfig, rules: &Rules, has_moe: bool, global: LayerConfig, p:
     let sparse_step = raw.decoder_sparse_step.unwrap_or(1).max(1);
     let mlp_only = raw.mlp_only_layers.clone().unwrap_or_default();
     let window = raw.sliding_window;
+    let rotates = rotated_layers(raw, rules, n_layers, p)?;
     (0..n_layers)
         .map(|i| -> Result<LayerConfig> {
             // mlx-lm's qwen3_moe: layers in `mlp_only_layers`, and all but every
             // `decoder_sparse_step`-th, keep the dense MLP; the other MoE families use
             // experts in every layer.
             let moe = has_moe && (!sparse || (!mlp_only.contains(&i) && (i + 1) % sparse_step == 0));
-            let global = LayerConfig { moe, ..global.clone() };
+            let global = LayerConfig { moe, rope: rotates[i], ..global.clone() };
             Ok(match rules.windows {
                 Windows::Global => global,
                 Windows::LayerTypes => match raw.layer_types.as_ref().map(|t| t.get(i).map(String::as_str)) {
@@ -720,12 +741,37 @@ fn layers(raw: &RawConfig, rules: &Rules, has_moe: bool, global: LayerConfig, p:
                             rope_scaling: RopeScaling::None,
                             sliding_window: Some(window.unwrap_or(512)),
                             moe: false,
+                            rope: true,
                         }
                     }
                 }
             })
         })
         .collect()
+}
+
+/// Whether each layer rotates its queries and keys: every one, except SmolLM3's NoPE layers
+/// as mlx-lm's smollm3 reads them (`no_rope_layers`, one 0/1 per layer, 1 to rotate; else
+/// every `no_rope_layer_interval`-th layer, default 4, has none).
+fn rotated_layers(raw: &RawConfig, rules: &Rules, n_layers: usize, p: &Path) -> Result<Vec<bool>> {
+    if !rules.nope_layers {
+        return Ok(vec![true; n_layers]);
+    }
+    match &raw.no_rope_layers {
+        Some(flags) if flags.len() != n_layers => Err(cfg_err(
+            p,
+            "no_rope_layers",
+            format!("{} entries for {n_layers} layers (num_hidden_layers)", flags.len()),
+        )),
+        Some(flags) => Ok(flags.iter().map(|f| *f != 0).collect()),
+        None => {
+            let interval = raw.no_rope_layer_interval.unwrap_or(4);
+            if interval == 0 {
+                return Err(cfg_err(p, "no_rope_layer_interval", "must be > 0"));
+            }
+            Ok((0..n_layers).map(|i| (i + 1) % interval != 0).collect())
+        }
+    }
 }
 
 /// The MoE block of a family with one, by its rules (mlx-lm's defaults: Mixtral 8 experts,

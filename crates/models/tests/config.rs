@@ -35,7 +35,7 @@ fn refusals_name_the_cause() {
         llama(),
         "model_type",
         json!("gpt2"),
-        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text)",
+        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3)",
     );
     check_err(llama(), "model_type", Value::Null, "m/config.json: model_type: missing");
     check_err(llama(), "hidden_size", Value::Null, "m/config.json: hidden_size: missing");
@@ -324,4 +324,34 @@ fn unstacked_experts_are_refused_with_the_cause() {
             dir.path().display()
         )
     );
+}
+
+/// SmolLM3 as mlx-lm's smollm3 reads it: llama's settings, and layers without RoPE (NoPE)
+/// by `no_rope_layers` (1 to rotate) or every `no_rope_layer_interval`-th layer (default 4).
+#[test]
+fn smollm3_nope_layers() {
+    let base = serde_json::json!({
+        "model_type": "smollm3", "hidden_size": 64, "num_hidden_layers": 8, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 384,
+    });
+    let rotates = |extra: serde_json::Value| -> Vec<bool> {
+        let mut v = base.clone();
+        v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let c = ModelConfig::from_json(&v, Path::new("m/config.json")).unwrap();
+        c.layers.iter().map(|l| l.rope).collect()
+    };
+    assert_eq!(rotates(serde_json::json!({})), [true, true, true, false, true, true, true, false]);
+    assert_eq!(rotates(serde_json::json!({"no_rope_layer_interval": 2})), [true, false].repeat(4));
+    let flags = serde_json::json!({"no_rope_layers": [1, 0, 0, 1, 1, 1, 1, 0]});
+    assert_eq!(rotates(flags), [true, false, false, true, true, true, true, false]);
+    let mut short = base.clone();
+    short["no_rope_layers"] = serde_json::json!([1, 0]);
+    let err = ModelConfig::from_json(&short, Path::new("m/config.json")).unwrap_err().to_string();
+    assert!(err.contains("no_rope_layers") && err.contains("2 entries for 8 layers"), "{err}");
+    // Every other family rotates every layer.
+    let mut llama = base.clone();
+    llama["model_type"] = serde_json::json!("llama");
+    llama["no_rope_layer_interval"] = serde_json::json!(2);
+    let c = ModelConfig::from_json(&llama, Path::new("m/config.json")).unwrap();
+    assert!(c.layers.iter().all(|l| l.rope));
 }

@@ -39,7 +39,8 @@ pub(super) struct AttentionPlan {
     pub qk_norm: Option<(String, String)>,
     /// Keys older than this many positions are masked.
     pub sliding_window: Option<usize>,
-    pub rope: RopeTable,
+    /// The rotation of queries and keys; `None` for a NoPE layer (SmolLM3).
+    pub rope: Option<RopeTable>,
 }
 
 /// A gated MLP: `down(activation(gate(x)) * up(x))`.
@@ -100,7 +101,7 @@ impl<'a> LayerPlan<'a> {
             o_bias: cfg.o_bias,
             qk_norm: cfg.qk_norm.then(|| (n.q_norm(), n.k_norm())),
             sliding_window: layer.sliding_window,
-            rope: RopeTable::new(layer, cfg.rope_dims),
+            rope: layer.rope.then(|| RopeTable::new(layer, cfg.rope_dims)),
         };
         let norms = if cfg.sandwich_norms {
             Norms::Sandwich {
@@ -229,18 +230,23 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         let cache = Cache { k: kc, v: vc, slots, row_slots, positions };
 
         for (l, layer) in plan.iter().enumerate() {
-            let rope_key = format!("{:?}", layer.attention.rope);
-            let (cos, sin) = match ropes.get(&rope_key) {
-                Some(cs) => *cs,
-                None => {
-                    let cs = self.rope_tables(pos_f, &layer.attention.rope)?;
-                    ropes.insert(rope_key, cs);
-                    cs
+            let angles = match &layer.attention.rope {
+                None => None,
+                Some(table) => {
+                    let rope_key = format!("{table:?}");
+                    Some(match ropes.get(&rope_key) {
+                        Some(cs) => *cs,
+                        None => {
+                            let cs = self.rope_tables(pos_f, table)?;
+                            ropes.insert(rope_key, cs);
+                            cs
+                        }
+                    })
                 }
             };
 
             let hn = self.norm(x, &layer.input_norm)?;
-            let (o, k_rows, v_rows) = self.attention(hn, &layer.attention, (cos, sin), l, &cache)?;
+            let (o, k_rows, v_rows) = self.attention(hn, &layer.attention, angles, l, &cache)?;
             new_k.push(k_rows);
             new_v.push(v_rows);
 
@@ -289,15 +295,16 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
     }
 
     /// One layer's attention on the normed input `hn [R, d]`: q, k, v (q/k normed where the
-    /// model does), rotated, then attention over the cache through the CPU kernel where it
-    /// runs, else the graph form (a decode row against its window, or a prompt chunk).
-    /// Returns the heads' output `[R, heads * hd]` (before the output projection) and the
-    /// step's new keys and values as one layer's rows for `write_kv` (`[1, R, kv_heads, hd]`).
+    /// model does), rotated by `angles` (cos, sin) unless the layer has no RoPE, then
+    /// attention over the cache through the CPU kernel where it runs, else the graph form (a
+    /// decode row against its window, or a prompt chunk). Returns the heads' output
+    /// `[R, heads * hd]` (before the output projection) and the step's new keys and values
+    /// as one layer's rows for `write_kv` (`[1, R, kv_heads, hd]`).
     fn attention(
         &self,
         hn: V<'c, 'b>,
         a: &AttentionPlan,
-        (cos, sin): (V<'c, 'b>, V<'c, 'b>),
+        angles: Option<(V<'c, 'b>, V<'c, 'b>)>,
         l: usize,
         cache: &Cache<'c, 'b>,
     ) -> R<(V<'c, 'b>, V<'c, 'b>, V<'c, 'b>)> {
@@ -311,8 +318,10 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             Some((qn, kn)) => (self.norm(q, qn)?, self.norm(kk, kn)?),
             None => (q, kk),
         };
-        let q = self.rope(q, cos, sin)?;
-        let kk = self.rope(kk, cos, sin)?;
+        let (q, kk) = match angles {
+            Some((cos, sin)) => (self.rope(q, cos, sin)?, self.rope(kk, cos, sin)?),
+            None => (q, kk),
+        };
         // The step's keys and values go to the cache in `write_kv`, after this call, which
         // rounds them to the cache's type.
         let as_rows = |x: V<'c, 'b>| f.reshape(x, &[1, r, k, hd]);
