@@ -3,8 +3,8 @@
 //! stop strings, is submitted to the scheduler (which batches every running request into
 //! one decode step), and the token events come back as a JSON body or server-sent events.
 //! Routes: POST `/v1/completions`, POST `/v1/chat/completions`, GET `/v1/models`,
-//! GET `/health`, GET `/metrics`. The text-to-engine glue it shares with the binary's
-//! `generate` and `chat` is [`generator`].
+//! POST `/tokenize`, POST `/detokenize`, GET `/health`, GET `/metrics`. The text-to-engine
+//! glue it shares with the binary's `generate` and `chat` is [`generator`].
 
 pub mod api;
 mod error;
@@ -27,7 +27,8 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use text::chat::Message;
+use text::sampler::TokenLogprobs;
+use text::tokenizer::Tokenizer;
 
 /// Settings of the HTTP side.
 #[derive(Debug, Clone)]
@@ -114,6 +115,8 @@ impl Server {
             .route("/v1/completions", post(completions))
             .route("/v1/chat/completions", post(chat))
             .route("/v1/models", get(models))
+            .route("/tokenize", post(tokenize))
+            .route("/detokenize", post(detokenize))
             .route("/health", get(health))
             .route("/metrics", get(metrics))
             .fallback(|| async { ApiError::status(StatusCode::NOT_FOUND, "no such endpoint") })
@@ -187,27 +190,23 @@ impl Server {
         if self.0.draining.load(Ordering::Relaxed) {
             return Err(ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"));
         }
-        let bytes = body.map_err(|rejection| match rejection.status() {
-            StatusCode::PAYLOAD_TOO_LARGE => ApiError::status(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("request body over the limit of {} bytes", self.0.config.max_body_bytes),
-            ),
-            status => ApiError::status(status, rejection.body_text()),
-        })?;
+        let bytes = self.body(body)?;
         let model = &self.0.model;
-        let (prompt, common) = match endpoint {
+        let (prompt, common, logprobs) = match endpoint {
             Endpoint::Completions => {
-                let body: api::CompletionBody = api::parse(&bytes)?;
+                let body = api::parse_completion(&bytes)?;
+                let logprobs = body.logprobs()?;
                 let prompt = match body.prompt.single()? {
                     Ok(text) => {
                         model.tokenizer.encode(&text, true).map_err(|e| ApiError::field("prompt", e.to_string()))?
                     }
                     Err(ids) => ids,
                 };
-                (prompt, body.common)
+                (prompt, body.common, logprobs)
             }
             Endpoint::Chat => {
-                let body: api::ChatBody = api::parse(&bytes)?;
+                let body = api::parse_chat(&bytes)?;
+                let logprobs = body.logprobs()?;
                 let chat = model
                     .chat
                     .as_ref()
@@ -215,14 +214,15 @@ impl Server {
                 if body.messages.is_empty() {
                     return Err(ApiError::field("messages", "messages must not be empty"));
                 }
-                let messages = body.messages.iter().map(|m| Ok(Message::new(&m.role, m.text()?))).collect::<Result<
-                    Vec<_>,
-                    ApiError,
-                >>(
-                )?;
+                let messages = body
+                    .messages
+                    .iter()
+                    .enumerate()
+                    .map(|(i, m)| m.message(i))
+                    .collect::<Result<Vec<_>, ApiError>>()?;
                 let prompt =
                     chat.encode(&model.tokenizer, &messages).map_err(|e| ApiError::field("messages", e.to_string()))?;
-                (prompt, body.common)
+                (prompt, body.common, logprobs)
             }
         };
         if let Some(name) = &common.model
@@ -231,7 +231,7 @@ impl Server {
             return Err(ApiError {
                 status: StatusCode::NOT_FOUND,
                 message: format!("the model `{name}` does not exist (this server has `{}`)", self.0.config.model_id),
-                param: Some("model"),
+                param: Some("model".to_owned()),
             });
         }
         common.check_n()?;
@@ -244,9 +244,10 @@ impl Server {
             ^ SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
         let options = Options {
             max_tokens,
-            sampling: common.sampling(seed)?,
+            sampling: common.sampling(seed, model.tokenizer.vocab_size())?,
             stop: common.stops()?,
             ignore_eos: common.ignore_eos,
+            logprobs,
         };
         let prompt_tokens = prompt.len();
         let reader = model.submit(prompt, &options)?;
@@ -265,8 +266,21 @@ impl Server {
             include_usage: common.include_usage(),
             prompt_tokens,
             reader,
+            wants_logprobs: logprobs.is_some(),
+            text_offset: 0,
             first: false,
             _in_flight: in_flight,
+        })
+    }
+
+    /// The request's body, or the 413 (or other status) axum's limit gave it.
+    fn body(&self, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+        body.map_err(|rejection| match rejection.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => ApiError::status(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body over the limit of {} bytes", self.0.config.max_body_bytes),
+            ),
+            status => ApiError::status(status, rejection.body_text()),
         })
     }
 
@@ -309,6 +323,11 @@ struct Job {
     include_usage: bool,
     prompt_tokens: usize,
     reader: TextStream,
+    /// Whether the request asked for logprobs.
+    wants_logprobs: bool,
+    /// Characters of the answer's tokens given out with logprobs so far (completions'
+    /// `text_offset`).
+    text_offset: usize,
     /// Whether the first token has come (its time noted).
     first: bool,
     _in_flight: InFlight,
@@ -347,6 +366,50 @@ impl Job {
         })
     }
 
+    /// The logprobs of the tokens read since the last call, in the endpoint's format
+    /// (`null` when not asked for or when there are none).
+    fn logprobs(&mut self) -> Value {
+        let entries = self.reader.take_logprobs();
+        if !self.wants_logprobs || entries.is_empty() {
+            return Value::Null;
+        }
+        let tokenizer = &self.server.0.model.tokenizer;
+        match self.endpoint {
+            Endpoint::Chat => {
+                let one = |token: u32, logprob: f32| {
+                    let text = token_text(tokenizer, token);
+                    json!({"token": text, "logprob": logprob, "bytes": text.as_bytes()})
+                };
+                let content: Vec<Value> = entries
+                    .iter()
+                    .map(|e| {
+                        let mut entry = one(e.token, e.logprob);
+                        entry["top_logprobs"] = e.top.iter().map(|&(token, logprob)| one(token, logprob)).collect();
+                        entry
+                    })
+                    .collect();
+                json!({"content": content, "refusal": null})
+            }
+            Endpoint::Completions => {
+                let (mut tokens, mut logprobs, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+                for TokenLogprobs { token, logprob, top } in &entries {
+                    let text = token_text(tokenizer, *token);
+                    offsets.push(self.text_offset);
+                    self.text_offset += text.chars().count();
+                    // The N most likely and, as OpenAI's legacy format has it, the chosen one.
+                    let mut alternatives = serde_json::Map::new();
+                    for &(id, lp) in top.iter().chain([(*token, *logprob)].iter()) {
+                        alternatives.entry(token_text(tokenizer, id)).or_insert(json!(lp));
+                    }
+                    tops.push(Value::Object(alternatives));
+                    tokens.push(text);
+                    logprobs.push(*logprob);
+                }
+                json!({"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets})
+            }
+        }
+    }
+
     /// The whole answer as one JSON body.
     async fn complete(mut self, arrived: Instant) -> Result<Response, ApiError> {
         let mut text = String::new();
@@ -356,26 +419,28 @@ impl Job {
                 Piece::End(reason) => break finish_reason(reason),
             }
         };
+        let logprobs = self.logprobs();
         let mut body = match self.endpoint {
             Endpoint::Completions => self.envelope(
                 "text_completion",
-                json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": reason}]),
+                json!([{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}]),
             ),
             Endpoint::Chat => self.envelope(
                 "chat.completion",
-                json!([{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": reason}]),
+                json!([{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": reason}]),
             ),
         };
         body["usage"] = self.usage();
         Ok(axum::Json(body).into_response())
     }
 
-    /// One SSE chunk of this answer.
-    fn chunk(&self, text: Option<&str>, reason: Option<&str>, first: bool) -> Value {
+    /// One SSE chunk of this answer, with the logprobs of the tokens read since the last.
+    fn chunk(&mut self, text: Option<&str>, reason: Option<&str>, first: bool) -> Value {
+        let logprobs = if first { Value::Null } else { self.logprobs() };
         match self.endpoint {
             Endpoint::Completions => self.envelope(
                 "text_completion",
-                json!([{"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": reason}]),
+                json!([{"index": 0, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": reason}]),
             ),
             Endpoint::Chat => {
                 let delta = match (first, text) {
@@ -385,7 +450,7 @@ impl Job {
                 };
                 self.envelope(
                     "chat.completion.chunk",
-                    json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason}]),
+                    json!([{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]),
                 )
             }
         }
@@ -455,6 +520,8 @@ async fn chat(State(server): State<Server>, headers: HeaderMap, body: Result<Byt
     server.generate(Endpoint::Chat, headers, body).await
 }
 
+/// The model's entry: vLLM's `max_model_len` is the context length, the most positions
+/// (prompt and answer) one request may take.
 async fn models(State(server): State<Server>, headers: HeaderMap) -> Response {
     let response = match server.authorize(&headers) {
         Ok(()) => axum::Json(json!({
@@ -464,13 +531,59 @@ async fn models(State(server): State<Server>, headers: HeaderMap) -> Response {
                 "object": "model",
                 "created": server.0.started,
                 "owned_by": "mlx-iree",
-                "max_context": server.0.model.scheduler.info().max_context,
+                "max_model_len": server.0.model.scheduler.info().max_context,
             }],
         }))
         .into_response(),
         Err(e) => e.into_response(),
     };
     server.0.metrics.request("/v1/models", response.status().as_u16());
+    response
+}
+
+/// One token's text: its own decoding, special tokens included (a token that is part of a
+/// multi-byte character decodes to U+FFFD).
+fn token_text(tokenizer: &Tokenizer, token: u32) -> String {
+    tokenizer.decode(&[token], false).unwrap_or_default()
+}
+
+/// `POST /tokenize` (llama.cpp's shape): `{"content", "add_special"}` to `{"tokens"}`.
+async fn tokenize(State(server): State<Server>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    let answer = || -> Result<Value, ApiError> {
+        server.authorize(&headers)?;
+        let body = api::parse_tokenize(&server.body(body)?)?;
+        let tokens = server
+            .0
+            .model
+            .tokenizer
+            .encode(&body.content, body.add_special)
+            .map_err(|e| ApiError::field("content", e.to_string()))?;
+        Ok(json!({"tokens": tokens}))
+    };
+    let response = answer().map_or_else(IntoResponse::into_response, |v| axum::Json(v).into_response());
+    server.0.metrics.request("/tokenize", response.status().as_u16());
+    response
+}
+
+/// `POST /detokenize` (llama.cpp's shape): `{"tokens"}` to `{"content"}`, special tokens
+/// included.
+async fn detokenize(State(server): State<Server>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    let answer = || -> Result<Value, ApiError> {
+        server.authorize(&headers)?;
+        let body = api::parse_detokenize(&server.body(body)?)?;
+        let tokenizer = &server.0.model.tokenizer;
+        let vocab = tokenizer.vocab_size();
+        if let Some(bad) = body.tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ApiError::field(
+                "tokens",
+                format!("token id {bad} is outside the vocabulary of {vocab} tokens"),
+            ));
+        }
+        let content = tokenizer.decode(&body.tokens, false).map_err(|e| ApiError::field("tokens", e.to_string()))?;
+        Ok(json!({"content": content}))
+    };
+    let response = answer().map_or_else(IntoResponse::into_response, |v| axum::Json(v).into_response());
+    server.0.metrics.request("/detokenize", response.status().as_u16());
     response
 }
 
