@@ -41,6 +41,9 @@ def suite(client, model):
     out["completion_stream"] = {"text": "".join(pieces)}
     out["models"] = [m.id for m in client.models.list().data]
     out["logprobs"] = logprobs(client, model)
+    out["n3"] = [[c.message.content for c in client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Write a short poem about the sea."}], max_tokens=12,
+        temperature=1.0, seed=11, n=3).choices] for _ in range(2)]
     errors = {}
     try:
         client.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=4)

@@ -78,6 +78,11 @@ fn the_openai_client_gets_what_generate_prints() {
         assert_eq!(s[0], p[0]);
         assert!((s[1].as_f64().unwrap() - p[1].as_f64().unwrap()).abs() < 1e-4, "{s} vs {p}");
     }
+    // n: 3 with a seed: three distinct answers, the same twice.
+    let n3 = got["n3"].as_array().unwrap();
+    assert_eq!(n3[0], n3[1], "{got}");
+    let texts = n3[0].as_array().unwrap();
+    assert!(texts.len() == 3 && texts[0] != texts[1] && texts[1] != texts[2] && texts[0] != texts[2], "{got}");
     // Refused fields: the client raises BadRequestError with the field as `param`.
     for (name, message) in [
         ("response_format", "`response_format` is not supported yet (only {\"type\": \"text\"})"),

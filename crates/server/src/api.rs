@@ -142,10 +142,11 @@ pub fn parse_chat(bytes: &[u8]) -> Result<ChatBody, ApiError> {
             let at = format!("messages[{i}].");
             check_fields(message, &[MESSAGE_FIELDS], &at)?;
             if let Some(Value::Array(parts)) = message.get("content") {
-                for part in parts.iter().filter_map(Value::as_object) {
+                for (j, part) in parts.iter().enumerate() {
+                    let Value::Object(part) = part else { continue };
                     match part.get("type").and_then(Value::as_str) {
                         Some("text") => {
-                            check_fields(part, &[TEXT_PART_FIELDS], &format!("{at}content[]."))?;
+                            check_fields(part, &[TEXT_PART_FIELDS], &format!("{at}content[{j}]."))?;
                             if !part.get("text").is_some_and(Value::is_string) {
                                 return Err(ApiError::field(
                                     format!("{at}content"),
@@ -311,6 +312,8 @@ pub struct ChatBody {
 
 /// OpenAI's default temperature.
 const DEFAULT_TEMPERATURE: f32 = 1.0;
+/// Most answers per request (`n`): each takes a slot of its own.
+pub const MAX_N: usize = 16;
 /// Most stop strings per request.
 const MAX_STOPS: usize = 16;
 
@@ -476,14 +479,19 @@ impl Common {
         })
     }
 
-    /// `n` must be 1 (one choice per request).
+    /// `n`, the answers asked for, must be 1 to [`MAX_N`].
     pub fn check_n(&self) -> Result<(), ApiError> {
         match self.n {
-            None | Some(1) => Ok(()),
-            Some(n) => {
-                Err(ApiError::field("n", format!("n > 1 is not supported yet (got {n}): send one request per choice")))
+            Some(n) if n == 0 || n > MAX_N => {
+                Err(ApiError::field("n", format!("n must be between 1 and {MAX_N}, got {n}")))
             }
+            _ => Ok(()),
         }
+    }
+
+    /// The answers asked for (checked by [`Common::check_n`]).
+    pub fn n(&self) -> usize {
+        self.n.unwrap_or(1)
     }
 
     pub fn stops(&self) -> Result<Vec<String>, ApiError> {

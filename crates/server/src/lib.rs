@@ -185,6 +185,7 @@ impl Server {
         endpoint: Endpoint,
         headers: &HeaderMap,
         body: Result<Bytes, BytesRejection>,
+        arrived: Instant,
     ) -> Result<Job, ApiError> {
         self.authorize(headers)?;
         if self.0.draining.load(Ordering::Relaxed) {
@@ -250,25 +251,35 @@ impl Server {
             logprobs,
         };
         let prompt_tokens = prompt.len();
-        let reader = model.submit(prompt, &options)?;
+        // Choice i draws with seed + i: the first is the answer of the same request with n 1.
+        let choices = (0..common.n())
+            .map(|index| {
+                let mut options = options.clone();
+                options.sampling.seed = options.sampling.seed.wrapping_add(index as u64);
+                Ok(Choice { index, reader: model.submit(prompt.clone(), &options)?, text_offset: 0 })
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?;
         let in_flight = self.enter();
         let n = self.0.next_id.fetch_add(1, Ordering::Relaxed);
         let id = match endpoint {
             Endpoint::Completions => format!("cmpl-{}-{n}", self.0.started),
             Endpoint::Chat => format!("chatcmpl-{}-{n}", self.0.started),
         };
-        Ok(Job {
+        let info = JobInfo {
             server: self.clone(),
             endpoint,
             id,
             created: unix_now(),
+            prompt_tokens,
+            wants_logprobs: logprobs.is_some(),
+            arrived,
+            first: AtomicBool::new(false),
+        };
+        Ok(Job {
+            info: Arc::new(info),
             stream: common.stream,
             include_usage: common.include_usage(),
-            prompt_tokens,
-            reader,
-            wants_logprobs: logprobs.is_some(),
-            text_offset: 0,
-            first: false,
+            choices,
             _in_flight: in_flight,
         })
     }
@@ -286,9 +297,9 @@ impl Server {
 
     async fn generate(&self, endpoint: Endpoint, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
         let arrived = Instant::now();
-        let response = match self.start(endpoint, &headers, body) {
-            Ok(job) if job.stream => job.stream(arrived),
-            Ok(job) => job.complete(arrived).await.unwrap_or_else(IntoResponse::into_response),
+        let response = match self.start(endpoint, &headers, body, arrived) {
+            Ok(job) if job.stream => job.stream(),
+            Ok(job) => job.complete().await.unwrap_or_else(IntoResponse::into_response),
             Err(e) => e.into_response(),
         };
         self.0.metrics.request(endpoint.path(), response.status().as_u16());
@@ -313,47 +324,60 @@ fn finish_reason(reason: FinishReason) -> &'static str {
     }
 }
 
-/// A submitted request and how to answer it.
-struct Job {
+/// What every choice of a request shares.
+struct JobInfo {
     server: Server,
     endpoint: Endpoint,
     id: String,
     created: u64,
-    stream: bool,
-    include_usage: bool,
     prompt_tokens: usize,
-    reader: TextStream,
     /// Whether the request asked for logprobs.
     wants_logprobs: bool,
+    arrived: Instant,
+    /// Whether a first token has come (its time noted).
+    first: AtomicBool,
+}
+
+/// One answer of a request (of `n`).
+struct Choice {
+    index: usize,
+    reader: TextStream,
     /// Characters of the answer's tokens given out with logprobs so far (completions'
     /// `text_offset`).
     text_offset: usize,
-    /// Whether the first token has come (its time noted).
-    first: bool,
+}
+
+/// A submitted request and how to answer it.
+struct Job {
+    info: Arc<JobInfo>,
+    stream: bool,
+    include_usage: bool,
+    choices: Vec<Choice>,
     _in_flight: InFlight,
 }
 
-impl Job {
-    fn usage(&self) -> Value {
-        let completion = self.reader.generated();
+/// How a streamed choice ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Streamed {
+    /// Its last chunk was sent.
+    Done,
+    /// It failed; the error was sent in place of the rest.
+    Failed,
+    /// The client went away.
+    Gone,
+}
+
+fn frame(v: &Value) -> Result<Bytes, std::convert::Infallible> {
+    Ok(Bytes::from(format!("data: {v}\n\n")))
+}
+
+impl JobInfo {
+    fn usage(&self, completion: usize) -> Value {
         json!({
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
         })
-    }
-
-    /// The next piece, noting the time to the first token.
-    async fn piece(&mut self, arrived: Instant) -> Result<Piece, ApiError> {
-        let piece = self.reader.next(&self.server.0.model.tokenizer).await.map_err(ApiError::from);
-        if !self.first && self.reader.generated() > 0 {
-            self.first = true;
-            self.server.0.metrics.first_token(arrived.elapsed().as_secs_f64());
-        }
-        if let Ok(Piece::End(_)) | Err(_) = &piece {
-            self.server.0.metrics.tokens(self.prompt_tokens, self.reader.generated());
-        }
-        piece
     }
 
     fn envelope(&self, object: &str, choices: Value) -> Value {
@@ -366,15 +390,39 @@ impl Job {
         })
     }
 
+    fn chunk_object(&self) -> &'static str {
+        match self.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completions => "text_completion",
+        }
+    }
+}
+
+impl Choice {
+    /// The next piece, noting the time to the request's first token.
+    async fn piece(&mut self, info: &JobInfo) -> Result<Piece, ApiError> {
+        let metrics = &info.server.0.metrics;
+        let piece = self.reader.next(&info.server.0.model.tokenizer).await.map_err(ApiError::from);
+        if self.reader.generated() > 0 && !info.first.swap(true, Ordering::Relaxed) {
+            metrics.first_token(info.arrived.elapsed().as_secs_f64());
+        }
+        if let Ok(Piece::End(_)) | Err(_) = &piece {
+            // The prompt was asked for once, whatever `n`.
+            let prompt = if self.index == 0 { info.prompt_tokens } else { 0 };
+            metrics.tokens(prompt, self.reader.generated());
+        }
+        piece
+    }
+
     /// The logprobs of the tokens read since the last call, in the endpoint's format
     /// (`null` when not asked for or when there are none).
-    fn logprobs(&mut self) -> Value {
+    fn logprobs(&mut self, info: &JobInfo) -> Value {
         let entries = self.reader.take_logprobs();
-        if !self.wants_logprobs || entries.is_empty() {
+        if !info.wants_logprobs || entries.is_empty() {
             return Value::Null;
         }
-        let tokenizer = &self.server.0.model.tokenizer;
-        match self.endpoint {
+        let tokenizer = &info.server.0.model.tokenizer;
+        match info.endpoint {
             Endpoint::Chat => {
                 let one = |token: u32, logprob: f32| {
                     let text = token_text(tokenizer, token);
@@ -410,94 +458,121 @@ impl Job {
         }
     }
 
-    /// The whole answer as one JSON body.
-    async fn complete(mut self, arrived: Instant) -> Result<Response, ApiError> {
+    /// The whole answer, as its entry of `choices`.
+    async fn complete(&mut self, info: &JobInfo) -> Result<Value, ApiError> {
         let mut text = String::new();
         let reason = loop {
-            match self.piece(arrived).await? {
+            match self.piece(info).await? {
                 Piece::Text(t) => text.push_str(&t),
                 Piece::End(reason) => break finish_reason(reason),
             }
         };
-        let logprobs = self.logprobs();
-        let mut body = match self.endpoint {
-            Endpoint::Completions => self.envelope(
-                "text_completion",
-                json!([{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}]),
-            ),
-            Endpoint::Chat => self.envelope(
-                "chat.completion",
-                json!([{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": reason}]),
-            ),
-        };
-        body["usage"] = self.usage();
-        Ok(axum::Json(body).into_response())
+        let logprobs = self.logprobs(info);
+        Ok(match info.endpoint {
+            Endpoint::Completions => {
+                json!({"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": reason})
+            }
+            Endpoint::Chat => json!({
+                "index": self.index,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs,
+                "finish_reason": reason,
+            }),
+        })
     }
 
     /// One SSE chunk of this answer, with the logprobs of the tokens read since the last.
-    fn chunk(&mut self, text: Option<&str>, reason: Option<&str>, first: bool) -> Value {
-        let logprobs = if first { Value::Null } else { self.logprobs() };
-        match self.endpoint {
-            Endpoint::Completions => self.envelope(
-                "text_completion",
-                json!([{"index": 0, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": reason}]),
-            ),
+    fn chunk(&mut self, info: &JobInfo, text: Option<&str>, reason: Option<&str>, first: bool) -> Value {
+        let logprobs = if first { Value::Null } else { self.logprobs(info) };
+        let choice = match info.endpoint {
+            Endpoint::Completions => json!({
+                "index": self.index, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": reason
+            }),
             Endpoint::Chat => {
                 let delta = match (first, text) {
                     (true, _) => json!({"role": "assistant", "content": ""}),
                     (false, Some(t)) => json!({"content": t}),
                     (false, None) => json!({}),
                 };
-                self.envelope(
-                    "chat.completion.chunk",
-                    json!([{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]),
-                )
+                json!({"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason})
             }
-        }
+        };
+        info.envelope(info.chunk_object(), json!([choice]))
     }
 
-    /// The answer as server-sent events, ending in `data: [DONE]`. A client that goes away
-    /// stops the writer at its next send, which drops the generation and frees the slot.
-    fn stream(mut self, arrived: Instant) -> Response {
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::convert::Infallible>>(16);
-        tokio::spawn(async move {
-            let frame = |v: &Value| Ok(Bytes::from(format!("data: {v}\n\n")));
-            if self.endpoint == Endpoint::Chat && tx.send(frame(&self.chunk(None, None, true))).await.is_err() {
-                return;
+    /// Sends this answer's chunks to `tx`, the last with its finish reason.
+    async fn stream(mut self, info: Arc<JobInfo>, tx: Sender) -> (Streamed, usize) {
+        if info.endpoint == Endpoint::Chat && tx.send(frame(&self.chunk(&info, None, None, true))).await.is_err() {
+            return (Streamed::Gone, self.reader.generated());
+        }
+        let ended = loop {
+            let (event, ended) = match self.piece(&info).await {
+                Ok(Piece::Text(t)) if t.is_empty() => continue,
+                Ok(Piece::Text(t)) => (self.chunk(&info, Some(&t), None, false), None),
+                Ok(Piece::End(reason)) => {
+                    (self.chunk(&info, None, Some(finish_reason(reason)), false), Some(Streamed::Done))
+                }
+                Err(e) => {
+                    tracing::warn!("stream {} failed: {e}", info.id);
+                    (e.body(), Some(Streamed::Failed))
+                }
+            };
+            if tx.send(frame(&event)).await.is_err() {
+                tracing::debug!("client of {} went away", info.id);
+                break Streamed::Gone;
             }
-            loop {
-                let event = match self.piece(arrived).await {
-                    Ok(Piece::Text(t)) if t.is_empty() => continue,
-                    Ok(Piece::Text(t)) => self.chunk(Some(&t), None, false),
-                    Ok(Piece::End(reason)) => {
-                        let mut last = vec![self.chunk(None, Some(finish_reason(reason)), false)];
-                        if self.include_usage {
-                            let mut usage = self.envelope(
-                                if self.endpoint == Endpoint::Chat {
-                                    "chat.completion.chunk"
-                                } else {
-                                    "text_completion"
-                                },
-                                json!([]),
-                            );
-                            usage["usage"] = self.usage();
-                            last.push(usage);
-                        }
-                        for v in &last {
-                            if tx.send(frame(v)).await.is_err() {
-                                return;
-                            }
-                        }
-                        break;
+            if let Some(ended) = ended {
+                break ended;
+            }
+        };
+        (ended, self.reader.generated())
+    }
+}
+
+type Sender = tokio::sync::mpsc::Sender<Result<Bytes, std::convert::Infallible>>;
+
+impl Job {
+    /// The whole answer as one JSON body.
+    async fn complete(mut self) -> Result<Response, ApiError> {
+        let info = &self.info;
+        let mut choices = Vec::with_capacity(self.choices.len());
+        for choice in &mut self.choices {
+            choices.push(choice.complete(info).await?);
+        }
+        let object = match info.endpoint {
+            Endpoint::Completions => "text_completion",
+            Endpoint::Chat => "chat.completion",
+        };
+        let mut body = info.envelope(object, Value::Array(choices));
+        body["usage"] = info.usage(self.choices.iter().map(|c| c.reader.generated()).sum());
+        Ok(axum::Json(body).into_response())
+    }
+
+    /// The answer as server-sent events, ending in `data: [DONE]`: each choice's chunks as
+    /// they come, then the usage. A client that goes away stops the writers at their next
+    /// send, which drops the generations and frees the slots.
+    fn stream(self) -> Response {
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let Job { info, include_usage, choices, _in_flight: in_flight, .. } = self;
+        tokio::spawn(async move {
+            // Counted among the requests being answered until the last frame is written.
+            let _in_flight = in_flight;
+            let writers: Vec<_> =
+                choices.into_iter().map(|c| tokio::spawn(c.stream(Arc::clone(&info), tx.clone()))).collect();
+            let (mut all_done, mut generated) = (true, 0);
+            for writer in writers {
+                match writer.await {
+                    Ok((Streamed::Gone, _)) | Err(_) => return,
+                    Ok((ended, n)) => {
+                        all_done &= ended == Streamed::Done;
+                        generated += n;
                     }
-                    Err(e) => {
-                        tracing::warn!("stream {} failed: {e}", self.id);
-                        let _ = tx.send(frame(&e.body())).await;
-                        break;
-                    }
-                };
-                if tx.send(frame(&event)).await.is_err() {
-                    tracing::debug!("client of {} went away", self.id);
+                }
+            }
+            if all_done && include_usage {
+                let mut usage = info.envelope(info.chunk_object(), json!([]));
+                usage["usage"] = info.usage(generated);
+                if tx.send(frame(&usage)).await.is_err() {
                     return;
                 }
             }

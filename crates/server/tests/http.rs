@@ -403,10 +403,8 @@ fn bad_requests_get_openai_errors() {
         (400, "top_p must be greater than 0 and at most 1, got 0".to_owned(), json!("top_p"))
     );
     assert_eq!(p(json!({"top_k": 0})), (400, "top_k must be at least 1, got 0".to_owned(), json!("top_k")));
-    assert_eq!(
-        p(json!({"n": 2})),
-        (400, "n > 1 is not supported yet (got 2): send one request per choice".to_owned(), json!("n"))
-    );
+    assert_eq!(p(json!({"n": 0})), (400, "n must be between 1 and 16, got 0".to_owned(), json!("n")));
+    assert_eq!(p(json!({"n": 17})), (400, "n must be between 1 and 16, got 17".to_owned(), json!("n")));
     assert_eq!(p(json!({"max_tokens": 0})), (400, "max_tokens must be at least 1".to_owned(), json!("max_tokens")));
     assert_eq!(p(json!({"prompt": ["a", "b"]})).1, "2 prompts in one request: send one prompt per request");
     let vocab = model().scheduler.info().model.vocab;
@@ -829,4 +827,59 @@ fn tokenize_and_detokenize_round_trip() {
     );
     assert_eq!(error_of(&post(addr, "/tokenize", &json!({"content": 5}))).0, 400);
     assert_eq!(post(addr, "/tokenize", &json!({"content": "ok"})).status, 200);
+}
+
+/// `n: 3` with a seed: three distinct answers, the same on every run, the first the answer
+/// with `n: 1`; streamed, each choice's chunks add up to its answer; usage counts them all.
+#[test]
+fn n_choices_are_distinct_and_reproducible() {
+    let _turn = turn();
+    let server = serve(config());
+    let body = json!({"messages": [{"role": "user", "content": "Write a short poem about the sea."}],
+                      "max_tokens": 12, "temperature": 1.0, "seed": 11, "n": 3});
+    let answer = |body: &Value| {
+        let reply = post(server.addr, "/v1/chat/completions", body);
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        reply.json()
+    };
+    let v = answer(&body);
+    let texts: Vec<String> = (0..3)
+        .map(|i| {
+            assert_eq!(v["choices"][i]["index"], i);
+            v["choices"][i]["message"]["content"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert!(texts[0] != texts[1] && texts[1] != texts[2] && texts[0] != texts[2], "{texts:?}");
+    assert_eq!(answer(&body)["choices"], v["choices"]);
+    // Choice i is the answer of n 1 with seed 11 + i.
+    let mut tokens = 0;
+    for (i, text) in texts.iter().enumerate() {
+        let mut single = body.clone();
+        single["n"] = json!(1);
+        single["seed"] = json!(11 + i);
+        let alone = answer(&single);
+        assert_eq!(alone["choices"][0]["message"]["content"], text.as_str(), "choice {i}");
+        tokens += alone["usage"]["completion_tokens"].as_u64().unwrap();
+    }
+    assert_eq!(v["usage"]["completion_tokens"].as_u64().unwrap(), tokens);
+    assert_eq!(v["usage"]["prompt_tokens"], answer(&body)["usage"]["prompt_tokens"]);
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let events = post(server.addr, "/v1/chat/completions", &streamed).events();
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    for (i, text) in texts.iter().enumerate() {
+        let got: String = chunks
+            .iter()
+            .filter(|c| c["choices"][0]["index"] == i)
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(&got, text, "choice {i}");
+        let finishes =
+            chunks.iter().filter(|c| c["choices"][0]["index"] == i && !c["choices"][0]["finish_reason"].is_null());
+        assert_eq!(finishes.count(), 1, "choice {i}");
+    }
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"].as_u64().unwrap(), tokens);
 }
