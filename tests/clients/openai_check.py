@@ -40,6 +40,10 @@ def suite(client, model):
         model=model, prompt=PROMPT, max_tokens=12, temperature=0, stream=True) if c.choices]
     out["completion_stream"] = {"text": "".join(pieces)}
     out["models"] = [m.id for m in client.models.list().data]
+    out["logprobs"] = logprobs(client, model)
+    out["n3"] = [[c.message.content for c in client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Write a short poem about the sea."}], max_tokens=12,
+        temperature=1.0, seed=11, n=3).choices] for _ in range(2)]
     errors = {}
     try:
         client.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=4)
@@ -49,8 +53,41 @@ def suite(client, model):
         client.completions.create(model=model, prompt=PROMPT, max_tokens=100000)
     except openai.BadRequestError as e:
         errors["too_long"] = [e.status_code, e.body["message"] if isinstance(e.body, dict) else str(e.body)]
+    # Fields the server does not implement, or values out of range: a 400 naming the field.
+    refused = {
+        "response_format": {"response_format": {"type": "json_object"}},
+        "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+        "frequency_penalty": {"frequency_penalty": 3},
+        "foo": {"extra_body": {"foo": 1}},
+    }
+    for name, extra in refused.items():
+        try:
+            client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=4, **extra)
+        except openai.BadRequestError as e:
+            body = e.body if isinstance(e.body, dict) else {}
+            errors[name] = [e.status_code, body.get("message"), body.get("param")]
     out["errors"] = errors
     return out
+
+
+def logprobs(client, model):
+    """Greedy chat logprobs, plain and streamed: [token, logprob, [[alternative, logprob]...]] each."""
+    def entries(items):
+        return [[t.token, t.logprob, [[a.token, a.logprob] for a in t.top_logprobs]] for t in items]
+
+    kwargs = dict(model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=6, temperature=0,
+                  logprobs=True, top_logprobs=3)
+    plain = client.chat.completions.create(**kwargs)
+    streamed = []
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content:
+            streamed += entries(chunk.choices[0].logprobs.content)
+    return {
+        "plain": entries(plain.choices[0].logprobs.content),
+        "streamed": streamed,
+        "completion_tokens": plain.usage.completion_tokens,
+    }
 
 
 def fanout(client, model, prompts):

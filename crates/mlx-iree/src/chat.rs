@@ -160,6 +160,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     let config = check_model_dir(dir)?;
     args.sampling.check()?;
     let text = ModelText::load(dir)?;
+    args.sampling.check_vocab(text.tokenizer.vocab_size())?;
     // A model without a chat template cannot chat: said before anything is loaded.
     if let Err(e) = &text.chat {
         bail!("{e}");

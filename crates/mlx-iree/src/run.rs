@@ -113,9 +113,33 @@ pub struct SamplingArgs {
     /// Keep only the K most likely tokens.
     #[arg(long)]
     top_k: Option<usize>,
+    /// Keep only tokens at least this fraction as likely as the most likely one (0 to 1).
+    #[arg(long)]
+    min_p: Option<f32>,
+    /// Subtracted once from the logit of every token already generated (-2 to 2).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it was generated (-2 to 2).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
+    /// Divides the positive logits of tokens already generated, multiplies the others (> 0;
+    /// 1 is off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    repetition_penalty: f32,
+    /// ID=BIAS added to token ID's logit (-100 to 100); repeat the flag or separate with commas.
+    #[arg(long, value_delimiter = ',', value_parser = parse_logit_bias, allow_negative_numbers = true)]
+    logit_bias: Vec<(u32, f32)>,
     /// Random seed for sampling (the same seed gives the same text).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+}
+
+/// `--logit-bias ID=BIAS`.
+fn parse_logit_bias(arg: &str) -> std::result::Result<(u32, f32), String> {
+    let (id, bias) = arg.split_once('=').ok_or_else(|| format!("expected ID=BIAS, got `{arg}`"))?;
+    let id = id.trim().parse().map_err(|_| format!("`{id}` is not a token id"))?;
+    let bias = bias.trim().parse().map_err(|_| format!("`{bias}` is not a number"))?;
+    Ok((id, bias))
 }
 
 impl SamplingArgs {
@@ -134,8 +158,23 @@ impl SamplingArgs {
         server::Options { max_tokens: self.max_tokens, sampling: self.params(), ..server::Options::greedy(0) }
     }
 
+    /// Refuses `--logit-bias` ids outside the model's vocabulary of `vocab` tokens.
+    pub fn check_vocab(&self, vocab: usize) -> Result<()> {
+        Ok(self.params().check_vocab(vocab)?)
+    }
+
     fn params(&self) -> SamplingParams {
-        SamplingParams { temperature: self.temperature, top_k: self.top_k, top_p: self.top_p, seed: self.seed }
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
+            logit_bias: self.logit_bias.clone(),
+            seed: self.seed,
+        }
     }
 }
 
@@ -254,6 +293,7 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
     let config = check_model_dir(dir)?;
     args.sampling.check()?;
     let text = ModelText::load(dir)?;
+    args.sampling.check_vocab(text.tokenizer.vocab_size())?;
     let prompt = if args.chat { text.encode_chat(&[Message::user(&args.prompt)])? } else { text.encode(&args.prompt)? };
     if prompt.is_empty() {
         bail!("--prompt encodes to no tokens");

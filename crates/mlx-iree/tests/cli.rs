@@ -140,6 +140,24 @@ fn bad_requests_are_one_line_errors() {
         "",
         "--temperature must be a finite number >= 0",
     );
+    let generate = |extra: &[&str], expect: &str| {
+        check(&[&["generate", "--model", model, "--prompt", "hi"][..], extra].concat(), 2, "", expect)
+    };
+    generate(&["--presence-penalty", "3"], "--presence-penalty must be between -2 and 2, got 3");
+    generate(&["--frequency-penalty", "-2.5"], "--frequency-penalty must be between -2 and 2, got -2.5");
+    generate(&["--repetition-penalty", "0"], "--repetition-penalty must be a finite number > 0, got 0");
+    generate(&["--min-p", "2"], "--min-p must be between 0 and 1, got 2");
+    generate(&["--logit-bias", "5=-101"], "--logit-bias of token 5 must be between -100 and 100, got -101");
+    generate(&["--logit-bias", "5"], "expected ID=BIAS, got `5`");
+    // An id outside the vocabulary: known once the tokenizer is read, before any compile.
+    let smollm2 =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/models/smollm2-135m-instruct-4bit");
+    check(
+        &["generate", "--model", smollm2.to_str().unwrap(), "--prompt", "hi", "--logit-bias", "1=2,49152=1"],
+        2,
+        "",
+        "--logit-bias names token 49152, outside the vocabulary of 49152 tokens",
+    );
 }
 
 /// A cache size that is not a number of gigabytes is a one-line error before anything is

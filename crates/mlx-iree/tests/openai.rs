@@ -61,6 +61,37 @@ fn the_openai_client_gets_what_generate_prints() {
         got["errors"]["unknown_model"][1],
         "the model `no-such-model` does not exist (this server has `smollm2`)"
     );
+    // Logprobs through the client: one entry per token, alternatives most likely first,
+    // greedy so the chosen token leads them; streamed the same.
+    let plain = got["logprobs"]["plain"].as_array().unwrap();
+    assert_eq!(plain.len() as u64, got["logprobs"]["completion_tokens"].as_u64().unwrap(), "{got}");
+    for entry in plain {
+        let (token, logprob, top) = (&entry[0], entry[1].as_f64().unwrap(), entry[2].as_array().unwrap());
+        assert_eq!(top.len(), 3, "{entry}");
+        assert_eq!((&top[0][0], top[0][1].as_f64().unwrap()), (token, logprob), "{entry}");
+        assert!(top.windows(2).all(|w| w[0][1].as_f64() >= w[1][1].as_f64()), "{entry}");
+        assert!(logprob <= 0.0, "{entry}");
+    }
+    let streamed = got["logprobs"]["streamed"].as_array().unwrap();
+    assert_eq!(streamed.len(), plain.len(), "{got}");
+    for (s, p) in streamed.iter().zip(plain) {
+        assert_eq!(s[0], p[0]);
+        assert!((s[1].as_f64().unwrap() - p[1].as_f64().unwrap()).abs() < 1e-4, "{s} vs {p}");
+    }
+    // n: 3 with a seed: three distinct answers, the same twice.
+    let n3 = got["n3"].as_array().unwrap();
+    assert_eq!(n3[0], n3[1], "{got}");
+    let texts = n3[0].as_array().unwrap();
+    assert!(texts.len() == 3 && texts[0] != texts[1] && texts[1] != texts[2] && texts[0] != texts[2], "{got}");
+    // Refused fields: the client raises BadRequestError with the field as `param`.
+    for (name, message) in [
+        ("response_format", "`response_format` is not supported yet (only {\"type\": \"text\"})"),
+        ("tools", "`tools` is not supported yet (only an empty list)"),
+        ("frequency_penalty", "frequency_penalty must be between -2 and 2, got 3"),
+        ("foo", "unknown field `foo`"),
+    ] {
+        assert_eq!(got["errors"][name], serde_json::json!([400, message, name]), "{got}");
+    }
     assert_eq!(got["errors"]["too_long"][0], 400, "{got}");
     assert!(
         got["errors"]["too_long"][1]

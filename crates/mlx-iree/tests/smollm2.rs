@@ -109,6 +109,29 @@ fn generate_chat_answers_paris() {
     assert!(stderr.contains(&format!("(local-task, {default})")), "{default} is the CPU default: {stderr}");
 }
 
+/// The sampling flags reach the sampler: `--logit-bias ID=100` makes every token ID, greedy
+/// or sampled.
+#[test]
+fn generate_logit_bias_forces_a_token() {
+    let dir = model("smollm2-135m-instruct-4bit");
+    let tokenizer = text::tokenizer::Tokenizer::from_dir(&dir).unwrap();
+    let forced = tokenizer.encode(" banana", false).unwrap()[0];
+    let want = tokenizer.decode(&[forced; 3], true).unwrap();
+    let bias = format!("{forced}=100");
+    for sampling in [&["--temperature", "0"][..], &["--temperature", "1", "--seed", "3", "--frequency-penalty", "1"]] {
+        let dir = dir.to_str().unwrap();
+        let args = [
+            &["generate", "--model", dir, "--prompt", "Hello", "--max-tokens", "3", "--max-context", "128"][..],
+            &["--logit-bias", &bias],
+            sampling,
+        ]
+        .concat();
+        let (code, stdout, stderr) = cli(&args);
+        assert_eq!(code, 0, "{stderr}");
+        assert_eq!(stdout.strip_suffix('\n').unwrap_or(&stdout), want, "{sampling:?}");
+    }
+}
+
 #[test]
 fn trajectory_cli_writes_the_oracle_ids() {
     let dir = model("smollm2-135m-instruct-f16");

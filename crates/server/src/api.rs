@@ -1,9 +1,216 @@
 //! The OpenAI request bodies this server takes, and their checks: every field is parsed
-//! and validated (with a 400 naming it) before anything reaches the engine.
+//! and validated (with a 400 naming it) before anything reaches the engine. Which fields a
+//! body may have is an explicit list ([`Use`]): those read, those OpenAI defines without
+//! effect on the output (accepted, not read), and those not implemented yet (refused unless
+//! their value asks for nothing); any other field is refused.
 
 use crate::error::ApiError;
 use serde::Deserialize;
-use text::sampler::SamplingParams;
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use text::sampler::{MAX_LOGIT_BIAS, MAX_PENALTY, MAX_TOP_LOGPROBS, SamplingParams};
+
+/// What the server does with a request field.
+#[derive(Debug, Clone, Copy)]
+enum Use {
+    /// Read and honoured.
+    Read,
+    /// Defined by the OpenAI API without effect on the answer (bookkeeping, caching and
+    /// latency hints): accepted and not read.
+    NoEffect,
+    /// Not implemented yet: refused with a 400 naming it, unless its value asks for nothing
+    /// (`accepts`; `null` always does), which `only` describes.
+    NotYet { accepts: fn(&Value) -> bool, only: &'static str },
+}
+
+const fn not_yet() -> Use {
+    Use::NotYet { accepts: |_| false, only: "" }
+}
+
+/// The fields of both endpoints' bodies.
+const COMMON_FIELDS: &[(&str, Use)] = &[
+    ("model", Use::Read),
+    ("max_tokens", Use::Read),
+    ("max_completion_tokens", Use::Read),
+    ("temperature", Use::Read),
+    ("top_p", Use::Read),
+    ("top_k", Use::Read),
+    ("min_p", Use::Read),
+    ("presence_penalty", Use::Read),
+    ("frequency_penalty", Use::Read),
+    ("repetition_penalty", Use::Read),
+    ("logit_bias", Use::Read),
+    ("logprobs", Use::Read),
+    ("seed", Use::Read),
+    ("stop", Use::Read),
+    ("ignore_eos", Use::Read),
+    ("n", Use::Read),
+    ("stream", Use::Read),
+    ("stream_options", Use::Read),
+    ("user", Use::NoEffect),
+    ("metadata", Use::NoEffect),
+    ("store", Use::NoEffect),
+    ("service_tier", Use::NoEffect),
+    ("safety_identifier", Use::NoEffect),
+    ("prompt_cache_key", Use::NoEffect),
+    ("prompt_cache_retention", Use::NoEffect),
+];
+
+/// The fields only /v1/chat/completions has.
+const CHAT_FIELDS: &[(&str, Use)] = &[
+    ("messages", Use::Read),
+    ("top_logprobs", Use::Read),
+    ("prediction", Use::NoEffect),
+    (
+        "response_format",
+        Use::NotYet { accepts: |v| *v == serde_json::json!({"type": "text"}), only: " (only {\"type\": \"text\"})" },
+    ),
+    ("tools", Use::NotYet { accepts: |v| v.as_array().is_some_and(Vec::is_empty), only: " (only an empty list)" }),
+    ("tool_choice", Use::NotYet { accepts: |v| v == "none", only: " (only \"none\")" }),
+    ("parallel_tool_calls", not_yet()),
+    ("functions", Use::NotYet { accepts: |v| v.as_array().is_some_and(Vec::is_empty), only: " (only an empty list)" }),
+    ("function_call", Use::NotYet { accepts: |v| v == "none", only: " (only \"none\")" }),
+    ("modalities", Use::NotYet { accepts: |v| *v == serde_json::json!(["text"]), only: " (only [\"text\"])" }),
+    ("audio", not_yet()),
+    ("reasoning_effort", not_yet()),
+    ("verbosity", not_yet()),
+    ("web_search_options", not_yet()),
+];
+
+/// The fields only /v1/completions has.
+const COMPLETION_FIELDS: &[(&str, Use)] = &[
+    ("prompt", Use::Read),
+    ("echo", Use::NotYet { accepts: |v| *v == Value::Bool(false), only: " (only false)" }),
+    ("suffix", Use::NotYet { accepts: |v| v == "", only: " (only \"\")" }),
+    ("best_of", Use::NotYet { accepts: |v| v.as_u64() == Some(1), only: " (only 1)" }),
+];
+
+/// The fields of a chat message.
+const MESSAGE_FIELDS: &[(&str, Use)] = &[
+    ("role", Use::Read),
+    ("content", Use::Read),
+    ("name", not_yet()),
+    ("tool_calls", Use::NotYet { accepts: |v| v.as_array().is_some_and(Vec::is_empty), only: " (only an empty list)" }),
+    ("tool_call_id", not_yet()),
+    ("function_call", not_yet()),
+    ("audio", not_yet()),
+    ("refusal", not_yet()),
+];
+
+/// The fields of a text content part.
+const TEXT_PART_FIELDS: &[(&str, Use)] = &[("type", Use::Read), ("text", Use::Read)];
+
+/// The fields of `stream_options`.
+const STREAM_OPTION_FIELDS: &[(&str, Use)] = &[("include_usage", Use::Read), ("include_obfuscation", Use::NoEffect)];
+
+/// The fields of `/tokenize` (llama.cpp's shape).
+const TOKENIZE_FIELDS: &[(&str, Use)] = &[("content", Use::Read), ("add_special", Use::Read)];
+
+/// The fields of `/detokenize` (llama.cpp's shape).
+const DETOKENIZE_FIELDS: &[(&str, Use)] = &[("tokens", Use::Read)];
+
+/// Refuses a field of `body` (an object at `at`, such as `messages[0].`) that `fields` does
+/// not list, and one listed as not implemented whose value asks for something.
+fn check_fields(body: &Map<String, Value>, fields: &[&[(&str, Use)]], at: &str) -> Result<(), ApiError> {
+    for (key, value) in body {
+        let param = format!("{at}{key}");
+        match fields.iter().flat_map(|f| f.iter()).find(|(name, _)| name == key) {
+            None => return Err(ApiError::field(param.clone(), format!("unknown field `{param}`"))),
+            Some((_, Use::NotYet { accepts, only })) if !value.is_null() && !accepts(value) => {
+                return Err(ApiError::field(param.clone(), format!("`{param}` is not supported yet{only}")));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// The body as a JSON object, with serde's message when it is not one.
+fn object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
+}
+
+/// A /v1/chat/completions body: its fields, its messages' and their content parts' checked
+/// against the lists, then parsed.
+pub fn parse_chat(bytes: &[u8]) -> Result<ChatBody, ApiError> {
+    let body = object(bytes)?;
+    check_fields(&body, &[COMMON_FIELDS, CHAT_FIELDS], "")?;
+    check_stream_options(&body)?;
+    if let Some(Value::Array(messages)) = body.get("messages") {
+        for (i, message) in messages.iter().enumerate() {
+            let Value::Object(message) = message else { continue };
+            let at = format!("messages[{i}].");
+            check_fields(message, &[MESSAGE_FIELDS], &at)?;
+            if let Some(Value::Array(parts)) = message.get("content") {
+                for (j, part) in parts.iter().enumerate() {
+                    let Value::Object(part) = part else { continue };
+                    match part.get("type").and_then(Value::as_str) {
+                        Some("text") => {
+                            check_fields(part, &[TEXT_PART_FIELDS], &format!("{at}content[{j}]."))?;
+                            if !part.get("text").is_some_and(Value::is_string) {
+                                return Err(ApiError::field(
+                                    format!("{at}content"),
+                                    "a text content part needs a string `text`",
+                                ));
+                            }
+                        }
+                        kind => {
+                            return Err(ApiError::field(
+                                format!("{at}content"),
+                                format!(
+                                    "content parts of type `{}` are not supported (text only)",
+                                    kind.unwrap_or("(none)")
+                                ),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    parse(bytes)
+}
+
+/// A /v1/completions body: its fields checked against the lists, then parsed.
+pub fn parse_completion(bytes: &[u8]) -> Result<CompletionBody, ApiError> {
+    let body = object(bytes)?;
+    check_fields(&body, &[COMMON_FIELDS, COMPLETION_FIELDS], "")?;
+    check_stream_options(&body)?;
+    parse(bytes)
+}
+
+fn check_stream_options(body: &Map<String, Value>) -> Result<(), ApiError> {
+    match body.get("stream_options") {
+        Some(Value::Object(options)) => check_fields(options, &[STREAM_OPTION_FIELDS], "stream_options."),
+        _ => Ok(()),
+    }
+}
+
+/// `POST /tokenize`: llama.cpp's shape.
+#[derive(Debug, Deserialize)]
+pub struct TokenizeBody {
+    pub content: String,
+    /// Add the tokenizer's special tokens (such as a beginning-of-sequence token), as a
+    /// prompt is encoded; default false, as llama.cpp's.
+    #[serde(default)]
+    pub add_special: bool,
+}
+
+/// `POST /detokenize`: llama.cpp's shape.
+#[derive(Debug, Deserialize)]
+pub struct DetokenizeBody {
+    pub tokens: Vec<u32>,
+}
+
+pub fn parse_tokenize(bytes: &[u8]) -> Result<TokenizeBody, ApiError> {
+    check_fields(&object(bytes)?, &[TOKENIZE_FIELDS], "")?;
+    parse(bytes)
+}
+
+pub fn parse_detokenize(bytes: &[u8]) -> Result<DetokenizeBody, ApiError> {
+    check_fields(&object(bytes)?, &[DETOKENIZE_FIELDS], "")?;
+    parse(bytes)
+}
 
 /// `prompt` of /v1/completions: a string, or token ids; a list of one string is accepted
 /// as that string (several prompts per request are refused).
@@ -41,6 +248,14 @@ pub struct Common {
     pub top_p: Option<f32>,
     /// Extension (llama.cpp, vLLM and mlx_lm.server take it too).
     pub top_k: Option<usize>,
+    /// Extension (llama.cpp and vLLM take it too).
+    pub min_p: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// Extension (llama.cpp and vLLM take it too).
+    pub repetition_penalty: Option<f32>,
+    /// Token id (as a string key, as JSON objects have) to a bias from -100 to 100.
+    pub logit_bias: Option<BTreeMap<String, f32>>,
     pub seed: Option<u64>,
     pub stop: Option<Stop>,
     /// Extension (llama.cpp's server and vLLM take it): generate past the model's
@@ -57,6 +272,8 @@ pub struct Common {
 #[derive(Debug, Deserialize)]
 pub struct CompletionBody {
     pub prompt: Prompt,
+    /// How many most likely tokens to give beside each chosen one's logprob.
+    pub logprobs: Option<usize>,
     #[serde(flatten)]
     pub common: Common,
 }
@@ -87,17 +304,21 @@ pub struct ChatMessage {
 #[derive(Debug, Deserialize)]
 pub struct ChatBody {
     pub messages: Vec<ChatMessage>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<usize>,
     #[serde(flatten)]
     pub common: Common,
 }
 
 /// OpenAI's default temperature.
 const DEFAULT_TEMPERATURE: f32 = 1.0;
+/// Most answers per request (`n`): each takes a slot of its own.
+pub const MAX_N: usize = 16;
 /// Most stop strings per request.
 const MAX_STOPS: usize = 16;
 
 /// Parses a request body, with a 400 that says what is wrong.
-pub fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
+fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }
 
@@ -120,29 +341,82 @@ fn several(n: usize) -> ApiError {
 }
 
 impl ChatMessage {
-    /// The message's text: a string, or its text parts joined.
-    pub fn text(&self) -> Result<String, ApiError> {
+    /// The message as the chat template sees it (message `i` of the request): its role
+    /// (`developer`, OpenAI's newer name for `system`, as `system`) and its text.
+    pub fn message(&self, i: usize) -> Result<text::chat::Message, ApiError> {
+        let role = match self.role.as_str() {
+            "system" | "developer" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            "tool" | "function" => {
+                return Err(ApiError::field(
+                    format!("messages[{i}].role"),
+                    format!("messages of role `{}` are not supported yet", self.role),
+                ));
+            }
+            other => {
+                return Err(ApiError::field(
+                    format!("messages[{i}].role"),
+                    format!("unknown role `{other}` (system, developer, user or assistant)"),
+                ));
+            }
+        };
+        Ok(text::chat::Message::new(role, self.text()))
+    }
+
+    /// The message's text: a string, or its text parts joined (other parts were refused by
+    /// [`parse_chat`]).
+    fn text(&self) -> String {
         match &self.content {
-            None => Ok(String::new()),
-            Some(Content::Text(text)) => Ok(text.clone()),
-            Some(Content::Parts(parts)) => parts
-                .iter()
-                .map(|p| match (p.kind.as_str(), &p.text) {
-                    ("text", Some(text)) => Ok(text.as_str()),
-                    (kind, _) => Err(ApiError::field(
-                        "messages",
-                        format!("content parts of type `{kind}` are not supported (text only)"),
-                    )),
-                })
-                .collect::<Result<Vec<&str>, ApiError>>()
-                .map(|texts| texts.concat()),
+            None => String::new(),
+            Some(Content::Text(text)) => text.clone(),
+            Some(Content::Parts(parts)) => parts.iter().filter_map(|p| p.text.as_deref()).collect(),
         }
     }
 }
 
+impl ChatBody {
+    /// How many alternatives per token `logprobs: true` asks for (`top_logprobs`, default
+    /// 0); `None` without it.
+    pub fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        match (self.logprobs.unwrap_or(false), self.top_logprobs) {
+            (_, Some(n)) if n > MAX_TOP_LOGPROBS => Err(ApiError::field(
+                "top_logprobs",
+                format!("top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {n}"),
+            )),
+            (false, Some(n)) if n > 0 => Err(ApiError::field("top_logprobs", "top_logprobs needs logprobs: true")),
+            (true, n) => Ok(Some(n.unwrap_or(0))),
+            (false, _) => Ok(None),
+        }
+    }
+}
+
+impl CompletionBody {
+    /// `logprobs: N`: each token's logprob and the N most likely (0 to 20); `None` without.
+    pub fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        match self.logprobs {
+            Some(n) if n > MAX_TOP_LOGPROBS => {
+                Err(ApiError::field("logprobs", format!("logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {n}")))
+            }
+            n => Ok(n),
+        }
+    }
+}
+
+/// `value` of field `name` within `-max..=max`.
+fn within(name: &'static str, value: Option<f32>, max: f32, default: f32) -> Result<f32, ApiError> {
+    match value {
+        Some(v) if !(-max..=max).contains(&v) => {
+            Err(ApiError::field(name, format!("{name} must be between {} and {max}, got {v}", -max)))
+        }
+        v => Ok(v.unwrap_or(default)),
+    }
+}
+
 impl Common {
-    /// Sampling settings (temperature 0: greedy), checked with messages naming the fields.
-    pub fn sampling(&self, default_seed: u64) -> Result<SamplingParams, ApiError> {
+    /// Sampling settings (temperature 0: greedy), checked with messages naming the fields;
+    /// `logit_bias` ids must be below `vocab`.
+    pub fn sampling(&self, default_seed: u64, vocab: usize) -> Result<SamplingParams, ApiError> {
         let temperature = self.temperature.unwrap_or(DEFAULT_TEMPERATURE);
         if !temperature.is_finite() || temperature < 0.0 {
             return Err(ApiError::field(
@@ -158,20 +432,66 @@ impl Common {
         if self.top_k == Some(0) {
             return Err(ApiError::field("top_k", "top_k must be at least 1, got 0"));
         }
+        if let Some(p) = self.min_p
+            && !(0.0..=1.0).contains(&p)
+        {
+            return Err(ApiError::field("min_p", format!("min_p must be between 0 and 1, got {p}")));
+        }
+        let presence_penalty = within("presence_penalty", self.presence_penalty, MAX_PENALTY, 0.0)?;
+        let frequency_penalty = within("frequency_penalty", self.frequency_penalty, MAX_PENALTY, 0.0)?;
+        let repetition_penalty = self.repetition_penalty.unwrap_or(1.0);
+        if !(repetition_penalty.is_finite() && repetition_penalty > 0.0) {
+            return Err(ApiError::field(
+                "repetition_penalty",
+                format!("repetition_penalty must be a finite number > 0, got {repetition_penalty}"),
+            ));
+        }
+        let mut logit_bias = Vec::new();
+        for (key, &bias) in self.logit_bias.iter().flatten() {
+            let token: u32 = key.parse().map_err(|_| {
+                ApiError::field("logit_bias", format!("logit_bias keys must be token ids, got `{key}`"))
+            })?;
+            if token as usize >= vocab {
+                return Err(ApiError::field(
+                    "logit_bias",
+                    format!("logit_bias names token {token}, outside the vocabulary of {vocab} tokens"),
+                ));
+            }
+            if !(-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(&bias) {
+                return Err(ApiError::field(
+                    "logit_bias",
+                    format!("logit_bias of token {token} must be between -100 and 100, got {bias}"),
+                ));
+            }
+            logit_bias.push((token, bias));
+        }
+        logit_bias.sort_by_key(|b| b.0);
         Ok(SamplingParams {
             temperature,
             top_k: self.top_k,
             top_p: self.top_p,
+            min_p: self.min_p,
+            presence_penalty,
+            frequency_penalty,
+            repetition_penalty,
+            logit_bias,
             seed: self.seed.unwrap_or(default_seed),
         })
     }
 
-    /// `n` must be 1 (one choice per request).
+    /// `n`, the answers asked for, must be 1 to [`MAX_N`].
     pub fn check_n(&self) -> Result<(), ApiError> {
         match self.n {
-            None | Some(1) => Ok(()),
-            Some(n) => Err(ApiError::field("n", format!("n must be 1, got {n}: send one request per choice"))),
+            Some(n) if n == 0 || n > MAX_N => {
+                Err(ApiError::field("n", format!("n must be between 1 and {MAX_N}, got {n}")))
+            }
+            _ => Ok(()),
         }
+    }
+
+    /// The answers asked for (checked by [`Common::check_n`]).
+    pub fn n(&self) -> usize {
+        self.n.unwrap_or(1)
     }
 
     pub fn stops(&self) -> Result<Vec<String>, ApiError> {

@@ -11,7 +11,7 @@ pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
     /// The request field at fault, when one is.
-    pub param: Option<&'static str>,
+    pub param: Option<String>,
 }
 
 impl ApiError {
@@ -20,8 +20,8 @@ impl ApiError {
     }
 
     /// A 400 naming the field at fault.
-    pub fn field(param: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), param: Some(param) }
+    pub fn field(param: impl Into<String>, message: impl Into<String>) -> ApiError {
+        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), param: Some(param.into()) }
     }
 
     pub fn status(status: StatusCode, message: impl Into<String>) -> ApiError {

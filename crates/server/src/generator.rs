@@ -9,8 +9,9 @@ use crate::stop::StopMatcher;
 use engine::EngineConfig;
 use engine::scheduler::{Event, FinishReason, Finished, Generation, Request, Sampling, Scheduler};
 use std::path::Path;
+use std::sync::mpsc;
 use text::chat::{ChatError, ChatTemplate, Message};
-use text::sampler::{Sampler, SamplingError, SamplingParams};
+use text::sampler::{Sampler, SamplingError, SamplingParams, TokenLogprobs, logprobs};
 use text::stream::StreamDecoder;
 use text::tokenizer::{Tokenizer, TokenizerError, eos_ids};
 
@@ -86,34 +87,52 @@ fn encode_chat(
 pub struct Options {
     /// Most tokens to generate.
     pub max_tokens: usize,
-    /// Temperature, top-k, top-p and seed; temperature 0 is greedy (the device's argmax).
+    /// Temperature, top-k, top-p, min-p, penalties, logit bias and seed; temperature 0 with
+    /// nothing adjusted is greedy (the device's argmax).
     pub sampling: SamplingParams,
     /// Strings that end the answer; the text from the first one on is never given out.
     pub stop: Vec<String>,
     /// Go on past the model's end-of-sequence ids.
     pub ignore_eos: bool,
+    /// Each generated token's log-probability and those of this many most likely tokens
+    /// ([`TextStream::take_logprobs`]); `None`: none (the logits may stay on the device).
+    pub logprobs: Option<usize>,
 }
 
 impl Options {
     /// Greedy, up to `max_tokens`, ending at end of sequence.
     pub fn greedy(max_tokens: usize) -> Options {
-        Options {
-            max_tokens,
-            sampling: SamplingParams { temperature: 0.0, top_k: None, top_p: None, seed: 0 },
-            stop: Vec::new(),
-            ignore_eos: false,
-        }
+        Options { max_tokens, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: false, logprobs: None }
     }
 }
 
-/// The engine's token choice for `params`: its argmax at temperature 0 (no logits leave the
-/// device), else a [`Sampler`] closure (temperature, top-k, top-p, seeded).
+/// The engine's token choice for `params`: its argmax when that is all they ask (no logits
+/// leave the device), else a [`Sampler`] closure (temperature, top-k, top-p, min-p,
+/// penalties, logit bias, seeded).
 pub fn sampling(params: SamplingParams) -> Result<Sampling, SamplingError> {
-    if params.temperature == 0.0 {
+    chooser(params, None)
+}
+
+/// [`sampling`], and with `logprobs` (how many alternatives, where to send them) a closure
+/// even for greedy requests, which sends each chosen token's [`TokenLogprobs`] (from the
+/// logits as the engine gave them) before returning it.
+fn chooser(
+    params: SamplingParams,
+    logprobs_to: Option<(usize, mpsc::Sender<TokenLogprobs>)>,
+) -> Result<Sampling, SamplingError> {
+    if params.is_plain_greedy() && logprobs_to.is_none() {
+        params.check()?;
         return Ok(Sampling::Greedy);
     }
     let mut sampler = Sampler::new(params)?;
-    Ok(Sampling::Custom(Box::new(move |logits: &[f32]| Ok(sampler.sample(logits)?))))
+    Ok(Sampling::Custom(Box::new(move |logits: &[f32]| {
+        let token = sampler.sample(logits)?;
+        if let Some((top, to)) = &logprobs_to {
+            // The reader may have gone (a cancelled stream); the token still stands.
+            let _ = to.send(logprobs(logits, token, *top)?);
+        }
+        Ok(token)
+    })))
 }
 
 /// A loaded model: the engine thread and the text side around it.
@@ -159,19 +178,41 @@ impl Generator {
     /// stop tokens (unless ignored), ids past the tokenizer's vocabulary never chosen
     /// (embedding tables padded past it decode to nothing), the sampler closure.
     pub fn request(&self, prompt: Vec<u32>, options: &Options) -> Result<Request, GenerateError> {
-        Ok(Request {
+        Ok(self.request_with_logprobs(prompt, options)?.0)
+    }
+
+    /// [`Generator::request`], and where the chooser sends the logprobs `options` asks for.
+    fn request_with_logprobs(
+        &self,
+        prompt: Vec<u32>,
+        options: &Options,
+    ) -> Result<(Request, Option<mpsc::Receiver<TokenLogprobs>>), GenerateError> {
+        let vocab = self.tokenizer.vocab_size();
+        options.sampling.check_vocab(vocab)?;
+        let (to, from) = match options.logprobs {
+            Some(top) => {
+                let (to, from) = mpsc::channel();
+                (Some((top, to)), Some(from))
+            }
+            None => (None, None),
+        };
+        let request = Request {
             prompt,
             max_tokens: options.max_tokens,
             stop_tokens: if options.ignore_eos { Vec::new() } else { self.eos.clone() },
-            vocab_limit: Some(self.tokenizer.vocab_size()),
-            sampling: sampling(options.sampling)?,
-        })
+            vocab_limit: Some(vocab),
+            sampling: chooser(options.sampling.clone(), to)?,
+        };
+        Ok((request, from))
     }
 
     /// Submits `prompt` and returns its answer as a stream of text pieces.
     pub fn submit(&self, prompt: Vec<u32>, options: &Options) -> Result<TextStream, GenerateError> {
-        let generation = self.scheduler.submit(self.request(prompt, options)?)?;
-        Ok(TextStream::new(generation, options.stop.clone()))
+        let (request, logprobs) = self.request_with_logprobs(prompt, options)?;
+        let generation = self.scheduler.submit(request)?;
+        let mut stream = TextStream::new(generation, options.stop.clone());
+        stream.logprobs = logprobs;
+        Ok(stream)
     }
 }
 
@@ -196,6 +237,10 @@ pub struct TextStream {
     end: Option<FinishReason>,
     finished: Option<Finished>,
     generated: usize,
+    /// Where the chooser sends each token's logprobs, when asked for.
+    logprobs: Option<mpsc::Receiver<TokenLogprobs>>,
+    /// Logprobs of the tokens read and not yet taken.
+    pending: Vec<TokenLogprobs>,
 }
 
 impl TextStream {
@@ -207,7 +252,16 @@ impl TextStream {
             end: None,
             finished: None,
             generated: 0,
+            logprobs: None,
+            pending: Vec::new(),
         }
+    }
+
+    /// The logprobs of the tokens read since the last call, in order (empty unless
+    /// [`Options::logprobs`] asked for them): every generated token's, the one that completed
+    /// a stop string included.
+    pub fn take_logprobs(&mut self) -> Vec<TokenLogprobs> {
+        std::mem::take(&mut self.pending)
     }
 
     /// The next piece, waiting for the engine (from async code).
@@ -249,6 +303,10 @@ impl TextStream {
         match event {
             Some(Ok(Event::Token(token))) => {
                 self.generated += 1;
+                // The chooser sent this token's logprobs before the engine sent the token.
+                if let Some(entry) = self.logprobs.as_ref().and_then(|from| from.try_recv().ok()) {
+                    self.pending.push(entry);
+                }
                 let text = self.decoder.push(tokenizer, token)?;
                 let (out, stopped) = self.stop.push(&text);
                 if stopped {

@@ -3,8 +3,8 @@
 //! stop strings, is submitted to the scheduler (which batches every running request into
 //! one decode step), and the token events come back as a JSON body or server-sent events.
 //! Routes: POST `/v1/completions`, POST `/v1/chat/completions`, GET `/v1/models`,
-//! GET `/health`, GET `/metrics`. The text-to-engine glue it shares with the binary's
-//! `generate` and `chat` is [`generator`].
+//! POST `/tokenize`, POST `/detokenize`, GET `/health`, GET `/metrics`. The text-to-engine
+//! glue it shares with the binary's `generate` and `chat` is [`generator`].
 
 pub mod api;
 mod error;
@@ -27,7 +27,8 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use text::chat::Message;
+use text::sampler::TokenLogprobs;
+use text::tokenizer::Tokenizer;
 
 /// Settings of the HTTP side.
 #[derive(Debug, Clone)]
@@ -114,6 +115,8 @@ impl Server {
             .route("/v1/completions", post(completions))
             .route("/v1/chat/completions", post(chat))
             .route("/v1/models", get(models))
+            .route("/tokenize", post(tokenize))
+            .route("/detokenize", post(detokenize))
             .route("/health", get(health))
             .route("/metrics", get(metrics))
             .fallback(|| async { ApiError::status(StatusCode::NOT_FOUND, "no such endpoint") })
@@ -182,32 +185,29 @@ impl Server {
         endpoint: Endpoint,
         headers: &HeaderMap,
         body: Result<Bytes, BytesRejection>,
+        arrived: Instant,
     ) -> Result<Job, ApiError> {
         self.authorize(headers)?;
         if self.0.draining.load(Ordering::Relaxed) {
             return Err(ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"));
         }
-        let bytes = body.map_err(|rejection| match rejection.status() {
-            StatusCode::PAYLOAD_TOO_LARGE => ApiError::status(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("request body over the limit of {} bytes", self.0.config.max_body_bytes),
-            ),
-            status => ApiError::status(status, rejection.body_text()),
-        })?;
+        let bytes = self.body(body)?;
         let model = &self.0.model;
-        let (prompt, common) = match endpoint {
+        let (prompt, common, logprobs) = match endpoint {
             Endpoint::Completions => {
-                let body: api::CompletionBody = api::parse(&bytes)?;
+                let body = api::parse_completion(&bytes)?;
+                let logprobs = body.logprobs()?;
                 let prompt = match body.prompt.single()? {
                     Ok(text) => {
                         model.tokenizer.encode(&text, true).map_err(|e| ApiError::field("prompt", e.to_string()))?
                     }
                     Err(ids) => ids,
                 };
-                (prompt, body.common)
+                (prompt, body.common, logprobs)
             }
             Endpoint::Chat => {
-                let body: api::ChatBody = api::parse(&bytes)?;
+                let body = api::parse_chat(&bytes)?;
+                let logprobs = body.logprobs()?;
                 let chat = model
                     .chat
                     .as_ref()
@@ -215,14 +215,15 @@ impl Server {
                 if body.messages.is_empty() {
                     return Err(ApiError::field("messages", "messages must not be empty"));
                 }
-                let messages = body.messages.iter().map(|m| Ok(Message::new(&m.role, m.text()?))).collect::<Result<
-                    Vec<_>,
-                    ApiError,
-                >>(
-                )?;
+                let messages = body
+                    .messages
+                    .iter()
+                    .enumerate()
+                    .map(|(i, m)| m.message(i))
+                    .collect::<Result<Vec<_>, ApiError>>()?;
                 let prompt =
                     chat.encode(&model.tokenizer, &messages).map_err(|e| ApiError::field("messages", e.to_string()))?;
-                (prompt, body.common)
+                (prompt, body.common, logprobs)
             }
         };
         if let Some(name) = &common.model
@@ -231,7 +232,7 @@ impl Server {
             return Err(ApiError {
                 status: StatusCode::NOT_FOUND,
                 message: format!("the model `{name}` does not exist (this server has `{}`)", self.0.config.model_id),
-                param: Some("model"),
+                param: Some("model".to_owned()),
             });
         }
         common.check_n()?;
@@ -244,37 +245,61 @@ impl Server {
             ^ SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
         let options = Options {
             max_tokens,
-            sampling: common.sampling(seed)?,
+            sampling: common.sampling(seed, model.tokenizer.vocab_size())?,
             stop: common.stops()?,
             ignore_eos: common.ignore_eos,
+            logprobs,
         };
         let prompt_tokens = prompt.len();
-        let reader = model.submit(prompt, &options)?;
+        // Choice i draws with seed + i: the first is the answer of the same request with n 1.
+        let choices = (0..common.n())
+            .map(|index| {
+                let mut options = options.clone();
+                options.sampling.seed = options.sampling.seed.wrapping_add(index as u64);
+                Ok(Choice { index, reader: model.submit(prompt.clone(), &options)?, text_offset: 0 })
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?;
         let in_flight = self.enter();
         let n = self.0.next_id.fetch_add(1, Ordering::Relaxed);
         let id = match endpoint {
             Endpoint::Completions => format!("cmpl-{}-{n}", self.0.started),
             Endpoint::Chat => format!("chatcmpl-{}-{n}", self.0.started),
         };
-        Ok(Job {
+        let info = JobInfo {
             server: self.clone(),
             endpoint,
             id,
             created: unix_now(),
+            prompt_tokens,
+            wants_logprobs: logprobs.is_some(),
+            arrived,
+            first: AtomicBool::new(false),
+        };
+        Ok(Job {
+            info: Arc::new(info),
             stream: common.stream,
             include_usage: common.include_usage(),
-            prompt_tokens,
-            reader,
-            first: false,
+            choices,
             _in_flight: in_flight,
+        })
+    }
+
+    /// The request's body, or the 413 (or other status) axum's limit gave it.
+    fn body(&self, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+        body.map_err(|rejection| match rejection.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => ApiError::status(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body over the limit of {} bytes", self.0.config.max_body_bytes),
+            ),
+            status => ApiError::status(status, rejection.body_text()),
         })
     }
 
     async fn generate(&self, endpoint: Endpoint, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
         let arrived = Instant::now();
-        let response = match self.start(endpoint, &headers, body) {
-            Ok(job) if job.stream => job.stream(arrived),
-            Ok(job) => job.complete(arrived).await.unwrap_or_else(IntoResponse::into_response),
+        let response = match self.start(endpoint, &headers, body, arrived) {
+            Ok(job) if job.stream => job.stream(),
+            Ok(job) => job.complete().await.unwrap_or_else(IntoResponse::into_response),
             Err(e) => e.into_response(),
         };
         self.0.metrics.request(endpoint.path(), response.status().as_u16());
@@ -299,42 +324,60 @@ fn finish_reason(reason: FinishReason) -> &'static str {
     }
 }
 
-/// A submitted request and how to answer it.
-struct Job {
+/// What every choice of a request shares.
+struct JobInfo {
     server: Server,
     endpoint: Endpoint,
     id: String,
     created: u64,
+    prompt_tokens: usize,
+    /// Whether the request asked for logprobs.
+    wants_logprobs: bool,
+    arrived: Instant,
+    /// Whether a first token has come (its time noted).
+    first: AtomicBool,
+}
+
+/// One answer of a request (of `n`).
+struct Choice {
+    index: usize,
+    reader: TextStream,
+    /// Characters of the answer's tokens given out with logprobs so far (completions'
+    /// `text_offset`).
+    text_offset: usize,
+}
+
+/// A submitted request and how to answer it.
+struct Job {
+    info: Arc<JobInfo>,
     stream: bool,
     include_usage: bool,
-    prompt_tokens: usize,
-    reader: TextStream,
-    /// Whether the first token has come (its time noted).
-    first: bool,
+    choices: Vec<Choice>,
     _in_flight: InFlight,
 }
 
-impl Job {
-    fn usage(&self) -> Value {
-        let completion = self.reader.generated();
+/// How a streamed choice ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Streamed {
+    /// Its last chunk was sent.
+    Done,
+    /// It failed; the error was sent in place of the rest.
+    Failed,
+    /// The client went away.
+    Gone,
+}
+
+fn frame(v: &Value) -> Result<Bytes, std::convert::Infallible> {
+    Ok(Bytes::from(format!("data: {v}\n\n")))
+}
+
+impl JobInfo {
+    fn usage(&self, completion: usize) -> Value {
         json!({
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
         })
-    }
-
-    /// The next piece, noting the time to the first token.
-    async fn piece(&mut self, arrived: Instant) -> Result<Piece, ApiError> {
-        let piece = self.reader.next(&self.server.0.model.tokenizer).await.map_err(ApiError::from);
-        if !self.first && self.reader.generated() > 0 {
-            self.first = true;
-            self.server.0.metrics.first_token(arrived.elapsed().as_secs_f64());
-        }
-        if let Ok(Piece::End(_)) | Err(_) = &piece {
-            self.server.0.metrics.tokens(self.prompt_tokens, self.reader.generated());
-        }
-        piece
     }
 
     fn envelope(&self, object: &str, choices: Value) -> Value {
@@ -347,92 +390,189 @@ impl Job {
         })
     }
 
-    /// The whole answer as one JSON body.
-    async fn complete(mut self, arrived: Instant) -> Result<Response, ApiError> {
+    fn chunk_object(&self) -> &'static str {
+        match self.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completions => "text_completion",
+        }
+    }
+}
+
+impl Choice {
+    /// The next piece, noting the time to the request's first token.
+    async fn piece(&mut self, info: &JobInfo) -> Result<Piece, ApiError> {
+        let metrics = &info.server.0.metrics;
+        let piece = self.reader.next(&info.server.0.model.tokenizer).await.map_err(ApiError::from);
+        if self.reader.generated() > 0 && !info.first.swap(true, Ordering::Relaxed) {
+            metrics.first_token(info.arrived.elapsed().as_secs_f64());
+        }
+        if let Ok(Piece::End(_)) | Err(_) = &piece {
+            // The prompt was asked for once, whatever `n`.
+            let prompt = if self.index == 0 { info.prompt_tokens } else { 0 };
+            metrics.tokens(prompt, self.reader.generated());
+        }
+        piece
+    }
+
+    /// The logprobs of the tokens read since the last call, in the endpoint's format
+    /// (`null` when not asked for or when there are none).
+    fn logprobs(&mut self, info: &JobInfo) -> Value {
+        let entries = self.reader.take_logprobs();
+        if !info.wants_logprobs || entries.is_empty() {
+            return Value::Null;
+        }
+        let tokenizer = &info.server.0.model.tokenizer;
+        match info.endpoint {
+            Endpoint::Chat => {
+                let one = |token: u32, logprob: f32| {
+                    let text = token_text(tokenizer, token);
+                    json!({"token": text, "logprob": logprob, "bytes": text.as_bytes()})
+                };
+                let content: Vec<Value> = entries
+                    .iter()
+                    .map(|e| {
+                        let mut entry = one(e.token, e.logprob);
+                        entry["top_logprobs"] = e.top.iter().map(|&(token, logprob)| one(token, logprob)).collect();
+                        entry
+                    })
+                    .collect();
+                json!({"content": content, "refusal": null})
+            }
+            Endpoint::Completions => {
+                let (mut tokens, mut logprobs, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+                for TokenLogprobs { token, logprob, top } in &entries {
+                    let text = token_text(tokenizer, *token);
+                    offsets.push(self.text_offset);
+                    self.text_offset += text.chars().count();
+                    // The N most likely and, as OpenAI's legacy format has it, the chosen one.
+                    let mut alternatives = serde_json::Map::new();
+                    for &(id, lp) in top.iter().chain([(*token, *logprob)].iter()) {
+                        alternatives.entry(token_text(tokenizer, id)).or_insert(json!(lp));
+                    }
+                    tops.push(Value::Object(alternatives));
+                    tokens.push(text);
+                    logprobs.push(*logprob);
+                }
+                json!({"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets})
+            }
+        }
+    }
+
+    /// The whole answer, as its entry of `choices`.
+    async fn complete(&mut self, info: &JobInfo) -> Result<Value, ApiError> {
         let mut text = String::new();
         let reason = loop {
-            match self.piece(arrived).await? {
+            match self.piece(info).await? {
                 Piece::Text(t) => text.push_str(&t),
                 Piece::End(reason) => break finish_reason(reason),
             }
         };
-        let mut body = match self.endpoint {
-            Endpoint::Completions => self.envelope(
-                "text_completion",
-                json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": reason}]),
-            ),
-            Endpoint::Chat => self.envelope(
-                "chat.completion",
-                json!([{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": reason}]),
-            ),
-        };
-        body["usage"] = self.usage();
-        Ok(axum::Json(body).into_response())
+        let logprobs = self.logprobs(info);
+        Ok(match info.endpoint {
+            Endpoint::Completions => {
+                json!({"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": reason})
+            }
+            Endpoint::Chat => json!({
+                "index": self.index,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs,
+                "finish_reason": reason,
+            }),
+        })
     }
 
-    /// One SSE chunk of this answer.
-    fn chunk(&self, text: Option<&str>, reason: Option<&str>, first: bool) -> Value {
-        match self.endpoint {
-            Endpoint::Completions => self.envelope(
-                "text_completion",
-                json!([{"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": reason}]),
-            ),
+    /// One SSE chunk of this answer, with the logprobs of the tokens read since the last.
+    fn chunk(&mut self, info: &JobInfo, text: Option<&str>, reason: Option<&str>, first: bool) -> Value {
+        let logprobs = if first { Value::Null } else { self.logprobs(info) };
+        let choice = match info.endpoint {
+            Endpoint::Completions => json!({
+                "index": self.index, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": reason
+            }),
             Endpoint::Chat => {
                 let delta = match (first, text) {
                     (true, _) => json!({"role": "assistant", "content": ""}),
                     (false, Some(t)) => json!({"content": t}),
                     (false, None) => json!({}),
                 };
-                self.envelope(
-                    "chat.completion.chunk",
-                    json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason}]),
-                )
+                json!({"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason})
             }
-        }
+        };
+        info.envelope(info.chunk_object(), json!([choice]))
     }
 
-    /// The answer as server-sent events, ending in `data: [DONE]`. A client that goes away
-    /// stops the writer at its next send, which drops the generation and frees the slot.
-    fn stream(mut self, arrived: Instant) -> Response {
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::convert::Infallible>>(16);
-        tokio::spawn(async move {
-            let frame = |v: &Value| Ok(Bytes::from(format!("data: {v}\n\n")));
-            if self.endpoint == Endpoint::Chat && tx.send(frame(&self.chunk(None, None, true))).await.is_err() {
-                return;
+    /// Sends this answer's chunks to `tx`, the last with its finish reason.
+    async fn stream(mut self, info: Arc<JobInfo>, tx: Sender) -> (Streamed, usize) {
+        if info.endpoint == Endpoint::Chat && tx.send(frame(&self.chunk(&info, None, None, true))).await.is_err() {
+            return (Streamed::Gone, self.reader.generated());
+        }
+        let ended = loop {
+            let (event, ended) = match self.piece(&info).await {
+                Ok(Piece::Text(t)) if t.is_empty() => continue,
+                Ok(Piece::Text(t)) => (self.chunk(&info, Some(&t), None, false), None),
+                Ok(Piece::End(reason)) => {
+                    (self.chunk(&info, None, Some(finish_reason(reason)), false), Some(Streamed::Done))
+                }
+                Err(e) => {
+                    tracing::warn!("stream {} failed: {e}", info.id);
+                    (e.body(), Some(Streamed::Failed))
+                }
+            };
+            if tx.send(frame(&event)).await.is_err() {
+                tracing::debug!("client of {} went away", info.id);
+                break Streamed::Gone;
             }
-            loop {
-                let event = match self.piece(arrived).await {
-                    Ok(Piece::Text(t)) if t.is_empty() => continue,
-                    Ok(Piece::Text(t)) => self.chunk(Some(&t), None, false),
-                    Ok(Piece::End(reason)) => {
-                        let mut last = vec![self.chunk(None, Some(finish_reason(reason)), false)];
-                        if self.include_usage {
-                            let mut usage = self.envelope(
-                                if self.endpoint == Endpoint::Chat {
-                                    "chat.completion.chunk"
-                                } else {
-                                    "text_completion"
-                                },
-                                json!([]),
-                            );
-                            usage["usage"] = self.usage();
-                            last.push(usage);
-                        }
-                        for v in &last {
-                            if tx.send(frame(v)).await.is_err() {
-                                return;
-                            }
-                        }
-                        break;
+            if let Some(ended) = ended {
+                break ended;
+            }
+        };
+        (ended, self.reader.generated())
+    }
+}
+
+type Sender = tokio::sync::mpsc::Sender<Result<Bytes, std::convert::Infallible>>;
+
+impl Job {
+    /// The whole answer as one JSON body.
+    async fn complete(mut self) -> Result<Response, ApiError> {
+        let info = &self.info;
+        let mut choices = Vec::with_capacity(self.choices.len());
+        for choice in &mut self.choices {
+            choices.push(choice.complete(info).await?);
+        }
+        let object = match info.endpoint {
+            Endpoint::Completions => "text_completion",
+            Endpoint::Chat => "chat.completion",
+        };
+        let mut body = info.envelope(object, Value::Array(choices));
+        body["usage"] = info.usage(self.choices.iter().map(|c| c.reader.generated()).sum());
+        Ok(axum::Json(body).into_response())
+    }
+
+    /// The answer as server-sent events, ending in `data: [DONE]`: each choice's chunks as
+    /// they come, then the usage. A client that goes away stops the writers at their next
+    /// send, which drops the generations and frees the slots.
+    fn stream(self) -> Response {
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let Job { info, include_usage, choices, _in_flight: in_flight, .. } = self;
+        tokio::spawn(async move {
+            // Counted among the requests being answered until the last frame is written.
+            let _in_flight = in_flight;
+            let writers: Vec<_> =
+                choices.into_iter().map(|c| tokio::spawn(c.stream(Arc::clone(&info), tx.clone()))).collect();
+            let (mut all_done, mut generated) = (true, 0);
+            for writer in writers {
+                match writer.await {
+                    Ok((Streamed::Gone, _)) | Err(_) => return,
+                    Ok((ended, n)) => {
+                        all_done &= ended == Streamed::Done;
+                        generated += n;
                     }
-                    Err(e) => {
-                        tracing::warn!("stream {} failed: {e}", self.id);
-                        let _ = tx.send(frame(&e.body())).await;
-                        break;
-                    }
-                };
-                if tx.send(frame(&event)).await.is_err() {
-                    tracing::debug!("client of {} went away", self.id);
+                }
+            }
+            if all_done && include_usage {
+                let mut usage = info.envelope(info.chunk_object(), json!([]));
+                usage["usage"] = info.usage(generated);
+                if tx.send(frame(&usage)).await.is_err() {
                     return;
                 }
             }
@@ -455,6 +595,8 @@ async fn chat(State(server): State<Server>, headers: HeaderMap, body: Result<Byt
     server.generate(Endpoint::Chat, headers, body).await
 }
 
+/// The model's entry: vLLM's `max_model_len` is the context length, the most positions
+/// (prompt and answer) one request may take.
 async fn models(State(server): State<Server>, headers: HeaderMap) -> Response {
     let response = match server.authorize(&headers) {
         Ok(()) => axum::Json(json!({
@@ -464,13 +606,59 @@ async fn models(State(server): State<Server>, headers: HeaderMap) -> Response {
                 "object": "model",
                 "created": server.0.started,
                 "owned_by": "mlx-iree",
-                "max_context": server.0.model.scheduler.info().max_context,
+                "max_model_len": server.0.model.scheduler.info().max_context,
             }],
         }))
         .into_response(),
         Err(e) => e.into_response(),
     };
     server.0.metrics.request("/v1/models", response.status().as_u16());
+    response
+}
+
+/// One token's text: its own decoding, special tokens included (a token that is part of a
+/// multi-byte character decodes to U+FFFD).
+fn token_text(tokenizer: &Tokenizer, token: u32) -> String {
+    tokenizer.decode(&[token], false).unwrap_or_default()
+}
+
+/// `POST /tokenize` (llama.cpp's shape): `{"content", "add_special"}` to `{"tokens"}`.
+async fn tokenize(State(server): State<Server>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    let answer = || -> Result<Value, ApiError> {
+        server.authorize(&headers)?;
+        let body = api::parse_tokenize(&server.body(body)?)?;
+        let tokens = server
+            .0
+            .model
+            .tokenizer
+            .encode(&body.content, body.add_special)
+            .map_err(|e| ApiError::field("content", e.to_string()))?;
+        Ok(json!({"tokens": tokens}))
+    };
+    let response = answer().map_or_else(IntoResponse::into_response, |v| axum::Json(v).into_response());
+    server.0.metrics.request("/tokenize", response.status().as_u16());
+    response
+}
+
+/// `POST /detokenize` (llama.cpp's shape): `{"tokens"}` to `{"content"}`, special tokens
+/// included.
+async fn detokenize(State(server): State<Server>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    let answer = || -> Result<Value, ApiError> {
+        server.authorize(&headers)?;
+        let body = api::parse_detokenize(&server.body(body)?)?;
+        let tokenizer = &server.0.model.tokenizer;
+        let vocab = tokenizer.vocab_size();
+        if let Some(bad) = body.tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ApiError::field(
+                "tokens",
+                format!("token id {bad} is outside the vocabulary of {vocab} tokens"),
+            ));
+        }
+        let content = tokenizer.decode(&body.tokens, false).map_err(|e| ApiError::field("tokens", e.to_string()))?;
+        Ok(json!({"content": content}))
+    };
+    let response = answer().map_or_else(IntoResponse::into_response, |v| axum::Json(v).into_response());
+    server.0.metrics.request("/detokenize", response.status().as_u16());
     response
 }
 

@@ -403,7 +403,8 @@ fn bad_requests_get_openai_errors() {
         (400, "top_p must be greater than 0 and at most 1, got 0".to_owned(), json!("top_p"))
     );
     assert_eq!(p(json!({"top_k": 0})), (400, "top_k must be at least 1, got 0".to_owned(), json!("top_k")));
-    assert_eq!(p(json!({"n": 2})), (400, "n must be 1, got 2: send one request per choice".to_owned(), json!("n")));
+    assert_eq!(p(json!({"n": 0})), (400, "n must be between 1 and 16, got 0".to_owned(), json!("n")));
+    assert_eq!(p(json!({"n": 17})), (400, "n must be between 1 and 16, got 17".to_owned(), json!("n")));
     assert_eq!(p(json!({"max_tokens": 0})), (400, "max_tokens must be at least 1".to_owned(), json!("max_tokens")));
     assert_eq!(p(json!({"prompt": ["a", "b"]})).1, "2 prompts in one request: send one prompt per request");
     let vocab = model().scheduler.info().model.vocab;
@@ -443,7 +444,7 @@ fn api_key_models_health_and_metrics() {
     assert_eq!(request(addr, "POST", "/v1/completions", &key, body.as_bytes()).status, 200);
     let models = request(addr, "GET", "/v1/models", &key, b"").json();
     assert_eq!(models["data"][0]["id"], MODEL_ID);
-    assert_eq!(models["data"][0]["max_context"], MAX_CONTEXT);
+    assert_eq!(models["data"][0]["max_model_len"], MAX_CONTEXT);
     // Health and metrics need no key (load balancers and scrapers).
     let health = request(addr, "GET", "/health", &[], b"");
     assert_eq!((health.status, health.json()), (200, json!({"status": "ok"})));
@@ -513,4 +514,372 @@ fn disconnects_free_slots_and_a_full_server_says_429() {
         post(addr, "/v1/completions", &json!({"prompt": "hi", "max_tokens": 2, "temperature": 0})).status == 200
     });
     assert!(ok, "still refused 10 s after the clients left");
+}
+
+/// Every body field is read, accepted as without effect, or refused with a 400 naming it;
+/// so are message fields and content parts. Bad sampling values are 400s naming the field,
+/// and the server serves on.
+#[test]
+fn every_field_is_honoured_or_refused_by_name() {
+    let _turn = turn();
+    let server = serve(config());
+    let addr = server.addr;
+    let with = |path: &str, extra: Value| {
+        let mut body = if path == "/v1/completions" {
+            json!({"prompt": "hi", "max_tokens": 2, "temperature": 0})
+        } else {
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0})
+        };
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        post(addr, path, &body)
+    };
+    let refused = |path: &str, extra: Value| {
+        let reply = with(path, extra.clone());
+        assert_eq!(reply.status, 400, "{extra}: {}", reply.body);
+        let (_, message, param) = error_of(&reply);
+        (message, param.as_str().unwrap_or_default().to_owned())
+    };
+    let chat = "/v1/chat/completions";
+    let completions = "/v1/completions";
+    for path in [chat, completions] {
+        assert_eq!(refused(path, json!({"foo": 1})), ("unknown field `foo`".to_owned(), "foo".to_owned()));
+        assert_eq!(
+            refused(path, json!({"stream_options": {"include_usage": true, "bar": 1}})),
+            ("unknown field `stream_options.bar`".to_owned(), "stream_options.bar".to_owned())
+        );
+        // Fields without effect on the answer are accepted; so is a refused one set to null.
+        let reply = with(
+            path,
+            json!({"user": "u1", "metadata": {"k": "v"}, "store": false, "service_tier": "auto",
+                   "safety_identifier": "s", "prompt_cache_key": "c",
+                   "stream_options": {"include_obfuscation": false}}),
+        );
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        // Sampling values out of range, each named.
+        for (extra, param, message) in [
+            (
+                json!({"presence_penalty": -2.5}),
+                "presence_penalty",
+                "presence_penalty must be between -2 and 2, got -2.5",
+            ),
+            (json!({"frequency_penalty": 3}), "frequency_penalty", "frequency_penalty must be between -2 and 2, got 3"),
+            (
+                json!({"repetition_penalty": 0}),
+                "repetition_penalty",
+                "repetition_penalty must be a finite number > 0, got 0",
+            ),
+            (json!({"min_p": 1.5}), "min_p", "min_p must be between 0 and 1, got 1.5"),
+            (
+                json!({"logit_bias": {"7": 101}}),
+                "logit_bias",
+                "logit_bias of token 7 must be between -100 and 100, got 101",
+            ),
+            (json!({"logit_bias": {"x": 1}}), "logit_bias", "logit_bias keys must be token ids, got `x`"),
+        ] {
+            assert_eq!(refused(path, extra), (message.to_owned(), param.to_owned()));
+        }
+        let vocab = model().tokenizer.vocab_size();
+        assert_eq!(
+            refused(path, json!({"logit_bias": {vocab.to_string(): 5}})),
+            (
+                format!("logit_bias names token {vocab}, outside the vocabulary of {vocab} tokens"),
+                "logit_bias".to_owned()
+            )
+        );
+    }
+    // Chat fields not implemented yet: named, "not supported yet"; their no-op values pass.
+    for (extra, param) in [
+        (json!({"response_format": {"type": "json_object"}}), "response_format"),
+        (json!({"tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
+        (json!({"tool_choice": "auto"}), "tool_choice"),
+        (json!({"parallel_tool_calls": true}), "parallel_tool_calls"),
+        (json!({"modalities": ["text", "audio"]}), "modalities"),
+        (json!({"reasoning_effort": "low"}), "reasoning_effort"),
+    ] {
+        let (message, got) = refused(chat, extra);
+        assert_eq!(got, param);
+        assert!(message.starts_with(&format!("`{param}` is not supported yet")), "{message}");
+    }
+    let (expected, _) = alone(chat_ids("hi"), 2);
+    let reply =
+        with(chat, json!({"response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "audio": null}));
+    assert_eq!(reply.json()["choices"][0]["message"]["content"], expected.as_str());
+    for (extra, param) in
+        [(json!({"echo": true}), "echo"), (json!({"suffix": "!"}), "suffix"), (json!({"best_of": 2}), "best_of")]
+    {
+        let (message, got) = refused(completions, extra);
+        assert_eq!(got, param);
+        assert!(message.contains("is not supported yet"), "{message}");
+    }
+    // Messages: text parts are the text; other parts and fields are refused by name.
+    let parts = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]}]});
+    assert_eq!(with(chat, parts).json()["choices"][0]["message"]["content"], expected.as_str());
+    let image = json!({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]});
+    assert_eq!(
+        refused(chat, image),
+        (
+            "content parts of type `image_url` are not supported (text only)".to_owned(),
+            "messages[0].content".to_owned()
+        )
+    );
+    let named = json!({"messages": [{"role": "user", "content": "hi", "name": "ann"}]});
+    assert_eq!(
+        refused(chat, named),
+        ("`messages[0].name` is not supported yet".to_owned(), "messages[0].name".to_owned())
+    );
+    let tool = json!({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "1"}]});
+    assert_eq!(refused(chat, tool).1, "messages[1].role");
+    let odd = json!({"messages": [{"role": "user", "content": "hi", "colour": "red"}]});
+    assert_eq!(refused(chat, odd).1, "messages[0].colour");
+    // Logprobs counts.
+    assert_eq!(refused(chat, json!({"logprobs": true, "top_logprobs": 21})).1, "top_logprobs");
+    assert_eq!(
+        refused(chat, json!({"top_logprobs": 2})),
+        ("top_logprobs needs logprobs: true".to_owned(), "top_logprobs".to_owned())
+    );
+    assert_eq!(refused(completions, json!({"logprobs": 21})).1, "logprobs");
+    // Still serving.
+    assert_eq!(with(completions, json!({})).status, 200);
+}
+
+/// The engine's logits for each greedy step after `prompt` (ids past the vocabulary at
+/// -inf), and the tokens chosen.
+fn reference_logits(prompt: Vec<u32>, steps: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
+    use engine::scheduler::Sampling;
+    let model = model();
+    let seen: Arc<Mutex<Vec<Vec<f32>>>> = Arc::default();
+    let record = Arc::clone(&seen);
+    let request = Request {
+        stop_tokens: model.eos.clone(),
+        vocab_limit: Some(model.tokenizer.vocab_size()),
+        sampling: Sampling::Custom(Box::new(move |logits: &[f32]| {
+            record.lock().unwrap().push(logits.to_vec());
+            Ok(text::sampler::argmax(logits)?)
+        })),
+        ..Request::greedy(prompt, steps)
+    };
+    let (tokens, _) = model.scheduler.submit(request).unwrap().collect_blocking().unwrap();
+    let logits = seen.lock().unwrap().clone();
+    (logits, tokens)
+}
+
+fn log_softmax(logits: &[f32]) -> Vec<f64> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let total = max + logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
+    logits.iter().map(|&l| l as f64 - total).collect()
+}
+
+fn token_text(id: u32) -> String {
+    model().tokenizer.decode(&[id], false).unwrap()
+}
+
+/// Logprobs are the log-softmax of the step's logits (within 1e-4), alternatives sorted,
+/// the same streamed; completions' legacy format too.
+#[test]
+fn logprobs_are_the_log_softmax_of_the_steps_logits() {
+    let _turn = turn();
+    let server = serve(config());
+    let question = "What is the capital of France?";
+    let (logits, tokens) = reference_logits(chat_ids(question), 8);
+    assert_eq!(tokens.len(), 8);
+    let body = json!({"messages": [{"role": "user", "content": question}], "max_tokens": 8, "temperature": 0,
+                      "logprobs": true, "top_logprobs": 5});
+    let v = post(server.addr, "/v1/chat/completions", &body).json();
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap().clone();
+    assert_eq!(content.len(), 8, "{v}");
+    // With logprobs the host chooses; the answer is still the greedy one.
+    assert_eq!(v["choices"][0]["message"]["content"], alone(chat_ids(question), 8).0.as_str());
+    let check = |content: &[Value]| {
+        for (step, entry) in content.iter().enumerate() {
+            let want = log_softmax(&logits[step]);
+            assert_eq!(entry["token"], token_text(tokens[step]).as_str(), "step {step}");
+            assert_eq!(entry["bytes"], json!(token_text(tokens[step]).as_bytes()));
+            let got = entry["logprob"].as_f64().unwrap();
+            assert!(
+                (got - want[tokens[step] as usize]).abs() < 1e-4,
+                "step {step}: {got} vs {}",
+                want[tokens[step] as usize]
+            );
+            let top = entry["top_logprobs"].as_array().unwrap();
+            assert_eq!(top.len(), 5);
+            let mut sorted = want.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            for (k, alt) in top.iter().enumerate() {
+                let lp = alt["logprob"].as_f64().unwrap();
+                assert!((lp - sorted[k]).abs() < 1e-4, "step {step} alternative {k}: {lp} vs {}", sorted[k]);
+                if k > 0 {
+                    assert!(lp <= top[k - 1]["logprob"].as_f64().unwrap());
+                }
+            }
+            // Greedy: the chosen token is the most likely.
+            assert_eq!(top[0]["token"], entry["token"]);
+        }
+    };
+    check(&content);
+
+    // Streamed: the chunks' entries add up to the same.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = post(server.addr, "/v1/chat/completions", &streamed).events();
+    let entries: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .flatten()
+        .collect();
+    check(&entries);
+
+    // Without logprobs: null, as before.
+    let mut plain = body.clone();
+    plain.as_object_mut().unwrap().remove("logprobs");
+    plain.as_object_mut().unwrap().remove("top_logprobs");
+    assert_eq!(post(server.addr, "/v1/chat/completions", &plain).json()["choices"][0]["logprobs"], Value::Null);
+
+    // Completions: `logprobs: N`, the legacy format.
+    let prompt = &prompts()[0];
+    let (logits, tokens) = reference_logits(encode(prompt), 6);
+    let body = json!({"prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 3});
+    let v = post(server.addr, "/v1/completions", &body).json();
+    let lp = &v["choices"][0]["logprobs"];
+    let n = tokens.len();
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), n, "{v}");
+    let mut offset = 0;
+    for step in 0..n {
+        let text = token_text(tokens[step]);
+        assert_eq!(lp["tokens"][step], text.as_str());
+        let want = log_softmax(&logits[step])[tokens[step] as usize];
+        assert!((lp["token_logprobs"][step].as_f64().unwrap() - want).abs() < 1e-4);
+        assert_eq!(lp["text_offset"][step], offset);
+        offset += text.chars().count();
+        let top = lp["top_logprobs"][step].as_object().unwrap();
+        assert!((1..=4).contains(&top.len()) && top.contains_key(&text), "{top:?}");
+    }
+}
+
+/// Penalties and logit_bias reach the sampler: an answer equals the engine's with the same
+/// sampler, a forced token is chosen every step, and a repeating answer changes.
+#[test]
+fn penalties_and_logit_bias_change_the_answer() {
+    use engine::scheduler::Sampling;
+    use text::sampler::{Sampler, SamplingParams};
+    let _turn = turn();
+    let server = serve(config());
+    let model = model();
+    let prompt = "1, 2, 1, 2, 1, 2, 1, 2,";
+    let run = |extra: Value| {
+        let mut body = json!({"prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": true});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let reply = post(server.addr, "/v1/completions", &body);
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        reply.json()["choices"][0]["text"].as_str().unwrap().to_owned()
+    };
+    let plain = run(json!({}));
+    let penalised = run(json!({"frequency_penalty": 2.0, "presence_penalty": 1.0}));
+    assert_ne!(plain, penalised, "the penalties changed nothing");
+    assert_eq!(run(json!({"frequency_penalty": 2.0, "presence_penalty": 1.0})), penalised);
+    // The engine with the sampler itself gives the same.
+    let params = SamplingParams { frequency_penalty: 2.0, presence_penalty: 1.0, ..SamplingParams::default() };
+    let mut sampler = Sampler::new(params).unwrap();
+    let request = Request {
+        vocab_limit: Some(model.tokenizer.vocab_size()),
+        sampling: Sampling::Custom(Box::new(move |logits: &[f32]| Ok(sampler.sample(logits)?))),
+        ..Request::greedy(encode(prompt), 16)
+    };
+    let (tokens, _) = model.scheduler.submit(request).unwrap().collect_blocking().unwrap();
+    assert_eq!(penalised, model.tokenizer.decode(&tokens, true).unwrap());
+    // repetition_penalty changes it too.
+    assert_ne!(run(json!({"repetition_penalty": 1.5})), plain);
+    // A bias of 100 forces a token, sampled or not.
+    let forced = model.tokenizer.encode(" banana", false).unwrap()[0];
+    let bias = json!({"logit_bias": {forced.to_string(): 100}, "max_tokens": 3});
+    let want = model.tokenizer.decode(&[forced; 3], true).unwrap();
+    assert_eq!(run(bias.clone()), want);
+    let mut sampled = bias;
+    sampled["temperature"] = json!(1.0);
+    sampled["seed"] = json!(5);
+    assert_eq!(run(sampled), want);
+}
+
+/// /tokenize and /detokenize (llama.cpp's shapes) round trip; bad input is a 400.
+#[test]
+fn tokenize_and_detokenize_round_trip() {
+    let _turn = turn();
+    let server = serve(config());
+    let addr = server.addr;
+    let text = "The capital of France is Paris.";
+    let v = post(addr, "/tokenize", &json!({"content": text})).json();
+    let ids = model().tokenizer.encode(text, false).unwrap();
+    assert_eq!(v, json!({"tokens": ids}));
+    let with_special = post(addr, "/tokenize", &json!({"content": text, "add_special": true})).json();
+    assert_eq!(with_special, json!({"tokens": encode(text)}));
+    let back = post(addr, "/detokenize", &json!({"tokens": ids})).json();
+    assert_eq!(back, json!({"content": text}));
+    let vocab = model().tokenizer.vocab_size();
+    assert_eq!(
+        error_of(&post(addr, "/detokenize", &json!({"tokens": [1, vocab]}))),
+        (400, format!("token id {vocab} is outside the vocabulary of {vocab} tokens"), json!("tokens"))
+    );
+    assert_eq!(
+        error_of(&post(addr, "/tokenize", &json!({"content": text, "with_pieces": true}))).2,
+        json!("with_pieces")
+    );
+    assert_eq!(error_of(&post(addr, "/tokenize", &json!({"content": 5}))).0, 400);
+    assert_eq!(post(addr, "/tokenize", &json!({"content": "ok"})).status, 200);
+}
+
+/// `n: 3` with a seed: three distinct answers, the same on every run, the first the answer
+/// with `n: 1`; streamed, each choice's chunks add up to its answer; usage counts them all.
+#[test]
+fn n_choices_are_distinct_and_reproducible() {
+    let _turn = turn();
+    let server = serve(config());
+    let body = json!({"messages": [{"role": "user", "content": "Write a short poem about the sea."}],
+                      "max_tokens": 12, "temperature": 1.0, "seed": 11, "n": 3});
+    let answer = |body: &Value| {
+        let reply = post(server.addr, "/v1/chat/completions", body);
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        reply.json()
+    };
+    let v = answer(&body);
+    let texts: Vec<String> = (0..3)
+        .map(|i| {
+            assert_eq!(v["choices"][i]["index"], i);
+            v["choices"][i]["message"]["content"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert!(texts[0] != texts[1] && texts[1] != texts[2] && texts[0] != texts[2], "{texts:?}");
+    assert_eq!(answer(&body)["choices"], v["choices"]);
+    // Choice i is the answer of n 1 with seed 11 + i.
+    let mut tokens = 0;
+    for (i, text) in texts.iter().enumerate() {
+        let mut single = body.clone();
+        single["n"] = json!(1);
+        single["seed"] = json!(11 + i);
+        let alone = answer(&single);
+        assert_eq!(alone["choices"][0]["message"]["content"], text.as_str(), "choice {i}");
+        tokens += alone["usage"]["completion_tokens"].as_u64().unwrap();
+    }
+    assert_eq!(v["usage"]["completion_tokens"].as_u64().unwrap(), tokens);
+    assert_eq!(v["usage"]["prompt_tokens"], answer(&body)["usage"]["prompt_tokens"]);
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let events = post(server.addr, "/v1/chat/completions", &streamed).events();
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    for (i, text) in texts.iter().enumerate() {
+        let got: String = chunks
+            .iter()
+            .filter(|c| c["choices"][0]["index"] == i)
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(&got, text, "choice {i}");
+        let finishes =
+            chunks.iter().filter(|c| c["choices"][0]["index"] == i && !c["choices"][0]["finish_reason"].is_null());
+        assert_eq!(finishes.count(), 1, "choice {i}");
+    }
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"].as_u64().unwrap(), tokens);
 }
