@@ -193,39 +193,7 @@ impl Server {
         }
         let bytes = self.body(body)?;
         let model = &self.0.model;
-        let (prompt, common, logprobs) = match endpoint {
-            Endpoint::Completions => {
-                let body = api::parse_completion(&bytes)?;
-                let logprobs = body.logprobs()?;
-                let prompt = match body.prompt.single()? {
-                    Ok(text) => {
-                        model.tokenizer.encode(&text, true).map_err(|e| ApiError::field("prompt", e.to_string()))?
-                    }
-                    Err(ids) => ids,
-                };
-                (prompt, body.common, logprobs)
-            }
-            Endpoint::Chat => {
-                let body = api::parse_chat(&bytes)?;
-                let logprobs = body.logprobs()?;
-                let chat = model
-                    .chat
-                    .as_ref()
-                    .map_err(|_| ApiError::bad_request("this model has no chat template: use /v1/completions"))?;
-                if body.messages.is_empty() {
-                    return Err(ApiError::field("messages", "messages must not be empty"));
-                }
-                let messages = body
-                    .messages
-                    .iter()
-                    .enumerate()
-                    .map(|(i, m)| m.message(i))
-                    .collect::<Result<Vec<_>, ApiError>>()?;
-                let prompt =
-                    chat.encode(&model.tokenizer, &messages).map_err(|e| ApiError::field("messages", e.to_string()))?;
-                (prompt, body.common, logprobs)
-            }
-        };
+        let (prompt, common, logprobs) = self.prompt(endpoint, &bytes)?;
         if let Some(name) = &common.model
             && *name != self.0.config.model_id
         {
@@ -281,6 +249,45 @@ impl Server {
             include_usage: common.include_usage(),
             choices,
             _in_flight: in_flight,
+        })
+    }
+
+    /// The request's prompt ids (its text tokenized, or a chat rendered through the model's
+    /// template), its common fields and its logprobs setting, each checked.
+    fn prompt(&self, endpoint: Endpoint, bytes: &Bytes) -> Result<(Vec<u32>, api::Common, Option<usize>), ApiError> {
+        let model = &self.0.model;
+        Ok(match endpoint {
+            Endpoint::Completions => {
+                let body = api::parse_completion(bytes)?;
+                let logprobs = body.logprobs()?;
+                let prompt = match body.prompt.single()? {
+                    Ok(text) => {
+                        model.tokenizer.encode(&text, true).map_err(|e| ApiError::field("prompt", e.to_string()))?
+                    }
+                    Err(ids) => ids,
+                };
+                (prompt, body.common, logprobs)
+            }
+            Endpoint::Chat => {
+                let body = api::parse_chat(bytes)?;
+                let logprobs = body.logprobs()?;
+                let chat = model
+                    .chat
+                    .as_ref()
+                    .map_err(|_| ApiError::bad_request("this model has no chat template: use /v1/completions"))?;
+                if body.messages.is_empty() {
+                    return Err(ApiError::field("messages", "messages must not be empty"));
+                }
+                let messages = body
+                    .messages
+                    .iter()
+                    .enumerate()
+                    .map(|(i, m)| m.message(i))
+                    .collect::<Result<Vec<_>, ApiError>>()?;
+                let prompt =
+                    chat.encode(&model.tokenizer, &messages).map_err(|e| ApiError::field("messages", e.to_string()))?;
+                (prompt, body.common, logprobs)
+            }
         })
     }
 
