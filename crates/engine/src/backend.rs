@@ -195,11 +195,11 @@ impl Backend {
     }
 
     /// `module` compiled for this target through the compile cache in `cache_dir` (no device
-    /// needed: IREE cross-compiles), as the vmfb's bytes. For compile-level checks of
-    /// targets this machine lacks; a load compiles through its own cache path.
+    /// needed: IREE cross-compiles), as the vmfb's bytes: the path a load compiles through
+    /// (`cache::compile_module`), for compile-level checks of targets this machine lacks.
     pub fn compile(&self, module: &GraphModule, cache_dir: &Path) -> Result<Vec<u8>> {
-        let cache = iree_compiler::CompileCache::new(cache_dir)?;
-        let out = cache.compile(&iree_compiler::Compiler::new()?, &module.mlir, &self.iree, &module.options)?;
+        let out =
+            crate::cache::compile_module(cache_dir, &module.what, &module.mlir, &self.iree, &module.options, false)?;
         Ok(out.vmfb)
     }
 
