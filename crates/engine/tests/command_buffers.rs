@@ -5,27 +5,19 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use engine::{Backend, CompileTarget, EngineConfig, KernelSetting, Plan, Precision};
+mod common;
+
+use common::planned;
+use engine::{CompileTarget, KernelSetting, Precision};
+
 use iree_compiler::recorded_per_call;
-use models::ModelConfig;
-use std::path::Path;
 
 /// The functions of the modules the engine compiles for fixture `variant` of the llama
 /// family at `precision` for `target` that record a command buffer on each call.
 fn recorded_per_call_for(variant: &str, precision: Precision, target: CompileTarget) -> Vec<String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let dir = root.join("tests/fixtures/llama_llama3_tied").join(variant);
-    let ckpt = weights::Checkpoint::open(&dir).unwrap();
-    let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();
-    let cache_dir = root.join("target/test-compile-cache");
-    let device = if target.is_cpu() { "local-task" } else { "cuda" };
-    let backend = Backend::new(target, KernelSetting::Auto, &cache_dir).unwrap();
-    let layout = backend.layout(&cfg, precision, &ckpt).unwrap();
-    let config =
-        EngineConfig { max_batch: 2, max_context: Some(64), ..EngineConfig::new(device, precision, "/nonexistent") };
-    let plan = Plan::new(&cfg, &config).unwrap().for_layout(&cfg, &layout);
+    let (backend, modules) = planned("llama_llama3_tied", variant, precision, &target, KernelSetting::Auto, 2);
     let mut found = Vec::new();
-    for m in backend.graph_modules(&cfg, &layout, &plan).unwrap() {
+    for m in modules {
         let vm = backend.compile_to_ir(&m, "vm").unwrap();
         assert!(vm.contains("@hal.command_buffer.create("), "{}: no command buffer at all", m.what);
         found.extend(recorded_per_call(&vm).into_iter().map(|f| format!("{}: {f}", m.what)));

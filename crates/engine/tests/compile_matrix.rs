@@ -15,10 +15,10 @@
 
 mod common;
 
-use common::{families, root};
-use engine::{Backend, CompileTarget, EngineConfig, KernelSetting, Plan, Precision};
+use common::{compile_cache, families, planned, root};
+use engine::{CompileTarget, KernelSetting, Precision};
+
 use iree_compiler::check_vmfb;
-use models::ModelConfig;
 use serde_json::{Map, Value, json};
 
 /// The targets of the matrix, by the names the table shows.
@@ -48,20 +48,9 @@ fn variant(precision: Precision) -> &'static str {
 
 /// One cell: "compiles", or "fails: <the compiler's error>" (which fails the test).
 fn outcome(family: &str, precision: Precision, target: &CompileTarget) -> String {
-    let dir = root().join("tests/fixtures").join(family).join(variant(precision));
-    let ckpt = weights::Checkpoint::open(&dir).unwrap();
-    let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();
-    let cache_dir = root().join("target/test-compile-cache");
-    let backend = Backend::new(target.clone(), KernelSetting::Auto, &cache_dir).unwrap();
-    let layout = backend.layout(&cfg, precision, &ckpt).unwrap();
-    let config = EngineConfig {
-        max_batch: 1,
-        max_context: Some(64),
-        ..EngineConfig::new("local-task", precision, "/nonexistent")
-    };
-    let plan = Plan::new(&cfg, &config).unwrap().for_layout(&cfg, &layout);
-    for m in backend.graph_modules(&cfg, &layout, &plan).unwrap() {
-        let vmfb = match backend.compile(&m, &cache_dir) {
+    let (backend, modules) = planned(family, variant(precision), precision, target, KernelSetting::Auto, 1);
+    for m in modules {
+        let vmfb = match backend.compile(&m, &compile_cache()) {
             Ok(vmfb) => vmfb,
             Err(e) => {
                 let first = e.to_string().chars().take(400).collect::<String>();

@@ -8,14 +8,12 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use engine::{Backend, CompileTarget, EngineConfig, KernelSetting, Plan, Precision};
-use iree_compiler::check_vmfb;
-use models::ModelConfig;
-use std::path::{Path, PathBuf};
+mod common;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use common::{compile_cache, planned};
+use engine::{CompileTarget, KernelSetting, Precision};
+
+use iree_compiler::check_vmfb;
 
 /// Every module the engine would compile for `cuda` (sm_80) on fixture `family`'s `variant`
 /// at `precision` compiles to a vmfb; returns their MLIR.
@@ -25,21 +23,12 @@ fn compiles_for_cuda(family: &str, variant: &str, precision: Precision) -> Strin
 
 /// The same for `target`, in the layout the engine gives it.
 fn compiles_for(family: &str, variant: &str, precision: Precision, target: CompileTarget) -> String {
-    let dir = root().join("tests/fixtures").join(family).join(variant);
-    let ckpt = weights::Checkpoint::open(&dir).unwrap();
-    let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();
-    let cache_dir = root().join("target/test-compile-cache");
-    let backend = Backend::new(target.clone(), KernelSetting::Auto, &cache_dir).unwrap();
-    let layout = backend.layout(&cfg, precision, &ckpt).unwrap();
-    let config =
-        EngineConfig { max_batch: 2, max_context: Some(64), ..EngineConfig::new("cuda", precision, "/nonexistent") };
-    let plan = Plan::new(&cfg, &config).unwrap().for_layout(&cfg, &layout);
-    let modules = backend.graph_modules(&cfg, &layout, &plan).unwrap();
+    let (backend, modules) = planned(family, variant, precision, &target, KernelSetting::Auto, 2);
     assert!(!modules.is_empty());
     let text = modules.iter().map(|m| m.mlir.as_str()).collect();
     for m in modules {
         let vmfb = backend
-            .compile(&m, &cache_dir)
+            .compile(&m, &compile_cache())
             .unwrap_or_else(|e| panic!("{family}/{variant} {precision} for {target}: {}: {e}", m.what));
         check_vmfb(&vmfb).unwrap_or_else(|e| panic!("{family}/{variant} {}: not a vmfb: {e}", m.what));
     }

@@ -16,9 +16,9 @@
 
 mod common;
 
-use common::{families, root};
-use engine::{Backend, CompileTarget, EngineConfig, KernelSetting, Plan, Precision};
-use models::ModelConfig;
+use common::{families, planned};
+use engine::{CompileTarget, KernelSetting, Precision};
+
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -78,20 +78,9 @@ fn neutral(text: &str) -> String {
 }
 
 fn cell(family: &str, precision: Precision, variant: &str, target: &CompileTarget, kernels: KernelSetting) -> String {
-    let dir = root().join("tests/fixtures").join(family).join(variant);
-    let ckpt = weights::Checkpoint::open(&dir).unwrap();
-    let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();
-    let cache_dir = root().join("target/test-compile-cache");
-    let backend = Backend::new(target.clone(), kernels, &cache_dir).unwrap();
-    let layout = backend.layout(&cfg, precision, &ckpt).unwrap();
-    let config = EngineConfig {
-        max_batch: 4,
-        max_context: Some(64),
-        ..EngineConfig::new("local-task", precision, "/nonexistent")
-    };
-    let plan = Plan::new(&cfg, &config).unwrap().for_layout(&cfg, &layout);
+    let (_, modules) = planned(family, variant, precision, target, kernels, 4);
     let mut hash = Sha256::new();
-    for m in backend.graph_modules(&cfg, &layout, &plan).unwrap() {
+    for m in modules {
         hash.update(neutral(&m.mlir).as_bytes());
         hash.update(m.options_text().as_bytes());
     }
