@@ -1149,3 +1149,59 @@ fn top_k_and_expert_gather() {
     });
     assert_eq!(err, "top_k: expected k in 1..=5, got 6");
 }
+
+/// A counted loop: `acc` gains row `i` of `x` while `i < n`.
+#[test]
+fn while_loop() {
+    check(
+        "while_loop",
+        |m| {
+            let i = I32.scalar();
+            m.func("rows_sum", &[F32.tensor(&[4, 3]), i], |f, a| {
+                let zero = f.scalar(0.0, I32)?;
+                let acc = f.splat(0.0, &F32.tensor(&[1, 3]))?;
+                let out = f.while_loop(
+                    &[zero, acc, a[0], a[1]],
+                    |f, c| f.compare(c[0], c[3], Cmp::Lt),
+                    |f, c| {
+                        let zero = f.scalar(0.0, I32)?;
+                        let row = f.dynamic_slice(c[2], &[c[0], zero], &[1, 3])?;
+                        let one = f.scalar(1.0, I32)?;
+                        Ok(vec![f.add(c[0], one)?, f.add(c[1], row)?, c[2], c[3]])
+                    },
+                )?;
+                Ok(vec![out[1]])
+            })?;
+            Ok(())
+        },
+        r#"module {
+  func.func @rows_sum(%arg0: tensor<4x3xf32>, %arg1: tensor<i32>) -> tensor<1x3xf32> {
+    %0 = "stablehlo.constant"() {value = dense<0> : tensor<i32>} : () -> tensor<i32>
+    %1 = "stablehlo.constant"() {value = dense<0.000000e+00> : tensor<1x3xf32>} : () -> tensor<1x3xf32>
+    %2:4 = "stablehlo.while"(%0, %1, %arg0, %arg1) ({
+    ^bb0(%arg2: tensor<i32>, %arg3: tensor<1x3xf32>, %arg4: tensor<4x3xf32>, %arg5: tensor<i32>):
+      %3 = "stablehlo.compare"(%arg2, %arg5) {comparison_direction = #stablehlo<comparison_direction LT>} : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      "stablehlo.return"(%3) : (tensor<i1>) -> ()
+    }, {
+    ^bb0(%arg2: tensor<i32>, %arg3: tensor<1x3xf32>, %arg4: tensor<4x3xf32>, %arg5: tensor<i32>):
+      %3 = "stablehlo.constant"() {value = dense<0> : tensor<i32>} : () -> tensor<i32>
+      %4 = "stablehlo.dynamic_slice"(%arg4, %arg2, %3) {slice_sizes = array<i64: 1, 3>} : (tensor<4x3xf32>, tensor<i32>, tensor<i32>) -> tensor<1x3xf32>
+      %5 = "stablehlo.constant"() {value = dense<1> : tensor<i32>} : () -> tensor<i32>
+      %6 = "stablehlo.add"(%arg2, %5) : (tensor<i32>, tensor<i32>) -> tensor<i32>
+      %7 = "stablehlo.add"(%arg3, %4) : (tensor<1x3xf32>, tensor<1x3xf32>) -> tensor<1x3xf32>
+      "stablehlo.return"(%6, %7, %arg4, %arg5) : (tensor<i32>, tensor<1x3xf32>, tensor<4x3xf32>, tensor<i32>) -> ()
+    }) : (tensor<i32>, tensor<1x3xf32>, tensor<4x3xf32>, tensor<i32>) -> (tensor<i32>, tensor<1x3xf32>, tensor<4x3xf32>, tensor<i32>)
+    return %2#1 : tensor<1x3xf32>
+  }
+}
+"#,
+    );
+    let err = build_err(|m| {
+        m.func("bad", &[F32.tensor(&[2])], |f, a| {
+            let out = f.while_loop(&[a[0]], |f, c| f.compare(c[0], c[0], Cmp::Lt), |_, c| Ok(vec![c[0]]))?;
+            Ok(out)
+        })?;
+        Ok(())
+    });
+    assert_eq!(err, "stablehlo.while: expected a condition of type tensor<i1>, got (tensor<2xi1>)");
+}

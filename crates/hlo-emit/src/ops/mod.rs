@@ -1,8 +1,9 @@
-//! Op families, each an `impl Func` block: elementwise, constants, shapes, gather, scatter, reduce, dot,
+//! Op families, each an `impl Func` block: elementwise, constants, control flow, shapes, gather, scatter, reduce, dot,
 //! and composites (RMSNorm, softmax) built from them.
 
 pub(crate) mod composite;
 pub(crate) mod constant;
+pub(crate) mod control;
 pub(crate) mod dispatch;
 pub(crate) mod dot;
 pub(crate) mod elementwise;

@@ -6,7 +6,7 @@ use crate::func::{Func, Value, check_dims, list};
 use crate::ops::elementwise::Cmp;
 use crate::types::{ElementType, TensorType};
 
-fn types_text(ts: &[TensorType]) -> String {
+pub(crate) fn types_text(ts: &[TensorType]) -> String {
     let items: Vec<String> = ts.iter().map(TensorType::to_string).collect();
     format!("({})", items.join(", "))
 }
