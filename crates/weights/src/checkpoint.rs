@@ -29,6 +29,8 @@ pub struct Checkpoint {
     shards: Vec<SafetensorsFile>,
     /// Tensor name -> index into `shards`.
     locations: HashMap<String, usize>,
+    /// Put before every name looked up ([`Checkpoint::set_prefix`]).
+    prefix: String,
 }
 
 impl Checkpoint {
@@ -70,7 +72,25 @@ impl Checkpoint {
             let locations = file.names().map(|n| (n.to_owned(), 0)).collect();
             (vec![file], locations)
         };
-        Ok(Checkpoint { dir, config, quantization, shards, locations })
+        Ok(Checkpoint { dir, config, quantization, shards, locations, prefix: String::new() })
+    }
+
+    /// Looks every name up under `prefix` from now on (`language_model.` for a model whose
+    /// text weights sit inside a multimodal wrapper): `tensor("model.norm.weight")` then
+    /// reads `language_model.model.norm.weight`, errors name the stored tensor, and
+    /// [`Checkpoint::tensor_names`] lists only the names under the prefix, without it.
+    pub fn set_prefix(&mut self, prefix: &str) {
+        prefix.clone_into(&mut self.prefix);
+    }
+
+    /// The prefix names are looked up under (empty unless [`Checkpoint::set_prefix`]).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// `name` as stored: under the prefix.
+    fn stored<'n>(&self, name: &'n str) -> std::borrow::Cow<'n, str> {
+        if self.prefix.is_empty() { name.into() } else { format!("{}{name}", self.prefix).into() }
     }
 
     /// The checkpoint folder.
@@ -105,19 +125,20 @@ impl Checkpoint {
 
     /// All tensor names, sorted.
     pub fn tensor_names(&self) -> Vec<&str> {
-        let mut names: Vec<&str> = self.locations.keys().map(String::as_str).collect();
+        let mut names: Vec<&str> = self.locations.keys().filter_map(|n| n.strip_prefix(self.prefix.as_str())).collect();
         names.sort_unstable();
         names
     }
 
     /// Whether tensor `name` exists.
     pub fn contains(&self, name: &str) -> bool {
-        self.locations.contains_key(name)
+        self.locations.contains_key(self.stored(name).as_ref())
     }
 
     /// Tensor `name`, or `None` if it does not exist.
     pub fn get(&self, name: &str) -> Option<TensorView<'_>> {
-        self.shards.get(*self.locations.get(name)?)?.get(name)
+        let name = self.stored(name);
+        self.shards.get(*self.locations.get(name.as_ref())?)?.get(&name)
     }
 
     /// Tensor `name`, borrowing the mapped bytes (no copy).
@@ -125,12 +146,13 @@ impl Checkpoint {
     /// # Errors
     /// [`Error::MissingTensor`] naming the tensor and the checkpoint folder.
     pub fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
-        self.get(name).ok_or_else(|| Error::MissingTensor { tensor: name.to_owned(), checkpoint: self.dir.clone() })
+        self.get(name)
+            .ok_or_else(|| Error::MissingTensor { tensor: self.stored(name).into_owned(), checkpoint: self.dir.clone() })
     }
 
     /// What `config.json` says about layer `prefix`: `None` without a quantization block.
     pub fn layer_quant(&self, prefix: &str) -> Option<LayerQuant> {
-        self.quantization.as_ref().map(|q| q.for_layer(prefix))
+        self.quantization.as_ref().map(|q| q.for_layer(&self.stored(prefix)))
     }
 
     /// The linear layer at `prefix` (e.g. `model.layers.0.self_attn.q_proj`).
@@ -173,7 +195,7 @@ impl Checkpoint {
         };
         let layer_error = |reason: &str| Error::Layer {
             checkpoint: self.dir.clone(),
-            layer: prefix.to_owned(),
+            layer: self.stored(prefix).into_owned(),
             reason: reason.to_owned(),
         };
         let params = match self.layer_quant(prefix) {
