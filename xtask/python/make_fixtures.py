@@ -352,6 +352,122 @@ FIXTURES = [
         },
     },
     {
+        "name": "qwen3_next",
+        "about": "qwen3_next: layers 0 and 2 gated DeltaNet (fused in_proj_qkvz/in_proj_ba, 2 key heads, "
+        "4 value heads, conv kernel 4), layer 1 gated attention (q/k norms, half the head rotated); "
+        "experts (4, top 2, shared expert) in layers 0 and 2, layer 1 in mlp_only_layers; untied; "
+        "margins of 0.01",
+        "group_size": 64,
+        "min_margin": 0.01,
+        "seed": 20,
+        "config": {
+            "architectures": ["Qwen3NextForCausalLM"],
+            "model_type": "qwen3_next",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "linear_num_value_heads": 4,
+            "linear_num_key_heads": 2,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "linear_conv_kernel_dim": 4,
+            "full_attention_interval": 2,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "decoder_sparse_step": 1,
+            "shared_expert_intermediate_size": 64,
+            "moe_intermediate_size": 64,
+            "mlp_only_layers": [1],
+            "norm_topk_prob": True,
+            "vocab_size": 256,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": False,
+            "hidden_act": "silu",
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    },
+    {
+        "name": "qwen3_5",
+        "about": "qwen3_5 (dense, settings at the top level, weights under language_model.): layers 0 "
+        "and 2 gated DeltaNet (split in_proj_qkv/z/b/a, 2 key heads, 4 value heads, conv kernel 4), "
+        "layer 1 gated attention with rope_parameters (a quarter of the head rotated); untied; "
+        "margins of 0.01",
+        "group_size": 64,
+        "min_margin": 0.01,
+        "seed": 0,
+        "config": {
+            "model_type": "qwen3_5",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "linear_num_value_heads": 4,
+            "linear_num_key_heads": 2,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "linear_conv_kernel_dim": 4,
+            "full_attention_interval": 2,
+            "vocab_size": 256,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [2, 1, 1],
+            },
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": False,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    },
+    {
+        "name": "qwen3_5_moe",
+        "about": "qwen3_5_moe (settings under text_config, as the multimodal checkpoints have them; "
+        "weights under language_model.): 4 layers, full_attention_interval 4 (layer 3 attends), "
+        "experts (4, top 2, renormalised, shared expert) in every layer, tied embeddings; margins of 0.01",
+        "group_size": 64,
+        "min_margin": 0.01,
+        "seed": 5,
+        "config": {
+            "model_type": "qwen3_5_moe",
+            "text_config": {
+                "model_type": "qwen3_5_moe_text",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 4,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 16,
+                "linear_num_value_heads": 4,
+                "linear_num_key_heads": 4,
+                "linear_key_head_dim": 16,
+                "linear_value_head_dim": 16,
+                "linear_conv_kernel_dim": 4,
+                "full_attention_interval": 4,
+                "num_experts": 4,
+                "num_experts_per_tok": 2,
+                "shared_expert_intermediate_size": 64,
+                "moe_intermediate_size": 64,
+                "vocab_size": 256,
+                "rms_norm_eps": 1e-6,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+                "max_position_embeddings": 4096,
+                "tie_word_embeddings": True,
+            },
+            "vision_config": {"model_type": "qwen3_5_moe_vision"},
+        },
+    },
+    {
         "name": "smollm3",
         "about": "smollm3 (llama with NoPE layers): 3 layers, no_rope_layer_interval 2, so layer 1 "
         "attends without rotary embeddings, tied embeddings, GQA; margins of 0.01 so that packed's "
@@ -491,11 +607,19 @@ def build(config, seed, scales):
         if name.endswith("norm.weight"):
             # Norm gains near 1, the final norm's near `final_norm` (it sets the logit
             # scale); gemma stores w with the gain being 1 + w.
-            gain = scales["final_norm"] if name == "model.norm.weight" else 1.0
+            final = name in ("model.norm.weight", "language_model.model.norm.weight")
+            gain = scales["final_norm"] if final else 1.0
             base = gain - 1.0 if one_plus else gain
             v = base + scales["norm"] * rng.standard_normal(shape)
         elif name.endswith(".bias"):
             v = scales["bias"] * rng.standard_normal(shape)
+        elif name.endswith("A_log"):
+            # A gated DeltaNet's decay rates, log of A in (1, 8) like mlx-lm's initial
+            # uniform(0, 16).
+            v = np.log(rng.uniform(1.0, 8.0, shape))
+        elif name.endswith("conv1d.weight"):
+            # [channels, kernel, 1]: scaled by the kernel's width.
+            v = scales["linear"] / np.sqrt(shape[1]) * rng.standard_normal(shape)
         elif name.endswith("embed_tokens.weight"):
             v = scales["embed"] * rng.standard_normal(shape)
         else:

@@ -45,7 +45,7 @@ ABOUT = (
     "and 3-D stacked expert weight "
     "(linear weights, embedding, lm_head, experts; quantized ones first dequantized to float32 as "
     "scale * q + bias) rounded to bfloat16 (round-to-nearest-even) and widened back to "
-    "float32, 1-D tensors (norms, biases) unchanged in float32, all compute in float32"
+    "float32, 1-D tensors (norms, biases) and convolution weights unchanged in float32, all compute in float32"
 )
 QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear)
 # Fixtures whose reference is make_fixtures.py's windowed recompute, by name.
@@ -104,7 +104,9 @@ def rounded_weights(loaded):
             raise SystemExit(f"{name}: {p.dtype} after load_f32, expected float32")
         if p.ndim == 2 or (p.ndim == 3 and ".switch_mlp." in name):
             out[name] = bf16_round(p)
-        elif p.ndim == 1:
+        elif p.ndim == 1 or name.endswith("conv1d.weight"):
+            # 1-D tensors and a gated DeltaNet's convolution weights, which mlx-iree keeps
+            # in float32 at every precision.
             out[name] = p
         else:
             raise SystemExit(f"{name}: a {p.ndim}-D parameter {p.shape}; the rounding is defined for 1-D, 2-D and experts")

@@ -27,6 +27,9 @@ pub struct Plan {
     /// `Function::Mixed`): empty unless the attention kernel runs and there are several
     /// slots ([`Plan::for_layout`]).
     pub mixed: Vec<usize>,
+    /// f32 values of recurrent state per slot (`ModelConfig::state_len`; 0 for a model of
+    /// attention layers only): beside the KV cache, written by `write_state` after each call.
+    pub state_len: usize,
 }
 
 /// Prompt chunk sizes: short prompts in 16-token calls, long ones in 128-token calls.
@@ -77,7 +80,16 @@ impl Plan {
         let mut windows: Vec<usize> = (0..).map(|i| MIN_WINDOW << i).take_while(|w| *w < positions).collect();
         windows.push(positions);
         let call_rows = crate::CompileTarget::for_device(&config.device)?.call_overhead_rows();
-        Ok(Plan { cache, batches, chunks, decode_windows: windows.clone(), windows, call_rows, mixed: Vec::new() })
+        Ok(Plan {
+            cache,
+            batches,
+            chunks,
+            decode_windows: windows.clone(),
+            windows,
+            call_rows,
+            mixed: Vec::new(),
+            state_len: cfg.state_len(),
+        })
     }
 
     /// The plan for graphs of `layout`: where attention runs in the CPU kernel
@@ -88,12 +100,13 @@ impl Plan {
     /// With several slots there, also the mixed calls: every sequence's new tokens (prompt
     /// chunks and decode rows) in one call per step, as the kernel tells sequences apart by
     /// slot, where prompts otherwise take a call each (docs/PERFORMANCE.md, "Prompts beside
-    /// decode rows").
+    /// decode rows"); not for a model with recurrent layers, whose scan takes one sequence's
+    /// rows at a time.
     pub fn for_layout(mut self, cfg: &ModelConfig, layout: &Layout) -> Plan {
         if models::graph::attention_in_kernel(cfg, layout) {
             self.decode_windows = vec![self.cache.positions];
             self.windows = vec![self.cache.positions];
-            if self.cache.slots > 1 {
+            if self.cache.slots > 1 && models::graph::mixed_calls(cfg, layout) {
                 self.mixed = MIXED_ROWS.to_vec();
                 let most = (self.cache.slots + MIXED_ROWS[0]).next_power_of_two();
                 if most > MIXED_ROWS[MIXED_ROWS.len() - 1] {
@@ -118,7 +131,14 @@ impl Plan {
         let mut writes: Vec<usize> = self.batches.iter().chain(&self.chunks).chain(&self.mixed).copied().collect();
         writes.sort_unstable();
         writes.dedup();
-        prefill.chain(decode).chain(mixed).chain(writes.into_iter().map(|rows| Function::WriteKv { rows })).collect()
+        // A prefill writes one sequence's state, a decode call its rows' (the batch sizes).
+        let states = self.batches.iter().filter(|_| self.state_len > 0).map(|&rows| Function::WriteState { rows });
+        prefill
+            .chain(decode)
+            .chain(mixed)
+            .chain(writes.into_iter().map(|rows| Function::WriteKv { rows }))
+            .chain(states)
+            .collect()
     }
 
     /// The mixed call for `rows` rows, if the plan has one that large.

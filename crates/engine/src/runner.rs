@@ -62,6 +62,8 @@ pub struct Engine {
     session: Session,
     k: BufferView,
     v: BufferView,
+    /// Every slot's recurrent state (`[slots, S]` f32) where the model has recurrent layers.
+    state: Option<BufferView>,
     /// Positions in use per slot.
     lens: Vec<usize>,
     report: LoadReport,
@@ -81,6 +83,8 @@ pub struct LoadReport {
     pub weight_bytes: usize,
     /// Bytes of the k and v caches on the device.
     pub kv_bytes: usize,
+    /// Bytes of the slots' recurrent state on the device (0 without recurrent layers).
+    pub state_bytes: usize,
     /// The file the weights are bound from, in the final form the module reads, when they
     /// are stored ([`EngineConfig::store_parameters`] on a data-tiled CPU module).
     pub stored_parameters: Option<std::path::PathBuf>,
@@ -151,8 +155,8 @@ struct Planned {
 impl Planned {
     fn new(dir: &Path, config: &EngineConfig) -> Result<Planned> {
         let target = CompileTarget::for_device(&config.device)?;
-        let ckpt = Checkpoint::open(dir)?;
-        let cfg = ModelConfig::for_checkpoint(&ckpt)?;
+        let mut ckpt = Checkpoint::open(dir)?;
+        let cfg = ModelConfig::for_checkpoint(&mut ckpt)?;
         let backend = Backend::new(target, config.kernels, &config.cache_dir)?;
         let layout = backend.layout(&cfg, config.precision, &ckpt)?;
         let plan = Plan::new(&cfg, config)?.for_layout(&cfg, &layout);
@@ -255,11 +259,18 @@ impl Engine {
         let k = device.upload_bytes(elem, &dims, &zeros)?;
         let v = device.upload_bytes(elem, &dims, &zeros)?;
         drop(zeros);
+        // Zeros too, though a sequence's first call never reads its slot's state (the graph
+        // starts a sequence at position 0 from zeros).
+        let state = match plan.state_len {
+            0 => None,
+            len => Some(device.upload(&[plan.cache.slots, len], &vec![0f32; plan.cache.slots * len])?),
+        };
         let load_seconds = started.elapsed().as_secs_f64();
         let kv_bytes = plan.cache.bytes(&cfg);
         let lens = vec![0; plan.cache.slots];
-        let report = LoadReport { compile, load_seconds, weight_bytes, kv_bytes, stored_parameters };
-        Ok(Engine { cfg, plan, device, session, k, v, lens, report })
+        let state_bytes = plan.cache.state_bytes(&cfg);
+        let report = LoadReport { compile, load_seconds, weight_bytes, kv_bytes, state_bytes, stored_parameters };
+        Ok(Engine { cfg, plan, device, session, k, v, state, lens, report })
     }
 
     /// What the load did: compile, load time, device bytes, the stored-weights file.
@@ -346,15 +357,31 @@ impl Engine {
                 (None, Some(upload(&outs)?))
             }
         };
-        let mut args = vec![&tokens, &positions, slot.as_ref().unwrap_or(&row_slots)];
+        let seq_slots = slot.as_ref().unwrap_or(&row_slots);
+        let mut args = vec![&tokens, &positions, seq_slots];
         args.extend(last.as_ref());
         args.extend([&self.k, &self.v]);
+        args.extend(self.state.as_ref());
         let name = function.name();
-        let out = self.session.call(&name, &args)?;
+        let mut out = self.session.call(&name, &args)?;
         let got = out.len();
+        let expected = 4 + usize::from(self.state.is_some());
+        let new_state = if got == expected && self.state.is_some() { out.pop() } else { None };
         let Ok([next, logits, new_k, new_v]) = <[BufferView; 4]>::try_from(out) else {
-            return Err(Error::Abi { function: name, got, expected: 4 });
+            return Err(Error::Abi { function: name, got, expected });
         };
+        if let (Some(state), Some(new_state)) = (&self.state, new_state) {
+            // Each sequence's state after its rows, into its slot (a decode call's padding
+            // rows repeat a real row: the same bytes to the same place).
+            let sequences = if let Reads::Prefill { .. } = reads { 1 } else { rows.len() };
+            let write = Function::WriteState { rows: sequences }.name();
+            let out = self.session.call(&write, &[seq_slots, &new_state, state])?;
+            let got = out.len();
+            let Ok([state]) = <[BufferView; 1]>::try_from(out) else {
+                return Err(Error::Abi { function: write, got, expected: 1 });
+            };
+            self.state = Some(state);
+        }
         let write = Function::WriteKv { rows: rows.len() }.name();
         let out = self.session.call(&write, &[&positions, &row_slots, &new_k, &new_v, &self.k, &self.v])?;
         let got = out.len();

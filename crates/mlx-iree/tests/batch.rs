@@ -125,7 +125,10 @@ mod eight_rows_at_f32 {
         qwen2,
         qwen2_moe,
         qwen3,
+        qwen3_5,
+        qwen3_5_moe,
         qwen3_moe,
+        qwen3_next,
         smollm3
     );
 

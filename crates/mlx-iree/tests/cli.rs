@@ -80,7 +80,7 @@ fn unsupported_model_type_is_refused_before_compiling() {
         &args,
         2,
         "",
-        "unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3)",
+        "unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe)",
     );
     assert!(!file.exists(), "no partial output file");
 }
@@ -414,4 +414,56 @@ fn a_malformed_smollm3_config_is_one_line() {
     let dir = fixture_of("smollm3", "no_rope_layers", serde_json::json!([1, 0]));
     let args = ["trajectory", "--model", dir.path().to_str().unwrap(), "--prompt-ids", "1", "--steps", "1"];
     check(&[&args[..], &["--out", "/tmp/x.json"]].concat(), 2, "", "no_rope_layers: 2 entries for 3 layers");
+}
+
+/// A copy of fixture `family`'s f32 checkpoint with its tensors rewritten by `edit` (name,
+/// shape, bytes) -> what to store instead (`None`: left out).
+fn fixture_with_tensors(
+    family: &str,
+    edit: impl Fn(&str, &[usize], &[u8]) -> Option<(Vec<usize>, Vec<u8>)>,
+) -> tempfile::TempDir {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(family).join("f32");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+    let ckpt = weights::Checkpoint::open(&src).unwrap();
+    let mut out = weights::write::Writer::new();
+    for name in ckpt.tensor_names() {
+        let t = ckpt.tensor(name).unwrap();
+        if let Some((shape, bytes)) = edit(name, t.shape(), t.bytes()) {
+            out.add(name, t.dtype(), &shape, bytes).unwrap();
+        }
+    }
+    out.write(dir.path().join("model.safetensors")).unwrap();
+    dir
+}
+
+/// A hybrid (gated DeltaNet) checkpoint with a state tensor missing or misshapen: one line
+/// naming the tensor, exit 2, nothing compiled.
+#[test]
+fn a_malformed_hybrid_checkpoint_is_one_line() {
+    let conv = "model.layers.0.linear_attn.conv1d.weight";
+    let a_log = "model.layers.2.linear_attn.A_log";
+    let missing = fixture_with_tensors("qwen3_next", |name, shape, bytes| {
+        (name != a_log).then(|| (shape.to_vec(), bytes.to_vec()))
+    });
+    // The conv kernel one tap short: [channels, 3, 1] where config.json says 4.
+    let short = fixture_with_tensors("qwen3_next", |name, shape, bytes| {
+        if name != conv {
+            return Some((shape.to_vec(), bytes.to_vec()));
+        }
+        Some((vec![shape[0], shape[1] - 1, 1], bytes[..bytes.len() / shape[1] * (shape[1] - 1)].to_vec()))
+    });
+    for (dir, want) in [(&missing, a_log.to_string()), (&short, format!("tensor {conv}: expected shape [128, 4, 1]"))] {
+        let cache = tempfile::tempdir().unwrap();
+        let args = ["trajectory", "--model", dir.path().to_str().unwrap(), "--prompt-ids", "1,2", "--steps", "2"];
+        let out = mlx_iree(&[&args[..], &["--out", "/tmp/x.json"]].concat(), cache.path());
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains(&want), "{want}: {stderr}");
+        assert!(
+            walk(cache.path()).iter().all(|p| p.extension().is_none_or(|e| e != "vmfb")),
+            "compiled before refusing"
+        );
+    }
 }

@@ -11,8 +11,9 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// Largest |logit difference| allowed against mlx-lm's float32 logits (magnitudes 10 to 29;
-/// both sides are f32, summing in different orders). Measured maximum: 6.7e-5 (gemma q4).
-const LOGIT_TOL: f32 = 1e-4;
+/// both sides are f32, summing in different orders). Measured maximum: 1.02e-4 (qwen3_5_moe q8,
+/// logits up to 24: the delta-rule scan and 8 experts sum in another order than MLX's).
+const LOGIT_TOL: f32 = 1.5e-4;
 /// The same at bf16, against expected_bf16.json (identical rounded weights, f32 arithmetic on
 /// both sides). Measured maximum: 1.3e-4 (gemma f32, logits up to 23).
 const LOGIT_TOL_BF16: f32 = 2e-4;
@@ -94,5 +95,8 @@ fixture_tests!(
     gemma2,
     gemma2_window,
     gemma3_text,
-    smollm3
+    smollm3,
+    qwen3_next,
+    qwen3_5,
+    qwen3_5_moe
 );

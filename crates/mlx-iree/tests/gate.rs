@@ -221,7 +221,10 @@ per_family!(
     qwen2,
     qwen2_moe,
     qwen3,
+    qwen3_5,
+    qwen3_5_moe,
     qwen3_moe,
+    qwen3_next,
     smollm3
 );
 

@@ -117,6 +117,9 @@ vulkan_tests!(
     mixtral,
     qwen2_moe,
     qwen3,
+    qwen3_5,
+    qwen3_5_moe,
+    qwen3_next,
     smollm3
 );
 

@@ -6,8 +6,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::path::Path;
 
-pub const SUPPORTED: &str =
-    "llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3";
+pub const SUPPORTED: &str = "llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, \
+gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe";
 
 /// The checkpoint's `config.json` as written, every field optional; [`ModelConfig::from_json`]
 /// decides per `model_type` which are required and what the defaults are.
@@ -52,6 +52,14 @@ struct RawConfig {
     /// `no_rope_layer_interval`-th layer has none.
     no_rope_layers: Option<Vec<u8>>,
     no_rope_layer_interval: Option<usize>,
+    /// Qwen3-Next / Qwen3.5: the gated DeltaNet layers' sizes, and every
+    /// `full_attention_interval`-th layer attention.
+    linear_num_value_heads: Option<usize>,
+    linear_num_key_heads: Option<usize>,
+    linear_key_head_dim: Option<usize>,
+    linear_value_head_dim: Option<usize>,
+    linear_conv_kernel_dim: Option<usize>,
+    full_attention_interval: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +75,8 @@ pub enum Family {
     Gemma2,
     Gemma3,
     SmolLm3,
+    Qwen3Next,
+    Qwen35,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,6 +162,40 @@ pub struct LayerConfig {
     pub moe: bool,
     /// Queries and keys are rotated (RoPE); false for SmolLM3's NoPE layers.
     pub rope: bool,
+    /// The layer mixes tokens with the model's [`LinearAttention`] (a recurrent state per
+    /// sequence) instead of attention over a KV cache.
+    pub linear: bool,
+}
+
+/// The gated DeltaNet layers of Qwen3-Next and Qwen3.5 (mlx-lm's `GatedDeltaNet`): q, k, v
+/// through a causal depthwise convolution, L2-normalised q and k, and a delta-rule update
+/// of a `[v_heads, v_dim, k_dim]` state per sequence, decayed by `g` each token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinearAttention {
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    /// The convolution's width (`linear_conv_kernel_dim`); its state keeps the last
+    /// `conv_kernel - 1` inputs.
+    pub conv_kernel: usize,
+    /// The in-projections as stored: Qwen3-Next's two fused ones (`in_proj_qkvz`,
+    /// `in_proj_ba`, grouped by key head), or Qwen3.5's four (`in_proj_qkv`, `in_proj_z`,
+    /// `in_proj_b`, `in_proj_a`).
+    pub fused_in_proj: bool,
+}
+
+impl LinearAttention {
+    /// `2 * k_heads * k_dim + v_heads * v_dim`: the channels the convolution runs over (q, k, v).
+    pub fn conv_dim(&self) -> usize {
+        2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
+    }
+
+    /// f32 values of one layer's state per sequence: the convolution's last inputs, then
+    /// the delta rule's matrix.
+    pub fn state_len(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_dim() + self.v_heads * self.v_dim * self.k_dim
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -194,6 +238,11 @@ pub struct ModelConfig {
     pub max_position_embeddings: Option<usize>,
     /// The mixture-of-experts block of the layers whose `moe` is set.
     pub moe: Option<Moe>,
+    /// The recurrent layers' sizes (the layers whose `linear` is set).
+    pub linear: Option<LinearAttention>,
+    /// Attention's output is gated: `q_proj` gives each head's query and then a gate, and
+    /// the heads' output is multiplied by `sigmoid(gate)` before `o_proj` (Qwen3-Next).
+    pub attn_output_gate: bool,
 }
 
 fn cfg_err(path: &Path, key: &str, reason: impl Into<String>) -> Error {
@@ -272,8 +321,11 @@ struct MoeRules {
     local_experts: Option<usize>,
     /// `num_experts_per_tok`'s default, else required.
     top_k: Option<usize>,
-    /// Softmax then top k, `norm_topk_prob` read (required) when set; else top k then softmax.
+    /// Softmax then top k, `norm_topk_prob` read when set (required unless
+    /// `normalize_default`); else top k then softmax.
     softmax_first: Option<bool>,
+    /// `norm_topk_prob`'s default, where the family has one.
+    normalize_default: Option<bool>,
     /// Each expert's width: `moe_intermediate_size` (else `intermediate_size`).
     moe_width: bool,
     /// Qwen2-MoE's shared expert (`shared_expert_intermediate_size`).
@@ -281,6 +333,8 @@ struct MoeRules {
     /// Qwen3-MoE: experts only in every `decoder_sparse_step`-th layer not in
     /// `mlp_only_layers`; no experts means a dense model.
     sparse_layers: bool,
+    /// `num_experts` may be absent (a dense model, Qwen3.5).
+    optional: bool,
 }
 
 /// One family's reading of config.json, as mlx-lm 0.32's model file for it does: every
@@ -296,8 +350,8 @@ struct Rules {
     /// in neither is an error (qwen3).
     rope_parameters: bool,
     scaling: Scaling,
-    /// `partial_rotary_factor` read (phi3).
-    partial_rotary: bool,
+    /// `partial_rotary_factor` read (phi3), or read from `rope_parameters` with a default.
+    partial_rotary: Partial,
     /// `tie_word_embeddings`' default; `None`: always tied (gemma, gemma2).
     tie: Option<bool>,
     biases: Biases,
@@ -309,6 +363,35 @@ struct Rules {
     nope_layers: bool,
     gemma: Option<Gemma>,
     moe: Option<MoeRules>,
+    /// Gated DeltaNet layers (`linear_*`, `full_attention_interval`) read, their
+    /// in-projections fused (Qwen3-Next) or not (Qwen3.5).
+    hybrid: Option<Hybrid>,
+    /// Attention's output gated by a second half of `q_proj` (Qwen3-Next, Qwen3.5).
+    attn_output_gate: bool,
+    /// The text model's settings may sit under `text_config` (the multimodal Qwen3.5
+    /// checkpoints), and its weights under `language_model.` ([`WEIGHTS_PREFIX`]).
+    wrapped: bool,
+}
+
+/// Where the weights of a wrapped model's language model sit in its checkpoint, when they
+/// do: mlx-lm's multimodal-capable classes keep the text model as `language_model`.
+pub const WEIGHTS_PREFIX: &str = "language_model.";
+
+/// How a family reads the share of each head RoPE rotates.
+#[derive(Debug, Clone, Copy)]
+enum Partial {
+    /// All of it.
+    No,
+    /// `partial_rotary_factor`, 1 when absent (phi3, qwen3_next).
+    TopLevel,
+    /// `rope_parameters.partial_rotary_factor`, else the top level's, else this (qwen3_5).
+    Nested(f64),
+}
+
+/// How a family lays out its gated DeltaNet layers.
+#[derive(Debug, Clone, Copy)]
+struct Hybrid {
+    fused_in_proj: bool,
 }
 
 const DENSE: Rules = Rules {
@@ -318,7 +401,7 @@ const DENSE: Rules = Rules {
     rope_theta: 10_000.0,
     rope_parameters: false,
     scaling: Scaling::Read,
-    partial_rotary: false,
+    partial_rotary: Partial::No,
     tie: Some(false),
     biases: Biases::None,
     qk_norm: false,
@@ -327,6 +410,9 @@ const DENSE: Rules = Rules {
     nope_layers: false,
     gemma: None,
     moe: None,
+    hybrid: None,
+    attn_output_gate: false,
+    wrapped: false,
 };
 
 const QWEN_MOE: MoeRules = MoeRules {
@@ -334,9 +420,11 @@ const QWEN_MOE: MoeRules = MoeRules {
     local_experts: None,
     top_k: None,
     softmax_first: Some(false),
+    normalize_default: None,
     moe_width: true,
     shared_expert: false,
     sparse_layers: false,
+    optional: false,
 };
 
 /// Every family, in the order [`SUPPORTED`] names them.
@@ -370,7 +458,7 @@ const FAMILIES: &[Rules] = &[
         model_types: &["phi3"],
         head_dim: HeadDim::Derived,
         scaling: Scaling::Phi3,
-        partial_rotary: true,
+        partial_rotary: Partial::TopLevel,
         fused_projections: true,
         ..DENSE
     },
@@ -459,7 +547,43 @@ const FAMILIES: &[Rules] = &[
         nope_layers: true,
         ..DENSE
     },
+    Rules {
+        family: Family::Qwen3Next,
+        model_types: &["qwen3_next"],
+        partial_rotary: Partial::TopLevel,
+        qk_norm: true,
+        moe: Some(QWEN_NEXT_MOE),
+        hybrid: Some(Hybrid { fused_in_proj: true }),
+        attn_output_gate: true,
+        ..DENSE
+    },
+    Rules {
+        family: Family::Qwen35,
+        model_types: &["qwen3_5", "qwen3_5_moe"],
+        head_dim: HeadDim::GivenOrDerived,
+        rope_theta: 100_000.0,
+        rope_parameters: true,
+        partial_rotary: Partial::Nested(0.25),
+        qk_norm: true,
+        // Every layer's feed-forward block is the experts when there are any.
+        moe: Some(MoeRules { sparse_layers: false, normalize_default: Some(true), optional: true, ..QWEN_NEXT_MOE }),
+        hybrid: Some(Hybrid { fused_in_proj: false }),
+        attn_output_gate: true,
+        wrapped: true,
+        ..DENSE
+    },
 ];
+
+/// Qwen3-Next's sparse MoE block: softmax then top k (`norm_topk_prob`, default false),
+/// a gated shared expert, experts in every `decoder_sparse_step`-th layer outside
+/// `mlp_only_layers`.
+const QWEN_NEXT_MOE: MoeRules = MoeRules {
+    softmax_first: Some(true),
+    normalize_default: Some(false),
+    shared_expert: true,
+    sparse_layers: true,
+    ..QWEN_MOE
+};
 
 impl ModelConfig {
     /// Normalises `config.json` (already parsed; `path` names it in errors) by its family's
@@ -471,6 +595,13 @@ impl ModelConfig {
         let model_type = raw.model_type.clone().ok_or_else(|| cfg_err(path, "model_type", "missing"))?;
         let Some(rules) = FAMILIES.iter().find(|r| r.model_types.contains(&model_type.as_str())) else {
             return Err(Error::UnsupportedModelType { path: path.to_path_buf(), model_type, supported: SUPPORTED });
+        };
+        // mlx-lm's qwen3_5: the text model's settings are `text_config` where there is one
+        // (its own `model_type` aside), else the top level.
+        let raw = match value.get("text_config").filter(|_| rules.wrapped) {
+            Some(text) => serde_json::from_value::<RawConfig>(text.clone())
+                .map_err(|e| cfg_err(path, "text_config", e.to_string()))?,
+            None => raw,
         };
         let p = path;
         let hidden = required(p, "hidden_size", raw.hidden_size)?;
@@ -490,7 +621,19 @@ impl ModelConfig {
             return Err(unsupported("rope_traditional", "true".into()));
         }
         let (rope_theta, rope_scaling) = rope(&raw, rules, p, &unsupported)?;
-        let rope_dims = match raw.partial_rotary_factor.filter(|_| rules.partial_rotary) {
+        let factor = match rules.partial_rotary {
+            Partial::No => None,
+            Partial::TopLevel => raw.partial_rotary_factor,
+            Partial::Nested(default) => Some(
+                raw.rope_parameters
+                    .as_ref()
+                    .and_then(|v| v.get("partial_rotary_factor"))
+                    .and_then(Value::as_f64)
+                    .or(raw.partial_rotary_factor)
+                    .unwrap_or(default),
+            ),
+        };
+        let rope_dims = match factor {
             Some(f) if f > 0.0 && f <= 1.0 => (head_dim as f64 * f) as usize,
             Some(f) => return Err(cfg_err(p, "partial_rotary_factor", format!("{f} is not in (0, 1]"))),
             None => head_dim,
@@ -499,8 +642,16 @@ impl ModelConfig {
             Some(m) => parse_moe(&raw, m, p)?,
             None => None,
         };
-        let global = LayerConfig { rope_theta, rope_scaling, sliding_window: None, moe: false, rope: true };
-        let layers = layers(&raw, rules, moe.is_some(), global, p)?;
+        let global =
+            LayerConfig { rope_theta, rope_scaling, sliding_window: None, moe: false, rope: true, linear: false };
+        let linear = match rules.hybrid {
+            Some(h) => Some(linear_attention(&raw, h, p)?),
+            None => None,
+        };
+        let mut layers = layers(&raw, rules, moe.is_some(), global, p)?;
+        if linear.is_some() {
+            mark_linear_layers(&raw, &mut layers, p)?;
+        }
         let gemma = rules.gemma;
         let attn_scale = match gemma.and_then(|g| g.query_pre_attn) {
             Some(default) => raw.query_pre_attn_scalar.unwrap_or(default).powf(-0.5),
@@ -541,6 +692,8 @@ impl ModelConfig {
             final_softcap: softcaps.map(|(_, last)| raw.final_logit_softcapping.unwrap_or(last)),
             max_position_embeddings: raw.max_position_embeddings,
             moe,
+            linear,
+            attn_output_gate: rules.attn_output_gate,
         }
         .validated(path)
     }
@@ -610,9 +763,16 @@ impl ModelConfig {
     }
 
     /// The config of a checkpoint folder, with what only the tensors can tell: mlx-lm's
-    /// `gemma3_text` ties the output layer exactly when `lm_head.weight` is absent.
-    pub fn for_checkpoint(ckpt: &weights::Checkpoint) -> Result<ModelConfig> {
+    /// `gemma3_text` ties the output layer exactly when `lm_head.weight` is absent. Points
+    /// `ckpt` at the language model's weights where a wrapped family keeps them under
+    /// [`WEIGHTS_PREFIX`] (the names the graph reads stay `model.…`; a vision tower beside
+    /// them is never read).
+    pub fn for_checkpoint(ckpt: &mut weights::Checkpoint) -> Result<ModelConfig> {
         let mut cfg = Self::from_json(ckpt.config(), &ckpt.dir().join("config.json"))?;
+        let wrapped = FAMILIES.iter().any(|r| r.wrapped && r.model_types.contains(&cfg.model_type.as_str()));
+        if wrapped && ckpt.contains(&format!("{WEIGHTS_PREFIX}{}", crate::names::weight(crate::names::EMBEDDING))) {
+            ckpt.set_prefix(WEIGHTS_PREFIX);
+        }
         if cfg.family == Family::Gemma3 {
             cfg.tie_embeddings = !ckpt.contains(&crate::names::weight(crate::names::LM_HEAD));
         }
@@ -634,6 +794,102 @@ impl ModelConfig {
     pub fn num_layers(&self) -> usize {
         self.layers.len()
     }
+
+    /// Layers that attend over the KV cache (all but the [`LinearAttention`] ones): the
+    /// cache's leading dimension.
+    pub fn kv_layers(&self) -> usize {
+        self.layers.iter().filter(|l| !l.linear).count()
+    }
+
+    /// f32 values of recurrent state each sequence carries (0 without linear layers).
+    pub fn state_len(&self) -> usize {
+        let per_layer = self.linear.as_ref().map_or(0, LinearAttention::state_len);
+        per_layer * self.layers.iter().filter(|l| l.linear).count()
+    }
+}
+
+/// The gated DeltaNet layers' sizes (mlx-lm's `GatedDeltaNet` reads them all, no defaults).
+fn linear_attention(raw: &RawConfig, hybrid: Hybrid, p: &Path) -> Result<LinearAttention> {
+    let k_heads = required(p, "linear_num_key_heads", raw.linear_num_key_heads)?;
+    let v_heads = required(p, "linear_num_value_heads", raw.linear_num_value_heads)?;
+    let linear = LinearAttention {
+        k_heads,
+        v_heads,
+        k_dim: required(p, "linear_key_head_dim", raw.linear_key_head_dim)?,
+        v_dim: required(p, "linear_value_head_dim", raw.linear_value_head_dim)?,
+        conv_kernel: required(p, "linear_conv_kernel_dim", raw.linear_conv_kernel_dim)?,
+        fused_in_proj: hybrid.fused_in_proj,
+    };
+    for (key, v) in [
+        ("linear_num_key_heads", k_heads),
+        ("linear_num_value_heads", v_heads),
+        ("linear_key_head_dim", linear.k_dim),
+        ("linear_value_head_dim", linear.v_dim),
+    ] {
+        if v == 0 {
+            return Err(cfg_err(p, key, "must be > 0"));
+        }
+    }
+    if linear.conv_kernel < 2 {
+        return Err(cfg_err(p, "linear_conv_kernel_dim", format!("{} is below 2", linear.conv_kernel)));
+    }
+    if !v_heads.is_multiple_of(k_heads) {
+        return Err(cfg_err(
+            p,
+            "linear_num_value_heads",
+            format!("{v_heads} is not a multiple of linear_num_key_heads {k_heads}"),
+        ));
+    }
+    Ok(linear)
+}
+
+/// mlx-lm's Qwen3-Next/Qwen3.5 layer pattern: every `full_attention_interval`-th layer
+/// attends, the others are linear. A `layer_types` list, where config.json has one, must
+/// name the same pattern (mlx-lm follows the interval; a list that disagrees is refused).
+fn mark_linear_layers(raw: &RawConfig, layers: &mut [LayerConfig], p: &Path) -> Result<()> {
+    let interval = raw.full_attention_interval.unwrap_or(4);
+    if interval == 0 {
+        return Err(cfg_err(p, "full_attention_interval", "must be > 0"));
+    }
+    for (i, layer) in layers.iter_mut().enumerate() {
+        layer.linear = (i + 1) % interval != 0;
+        let named = raw.layer_types.as_ref().map(|t| t.get(i).map(String::as_str));
+        let linear = match named {
+            None => continue,
+            Some(Some("linear_attention")) => true,
+            Some(Some("full_attention")) => false,
+            Some(Some(other)) => {
+                return Err(cfg_err(
+                    p,
+                    "layer_types",
+                    format!("layer {i}: {other:?} is not a layer type of this model"),
+                ));
+            }
+            Some(None) => {
+                let n = raw.layer_types.as_ref().map_or(0, Vec::len);
+                return Err(cfg_err(p, "layer_types", format!("{n} entries for {} layers", layers.len())));
+            }
+        };
+        if linear != layer.linear {
+            return Err(cfg_err(
+                p,
+                "layer_types",
+                format!(
+                    "layer {i} is {:?}, but full_attention_interval {interval} makes it the other kind",
+                    named.flatten().unwrap_or_default()
+                ),
+            ));
+        }
+    }
+    // mlx-lm would run such a model without any cache; the engine keeps one, so refuse it here.
+    if layers.iter().all(|l| l.linear) {
+        return Err(cfg_err(
+            p,
+            "full_attention_interval",
+            format!("{interval} leaves no full-attention layer among {} layers (not supported)", layers.len()),
+        ));
+    }
+    Ok(())
 }
 
 fn parse_rope_scaling(
@@ -742,6 +998,7 @@ fn layers(raw: &RawConfig, rules: &Rules, has_moe: bool, global: LayerConfig, p:
                             sliding_window: Some(window.unwrap_or(512)),
                             moe: false,
                             rope: true,
+                            linear: false,
                         }
                     }
                 }
@@ -779,21 +1036,24 @@ fn rotated_layers(raw: &RawConfig, rules: &Rules, n_layers: usize, p: &Path) -> 
 fn parse_moe(raw: &RawConfig, rules: &MoeRules, p: &Path) -> Result<Option<Moe>> {
     let experts = match rules.local_experts {
         Some(default) => raw.num_local_experts.unwrap_or(default),
+        None if rules.optional => raw.num_experts.unwrap_or(0),
         None => required(p, "num_experts", raw.num_experts)?,
     };
     let routing = match rules.softmax_first {
-        Some(true) => Routing::SoftmaxTopK { normalize: required(p, "norm_topk_prob", raw.norm_topk_prob)? },
+        Some(true) => Routing::SoftmaxTopK {
+            normalize: required(p, "norm_topk_prob", raw.norm_topk_prob.or(rules.normalize_default))?,
+        },
         Some(false) => Routing::SoftmaxTopK { normalize: false },
         None => Routing::TopKSoftmax,
     };
+    // A qwen3_moe (qwen3_next, qwen3_5) config with no experts is a dense model in mlx-lm.
+    if experts == 0 && (rules.sparse_layers || rules.optional) {
+        return Ok(None);
+    }
     let top_k = match rules.top_k {
         Some(default) => raw.num_experts_per_tok.unwrap_or(default),
         None => required(p, "num_experts_per_tok", raw.num_experts_per_tok)?,
     };
-    // A qwen3_moe config with no experts is a dense model in mlx-lm.
-    if experts == 0 && rules.sparse_layers {
-        return Ok(None);
-    }
     if experts == 0 || top_k == 0 || top_k > experts {
         return Err(cfg_err(
             p,

@@ -98,6 +98,11 @@ impl LayerNames {
         self.at(&format!("mlp.{part}"))
     }
 
+    /// A gated DeltaNet layer's tensor or projection (`in_proj_qkv`, `conv1d.weight`, …).
+    pub fn linear_attn(&self, part: &str) -> String {
+        self.at(&format!("linear_attn.{part}"))
+    }
+
     /// The mixture-of-experts block's module (`mlp`, Mixtral's `block_sparse_moe`).
     pub fn moe_block(&self, block: &str) -> MoeNames {
         MoeNames { block: self.at(block) }

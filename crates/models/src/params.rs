@@ -78,6 +78,8 @@ impl ParamSpec {
 pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     let (d, hd) = (cfg.hidden, cfg.head_dim);
     let (q_out, kv_out) = (cfg.heads * hd, cfg.kv_heads * hd);
+    // A gated attention's q_proj gives each head's query and gate.
+    let q_rows = if cfg.attn_output_gate { 2 * q_out } else { q_out };
     let mut out = Vec::new();
     // `narrow`: a matrix of few outputs (a router), which dense precisions keep in f32.
     let mut mat = |prefix: String, o: usize, i: usize, narrow: bool| {
@@ -86,10 +88,27 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     mat(EMBEDDING.into(), cfg.vocab, d, false);
     for (l, layer) in cfg.layers.iter().enumerate() {
         let n = LayerNames::new(l);
-        mat(n.q_proj(), q_out, d, false);
-        mat(n.k_proj(), kv_out, d, false);
-        mat(n.v_proj(), kv_out, d, false);
-        mat(n.o_proj(), d, q_out, false);
+        match cfg.linear.as_ref().filter(|_| layer.linear) {
+            Some(lin) => {
+                let (keys, values) = (lin.k_heads * lin.k_dim, lin.v_heads * lin.v_dim);
+                if lin.fused_in_proj {
+                    mat(n.linear_attn("in_proj_qkvz"), 2 * keys + 2 * values, d, false);
+                    mat(n.linear_attn("in_proj_ba"), 2 * lin.v_heads, d, false);
+                } else {
+                    mat(n.linear_attn("in_proj_qkv"), 2 * keys + values, d, false);
+                    mat(n.linear_attn("in_proj_z"), values, d, false);
+                    mat(n.linear_attn("in_proj_b"), lin.v_heads, d, false);
+                    mat(n.linear_attn("in_proj_a"), lin.v_heads, d, false);
+                }
+                mat(n.linear_attn("out_proj"), d, values, false);
+            }
+            None => {
+                mat(n.q_proj(), q_rows, d, false);
+                mat(n.k_proj(), kv_out, d, false);
+                mat(n.v_proj(), kv_out, d, false);
+                mat(n.o_proj(), d, q_out, false);
+            }
+        }
         match cfg.moe.as_ref().filter(|_| layer.moe) {
             None => {
                 let [gate, up, down] = MLP_PARTS.map(|part| n.mlp(part));
@@ -131,37 +150,47 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     if cfg.fused_projections {
         mark_fused_parts(cfg, &mut out);
     }
-    let mut vec = |key: String, n: usize| {
-        out.push(ParamSpec { key, shape: vec![n], kind: Kind::Vector, part: None, narrow: false })
+    let mut vec = |key: String, shape: &[usize]| {
+        out.push(ParamSpec { key, shape: shape.to_vec(), kind: Kind::Vector, part: None, narrow: false })
     };
-    for l in 0..cfg.num_layers() {
+    for (l, layer) in cfg.layers.iter().enumerate() {
         let n = LayerNames::new(l);
-        vec(n.input_norm(), d);
-        vec(n.post_attention_norm(), d);
+        vec(n.input_norm(), &[d]);
+        vec(n.post_attention_norm(), &[d]);
         if cfg.sandwich_norms {
-            vec(n.pre_ffn_norm(), d);
-            vec(n.post_ffn_norm(), d);
+            vec(n.pre_ffn_norm(), &[d]);
+            vec(n.post_ffn_norm(), &[d]);
         }
-        if cfg.qk_norm {
-            vec(n.q_norm(), hd);
-            vec(n.k_norm(), hd);
-        }
-        if cfg.qkv_bias {
-            vec(bias(&n.q_proj()), q_out);
-            vec(bias(&n.k_proj()), kv_out);
-            vec(bias(&n.v_proj()), kv_out);
-        }
-        if cfg.o_bias {
-            vec(bias(&n.o_proj()), d);
+        if let Some(lin) = cfg.linear.as_ref().filter(|_| layer.linear) {
+            // Stored as mlx-lm keeps them: the depthwise convolution's weight
+            // `[channels, kernel, 1]`, the decay's `dt_bias` and `A_log` per value head, the
+            // gated RMSNorm's weight over one value head.
+            vec(n.linear_attn("conv1d.weight"), &[lin.conv_dim(), lin.conv_kernel, 1]);
+            vec(n.linear_attn("dt_bias"), &[lin.v_heads]);
+            vec(n.linear_attn("A_log"), &[lin.v_heads]);
+            vec(n.linear_attn("norm.weight"), &[lin.v_dim]);
+        } else {
+            if cfg.qk_norm {
+                vec(n.q_norm(), &[hd]);
+                vec(n.k_norm(), &[hd]);
+            }
+            if cfg.qkv_bias {
+                vec(bias(&n.q_proj()), &[q_out]);
+                vec(bias(&n.k_proj()), &[kv_out]);
+                vec(bias(&n.v_proj()), &[kv_out]);
+            }
+            if cfg.o_bias {
+                vec(bias(&n.o_proj()), &[d]);
+            }
         }
         if cfg.mlp_bias {
             let [gate, up, down] = MLP_PARTS.map(|part| bias(&n.mlp(part)));
-            vec(gate, cfg.intermediate);
-            vec(up, cfg.intermediate);
-            vec(down, d);
+            vec(gate, &[cfg.intermediate]);
+            vec(up, &[cfg.intermediate]);
+            vec(down, &[d]);
         }
     }
-    vec(FINAL_NORM.into(), d);
+    vec(FINAL_NORM.into(), &[d]);
     out
 }
 

@@ -35,7 +35,7 @@ fn refusals_name_the_cause() {
         llama(),
         "model_type",
         json!("gpt2"),
-        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3)",
+        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe)",
     );
     check_err(llama(), "model_type", Value::Null, "m/config.json: model_type: missing");
     check_err(llama(), "hidden_size", Value::Null, "m/config.json: hidden_size: missing");
@@ -315,8 +315,8 @@ fn unstacked_experts_are_refused_with_the_cause() {
     let mut w = weights::write::Writer::new();
     w.add_f32("model.layers.0.block_sparse_moe.experts.0.w1.weight", &[2, 2], &[1.0, 2.0, 3.0, 4.0]).unwrap();
     std::fs::write(dir.path().join("model.safetensors"), w.to_bytes()).unwrap();
-    let ckpt = weights::Checkpoint::open(dir.path()).unwrap();
-    let err = ModelConfig::for_checkpoint(&ckpt).unwrap_err().to_string();
+    let mut ckpt = weights::Checkpoint::open(dir.path()).unwrap();
+    let err = ModelConfig::for_checkpoint(&mut ckpt).unwrap_err().to_string();
     assert_eq!(
         err,
         format!(
@@ -354,4 +354,61 @@ fn smollm3_nope_layers() {
     llama["no_rope_layer_interval"] = serde_json::json!(2);
     let c = ModelConfig::from_json(&llama, Path::new("m/config.json")).unwrap();
     assert!(c.layers.iter().all(|l| l.rope));
+}
+
+/// Qwen3.5 as the fixture's config.json has it, with one key replaced.
+fn qwen3_5() -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_5/f32/config.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The hybrid families: which layers are linear (every `full_attention_interval`-th attends),
+/// the linear-attention sizes, and the refusals of a pattern or head count mlx-lm could not run.
+#[test]
+fn hybrid_layer_pattern_and_refusals() {
+    let c = ModelConfig::from_json(&qwen3_5(), Path::new("m/config.json")).unwrap();
+    assert_eq!(c.layers.iter().map(|l| l.linear).collect::<Vec<_>>(), [true, false, true]);
+    let linear = c.linear.unwrap();
+    assert_eq!((linear.k_heads, linear.v_heads, linear.k_dim, linear.v_dim, linear.conv_kernel), (2, 4, 16, 16, 4));
+    // conv state: (kernel - 1) x (2 k_heads k_dim + v_heads v_dim); recurrent: v_heads x v_dim x k_dim.
+    assert_eq!(linear.conv_dim(), 2 * 2 * 16 + 4 * 16);
+    assert_eq!(linear.state_len(), 3 * 128 + 4 * 16 * 16);
+    assert!(c.attn_output_gate);
+    let mut typed = qwen3_5();
+    typed["layer_types"] = json!(["linear_attention", "full_attention", "linear_attention"]);
+    assert!(ModelConfig::from_json(&typed, Path::new("m/config.json")).is_ok());
+
+    check_err(
+        qwen3_5(),
+        "linear_num_value_heads",
+        json!(3),
+        "m/config.json: linear_num_value_heads: 3 is not a multiple of linear_num_key_heads 2",
+    );
+    check_err(
+        qwen3_5(),
+        "layer_types",
+        json!(["linear_attention", "mamba", "linear_attention"]),
+        "m/config.json: layer_types: layer 1: \"mamba\" is not a layer type of this model",
+    );
+    check_err(
+        qwen3_5(),
+        "layer_types",
+        json!(["linear_attention", "linear_attention", "linear_attention"]),
+        "m/config.json: layer_types: layer 1 is \"linear_attention\", but full_attention_interval 2 makes it the other kind",
+    );
+    check_err(
+        qwen3_5(),
+        "layer_types",
+        json!(["linear_attention"]),
+        "m/config.json: layer_types: 1 entries for 3 layers",
+    );
+    check_err(
+        qwen3_5(),
+        "full_attention_interval",
+        json!(4),
+        "m/config.json: full_attention_interval: 4 leaves no full-attention layer among 3 layers (not supported)",
+    );
+    check_err(qwen3_5(), "full_attention_interval", json!(0), "m/config.json: full_attention_interval: must be > 0");
+    check_err(qwen3_5(), "linear_conv_kernel_dim", json!(1), "m/config.json: linear_conv_kernel_dim: 1 is below 2");
+    check_err(qwen3_5(), "linear_key_head_dim", Value::Null, "m/config.json: linear_key_head_dim: missing");
 }

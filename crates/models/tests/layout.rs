@@ -25,8 +25,8 @@ fn spirv() -> Backend {
 }
 
 fn open(name: &str, variant: &str) -> (Checkpoint, ModelConfig) {
-    let ckpt = Checkpoint::open(fixture(name, variant)).unwrap();
-    let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();
+    let mut ckpt = Checkpoint::open(fixture(name, variant)).unwrap();
+    let cfg = ModelConfig::for_checkpoint(&mut ckpt).unwrap();
     (ckpt, cfg)
 }
 

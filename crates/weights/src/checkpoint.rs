@@ -146,8 +146,10 @@ impl Checkpoint {
     /// # Errors
     /// [`Error::MissingTensor`] naming the tensor and the checkpoint folder.
     pub fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
-        self.get(name)
-            .ok_or_else(|| Error::MissingTensor { tensor: self.stored(name).into_owned(), checkpoint: self.dir.clone() })
+        self.get(name).ok_or_else(|| Error::MissingTensor {
+            tensor: self.stored(name).into_owned(),
+            checkpoint: self.dir.clone(),
+        })
     }
 
     /// What `config.json` says about layer `prefix`: `None` without a quantization block.

@@ -38,8 +38,8 @@ pub fn planned(
     slots: usize,
 ) -> (Backend, Vec<GraphModule>) {
     let dir = root().join("tests/fixtures").join(family).join(variant);
-    let ckpt = weights::Checkpoint::open(&dir).unwrap();
-    let cfg = ModelConfig::for_checkpoint(&ckpt).unwrap();
+    let mut ckpt = weights::Checkpoint::open(&dir).unwrap();
+    let cfg = ModelConfig::for_checkpoint(&mut ckpt).unwrap();
     let backend = Backend::new(target.clone(), kernels, &compile_cache()).unwrap();
     let layout = backend.layout(&cfg, precision, &ckpt).unwrap();
     // The device only sets the plan's call cost, which picks among its functions, not them.

@@ -7,7 +7,7 @@
 //! instead of as "no global for ..." halfway through emission.
 
 use super::{R, Step, V};
-use crate::config::{ModelConfig, Moe};
+use crate::config::{LinearAttention, ModelConfig, Moe};
 use crate::error::{Error, Result};
 use crate::names::{self, FINAL_NORM, LM_HEAD, LayerNames, MoeNames};
 use crate::params::{Kind, param_specs};
@@ -41,6 +41,47 @@ pub(super) struct AttentionPlan {
     pub sliding_window: Option<usize>,
     /// The rotation of queries and keys; `None` for a NoPE layer (SmolLM3).
     pub rope: Option<RopeTable>,
+    /// `q_proj` also gives a gate per head; the heads' output is multiplied by its sigmoid
+    /// (Qwen3-Next, Qwen3.5).
+    pub output_gate: bool,
+    /// This layer's index in the KV cache (attention layers only are cached).
+    pub kv_layer: usize,
+}
+
+/// A gated DeltaNet layer (mlx-lm's `GatedDeltaNet`): its tensors' names, its sizes and
+/// where its state lies in a sequence's state vector.
+#[derive(Debug)]
+pub(super) struct LinearPlan<'a> {
+    pub in_proj: InProj,
+    /// The depthwise convolution's weight `[channels, kernel, 1]`.
+    pub conv: String,
+    pub dt_bias: String,
+    pub a_log: String,
+    /// The gated RMSNorm's weight (over one value head).
+    pub norm: String,
+    pub out_proj: String,
+    pub config: &'a LinearAttention,
+    /// Where this layer's state starts in a sequence's state vector (f32 values): the
+    /// convolution's last inputs, then the delta rule's matrix.
+    pub state_at: usize,
+}
+
+/// A gated DeltaNet's in-projections as the checkpoint stores them.
+#[derive(Debug)]
+pub(super) enum InProj {
+    /// Qwen3-Next: `in_proj_qkvz` and `in_proj_ba`, grouped by key head.
+    Fused { qkvz: String, ba: String },
+    /// Qwen3.5: `in_proj_qkv` (q, k, v one after the other), `in_proj_z`, `in_proj_b`, `in_proj_a`.
+    Split { qkv: String, z: String, b: String, a: String },
+}
+
+/// How a layer mixes tokens.
+#[derive(Debug)]
+pub(super) enum Mixer<'a> {
+    /// Attention over the KV cache.
+    Attention(AttentionPlan),
+    /// A recurrent layer with a state per sequence.
+    Linear(LinearPlan<'a>),
 }
 
 /// A gated MLP: `down(activation(gate(x)) * up(x))`.
@@ -71,7 +112,7 @@ pub(super) enum FeedForward<'a> {
 #[derive(Debug)]
 pub(super) struct LayerPlan<'a> {
     pub input_norm: String,
-    pub attention: AttentionPlan,
+    pub mixer: Mixer<'a>,
     pub norms: Norms,
     pub ffn: FeedForward<'a>,
 }
@@ -83,25 +124,58 @@ impl<'a> LayerPlan<'a> {
     /// A name the plan reads that no parameter of the model declares, or a combination the
     /// step does not run (a mixture of experts with sandwich norms).
     pub(super) fn all(cfg: &'a ModelConfig) -> Result<Vec<LayerPlan<'a>>> {
-        let plans: Vec<LayerPlan<'a>> = (0..cfg.num_layers()).map(|l| LayerPlan::new(cfg, l)).collect::<Result<_>>()?;
+        let (mut kv_layer, mut state_at) = (0, 0);
+        let mut plans = Vec::with_capacity(cfg.num_layers());
+        for l in 0..cfg.num_layers() {
+            let plan = LayerPlan::new(cfg, l, kv_layer, state_at)?;
+            match &plan.mixer {
+                Mixer::Attention(_) => kv_layer += 1,
+                Mixer::Linear(lin) => state_at += lin.config.state_len(),
+            }
+            plans.push(plan);
+        }
         let read = plans.iter().flat_map(LayerPlan::names).chain([FINAL_NORM, head(cfg)].map(str::to_owned));
         check_declared(cfg, read)?;
         Ok(plans)
     }
 
-    fn new(cfg: &'a ModelConfig, l: usize) -> Result<LayerPlan<'a>> {
+    fn new(cfg: &'a ModelConfig, l: usize, kv_layer: usize, state_at: usize) -> Result<LayerPlan<'a>> {
         let n = LayerNames::new(l);
         let layer = &cfg.layers[l];
-        let attention = AttentionPlan {
-            q: n.q_proj(),
-            k: n.k_proj(),
-            v: n.v_proj(),
-            o: n.o_proj(),
-            qkv_bias: cfg.qkv_bias,
-            o_bias: cfg.o_bias,
-            qk_norm: cfg.qk_norm.then(|| (n.q_norm(), n.k_norm())),
-            sliding_window: layer.sliding_window,
-            rope: layer.rope.then(|| RopeTable::new(layer, cfg.rope_dims)),
+        let linear = cfg.linear.as_ref().filter(|_| layer.linear);
+        let mixer = match linear {
+            Some(config) => Mixer::Linear(LinearPlan {
+                in_proj: if config.fused_in_proj {
+                    InProj::Fused { qkvz: n.linear_attn("in_proj_qkvz"), ba: n.linear_attn("in_proj_ba") }
+                } else {
+                    InProj::Split {
+                        qkv: n.linear_attn("in_proj_qkv"),
+                        z: n.linear_attn("in_proj_z"),
+                        b: n.linear_attn("in_proj_b"),
+                        a: n.linear_attn("in_proj_a"),
+                    }
+                },
+                conv: n.linear_attn("conv1d.weight"),
+                dt_bias: n.linear_attn("dt_bias"),
+                a_log: n.linear_attn("A_log"),
+                norm: n.linear_attn("norm.weight"),
+                out_proj: n.linear_attn("out_proj"),
+                config,
+                state_at,
+            }),
+            None => Mixer::Attention(AttentionPlan {
+                q: n.q_proj(),
+                k: n.k_proj(),
+                v: n.v_proj(),
+                o: n.o_proj(),
+                qkv_bias: cfg.qkv_bias,
+                o_bias: cfg.o_bias,
+                qk_norm: cfg.qk_norm.then(|| (n.q_norm(), n.k_norm())),
+                sliding_window: layer.sliding_window,
+                rope: layer.rope.then(|| RopeTable::new(layer, cfg.rope_dims)),
+                output_gate: cfg.attn_output_gate,
+                kv_layer,
+            }),
         };
         let norms = if cfg.sandwich_norms {
             Norms::Sandwich {
@@ -129,21 +203,32 @@ impl<'a> LayerPlan<'a> {
                 bias: cfg.mlp_bias,
             }),
         };
-        Ok(LayerPlan { input_norm: n.input_norm(), attention, norms, ffn })
+        Ok(LayerPlan { input_norm: n.input_norm(), mixer, norms, ffn })
     }
 
     /// Every parameter name the layer reads: matrices by prefix, vectors by key.
     fn names(&self) -> Vec<String> {
-        let a = &self.attention;
-        let mut read = vec![self.input_norm.clone(), a.q.clone(), a.k.clone(), a.v.clone(), a.o.clone()];
-        if a.qkv_bias {
-            read.extend([&a.q, &a.k, &a.v].map(|m| names::bias(m)));
-        }
-        if a.o_bias {
-            read.push(names::bias(&a.o));
-        }
-        if let Some((q, k)) = &a.qk_norm {
-            read.extend([q.clone(), k.clone()]);
+        let mut read = vec![self.input_norm.clone()];
+        match &self.mixer {
+            Mixer::Attention(a) => {
+                read.extend([a.q.clone(), a.k.clone(), a.v.clone(), a.o.clone()]);
+                if a.qkv_bias {
+                    read.extend([&a.q, &a.k, &a.v].map(|m| names::bias(m)));
+                }
+                if a.o_bias {
+                    read.push(names::bias(&a.o));
+                }
+                if let Some((q, k)) = &a.qk_norm {
+                    read.extend([q.clone(), k.clone()]);
+                }
+            }
+            Mixer::Linear(lin) => {
+                match &lin.in_proj {
+                    InProj::Fused { qkvz, ba } => read.extend([qkvz.clone(), ba.clone()]),
+                    InProj::Split { qkv, z, b, a } => read.extend([qkv.clone(), z.clone(), b.clone(), a.clone()]),
+                }
+                read.extend([&lin.conv, &lin.dt_bias, &lin.a_log, &lin.norm, &lin.out_proj].map(String::clone));
+            }
         }
         match &self.norms {
             Norms::Pre { ffn } => read.push(ffn.clone()),
@@ -195,8 +280,10 @@ fn head(cfg: &ModelConfig) -> &'static str {
 
 impl<'c, 'b> Step<'_, 'c, 'b> {
     /// The step: embed the tokens, run every layer of `plan`, norm, and the logits and
-    /// greedy next id of the rows the function returns, beside every layer's new keys and
-    /// values (`[L, R, K, hd]`) for `write_kv`.
+    /// greedy next id of the rows the function returns, beside every attention layer's new
+    /// keys and values (`[L, R, K, hd]`) for `write_kv` and, where the model has recurrent
+    /// layers (`state`: every sequence's state, `[slots, S]`), each sequence's state after
+    /// its rows (`[n, S]`) for `write_state`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn emit(
         &self,
@@ -207,6 +294,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         last: Option<V<'c, 'b>>,
         kc: V<'c, 'b>,
         vc: V<'c, 'b>,
+        state: Option<V<'c, 'b>>,
     ) -> R<Vec<V<'c, 'b>>> {
         let (f, cfg) = (self.f, self.cfg);
         let m = self.function.split().1;
@@ -225,12 +313,34 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         } else {
             f.reshape(f.broadcast_in_dim(slots, &[slots.shape()[0], m as i64], &[0])?, &[r])?
         };
-        let (mut new_k, mut new_v) = (Vec::new(), Vec::new());
+        let (mut new_k, mut new_v, mut new_state) = (Vec::new(), Vec::new(), Vec::new());
         let mut ropes: HashMap<String, (V<'c, 'b>, V<'c, 'b>)> = HashMap::new();
         let cache = Cache { k: kc, v: vc, slots, row_slots, positions };
+        let state = match state {
+            Some(all) => Some(self.read_state(all, slots, positions)?),
+            None => None,
+        };
 
-        for (l, layer) in plan.iter().enumerate() {
-            let angles = match &layer.attention.rope {
+        for layer in plan {
+            let a = match &layer.mixer {
+                Mixer::Attention(a) => a,
+                Mixer::Linear(lin) => {
+                    let Some(state) = state else {
+                        return Err(hlo_emit::Error::Op {
+                            op: "step",
+                            expected: "a state input for a linear layer".into(),
+                            got: "none".into(),
+                        });
+                    };
+                    let hn = self.norm(x, &layer.input_norm)?;
+                    let (o, next) = self.gated_delta(hn, lin, state, last)?;
+                    new_state.extend(next);
+                    x = self.linear_residual(x, o, &lin.out_proj, false)?;
+                    x = self.feed_forward(x, layer)?;
+                    continue;
+                }
+            };
+            let angles = match &a.rope {
                 None => None,
                 Some(table) => {
                     let rope_key = format!("{table:?}");
@@ -246,11 +356,10 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             };
 
             let hn = self.norm(x, &layer.input_norm)?;
-            let (o, k_rows, v_rows) = self.attention(hn, &layer.attention, angles, l, &cache)?;
+            let (o, k_rows, v_rows) = self.attention(hn, a, angles, &cache)?;
             new_k.push(k_rows);
             new_v.push(v_rows);
 
-            let a = &layer.attention;
             x = match &layer.norms {
                 Norms::Sandwich { post_attention, .. } => {
                     let out = self.linear(o, &a.o, a.o_bias)?;
@@ -258,24 +367,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
                 }
                 Norms::Pre { .. } => self.linear_residual(x, o, &a.o, a.o_bias)?,
             };
-
-            let pre_ffn = match &layer.norms {
-                Norms::Pre { ffn } => ffn,
-                Norms::Sandwich { pre_ffn, .. } => pre_ffn,
-            };
-            let hn = self.norm(x, pre_ffn)?;
-            x = match (&layer.ffn, &layer.norms) {
-                (FeedForward::Moe(moe), _) => f.add(x, self.moe(hn, moe)?)?,
-                (FeedForward::Mlp(mlp), Norms::Sandwich { post_ffn, .. }) => {
-                    let hidden = self.gated_mlp(hn, mlp)?;
-                    let out = self.linear(hidden, &mlp.down, mlp.bias)?;
-                    f.add(x, self.norm(out, post_ffn)?)?
-                }
-                (FeedForward::Mlp(mlp), Norms::Pre { .. }) => {
-                    let hidden = self.gated_mlp(hn, mlp)?;
-                    self.linear_residual(x, hidden, &mlp.down, mlp.bias)?
-                }
-            };
+            x = self.feed_forward(x, layer)?;
         }
 
         let x = self.norm(x, FINAL_NORM)?;
@@ -291,7 +383,36 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             logits = f.mul_scalar(f.tanh(f.mul_scalar(logits, 1.0 / cap)?)?, cap)?;
         }
         let next = f.argmax(logits, 1)?;
-        Ok(vec![next, logits, f.concatenate(&new_k, 0)?, f.concatenate(&new_v, 0)?])
+        let mut out = vec![next, logits, f.concatenate(&new_k, 0)?, f.concatenate(&new_v, 0)?];
+        if state.is_some() {
+            out.push(f.concatenate(&new_state, 1)?);
+        }
+        Ok(out)
+    }
+
+    /// A layer's feed-forward block on `x` (normed first as the layer's norms say), with
+    /// its residual.
+    fn feed_forward(&self, x: V<'c, 'b>, layer: &LayerPlan<'_>) -> R<V<'c, 'b>> {
+        let f = self.f;
+        {
+            let pre_ffn = match &layer.norms {
+                Norms::Pre { ffn } => ffn,
+                Norms::Sandwich { pre_ffn, .. } => pre_ffn,
+            };
+            let hn = self.norm(x, pre_ffn)?;
+            Ok(match (&layer.ffn, &layer.norms) {
+                (FeedForward::Moe(moe), _) => f.add(x, self.moe(hn, moe)?)?,
+                (FeedForward::Mlp(mlp), Norms::Sandwich { post_ffn, .. }) => {
+                    let hidden = self.gated_mlp(hn, mlp)?;
+                    let out = self.linear(hidden, &mlp.down, mlp.bias)?;
+                    f.add(x, self.norm(out, post_ffn)?)?
+                }
+                (FeedForward::Mlp(mlp), Norms::Pre { .. }) => {
+                    let hidden = self.gated_mlp(hn, mlp)?;
+                    self.linear_residual(x, hidden, &mlp.down, mlp.bias)?
+                }
+            })
+        }
     }
 
     /// One layer's attention on the normed input `hn [R, d]`: q, k, v (q/k normed where the
@@ -305,13 +426,21 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         hn: V<'c, 'b>,
         a: &AttentionPlan,
         angles: Option<(V<'c, 'b>, V<'c, 'b>)>,
-        l: usize,
         cache: &Cache<'c, 'b>,
     ) -> R<(V<'c, 'b>, V<'c, 'b>, V<'c, 'b>)> {
         let (f, cfg) = (self.f, self.cfg);
         let (m, r) = (self.function.split().1, self.rows());
         let (h, k, hd) = (cfg.heads as i64, cfg.kv_heads as i64, cfg.head_dim as i64);
-        let q = f.reshape(self.linear(hn, &a.q, a.qkv_bias)?, &[r, h, hd])?;
+        let l = a.kv_layer;
+        // A gated attention's q_proj gives per head its query, then its gate (mlx-lm's
+        // Qwen3NextAttention splits the heads' `2 * hd` features in two).
+        let (q, gate) = if a.output_gate {
+            let both = f.reshape(self.linear(hn, &a.q, a.qkv_bias)?, &[r, h, 2 * hd])?;
+            let gate = f.reshape(f.slice(both, &[0, 0, hd], &[r, h, 2 * hd], &[1; 3])?, &[r, h * hd])?;
+            (f.slice(both, &[0, 0, 0], &[r, h, hd], &[1; 3])?, Some(gate))
+        } else {
+            (f.reshape(self.linear(hn, &a.q, a.qkv_bias)?, &[r, h, hd])?, None)
+        };
         let kk = f.reshape(self.linear(hn, &a.k, a.qkv_bias)?, &[r, k, hd])?;
         let vv = f.reshape(self.linear(hn, &a.v, a.qkv_bias)?, &[r, k, hd])?;
         let (q, kk) = match &a.qk_norm {
@@ -340,6 +469,10 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
                 let vl = self.window_with(vc, l, slots, vv, positions)?;
                 self.attend_chunk(q, kl, vl, positions, a.sliding_window)?
             }
+        };
+        let o = match gate {
+            Some(gate) => f.mul(o, f.logistic(gate)?)?,
+            None => o,
         };
         Ok((o, k_rows, v_rows))
     }
@@ -381,7 +514,23 @@ mod tests {
         let cfg = config("gemma2");
         let plans = LayerPlan::all(&cfg).unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(plans[0].norms, Norms::Sandwich { .. }));
-        assert_eq!(plans[0].attention.q, "model.layers.0.self_attn.q_proj");
+        let Mixer::Attention(a) = &plans[0].mixer else { panic!("gemma2's layer 0 attends") };
+        assert_eq!(a.q, "model.layers.0.self_attn.q_proj");
+        // qwen3_next: linear, attention, linear; the attention layer is the cache's first,
+        // the second linear layer's state follows the first's.
+        let cfg = config("qwen3_next");
+        let plans = LayerPlan::all(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        let per_layer = cfg.linear.as_ref().map(|l| l.state_len()).unwrap();
+        let kinds: Vec<(bool, usize)> = plans
+            .iter()
+            .map(|p| match &p.mixer {
+                Mixer::Attention(a) => (false, a.kv_layer),
+                Mixer::Linear(l) => (true, l.state_at),
+            })
+            .collect();
+        assert_eq!(kinds, [(true, 0), (false, 0), (true, per_layer)]);
+        assert_eq!(cfg.state_len(), 2 * per_layer);
+        assert_eq!(per_layer, 3 * (2 * 2 * 16 + 4 * 16) + 4 * 16 * 16);
     }
 
     #[test]

@@ -10,6 +10,13 @@
 //!   -> (next: i32[B], logits: f32[B, V], new_k: [L, B, K, hd], new_v)`
 //! - `write_kv_r{R}(positions: i32[R], slots: i32[R], new_k, new_v, k, v) -> (k', v')`
 //!
+//! A model with recurrent layers (Qwen3-Next, Qwen3.5: `ModelConfig::state_len` > 0) also
+//! carries a state per slot, `state: f32[slots, S]`: the step functions take it after `v`
+//! and return each sequence's state after its rows, `new_state: f32[n, S]`, after `new_v`;
+//! `write_state_n{n}(slots: i32[n], new_state, state) -> state'` scatters it back in place.
+//! A sequence whose first row is at position 0 starts from zeros, whatever its slot held.
+//! Only attention layers have KV cache (`L` counts them: `ModelConfig::kv_layers`).
+//!
 //! `k`, `v` are `[layers, slots, positions, kv_heads, head_dim]` in the cache's element type
 //! (positions before heads: IREE 3.13 lowers a scatter only when its inserted dims lead).
 //! The step functions only read the cache: attention gathers positions `[0, W)` of each
@@ -27,6 +34,7 @@
 mod attention;
 mod ffn;
 mod layer;
+mod linear;
 mod matrix;
 mod norm;
 mod rope;
@@ -100,7 +108,12 @@ pub struct CacheShape {
 impl CacheShape {
     /// `[layers, slots, positions, kv_heads, head_dim]` of one of the two caches (k or v).
     pub fn dims(&self, cfg: &ModelConfig) -> [usize; 5] {
-        [cfg.num_layers(), self.slots, self.positions, cfg.kv_heads, cfg.head_dim]
+        [cfg.kv_layers(), self.slots, self.positions, cfg.kv_heads, cfg.head_dim]
+    }
+
+    /// Device bytes of every slot's recurrent state (0 without recurrent layers).
+    pub fn state_bytes(&self, cfg: &ModelConfig) -> usize {
+        self.slots * cfg.state_len() * 4
     }
 
     /// Device bytes of the k and v caches together.
@@ -110,7 +123,7 @@ impl CacheShape {
 
     /// Device bytes the k and v caches take per position of one slot.
     pub fn bytes_per_position(cfg: &ModelConfig, elem: KvElem) -> usize {
-        2 * cfg.num_layers() * cfg.kv_heads * cfg.head_dim * elem.bytes()
+        2 * cfg.kv_layers() * cfg.kv_heads * cfg.head_dim * elem.bytes()
     }
 }
 
@@ -129,6 +142,8 @@ pub enum Function {
     Mixed { rows: usize, outs: usize, window: usize },
     /// Writes `rows` rows of keys and values (a step's `new_k`, `new_v`) into the cache.
     WriteKv { rows: usize },
+    /// Writes `rows` sequences' recurrent state (a step's `new_state`) into their slots.
+    WriteState { rows: usize },
 }
 
 impl Function {
@@ -138,6 +153,7 @@ impl Function {
             Function::Decode { rows, window } => format!("decode_b{rows}_w{window}"),
             Function::Mixed { rows, outs, window } => format!("mixed_r{rows}_o{outs}_w{window}"),
             Function::WriteKv { rows } => format!("write_kv_r{rows}"),
+            Function::WriteState { rows } => format!("write_state_n{rows}"),
         }
     }
 
@@ -146,7 +162,10 @@ impl Function {
     fn split(self) -> (usize, usize) {
         match self {
             Function::Prefill { tokens, .. } => (1, tokens),
-            Function::Decode { rows, .. } | Function::Mixed { rows, .. } | Function::WriteKv { rows } => (rows, 1),
+            Function::Decode { rows, .. }
+            | Function::Mixed { rows, .. }
+            | Function::WriteKv { rows }
+            | Function::WriteState { rows } => (rows, 1),
         }
     }
 
@@ -157,17 +176,17 @@ impl Function {
             Function::Prefill { .. } => 1,
             Function::Decode { rows, .. } => rows,
             Function::Mixed { outs, .. } => outs,
-            Function::WriteKv { .. } => 0,
+            Function::WriteKv { .. } | Function::WriteState { .. } => 0,
         }
     }
 
-    /// Positions attention reads (none for `WriteKv`).
+    /// Positions attention reads (none for the writes).
     pub fn window(self) -> usize {
         match self {
             Function::Prefill { window, .. } | Function::Decode { window, .. } | Function::Mixed { window, .. } => {
                 window
             }
-            Function::WriteKv { .. } => 0,
+            Function::WriteKv { .. } | Function::WriteState { .. } => 0,
         }
     }
 
@@ -187,6 +206,12 @@ pub fn attention_in_kernel(cfg: &ModelConfig, layout: &Layout) -> bool {
     layout.kernel_object().is_some()
         && cfg.attn_softcap.is_none()
         && kernels::cpu::supports_attention(cfg.heads, cfg.kv_heads, cfg.head_dim)
+}
+
+/// Whether the model runs mixed calls (`Function::Mixed`): attention in the CPU kernel, and
+/// no recurrent layers (whose scan runs over one sequence's rows at a time).
+pub fn mixed_calls(cfg: &ModelConfig, layout: &Layout) -> bool {
+    attention_in_kernel(cfg, layout) && cfg.state_len() == 0
 }
 
 /// The hand-written kernels' entry points the functions of a module dispatch, declared
@@ -232,8 +257,18 @@ pub fn emit_functions(
     let kv_dims = cache.dims(cfg);
     // A step's new rows travel in f32; `write_kv` converts them to the cache's type.
     let rows_kv = |r: usize| F32.tensor(&[kv_dims[0] as i64, r as i64, kv_dims[3] as i64, kv_dims[4] as i64]);
+    let state_len = cfg.state_len() as i64;
+    let state = (state_len > 0).then(|| F32.tensor(&[cache.slots as i64, state_len]));
     for &function in functions {
         let (n, rows) = (function.split().0 as i64, function.rows() as i64);
+        if let Function::WriteState { .. } = function {
+            let Some(state) = state.clone() else {
+                return Err(crate::Error::Invalid(format!("{}: the model has no recurrent state", function.name())));
+            };
+            let inputs = [I32.tensor(&[n]), F32.tensor(&[n, state_len]), state];
+            m.func(&function.name(), &inputs, |f, a| write_state(f, a[0], a[1], a[2]))?;
+            continue;
+        }
         if let Function::WriteKv { .. } = function {
             let inputs = [
                 I32.tensor(&[rows]),
@@ -251,6 +286,7 @@ pub fn emit_functions(
             inputs.push(I32.tensor(&[function.outs() as i64]));
         }
         inputs.extend([kv.clone(), kv.clone()]);
+        inputs.extend(state.clone());
         m.func(&function.name(), &inputs, |f, a| {
             let step = Step {
                 f,
@@ -264,9 +300,14 @@ pub fn emit_functions(
                 kv_elem: cache.elem.elem(),
                 options: layout.emit_options(),
             };
-            let last = if a.len() == 6 { Some(a[3]) } else { None };
-            let (k, v) = (a[a.len() - 2], a[a.len() - 1]);
-            step.emit(&plan, a[0], a[1], a[2], last, k, v)
+            // tokens, positions, slots[, last], k, v[, state]
+            let (cache_args, state) = match state_len {
+                0 => (a, None),
+                _ => (&a[..a.len() - 1], Some(a[a.len() - 1])),
+            };
+            let last = if cache_args.len() == 6 { Some(cache_args[3]) } else { None };
+            let (k, v) = (cache_args[cache_args.len() - 2], cache_args[cache_args.len() - 1]);
+            step.emit(&plan, a[0], a[1], a[2], last, k, v, state)
         })?;
     }
     let linked = linked.into_inner();
@@ -290,7 +331,7 @@ pub fn emit_functions(
 /// positions, no slots) or, for a mixed call, has no outputs or no attention kernel.
 fn check_fits(cfg: &ModelConfig, layout: &Layout, cache: CacheShape, function: Function) -> Result<()> {
     let (rows, window) = (function.rows(), function.window());
-    let reads = !matches!(function, Function::WriteKv { .. });
+    let reads = !matches!(function, Function::WriteKv { .. } | Function::WriteState { .. });
     if rows == 0 || (reads && window == 0) || window > cache.positions || cache.slots == 0 {
         return Err(crate::Error::Invalid(format!(
             "function {} does not fit a cache of {} slots x {} positions",
@@ -300,10 +341,10 @@ fn check_fits(cfg: &ModelConfig, layout: &Layout, cache: CacheShape, function: F
         )));
     }
     if let Function::Mixed { rows, outs, .. } = function
-        && (outs == 0 || outs > rows || !attention_in_kernel(cfg, layout))
+        && (outs == 0 || outs > rows || !mixed_calls(cfg, layout))
     {
         return Err(crate::Error::Invalid(format!(
-            "function {} needs 1 to {rows} outputs and attention in the CPU kernel",
+            "function {} needs 1 to {rows} outputs, attention in the CPU kernel and no recurrent layers",
             function.name()
         )));
     }
@@ -342,6 +383,20 @@ fn write_kv<'c, 'b>(
         f.scatter(k, indices, flat(new_k)?, scatter_dims.clone())?,
         f.scatter(v, indices, flat(new_v)?, scatter_dims)?,
     ])
+}
+
+/// `write_state`: each sequence's new state `[n, S]` scattered into its slot's row of the
+/// state `[slots, S]`, in place (nothing else touches it here).
+fn write_state<'c, 'b>(f: &Func<'c, 'b>, slots: V<'c, 'b>, new: V<'c, 'b>, state: V<'c, 'b>) -> R<Vec<V<'c, 'b>>> {
+    let n = slots.shape()[0];
+    let dims = ScatterDims {
+        update_window_dims: vec![1],
+        inserted_window_dims: vec![0],
+        scatter_dims_to_operand_dims: vec![0],
+        index_vector_dim: 1,
+        ..ScatterDims::default()
+    };
+    Ok(vec![f.scatter(state, f.reshape(slots, &[n, 1])?, new, dims)?])
 }
 
 /// One function's emission: the builder, the model, its layout and globals, and what the

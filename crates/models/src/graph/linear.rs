@@ -1,0 +1,214 @@
+//! Gated DeltaNet layers (Qwen3-Next, Qwen3.5), as mlx-lm 0.32's `GatedDeltaNet` and
+//! `gated_delta.py` compute them: in-projections, a causal depthwise convolution over the
+//! sequence's last inputs and the new rows, SiLU, L2-normalised q and k (the readout scale
+//! folded into q), the decay `g` and the write strength `beta`, the delta-rule update of a
+//! `[v_heads, v_dim, k_dim]` matrix per sequence, its readout, a gated RMSNorm and the
+//! out-projection.
+//!
+//! A sequence's state (the convolution's last inputs and the matrix) is one f32 vector per
+//! slot, `[slots, S]`, every linear layer's part at its offset (`LinearPlan::state_at`). A
+//! step reads each sequence's vector (zeros where the sequence starts: its first row at
+//! position 0, so a reused slot starts fresh) and returns the vector after its rows, which
+//! `write_state` scatters back. Within a prompt chunk the update runs as a sequential scan
+//! (`stablehlo.while` over the chunk's real rows: the padding rows after `last` never touch
+//! the state), in the order mlx-lm's own loop takes, so a prompt gives the same state
+//! whatever its chunks. A decode step (one row per sequence) is the same update, batched.
+
+use super::layer::{InProj, LinearPlan};
+use super::{R, Step, V};
+use hlo_emit::{Cmp, ElementType::*, Func};
+
+/// The L2 normalisation's epsilon in mlx-lm's `normalize_qk`.
+const QK_EPS: f64 = 1e-6;
+
+impl<'c, 'b> Step<'_, 'c, 'b> {
+    /// Every sequence's state `[n, S]` of `all` (`[slots, S]`), read at its slot, zeros for a
+    /// sequence whose first row is at position 0.
+    pub(super) fn read_state(&self, all: V<'c, 'b>, slots: V<'c, 'b>, positions: V<'c, 'b>) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let (n, m) = self.function.split();
+        let (n, m, s) = (n as i64, m as i64, all.shape()[1]);
+        let read = f.gather_rows(all, slots)?;
+        let first = f.reshape(f.slice(f.reshape(positions, &[n, m])?, &[0, 0], &[n, 1], &[1, 1])?, &[n])?;
+        let fresh = f.compare(first, f.splat(0.0, &I32.tensor(&[n]))?, Cmp::Eq)?;
+        let fresh = f.broadcast_in_dim(fresh, &[n, s], &[0])?;
+        f.select(fresh, f.splat(0.0, &F32.tensor(&[n, s]))?, read)
+    }
+
+    /// One gated DeltaNet layer on the normed input `hn [R, d]`, each sequence starting from
+    /// its part of `state` (`[n, S]`). Returns the heads' gated output `[R, v_heads * v_dim]`
+    /// (before `out_proj`) and the layer's new state: the convolution's last inputs
+    /// `[n, (kernel - 1) * channels]` and the matrix `[n, v_heads * v_dim * k_dim]`. `last`
+    /// (a prompt chunk's last real row) bounds the scan; decode rows are all real.
+    pub(super) fn gated_delta(
+        &self,
+        hn: V<'c, 'b>,
+        lin: &LinearPlan<'_>,
+        state: V<'c, 'b>,
+        last: Option<V<'c, 'b>>,
+    ) -> R<(V<'c, 'b>, Vec<V<'c, 'b>>)> {
+        let f = self.f;
+        let c = lin.config;
+        let (n, m) = self.function.split();
+        let (n, m) = (n as i64, m as i64);
+        let r = n * m;
+        let (nk, nv, dk, dv) = (c.k_heads as i64, c.v_heads as i64, c.k_dim as i64, c.v_dim as i64);
+        let (keys, values, channels, width) = (nk * dk, nv * dv, c.conv_dim() as i64, c.conv_kernel as i64);
+
+        // In-projections: q, k, v (the convolution's channels, in that order), z, b, a.
+        let (qkv, z, b, a) = match &lin.in_proj {
+            InProj::Split { qkv, z, b, a } => (
+                self.linear(hn, qkv, false)?,
+                self.linear(hn, z, false)?,
+                self.linear(hn, b, false)?,
+                self.linear(hn, a, false)?,
+            ),
+            InProj::Fused { qkvz, ba } => {
+                // Grouped by key head: per key head its q, k, then its value heads' v and z
+                // (mlx-lm's `fix_query_key_value_ordering`).
+                let per = nv / nk;
+                let group = 2 * dk + 2 * per * dv;
+                let all = f.reshape(self.linear(hn, qkvz, false)?, &[r, nk, group])?;
+                let part = |from: i64, to: i64, flat: i64| -> R<V<'c, 'b>> {
+                    f.reshape(f.slice(all, &[0, 0, from], &[r, nk, to], &[1; 3])?, &[r, flat])
+                };
+                let (q, k) = (part(0, dk, keys)?, part(dk, 2 * dk, keys)?);
+                let (v, z) = (part(2 * dk, 2 * dk + per * dv, values)?, part(2 * dk + per * dv, group, values)?);
+                let ba = f.reshape(self.linear(hn, ba, false)?, &[r, nk, 2 * per])?;
+                let b = f.reshape(f.slice(ba, &[0, 0, 0], &[r, nk, per], &[1; 3])?, &[r, nv])?;
+                let a = f.reshape(f.slice(ba, &[0, 0, per], &[r, nk, 2 * per], &[1; 3])?, &[r, nv])?;
+                (f.concatenate(&[q, k, v], 1)?, z, b, a)
+            }
+        };
+
+        // This layer's part of each sequence's state.
+        let at = lin.state_at as i64;
+        let conv_len = (width - 1) * channels;
+        let matrix_len = nv * dv * dk;
+        let conv_state =
+            f.reshape(f.slice(state, &[0, at], &[n, at + conv_len], &[1, 1])?, &[n, width - 1, channels])?;
+        let end = at + conv_len + matrix_len;
+        let matrix = f.reshape(f.slice(state, &[0, at + conv_len], &[n, end], &[1, 1])?, &[n, nv, dv, dk])?;
+
+        // The causal depthwise convolution over the last `width - 1` inputs and the new rows,
+        // then SiLU.
+        let input = f.concatenate(&[conv_state, f.reshape(qkv, &[n, m, channels])?], 1)?;
+        let w = f.reshape(self.param(&lin.conv)?, &[channels, width])?;
+        let tap = |j: i64| -> R<V<'c, 'b>> {
+            let rows = f.slice(input, &[0, j, 0], &[n, j + m, channels], &[1; 3])?;
+            let wj = f.reshape(f.slice(w, &[0, j], &[channels, j + 1], &[1, 1])?, &[channels])?;
+            f.mul(rows, f.broadcast_in_dim(wj, &[n, m, channels], &[2])?)
+        };
+        let mut conv = tap(0)?;
+        for j in 1..width {
+            conv = f.add(conv, tap(j)?)?;
+        }
+        let conv = f.reshape(f.mul(conv, f.logistic(conv)?)?, &[r, channels])?;
+        // The inputs the next call's convolution reads: the `width - 1` before the last real
+        // row's successor.
+        let next_conv = match last {
+            None => f.slice(input, &[0, m, 0], &[n, m + width - 1, channels], &[1; 3])?,
+            Some(last) => {
+                let zero = f.scalar(0.0, I32)?;
+                let start = f.add(f.reshape(last, &[])?, f.scalar(1.0, I32)?)?;
+                f.dynamic_slice(input, &[zero, start, zero], &[1, width - 1, channels])?
+            }
+        };
+
+        // q and k L2-normalised (as an RMSNorm with epsilon scaled to match, mlx-lm's
+        // `normalize_qk`), the readout scale `k_dim^-0.5` folded into q; repeated to the
+        // value heads.
+        let heads = |x: V<'c, 'b>, from: i64, to: i64, h: i64, d: i64| -> R<V<'c, 'b>> {
+            f.reshape(f.slice(x, &[0, from], &[r, to], &[1, 1])?, &[r, h, d])
+        };
+        let inv = (dk as f64).powf(-0.5);
+        let ones = f.splat(1.0, &F32.tensor(&[dk]))?;
+        let q = f.mul_scalar(f.rms_norm(heads(conv, 0, keys, nk, dk)?, ones, QK_EPS * inv * inv)?, inv * inv)?;
+        let k = f.mul_scalar(f.rms_norm(heads(conv, keys, 2 * keys, nk, dk)?, ones, QK_EPS * inv * inv)?, inv)?;
+        let v = heads(conv, 2 * keys, channels, nv, dv)?;
+        let (q, k) = if nv == nk {
+            (q, k)
+        } else {
+            let repeat =
+                |x: V<'c, 'b>| f.reshape(f.broadcast_in_dim(x, &[r, nk, nv / nk, dk], &[0, 1, 3])?, &[r, nv, dk]);
+            (repeat(q)?, repeat(k)?)
+        };
+
+        // beta = sigmoid(b); g = exp(-exp(A_log) * softplus(a + dt_bias)).
+        let beta = f.logistic(b)?;
+        let per_head = |key: &str| -> R<V<'c, 'b>> { f.broadcast_in_dim(self.param(key)?, &[r, nv], &[1]) };
+        let x = f.add(a, per_head(&lin.dt_bias)?)?;
+        // softplus(x) = max(x, 0) + log(1 + exp(-|x|)) (mlx's logaddexp(x, 0)).
+        let zero = f.splat(0.0, &F32.tensor(&[r, nv]))?;
+        let softplus = f.add(f.max(x, zero)?, f.log(f.add_scalar(f.exp(f.neg(f.abs(x)?)?)?, 1.0)?)?)?;
+        let g = f.exp(f.neg(f.mul(f.exp(per_head(&lin.a_log)?)?, softplus)?)?)?;
+
+        let (y, matrix) = match last {
+            // Decode: one row per sequence.
+            None => delta_step(f, matrix, q, k, v, g, beta)?,
+            // A prompt chunk (one sequence): the rows up to `last`, one at a time.
+            Some(last) => {
+                let end = f.add(f.reshape(last, &[])?, f.scalar(1.0, I32)?)?;
+                let ys = f.splat(0.0, &F32.tensor(&[m, nv, dv]))?;
+                let matrix = f.reshape(matrix, &[1, nv, dv, dk])?;
+                let init = [f.scalar(0.0, I32)?, matrix, ys, q, k, v, g, beta, end];
+                let out = f.while_loop(
+                    &init,
+                    |f, c| f.compare(c[0], c[8], Cmp::Lt),
+                    |f, c| {
+                        let i = c[0];
+                        let zero = f.scalar(0.0, I32)?;
+                        let row = |x| row_at(f, x, i);
+                        let (q, k, v, g, beta) = (row(c[3])?, row(c[4])?, row(c[5])?, row(c[6])?, row(c[7])?);
+                        let (y, matrix) = delta_step(f, c[1], q, k, v, g, beta)?;
+                        let ys = f.dynamic_update_slice(c[2], y, &[i, zero, zero])?;
+                        let next = f.add(i, f.scalar(1.0, I32)?)?;
+                        Ok(vec![next, matrix, ys, c[3], c[4], c[5], c[6], c[7], c[8]])
+                    },
+                )?;
+                (out[2], out[1])
+            }
+        };
+
+        // The gated RMSNorm: silu(z) * rms_norm(y) per value head.
+        let y = self.norm(f.reshape(y, &[r, nv, dv])?, &lin.norm)?;
+        let z = f.reshape(z, &[r, nv, dv])?;
+        let o = f.mul(f.mul(z, f.logistic(z)?)?, y)?;
+        let next = vec![f.reshape(next_conv, &[n, conv_len])?, f.reshape(matrix, &[n, matrix_len])?];
+        Ok((f.reshape(o, &[r, values])?, next))
+    }
+}
+
+/// Row `i` of `x` (`[1, ...]`), at a run-time index.
+fn row_at<'c, 'r>(f: &Func<'c, 'r>, x: V<'c, 'r>, i: V<'c, 'r>) -> R<V<'c, 'r>> {
+    let zero = f.scalar(0.0, I32)?;
+    let mut at = vec![zero; x.rank()];
+    at[0] = i;
+    let mut size = x.shape();
+    size[0] = 1;
+    f.dynamic_slice(x, &at, &size)
+}
+
+/// One delta-rule step for `b` rows at once (mlx-lm's `_gated_delta_step_ops`): the state
+/// `s [b, H, dv, dk]` decayed by `g [b, H]`, corrected towards `v [b, H, dv]` along
+/// `k [b, H, dk]` with strength `beta [b, H]`, then read out along `q`. Returns the readout
+/// `[b, H, dv]` and the new state.
+fn delta_step<'c, 'r>(
+    f: &Func<'c, 'r>,
+    s: V<'c, 'r>,
+    q: V<'c, 'r>,
+    k: V<'c, 'r>,
+    v: V<'c, 'r>,
+    g: V<'c, 'r>,
+    beta: V<'c, 'r>,
+) -> R<(V<'c, 'r>, V<'c, 'r>)> {
+    let full = s.shape();
+    let row = [full[0], full[1], full[2]];
+    let s = f.mul(s, f.broadcast_in_dim(g, &full, &[0, 1])?)?;
+    let kb = f.broadcast_in_dim(k, &full, &[0, 1, 3])?;
+    let kv_mem = f.reduce_sum(f.mul(s, kb)?, &[3])?;
+    let delta = f.mul(f.sub(v, kv_mem)?, f.broadcast_in_dim(beta, &row, &[0, 1])?)?;
+    let s = f.add(s, f.mul(kb, f.broadcast_in_dim(delta, &full, &[0, 1, 2])?)?)?;
+    let y = f.reduce_sum(f.mul(s, f.broadcast_in_dim(q, &full, &[0, 1, 3])?)?, &[3])?;
+    Ok((y, s))
+}
