@@ -86,6 +86,14 @@ fn concurrent_packed_requests_in_mixed_calls() {
     concurrent_requests(&packed_fixture(), Precision::Packed);
 }
 
+/// The same on a model with recurrent layers (Qwen3.5's gated DeltaNet, mlx-lm's random
+/// fixture): more requests than slots, so slots are reused while others decode, and each
+/// request still gets mlx-lm's tokens (its state starts fresh and stays its own).
+#[test]
+fn concurrent_requests_on_a_recurrent_model() {
+    concurrent_requests(&root().join("tests/fixtures/qwen3_5/f32"), Precision::F32);
+}
+
 fn concurrent_requests(dir: &Path, precision: Precision) {
     let (scheduler, _turn) = start_on(dir, precision);
     let scheduler = Arc::new(scheduler);
