@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""1B-class models with random weights, for `cargo xtask bench`: Llama-3.2-1B's shape, and
-a Qwen3-MoE of about 1.2B parameters of which about 0.36B run per token.
+"""1B-class models with random weights, for `cargo xtask bench`: Llama-3.2-1B's shape, a
+Qwen3-MoE of about 1.2B parameters of which about 0.36B run per token, and a Qwen3.5 of
+about 0.75B (gated DeltaNet layers with an attention layer every fourth).
 
 Run by `cargo xtask bench` (one call per variant, each into its own folder):
     python make_random_llama.py --variant f16  --out target/models/llama-1b-random-f16
     python make_random_llama.py --variant 4bit --out target/models/llama-1b-random-4bit
     python make_random_llama.py --variant 8bit --out target/models/llama-1b-random-8bit
     python make_random_llama.py --shape qwen3-moe-1b --variant 4bit --out target/models/qwen3-moe-1b-random-4bit
+    python make_random_llama.py --shape qwen3.5-0.8b --variant 4bit --out target/models/qwen3.5-0.8b-random-4bit
 
 The model is mlx-lm's own model class built from the shape's config.json values
 (no download: the weights are random, only the shape and the RoPE settings matter for
@@ -80,7 +82,33 @@ QWEN3_MOE_1B = {
     "hidden_act": "silu",
     "tie_word_embeddings": True,
 }
-SHAPES = {"llama-1b": CONFIG, "qwen3-moe-1b": QWEN3_MOE_1B}
+# A Qwen3.5 of the 0.8B class (the sizes reported for Qwen3.5-0.8B: hidden 1024, 24 layers,
+# 8 heads over 2 KV heads, every fourth layer attending), settings at the top level as
+# mlx-lm's qwen3_5 reads them. Gated DeltaNet layers: in_proj_qkv 1024 -> 6144, z 1024 ->
+# 2048, out 2048 -> 1024; attention: q 1024 -> 4096 (with its output gate), k, v -> 512,
+# o 2048 -> 1024; MLP 3 x 1024 x 3584 in every layer. 18 x 21.5 M + 6 x 18.3 M + the tied
+# 248,320-row embedding (254 M) = 0.75 G weights.
+QWEN3_5_08B = {
+    "model_type": "qwen3_5",
+    "hidden_size": 1024,
+    "intermediate_size": 3584,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 16,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "full_attention_interval": 4,
+    "vocab_size": 248320,
+    "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-06,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    "tie_word_embeddings": True,
+}
+SHAPES = {"llama-1b": CONFIG, "qwen3-moe-1b": QWEN3_MOE_1B, "qwen3.5-0.8b": QWEN3_5_08B}
 # Small weights (HF's initializer_range for Llama), so activations stay well inside
 # float16's range through 16 layers.
 WEIGHT_STD = 0.02

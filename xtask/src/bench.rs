@@ -33,6 +33,7 @@ const SMOLLM2: &str = "smollm2-135m-instruct-4bit";
 const LLAMA_1B: &str = "llama-1b-random";
 const LLAMA_1B_VARIANTS: [&str; 3] = ["f16", "4bit", "8bit"];
 const QWEN3_MOE_1B: &str = "qwen3-moe-1b-random";
+const QWEN3_5_08B: &str = "qwen3.5-0.8b-random";
 const KV_CACHE: [&str; 2] = ["f32", "f16"];
 
 pub const USAGE: &str = "\
@@ -44,7 +45,9 @@ usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
                    random weights: the f16 folder for f32/f16/bf16, the 4-bit and 8-bit
                    folders for packed), qwen3-moe-1b (a random Qwen3-MoE, 8 experts, 2 a
                    token, 1.2 G weights of which 0.36 G run per token; folders as llama-1b;
-                   no peers) or an MLX model folder; repeatable
+                   no peers), qwen3.5-0.8b (a random Qwen3.5, gated DeltaNet layers with
+                   attention every fourth, 0.75 G weights; folders as llama-1b; no peers)
+                   or an MLX model folder; repeatable
                    (default: smollm2 and llama-1b)
   --precision P    f32, f16, bf16, packed, a comma list of them (packed,f16) or all
                    (default: all)
@@ -109,6 +112,8 @@ pub enum ModelArg {
     Llama1b,
     /// A random Qwen3-MoE of the 1B class (8 experts, 2 per token): 1.2 G weights, 0.36 G a token.
     Qwen3Moe1b,
+    /// A random Qwen3.5 of the 0.8B class (gated DeltaNet layers, attention every fourth).
+    Qwen35,
     Dir(PathBuf),
 }
 
@@ -118,6 +123,7 @@ impl ModelArg {
         match self {
             ModelArg::Llama1b => Some(("llama-1b", LLAMA_1B)),
             ModelArg::Qwen3Moe1b => Some(("qwen3-moe-1b", QWEN3_MOE_1B)),
+            ModelArg::Qwen35 => Some(("qwen3.5-0.8b", QWEN3_5_08B)),
             ModelArg::SmolLm2 | ModelArg::Dir(_) => None,
         }
     }
@@ -156,7 +162,7 @@ pub struct Options {
 /// (128, 256, ... positions), so a few steps after the prompt measure the rate at that context.
 pub fn default_steps(model: &ModelArg) -> usize {
     match model {
-        ModelArg::Llama1b | ModelArg::Qwen3Moe1b => 16,
+        ModelArg::Llama1b | ModelArg::Qwen3Moe1b | ModelArg::Qwen35 => 16,
         ModelArg::SmolLm2 | ModelArg::Dir(_) => 128,
     }
 }
@@ -187,6 +193,7 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
                 "smollm2" => ModelArg::SmolLm2,
                 "llama-1b" => ModelArg::Llama1b,
                 "qwen3-moe-1b" => ModelArg::Qwen3Moe1b,
+                "qwen3.5-0.8b" => ModelArg::Qwen35,
                 dir => ModelArg::Dir(PathBuf::from(dir)),
             }),
             "--precision" => o.precisions = precisions(value()?)?,
@@ -274,7 +281,7 @@ pub fn cases(o: &Options, models_dir: &Path) -> Vec<Case> {
                 }),
                 // Float precisions read the f16 folder; packed keeps MLX's quantized words,
                 // so it runs on the quantized folders.
-                ModelArg::Llama1b | ModelArg::Qwen3Moe1b => {
+                ModelArg::Llama1b | ModelArg::Qwen3Moe1b | ModelArg::Qwen35 => {
                     let Some((_, name)) = m.random_shape() else { continue };
                     let variants: &[&str] = if precision == "packed" { &["4bit", "8bit"] } else { &["f16"] };
                     for v in variants {
@@ -841,8 +848,9 @@ pub fn peer_models(o: &Options, models_dir: &Path) -> Vec<PeerModel> {
                 let vocab = crate::model::source_gguf(models_dir);
                 (LLAMA_1B.to_owned(), random_dir(models_dir, LLAMA_1B, "f16"), false, vocab)
             }
-            // peers.py converts llama-architecture folders only: the MoE shape has no peer row.
-            ModelArg::Qwen3Moe1b => continue,
+            // peers.py converts llama-architecture folders only: the MoE and Qwen3.5 shapes
+            // have no peer row.
+            ModelArg::Qwen3Moe1b | ModelArg::Qwen35 => continue,
             ModelArg::Dir(dir) => (display_name(dir), dir.clone(), false, None),
         };
         if !out.iter().any(|p| p.family == family) {
@@ -1521,6 +1529,16 @@ mod tests {
             cases(&o, Path::new("/m")).into_iter().map(|c| (c.family, c.model)).collect();
         let row = |v: &str| ("qwen3-moe-1b-random".to_owned(), PathBuf::from(format!("/m/qwen3-moe-1b-random-{v}")));
         assert_eq!(rows, vec![row("4bit"), row("8bit"), row("f16")]);
+        assert!(peer_models(&o, Path::new("/m")).is_empty());
+    }
+
+    #[test]
+    fn the_qwen3_5_shape_has_its_folders_and_no_peers() {
+        let o = parse_args(&args(&["--model", "qwen3.5-0.8b", "--precision", "f16,packed", "--peers"])).unwrap();
+        let rows: Vec<(String, PathBuf)> =
+            cases(&o, Path::new("/m")).into_iter().map(|c| (c.family, c.model)).collect();
+        let row = |v: &str| ("qwen3.5-0.8b-random".to_owned(), PathBuf::from(format!("/m/qwen3.5-0.8b-random-{v}")));
+        assert_eq!(rows, vec![row("f16"), row("4bit"), row("8bit")]);
         assert!(peer_models(&o, Path::new("/m")).is_empty());
     }
 
