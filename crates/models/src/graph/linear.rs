@@ -10,8 +10,8 @@
 //! step reads each sequence's vector (zeros where the sequence starts: its first row at
 //! position 0, so a reused slot starts fresh) and returns the vector after its rows, which
 //! `write_state` scatters back. Within a prompt chunk the update runs as a sequential scan
-//! (`stablehlo.while` over the chunk's rows, a constant trip count; the padding rows after
-//! `last` leave the state exactly as it was), in the order mlx-lm's own loop takes, so a prompt gives the same state
+//! (`stablehlo.while` over the chunk's real rows: the padding rows after `last` never touch
+//! the state), in the order mlx-lm's own loop takes, so a prompt gives the same state
 //! whatever its chunks. A decode step (one row per sequence) is the same update, batched.
 
 use super::layer::{InProj, LinearPlan};
@@ -146,25 +146,15 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         let (y, matrix) = match last {
             // Decode: one row per sequence.
             None => delta_step(f, matrix, q, k, v, g, beta)?,
-            // A prompt chunk (one sequence): its rows one at a time, all `m` of them, so the
-            // trip count is a constant the host knows (a bound read from `last` would cost a
-            // device-to-host read per iteration). The padding rows after `last` leave the
-            // state exactly as it is: no decay (g = 1: s * 1 = s) and no write (beta = 0:
-            // the correction is +-0); their readouts are padding rows' and never read.
+            // A prompt chunk (one sequence): the rows up to `last`, one at a time.
             Some(last) => {
-                let real = f.compare(
-                    f.iota(&I32.tensor(&[m, nv]), 0)?,
-                    f.broadcast_in_dim(f.reshape(last, &[])?, &[m, nv], &[])?,
-                    Cmp::Le,
-                )?;
-                let g = f.select(real, g, f.splat(1.0, &F32.tensor(&[m, nv]))?)?;
-                let beta = f.select(real, beta, f.splat(0.0, &F32.tensor(&[m, nv]))?)?;
+                let end = f.add(f.reshape(last, &[])?, f.scalar(1.0, I32)?)?;
                 let ys = f.splat(0.0, &F32.tensor(&[m, nv, dv]))?;
                 let matrix = f.reshape(matrix, &[1, nv, dv, dk])?;
-                let init = [f.scalar(0.0, I32)?, matrix, ys, q, k, v, g, beta];
+                let init = [f.scalar(0.0, I32)?, matrix, ys, q, k, v, g, beta, end];
                 let out = f.while_loop(
                     &init,
-                    |f, c| f.compare(c[0], f.scalar(m as f64, I32)?, Cmp::Lt),
+                    |f, c| f.compare(c[0], c[8], Cmp::Lt),
                     |f, c| {
                         let i = c[0];
                         let zero = f.scalar(0.0, I32)?;
@@ -173,7 +163,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
                         let (y, matrix) = delta_step(f, c[1], q, k, v, g, beta)?;
                         let ys = f.dynamic_update_slice(c[2], y, &[i, zero, zero])?;
                         let next = f.add(i, f.scalar(1.0, I32)?)?;
-                        Ok(vec![next, matrix, ys, c[3], c[4], c[5], c[6], c[7]])
+                        Ok(vec![next, matrix, ys, c[3], c[4], c[5], c[6], c[7], c[8]])
                     },
                 )?;
                 (out[2], out[1])
