@@ -31,6 +31,8 @@ pub struct Checkpoint {
     locations: HashMap<String, usize>,
     /// Put before every name looked up ([`Checkpoint::set_prefix`]).
     prefix: String,
+    /// Dotted name parts spelled otherwise in this checkpoint ([`Checkpoint::set_renames`]).
+    renames: Vec<(String, String)>,
 }
 
 impl Checkpoint {
@@ -72,7 +74,7 @@ impl Checkpoint {
             let locations = file.names().map(|n| (n.to_owned(), 0)).collect();
             (vec![file], locations)
         };
-        Ok(Checkpoint { dir, config, quantization, shards, locations, prefix: String::new() })
+        Ok(Checkpoint { dir, config, quantization, shards, locations, prefix: String::new(), renames: Vec::new() })
     }
 
     /// Looks every name up under `prefix` from now on (`language_model.` for a model whose
@@ -83,14 +85,34 @@ impl Checkpoint {
         prefix.clone_into(&mut self.prefix);
     }
 
+    /// Looks every name up with these parts respelled from now on: `(ours, theirs)` replaces
+    /// the dotted parts `ours` by `theirs` wherever they stand between dots or at an end (LFM2
+    /// stores `model.layers.0.mlp.gate_proj` as `model.layers.0.feed_forward.w1`), in order,
+    /// after the prefix is put before the name. Errors name the stored tensor;
+    /// [`Checkpoint::tensor_names`] lists the names as stored.
+    pub fn set_renames(&mut self, renames: &[(&str, &str)]) {
+        self.renames = renames.iter().map(|(a, b)| ((*a).to_owned(), (*b).to_owned())).collect();
+    }
+
     /// The prefix names are looked up under (empty unless [`Checkpoint::set_prefix`]).
     pub fn prefix(&self) -> &str {
         &self.prefix
     }
 
-    /// `name` as stored: under the prefix.
+    /// `name` as stored: under the prefix, with the renames applied.
     fn stored<'n>(&self, name: &'n str) -> std::borrow::Cow<'n, str> {
-        if self.prefix.is_empty() { name.into() } else { format!("{}{name}", self.prefix).into() }
+        if self.prefix.is_empty() && self.renames.is_empty() {
+            return name.into();
+        }
+        if self.renames.is_empty() {
+            return format!("{}{name}", self.prefix).into();
+        }
+        // Dots at both ends, so that a part matches only whole between dots.
+        let mut dotted = format!(".{}{name}.", self.prefix);
+        for (ours, theirs) in &self.renames {
+            dotted = dotted.replace(&format!(".{ours}."), &format!(".{theirs}."));
+        }
+        dotted[1..dotted.len() - 1].to_owned().into()
     }
 
     /// The checkpoint folder.
@@ -123,7 +145,7 @@ impl Checkpoint {
         self.locations.is_empty()
     }
 
-    /// All tensor names, sorted.
+    /// All tensor names under the prefix (without it), sorted; as stored, renames not undone.
     pub fn tensor_names(&self) -> Vec<&str> {
         let mut names: Vec<&str> = self.locations.keys().filter_map(|n| n.strip_prefix(self.prefix.as_str())).collect();
         names.sort_unstable();

@@ -276,3 +276,38 @@ fn writer_rejects_bad_tensors() {
     assert_eq!(n % 8, 0);
     assert_eq!(bytes.len(), 8 + n + 8);
 }
+
+/// A prefix and renamed parts: names are looked up as stored, whole dotted parts only, and
+/// a missing tensor is named as it would be stored.
+#[test]
+fn prefix_and_renames_look_names_up_as_stored() {
+    let mut w = Writer::new();
+    for name in [
+        "lm.model.layers.0.feed_forward.w1.weight",
+        "lm.model.embedding_norm.weight",
+        "lm.model.layers.0.xmlp.gate_proj.weight",
+    ] {
+        w.add_f32(name, &[1], &[1.0]).expect("add");
+    }
+    let dir = checkpoint(PLAIN_CONFIG, &w.to_bytes());
+    let mut ckpt = Checkpoint::open(dir.path()).expect("open");
+    ckpt.set_prefix("lm.");
+    ckpt.set_renames(&[("mlp.gate_proj", "feed_forward.w1"), ("model.norm", "model.embedding_norm")]);
+    assert!(ckpt.contains("model.layers.0.mlp.gate_proj.weight"));
+    assert!(ckpt.contains("model.norm.weight"));
+    // `xmlp.gate_proj` does not hold the part `mlp.gate_proj`: it is looked up as it is.
+    assert!(ckpt.contains("model.layers.0.xmlp.gate_proj.weight"));
+    let err = ckpt.tensor("model.layers.1.mlp.gate_proj.weight").expect_err("missing");
+    assert!(
+        matches!(&err, Error::MissingTensor { tensor, .. } if tensor == "lm.model.layers.1.feed_forward.w1.weight"),
+        "{err:?}"
+    );
+    assert_eq!(
+        ckpt.tensor_names(),
+        [
+            "model.embedding_norm.weight",
+            "model.layers.0.feed_forward.w1.weight",
+            "model.layers.0.xmlp.gate_proj.weight"
+        ]
+    );
+}
