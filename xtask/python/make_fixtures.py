@@ -498,6 +498,39 @@ FIXTURES = [
         },
     },
     {
+        "name": "lfm2",
+        "about": "lfm2: 4 layers, layer 2 full attention (q/k layernorms, head_dim hidden/heads), "
+        "the others gated short convolutions (kernel 3, with biases); block_ff_dim 192 auto-adjusted "
+        "to 128 (multiple of 32); tied embeddings, final norm `embedding_norm`; margins of 0.01",
+        "group_size": 64,
+        "min_margin": 0.01,
+        "seed": 0,
+        "config": {
+            "architectures": ["Lfm2ForCausalLM"],
+            "model_type": "lfm2",
+            "vocab_size": 256,
+            "hidden_size": 64,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 4096,
+            "norm_eps": 1e-5,
+            "conv_bias": True,
+            "conv_L_cache": 3,
+            "block_dim": 64,
+            "block_ff_dim": 192,
+            "block_multiple_of": 32,
+            "block_ffn_dim_multiplier": 1.0,
+            "block_auto_adjust_ff_dim": True,
+            "rope_theta": 1000000.0,
+            "layer_types": ["conv", "conv", "full_attention", "conv"],
+            "tie_embedding": True,
+            "bos_token_id": 1,
+            "eos_token_id": 7,
+            "pad_token_id": 0,
+        },
+    },
+    {
         "name": "gemma",
         "scales": {"embed": 0.25, "final_norm": 4.0},
         "about": "gemma, GeGLU (mlx-lm: exact erf gelu), RMSNorm (1+w), embedding scale sqrt(hidden), "
@@ -607,7 +640,7 @@ def build(config, seed, scales):
         if name.endswith("norm.weight"):
             # Norm gains near 1, the final norm's near `final_norm` (it sets the logit
             # scale); gemma stores w with the gain being 1 + w.
-            final = name in ("model.norm.weight", "language_model.model.norm.weight")
+            final = name in ("model.norm.weight", "language_model.model.norm.weight", "model.embedding_norm.weight")
             gain = scales["final_norm"] if final else 1.0
             base = gain - 1.0 if one_plus else gain
             v = base + scales["norm"] * rng.standard_normal(shape)
@@ -617,7 +650,7 @@ def build(config, seed, scales):
             # A gated DeltaNet's decay rates, log of A in (1, 8) like mlx-lm's initial
             # uniform(0, 16).
             v = np.log(rng.uniform(1.0, 8.0, shape))
-        elif name.endswith("conv1d.weight"):
+        elif name.endswith("conv1d.weight") or name.endswith("conv.conv.weight"):
             # [channels, kernel, 1]: scaled by the kernel's width.
             v = scales["linear"] / np.sqrt(shape[1]) * rng.standard_normal(shape)
         elif name.endswith("embed_tokens.weight"):

@@ -104,9 +104,9 @@ def rounded_weights(loaded):
             raise SystemExit(f"{name}: {p.dtype} after load_f32, expected float32")
         if p.ndim == 2 or (p.ndim == 3 and ".switch_mlp." in name):
             out[name] = bf16_round(p)
-        elif p.ndim == 1 or name.endswith("conv1d.weight"):
-            # 1-D tensors and a gated DeltaNet's convolution weights, which mlx-iree keeps
-            # in float32 at every precision.
+        elif p.ndim == 1 or name.endswith("conv1d.weight") or name.endswith("conv.conv.weight"):
+            # 1-D tensors and the depthwise convolutions' weights (a gated DeltaNet's, LFM2's
+            # short convolutions), which mlx-iree keeps in float32 at every precision.
             out[name] = p
         else:
             raise SystemExit(f"{name}: a {p.ndim}-D parameter {p.shape}; the rounding is defined for 1-D, 2-D and experts")

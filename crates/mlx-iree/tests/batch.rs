@@ -117,6 +117,7 @@ mod eight_rows_at_f32 {
         gemma2,
         gemma2_window,
         gemma3_text,
+        lfm2,
         llama_linear_untied,
         llama_llama3_tied,
         mistral,

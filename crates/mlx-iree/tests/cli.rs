@@ -80,7 +80,7 @@ fn unsupported_model_type_is_refused_before_compiling() {
         &args,
         2,
         "",
-        "unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe)",
+        "unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2)",
     );
     assert!(!file.exists(), "no partial output file");
 }
@@ -437,8 +437,8 @@ fn fixture_with_tensors(
     dir
 }
 
-/// A hybrid (gated DeltaNet) checkpoint with a state tensor missing or misshapen: one line
-/// naming the tensor, exit 2, nothing compiled.
+/// A hybrid checkpoint (gated DeltaNet, LFM2's short convolutions) with a state tensor
+/// missing or misshapen: one line naming the tensor as stored, exit 2, nothing compiled.
 #[test]
 fn a_malformed_hybrid_checkpoint_is_one_line() {
     let conv = "model.layers.0.linear_attn.conv1d.weight";
@@ -453,7 +453,24 @@ fn a_malformed_hybrid_checkpoint_is_one_line() {
         }
         Some((vec![shape[0], shape[1] - 1, 1], bytes[..bytes.len() / shape[1] * (shape[1] - 1)].to_vec()))
     });
-    for (dir, want) in [(&missing, a_log.to_string()), (&short, format!("tensor {conv}: expected shape [128, 4, 1]"))] {
+    // LFM2: a short convolution one tap short, and an attention projection missing, named
+    // as LFM2 spells it (`out_proj` where the others have `o_proj`).
+    let lfm2_conv = "model.layers.0.conv.conv.weight";
+    let lfm2_short = fixture_with_tensors("lfm2", |name, shape, bytes| {
+        if name != lfm2_conv {
+            return Some((shape.to_vec(), bytes.to_vec()));
+        }
+        Some((vec![shape[0], shape[1] - 1, 1], bytes[..bytes.len() / shape[1] * (shape[1] - 1)].to_vec()))
+    });
+    let out_proj = "model.layers.2.self_attn.out_proj.weight";
+    let lfm2_missing =
+        fixture_with_tensors("lfm2", |name, shape, bytes| (name != out_proj).then(|| (shape.to_vec(), bytes.to_vec())));
+    for (dir, want) in [
+        (&missing, a_log.to_string()),
+        (&short, format!("tensor {conv}: expected shape [128, 4, 1]")),
+        (&lfm2_short, format!("tensor {lfm2_conv}: expected shape [64, 3, 1]")),
+        (&lfm2_missing, out_proj.to_string()),
+    ] {
         let cache = tempfile::tempdir().unwrap();
         let args = ["trajectory", "--model", dir.path().to_str().unwrap(), "--prompt-ids", "1,2", "--steps", "2"];
         let out = mlx_iree(&[&args[..], &["--out", "/tmp/x.json"]].concat(), cache.path());

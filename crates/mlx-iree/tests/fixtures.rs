@@ -98,5 +98,6 @@ fixture_tests!(
     smollm3,
     qwen3_next,
     qwen3_5,
-    qwen3_5_moe
+    qwen3_5_moe,
+    lfm2
 );

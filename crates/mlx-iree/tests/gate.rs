@@ -213,6 +213,7 @@ per_family!(
     gemma2,
     gemma2_window,
     gemma3_text,
+    lfm2,
     llama_linear_untied,
     llama_llama3_tied,
     mistral,

@@ -110,4 +110,4 @@ macro_rules! per_family {
     )*};
 }
 
-per_family!(qwen3_5, qwen3_next);
+per_family!(qwen3_5, qwen3_next, lfm2);

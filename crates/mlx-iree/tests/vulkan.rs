@@ -111,6 +111,7 @@ vulkan_tests!(
     OTHERS: gemma,
     gemma2,
     gemma2_window,
+    lfm2,
     llama_linear_untied,
     llama_llama3_tied,
     mistral,

@@ -7,7 +7,7 @@ use serde_json::Value;
 use std::path::Path;
 
 pub const SUPPORTED: &str = "llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, \
-gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe";
+gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2";
 
 /// The checkpoint's `config.json` as written, every field optional; [`ModelConfig::from_json`]
 /// decides per `model_type` which are required and what the defaults are.
@@ -60,6 +60,18 @@ struct RawConfig {
     linear_value_head_dim: Option<usize>,
     linear_conv_kernel_dim: Option<usize>,
     full_attention_interval: Option<usize>,
+    /// LFM2: its names for the norms' epsilon and the tied embedding, the short
+    /// convolutions' width and biases, the MLP width's rule, and which layers attend.
+    norm_eps: Option<f64>,
+    tie_embedding: Option<bool>,
+    conv_bias: Option<bool>,
+    #[serde(rename = "conv_L_cache")]
+    conv_l_cache: Option<usize>,
+    block_ff_dim: Option<usize>,
+    block_multiple_of: Option<usize>,
+    block_ffn_dim_multiplier: Option<f64>,
+    block_auto_adjust_ff_dim: Option<bool>,
+    full_attn_idxs: Option<Vec<usize>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +89,7 @@ pub enum Family {
     SmolLm3,
     Qwen3Next,
     Qwen35,
+    Lfm2,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,9 +175,9 @@ pub struct LayerConfig {
     pub moe: bool,
     /// Queries and keys are rotated (RoPE); false for SmolLM3's NoPE layers.
     pub rope: bool,
-    /// The layer mixes tokens with the model's [`LinearAttention`] (a recurrent state per
-    /// sequence) instead of attention over a KV cache.
-    pub linear: bool,
+    /// The layer mixes tokens with a recurrent layer, the model's [`LinearAttention`] or
+    /// [`ShortConv`] (a state per sequence), instead of attention over a KV cache.
+    pub recurrent: bool,
 }
 
 /// The gated DeltaNet layers of Qwen3-Next and Qwen3.5 (mlx-lm's `GatedDeltaNet`): q, k, v
@@ -183,6 +196,17 @@ pub struct LinearAttention {
     /// `in_proj_ba`, grouped by key head), or Qwen3.5's four (`in_proj_qkv`, `in_proj_z`,
     /// `in_proj_b`, `in_proj_a`).
     pub fused_in_proj: bool,
+}
+
+/// LFM2's gated short convolutions (mlx-lm's `ShortConv`): `in_proj` gives B, C and x; the
+/// causal depthwise convolution of `B * x` over the last `kernel` positions, times C, goes
+/// through `out_proj`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShortConv {
+    /// `conv_L_cache`: the convolution's width; its state keeps the last `kernel - 1` inputs.
+    pub kernel: usize,
+    /// `conv_bias`: biases on `in_proj`, the convolution and `out_proj`.
+    pub bias: bool,
 }
 
 impl LinearAttention {
@@ -238,8 +262,11 @@ pub struct ModelConfig {
     pub max_position_embeddings: Option<usize>,
     /// The mixture-of-experts block of the layers whose `moe` is set.
     pub moe: Option<Moe>,
-    /// The recurrent layers' sizes (the layers whose `linear` is set).
+    /// The gated DeltaNet layers' sizes (the layers whose `recurrent` is set, Qwen3-Next
+    /// and Qwen3.5).
     pub linear: Option<LinearAttention>,
+    /// The short convolutions of the layers whose `recurrent` is set (LFM2).
+    pub short_conv: Option<ShortConv>,
     /// Attention's output is gated: `q_proj` gives each head's query and then a gate, and
     /// the heads' output is multiplied by `sigmoid(gate)` before `o_proj` (Qwen3-Next).
     pub attn_output_gate: bool,
@@ -371,6 +398,11 @@ struct Rules {
     /// The text model's settings may sit under `text_config` (the multimodal Qwen3.5
     /// checkpoints), and its weights under `language_model.` ([`WEIGHTS_PREFIX`]).
     wrapped: bool,
+    /// LFM2's short-convolution layers, its layer pattern and MLP width rule.
+    short_conv: bool,
+    /// The family's own spelling of parts of the names in [`crate::names`], as
+    /// `(ours, theirs)` ([`weights::Checkpoint::set_renames`]).
+    renames: &'static [(&'static str, &'static str)],
 }
 
 /// Where the weights of a wrapped model's language model sit in its checkpoint, when they
@@ -413,6 +445,8 @@ const DENSE: Rules = Rules {
     hybrid: None,
     attn_output_gate: false,
     wrapped: false,
+    short_conv: false,
+    renames: &[],
 };
 
 const QWEN_MOE: MoeRules = MoeRules {
@@ -572,6 +606,32 @@ const FAMILIES: &[Rules] = &[
         wrapped: true,
         ..DENSE
     },
+    Rules {
+        family: Family::Lfm2,
+        model_types: &["lfm2"],
+        head_dim: HeadDim::Derived,
+        rope_theta: 1_000_000.0,
+        scaling: Scaling::Ignored,
+        // mlx-lm's lfm2 always ties (`embed_tokens.as_linear`).
+        tie: None,
+        qk_norm: true,
+        short_conv: true,
+        renames: LFM2_NAMES,
+        ..DENSE
+    },
+];
+
+/// How LFM2's checkpoints spell the parts of our names.
+const LFM2_NAMES: &[(&str, &str)] = &[
+    ("self_attn.o_proj", "self_attn.out_proj"),
+    ("self_attn.q_norm", "self_attn.q_layernorm"),
+    ("self_attn.k_norm", "self_attn.k_layernorm"),
+    ("input_layernorm", "operator_norm"),
+    ("post_attention_layernorm", "ffn_norm"),
+    ("mlp.gate_proj", "feed_forward.w1"),
+    ("mlp.up_proj", "feed_forward.w3"),
+    ("mlp.down_proj", "feed_forward.w2"),
+    ("model.norm", "model.embedding_norm"),
 ];
 
 /// Qwen3-Next's sparse MoE block: softmax then top k (`norm_topk_prob`, default false),
@@ -643,15 +703,34 @@ impl ModelConfig {
             None => None,
         };
         let global =
-            LayerConfig { rope_theta, rope_scaling, sliding_window: None, moe: false, rope: true, linear: false };
+            LayerConfig { rope_theta, rope_scaling, sliding_window: None, moe: false, rope: true, recurrent: false };
         let linear = match rules.hybrid {
             Some(h) => Some(linear_attention(&raw, h, p)?),
             None => None,
+        };
+        let short_conv = rules
+            .short_conv
+            .then(|| ShortConv { kernel: raw.conv_l_cache.unwrap_or(3), bias: raw.conv_bias.unwrap_or(false) });
+        let global = match (&short_conv, nested_theta(&raw)) {
+            // mlx-lm's lfm2: a `rope_parameters.rope_theta` wins over the top level's.
+            (Some(_), Some(theta)) => LayerConfig { rope_theta: theta, ..global },
+            _ => global,
         };
         let mut layers = layers(&raw, rules, moe.is_some(), global, p)?;
         if linear.is_some() {
             mark_linear_layers(&raw, &mut layers, p)?;
         }
+        if let Some(conv) = &short_conv {
+            if conv.kernel < 2 {
+                return Err(cfg_err(p, "conv_L_cache", format!("{} is below 2", conv.kernel)));
+            }
+            mark_conv_layers(&raw, &mut layers, p)?;
+        }
+        let intermediate = if rules.short_conv {
+            lfm2_ff_dim(&raw, p)?
+        } else {
+            required(p, "intermediate_size", raw.intermediate_size)?
+        };
         let gemma = rules.gemma;
         let attn_scale = match gemma.and_then(|g| g.query_pre_attn) {
             Some(default) => raw.query_pre_attn_scalar.unwrap_or(default).powf(-0.5),
@@ -669,15 +748,17 @@ impl ModelConfig {
             model_type: model_type.clone(),
             family: rules.family,
             hidden,
-            intermediate: required(p, "intermediate_size", raw.intermediate_size)?,
+            intermediate,
             heads,
             kv_heads: raw.num_key_value_heads.unwrap_or(heads),
             head_dim,
             rope_dims,
             vocab: required(p, "vocab_size", raw.vocab_size)?,
-            rms_eps: raw.rms_norm_eps.unwrap_or(if gemma.is_some() { 1e-6 } else { 1e-5 }),
+            rms_eps: raw.rms_norm_eps.or(raw.norm_eps).unwrap_or(if gemma.is_some() { 1e-6 } else { 1e-5 }),
             layers,
-            tie_embeddings: rules.tie.is_none_or(|default| raw.tie_word_embeddings.unwrap_or(default)),
+            tie_embeddings: rules
+                .tie
+                .is_none_or(|default| raw.tie_word_embeddings.or(raw.tie_embedding).unwrap_or(default)),
             fused_projections: rules.fused_projections,
             qkv_bias: matches!(rules.biases, Biases::Qkv) || (configured && attention_bias),
             o_bias: configured && attention_bias,
@@ -693,6 +774,7 @@ impl ModelConfig {
             max_position_embeddings: raw.max_position_embeddings,
             moe,
             linear,
+            short_conv,
             attn_output_gate: rules.attn_output_gate,
         }
         .validated(path)
@@ -773,6 +855,11 @@ impl ModelConfig {
         if wrapped && ckpt.contains(&format!("{WEIGHTS_PREFIX}{}", crate::names::weight(crate::names::EMBEDDING))) {
             ckpt.set_prefix(WEIGHTS_PREFIX);
         }
+        if let Some(rules) = FAMILIES.iter().find(|r| r.model_types.contains(&cfg.model_type.as_str()))
+            && !rules.renames.is_empty()
+        {
+            ckpt.set_renames(rules.renames);
+        }
         if cfg.family == Family::Gemma3 {
             cfg.tie_embeddings = !ckpt.contains(&crate::names::weight(crate::names::LM_HEAD));
         }
@@ -798,13 +885,21 @@ impl ModelConfig {
     /// Layers that attend over the KV cache (all but the [`LinearAttention`] ones): the
     /// cache's leading dimension.
     pub fn kv_layers(&self) -> usize {
-        self.layers.iter().filter(|l| !l.linear).count()
+        self.layers.iter().filter(|l| !l.recurrent).count()
     }
 
-    /// f32 values of recurrent state each sequence carries (0 without linear layers).
+    /// f32 values of one recurrent layer's state per sequence (0 without them).
+    pub fn layer_state_len(&self) -> usize {
+        match (&self.linear, &self.short_conv) {
+            (Some(lin), _) => lin.state_len(),
+            (None, Some(conv)) => (conv.kernel - 1) * self.hidden,
+            (None, None) => 0,
+        }
+    }
+
+    /// f32 values of recurrent state each sequence carries (0 without recurrent layers).
     pub fn state_len(&self) -> usize {
-        let per_layer = self.linear.as_ref().map_or(0, LinearAttention::state_len);
-        per_layer * self.layers.iter().filter(|l| l.linear).count()
+        self.layer_state_len() * self.layers.iter().filter(|l| l.recurrent).count()
     }
 }
 
@@ -852,7 +947,7 @@ fn mark_linear_layers(raw: &RawConfig, layers: &mut [LayerConfig], p: &Path) -> 
         return Err(cfg_err(p, "full_attention_interval", "must be > 0"));
     }
     for (i, layer) in layers.iter_mut().enumerate() {
-        layer.linear = (i + 1) % interval != 0;
+        layer.recurrent = (i + 1) % interval != 0;
         let named = raw.layer_types.as_ref().map(|t| t.get(i).map(String::as_str));
         let linear = match named {
             None => continue,
@@ -870,7 +965,7 @@ fn mark_linear_layers(raw: &RawConfig, layers: &mut [LayerConfig], p: &Path) -> 
                 return Err(cfg_err(p, "layer_types", format!("{n} entries for {} layers", layers.len())));
             }
         };
-        if linear != layer.linear {
+        if linear != layer.recurrent {
             return Err(cfg_err(
                 p,
                 "layer_types",
@@ -882,7 +977,7 @@ fn mark_linear_layers(raw: &RawConfig, layers: &mut [LayerConfig], p: &Path) -> 
         }
     }
     // mlx-lm would run such a model without any cache; the engine keeps one, so refuse it here.
-    if layers.iter().all(|l| l.linear) {
+    if layers.iter().all(|l| l.recurrent) {
         return Err(cfg_err(
             p,
             "full_attention_interval",
@@ -890,6 +985,69 @@ fn mark_linear_layers(raw: &RawConfig, layers: &mut [LayerConfig], p: &Path) -> 
         ));
     }
     Ok(())
+}
+
+/// `rope_parameters.rope_theta`, where config.json has it.
+fn nested_theta(raw: &RawConfig) -> Option<f64> {
+    raw.rope_parameters.as_ref().and_then(|v| v.get("rope_theta")).and_then(Value::as_f64)
+}
+
+/// LFM2's layer pattern (mlx-lm's lfm2): the layers `full_attn_idxs` lists attend, else
+/// those `layer_types` marks `full_attention`; the others (`conv`) are short convolutions.
+fn mark_conv_layers(raw: &RawConfig, layers: &mut [LayerConfig], p: &Path) -> Result<()> {
+    let n = layers.len();
+    let attends: Vec<bool> = match (&raw.full_attn_idxs, &raw.layer_types) {
+        (Some(idxs), _) => {
+            if let Some(bad) = idxs.iter().find(|&&i| i >= n) {
+                return Err(cfg_err(p, "full_attn_idxs", format!("layer {bad} of {n} layers")));
+            }
+            (0..n).map(|i| idxs.contains(&i)).collect()
+        }
+        (None, Some(types)) => {
+            if types.len() != n {
+                return Err(cfg_err(p, "layer_types", format!("{} entries for {n} layers", types.len())));
+            }
+            let kind = |(i, t): (usize, &String)| match t.as_str() {
+                "full_attention" => Ok(true),
+                "conv" => Ok(false),
+                other => {
+                    Err(cfg_err(p, "layer_types", format!("layer {i}: {other:?} is not a layer type of this model")))
+                }
+            };
+            types.iter().enumerate().map(kind).collect::<Result<_>>()?
+        }
+        (None, None) => return Err(cfg_err(p, "layer_types", "missing (and no full_attn_idxs)")),
+    };
+    if !attends.contains(&true) {
+        return Err(cfg_err(p, "layer_types", format!("no full_attention layer among {n} layers (not supported)")));
+    }
+    for (layer, attends) in layers.iter_mut().zip(attends) {
+        layer.recurrent = !attends;
+    }
+    Ok(())
+}
+
+/// LFM2's MLP width (mlx-lm's lfm2 `MLP`): `block_ff_dim` (else `intermediate_size`); with
+/// `block_auto_adjust_ff_dim`, two thirds of it, times `block_ffn_dim_multiplier`, rounded up
+/// to a multiple of `block_multiple_of`.
+fn lfm2_ff_dim(raw: &RawConfig, p: &Path) -> Result<usize> {
+    let ff = match raw.block_ff_dim.or(raw.intermediate_size) {
+        Some(ff) => ff,
+        None => return Err(cfg_err(p, "block_ff_dim", "missing (and no intermediate_size)")),
+    };
+    if !raw.block_auto_adjust_ff_dim.unwrap_or(false) {
+        return Ok(ff);
+    }
+    let multiple = required(p, "block_multiple_of", raw.block_multiple_of)?;
+    if multiple == 0 {
+        return Err(cfg_err(p, "block_multiple_of", "must be > 0"));
+    }
+    // Python's int() of a float truncates toward zero, as `as usize` does here.
+    let mut ff = (2.0 * ff as f64 / 3.0) as usize;
+    if let Some(m) = raw.block_ffn_dim_multiplier {
+        ff = (m * ff as f64) as usize;
+    }
+    Ok(ff.div_ceil(multiple) * multiple)
 }
 
 fn parse_rope_scaling(
@@ -998,7 +1156,7 @@ fn layers(raw: &RawConfig, rules: &Rules, has_moe: bool, global: LayerConfig, p:
                             sliding_window: Some(window.unwrap_or(512)),
                             moe: false,
                             rope: true,
-                            linear: false,
+                            recurrent: false,
                         }
                     }
                 }

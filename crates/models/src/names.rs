@@ -103,6 +103,11 @@ impl LayerNames {
         self.at(&format!("linear_attn.{part}"))
     }
 
+    /// An LFM2 short-convolution layer's tensor or projection (`in_proj`, `conv.weight`, …).
+    pub fn short_conv(&self, part: &str) -> String {
+        self.at(&format!("conv.{part}"))
+    }
+
     /// The mixture-of-experts block's module (`mlp`, Mixtral's `block_sparse_moe`).
     pub fn moe_block(&self, block: &str) -> MoeNames {
         MoeNames { block: self.at(block) }

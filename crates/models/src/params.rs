@@ -88,7 +88,12 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     mat(EMBEDDING.into(), cfg.vocab, d, false);
     for (l, layer) in cfg.layers.iter().enumerate() {
         let n = LayerNames::new(l);
-        match cfg.linear.as_ref().filter(|_| layer.linear) {
+        match cfg.linear.as_ref().filter(|_| layer.recurrent) {
+            None if layer.recurrent => {
+                // LFM2's short convolution: B, C and x from one projection.
+                mat(n.short_conv("in_proj"), 3 * d, d, false);
+                mat(n.short_conv("out_proj"), d, d, false);
+            }
             Some(lin) => {
                 let (keys, values) = (lin.k_heads * lin.k_dim, lin.v_heads * lin.v_dim);
                 if lin.fused_in_proj {
@@ -161,7 +166,15 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
             vec(n.pre_ffn_norm(), &[d]);
             vec(n.post_ffn_norm(), &[d]);
         }
-        if let Some(lin) = cfg.linear.as_ref().filter(|_| layer.linear) {
+        if let Some(conv) = cfg.short_conv.as_ref().filter(|_| layer.recurrent) {
+            // The depthwise convolution's weight `[hidden, kernel, 1]`, as mlx-lm keeps it.
+            vec(n.short_conv("conv.weight"), &[d, conv.kernel, 1]);
+            if conv.bias {
+                vec(bias(&n.short_conv("in_proj")), &[3 * d]);
+                vec(n.short_conv("conv.bias"), &[d]);
+                vec(bias(&n.short_conv("out_proj")), &[d]);
+            }
+        } else if let Some(lin) = cfg.linear.as_ref().filter(|_| layer.recurrent) {
             // Stored as mlx-lm keeps them: the depthwise convolution's weight
             // `[channels, kernel, 1]`, the decay's `dt_bias` and `A_log` per value head, the
             // gated RMSNorm's weight over one value head.

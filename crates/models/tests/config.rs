@@ -35,7 +35,7 @@ fn refusals_name_the_cause() {
         llama(),
         "model_type",
         json!("gpt2"),
-        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe)",
+        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2)",
     );
     check_err(llama(), "model_type", Value::Null, "m/config.json: model_type: missing");
     check_err(llama(), "hidden_size", Value::Null, "m/config.json: hidden_size: missing");
@@ -367,7 +367,7 @@ fn qwen3_5() -> Value {
 #[test]
 fn hybrid_layer_pattern_and_refusals() {
     let c = ModelConfig::from_json(&qwen3_5(), Path::new("m/config.json")).unwrap();
-    assert_eq!(c.layers.iter().map(|l| l.linear).collect::<Vec<_>>(), [true, false, true]);
+    assert_eq!(c.layers.iter().map(|l| l.recurrent).collect::<Vec<_>>(), [true, false, true]);
     let linear = c.linear.unwrap();
     assert_eq!((linear.k_heads, linear.v_heads, linear.k_dim, linear.v_dim, linear.conv_kernel), (2, 4, 16, 16, 4));
     // conv state: (kernel - 1) x (2 k_heads k_dim + v_heads v_dim); recurrent: v_heads x v_dim x k_dim.
@@ -411,4 +411,58 @@ fn hybrid_layer_pattern_and_refusals() {
     check_err(qwen3_5(), "full_attention_interval", json!(0), "m/config.json: full_attention_interval: must be > 0");
     check_err(qwen3_5(), "linear_conv_kernel_dim", json!(1), "m/config.json: linear_conv_kernel_dim: 1 is below 2");
     check_err(qwen3_5(), "linear_key_head_dim", Value::Null, "m/config.json: linear_key_head_dim: missing");
+}
+
+/// LFM2 as the fixture's config.json has it.
+fn lfm2() -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lfm2/f32/config.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// LFM2: the MLP width mlx-lm derives, head_dim from hidden/heads, its names for epsilon and
+/// the tie, the layer pattern by `layer_types` or `full_attn_idxs`, and the refusals.
+#[test]
+fn lfm2_settings_and_refusals() {
+    let c = ModelConfig::from_json(&lfm2(), Path::new("m/config.json")).unwrap();
+    // block_ff_dim 192, auto-adjusted: int(2 * 192 / 3) = 128, times 1.0, a multiple of 32.
+    assert_eq!((c.intermediate, c.head_dim, c.rms_eps, c.tie_embeddings), (128, 16, 1e-5, true));
+    assert_eq!(c.layers.iter().map(|l| l.recurrent).collect::<Vec<_>>(), [true, true, false, true]);
+    assert_eq!(c.short_conv.as_ref().map(|s| (s.kernel, s.bias)), Some((3, true)));
+    assert_eq!((c.kv_layers(), c.state_len()), (1, 3 * 2 * 64));
+    let mut v = lfm2();
+    v["block_ff_dim"] = json!(200);
+    v["block_ffn_dim_multiplier"] = json!(1.5);
+    // int(2 * 200 / 3) = 133; int(1.5 * 133) = 199; rounded up to 224.
+    assert_eq!(ModelConfig::from_json(&v, Path::new("m/config.json")).unwrap().intermediate, 224);
+    let mut v = lfm2();
+    v.as_object_mut().unwrap().remove("layer_types");
+    v["full_attn_idxs"] = json!([0, 3]);
+    let c = ModelConfig::from_json(&v, Path::new("m/config.json")).unwrap();
+    assert_eq!(c.layers.iter().map(|l| l.recurrent).collect::<Vec<_>>(), [false, true, true, false]);
+    v["rope_parameters"] = json!({"rope_theta": 5e5});
+    assert_eq!(ModelConfig::from_json(&v, Path::new("m/config.json")).unwrap().layers[0].rope_theta, 5e5);
+
+    check_err(
+        lfm2(),
+        "layer_types",
+        json!(["conv", "mamba", "full_attention", "conv"]),
+        "m/config.json: layer_types: layer 1: \"mamba\" is not a layer type of this model",
+    );
+    check_err(
+        lfm2(),
+        "layer_types",
+        json!(["conv", "conv", "conv", "conv"]),
+        "m/config.json: layer_types: no full_attention layer among 4 layers (not supported)",
+    );
+    check_err(lfm2(), "layer_types", json!(["conv"]), "m/config.json: layer_types: 1 entries for 4 layers");
+    check_err(lfm2(), "layer_types", Value::Null, "m/config.json: layer_types: missing (and no full_attn_idxs)");
+    check_err(lfm2(), "full_attn_idxs", json!([4]), "m/config.json: full_attn_idxs: layer 4 of 4 layers");
+    check_err(lfm2(), "conv_L_cache", json!(1), "m/config.json: conv_L_cache: 1 is below 2");
+    check_err(lfm2(), "block_multiple_of", Value::Null, "m/config.json: block_multiple_of: missing");
+    check_err(
+        lfm2(),
+        "num_key_value_heads",
+        json!(3),
+        "m/config.json: num_key_value_heads: 3 does not divide num_attention_heads 4",
+    );
 }

@@ -7,7 +7,7 @@
 //! instead of as "no global for ..." halfway through emission.
 
 use super::{R, Step, V};
-use crate::config::{LinearAttention, ModelConfig, Moe};
+use crate::config::{LinearAttention, ModelConfig, Moe, ShortConv};
 use crate::error::{Error, Result};
 use crate::names::{self, FINAL_NORM, LM_HEAD, LayerNames, MoeNames};
 use crate::params::{Kind, param_specs};
@@ -66,6 +66,21 @@ pub(super) struct LinearPlan<'a> {
     pub state_at: usize,
 }
 
+/// An LFM2 short-convolution layer (mlx-lm's `ShortConv`): its tensors' names and where its
+/// state (the convolution's last inputs) lies in a sequence's state vector.
+#[derive(Debug)]
+pub(super) struct ShortConvPlan<'a> {
+    /// `[3 * hidden, hidden]`: B, C and x.
+    pub in_proj: String,
+    /// The depthwise convolution's weight `[hidden, kernel, 1]`.
+    pub conv: String,
+    /// The convolution's bias, where `conv_bias` (with `in_proj`'s and `out_proj`'s).
+    pub conv_bias: Option<String>,
+    pub out_proj: String,
+    pub config: &'a ShortConv,
+    pub state_at: usize,
+}
+
 /// A gated DeltaNet's in-projections as the checkpoint stores them.
 #[derive(Debug)]
 pub(super) enum InProj {
@@ -80,8 +95,10 @@ pub(super) enum InProj {
 pub(super) enum Mixer<'a> {
     /// Attention over the KV cache.
     Attention(AttentionPlan),
-    /// A recurrent layer with a state per sequence.
+    /// A gated DeltaNet with a state per sequence.
     Linear(LinearPlan<'a>),
+    /// A gated short convolution with a state per sequence.
+    ShortConv(ShortConvPlan<'a>),
 }
 
 /// A gated MLP: `down(activation(gate(x)) * up(x))`.
@@ -130,7 +147,7 @@ impl<'a> LayerPlan<'a> {
             let plan = LayerPlan::new(cfg, l, kv_layer, state_at)?;
             match &plan.mixer {
                 Mixer::Attention(_) => kv_layer += 1,
-                Mixer::Linear(lin) => state_at += lin.config.state_len(),
+                Mixer::Linear(_) | Mixer::ShortConv(_) => state_at += cfg.layer_state_len(),
             }
             plans.push(plan);
         }
@@ -142,9 +159,18 @@ impl<'a> LayerPlan<'a> {
     fn new(cfg: &'a ModelConfig, l: usize, kv_layer: usize, state_at: usize) -> Result<LayerPlan<'a>> {
         let n = LayerNames::new(l);
         let layer = &cfg.layers[l];
-        let linear = cfg.linear.as_ref().filter(|_| layer.linear);
-        let mixer = match linear {
-            Some(config) => Mixer::Linear(LinearPlan {
+        let linear = cfg.linear.as_ref().filter(|_| layer.recurrent);
+        let short_conv = cfg.short_conv.as_ref().filter(|_| layer.recurrent);
+        let mixer = match (linear, short_conv) {
+            (None, Some(config)) => Mixer::ShortConv(ShortConvPlan {
+                in_proj: n.short_conv("in_proj"),
+                conv: n.short_conv("conv.weight"),
+                conv_bias: config.bias.then(|| n.short_conv("conv.bias")),
+                out_proj: n.short_conv("out_proj"),
+                config,
+                state_at,
+            }),
+            (Some(config), _) => Mixer::Linear(LinearPlan {
                 in_proj: if config.fused_in_proj {
                     InProj::Fused { qkvz: n.linear_attn("in_proj_qkvz"), ba: n.linear_attn("in_proj_ba") }
                 } else {
@@ -163,7 +189,7 @@ impl<'a> LayerPlan<'a> {
                 config,
                 state_at,
             }),
-            None => Mixer::Attention(AttentionPlan {
+            (None, None) => Mixer::Attention(AttentionPlan {
                 q: n.q_proj(),
                 k: n.k_proj(),
                 v: n.v_proj(),
@@ -228,6 +254,13 @@ impl<'a> LayerPlan<'a> {
                     InProj::Split { qkv, z, b, a } => read.extend([qkv.clone(), z.clone(), b.clone(), a.clone()]),
                 }
                 read.extend([&lin.conv, &lin.dt_bias, &lin.a_log, &lin.norm, &lin.out_proj].map(String::clone));
+            }
+            Mixer::ShortConv(sc) => {
+                read.extend([sc.in_proj.clone(), sc.conv.clone(), sc.out_proj.clone()]);
+                read.extend(sc.conv_bias.clone());
+                if sc.config.bias {
+                    read.extend([&sc.in_proj, &sc.out_proj].map(|m| names::bias(m)));
+                }
             }
         }
         match &self.norms {
@@ -336,6 +369,21 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
                     let (o, next) = self.gated_delta(hn, lin, state, last)?;
                     new_state.extend(next);
                     x = self.linear_residual(x, o, &lin.out_proj, false)?;
+                    x = self.feed_forward(x, layer)?;
+                    continue;
+                }
+                Mixer::ShortConv(sc) => {
+                    let Some(state) = state else {
+                        return Err(hlo_emit::Error::Op {
+                            op: "step",
+                            expected: "a state input for a short-convolution layer".into(),
+                            got: "none".into(),
+                        });
+                    };
+                    let hn = self.norm(x, &layer.input_norm)?;
+                    let (o, next) = self.short_conv(hn, sc, state, last)?;
+                    new_state.push(next);
+                    x = self.linear_residual(x, o, &sc.out_proj, sc.config.bias)?;
                     x = self.feed_forward(x, layer)?;
                     continue;
                 }
@@ -526,6 +574,7 @@ mod tests {
             .map(|p| match &p.mixer {
                 Mixer::Attention(a) => (false, a.kv_layer),
                 Mixer::Linear(l) => (true, l.state_at),
+                Mixer::ShortConv(sc) => (true, sc.state_at),
             })
             .collect();
         assert_eq!(kinds, [(true, 0), (false, 0), (true, per_layer)]);

@@ -14,7 +14,7 @@
 //! the state), in the order mlx-lm's own loop takes, so a prompt gives the same state
 //! whatever its chunks. A decode step (one row per sequence) is the same update, batched.
 
-use super::layer::{InProj, LinearPlan};
+use super::layer::{InProj, LinearPlan, ShortConvPlan};
 use super::{R, Step, V};
 use hlo_emit::{Cmp, ElementType::*, Func};
 
@@ -90,30 +90,9 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         let end = at + conv_len + matrix_len;
         let matrix = f.reshape(f.slice(state, &[0, at + conv_len], &[n, end], &[1, 1])?, &[n, nv, dv, dk])?;
 
-        // The causal depthwise convolution over the last `width - 1` inputs and the new rows,
-        // then SiLU.
-        let input = f.concatenate(&[conv_state, f.reshape(qkv, &[n, m, channels])?], 1)?;
-        let w = f.reshape(self.param(&lin.conv)?, &[channels, width])?;
-        let tap = |j: i64| -> R<V<'c, 'b>> {
-            let rows = f.slice(input, &[0, j, 0], &[n, j + m, channels], &[1; 3])?;
-            let wj = f.reshape(f.slice(w, &[0, j], &[channels, j + 1], &[1, 1])?, &[channels])?;
-            f.mul(rows, f.broadcast_in_dim(wj, &[n, m, channels], &[2])?)
-        };
-        let mut conv = tap(0)?;
-        for j in 1..width {
-            conv = f.add(conv, tap(j)?)?;
-        }
+        // The causal depthwise convolution, then SiLU.
+        let (conv, next_conv) = self.causal_conv(qkv, conv_state, &lin.conv, last)?;
         let conv = f.reshape(f.mul(conv, f.logistic(conv)?)?, &[r, channels])?;
-        // The inputs the next call's convolution reads: the `width - 1` before the last real
-        // row's successor.
-        let next_conv = match last {
-            None => f.slice(input, &[0, m, 0], &[n, m + width - 1, channels], &[1; 3])?,
-            Some(last) => {
-                let zero = f.scalar(0.0, I32)?;
-                let start = f.add(f.reshape(last, &[])?, f.scalar(1.0, I32)?)?;
-                f.dynamic_slice(input, &[zero, start, zero], &[1, width - 1, channels])?
-            }
-        };
 
         // q and k L2-normalised (as an RMSNorm with epsilon scaled to match, mlx-lm's
         // `normalize_qk`), the readout scale `k_dim^-0.5` folded into q; repeated to the
@@ -176,6 +155,79 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         let o = f.mul(f.mul(z, f.logistic(z)?)?, y)?;
         let next = vec![f.reshape(next_conv, &[n, conv_len])?, f.reshape(matrix, &[n, matrix_len])?];
         Ok((f.reshape(o, &[r, values])?, next))
+    }
+}
+
+impl<'c, 'b> Step<'_, 'c, 'b> {
+    /// The causal depthwise convolution of `rows` (`[R, C]`: each sequence's rows) over each
+    /// sequence's last `width - 1` inputs (`prev`, `[n, width - 1, C]`) and its rows, with the
+    /// weight `[C, width, 1]` at `weight`: `out[t] = sum_j w[j] * in[t + j]`, the window
+    /// ending at row t. Returns the convolution `[n, m, C]` and the inputs the next call's
+    /// convolution reads (`[n, width - 1, C]`: the `width - 1` before the successor of the
+    /// last real row, `last` for a prompt chunk, the last row for decode rows).
+    pub(super) fn causal_conv(
+        &self,
+        rows: V<'c, 'b>,
+        prev: V<'c, 'b>,
+        weight: &str,
+        last: Option<V<'c, 'b>>,
+    ) -> R<(V<'c, 'b>, V<'c, 'b>)> {
+        let f = self.f;
+        let (n, m) = self.function.split();
+        let (n, m) = (n as i64, m as i64);
+        let (width, channels) = (prev.shape()[1] + 1, prev.shape()[2]);
+        let input = f.concatenate(&[prev, f.reshape(rows, &[n, m, channels])?], 1)?;
+        let w = f.reshape(self.param(weight)?, &[channels, width])?;
+        let tap = |j: i64| -> R<V<'c, 'b>> {
+            let rows = f.slice(input, &[0, j, 0], &[n, j + m, channels], &[1; 3])?;
+            let wj = f.reshape(f.slice(w, &[0, j], &[channels, j + 1], &[1, 1])?, &[channels])?;
+            f.mul(rows, f.broadcast_in_dim(wj, &[n, m, channels], &[2])?)
+        };
+        let mut conv = tap(0)?;
+        for j in 1..width {
+            conv = f.add(conv, tap(j)?)?;
+        }
+        let next = match last {
+            None => f.slice(input, &[0, m, 0], &[n, m + width - 1, channels], &[1; 3])?,
+            Some(last) => {
+                let zero = f.scalar(0.0, I32)?;
+                let start = f.add(f.reshape(last, &[])?, f.scalar(1.0, I32)?)?;
+                f.dynamic_slice(input, &[zero, start, zero], &[1, width - 1, channels])?
+            }
+        };
+        Ok((conv, next))
+    }
+
+    /// One LFM2 short-convolution layer (mlx-lm's `ShortConv`) on the normed input
+    /// `hn [R, d]`, each sequence starting from its part of `state` (`[n, S]`): B, C and x
+    /// from `in_proj`, the causal convolution of `B * x` (plus its bias), times C. Returns
+    /// that `[R, d]` (before `out_proj`) and the layer's new state, the convolution's last
+    /// inputs `[n, (kernel - 1) * d]`.
+    pub(super) fn short_conv(
+        &self,
+        hn: V<'c, 'b>,
+        sc: &ShortConvPlan<'_>,
+        state: V<'c, 'b>,
+        last: Option<V<'c, 'b>>,
+    ) -> R<(V<'c, 'b>, V<'c, 'b>)> {
+        let f = self.f;
+        let (n, _) = self.function.split();
+        let n = n as i64;
+        let r = self.rows();
+        let d = self.cfg.hidden as i64;
+        let width = sc.config.kernel as i64;
+        let bcx = self.linear(hn, &sc.in_proj, sc.config.bias)?;
+        let part = |i: i64| f.slice(bcx, &[0, i * d], &[r, (i + 1) * d], &[1, 1]);
+        let (b, c, x) = (part(0)?, part(1)?, part(2)?);
+        let at = sc.state_at as i64;
+        let len = (width - 1) * d;
+        let prev = f.reshape(f.slice(state, &[0, at], &[n, at + len], &[1, 1])?, &[n, width - 1, d])?;
+        let (conv, next) = self.causal_conv(f.mul(b, x)?, prev, &sc.conv, last)?;
+        let mut conv = f.reshape(conv, &[r, d])?;
+        if let Some(bias) = &sc.conv_bias {
+            conv = f.add(conv, f.broadcast_in_dim(self.param(bias)?, &[r, d], &[1])?)?;
+        }
+        Ok((f.mul(c, conv)?, f.reshape(next, &[n, len])?))
     }
 }
 
