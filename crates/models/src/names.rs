@@ -1,7 +1,9 @@
 //! Checkpoint names, spelled once. The parameter list ([`crate::param_specs`]), the layer
 //! plan the graph runs (`graph/layer.rs`) and the layout's stacked projections all build
 //! their names here, so the graph cannot read a tensor under another name than the loader
-//! binds (and the plan still checks every name it reads against the parameter list).
+//! binds (and the plan still checks every name it reads against the parameter list). A
+//! family whose checkpoints spell some parts otherwise (LFM2's `feed_forward.w1`) reads
+//! them through its renames (`Rules::renames` in config.rs), so these stay its names.
 //! Matrices are named by prefix (`model.layers.0.mlp.up_proj`, whose tensor is
 //! `<prefix>.weight`, quantized ones beside it `<prefix>.scales` and `<prefix>.biases`),
 //! vectors by their full key.
