@@ -357,33 +357,35 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         for layer in plan {
             let a = match &layer.mixer {
                 Mixer::Attention(a) => a,
-                Mixer::Linear(lin) => {
+                recurrent => {
                     let Some(state) = state else {
                         return Err(hlo_emit::Error::Op {
                             op: "step",
-                            expected: "a state input for a linear layer".into(),
+                            expected: "a state input for a recurrent layer".into(),
                             got: "none".into(),
                         });
                     };
                     let hn = self.norm(x, &layer.input_norm)?;
-                    let (o, next) = self.gated_delta(hn, lin, state, last)?;
+                    // The mixer's output before its out-projection, and its new state.
+                    let (o, next, out_proj, bias) = match recurrent {
+                        Mixer::Linear(lin) => {
+                            let (o, next) = self.gated_delta(hn, lin, state, last)?;
+                            (o, next, &lin.out_proj, false)
+                        }
+                        Mixer::ShortConv(sc) => {
+                            let (o, next) = self.short_conv(hn, sc, state, last)?;
+                            (o, vec![next], &sc.out_proj, sc.config.bias)
+                        }
+                        Mixer::Attention(_) => {
+                            return Err(hlo_emit::Error::Op {
+                                op: "step",
+                                expected: "a recurrent mixer".into(),
+                                got: "attention".into(),
+                            });
+                        }
+                    };
                     new_state.extend(next);
-                    x = self.linear_residual(x, o, &lin.out_proj, false)?;
-                    x = self.feed_forward(x, layer)?;
-                    continue;
-                }
-                Mixer::ShortConv(sc) => {
-                    let Some(state) = state else {
-                        return Err(hlo_emit::Error::Op {
-                            op: "step",
-                            expected: "a state input for a short-convolution layer".into(),
-                            got: "none".into(),
-                        });
-                    };
-                    let hn = self.norm(x, &layer.input_norm)?;
-                    let (o, next) = self.short_conv(hn, sc, state, last)?;
-                    new_state.push(next);
-                    x = self.linear_residual(x, o, &sc.out_proj, sc.config.bias)?;
+                    x = self.linear_residual(x, o, out_proj, bias)?;
                     x = self.feed_forward(x, layer)?;
                     continue;
                 }
