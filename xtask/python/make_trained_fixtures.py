@@ -64,6 +64,8 @@ NAMES = [
     "gemma",
     "gemma2",
     "gemma3_text",
+    "qwen3_5",
+    "lfm2",
 ]
 
 

@@ -280,6 +280,7 @@ per_trained_family!(
     gemma,
     gemma2,
     gemma3_text,
+    lfm2,
     llama_linear_untied,
     llama_llama3_tied,
     mistral,
@@ -288,6 +289,7 @@ per_trained_family!(
     qwen2,
     qwen2_moe,
     qwen3,
+    qwen3_5,
     qwen3_moe
 );
 
