@@ -11,6 +11,10 @@
 # themselves are in the repository) and the binary prepare.sh put in target/cuda-check
 # (one copy carried for both). run never compiles (IREE_COMPILER_LIB points at nothing), gives
 # each command a timeout and the whole run a budget (BUDGET_S, default 300 s).
+#
+# FAMILIES="qwen3_5 lfm2" limits both steps to those fixture folders (of tests/fixtures and
+# tests/fixtures-trained, where they exist); give run the same list prepare had. Default:
+# every folder.
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -27,17 +31,27 @@ say() { echo "[cuda-fixtures] $*"; }
 # One case a line: `LABEL MODEL_DIR PRECISION REFERENCE` (REFERENCE `f32` = the f32 path on
 # the same device, else a trajectory file). Most informative first: the gate as the issue
 # states it (trained, against f32 on cuda), then exactness against mlx-lm.
+# The fixture folders of $1 (tests/fixtures or tests/fixtures-trained) that FAMILIES selects.
+folders() {
+    local d
+    for d in "$1"/*/; do
+        if [ -z "${FAMILIES:-}" ] || [[ " $FAMILIES " == *" $(basename "$d") "* ]]; then
+            echo "$d"
+        fi
+    done
+}
+
 cases() {
     local d v p
     for p in bf16 f16 packed; do
-        for d in tests/fixtures-trained/*/; do
+        for d in $(folders tests/fixtures-trained); do
             for v in f32 q4 q8; do
                 [ "$p" = packed ] && [ "$v" = f32 ] && continue
                 echo "gate:$p:trained/$(basename "$d")/$v ${d}$v $p f32"
             done
         done
     done
-    for d in tests/fixtures/*/; do
+    for d in $(folders tests/fixtures); do
         for v in f32 q4 q8; do
             echo "mlx:bf16:$(basename "$d")/$v ${d}$v bf16 ${d}$v/expected_bf16.json"
             echo "mlx:f32:$(basename "$d")/$v ${d}$v f32 ${d}$v/expected.json"
