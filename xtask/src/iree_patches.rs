@@ -54,6 +54,21 @@ pub const PATCHES: &[Patch] = &[
             ),
         ],
     },
+    // The CPU device serves queue allocations (a call's transient arena, results) from
+    // slabs of 64 MiB it keeps, and anything larger from fresh memory on every call: the
+    // system allocator maps it anew, so every call faults in and zeroes every page of it.
+    // A step of several sequences of a recurrent model packs more than that into its
+    // arena (the 0.8B Qwen3.5 shape at 8 rows: half its step went to page faults,
+    // docs/PERFORMANCE.md). Slabs of 1 GiB keep such arenas too; a slab is address space
+    // until its pages are first touched, and touched pages stay for the next call.
+    Patch {
+        name: "task-device-1gib-slabs",
+        file: "runtime/src/iree/hal/drivers/local_task/task_device.c",
+        edits: &[(
+            "#define IREE_HAL_TASK_DEVICE_DEFAULT_POOL_RANGE_LENGTH_DEFAULT \\\n  (64 * 1024 * 1024)\n",
+            "#define IREE_HAL_TASK_DEVICE_DEFAULT_POOL_RANGE_LENGTH_DEFAULT \\\n  (1024 * 1024 * 1024)  // mlx-iree patch (task-device-1gib-slabs)\n",
+        )],
+    },
 ];
 
 /// The fingerprint of `patches` (names and texts), for the build stamp.

@@ -27,9 +27,10 @@ pub struct Plan {
     /// `Function::Mixed`): empty unless the attention kernel runs and there are several
     /// slots ([`Plan::for_layout`]).
     pub mixed: Vec<usize>,
-    /// f32 values of recurrent state per slot (`ModelConfig::state_len`; 0 for a model of
-    /// attention layers only): beside the KV cache, written by `write_state` after each call.
-    pub state_len: usize,
+    /// The recurrent state's buffers, f32 values per slot each (`ModelConfig::state_parts`;
+    /// empty for a model of attention layers only): beside the KV cache, written by
+    /// `write_state` after each call.
+    pub state_parts: Vec<usize>,
 }
 
 /// Prompt chunk sizes: short prompts in 16-token calls, long ones in 128-token calls.
@@ -88,7 +89,7 @@ impl Plan {
             windows,
             call_rows,
             mixed: Vec::new(),
-            state_len: cfg.state_len(),
+            state_parts: cfg.state_parts(),
         })
     }
 
@@ -132,7 +133,8 @@ impl Plan {
         writes.sort_unstable();
         writes.dedup();
         // A prefill writes one sequence's state, a decode call its rows' (the batch sizes).
-        let states = self.batches.iter().filter(|_| self.state_len > 0).map(|&rows| Function::WriteState { rows });
+        let states =
+            self.batches.iter().filter(|_| !self.state_parts.is_empty()).map(|&rows| Function::WriteState { rows });
         prefill
             .chain(decode)
             .chain(mixed)

@@ -62,8 +62,9 @@ pub struct Engine {
     session: Session,
     k: BufferView,
     v: BufferView,
-    /// Every slot's recurrent state (`[slots, S]` f32) where the model has recurrent layers.
-    state: Option<BufferView>,
+    /// Every slot's recurrent state where the model has recurrent layers: one `[slots, len]`
+    /// f32 buffer per entry of `Plan::state_parts`.
+    states: Vec<BufferView>,
     /// Positions in use per slot.
     lens: Vec<usize>,
     report: LoadReport,
@@ -261,16 +262,18 @@ impl Engine {
         drop(zeros);
         // Zeros too, though a sequence's first call never reads its slot's state (the graph
         // starts a sequence at position 0 from zeros).
-        let state = match plan.state_len {
-            0 => None,
-            len => Some(device.upload(&[plan.cache.slots, len], &vec![0f32; plan.cache.slots * len])?),
-        };
+        let slots = plan.cache.slots;
+        let states = plan
+            .state_parts
+            .iter()
+            .map(|&len| device.upload(&[slots, len], &vec![0f32; slots * len]))
+            .collect::<Result<_, _>>()?;
         let load_seconds = started.elapsed().as_secs_f64();
         let kv_bytes = plan.cache.bytes(&cfg);
         let lens = vec![0; plan.cache.slots];
         let state_bytes = plan.cache.state_bytes(&cfg);
         let report = LoadReport { compile, load_seconds, weight_bytes, kv_bytes, state_bytes, stored_parameters };
-        Ok(Engine { cfg, plan, device, session, k, v, state, lens, report })
+        Ok(Engine { cfg, plan, device, session, k, v, states, lens, report })
     }
 
     /// What the load did: compile, load time, device bytes, the stored-weights file.
@@ -361,26 +364,31 @@ impl Engine {
         let mut args = vec![&tokens, &positions, seq_slots];
         args.extend(last.as_ref());
         args.extend([&self.k, &self.v]);
-        args.extend(self.state.as_ref());
+        args.extend(&self.states);
         let name = function.name();
         let mut out = self.session.call(&name, &args)?;
         let got = out.len();
-        let expected = 4 + usize::from(self.state.is_some());
-        let new_state = if got == expected && self.state.is_some() { out.pop() } else { None };
+        let expected = 4 + self.states.len();
+        if got != expected {
+            return Err(Error::Abi { function: name, got, expected });
+        }
+        let new_states = out.split_off(4);
         let Ok([next, logits, new_k, new_v]) = <[BufferView; 4]>::try_from(out) else {
             return Err(Error::Abi { function: name, got, expected });
         };
-        if let (Some(state), Some(new_state)) = (&self.state, new_state) {
-            // Each sequence's state after its rows, into its slot (a decode call's padding
+        if !self.states.is_empty() {
+            // Each sequence's rows after its own, into its slot (a decode call's padding
             // rows repeat a real row: the same bytes to the same place).
             let sequences = if let Reads::Prefill { .. } = reads { 1 } else { rows.len() };
             let write = Function::WriteState { rows: sequences }.name();
-            let out = self.session.call(&write, &[seq_slots, &new_state, state])?;
-            let got = out.len();
-            let Ok([state]) = <[BufferView; 1]>::try_from(out) else {
-                return Err(Error::Abi { function: write, got, expected: 1 });
-            };
-            self.state = Some(state);
+            let mut args = vec![seq_slots];
+            args.extend(&new_states);
+            args.extend(&self.states);
+            let out = self.session.call(&write, &args)?;
+            if out.len() != self.states.len() {
+                return Err(Error::Abi { function: write, got: out.len(), expected: self.states.len() });
+            }
+            self.states = out;
         }
         let write = Function::WriteKv { rows: rows.len() }.name();
         let out = self.session.call(&write, &[&positions, &row_slots, &new_k, &new_v, &self.k, &self.v])?;

@@ -416,21 +416,25 @@ fn a_malformed_smollm3_config_is_one_line() {
     check(&[&args[..], &["--out", "/tmp/x.json"]].concat(), 2, "", "no_rope_layers: 2 entries for 3 layers");
 }
 
-/// A copy of fixture `family`'s f32 checkpoint with its tensors rewritten by `edit` (name,
-/// shape, bytes) -> what to store instead (`None`: left out).
-fn fixture_with_tensors(
-    family: &str,
-    edit: impl Fn(&str, &[usize], &[u8]) -> Option<(Vec<usize>, Vec<u8>)>,
-) -> tempfile::TempDir {
+/// A copy of fixture `family`'s f32 checkpoint with tensor `name` left out (`taps: None`)
+/// or cut to its first `taps` convolution taps (a `[channels, kernel, 1]` weight).
+fn fixture_with_tensor(family: &str, name: &str, taps: Option<usize>) -> tempfile::TempDir {
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(family).join("f32");
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
     let ckpt = weights::Checkpoint::open(&src).unwrap();
     let mut out = weights::write::Writer::new();
-    for name in ckpt.tensor_names() {
-        let t = ckpt.tensor(name).unwrap();
-        if let Some((shape, bytes)) = edit(name, t.shape(), t.bytes()) {
-            out.add(name, t.dtype(), &shape, bytes).unwrap();
+    for stored in ckpt.tensor_names() {
+        let t = ckpt.tensor(stored).unwrap();
+        let (shape, bytes) = (t.shape(), t.bytes());
+        if stored != name {
+            out.add(stored, t.dtype(), shape, bytes.to_vec()).unwrap();
+        } else if let Some(taps) = taps {
+            // Each channel's taps are contiguous (`[channels, kernel, 1]`, row-major).
+            let tap = bytes.len() / (shape[0] * shape[1]);
+            let cut: Vec<u8> =
+                bytes.chunks(shape[1] * tap).flat_map(|channel| channel[..taps * tap].to_vec()).collect();
+            out.add(stored, t.dtype(), &[shape[0], taps, 1], cut).unwrap();
         }
     }
     out.write(dir.path().join("model.safetensors")).unwrap();
@@ -443,28 +447,15 @@ fn fixture_with_tensors(
 fn a_malformed_hybrid_checkpoint_is_one_line() {
     let conv = "model.layers.0.linear_attn.conv1d.weight";
     let a_log = "model.layers.2.linear_attn.A_log";
-    let missing = fixture_with_tensors("qwen3_next", |name, shape, bytes| {
-        (name != a_log).then(|| (shape.to_vec(), bytes.to_vec()))
-    });
+    let missing = fixture_with_tensor("qwen3_next", a_log, None);
     // The conv kernel one tap short: [channels, 3, 1] where config.json says 4.
-    let short = fixture_with_tensors("qwen3_next", |name, shape, bytes| {
-        if name != conv {
-            return Some((shape.to_vec(), bytes.to_vec()));
-        }
-        Some((vec![shape[0], shape[1] - 1, 1], bytes[..bytes.len() / shape[1] * (shape[1] - 1)].to_vec()))
-    });
+    let short = fixture_with_tensor("qwen3_next", conv, Some(3));
     // LFM2: a short convolution one tap short, and an attention projection missing, named
     // as LFM2 spells it (`out_proj` where the others have `o_proj`).
     let lfm2_conv = "model.layers.0.conv.conv.weight";
-    let lfm2_short = fixture_with_tensors("lfm2", |name, shape, bytes| {
-        if name != lfm2_conv {
-            return Some((shape.to_vec(), bytes.to_vec()));
-        }
-        Some((vec![shape[0], shape[1] - 1, 1], bytes[..bytes.len() / shape[1] * (shape[1] - 1)].to_vec()))
-    });
+    let lfm2_short = fixture_with_tensor("lfm2", lfm2_conv, Some(2));
     let out_proj = "model.layers.2.self_attn.out_proj.weight";
-    let lfm2_missing =
-        fixture_with_tensors("lfm2", |name, shape, bytes| (name != out_proj).then(|| (shape.to_vec(), bytes.to_vec())));
+    let lfm2_missing = fixture_with_tensor("lfm2", out_proj, None);
     for (dir, want) in [
         (&missing, a_log.to_string()),
         (&short, format!("tensor {conv}: expected shape [128, 4, 1]")),

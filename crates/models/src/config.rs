@@ -209,16 +209,37 @@ pub struct ShortConv {
     pub bias: bool,
 }
 
+/// How one layer mixes tokens, as [`ModelConfig::mixer`] reads its config.
+#[derive(Debug, Clone, Copy)]
+pub enum LayerMixer<'a> {
+    /// Attention over the KV cache.
+    Attention,
+    /// A gated DeltaNet (Qwen3-Next, Qwen3.5).
+    Linear(&'a LinearAttention),
+    /// A gated short convolution (LFM2).
+    ShortConv(&'a ShortConv),
+}
+
 impl LinearAttention {
     /// `2 * k_heads * k_dim + v_heads * v_dim`: the channels the convolution runs over (q, k, v).
     pub fn conv_dim(&self) -> usize {
         2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
     }
 
-    /// f32 values of one layer's state per sequence: the convolution's last inputs, then
+    /// f32 values of one layer's state per sequence: the convolution's last inputs and
     /// the delta rule's matrix.
     pub fn state_len(&self) -> usize {
-        (self.conv_kernel - 1) * self.conv_dim() + self.v_heads * self.v_dim * self.k_dim
+        self.conv_state_len() + self.matrix_len()
+    }
+
+    /// f32 values of the convolution's last `conv_kernel - 1` inputs per sequence.
+    pub fn conv_state_len(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_dim()
+    }
+
+    /// f32 values of the delta rule's `[v_heads, v_dim, k_dim]` matrix per sequence.
+    pub fn matrix_len(&self) -> usize {
+        self.v_heads * self.v_dim * self.k_dim
     }
 }
 
@@ -407,7 +428,7 @@ struct Rules {
 
 /// Where the weights of a wrapped model's language model sit in its checkpoint, when they
 /// do: mlx-lm's multimodal-capable classes keep the text model as `language_model`.
-pub const WEIGHTS_PREFIX: &str = "language_model.";
+const WEIGHTS_PREFIX: &str = "language_model.";
 
 /// How a family reads the share of each head RoPE rotates.
 #[derive(Debug, Clone, Copy)]
@@ -645,6 +666,11 @@ const QWEN_NEXT_MOE: MoeRules = MoeRules {
     ..QWEN_MOE
 };
 
+/// The family row that reads `model_type`.
+fn rules_for(model_type: &str) -> Option<&'static Rules> {
+    FAMILIES.iter().find(|r| r.model_types.contains(&model_type))
+}
+
 impl ModelConfig {
     /// Normalises `config.json` (already parsed; `path` names it in errors) by its family's
     /// row of the rules table. Any `model_type` or option this crate cannot run is refused
@@ -653,7 +679,7 @@ impl ModelConfig {
         let raw: RawConfig =
             serde_json::from_value(value.clone()).map_err(|e| cfg_err(path, "config", e.to_string()))?;
         let model_type = raw.model_type.clone().ok_or_else(|| cfg_err(path, "model_type", "missing"))?;
-        let Some(rules) = FAMILIES.iter().find(|r| r.model_types.contains(&model_type.as_str())) else {
+        let Some(rules) = rules_for(&model_type) else {
             return Err(Error::UnsupportedModelType { path: path.to_path_buf(), model_type, supported: SUPPORTED });
         };
         // mlx-lm's qwen3_5: the text model's settings are `text_config` where there is one
@@ -847,17 +873,15 @@ impl ModelConfig {
     /// The config of a checkpoint folder, with what only the tensors can tell: mlx-lm's
     /// `gemma3_text` ties the output layer exactly when `lm_head.weight` is absent. Points
     /// `ckpt` at the language model's weights where a wrapped family keeps them under
-    /// [`WEIGHTS_PREFIX`] (the names the graph reads stay `model.…`; a vision tower beside
-    /// them is never read).
+    /// `language_model.` (the names the graph reads stay `model.…`; a vision tower beside
+    /// them is never read), and at the family's own spelling of name parts (LFM2's renames).
     pub fn for_checkpoint(ckpt: &mut weights::Checkpoint) -> Result<ModelConfig> {
         let mut cfg = Self::from_json(ckpt.config(), &ckpt.dir().join("config.json"))?;
-        let wrapped = FAMILIES.iter().any(|r| r.wrapped && r.model_types.contains(&cfg.model_type.as_str()));
-        if wrapped && ckpt.contains(&format!("{WEIGHTS_PREFIX}{}", crate::names::weight(crate::names::EMBEDDING))) {
-            ckpt.set_prefix(WEIGHTS_PREFIX);
-        }
-        if let Some(rules) = FAMILIES.iter().find(|r| r.model_types.contains(&cfg.model_type.as_str()))
-            && !rules.renames.is_empty()
-        {
+        if let Some(rules) = rules_for(&cfg.model_type) {
+            let wrapped_embedding = format!("{WEIGHTS_PREFIX}{}", crate::names::weight(crate::names::EMBEDDING));
+            if rules.wrapped && ckpt.contains(&wrapped_embedding) {
+                ckpt.set_prefix(WEIGHTS_PREFIX);
+            }
             ckpt.set_renames(rules.renames);
         }
         if cfg.family == Family::Gemma3 {
@@ -888,18 +912,37 @@ impl ModelConfig {
         self.layers.iter().filter(|l| !l.recurrent).count()
     }
 
-    /// f32 values of one recurrent layer's state per sequence (0 without them).
-    pub fn layer_state_len(&self) -> usize {
-        match (&self.linear, &self.short_conv) {
-            (Some(lin), _) => lin.state_len(),
-            (None, Some(conv)) => (conv.kernel - 1) * self.hidden,
-            (None, None) => 0,
+    /// How `layer` (one of [`ModelConfig::layers`]) mixes tokens.
+    pub fn mixer(&self, layer: &LayerConfig) -> LayerMixer<'_> {
+        match (layer.recurrent, &self.linear, &self.short_conv) {
+            (true, Some(lin), _) => LayerMixer::Linear(lin),
+            (true, None, Some(conv)) => LayerMixer::ShortConv(conv),
+            _ => LayerMixer::Attention,
         }
+    }
+
+    /// The state buffers of one recurrent layer, in f32 values per sequence: a gated
+    /// DeltaNet's convolution inputs and its delta-rule matrix, a short convolution's
+    /// inputs (empty without recurrent layers).
+    pub fn layer_state_parts(&self) -> Vec<usize> {
+        match (&self.linear, &self.short_conv) {
+            (Some(lin), _) => vec![lin.conv_state_len(), lin.matrix_len()],
+            (None, Some(conv)) => vec![(conv.kernel - 1) * self.hidden],
+            (None, None) => Vec::new(),
+        }
+    }
+
+    /// Every state buffer of the model, in layer order (each recurrent layer's
+    /// [`ModelConfig::layer_state_parts`]): the engine keeps one `[slots, len]` f32 buffer
+    /// per entry, so no buffer holds more than one layer's part.
+    pub fn state_parts(&self) -> Vec<usize> {
+        let per_layer = self.layer_state_parts();
+        self.layers.iter().filter(|l| l.recurrent).flat_map(|_| per_layer.iter().copied()).collect()
     }
 
     /// f32 values of recurrent state each sequence carries (0 without recurrent layers).
     pub fn state_len(&self) -> usize {
-        self.layer_state_len() * self.layers.iter().filter(|l| l.recurrent).count()
+        self.state_parts().iter().sum()
     }
 }
 

@@ -24,7 +24,10 @@ mod precision;
 mod rope;
 
 pub use backend::{Backend, EmitOptions, ExpertProducts, KernelLink, PackedProducts, SlotRead};
-pub use config::{Activation, Family, LayerConfig, ModelConfig, Moe, RopeScaling, Routing, SUPPORTED};
+pub use config::{
+    Activation, Family, LayerConfig, LayerMixer, LinearAttention, ModelConfig, Moe, RopeScaling, Routing, SUPPORTED,
+    ShortConv,
+};
 pub use error::{Error, Result};
 pub use graph::{CacheShape, Function, KvElem, emit_functions};
 pub use layout::{DeviceParam, Form, Layout, Packing, Role, cuda_bits};

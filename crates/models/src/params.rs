@@ -1,7 +1,7 @@
 //! The model's parameters: checkpoint names and shapes derived from the config (one list
 //! shared by the graph and the loader), and their f32 values read from a checkpoint.
 
-use crate::config::ModelConfig;
+use crate::config::{LayerMixer, ModelConfig};
 use crate::error::{Error, Result};
 use crate::names::{EMBEDDING, FINAL_NORM, GATE_UP, LM_HEAD, LayerNames, MLP_PARTS, QKV, bias, weight};
 use hlo_emit::ElementType;
@@ -88,13 +88,13 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     mat(EMBEDDING.into(), cfg.vocab, d, false);
     for (l, layer) in cfg.layers.iter().enumerate() {
         let n = LayerNames::new(l);
-        match cfg.linear.as_ref().filter(|_| layer.recurrent) {
-            None if layer.recurrent => {
+        match cfg.mixer(layer) {
+            LayerMixer::ShortConv(_) => {
                 // LFM2's short convolution: B, C and x from one projection.
                 mat(n.short_conv("in_proj"), 3 * d, d, false);
                 mat(n.short_conv("out_proj"), d, d, false);
             }
-            Some(lin) => {
+            LayerMixer::Linear(lin) => {
                 let (keys, values) = (lin.k_heads * lin.k_dim, lin.v_heads * lin.v_dim);
                 if lin.fused_in_proj {
                     mat(n.linear_attn("in_proj_qkvz"), 2 * keys + 2 * values, d, false);
@@ -107,7 +107,7 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
                 }
                 mat(n.linear_attn("out_proj"), d, values, false);
             }
-            None => {
+            LayerMixer::Attention => {
                 mat(n.q_proj(), q_rows, d, false);
                 mat(n.k_proj(), kv_out, d, false);
                 mat(n.v_proj(), kv_out, d, false);
@@ -166,34 +166,38 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
             vec(n.pre_ffn_norm(), &[d]);
             vec(n.post_ffn_norm(), &[d]);
         }
-        if let Some(conv) = cfg.short_conv.as_ref().filter(|_| layer.recurrent) {
-            // The depthwise convolution's weight `[hidden, kernel, 1]`, as mlx-lm keeps it.
-            vec(n.short_conv("conv.weight"), &[d, conv.kernel, 1]);
-            if conv.bias {
-                vec(bias(&n.short_conv("in_proj")), &[3 * d]);
-                vec(n.short_conv("conv.bias"), &[d]);
-                vec(bias(&n.short_conv("out_proj")), &[d]);
+        match cfg.mixer(layer) {
+            LayerMixer::ShortConv(conv) => {
+                // The depthwise convolution's weight `[hidden, kernel, 1]`, as mlx-lm keeps it.
+                vec(n.short_conv("conv.weight"), &[d, conv.kernel, 1]);
+                if conv.bias {
+                    vec(bias(&n.short_conv("in_proj")), &[3 * d]);
+                    vec(n.short_conv("conv.bias"), &[d]);
+                    vec(bias(&n.short_conv("out_proj")), &[d]);
+                }
             }
-        } else if let Some(lin) = cfg.linear.as_ref().filter(|_| layer.recurrent) {
-            // Stored as mlx-lm keeps them: the depthwise convolution's weight
-            // `[channels, kernel, 1]`, the decay's `dt_bias` and `A_log` per value head, the
-            // gated RMSNorm's weight over one value head.
-            vec(n.linear_attn("conv1d.weight"), &[lin.conv_dim(), lin.conv_kernel, 1]);
-            vec(n.linear_attn("dt_bias"), &[lin.v_heads]);
-            vec(n.linear_attn("A_log"), &[lin.v_heads]);
-            vec(n.linear_attn("norm.weight"), &[lin.v_dim]);
-        } else {
-            if cfg.qk_norm {
-                vec(n.q_norm(), &[hd]);
-                vec(n.k_norm(), &[hd]);
+            LayerMixer::Linear(lin) => {
+                // Stored as mlx-lm keeps them: the depthwise convolution's weight
+                // `[channels, kernel, 1]`, the decay's `dt_bias` and `A_log` per value head,
+                // the gated RMSNorm's weight over one value head.
+                vec(n.linear_attn("conv1d.weight"), &[lin.conv_dim(), lin.conv_kernel, 1]);
+                vec(n.linear_attn("dt_bias"), &[lin.v_heads]);
+                vec(n.linear_attn("A_log"), &[lin.v_heads]);
+                vec(n.linear_attn("norm.weight"), &[lin.v_dim]);
             }
-            if cfg.qkv_bias {
-                vec(bias(&n.q_proj()), &[q_out]);
-                vec(bias(&n.k_proj()), &[kv_out]);
-                vec(bias(&n.v_proj()), &[kv_out]);
-            }
-            if cfg.o_bias {
-                vec(bias(&n.o_proj()), &[d]);
+            LayerMixer::Attention => {
+                if cfg.qk_norm {
+                    vec(n.q_norm(), &[hd]);
+                    vec(n.k_norm(), &[hd]);
+                }
+                if cfg.qkv_bias {
+                    vec(bias(&n.q_proj()), &[q_out]);
+                    vec(bias(&n.k_proj()), &[kv_out]);
+                    vec(bias(&n.v_proj()), &[kv_out]);
+                }
+                if cfg.o_bias {
+                    vec(bias(&n.o_proj()), &[d]);
+                }
             }
         }
         if cfg.mlp_bias {

@@ -94,18 +94,10 @@ impl Checkpoint {
         self.renames = renames.iter().map(|(a, b)| ((*a).to_owned(), (*b).to_owned())).collect();
     }
 
-    /// The prefix names are looked up under (empty unless [`Checkpoint::set_prefix`]).
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
     /// `name` as stored: under the prefix, with the renames applied.
     fn stored<'n>(&self, name: &'n str) -> std::borrow::Cow<'n, str> {
         if self.prefix.is_empty() && self.renames.is_empty() {
             return name.into();
-        }
-        if self.renames.is_empty() {
-            return format!("{}{name}", self.prefix).into();
         }
         // Dots at both ends, so that a part matches only whole between dots.
         let mut dotted = format!(".{}{name}.", self.prefix);

@@ -1,13 +1,13 @@
 //! The typed plan of a decoder and the step that runs it. Each layer is planned once from
-//! the config: its attention block (projections, q/k norms, biases, sliding window, RoPE
-//! table), where its norms sit, and its feed-forward block ([`FeedForward`]: a gated MLP or
+//! the config: its mixer ([`Mixer`]: attention with its projections, q/k norms, biases,
+//! sliding window and RoPE table, or a recurrent layer), where its norms sit, and its feed-forward block ([`FeedForward`]: a gated MLP or
 //! a mixture of experts), each with the checkpoint names it reads. The plan checks every
 //! name against the parameters the model declares ([`crate::param_specs`]), so a name the
 //! graph would read and no parameter has fails when the plan is built, before any compile,
 //! instead of as "no global for ..." halfway through emission.
 
 use super::{R, Step, V};
-use crate::config::{LinearAttention, ModelConfig, Moe, ShortConv};
+use crate::config::{LayerMixer, LinearAttention, ModelConfig, Moe, ShortConv};
 use crate::error::{Error, Result};
 use crate::names::{self, FINAL_NORM, LM_HEAD, LayerNames, MoeNames};
 use crate::params::{Kind, param_specs};
@@ -49,7 +49,7 @@ pub(super) struct AttentionPlan {
 }
 
 /// A gated DeltaNet layer (mlx-lm's `GatedDeltaNet`): its tensors' names, its sizes and
-/// where its state lies in a sequence's state vector.
+/// which of the model's state buffers are its own.
 #[derive(Debug)]
 pub(super) struct LinearPlan<'a> {
     pub in_proj: InProj,
@@ -61,13 +61,13 @@ pub(super) struct LinearPlan<'a> {
     pub norm: String,
     pub out_proj: String,
     pub config: &'a LinearAttention,
-    /// Where this layer's state starts in a sequence's state vector (f32 values): the
-    /// convolution's last inputs, then the delta rule's matrix.
-    pub state_at: usize,
+    /// Its first state buffer (`ModelConfig::state_parts`): the convolution's last
+    /// inputs; the delta rule's matrix is the next.
+    pub state: usize,
 }
 
-/// An LFM2 short-convolution layer (mlx-lm's `ShortConv`): its tensors' names and where its
-/// state (the convolution's last inputs) lies in a sequence's state vector.
+/// An LFM2 short-convolution layer (mlx-lm's `ShortConv`): its tensors' names and its state
+/// buffer (the convolution's last inputs).
 #[derive(Debug)]
 pub(super) struct ShortConvPlan<'a> {
     /// `[3 * hidden, hidden]`: B, C and x.
@@ -78,7 +78,8 @@ pub(super) struct ShortConvPlan<'a> {
     pub conv_bias: Option<String>,
     pub out_proj: String,
     pub config: &'a ShortConv,
-    pub state_at: usize,
+    /// Its state buffer (`ModelConfig::state_parts`).
+    pub state: usize,
 }
 
 /// A gated DeltaNet's in-projections as the checkpoint stores them.
@@ -141,13 +142,13 @@ impl<'a> LayerPlan<'a> {
     /// A name the plan reads that no parameter of the model declares, or a combination the
     /// step does not run (a mixture of experts with sandwich norms).
     pub(super) fn all(cfg: &'a ModelConfig) -> Result<Vec<LayerPlan<'a>>> {
-        let (mut kv_layer, mut state_at) = (0, 0);
+        let (mut kv_layer, mut state) = (0, 0);
         let mut plans = Vec::with_capacity(cfg.num_layers());
         for l in 0..cfg.num_layers() {
-            let plan = LayerPlan::new(cfg, l, kv_layer, state_at)?;
+            let plan = LayerPlan::new(cfg, l, kv_layer, state)?;
             match &plan.mixer {
                 Mixer::Attention(_) => kv_layer += 1,
-                Mixer::Linear(_) | Mixer::ShortConv(_) => state_at += cfg.layer_state_len(),
+                Mixer::Linear(_) | Mixer::ShortConv(_) => state += cfg.layer_state_parts().len(),
             }
             plans.push(plan);
         }
@@ -156,21 +157,19 @@ impl<'a> LayerPlan<'a> {
         Ok(plans)
     }
 
-    fn new(cfg: &'a ModelConfig, l: usize, kv_layer: usize, state_at: usize) -> Result<LayerPlan<'a>> {
+    fn new(cfg: &'a ModelConfig, l: usize, kv_layer: usize, state: usize) -> Result<LayerPlan<'a>> {
         let n = LayerNames::new(l);
         let layer = &cfg.layers[l];
-        let linear = cfg.linear.as_ref().filter(|_| layer.recurrent);
-        let short_conv = cfg.short_conv.as_ref().filter(|_| layer.recurrent);
-        let mixer = match (linear, short_conv) {
-            (None, Some(config)) => Mixer::ShortConv(ShortConvPlan {
+        let mixer = match cfg.mixer(layer) {
+            LayerMixer::ShortConv(config) => Mixer::ShortConv(ShortConvPlan {
                 in_proj: n.short_conv("in_proj"),
                 conv: n.short_conv("conv.weight"),
                 conv_bias: config.bias.then(|| n.short_conv("conv.bias")),
                 out_proj: n.short_conv("out_proj"),
                 config,
-                state_at,
+                state,
             }),
-            (Some(config), _) => Mixer::Linear(LinearPlan {
+            LayerMixer::Linear(config) => Mixer::Linear(LinearPlan {
                 in_proj: if config.fused_in_proj {
                     InProj::Fused { qkvz: n.linear_attn("in_proj_qkvz"), ba: n.linear_attn("in_proj_ba") }
                 } else {
@@ -187,9 +186,9 @@ impl<'a> LayerPlan<'a> {
                 norm: n.linear_attn("norm.weight"),
                 out_proj: n.linear_attn("out_proj"),
                 config,
-                state_at,
+                state,
             }),
-            (None, None) => Mixer::Attention(AttentionPlan {
+            LayerMixer::Attention => Mixer::Attention(AttentionPlan {
                 q: n.q_proj(),
                 k: n.k_proj(),
                 v: n.v_proj(),
@@ -315,8 +314,8 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
     /// The step: embed the tokens, run every layer of `plan`, norm, and the logits and
     /// greedy next id of the rows the function returns, beside every attention layer's new
     /// keys and values (`[L, R, K, hd]`) for `write_kv` and, where the model has recurrent
-    /// layers (`state`: every sequence's state, `[slots, S]`), each sequence's state after
-    /// its rows (`[n, S]`) for `write_state`.
+    /// layers (`states`: every state buffer, `[slots, len]` each), each sequence's part of
+    /// each buffer after its rows (`[n, len]`) for `write_state`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn emit(
         &self,
@@ -327,7 +326,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         last: Option<V<'c, 'b>>,
         kc: V<'c, 'b>,
         vc: V<'c, 'b>,
-        state: Option<V<'c, 'b>>,
+        states: &[V<'c, 'b>],
     ) -> R<Vec<V<'c, 'b>>> {
         let (f, cfg) = (self.f, self.cfg);
         let m = self.function.split().1;
@@ -349,16 +348,16 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         let (mut new_k, mut new_v, mut new_state) = (Vec::new(), Vec::new(), Vec::new());
         let mut ropes: HashMap<String, (V<'c, 'b>, V<'c, 'b>)> = HashMap::new();
         let cache = Cache { k: kc, v: vc, slots, row_slots, positions };
-        let state = match state {
-            Some(all) => Some(self.read_state(all, slots, positions)?),
-            None => None,
+        let state = match states {
+            [] => None,
+            all => Some(self.state_in(all, slots, positions)?),
         };
 
         for layer in plan {
             let a = match &layer.mixer {
                 Mixer::Attention(a) => a,
                 recurrent => {
-                    let Some(state) = state else {
+                    let Some(state) = &state else {
                         return Err(hlo_emit::Error::Op {
                             op: "step",
                             expected: "a state input for a recurrent layer".into(),
@@ -434,9 +433,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         }
         let next = f.argmax(logits, 1)?;
         let mut out = vec![next, logits, f.concatenate(&new_k, 0)?, f.concatenate(&new_v, 0)?];
-        if state.is_some() {
-            out.push(f.concatenate(&new_state, 1)?);
-        }
+        out.extend(new_state);
         Ok(out)
     }
 
@@ -567,21 +564,29 @@ mod tests {
         let Mixer::Attention(a) = &plans[0].mixer else { panic!("gemma2's layer 0 attends") };
         assert_eq!(a.q, "model.layers.0.self_attn.q_proj");
         // qwen3_next: linear, attention, linear; the attention layer is the cache's first,
-        // the second linear layer's state follows the first's.
+        // the second linear layer's buffers (convolution inputs, matrix) follow the first's.
         let cfg = config("qwen3_next");
         let plans = LayerPlan::all(&cfg).unwrap_or_else(|e| panic!("{e}"));
-        let per_layer = cfg.linear.as_ref().map(|l| l.state_len()).unwrap();
         let kinds: Vec<(bool, usize)> = plans
             .iter()
             .map(|p| match &p.mixer {
                 Mixer::Attention(a) => (false, a.kv_layer),
-                Mixer::Linear(l) => (true, l.state_at),
-                Mixer::ShortConv(sc) => (true, sc.state_at),
+                Mixer::Linear(l) => (true, l.state),
+                Mixer::ShortConv(sc) => (true, sc.state),
             })
             .collect();
-        assert_eq!(kinds, [(true, 0), (false, 0), (true, per_layer)]);
-        assert_eq!(cfg.state_len(), 2 * per_layer);
-        assert_eq!(per_layer, 3 * (2 * 2 * 16 + 4 * 16) + 4 * 16 * 16);
+        assert_eq!(kinds, [(true, 0), (false, 0), (true, 2)]);
+        let (conv, matrix) = (3 * (2 * 2 * 16 + 4 * 16), 4 * 16 * 16);
+        assert_eq!(cfg.state_parts(), [conv, matrix, conv, matrix]);
+        assert_eq!(cfg.state_len(), 2 * (conv + matrix));
+        // lfm2: one buffer per convolution layer.
+        let cfg = config("lfm2");
+        let plans = LayerPlan::all(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        let states: Vec<usize> = plans
+            .iter()
+            .filter_map(|p| if let Mixer::ShortConv(sc) = &p.mixer { Some(sc.state) } else { None })
+            .collect();
+        assert_eq!(states, (0..cfg.state_parts().len()).collect::<Vec<_>>());
     }
 
     #[test]

@@ -3,13 +3,17 @@
 //! sequence's last inputs and the new rows, SiLU, L2-normalised q and k (the readout scale
 //! folded into q), the decay `g` and the write strength `beta`, the delta-rule update of a
 //! `[v_heads, v_dim, k_dim]` matrix per sequence, its readout, a gated RMSNorm and the
-//! out-projection.
+//! out-projection. Beside them LFM2's gated short convolutions (mlx-lm's `ShortConv`), which
+//! share the causal convolution ([`Step::causal_conv`]).
 //!
-//! A sequence's state (the convolution's last inputs and the matrix) is one f32 vector per
-//! slot, `[slots, S]`, every linear layer's part at its offset (`LinearPlan::state_at`). A
-//! step reads each sequence's vector (zeros where the sequence starts: its first row at
-//! position 0, so a reused slot starts fresh) and returns the vector after its rows, which
-//! `write_state` scatters back. Within a prompt chunk the update runs as a sequential scan
+//! A sequence's state is one row of several f32 buffers, `[slots, len]` each: each
+//! recurrent layer's convolution inputs, and a DeltaNet's matrix (`ModelConfig::state_parts`;
+//! a layer's plan names its first). A step reads each sequence's rows ([`StateIn`]: zeros
+//! where the sequence starts, its first row at position 0, so a reused slot starts fresh)
+//! and returns the rows after its own, which `write_state` scatters back. No buffer holds
+//! more than one layer's part, so a step never gathers, concatenates or allocates the
+//! whole state of its sequences (161 MB for 8 rows of the 0.8B Qwen3.5 shape), only each
+//! layer's rows where that layer reads and writes them (docs/PERFORMANCE.md). Within a prompt chunk the update runs as a sequential scan
 //! (`stablehlo.while` over the chunk's real rows: the padding rows after `last` never touch
 //! the state), in the order mlx-lm's own loop takes, so a prompt gives the same state
 //! whatever its chunks. A decode step (one row per sequence) is the same update, batched.
@@ -21,30 +25,47 @@ use hlo_emit::{Cmp, ElementType::*, Func};
 /// The L2 normalisation's epsilon in mlx-lm's `normalize_qk`.
 const QK_EPS: f64 = 1e-6;
 
+/// The state buffers a step reads (`[slots, len]` each), the step's sequences' slots and
+/// which of them start at position 0.
+pub(super) struct StateIn<'c, 'b> {
+    buffers: Vec<V<'c, 'b>>,
+    slots: V<'c, 'b>,
+    /// `[n]`: the sequence's first row is at position 0.
+    fresh: V<'c, 'b>,
+}
+
 impl<'c, 'b> Step<'_, 'c, 'b> {
-    /// Every sequence's state `[n, S]` of `all` (`[slots, S]`), read at its slot, zeros for a
-    /// sequence whose first row is at position 0.
-    pub(super) fn read_state(&self, all: V<'c, 'b>, slots: V<'c, 'b>, positions: V<'c, 'b>) -> R<V<'c, 'b>> {
+    /// What the step's sequences read of the state `buffers`.
+    pub(super) fn state_in(&self, buffers: &[V<'c, 'b>], slots: V<'c, 'b>, positions: V<'c, 'b>) -> R<StateIn<'c, 'b>> {
         let f = self.f;
         let (n, m) = self.function.split();
-        let (n, m, s) = (n as i64, m as i64, all.shape()[1]);
-        let read = f.gather_rows(all, slots)?;
+        let (n, m) = (n as i64, m as i64);
         let first = f.reshape(f.slice(f.reshape(positions, &[n, m])?, &[0, 0], &[n, 1], &[1, 1])?, &[n])?;
         let fresh = f.compare(first, f.splat(0.0, &I32.tensor(&[n]))?, Cmp::Eq)?;
-        let fresh = f.broadcast_in_dim(fresh, &[n, s], &[0])?;
-        f.select(fresh, f.splat(0.0, &F32.tensor(&[n, s]))?, read)
+        Ok(StateIn { buffers: buffers.to_vec(), slots, fresh })
+    }
+
+    /// Every sequence's row `[n, len]` of state buffer `part`, read at its slot, zeros for a
+    /// sequence whose first row is at position 0.
+    fn read_state(&self, state: &StateIn<'c, 'b>, part: usize) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let read = f.gather_rows(state.buffers[part], state.slots)?;
+        let shape = read.shape();
+        let fresh = f.broadcast_in_dim(state.fresh, &shape, &[0])?;
+        f.select(fresh, f.splat(0.0, &F32.tensor(&shape))?, read)
     }
 
     /// One gated DeltaNet layer on the normed input `hn [R, d]`, each sequence starting from
-    /// its part of `state` (`[n, S]`). Returns the heads' gated output `[R, v_heads * v_dim]`
-    /// (before `out_proj`) and the layer's new state: the convolution's last inputs
-    /// `[n, (kernel - 1) * channels]` and the matrix `[n, v_heads * v_dim * k_dim]`. `last`
-    /// (a prompt chunk's last real row) bounds the scan; decode rows are all real.
+    /// its rows of the layer's two state buffers. Returns the heads' gated output
+    /// `[R, v_heads * v_dim]` (before `out_proj`) and the buffers' new rows: the
+    /// convolution's last inputs `[n, (kernel - 1) * channels]` and the matrix
+    /// `[n, v_heads * v_dim * k_dim]`. `last` (a prompt chunk's last real row) bounds the
+    /// scan; decode rows are all real.
     pub(super) fn gated_delta(
         &self,
         hn: V<'c, 'b>,
         lin: &LinearPlan<'_>,
-        state: V<'c, 'b>,
+        state: &StateIn<'c, 'b>,
         last: Option<V<'c, 'b>>,
     ) -> R<(V<'c, 'b>, Vec<V<'c, 'b>>)> {
         let f = self.f;
@@ -81,14 +102,11 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             }
         };
 
-        // This layer's part of each sequence's state.
-        let at = lin.state_at as i64;
+        // Each sequence's rows of this layer's state buffers.
         let conv_len = (width - 1) * channels;
         let matrix_len = nv * dv * dk;
-        let conv_state =
-            f.reshape(f.slice(state, &[0, at], &[n, at + conv_len], &[1, 1])?, &[n, width - 1, channels])?;
-        let end = at + conv_len + matrix_len;
-        let matrix = f.reshape(f.slice(state, &[0, at + conv_len], &[n, end], &[1, 1])?, &[n, nv, dv, dk])?;
+        let conv_state = f.reshape(self.read_state(state, lin.state)?, &[n, width - 1, channels])?;
+        let matrix = f.reshape(self.read_state(state, lin.state + 1)?, &[n, nv, dv, dk])?;
 
         // The causal depthwise convolution, then SiLU.
         let (conv, next_conv) = self.causal_conv(qkv, conv_state, &lin.conv, last)?;
@@ -199,15 +217,15 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
     }
 
     /// One LFM2 short-convolution layer (mlx-lm's `ShortConv`) on the normed input
-    /// `hn [R, d]`, each sequence starting from its part of `state` (`[n, S]`): B, C and x
-    /// from `in_proj`, the causal convolution of `B * x` (plus its bias), times C. Returns
-    /// that `[R, d]` (before `out_proj`) and the layer's new state, the convolution's last
-    /// inputs `[n, (kernel - 1) * d]`.
+    /// `hn [R, d]`, each sequence starting from its row of the layer's state buffer: B, C
+    /// and x from `in_proj`, the causal convolution of `B * x` (plus its bias), times C.
+    /// Returns that `[R, d]` (before `out_proj`) and the buffer's new rows, the
+    /// convolution's last inputs `[n, (kernel - 1) * d]`.
     pub(super) fn short_conv(
         &self,
         hn: V<'c, 'b>,
         sc: &ShortConvPlan<'_>,
-        state: V<'c, 'b>,
+        state: &StateIn<'c, 'b>,
         last: Option<V<'c, 'b>>,
     ) -> R<(V<'c, 'b>, V<'c, 'b>)> {
         let f = self.f;
@@ -219,9 +237,8 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         let bcx = self.linear(hn, &sc.in_proj, sc.config.bias)?;
         let part = |i: i64| f.slice(bcx, &[0, i * d], &[r, (i + 1) * d], &[1, 1]);
         let (b, c, x) = (part(0)?, part(1)?, part(2)?);
-        let at = sc.state_at as i64;
         let len = (width - 1) * d;
-        let prev = f.reshape(f.slice(state, &[0, at], &[n, at + len], &[1, 1])?, &[n, width - 1, d])?;
+        let prev = f.reshape(self.read_state(state, sc.state)?, &[n, width - 1, d])?;
         let (conv, next) = self.causal_conv(f.mul(b, x)?, prev, &sc.conv, last)?;
         let mut conv = f.reshape(conv, &[r, d])?;
         if let Some(bias) = &sc.conv_bias {

@@ -10,11 +10,16 @@
 //!   -> (next: i32[B], logits: f32[B, V], new_k: [L, B, K, hd], new_v)`
 //! - `write_kv_r{R}(positions: i32[R], slots: i32[R], new_k, new_v, k, v) -> (k', v')`
 //!
-//! A model with recurrent layers (Qwen3-Next, Qwen3.5: `ModelConfig::state_len` > 0) also
-//! carries a state per slot, `state: f32[slots, S]`: the step functions take it after `v`
-//! and return each sequence's state after its rows, `new_state: f32[n, S]`, after `new_v`;
-//! `write_state_n{n}(slots: i32[n], new_state, state) -> state'` scatters it back in place.
-//! A sequence whose first row is at position 0 starts from zeros, whatever its slot held.
+//! A model with recurrent layers (Qwen3-Next, Qwen3.5, LFM2) also carries a state per slot,
+//! in `P` buffers (`ModelConfig::state_parts`: each recurrent layer's convolution inputs
+//! and, for a gated DeltaNet, its matrix), `state_i: f32[slots, len_i]`: the step functions
+//! take them after `v` and return each sequence's rows after its own,
+//! `new_state_i: f32[n, len_i]`, after `new_v`;
+//! `write_state_n{n}(slots: i32[n], new_state_0.., state_0..) -> (state_0'..)` scatters them
+//! back in place. A sequence whose first row is at position 0 starts from zeros, whatever
+//! its slot held. One buffer per part, not one `[slots, S]` vector, so no call gathers,
+//! concatenates or returns the whole state of its sequences (the 0.8B Qwen3.5 shape's
+//! 8-row state is 161 MB, a layer's part 8 MB).
 //! Only attention layers have KV cache (`L` counts them: `ModelConfig::kv_layers`).
 //!
 //! `k`, `v` are `[layers, slots, positions, kv_heads, head_dim]` in the cache's element type
@@ -257,16 +262,21 @@ pub fn emit_functions(
     let kv_dims = cache.dims(cfg);
     // A step's new rows travel in f32; `write_kv` converts them to the cache's type.
     let rows_kv = |r: usize| F32.tensor(&[kv_dims[0] as i64, r as i64, kv_dims[3] as i64, kv_dims[4] as i64]);
-    let state_len = cfg.state_len() as i64;
-    let state = (state_len > 0).then(|| F32.tensor(&[cache.slots as i64, state_len]));
+    let parts = cfg.state_parts();
+    let states: Vec<_> = parts.iter().map(|&len| F32.tensor(&[cache.slots as i64, len as i64])).collect();
     for &function in functions {
         let (n, rows) = (function.split().0 as i64, function.rows() as i64);
         if let Function::WriteState { .. } = function {
-            let Some(state) = state.clone() else {
+            if parts.is_empty() {
                 return Err(crate::Error::Invalid(format!("{}: the model has no recurrent state", function.name())));
-            };
-            let inputs = [I32.tensor(&[n]), F32.tensor(&[n, state_len]), state];
-            m.func(&function.name(), &inputs, |f, a| write_state(f, a[0], a[1], a[2]))?;
+            }
+            let mut inputs = vec![I32.tensor(&[n])];
+            inputs.extend(parts.iter().map(|&len| F32.tensor(&[n, len as i64])));
+            inputs.extend(states.iter().cloned());
+            m.func(&function.name(), &inputs, |f, a| {
+                let (new, old) = a[1..].split_at(parts.len());
+                write_state(f, a[0], new, old)
+            })?;
             continue;
         }
         if let Function::WriteKv { .. } = function {
@@ -286,7 +296,7 @@ pub fn emit_functions(
             inputs.push(I32.tensor(&[function.outs() as i64]));
         }
         inputs.extend([kv.clone(), kv.clone()]);
-        inputs.extend(state.clone());
+        inputs.extend(states.iter().cloned());
         m.func(&function.name(), &inputs, |f, a| {
             let step = Step {
                 f,
@@ -300,14 +310,11 @@ pub fn emit_functions(
                 kv_elem: cache.elem.elem(),
                 options: layout.emit_options(),
             };
-            // tokens, positions, slots[, last], k, v[, state]
-            let (cache_args, state) = match state_len {
-                0 => (a, None),
-                _ => (&a[..a.len() - 1], Some(a[a.len() - 1])),
-            };
+            // tokens, positions, slots[, last], k, v[, state_0..]
+            let (cache_args, states) = a.split_at(a.len() - parts.len());
             let last = if cache_args.len() == 6 { Some(cache_args[3]) } else { None };
             let (k, v) = (cache_args[cache_args.len() - 2], cache_args[cache_args.len() - 1]);
-            step.emit(&plan, a[0], a[1], a[2], last, k, v, state)
+            step.emit(&plan, a[0], a[1], a[2], last, k, v, states)
         })?;
     }
     let linked = linked.into_inner();
@@ -385,10 +392,11 @@ fn write_kv<'c, 'b>(
     ])
 }
 
-/// `write_state`: each sequence's new state `[n, S]` scattered into its slot's row of the
-/// state `[slots, S]`, in place (nothing else touches it here).
-fn write_state<'c, 'b>(f: &Func<'c, 'b>, slots: V<'c, 'b>, new: V<'c, 'b>, state: V<'c, 'b>) -> R<Vec<V<'c, 'b>>> {
+/// `write_state`: each sequence's new rows `[n, len]` of every state buffer scattered into
+/// its slot's row of that buffer (`[slots, len]`), in place (nothing else touches them here).
+fn write_state<'c, 'b>(f: &Func<'c, 'b>, slots: V<'c, 'b>, new: &[V<'c, 'b>], old: &[V<'c, 'b>]) -> R<Vec<V<'c, 'b>>> {
     let n = slots.shape()[0];
+    let indices = f.reshape(slots, &[n, 1])?;
     let dims = ScatterDims {
         update_window_dims: vec![1],
         inserted_window_dims: vec![0],
@@ -396,7 +404,7 @@ fn write_state<'c, 'b>(f: &Func<'c, 'b>, slots: V<'c, 'b>, new: V<'c, 'b>, state
         index_vector_dim: 1,
         ..ScatterDims::default()
     };
-    Ok(vec![f.scatter(state, f.reshape(slots, &[n, 1])?, new, dims)?])
+    new.iter().zip(old).map(|(&rows, &buffer)| f.scatter(buffer, indices, rows, dims.clone())).collect()
 }
 
 /// One function's emission: the builder, the model, its layout and globals, and what the
