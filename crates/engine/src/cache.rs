@@ -1,6 +1,6 @@
 //! Where compiled modules are cached, compiling through that cache with progress lines, the
-//! parameters stored in final form beside a compiled module ([`stored_parameters`]), and
-//! keeping the folder to a size ([`evict`]: least recently used modules first).
+//! parameters stored in final form beside a compiled module (`stored_parameters`), and
+//! keeping the folder to a size (`evict`: least recently used modules first).
 //!
 //! Public: where the cache lives ([`default_dir`], [`DEFAULT_CACHE_MAX_BYTES`]), how a
 //! compile went ([`CompileReport`]) and how many modules this process asked of it
