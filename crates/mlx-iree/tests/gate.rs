@@ -76,8 +76,9 @@ const Q8_PACKED_FAMILIES: [&str; 4] = ["llama_llama3_tied", "llama_linear_untied
 const F16_KV_F16_WEIGHTS: [&str; 2] = ["llama_llama3_tied", "gemma2"];
 /// The F16_KV_FAMILIES whose 4-bit variants also run packed with an f16 KV cache: decode
 /// attention in the CPU kernel's f16 form (tests/tests/kernels.rs holds its bits), here
-/// with sliding-window layers.
-const F16_KV_PACKED: [&str; 1] = ["gemma3_text"];
+/// with sliding-window layers, and a hybrid model's attention layers beside its f32 state
+/// (qwen3_5: the bench's `--kv-cache f16` rows run this).
+const F16_KV_PACKED: [&str; 2] = ["gemma3_text", "qwen3_5"];
 /// The family whose 4-bit variant also runs through every other kernel object the host runs.
 const OTHER_KERNELS_FAMILY: &str = "llama_llama3_tied";
 /// The family whose 4-bit variant also runs in the graph form (no CPU kernel), as on every
@@ -150,7 +151,7 @@ macro_rules! f16_kv_families {
     };
 }
 
-f16_kv_families!(llama_llama3_tied, qwen3, gemma2, gemma3_text);
+f16_kv_families!(llama_llama3_tied, qwen3, gemma2, gemma3_text, qwen3_5, lfm2);
 
 /// f16 weights against f32, teacher-forced along the fixture variants' f32 trajectories (40
 /// steps; mlx-lm's, which the f32 path reproduces exactly, see fixtures.rs): the gate passes
