@@ -151,7 +151,7 @@ macro_rules! f16_kv_families {
     };
 }
 
-f16_kv_families!(llama_llama3_tied, qwen3, gemma2, gemma3_text, qwen3_5, lfm2);
+f16_kv_families!(llama_llama3_tied, qwen3, gemma2, gemma3_text, qwen3_5);
 
 /// f16 weights against f32, teacher-forced along the fixture variants' f32 trajectories (40
 /// steps; mlx-lm's, which the f32 path reproduces exactly, see fixtures.rs): the gate passes
