@@ -1,7 +1,8 @@
 //! The typed plan of a decoder and the step that runs it. Each layer is planned once from
 //! the config: its mixer ([`Mixer`]: attention with its projections, q/k norms, biases,
-//! sliding window and RoPE table, or a recurrent layer), where its norms sit, and its feed-forward block ([`FeedForward`]: a gated MLP or
-//! a mixture of experts), each with the checkpoint names it reads. The plan checks every
+//! sliding window and RoPE table, or a recurrent layer), where its norms sit, and its
+//! feed-forward block ([`FeedForward`]: a gated MLP or a mixture of experts), each with
+//! the checkpoint names it reads. The plan checks every
 //! name against the parameters the model declares ([`crate::param_specs`]), so a name the
 //! graph would read and no parameter has fails when the plan is built, before any compile,
 //! instead of as "no global for ..." halfway through emission.
@@ -353,68 +354,54 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             all => Some(self.state_in(all, slots, positions)?),
         };
 
+        let state = state.as_ref();
+        let no_state = || hlo_emit::Error::Op {
+            op: "step",
+            expected: "a state input for a recurrent layer".into(),
+            got: "none".into(),
+        };
         for layer in plan {
-            let a = match &layer.mixer {
-                Mixer::Attention(a) => a,
-                recurrent => {
-                    let Some(state) = &state else {
-                        return Err(hlo_emit::Error::Op {
-                            op: "step",
-                            expected: "a state input for a recurrent layer".into(),
-                            got: "none".into(),
-                        });
+            x = match &layer.mixer {
+                Mixer::Attention(a) => {
+                    let angles = match &a.rope {
+                        None => None,
+                        Some(table) => {
+                            let rope_key = format!("{table:?}");
+                            Some(match ropes.get(&rope_key) {
+                                Some(cs) => *cs,
+                                None => {
+                                    let cs = self.rope_tables(pos_f, table)?;
+                                    ropes.insert(rope_key, cs);
+                                    cs
+                                }
+                            })
+                        }
                     };
                     let hn = self.norm(x, &layer.input_norm)?;
-                    // The mixer's output before its out-projection, and its new state.
-                    let (o, next, out_proj, bias) = match recurrent {
-                        Mixer::Linear(lin) => {
-                            let (o, next) = self.gated_delta(hn, lin, state, last)?;
-                            (o, next, &lin.out_proj, false)
+                    let (o, k_rows, v_rows) = self.attention(hn, a, angles, &cache)?;
+                    new_k.push(k_rows);
+                    new_v.push(v_rows);
+                    match &layer.norms {
+                        Norms::Sandwich { post_attention, .. } => {
+                            let out = self.linear(o, &a.o, a.o_bias)?;
+                            f.add(x, self.norm(out, post_attention)?)?
                         }
-                        Mixer::ShortConv(sc) => {
-                            let (o, next) = self.short_conv(hn, sc, state, last)?;
-                            (o, vec![next], &sc.out_proj, sc.config.bias)
-                        }
-                        Mixer::Attention(_) => {
-                            return Err(hlo_emit::Error::Op {
-                                op: "step",
-                                expected: "a recurrent mixer".into(),
-                                got: "attention".into(),
-                            });
-                        }
-                    };
+                        Norms::Pre { .. } => self.linear_residual(x, o, &a.o, a.o_bias)?,
+                    }
+                }
+                // The recurrent mixers: output before the out-projection, and new state rows.
+                Mixer::Linear(lin) => {
+                    let hn = self.norm(x, &layer.input_norm)?;
+                    let (o, next) = self.gated_delta(hn, lin, state.ok_or_else(no_state)?, last)?;
                     new_state.extend(next);
-                    x = self.linear_residual(x, o, out_proj, bias)?;
-                    x = self.feed_forward(x, layer)?;
-                    continue;
+                    self.linear_residual(x, o, &lin.out_proj, false)?
                 }
-            };
-            let angles = match &a.rope {
-                None => None,
-                Some(table) => {
-                    let rope_key = format!("{table:?}");
-                    Some(match ropes.get(&rope_key) {
-                        Some(cs) => *cs,
-                        None => {
-                            let cs = self.rope_tables(pos_f, table)?;
-                            ropes.insert(rope_key, cs);
-                            cs
-                        }
-                    })
+                Mixer::ShortConv(sc) => {
+                    let hn = self.norm(x, &layer.input_norm)?;
+                    let (o, next) = self.short_conv(hn, sc, state.ok_or_else(no_state)?, last)?;
+                    new_state.push(next);
+                    self.linear_residual(x, o, &sc.out_proj, sc.config.bias)?
                 }
-            };
-
-            let hn = self.norm(x, &layer.input_norm)?;
-            let (o, k_rows, v_rows) = self.attention(hn, a, angles, &cache)?;
-            new_k.push(k_rows);
-            new_v.push(v_rows);
-
-            x = match &layer.norms {
-                Norms::Sandwich { post_attention, .. } => {
-                    let out = self.linear(o, &a.o, a.o_bias)?;
-                    f.add(x, self.norm(out, post_attention)?)?
-                }
-                Norms::Pre { .. } => self.linear_residual(x, o, &a.o, a.o_bias)?,
             };
             x = self.feed_forward(x, layer)?;
         }
