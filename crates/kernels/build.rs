@@ -27,12 +27,13 @@ const NEON: (&str, &str) = ("cpu/qmv_aarch64.c", "qmv_aarch64.o");
 /// The CUDA source, its header and the PTX written from it.
 const CUDA: (&str, &str, &str) = ("cuda/qmv.cu", "cuda/device.h", "qmv_cuda.ptx");
 /// Included by the sources.
-const HEADERS: [&str; 8] = [
+const HEADERS: [&str; 9] = [
     "cpu/qmv.h",
     "cpu/hmv.h",
     "cpu/qmv_avx512.h",
     "cpu/qrows.h",
     "cpu/attn.h",
+    "cpu/delta.h",
     "cpu/vf16_avx512.h",
     "cpu/vf16_avx2.h",
     "cpu/vf16_neon.h",

@@ -2,9 +2,10 @@
 //! instruction set this host runs: `qmv` equals a plain-Rust model of its arithmetic bit for
 //! bit (so every object equals every other) at row counts that take every path of the
 //! kernels (one row, partial chunks and panels, several panels), and is close to the f64
-//! product with the dequantized matrix; `qrows` gives the dequantized rows, bit for bit. The
-//! cases and the model (kernel_cases) are those the aarch64 object is held to under qemu
-//! (kernels_aarch64.rs).
+//! product with the dequantized matrix; `qrows` gives the dequantized rows, bit for bit; so do
+//! attention, the f16 product and the gated delta rule's step (its state updated where it
+//! lies), each against its own model. The cases and the models (kernel_cases) are those the
+//! aarch64 object is held to under qemu (kernels_aarch64.rs).
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
@@ -16,9 +17,9 @@ use kernels::cpu::{self, Isa, Op, Scale};
 
 mod kernel_cases;
 use kernel_cases::{
-    ATTN_CASES, AttnCase, DENSE_ROWS, DenseMatrix, EXPERTS, IDS, K, Matrix, O, PAIRS, ROWS, attention_f64, check_dense,
-    check_dense_rows, check_qmv, check_rows, dense_function_name, dense_module, entries, expert_of,
-    experts_function_name, function_name, group_size, input, module,
+    ATTN_CASES, AttnCase, DELTA_CASES, DENSE_ROWS, DenseMatrix, EXPERTS, IDS, K, Matrix, O, PAIRS, ROWS, attention_f64,
+    check_delta, check_dense, check_dense_rows, check_qmv, check_rows, dense_function_name, dense_module, entries,
+    expert_of, experts_function_name, function_name, group_size, input, module,
 };
 
 /// The matrix in the kernel layout on the device: weight, scales, biases.
@@ -42,7 +43,7 @@ fn upload(m: &Matrix, device: &iree_hal::Device, scale: Scale) -> [iree_hal::Buf
 fn run(isa: Isa) -> Vec<Vec<f32>> {
     let dir = tempfile::tempdir().unwrap();
     let object = cpu::install(dir.path(), isa).unwrap().unwrap();
-    let vmfb = compile_cpu(&module(&cpu::executable_source(&object, &entries(), &[], &[])));
+    let vmfb = compile_cpu(&module(&cpu::executable_source(&object, &entries(), &[], &[], false)));
     let instance = Instance::new().unwrap();
     let device = instance.device("local-task").unwrap();
     let mut session = Session::new(&instance, &device).unwrap();
@@ -171,7 +172,7 @@ fn every_attention_object_computes_the_same_bits() {
     for isa in cpu::host_isas() {
         let dir = tempfile::tempdir().unwrap();
         let object = cpu::install(dir.path(), isa).unwrap().unwrap();
-        let vmfb = compile_cpu(&attention_module(&cpu::executable_source(&object, &[], &attention, &[])));
+        let vmfb = compile_cpu(&attention_module(&cpu::executable_source(&object, &[], &attention, &[], false)));
         let instance = Instance::new().unwrap();
         let device = instance.device("local-task").unwrap();
         let mut session = Session::new(&instance, &device).unwrap();
@@ -219,7 +220,7 @@ fn every_dense_object_computes_the_same_bits() {
     for isa in cpu::host_isas() {
         let dir = tempfile::tempdir().unwrap();
         let object = cpu::install(dir.path(), isa).unwrap().unwrap();
-        let vmfb = compile_cpu(&dense_module(&cpu::executable_source(&object, &[], &[], &cpu::Dense::ALL)));
+        let vmfb = compile_cpu(&dense_module(&cpu::executable_source(&object, &[], &[], &cpu::Dense::ALL, false)));
         let instance = Instance::new().unwrap();
         let device = instance.device("local-task").unwrap();
         let mut session = Session::new(&instance, &device).unwrap();
@@ -246,6 +247,77 @@ fn every_dense_object_computes_the_same_bits() {
                     check_dense(&format!("{isa} {}", entry.export()), &m, &x, t, residual.as_deref(), &got);
                 }
             }
+        }
+    }
+}
+
+/// Each delta case as a function dispatching the delta export once, its state argument
+/// updated in place (tied: the export's binding 8, written), returning the state and y.
+fn delta_module(source: &str) -> String {
+    let ctx = Context::new();
+    let m = Module::new(&ctx);
+    let (f32, i32) = (ElementType::F32, ElementType::I32);
+    for (i, case) in DELTA_CASES.iter().enumerate() {
+        let [n, _, h, dk, dv, s] = case.constants().map(|d| d as i64);
+        let r = case.rows() as i64;
+        let args = [
+            f32.tensor(&[r, h, dk]),
+            f32.tensor(&[r, h, dk]),
+            f32.tensor(&[r, h, dv]),
+            f32.tensor(&[r, h]),
+            f32.tensor(&[r, h]),
+            i32.tensor(&[r]),
+            i32.tensor(&[n]),
+            i32.tensor(&[1]),
+            f32.tensor(&[s, h * dv * dk]),
+        ];
+        m.func(&format!("delta_{i}"), &args, |f, a| {
+            let constants = case.constants().map(|c| c as i32);
+            let y = f32.tensor(&[r, h * dv]);
+            f.dispatch_tied(cpu::EXECUTABLE, cpu::DELTA_EXPORT, n * h, &constants, a, &[8], y)
+        })
+        .unwrap();
+    }
+    m.append_source(cpu::EXECUTABLE, source).unwrap();
+    m.to_text()
+}
+
+/// The delta rule's step (`cpu/delta.h`) of every object this host runs, dispatched by IREE
+/// with its state updated in place: y and the state equal the Rust model
+/// (`kernels::cpu::delta_model`) bit for bit, so every object equals every other, and are
+/// within 1e-5 of the step in f64; slots no sequence names keep their bits and padding rows
+/// give 0 (kernel_cases' `check_delta`).
+#[test]
+fn every_delta_object_computes_the_same_bits() {
+    for isa in cpu::host_isas() {
+        let dir = tempfile::tempdir().unwrap();
+        let object = cpu::install(dir.path(), isa).unwrap().unwrap();
+        let vmfb = compile_cpu(&delta_module(&cpu::executable_source(&object, &[], &[], &[], true)));
+        let instance = Instance::new().unwrap();
+        let device = instance.device("local-task").unwrap();
+        let mut session = Session::new(&instance, &device).unwrap();
+        session.load_vmfb(&vmfb).unwrap();
+        for (i, case) in DELTA_CASES.iter().enumerate() {
+            let inputs = case.inputs(2000 + 10 * i as u64);
+            let [n, _, h, dk, dv, s] = case.constants();
+            let r = case.rows();
+            let args = [
+                device.upload(&[r, h, dk], &inputs.q).unwrap(),
+                device.upload(&[r, h, dk], &inputs.k).unwrap(),
+                device.upload(&[r, h, dv], &inputs.v).unwrap(),
+                device.upload(&[r, h], &inputs.g).unwrap(),
+                device.upload(&[r, h], &inputs.beta).unwrap(),
+                device.upload(&[r], case.positions).unwrap(),
+                device.upload(&[n], case.slots).unwrap(),
+                device.upload(&[1], &[case.last]).unwrap(),
+                device.upload(&[s, h * dv * dk], &inputs.state).unwrap(),
+            ];
+            let refs: Vec<&iree_hal::BufferView> = args.iter().collect();
+            let out = session.call(&format!("delta_{i}"), &refs).unwrap();
+            assert_eq!(out.len(), 2, "{isa} delta case {i}: the state and y");
+            let state: Vec<f32> = out[0].to_vec().unwrap();
+            let y: Vec<f32> = out[1].to_vec().unwrap();
+            check_delta(&format!("{isa} delta case {i}"), case, &inputs, &y, &state);
         }
     }
 }

@@ -8,7 +8,9 @@
 //!   scales, group sizes 16 to 128 and 1, 3, 8 and 13 rows of x, gives the bits of the Rust
 //!   model the x86-64 objects are held to (kernel_cases, kernels.rs), so all objects compute
 //!   the same bits; its attention (`attn`) gives `kernels::cpu::attention_model`'s bits on
-//!   kernel_cases' attention cases, as the x86-64 objects do;
+//!   kernel_cases' attention cases, and its delta rule's step (`delta`) gives
+//!   `kernels::cpu::delta_model`'s bits (y and the state it updates) on its delta cases, as
+//!   the x86-64 objects do;
 //! - linked by IREE into an aarch64 executable from the MLIR `kernels::cpu` writes for it
 //!   (the module kernels.rs runs), as on an aarch64 host.
 
@@ -24,8 +26,8 @@ use std::process::{Command, Stdio};
 
 mod kernel_cases;
 use kernel_cases::{
-    ATTN_CASES, DENSE_ROWS, DenseMatrix, IDS, K, Matrix, O, ROWS, check_dense, check_dense_rows, check_qmv, check_rows,
-    entries, input, module,
+    ATTN_CASES, DELTA_CASES, DENSE_ROWS, DenseMatrix, IDS, K, Matrix, O, ROWS, check_delta, check_dense,
+    check_dense_rows, check_qmv, check_rows, entries, input, module,
 };
 
 /// Every group size the kernels take, each at every (bits, scale).
@@ -248,6 +250,42 @@ fn the_aarch64_attention_computes_the_models_bits() {
     assert_eq!(at, got.len(), "the driver wrote more than was asked for");
 }
 
+/// The delta rule's step (cpu/delta.h) of the aarch64 object gives kernel_cases' delta cases
+/// the Rust model's bits, y and the state it updates where it lies, as the host's objects do
+/// through IREE (kernels.rs; the same checks: `check_delta`).
+#[test]
+fn the_aarch64_delta_rule_computes_the_models_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = executable(dir.path(), &object(dir.path()));
+    let (mut stdin, mut all_inputs) = (Vec::new(), Vec::new());
+    let floats = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let ints = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    for (i, case) in DELTA_CASES.iter().enumerate() {
+        let inputs = case.inputs(2000 + 10 * i as u64);
+        let header = [8].into_iter().chain(case.constants().map(|d| d as u32));
+        push_part(&mut stdin, &header.flat_map(u32::to_le_bytes).collect::<Vec<u8>>());
+        for part in [&inputs.q, &inputs.k, &inputs.v, &inputs.g, &inputs.beta] {
+            push_part(&mut stdin, &floats(part));
+        }
+        for part in [case.positions, case.slots, &[case.last]] {
+            push_part(&mut stdin, &ints(part));
+        }
+        push_part(&mut stdin, &floats(&inputs.state));
+        all_inputs.push(inputs);
+    }
+    let out = run(&exe, &stdin);
+    let got: Vec<f32> = out.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let mut at = 0;
+    for (i, (case, inputs)) in DELTA_CASES.iter().zip(&all_inputs).enumerate() {
+        let (y_len, state_len) = (case.rows() * case.heads * case.dv, case.state_len());
+        assert!(got.len() >= at + y_len + state_len, "delta case {i}: the driver wrote too few values");
+        let (y, state) = got[at..at + y_len + state_len].split_at(y_len);
+        check_delta(&format!("neondot delta case {i}"), case, inputs, y, state);
+        at += y_len + state_len;
+    }
+    assert_eq!(at, got.len(), "the driver wrote more than was asked for");
+}
+
 /// The dense product and lookup (cpu/hmv.h, f16 and bf16) of the aarch64 object give
 /// kernel_cases' cases the Rust model's bits (`kernels::cpu::dense_model`), as the host's
 /// objects do through IREE (kernels.rs).
@@ -315,7 +353,7 @@ fn dot_instructions(code: &[u8]) -> usize {
 fn iree_links_the_aarch64_object() {
     let dir = tempfile::tempdir().unwrap();
     let object = object(dir.path());
-    let mlir = module(&cpu::executable_source_for("aarch64", &object, &entries(), &[], &[]));
+    let mlir = module(&cpu::executable_source_for("aarch64", &object, &entries(), &[], &[], false));
     let target = Target::LlvmCpu { cpu: "generic".into() };
     let options = CompileOptions::default().with_flag("--iree-llvmcpu-target-triple=aarch64-unknown-linux-gnu");
     let vmfb = e2e::compiler().compile(&mlir, &target, &options).unwrap();

@@ -31,6 +31,10 @@ pub struct Plan {
     /// empty for a model of attention layers only): beside the KV cache, written by
     /// `write_state` after each call.
     pub state_parts: Vec<usize>,
+    /// Per state buffer, whether the step functions update it in place and return it whole
+    /// instead of returning rows for `write_state` (`models::graph::state_in_place`; none
+    /// until [`Plan::for_layout`]).
+    pub state_in_place: Vec<bool>,
 }
 
 /// Prompt chunk sizes: short prompts in 16-token calls, long ones in 128-token calls.
@@ -90,6 +94,7 @@ impl Plan {
             call_rows,
             mixed: Vec::new(),
             state_parts: cfg.state_parts(),
+            state_in_place: vec![false; cfg.state_parts().len()],
         })
     }
 
@@ -104,6 +109,7 @@ impl Plan {
     /// decode rows"); not for a model with recurrent layers, whose scan takes one sequence's
     /// rows at a time.
     pub fn for_layout(mut self, cfg: &ModelConfig, layout: &Layout) -> Plan {
+        self.state_in_place = models::graph::state_in_place(cfg, layout);
         if models::graph::attention_in_kernel(cfg, layout) {
             self.decode_windows = vec![self.cache.positions];
             self.windows = vec![self.cache.positions];
@@ -133,8 +139,8 @@ impl Plan {
         writes.sort_unstable();
         writes.dedup();
         // A prefill writes one sequence's state, a decode call its rows' (the batch sizes).
-        let states =
-            self.batches.iter().filter(|_| !self.state_parts.is_empty()).map(|&rows| Function::WriteState { rows });
+        let scatters = self.state_in_place.iter().any(|in_place| !in_place);
+        let states = self.batches.iter().filter(|_| scatters).map(|&rows| Function::WriteState { rows });
         prefill
             .chain(decode)
             .chain(mixed)
@@ -302,6 +308,45 @@ pub(crate) mod tests {
             let mlir = text(&packed, &kernel);
             let per_call = c.num_layers() * (one_each.len() + chunk_each.len() + mixed.len());
             assert_eq!(mlir.matches("entry_points = [@mlx_iree_kernels::@attn_f32_u1]").count(), per_call, "{mlir}");
+        }
+        let _ = std::fs::remove_dir_all(&cache_dir);
+    }
+
+    /// Where the CPU kernels are linked, each DeltaNet matrix is updated in place by the
+    /// step (one `delta` dispatch per linear layer per function) and `write_state` scatters
+    /// only the convolution inputs; the graph form returns rows for every buffer.
+    #[test]
+    fn the_delta_kernel_updates_the_matrices_in_place() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_5/q4");
+        let mut ckpt = Checkpoint::open(&dir).unwrap();
+        let c = ModelConfig::for_checkpoint(&mut ckpt).unwrap();
+        let linear = c.layers.iter().filter(|l| l.recurrent).count();
+        let cache_dir = std::env::temp_dir().join(format!("engine-plan-delta-{}", std::process::id()));
+        let backend = Backend::new(CompileTarget::HostCpu, KernelSetting::Auto, &cache_dir).unwrap();
+        let dense = Layout::dense(&c, Precision::F32);
+        let plan = Plan::new(&c, &config(2, Some(64))).unwrap();
+        let graph = plan.clone().for_layout(&c, &dense);
+        assert_eq!(graph.state_in_place, vec![false; 2 * linear]);
+        let text = |layout: &Layout, plan: &Plan| -> String {
+            backend.graph_modules(&c, layout, plan).unwrap().iter().map(|m| m.mlir.clone()).collect()
+        };
+        assert!(!text(&dense, &graph).contains("@delta"));
+        if kernels::cpu::host_isa().is_some() {
+            let packed = backend.layout(&c, Precision::Packed, &ckpt).unwrap();
+            let kernel = plan.clone().for_layout(&c, &packed);
+            assert_eq!(kernel.state_in_place, [false, true].repeat(linear));
+            let functions = kernel.functions();
+            let steps = functions.iter().filter(|f| matches!(f, Function::Prefill { .. } | Function::Decode { .. }));
+            let mlir = text(&packed, &kernel);
+            let dispatches = mlir.matches("entry_points = [@mlx_iree_kernels::@delta]").count();
+            assert_eq!(dispatches, linear * steps.count(), "{mlir}");
+            // write_state_n2 takes the slots, then the new rows and the buffer of each
+            // convolution part only.
+            let (conv, matrix) = (c.state_parts()[0], c.state_parts()[1]);
+            let head = mlir.split("@write_state_n2(").nth(1).unwrap().split(')').next().unwrap().to_owned();
+            assert_eq!(head.matches(&format!("x{conv}xf32>")).count(), 2 * linear, "{head}");
+            assert_eq!(head.matches("xf32>").count(), 2 * linear, "{head}");
+            assert!(!head.contains(&format!("x{matrix}xf32>")), "{head}");
         }
         let _ = std::fs::remove_dir_all(&cache_dir);
     }

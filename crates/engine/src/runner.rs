@@ -376,19 +376,30 @@ impl Engine {
         let Ok([next, logits, new_k, new_v]) = <[BufferView; 4]>::try_from(out) else {
             return Err(Error::Abi { function: name, got, expected });
         };
-        if !self.states.is_empty() {
-            // Each sequence's rows after its own, into its slot (a decode call's padding
-            // rows repeat a real row: the same bytes to the same place).
+        // The buffers the step updated in place come back whole; the others' new rows go
+        // into each sequence's slot (a decode call's padding rows repeat a real row: the
+        // same bytes to the same place).
+        let mut scattered = Vec::new();
+        for (i, view) in new_states.into_iter().enumerate() {
+            if self.plan.state_in_place[i] {
+                self.states[i] = view;
+            } else {
+                scattered.push((i, view));
+            }
+        }
+        if !scattered.is_empty() {
             let sequences = if let Reads::Prefill { .. } = reads { 1 } else { rows.len() };
             let write = Function::WriteState { rows: sequences }.name();
             let mut args = vec![seq_slots];
-            args.extend(&new_states);
-            args.extend(&self.states);
+            args.extend(scattered.iter().map(|(_, view)| view));
+            args.extend(scattered.iter().map(|(i, _)| &self.states[*i]));
             let out = self.session.call(&write, &args)?;
-            if out.len() != self.states.len() {
-                return Err(Error::Abi { function: write, got: out.len(), expected: self.states.len() });
+            if out.len() != scattered.len() {
+                return Err(Error::Abi { function: write, got: out.len(), expected: scattered.len() });
             }
-            self.states = out;
+            for ((i, _), view) in scattered.iter().zip(out) {
+                self.states[*i] = view;
+            }
         }
         let write = Function::WriteKv { rows: rows.len() }.name();
         let out = self.session.call(&write, &[&positions, &row_slots, &new_k, &new_v, &self.k, &self.v])?;

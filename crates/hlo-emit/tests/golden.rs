@@ -1033,6 +1033,37 @@ fn dispatch_to_an_appended_executable() {
     );
 }
 
+/// A result tied to an argument names it among the dispatch's arguments (push constants
+/// first); the other result is tied to none.
+#[test]
+fn dispatch_updating_an_argument_in_place() {
+    check(
+        "dispatch_updating_an_argument_in_place",
+        |m| {
+            m.func("f", &[F32.tensor(&[1, 8]), F32.tensor(&[3, 4])], |f, a| {
+                f.dispatch_tied("kernels", "step", 3, &[5], &[a[0], a[1]], &[1], F32.tensor(&[1, 4]))
+            })?;
+            Ok(())
+        },
+        r#"module {
+  func.func @f(%arg0: tensor<1x8xf32>, %arg1: tensor<3x4xf32>) -> (tensor<3x4xf32>, tensor<1x4xf32>) {
+    %0 = "arith.constant"() {value = 3 : index} : () -> index
+    %1 = "arith.constant"() {value = 5 : i32} : () -> i32
+    %2:2 = "flow.dispatch"(%0, %1, %arg0, %arg1) {entry_points = [@kernels::@step], operandSegmentSizes = array<i32: 1, 3, 0, 0>, tied_operands = [2 : index, -1 : index]} : (index, i32, tensor<1x8xf32>, tensor<3x4xf32>) -> (tensor<3x4xf32>, tensor<1x4xf32>)
+    return %2#0, %2#1 : tensor<3x4xf32>, tensor<1x4xf32>
+  }
+}
+"#,
+    );
+    let ctx = Context::new();
+    let m = Module::new(&ctx);
+    let err = m
+        .func("g", &[F32.tensor(&[2])], |f, a| f.dispatch_tied("k", "e", 1, &[], &[a[0]], &[1], F32.tensor(&[2])))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "flow.dispatch: expected in-place arguments among the 1 given, got 1");
+}
+
 #[test]
 fn dot_general_to_a_wider_integer() {
     check(

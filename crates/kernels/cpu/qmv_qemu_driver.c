@@ -15,9 +15,11 @@
 //! caches, positions and slots, each padded the same way; or a dense case (hmv.h): 5 u32 (5
 //! for `hmv`, 6 for `hmvr`, 7 for `hrows`; T; K; O; 1 for bf16, 0 for f16), then x (T x K
 //! f32, or T i32 ids), for `hmvr` the residual, and the weights in hmv.h's blocks (O x K
-//! 16-bit values), padded the same way.
+//! 16-bit values), padded the same way; or a delta case (delta.h): 7 u32 (8; n; m; H; dk;
+//! dv; S), then q, k, v, g, beta, positions, slots, last and the state, padded the same way.
 //! stdout: each case's output (T x O
-//! or T x K f32; n x K x G x hd f32), in order. The work is split into workgroups as
+//! or T x K f32; n x K x G x hd f32; for a delta case y, n * m x H x dv f32, then the state
+//! after the step, S x H x dv x dk f32), in order. The work is split into workgroups as
 //! IREE splits it (4 row blocks per `qmv` call, one id per `qrows` call), and the output
 //! starts as NaNs, so a kernel must write every value it owns.
 
@@ -52,6 +54,10 @@ typedef void hrows_fn(const int32_t*, size_t, const uint16_t*, size_t, float*, s
 hmv_fn mlx_iree_hmv_f16, mlx_iree_hmv_bf16;
 hmvr_fn mlx_iree_hmvr_f16, mlx_iree_hmvr_bf16;
 hrows_fn mlx_iree_hrows_f16, mlx_iree_hrows_bf16;
+typedef void delta_fn(const float*, size_t, const float*, size_t, const float*, size_t, const float*, size_t,
+                      const float*, size_t, const int32_t*, size_t, const int32_t*, size_t, const int32_t*, size_t,
+                      float*, size_t, float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
+delta_fn mlx_iree_delta;
 
 static long syscall3(long nr, long a, long b, long c) {
   register long x8 __asm__("x8") = nr;
@@ -116,6 +122,36 @@ static size_t run_attention(const uint8_t* p, size_t len, const uint32_t* h) {
   return size;
 }
 
+// Runs the delta case at p (header h), its state updated where it lies (the input is
+// writable), and returns its size.
+static size_t run_delta(const uint8_t* p, size_t len, const uint32_t* h) {
+  const size_t n = h[1], m = h[2], H = h[3], DK = h[4], DV = h[5], S = h[6], R = n * m;
+  const size_t qk_bytes = R * H * DK * 4, v_bytes = R * H * DV * 4, gb_bytes = R * H * 4;
+  const size_t state_bytes = S * H * DV * DK * 4, out_len = R * H * DV;
+  const size_t size = 64 + 2 * padded(qk_bytes) + padded(v_bytes) + 2 * padded(gb_bytes) + padded(R * 4) +
+                      padded(n * 4) + padded(4) + padded(state_bytes);
+  if (size > len) fail("qmv_qemu_driver: truncated case\n");
+  if (out_len > sizeof output / sizeof output[0]) fail("qmv_qemu_driver: output too large\n");
+  const uint8_t* q = p + 64;
+  const uint8_t* k = q + padded(qk_bytes);
+  const uint8_t* v = k + padded(qk_bytes);
+  const uint8_t* g = v + padded(v_bytes);
+  const uint8_t* beta = g + padded(gb_bytes);
+  const uint8_t* pos = beta + padded(gb_bytes);
+  const uint8_t* slots = pos + padded(R * 4);
+  const uint8_t* last = slots + padded(n * 4);
+  float* state = (float*)(uintptr_t)(last + padded(4));
+  for (size_t i = 0; i < out_len; ++i) output[i] = __builtin_nanf("");
+  // One (sequence, head) a workgroup, as IREE splits it.
+  for (size_t u = 0; u < n * H; ++u)
+    mlx_iree_delta((const float*)q, 0, (const float*)k, 0, (const float*)v, 0, (const float*)g, 0,
+                   (const float*)beta, 0, (const int32_t*)pos, 0, (const int32_t*)slots, 0, (const int32_t*)last, 0,
+                   state, 0, output, 0, n, m, H, DK, DV, S, u, u + 1);
+  write_all((const uint8_t*)output, out_len * 4);
+  write_all((const uint8_t*)state, state_bytes);
+  return size;
+}
+
 // Runs the dense case at p (header h) and returns its size.
 static size_t run_dense(const uint8_t* p, size_t len, const uint32_t* h) {
   const uint32_t op = h[0], bf16 = h[4];
@@ -152,6 +188,7 @@ static size_t run_case(const uint8_t* p, size_t len) {
   if (len < 64) fail("qmv_qemu_driver: truncated header\n");
   const uint32_t* h = (const uint32_t*)p;
   if (h[0] == 2) return run_attention(p, len, h);
+  if (h[0] == 8) return run_delta(p, len, h);
   if (h[0] >= 5) return run_dense(p, len, h);
   const uint32_t op = h[0], bits = h[1], f16 = h[2];
   const size_t T = h[3], K = h[4], O = h[5], GS = h[6];

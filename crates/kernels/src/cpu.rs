@@ -1,6 +1,7 @@
 //! The CPU kernels: fused dequant + matvec (`qmv`) and packed-row lookup (`qrows`), for
-//! 4- and 8-bit weights with f16 or f32 scales, and decode attention over the KV cache
-//! (`attn`, `cpu/attn.h`), built once per instruction set ([`Isa`]):
+//! 4- and 8-bit weights with f16 or f32 scales, decode attention over the KV cache (`attn`,
+//! `cpu/attn.h`) and the gated delta rule's step over a recurrent state, updated where it
+//! lies (`delta`, `cpu/delta.h`), built once per instruction set ([`Isa`]):
 //! `cpu/qmv_x86_64_amx.c` (AMX-INT8), `cpu/qmv_x86_64.c` (AVX-512 VNNI),
 //! `cpu/qmv_x86_64_avx2.c` (AVX2) and `cpu/qmv_aarch64.c` (aarch64 NEON with the
 //! dot-product extension), with the same entry points, layouts and numerics (their results
@@ -14,6 +15,20 @@
 //! scales, biases, output); a matvec workgroup computes at most 4 blocks. Attention's
 //! bindings, constants and numerics are in `cpu/attn.h`; [`attention_model`] is its
 //! arithmetic in Rust.
+//!
+//! The delta rule ([`DELTA_EXPORT`], `cpu/delta.h`; Qwen3.5 / Qwen3-Next linear attention,
+//! mlx-lm's `_gated_delta_step_ops`): for each of n sequences of m rows (a prompt chunk, or
+//! m = 1 for decode) and each of H heads, the state `[dv, dk]` of the sequence's slot goes
+//! through its real rows in order, each row `s = s * g; delta = (v - s . k) * beta;
+//! s = s + k * delta; y = s . q` per state row, and is written back where it lies. Bindings
+//! q, k `[n * m, H, dk]`, v `[n * m, H, dv]`, g, beta `[n * m, H]` (f32), positions
+//! `[n * m]`, slots `[n]`, last `[1]` (i32: the index of each sequence's last real row), the
+//! state `[S, H * dv * dk]` (read and written: the export's second written binding) and y
+//! `[n * m, H * dv]` (f32); push constants n, m, H, dk, dv, S ([`DELTA_CONSTANTS`]); units
+//! are (sequence, head) pairs, one a workgroup. A sequence at position 0 starts from zeros;
+//! padding rows (past `last`) give 0 and leave the state alone; a sequence repeating an
+//! earlier one's slot (decode's padding) computes nothing, the earlier one writes its y.
+//! [`delta_model`] is its arithmetic in Rust, with the numerics in `cpu/delta.h`.
 
 use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
@@ -205,8 +220,12 @@ pub fn install(dir: &Path, isa: Isa) -> std::io::Result<Option<PathBuf>> {
     let name = format!("qmv_{}_{isa}-{hash}.o", isa.arch());
     let path = dir.join(&name);
     if !path.exists() {
+        // A temporary name of this call's own: two threads of one process installing at
+        // once must not rename one file twice (the second rename failed, NotFound).
+        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         std::fs::create_dir_all(dir)?;
-        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+        let tmp = dir.join(format!(".{name}.{}.{call}", std::process::id()));
         std::fs::write(&tmp, bytes)?;
         std::fs::rename(&tmp, &path)?;
     }
@@ -640,13 +659,100 @@ fn attn_exp(x: f32) -> f32 {
     y * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
 
-/// The `hal.executable.source` declaring `entries` and `attention` (IREE keeps only exports a
-/// module dispatches, so a module declares exactly those it uses), linking `object` (a path
-/// from [`install`], for an instruction set of this host's architecture, which the target
-/// says). Each export takes one workload value (see [`units_per_workgroup`]; an attention
-/// export's units are rows times kv heads).
-pub fn executable_source(object: &Path, entries: &[Entry], attention: &[Attention], dense: &[Dense]) -> String {
-    executable_source_for(std::env::consts::ARCH, object, entries, attention, dense)
+/// The export of the gated delta rule's step (`cpu/delta.h`, C function `mlx_iree_delta`).
+pub const DELTA_EXPORT: &str = "delta";
+/// Its push constants, in order: sequences n, rows per sequence m, heads H, key dim dk,
+/// value dim dv, state slots S.
+pub const DELTA_CONSTANTS: usize = 6;
+/// The most key dims the delta rule takes: a state row of 16 16-lane chunks in registers.
+const DELTA_MAX_K: usize = 256;
+
+/// Whether the delta rule's kernel takes heads of these dims: a key dim of 1 to 16 whole
+/// 16-lane chunks, a value dim of at least 1.
+pub fn supports_delta(k_dim: usize, v_dim: usize) -> bool {
+    (16..=DELTA_MAX_K).contains(&k_dim) && k_dim.is_multiple_of(16) && v_dim >= 1
+}
+
+/// `cpu/delta.h`'s arithmetic in Rust, for tests to hold the objects to, bit for bit: updates
+/// `state` (`[s, h, dv, dk]`) as the kernel does where it lies and returns y
+/// `[n * m, h * dv]`. Arguments as the kernel's bindings and constants (`last` the one value
+/// of its binding), for dims it takes ([`supports_delta`], at least one slot and one row).
+#[allow(clippy::too_many_arguments)]
+pub fn delta_model(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    positions: &[i32],
+    slots: &[i32],
+    last: i32,
+    state: &mut [f32],
+    [n, m, h, dk, dv, s]: [usize; 6],
+) -> Vec<f32> {
+    assert!(supports_delta(dk, dv) && s > 0 && m > 0, "dims the kernel does not take: {dk} {dv} {s} {m}");
+    let mut y = vec![0f32; n * m * h * dv];
+    let dot = |a: &[f32], b: &[f32]| -> f32 {
+        let mut lanes = [0f32; 16];
+        for (ac, bc) in a.chunks_exact(16).zip(b.chunks_exact(16)) {
+            for i in 0..16 {
+                lanes[i] = ac[i].mul_add(bc[i], lanes[i]);
+            }
+        }
+        sum16(&lanes)
+    };
+    let slot_of = |i: usize| (slots[i] as u32 as usize).min(s - 1);
+    let count = usize::try_from(last).unwrap_or(0).min(m - 1) + 1;
+    for i in 0..n {
+        let slot = slot_of(i);
+        // A repeat of an earlier sequence's slot: that sequence writes its y.
+        if (0..i).any(|j| slot_of(j) == slot) {
+            continue;
+        }
+        let fresh = positions[i * m] == 0;
+        for hh in 0..h {
+            let at = (slot * h + hh) * dv * dk;
+            for a in 0..dv {
+                let row = &mut state[at + a * dk..][..dk];
+                let mut st: Vec<f32> = if fresh { vec![0.0; dk] } else { row.to_vec() };
+                for t in 0..count {
+                    let r = i * m + t;
+                    let (gr, br) = (g[r * h + hh], beta[r * h + hh]);
+                    let kr = &k[(r * h + hh) * dk..][..dk];
+                    let qr = &q[(r * h + hh) * dk..][..dk];
+                    st.iter_mut().for_each(|x| *x *= gr);
+                    let delta = (v[(r * h + hh) * dv + a] - dot(&st, kr)) * br;
+                    st.iter_mut().zip(kr).for_each(|(x, kc)| *x = kc.mul_add(delta, *x));
+                    y[r * h * dv + hh * dv + a] = dot(&st, qr);
+                }
+                row.copy_from_slice(&st);
+            }
+            // The later sequences with this slot repeat this one.
+            for j in (i + 1..n).filter(|&j| slot_of(j) == slot) {
+                for t in 0..m {
+                    let (from, to) = ((i * m + t) * h * dv + hh * dv, (j * m + t) * h * dv + hh * dv);
+                    y.copy_within(from..from + dv, to);
+                }
+            }
+        }
+    }
+    y
+}
+
+/// The `hal.executable.source` declaring `entries`, `attention`, `dense` and, when `delta`,
+/// the delta rule's [`DELTA_EXPORT`] (IREE keeps only exports a module dispatches, so a
+/// module declares exactly those it uses), linking `object` (a path from [`install`], for an
+/// instruction set of this host's architecture, which the target says). Each export takes
+/// one workload value (see [`units_per_workgroup`]; an attention export's units are rows
+/// times kv heads, the delta rule's sequences times heads).
+pub fn executable_source(
+    object: &Path,
+    entries: &[Entry],
+    attention: &[Attention],
+    dense: &[Dense],
+    delta: bool,
+) -> String {
+    executable_source_for(std::env::consts::ARCH, object, entries, attention, dense, delta)
 }
 
 /// [`executable_source`] for an object of another architecture (`arch` as [`Isa::arch`]
@@ -657,12 +763,14 @@ pub fn executable_source_for(
     entries: &[Entry],
     attention: &[Attention],
     dense: &[Dense],
+    delta: bool,
 ) -> String {
     let target = executable_target(arch);
     let path = object.display().to_string().replace('\\', "\\\\").replace('"', "\\\"");
     let mut exports: Vec<ExportSpec> = entries.iter().map(|e| ExportSpec::packed(*e)).collect();
     exports.extend(attention.iter().map(|a| ExportSpec::attention(*a)));
     exports.extend(dense.iter().map(|d| ExportSpec::dense(*d)));
+    exports.extend(delta.then(ExportSpec::delta));
     // One export op per entry, then one inner module holding every entry's function (IREE
     // reads a single inner module per source), each C function declared once.
     let (mut export_ops, mut funcs, mut declared) = (String::new(), String::new(), BTreeSet::new());
@@ -681,12 +789,13 @@ pub fn executable_source_for(
 }
 
 /// What the MLIR of one export says: names, the workload it splits, its bindings' element
-/// types (the last one written) and its push constants.
+/// types (the last `written` of them written, the others read only) and its push constants.
 struct ExportSpec {
     name: String,
     c_name: String,
     per_workgroup: usize,
     bindings: Vec<&'static str>,
+    written: usize,
     constants: usize,
 }
 
@@ -710,6 +819,7 @@ impl ExportSpec {
             name,
             per_workgroup: units_per_workgroup(e.op),
             bindings,
+            written: 1,
             constants,
         }
     }
@@ -722,7 +832,20 @@ impl ExportSpec {
             c_name: format!("mlx_iree_attn_{}", a.cache_name()),
             per_workgroup: a.units,
             bindings: vec!["f32", "f32", "f32", c, c, "i32", "i32", "f32"],
+            written: 1,
             constants: Attention::CONSTANTS,
+        }
+    }
+
+    /// q, k, v, g, beta, positions, slots, last, then the state (updated where it lies) and y.
+    fn delta() -> ExportSpec {
+        ExportSpec {
+            name: DELTA_EXPORT.to_owned(),
+            c_name: "mlx_iree_delta".to_owned(),
+            per_workgroup: 1,
+            bindings: vec!["f32", "f32", "f32", "f32", "f32", "i32", "i32", "i32", "f32", "f32"],
+            written: 2,
+            constants: DELTA_CONSTANTS,
         }
     }
 
@@ -738,6 +861,7 @@ impl ExportSpec {
             c_name: format!("mlx_iree_{}", d.export()),
             per_workgroup: d.units_per_workgroup(),
             bindings,
+            written: 1,
             constants: Dense::CONSTANTS,
         }
     }
@@ -745,7 +869,7 @@ impl ExportSpec {
     /// The export op, the C function's declaration and the export's function.
     fn text(&self, ordinal: usize) -> (String, String, String) {
         let (name, c_name, per) = (&self.name, &self.c_name, self.per_workgroup);
-        let layout = crate::pipeline_layout(self.constants, self.bindings.len());
+        let layout = crate::pipeline_layout(self.constants, self.bindings.len(), self.written);
         let mut params: Vec<String> = self.bindings.iter().map(|e| format!("memref<{e}>, index")).collect();
         params.extend((0..self.constants + 2).map(|_| "index".to_owned()));
         let params = params.join(", ");
@@ -912,7 +1036,7 @@ mod tests {
             .flat_map(|(op, bits)| [Scale::F16, Scale::F32].into_iter().map(move |scale| Entry { op, bits, scale }))
             .collect();
         let used = [all[0], all[5], all[9]];
-        let text = executable_source(Path::new("/k/qmv.o"), &used, &[], &[]);
+        let text = executable_source(Path::new("/k/qmv.o"), &used, &[], &[], false);
         for (i, e) in all.iter().enumerate() {
             let name = export(e.op, e.bits, e.scale);
             let expected = usize::from(used.contains(e));
@@ -934,7 +1058,7 @@ mod tests {
     #[test]
     fn the_residual_matvec_takes_one_binding_more() {
         let e = |op| Entry { op, bits: 8, scale: Scale::F32 };
-        let text = executable_source(Path::new("/k/qmv.o"), &[e(Op::Matvec), e(Op::MatvecAdd)], &[], &[]);
+        let text = executable_source(Path::new("/k/qmv.o"), &[e(Op::Matvec), e(Op::MatvecAdd)], &[], &[], false);
         let decl = |name: &str| text.lines().find(|l| l.contains(&format!("private @mlx_iree_{name}("))).unwrap();
         let plain = "memref<f32>, index, memref<i8>, index, memref<f32>, index, memref<f32>, index, memref<f32>, index";
         assert!(decl("qmv8_f32").contains(&format!("({plain}, index")), "{text}");
@@ -965,7 +1089,7 @@ mod tests {
     /// (`hmvr` only) and the result, then T, K, O and the units.
     #[test]
     fn the_dense_exports_declare_their_bindings() {
-        let text = executable_source(Path::new("/k/qmv.o"), &[], &[], &Dense::ALL[..3]);
+        let text = executable_source(Path::new("/k/qmv.o"), &[], &[], &Dense::ALL[..3], false);
         let decl = |name: &str| text.lines().find(|l| l.contains(&format!("private @mlx_iree_{name}("))).unwrap();
         let constants = "index, index, index, index, index) attributes";
         let with = |bindings: &str| format!("({bindings}, {constants}");
@@ -984,15 +1108,68 @@ mod tests {
         assert_eq!(y, vec![11.0]);
     }
 
+    #[test]
+    fn heads_the_delta_kernel_takes() {
+        assert!(supports_delta(128, 128), "Qwen3.5's heads");
+        assert!(supports_delta(16, 1) && supports_delta(256, 8) && supports_delta(48, 5));
+        assert!(!supports_delta(272, 128), "17 chunks of key");
+        assert!(!supports_delta(40, 128) && !supports_delta(0, 128), "key dims not of whole chunks");
+        assert!(!supports_delta(128, 0), "no values");
+    }
+
+    /// The delta export's C function takes ten bindings and six constants; the state (binding
+    /// 8) is written as y is, the others only read.
+    #[test]
+    fn the_delta_export_writes_its_state() {
+        let text = executable_source(Path::new("/k/qmv.o"), &[], &[], &[], true);
+        let decl = text.lines().find(|l| l.contains("private @mlx_iree_delta(")).unwrap();
+        let f = "memref<f32>, index";
+        let i = "memref<i32>, index";
+        let bindings = [f, f, f, f, f, i, i, i, f, f].join(", ");
+        let units = "index, index, index, index, index, index, index, index) attributes";
+        assert!(decl.contains(&format!("({bindings}, {units}")), "{decl}");
+        let ro = r#"#hal.pipeline.binding<storage_buffer, "ReadOnly|Indirect">"#;
+        let rw = "#hal.pipeline.binding<storage_buffer, Indirect>";
+        let layout = format!("constants = 6, bindings = [{}, {rw}, {rw}]>", [ro; 8].join(", "));
+        assert!(text.contains(&layout), "{text}");
+        assert!(text.contains("@delta ordinal(0)") && text.contains("ceildiv 1)"), "{text}");
+        assert!(!executable_source(Path::new("/k/qmv.o"), &[], &[], &[], false).contains("@delta"));
+    }
+
+    /// One head, one state row of 16: a key along lane 0 writes `beta * (v - s . k)` there
+    /// (on the decayed state); a fresh sequence reads zeros; a sequence repeating an earlier
+    /// one's slot gets its y and leaves the state alone; padding rows give 0.
+    #[test]
+    fn the_delta_model_follows_the_rule() {
+        let e0: Vec<f32> = (0..16).map(|c| if c == 0 { 1.0 } else { 0.0 }).collect();
+        let (n, m) = (2, 2);
+        let k: Vec<f32> = e0.repeat(n * m);
+        let q: Vec<f32> = k.iter().map(|x| x * 0.5).collect();
+        let (v, g, beta) = ([3.0, 9.0, 3.0, 9.0], [0.5; 4], [0.25; 4]);
+        let mut state = vec![4.0f32; 2 * 16];
+        // Sequence 0 in slot 1 at position 7; sequence 1 repeats it; row 1 of each is padding.
+        let y = delta_model(&q, &k, &v, &g, &beta, &[7, 8, 7, 8], &[1, 1], 0, &mut state, [n, m, 1, 16, 1, 2]);
+        // s = 4 * 0.5 = 2; delta = (3 - 2) * 0.25 = 0.25; s[0] = 2.25; y = 2.25 * 0.5.
+        assert_eq!(y, [1.125, 0.0, 1.125, 0.0]);
+        assert_eq!(state[16], 2.25);
+        assert!(state[17..].iter().all(|x| *x == 2.0) && state[..16].iter().all(|x| *x == 4.0), "{state:?}");
+        // At position 0 the old state is not read: s[0] = 3 * 0.25 = 0.75, then
+        // 0.75 * 0.5 + (9 - 0.375) * 0.25 = 2.53125 (both rows real now).
+        let y = delta_model(&q, &k, &v, &g, &beta, &[0, 1, 5, 6], &[0, 1], 1, &mut state, [n, m, 1, 16, 1, 2]);
+        assert_eq!(&y[..2], [0.375, 1.265625]);
+        assert_eq!(state[0], 2.53125);
+        assert!(state[1..16].iter().all(|x| *x == 0.0), "{state:?}");
+    }
+
     /// Objects are keyed by the generic target of their architecture (IREE's format name for
     /// aarch64 is `arm_64`), the host's for the objects this build installs.
     #[test]
     fn the_source_names_the_objects_architecture() {
         let entries = [Entry { op: Op::Matvec, bits: 4, scale: Scale::F16 }];
         let object = Path::new("/k/qmv.o");
-        let x86 = executable_source_for("x86_64", object, &entries, &[], &[]);
+        let x86 = executable_source_for("x86_64", object, &entries, &[], &[], false);
         assert!(x86.contains(r#""embedded-elf-x86_64", {target_triple = "x86_64-unknown-unknown-eabi-elf"}"#), "{x86}");
-        let arm = executable_source_for("aarch64", object, &entries, &[], &[]);
+        let arm = executable_source_for("aarch64", object, &entries, &[], &[], false);
         assert!(
             arm.contains(r#""embedded-elf-arm_64", {target_triple = "aarch64-unknown-unknown-eabi-elf"}"#),
             "{arm}"
@@ -1002,8 +1179,8 @@ mod tests {
             arm.replace("embedded-elf-arm_64", "").replace("aarch64-", "")
         );
         assert_eq!(
-            executable_source(object, &entries, &[], &[]),
-            executable_source_for(std::env::consts::ARCH, object, &entries, &[], &[])
+            executable_source(object, &entries, &[], &[], false),
+            executable_source_for(std::env::consts::ARCH, object, &entries, &[], &[], false)
         );
     }
 }

@@ -153,7 +153,7 @@ pub fn executable_source(ptx: &[u8], entries: &[Entry]) -> String {
     let mut exports = String::new();
     for (ordinal, e) in entries.iter().enumerate() {
         let name = e.export();
-        let layout = crate::pipeline_layout(e.op.constants(), e.op.bindings());
+        let layout = crate::pipeline_layout(e.op.constants(), e.op.bindings(), 1);
         let per = e.op.units_per_block();
         // The generic form: IREE 3.13's custom syntax for the op takes no `workgroup_size`,
         // which CUDA needs ahead of time (the second region, the export's fallback

@@ -167,6 +167,14 @@ fn eight_rows_packed() {
     eight_rows_give_what_each_prompt_gives_alone(&root().join("tests/fixtures-trained/qwen3/q4"), Precision::Packed);
 }
 
+/// A DeltaNet model packed, where its update runs in the CPU kernel on this host: the
+/// kernel updates each row's state where it lies, once for a padding row that repeats a
+/// real one's slot (the random fixture: mlx-lm's own 4-bit tokens).
+#[test]
+fn eight_rows_packed_recurrent() {
+    eight_rows_give_what_each_prompt_gives_alone(&root().join("tests/fixtures/qwen3_5/q4"), Precision::Packed);
+}
+
 /// The logits of row 0 of a decode step, with slot 0 holding `cases[0]` and the other slots
 /// (and rows) holding `others`.
 fn row0_logits(engine: &mut Engine, first: &Reference, others: &[Reference]) -> Vec<u32> {

@@ -4,7 +4,9 @@
 //! state is carried across calls; and a slot reused after a finished request, beside other
 //! busy slots, gives what a fresh engine gives (the state is reset at position 0).
 //! fixtures.rs holds these families to mlx-lm's own tokens; this file holds the engine's
-//! bookkeeping of their state.
+//! bookkeeping of their state, at f32 (the graph's scan) and, for the DeltaNet families,
+//! packed 4-bit where this host runs the CPU kernels (the `delta` kernel, which updates the
+//! state in place, and its handling of decode's padding rows).
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
@@ -20,14 +22,16 @@ fn root() -> PathBuf {
 const PROMPT: usize = 150;
 const STEPS: usize = 24;
 
-fn engine(family: &str) -> Engine {
+/// `family`'s engine: `variant` "f32" at f32, "q4" packed.
+fn engine(family: &str, variant: &str) -> Engine {
+    let precision = if variant == "f32" { Precision::F32 } else { Precision::Packed };
     let config = EngineConfig {
         max_batch: 4,
         max_context: Some(256),
         store_parameters: false,
-        ..EngineConfig::new("local-task", Precision::F32, root().join("target/test-compile-cache"))
+        ..EngineConfig::new("local-task", precision, root().join("target/test-compile-cache"))
     };
-    Engine::load(&root().join("tests/fixtures").join(family).join("f32"), &config).unwrap()
+    Engine::load(&root().join("tests/fixtures").join(family).join(variant), &config).unwrap()
 }
 
 /// A fixed pseudo-random prompt of `len` ids below `vocab` (xorshift, seeded per use).
@@ -59,8 +63,8 @@ fn greedy(engine: &mut Engine, slot: usize, prompt: &[u32], piece: usize) -> Vec
     out
 }
 
-fn chunking_does_not_change_the_tokens(family: &str) {
-    let mut engine = engine(family);
+fn chunking_does_not_change_the_tokens(family: &str, variant: &str) {
+    let mut engine = engine(family, variant);
     let prompt = prompt(7, PROMPT, engine.config().vocab);
     let whole = greedy(&mut engine, 0, &prompt, PROMPT);
     // Not a degenerate run (every continuation the same id) that any state would give.
@@ -72,8 +76,8 @@ fn chunking_does_not_change_the_tokens(family: &str) {
 
 /// Slot 0 runs a long request to the end; slots 1 and 2 keep decoding their own; slot 0
 /// then takes a short new request, which must give what a fresh engine gives it.
-fn a_reused_slot_starts_from_a_fresh_state(family: &str) {
-    let mut engine = engine(family);
+fn a_reused_slot_starts_from_a_fresh_state(family: &str, variant: &str) {
+    let mut engine = engine(family, variant);
     let vocab = engine.config().vocab;
     let (first, second) = (prompt(11, PROMPT, vocab), prompt(12, 9, vocab));
     let others = [prompt(13, 20, vocab), prompt(14, 33, vocab)];
@@ -89,7 +93,7 @@ fn a_reused_slot_starts_from_a_fresh_state(family: &str) {
     advance(&mut engine, &mut rows);
     let reused = greedy(&mut engine, 0, &second, 16);
     advance(&mut engine, &mut rows);
-    let fresh = greedy(&mut self::engine(family), 0, &second, 16);
+    let fresh = greedy(&mut self::engine(family, variant), 0, &second, 16);
     assert_eq!(reused, fresh, "{family}: slot 0 after a finished request");
     // The same through single-token calls (the decode path's reset) on a reused slot.
     assert_eq!(greedy(&mut engine, 0, &second, 1), fresh, "{family}: slot 0 fed token by token");
@@ -100,14 +104,28 @@ macro_rules! per_family {
         mod $family {
             #[test]
             fn chunking_does_not_change_the_tokens() {
-                super::chunking_does_not_change_the_tokens(stringify!($family));
+                super::chunking_does_not_change_the_tokens(stringify!($family), "f32");
             }
             #[test]
             fn a_reused_slot_starts_from_a_fresh_state() {
-                super::a_reused_slot_starts_from_a_fresh_state(stringify!($family));
+                super::a_reused_slot_starts_from_a_fresh_state(stringify!($family), "f32");
             }
         }
     )*};
 }
 
 per_family!(qwen3_5, qwen3_next, lfm2);
+
+/// The same at packed 4-bit, where the DeltaNet update runs in the CPU kernel (this host
+/// has one; else the graph again, which the f32 tests already hold).
+mod delta_kernel {
+    #[test]
+    fn chunking_does_not_change_the_tokens() {
+        super::chunking_does_not_change_the_tokens("qwen3_5", "q4");
+    }
+    #[test]
+    fn a_reused_slot_starts_from_a_fresh_state() {
+        super::a_reused_slot_starts_from_a_fresh_state("qwen3_5", "q4");
+        super::a_reused_slot_starts_from_a_fresh_state("qwen3_next", "q4");
+    }
+}

@@ -567,3 +567,257 @@ pub fn attention_f64(case: &AttnCase, [q, k_new, v_new, kc, vc]: &[Vec<f32>; 5])
     }
     out
 }
+
+/// One case of the gated delta rule's step (`kernels::cpu::delta_model`, `cpu/delta.h`): n
+/// sequences of m rows, H heads of dk keys and dv values, a state of S slots.
+pub struct DeltaCase {
+    pub n: usize,
+    pub m: usize,
+    /// The index of each sequence's last real row (clamped to [0, m - 1] by the kernel).
+    pub last: i32,
+    pub heads: usize,
+    pub dk: usize,
+    pub dv: usize,
+    /// Slots of the state.
+    pub slots_in_state: usize,
+    /// n x m: each row's position (the kernel reads each sequence's first).
+    pub positions: &'static [i32],
+    pub slots: &'static [i32],
+    /// (sequence, the earlier sequence whose rows it repeats exactly): decode's padding.
+    pub repeats: &'static [(usize, usize)],
+}
+
+/// A prompt chunk with two padding rows; a fresh prompt (position 0) over a slot holding an
+/// old state, beside a sequence that is not; decode with a padding sequence repeating a real
+/// one and a sequence at position 0; the real model's heads (128 x 128) at decode; the most
+/// key dims (256) with a slot past the state (clamped to the last) and `last` past the rows
+/// (clamped: all real); a prompt chunk repeated by a padding sequence. Key dims of 1, 2, 3,
+/// 8 and 16 chunks, value dims that do not fill the objects' passes of rows.
+pub const DELTA_CASES: [DeltaCase; 6] = [
+    DeltaCase {
+        n: 1,
+        m: 7,
+        last: 4,
+        heads: 2,
+        dk: 32,
+        dv: 16,
+        slots_in_state: 3,
+        positions: &[9, 10, 11, 12, 13, 14, 15],
+        slots: &[1],
+        repeats: &[],
+    },
+    DeltaCase {
+        n: 2,
+        m: 4,
+        last: 3,
+        heads: 2,
+        dk: 48,
+        dv: 5,
+        slots_in_state: 3,
+        positions: &[0, 1, 2, 3, 20, 21, 22, 23],
+        slots: &[0, 2],
+        repeats: &[],
+    },
+    DeltaCase {
+        n: 4,
+        m: 1,
+        last: 0,
+        heads: 3,
+        dk: 16,
+        dv: 8,
+        slots_in_state: 5,
+        positions: &[7, 0, 7, 3],
+        slots: &[2, 0, 2, 4],
+        repeats: &[(2, 0)],
+    },
+    DeltaCase {
+        n: 2,
+        m: 1,
+        last: 0,
+        heads: 2,
+        dk: 128,
+        dv: 128,
+        slots_in_state: 3,
+        positions: &[100, 5],
+        slots: &[2, 0],
+        repeats: &[],
+    },
+    DeltaCase {
+        n: 1,
+        m: 3,
+        last: 5,
+        heads: 1,
+        dk: 256,
+        dv: 20,
+        slots_in_state: 2,
+        positions: &[40, 41, 42],
+        slots: &[9],
+        repeats: &[],
+    },
+    DeltaCase {
+        n: 3,
+        m: 3,
+        last: 1,
+        heads: 1,
+        dk: 16,
+        dv: 3,
+        slots_in_state: 2,
+        positions: &[4, 5, 6, 4, 5, 6, 0, 1, 2],
+        slots: &[1, 1, 0],
+        repeats: &[(1, 0)],
+    },
+];
+
+/// A delta case's f32 inputs: q, k `[n * m, H, dk]`, v `[n * m, H, dv]`, g, beta
+/// `[n * m, H]` and the state before the step `[S, H * dv * dk]`.
+#[derive(Debug, Clone)]
+pub struct DeltaInputs {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub g: Vec<f32>,
+    pub beta: Vec<f32>,
+    pub state: Vec<f32>,
+}
+
+impl DeltaCase {
+    pub fn rows(&self) -> usize {
+        self.n * self.m
+    }
+
+    /// The kernel's push constants: n, m, H, dk, dv, S.
+    pub fn constants(&self) -> [usize; 6] {
+        [self.n, self.m, self.heads, self.dk, self.dv, self.slots_in_state]
+    }
+
+    pub fn state_len(&self) -> usize {
+        self.slots_in_state * self.heads * self.dv * self.dk
+    }
+
+    /// The slot a sequence's state lies in, clamped as the kernel clamps it.
+    pub fn slot(&self, i: usize) -> usize {
+        (self.slots[i] as u32 as usize).min(self.slots_in_state - 1)
+    }
+
+    /// Random inputs as the model feeds the step: k of unit length and q of length
+    /// 1 / sqrt(dk) per row and head (mlx-lm normalises both, and scales q), v in [-1, 1),
+    /// g (the decay) in [0.15, 0.95), beta in [0.05, 0.95), every slot's state in [-1, 1);
+    /// then each repeating sequence's rows copied from the one it repeats.
+    pub fn inputs(&self, seed: u64) -> DeltaInputs {
+        let (r, h, dk, dv) = (self.rows(), self.heads, self.dk, self.dv);
+        let unit = |v: Vec<f32>, length: f32| -> Vec<f32> {
+            v.chunks(dk)
+                .flat_map(|c| {
+                    let norm = c.iter().map(|x| x * x).sum::<f32>().sqrt();
+                    c.iter().map(move |x| x / norm * length).collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        let mut inputs = DeltaInputs {
+            q: unit(values(seed, r * h * dk), 1.0 / (dk as f32).sqrt()),
+            k: unit(values(seed + 1, r * h * dk), 1.0),
+            v: values(seed + 2, r * h * dv),
+            g: values(seed + 3, r * h).iter().map(|x| 0.55 + 0.4 * x).collect(),
+            beta: values(seed + 4, r * h).iter().map(|x| 0.5 + 0.45 * x).collect(),
+            state: values(seed + 5, self.state_len()),
+        };
+        for &(j, i) in self.repeats {
+            let rows = |v: &mut Vec<f32>, width: usize| {
+                let per = self.m * h * width;
+                v.copy_within(i * per..(i + 1) * per, j * per);
+            };
+            rows(&mut inputs.q, dk);
+            rows(&mut inputs.k, dk);
+            rows(&mut inputs.v, dv);
+            rows(&mut inputs.g, 1);
+            rows(&mut inputs.beta, 1);
+            assert_eq!(self.positions[i * self.m..][..self.m], self.positions[j * self.m..][..self.m]);
+            assert_eq!(self.slots[i], self.slots[j]);
+        }
+        inputs
+    }
+
+    /// What `kernels::cpu::delta_model` says the kernel gives: y `[n * m, H * dv]` and the
+    /// state after the step.
+    pub fn model(&self, inputs: &DeltaInputs) -> (Vec<f32>, Vec<f32>) {
+        let mut state = inputs.state.clone();
+        let DeltaInputs { q, k, v, g, beta, .. } = inputs;
+        let y = cpu::delta_model(q, k, v, g, beta, self.positions, self.slots, self.last, &mut state, self.constants());
+        (y, state)
+    }
+}
+
+/// The step in f64, written as the rule reads (mlx-lm's `_gated_delta_step_ops`), each
+/// sequence from its slot's state before the call (zeros at position 0) over its real rows:
+/// `S = S * g; S += outer(beta * (v - S k), k); y = S q` with S `[dv, dk]`. The state after
+/// it is the first sequence's with each slot (a repeat computes the same); padding rows' y
+/// is 0. Returns y and the state.
+pub fn delta_f64(case: &DeltaCase, inputs: &DeltaInputs) -> (Vec<f64>, Vec<f64>) {
+    let (h, dk, dv, m) = (case.heads, case.dk, case.dv, case.m);
+    let real = (case.last.max(0) as usize).min(m - 1) + 1;
+    let mut y = vec![0f64; case.rows() * h * dv];
+    let mut state: Vec<f64> = inputs.state.iter().map(|x| f64::from(*x)).collect();
+    let mut written = std::collections::BTreeSet::new();
+    for i in 0..case.n {
+        let slot = case.slot(i);
+        for hh in 0..h {
+            let at = (slot * h + hh) * dv * dk;
+            let mut s: Vec<f64> = if case.positions[i * m] == 0 {
+                vec![0.0; dv * dk]
+            } else {
+                inputs.state[at..at + dv * dk].iter().map(|x| f64::from(*x)).collect()
+            };
+            for t in 0..real {
+                let r = i * m + t;
+                let (gr, br) = (f64::from(inputs.g[r * h + hh]), f64::from(inputs.beta[r * h + hh]));
+                let kr: Vec<f64> = inputs.k[(r * h + hh) * dk..][..dk].iter().map(|x| f64::from(*x)).collect();
+                let qr: Vec<f64> = inputs.q[(r * h + hh) * dk..][..dk].iter().map(|x| f64::from(*x)).collect();
+                s.iter_mut().for_each(|x| *x *= gr);
+                for a in 0..dv {
+                    let row = &mut s[a * dk..][..dk];
+                    let kv: f64 = row.iter().zip(&kr).map(|(x, k)| x * k).sum();
+                    let delta = br * (f64::from(inputs.v[(r * h + hh) * dv + a]) - kv);
+                    row.iter_mut().zip(&kr).for_each(|(x, k)| *x += k * delta);
+                    y[r * h * dv + hh * dv + a] = row.iter().zip(&qr).map(|(x, q)| x * q).sum();
+                }
+            }
+            if !written.contains(&(slot, hh)) {
+                state[at..at + dv * dk].copy_from_slice(&s);
+            }
+        }
+        for hh in 0..h {
+            written.insert((slot, hh));
+        }
+    }
+    (y, state)
+}
+
+/// A kernel's delta step (`y`, and `state` after it): the model's bits, within 1e-5 of the
+/// case's largest magnitude of the step in f64 (y and state each), the slots no sequence
+/// names untouched, padding rows' y exactly 0.
+pub fn check_delta(what: &str, case: &DeltaCase, inputs: &DeltaInputs, y: &[f32], state: &[f32]) {
+    let (model_y, model_state) = case.model(inputs);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(y.len(), model_y.len(), "{what}: y's length");
+    assert_eq!(state.len(), model_state.len(), "{what}: the state's length");
+    assert_eq!(bits(y), bits(&model_y), "{what}: y differs from the model's");
+    assert_eq!(bits(state), bits(&model_state), "{what}: the state differs from the model's");
+    let (exact_y, exact_state) = delta_f64(case, inputs);
+    for (name, got, exact) in [("y", y, &exact_y), ("state", state, &exact_state)] {
+        let scale = exact.iter().fold(1e-3f64, |a, v| a.max(v.abs()));
+        for (at, (g, e)) in got.iter().zip(exact.iter()).enumerate() {
+            let err = (f64::from(*g) - e).abs() / scale;
+            assert!(err < 1e-5, "{what}: {name}[{at}] = {g}, exactly {e} (error {err:.1e} of {scale:.2})");
+        }
+    }
+    let per_slot = case.heads * case.dv * case.dk;
+    for slot in (0..case.slots_in_state).filter(|s| (0..case.n).all(|i| case.slot(i) != *s)) {
+        let range = slot * per_slot..(slot + 1) * per_slot;
+        assert_eq!(bits(&state[range.clone()]), bits(&inputs.state[range]), "{what}: slot {slot} was touched");
+    }
+    let real = (case.last.max(0) as usize).min(case.m - 1) + 1;
+    let width = case.heads * case.dv;
+    for r in (0..case.rows()).filter(|r| r % case.m >= real) {
+        assert!(y[r * width..][..width].iter().all(|x| x.to_bits() == 0), "{what}: padding row {r}'s y is not 0");
+    }
+}

@@ -9,7 +9,7 @@ use melior::ir::attribute::IntegerAttribute;
 use melior::ir::block::BlockLike;
 use melior::ir::operation::OperationBuilder;
 use melior::ir::r#type::IntegerType;
-use melior::ir::{Attribute, Identifier, Location, Type};
+use melior::ir::{Attribute, Identifier, Location, Type, ValueLike};
 
 fn is_symbol(name: &str) -> bool {
     !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
@@ -29,6 +29,26 @@ impl<'c, 'b> Func<'c, 'b> {
         args: &[Value<'c, 'b>],
         result: TensorType,
     ) -> Result<Value<'c, 'b>, Error> {
+        let mut out = self.dispatch_tied(executable, export, workload, constants, args, &[], result)?;
+        out.pop().ok_or_else(|| Error::op("flow.dispatch", "one result", "none"))
+    }
+
+    /// [`Func::dispatch`] that also updates the arguments `in_place` (indices into `args`)
+    /// where they lie: `flow.dispatch ... -> (%arg_i, ..., result)`, each tied to its
+    /// operand, so IREE gives the export that argument's buffer as a read-write binding
+    /// (where the argument binds) instead of a copy, when nothing reads the argument after.
+    /// Returns the updated arguments, in the order of `in_place`, then the result.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dispatch_tied(
+        &self,
+        executable: &str,
+        export: &str,
+        workload: i64,
+        constants: &[i32],
+        args: &[Value<'c, 'b>],
+        in_place: &[usize],
+        result: TensorType,
+    ) -> Result<Vec<Value<'c, 'b>>, Error> {
         const OP: &str = "flow.dispatch";
         if !is_symbol(executable) || !is_symbol(export) {
             return Err(Error::op(
@@ -39,6 +59,9 @@ impl<'c, 'b> Func<'c, 'b> {
         }
         if workload < 1 {
             return Err(Error::op(OP, "a workload of at least 1", workload));
+        }
+        if let Some(&bad) = in_place.iter().find(|&&i| i >= args.len()) {
+            return Err(Error::op(OP, format!("in-place arguments among the {} given", args.len()), bad));
         }
         result.validate(OP)?;
         let ctx = self.context().raw();
@@ -61,20 +84,31 @@ impl<'c, 'b> Func<'c, 'b> {
         }
         operands.extend(args.iter().map(|a| a.raw()));
         let segments = format!("array<i32: 1, {}, 0, 0>", constants.len() + args.len());
+        // A tied result names its operand by its place among the arguments, push constants
+        // first.
+        let tied: Vec<String> =
+            in_place.iter().map(|i| format!("{} : index", constants.len() + i)).chain(["-1 : index".into()]).collect();
+        let tied = tied.join(", ");
         let named = [
             ("entry_points", self.parse_attr(OP, &format!("[@{executable}::@{export}]"))?),
             ("operandSegmentSizes", self.parse_attr(OP, &segments)?),
-            ("tied_operands", self.parse_attr(OP, "[-1 : index]")?),
+            ("tied_operands", self.parse_attr(OP, &format!("[{tied}]"))?),
         ]
         .map(|(k, v)| (Identifier::new(ctx, k), v));
+        let mut types: Vec<Type<'c>> = in_place.iter().map(|&a| args[a].raw().r#type()).collect();
+        types.push(result.to_mlir(ctx));
         let op = OperationBuilder::new(OP, loc)
             .add_operands(&operands)
             .add_attributes(&named)
-            .add_results(&[result.to_mlir(ctx)])
+            .add_results(&types)
             .build()
             .map_err(|e| Error::mlir(OP, e))?;
         let op = self.block().append_operation(op);
-        let raw = op.result(0).map_err(|e| Error::mlir(OP, e))?;
-        Ok(self.wrap(raw.into(), result.elem))
+        let mut out = Vec::with_capacity(types.len());
+        for (i, elem) in in_place.iter().map(|&a| args[a].elem()).chain([result.elem]).enumerate() {
+            let raw = op.result(i).map_err(|e| Error::mlir(OP, e))?;
+            out.push(self.wrap(raw.into(), elem));
+        }
+        Ok(out)
     }
 }

@@ -13,10 +13,19 @@
 //! and returns the rows after its own, which `write_state` scatters back. No buffer holds
 //! more than one layer's part, so a step never gathers, concatenates or allocates the
 //! whole state of its sequences (161 MB for 8 rows of the 0.8B Qwen3.5 shape), only each
-//! layer's rows where that layer reads and writes them (docs/PERFORMANCE.md). Within a prompt chunk the update runs as a sequential scan
-//! (`stablehlo.while` over the chunk's real rows: the padding rows after `last` never touch
-//! the state), in the order mlx-lm's own loop takes, so a prompt gives the same state
-//! whatever its chunks. A decode step (one row per sequence) is the same update, batched.
+//! layer's rows where that layer reads and writes them (docs/PERFORMANCE.md).
+//!
+//! Within a prompt chunk the update runs as a sequential scan (`stablehlo.while` over the
+//! chunk's real rows: the padding rows after `last` never touch the state), in the order
+//! mlx-lm's own loop takes, so a prompt gives the same state whatever its chunks. A decode
+//! step (one row per sequence) is the same update, batched.
+//!
+//! Where the layout links the CPU kernels, the update (decode and prompt chunks alike) is
+//! one dispatch per layer instead (`kernels::cpu`'s `delta`, `cpu/delta.h`): the same
+//! sequential recurrence, each sequence's matrix read once where it lies in its buffer,
+//! every row of the call applied to it in registers, and written back in place (the
+//! dispatch's result is tied to the buffer argument, so the step returns the buffer itself
+//! and `write_state` skips it: [`super::state_in_place`]).
 
 use super::layer::{InProj, LinearPlan, ShortConvPlan};
 use super::{R, Step, V};
@@ -30,6 +39,8 @@ const QK_EPS: f64 = 1e-6;
 pub(super) struct StateIn<'c, 'b> {
     buffers: Vec<V<'c, 'b>>,
     slots: V<'c, 'b>,
+    /// `[R]`: each row's position.
+    positions: V<'c, 'b>,
     /// `[n]`: the sequence's first row is at position 0.
     fresh: V<'c, 'b>,
 }
@@ -42,7 +53,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         let (n, m) = (n as i64, m as i64);
         let first = f.reshape(f.slice(f.reshape(positions, &[n, m])?, &[0, 0], &[n, 1], &[1, 1])?, &[n])?;
         let fresh = f.compare(first, f.splat(0.0, &I32.tensor(&[n]))?, Cmp::Eq)?;
-        Ok(StateIn { buffers: buffers.to_vec(), slots, fresh })
+        Ok(StateIn { buffers: buffers.to_vec(), slots, positions, fresh })
     }
 
     /// Every sequence's row `[n, len]` of state buffer `part`, read at its slot, zeros for a
@@ -57,10 +68,11 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
 
     /// One gated DeltaNet layer on the normed input `hn [R, d]`, each sequence starting from
     /// its rows of the layer's two state buffers. Returns the heads' gated output
-    /// `[R, v_heads * v_dim]` (before `out_proj`) and the buffers' new rows: the
-    /// convolution's last inputs `[n, (kernel - 1) * channels]` and the matrix
-    /// `[n, v_heads * v_dim * k_dim]`. `last` (a prompt chunk's last real row) bounds the
-    /// scan; decode rows are all real.
+    /// `[R, v_heads * v_dim]` (before `out_proj`) and what becomes of the buffers: the
+    /// convolution's last inputs `[n, (kernel - 1) * channels]`, and the matrix, either the
+    /// sequences' new rows `[n, v_heads * v_dim * k_dim]` or, where the update runs in the
+    /// CPU kernel, the whole buffer updated in place. `last` (a prompt chunk's last real row)
+    /// bounds the scan; decode rows are all real.
     pub(super) fn gated_delta(
         &self,
         hn: V<'c, 'b>,
@@ -102,11 +114,13 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             }
         };
 
-        // Each sequence's rows of this layer's state buffers.
-        let conv_len = (width - 1) * channels;
-        let matrix_len = nv * dv * dk;
+        // Each sequence's rows of this layer's state buffers (the matrix's where the graph
+        // updates it; the kernel reads it where it lies).
+        let (conv_len, matrix_len) = (c.conv_state_len() as i64, c.matrix_len() as i64);
         let conv_state = f.reshape(self.read_state(state, lin.state)?, &[n, width - 1, channels])?;
-        let matrix = f.reshape(self.read_state(state, lin.state + 1)?, &[n, nv, dv, dk])?;
+        let kernel = super::delta_in_kernel(c, self.layout);
+        let matrix =
+            if kernel { None } else { Some(f.reshape(self.read_state(state, lin.state + 1)?, &[n, nv, dv, dk])?) };
 
         // The causal depthwise convolution, then SiLU.
         let (conv, next_conv) = self.causal_conv(qkv, conv_state, &lin.conv, last)?;
@@ -140,38 +154,73 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         let softplus = f.add(f.max(x, zero)?, f.log(f.add_scalar(f.exp(f.neg(f.abs(x)?)?)?, 1.0)?)?)?;
         let g = f.exp(f.neg(f.mul(f.exp(per_head(&lin.a_log)?)?, softplus)?)?)?;
 
-        let (y, matrix) = match last {
-            // Decode: one row per sequence.
-            None => delta_step(f, matrix, q, k, v, g, beta)?,
-            // A prompt chunk (one sequence): the rows up to `last`, one at a time.
-            Some(last) => {
-                let end = f.add(f.reshape(last, &[])?, f.scalar(1.0, I32)?)?;
-                let ys = f.splat(0.0, &F32.tensor(&[m, nv, dv]))?;
-                let matrix = f.reshape(matrix, &[1, nv, dv, dk])?;
-                let init = [f.scalar(0.0, I32)?, matrix, ys, q, k, v, g, beta, end];
-                let out = f.while_loop(
-                    &init,
-                    |f, c| f.compare(c[0], c[8], Cmp::Lt),
-                    |f, c| {
-                        let i = c[0];
-                        let zero = f.scalar(0.0, I32)?;
-                        let row = |x| row_at(f, x, i);
-                        let (q, k, v, g, beta) = (row(c[3])?, row(c[4])?, row(c[5])?, row(c[6])?, row(c[7])?);
-                        let (y, matrix) = delta_step(f, c[1], q, k, v, g, beta)?;
-                        let ys = f.dynamic_update_slice(c[2], y, &[i, zero, zero])?;
-                        let next = f.add(i, f.scalar(1.0, I32)?)?;
-                        Ok(vec![next, matrix, ys, c[3], c[4], c[5], c[6], c[7], c[8]])
-                    },
-                )?;
-                (out[2], out[1])
-            }
+        let (y, matrix) = if kernel {
+            // The CPU kernel: each sequence's rows in order, its slot's matrix updated where
+            // it lies (the whole buffer comes back, tied to the argument).
+            let last = match last {
+                Some(last) => last,
+                None => f.splat(0.0, &I32.tensor(&[1]))?,
+            };
+            let buffer = state.buffers[lin.state + 1];
+            let slots = buffer.shape()[0];
+            let args = [q, k, v, g, beta, state.positions, state.slots, last, buffer];
+            let dims = [n, m, nv, dk, dv, slots].map(|d| d as i32);
+            let export = kernels::cpu::DELTA_EXPORT;
+            let out = f.dispatch_tied(
+                kernels::cpu::EXECUTABLE,
+                export,
+                n * nv,
+                &dims,
+                &args,
+                &[8],
+                F32.tensor(&[r, values]),
+            )?;
+            self.linked.borrow_mut().delta = true;
+            (out[1], out[0])
+        } else if let Some(matrix) = matrix {
+            let (y, matrix) = match last {
+                // Decode: one row per sequence.
+                None => delta_step(f, matrix, q, k, v, g, beta)?,
+                // A prompt chunk (one sequence): the rows up to `last`, one at a time.
+                Some(last) => {
+                    let end = f.add(f.reshape(last, &[])?, f.scalar(1.0, I32)?)?;
+                    let ys = f.splat(0.0, &F32.tensor(&[m, nv, dv]))?;
+                    let matrix = f.reshape(matrix, &[1, nv, dv, dk])?;
+                    let init = [f.scalar(0.0, I32)?, matrix, ys, q, k, v, g, beta, end];
+                    let out = f.while_loop(
+                        &init,
+                        |f, c| f.compare(c[0], c[8], Cmp::Lt),
+                        |f, c| {
+                            let i = c[0];
+                            let zero = f.scalar(0.0, I32)?;
+                            let row = |x| row_at(f, x, i);
+                            let (q, k, v, g, beta) = (row(c[3])?, row(c[4])?, row(c[5])?, row(c[6])?, row(c[7])?);
+                            let (y, matrix) = delta_step(f, c[1], q, k, v, g, beta)?;
+                            let ys = f.dynamic_update_slice(c[2], y, &[i, zero, zero])?;
+                            let next = f.add(i, f.scalar(1.0, I32)?)?;
+                            Ok(vec![next, matrix, ys, c[3], c[4], c[5], c[6], c[7], c[8]])
+                        },
+                    )?;
+                    (out[2], out[1])
+                }
+            };
+            (y, matrix)
+        } else {
+            return Err(hlo_emit::Error::Op {
+                op: "gated_delta",
+                expected: "the matrix's rows".into(),
+                got: "none".into(),
+            });
         };
 
         // The gated RMSNorm: silu(z) * rms_norm(y) per value head.
         let y = self.norm(f.reshape(y, &[r, nv, dv])?, &lin.norm)?;
         let z = f.reshape(z, &[r, nv, dv])?;
         let o = f.mul(f.mul(z, f.logistic(z)?)?, y)?;
-        let next = vec![f.reshape(next_conv, &[n, conv_len])?, f.reshape(matrix, &[n, matrix_len])?];
+        // The kernel's matrix is the buffer itself; the graph's, each sequence's new rows.
+        let next_conv = f.reshape(next_conv, &[n, conv_len])?;
+        let matrix = if kernel { matrix } else { f.reshape(matrix, &[n, matrix_len])? };
+        let next = vec![next_conv, matrix];
         Ok((f.reshape(o, &[r, values])?, next))
     }
 }

@@ -13,11 +13,13 @@
 //! A model with recurrent layers (Qwen3-Next, Qwen3.5, LFM2) also carries a state per slot,
 //! in `P` buffers (`ModelConfig::state_parts`: each recurrent layer's convolution inputs
 //! and, for a gated DeltaNet, its matrix), `state_i: f32[slots, len_i]`: the step functions
-//! take them after `v` and return each sequence's rows after its own,
-//! `new_state_i: f32[n, len_i]`, after `new_v`;
-//! `write_state_n{n}(slots: i32[n], new_state_0.., state_0..) -> (state_0'..)` scatters them
-//! back in place. A sequence whose first row is at position 0 starts from zeros, whatever
-//! its slot held. One buffer per part, not one `[slots, S]` vector, so no call gathers,
+//! take them after `v` and return, after `new_v`, each sequence's rows after its own,
+//! `new_state_i: f32[n, len_i]`, or, for a part the step updates in place
+//! ([`state_in_place`]: a DeltaNet's matrix in the CPU kernel), the buffer itself,
+//! `state_i': f32[slots, len_i]`; `write_state_n{n}(slots: i32[n], new_state_a..,
+//! state_a..) -> (state_a'..)` scatters the others' rows back in place (`a` the parts not
+//! updated in place, in order). A sequence whose first row is at position 0 starts from
+//! zeros, whatever its slot held. One buffer per part, not one `[slots, S]` vector, so no call gathers,
 //! concatenates or returns the whole state of its sequences (the 0.8B Qwen3.5 shape's
 //! 8-row state is 161 MB, a layer's part 8 MB).
 //! Only attention layers have KV cache (`L` counts them: `ModelConfig::kv_layers`).
@@ -31,10 +33,10 @@
 //! writes live in separate calls because a cache that one function both updates and reads
 //! back was copied whole by IREE on every call (docs/PERFORMANCE.md); positions and slots
 //! are data, never slice offsets (a run-time slice offset costs a host round trip on a GPU,
-//! docs/ARCHITECTURE.md, "Toolchain facts"). `last` picks the row of the prompt chunk whose logits are returned. Callers keep
-//! every position below `W` and the cache's capacity, and never put two rows of one call on
-//! one slot and position unless the rows are identical (padding): they then write the same
-//! bytes.
+//! docs/ARCHITECTURE.md, "Toolchain facts"). `last` picks the row of the prompt chunk whose
+//! logits are returned. Callers keep every position below `W` and the cache's capacity, and
+//! never put two rows of one call on one slot and position unless the rows are identical
+//! (padding): they then write the same bytes.
 
 mod attention;
 mod ffn;
@@ -213,6 +215,27 @@ pub fn attention_in_kernel(cfg: &ModelConfig, layout: &Layout) -> bool {
         && kernels::cpu::supports_attention(cfg.heads, cfg.kv_heads, cfg.head_dim)
 }
 
+/// Whether a gated DeltaNet layer's update runs in the CPU kernel (`kernels::cpu`, `delta`):
+/// the layout links the kernel object and the kernel takes the heads' sizes. It then reads
+/// and writes each sequence's matrix once, where it lies in its state buffer, instead of
+/// gathering it, updating a copy and scattering it back (docs/PERFORMANCE.md).
+pub fn delta_in_kernel(lin: &crate::config::LinearAttention, layout: &Layout) -> bool {
+    layout.kernel_object().is_some() && kernels::cpu::supports_delta(lin.k_dim, lin.v_dim)
+}
+
+/// Per state buffer (`ModelConfig::state_parts`), whether the step functions update it in
+/// place and return it whole (`[slots, len]`) rather than return each sequence's new rows
+/// (`[n, len]`) for `write_state`: a DeltaNet's matrix where its update runs in the CPU
+/// kernel ([`delta_in_kernel`]).
+pub fn state_in_place(cfg: &ModelConfig, layout: &Layout) -> Vec<bool> {
+    let per_layer = match (&cfg.linear, &cfg.short_conv) {
+        (Some(lin), _) => vec![false, delta_in_kernel(lin, layout)],
+        (None, Some(_)) => vec![false],
+        (None, None) => Vec::new(),
+    };
+    cfg.layers.iter().filter(|l| l.recurrent).flat_map(|_| per_layer.iter().copied()).collect()
+}
+
 /// Whether the model runs mixed calls (`Function::Mixed`): attention in the CPU kernel, and
 /// no recurrent layers (whose scan runs over one sequence's rows at a time).
 pub fn mixed_calls(cfg: &ModelConfig, layout: &Layout) -> bool {
@@ -229,6 +252,8 @@ struct Linked {
     attention: BTreeSet<kernels::cpu::Attention>,
     /// The CPU kernel's dense (f16, bf16) products and lookups.
     dense: BTreeSet<kernels::cpu::Dense>,
+    /// The CPU kernel's delta-rule update.
+    delta: bool,
     /// The CUDA kernel's entries.
     cuda: BTreeSet<kernels::cuda::Entry>,
 }
@@ -264,17 +289,20 @@ pub fn emit_functions(
     let rows_kv = |r: usize| F32.tensor(&[kv_dims[0] as i64, r as i64, kv_dims[3] as i64, kv_dims[4] as i64]);
     let parts = cfg.state_parts();
     let states: Vec<_> = parts.iter().map(|&len| F32.tensor(&[cache.slots as i64, len as i64])).collect();
+    // The parts `write_state` scatters: those the steps do not update in place.
+    let in_place = state_in_place(cfg, layout);
+    let scattered: Vec<usize> = (0..parts.len()).filter(|&i| !in_place[i]).collect();
     for &function in functions {
         let (n, rows) = (function.split().0 as i64, function.rows() as i64);
         if let Function::WriteState { .. } = function {
-            if parts.is_empty() {
-                return Err(crate::Error::Invalid(format!("{}: the model has no recurrent state", function.name())));
+            if scattered.is_empty() {
+                return Err(crate::Error::Invalid(format!("{}: the model has no state to scatter", function.name())));
             }
             let mut inputs = vec![I32.tensor(&[n])];
-            inputs.extend(parts.iter().map(|&len| F32.tensor(&[n, len as i64])));
-            inputs.extend(states.iter().cloned());
+            inputs.extend(scattered.iter().map(|&i| F32.tensor(&[n, parts[i] as i64])));
+            inputs.extend(scattered.iter().map(|&i| states[i].clone()));
             m.func(&function.name(), &inputs, |f, a| {
-                let (new, old) = a[1..].split_at(parts.len());
+                let (new, old) = a[1..].split_at(scattered.len());
                 write_state(f, a[0], new, old)
             })?;
             continue;
@@ -319,12 +347,12 @@ pub fn emit_functions(
     }
     let linked = linked.into_inner();
     if let Some(object) = layout.kernel_object()
-        && !(linked.packed.is_empty() && linked.attention.is_empty() && linked.dense.is_empty())
+        && !(linked.packed.is_empty() && linked.attention.is_empty() && linked.dense.is_empty() && !linked.delta)
     {
         let packed: Vec<_> = linked.packed.into_iter().collect();
         let attention: Vec<_> = linked.attention.into_iter().collect();
         let dense: Vec<_> = linked.dense.into_iter().collect();
-        let source = kernels::cpu::executable_source(object, &packed, &attention, &dense);
+        let source = kernels::cpu::executable_source(object, &packed, &attention, &dense, linked.delta);
         m.append_source(kernels::cpu::EXECUTABLE, &source)?;
     }
     let cuda: Vec<_> = linked.cuda.into_iter().collect();
