@@ -612,9 +612,126 @@ FIXTURES = [
             "pad_token_id": 0,
         },
     },
+    {
+        "name": "gemma3",
+        "scales": {"embed": 0.01, "linear": 4.0, "final_norm": 40.0, "norm": 0.3},
+        "about": "gemma3, the multimodal wrapper as released (Gemma 3 4B/12B/27B): gemma3_text's settings "
+        "under text_config without head counts (mlx-lm's defaults, 8 heads over 4 kv heads), vocab_size at "
+        "the top level, weights under language_model.; rope_scaling linear 8 as the 4B has it; pattern 3 with "
+        "sliding window 8, smaller than the tested context; tied",
+        "group_size": 64,
+        "seed": 3,
+        "config": {
+            "architectures": ["Gemma3ForConditionalGeneration"],
+            "model_type": "gemma3",
+            "vocab_size": 256,
+            "text_config": {
+                "model_type": "gemma3_text",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 4,
+                "head_dim": 16,
+                "rms_norm_eps": 1e-6,
+                "rope_theta": 1000000.0,
+                "rope_local_base_freq": 10000.0,
+                "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+                "query_pre_attn_scalar": 16,
+                "sliding_window": 8,
+                "sliding_window_pattern": 3,
+                "max_position_embeddings": 131072,
+                "final_logit_softcapping": None,
+                "attn_logit_softcapping": None,
+                "hidden_activation": "gelu_pytorch_tanh",
+            },
+            "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32},
+            "mm_tokens_per_image": 256,
+            "boi_token_index": 255999,
+            "eos_token_id": [1, 106],
+        },
+    },
+    {
+        "name": "ministral3",
+        "about": "ministral3 as Ministral 3 ships it (the mistral3 wrapper, text_config of model_type ministral3, "
+        "weights under language_model.): rope_parameters with yarn (factor 16) and Llama 4's query scale "
+        "(llama_4_scaling_beta 0.1) over original_max_position_embeddings 16, so positions past 16 scale the "
+        "queries; layers sliding/full/sliding by layer_types with window 8, smaller than the tested context; "
+        "GQA 4/2, head_dim 16, untied (the wrapper's default)",
+        "group_size": 64,
+        "min_margin": 0.01,
+        "seed": 5,
+        "config": {
+            "architectures": ["Mistral3ForConditionalGeneration"],
+            "model_type": "mistral3",
+            "text_config": {
+                "model_type": "ministral3",
+                "hidden_size": 64,
+                "intermediate_size": 192,
+                "num_hidden_layers": 3,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 16,
+                "vocab_size": 288,
+                "rms_norm_eps": 1e-5,
+                "rope_parameters": {
+                    "rope_type": "yarn",
+                    "rope_theta": 1000000.0,
+                    "factor": 16.0,
+                    "original_max_position_embeddings": 16,
+                    "beta_fast": 32.0,
+                    "beta_slow": 1.0,
+                    "mscale": 1.0,
+                    "mscale_all_dim": 1.0,
+                    "llama_4_scaling_beta": 0.1,
+                },
+                "max_position_embeddings": 256,
+                "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                "sliding_window": 8,
+                "hidden_act": "silu",
+            },
+            "vision_config": {"model_type": "pixtral", "hidden_size": 32},
+            "image_token_index": 10,
+            "spatial_merge_size": 2,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    },
+    {
+        "name": "mistral3",
+        "about": "mistral3, the multimodal wrapper of Mistral Small 3.1/3.2 (mlx-lm runs its text model as "
+        "llama): a mistral text_config without tie_word_embeddings (untied, mlx-lm's default there), GQA 4/2, "
+        "head_dim 16, rope_theta 1e9, weights under language_model.",
+        "group_size": 64,
+        "min_margin": 0.01,
+        "seed": 32,
+        "config": {
+            "architectures": ["Mistral3ForConditionalGeneration"],
+            "model_type": "mistral3",
+            "text_config": {
+                "model_type": "mistral",
+                "hidden_size": 64,
+                "intermediate_size": 192,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 16,
+                "vocab_size": 288,
+                "rms_norm_eps": 1e-5,
+                "rope_theta": 1000000000.0,
+                "sliding_window": None,
+                "max_position_embeddings": 131072,
+                "hidden_act": "silu",
+            },
+            "vision_config": {"model_type": "pixtral", "hidden_size": 32},
+            "image_token_index": 10,
+            "spatial_merge_size": 2,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    },
 ]
 
-GEMMA_NORMS = {"gemma", "gemma2", "gemma3_text"}
+
+GEMMA_NORMS = {"gemma", "gemma2", "gemma3_text", "gemma3"}
 
 
 def new_model(config):
@@ -626,6 +743,9 @@ def new_model(config):
         # mlx-lm's gemma3_text ties the embeddings when the checkpoint has no lm_head;
         # its own sanitize drops the module.
         model.sanitize({})
+    elif config["model_type"] == "gemma3":
+        # The same, on the wrapper's language model.
+        model.language_model.sanitize({})
     return model
 
 

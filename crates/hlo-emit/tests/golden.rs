@@ -136,12 +136,13 @@ fn elementwise_unary() {
                     f.cos(x)?,
                     f.erf(x)?,
                     f.round_nearest_even(x)?,
+                    f.floor(x)?,
                 ])
             })?;
             Ok(())
         },
         r#"module {
-  func.func @unary(%arg0: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) {
+  func.func @unary(%arg0: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) {
     %0 = "stablehlo.negate"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
     %1 = "stablehlo.exponential"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
     %2 = "stablehlo.log"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
@@ -154,7 +155,8 @@ fn elementwise_unary() {
     %9 = "stablehlo.cosine"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
     %10 = "chlo.erf"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
     %11 = "stablehlo.round_nearest_even"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
-    return %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11 : tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
+    %12 = "stablehlo.floor"(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
+    return %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12 : tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
   }
 }
 "#,

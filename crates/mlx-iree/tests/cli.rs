@@ -80,7 +80,7 @@ fn unsupported_model_type_is_refused_before_compiling() {
         &args,
         2,
         "",
-        "unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2)",
+        "unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, gemma3, mistral3)",
     );
     assert!(!file.exists(), "no partial output file");
 }
@@ -414,6 +414,34 @@ fn a_malformed_smollm3_config_is_one_line() {
     let dir = fixture_of("smollm3", "no_rope_layers", serde_json::json!([1, 0]));
     let args = ["trajectory", "--model", dir.path().to_str().unwrap(), "--prompt-ids", "1", "--steps", "1"];
     check(&[&args[..], &["--out", "/tmp/x.json"]].concat(), 2, "", "no_rope_layers: 2 entries for 3 layers");
+}
+
+/// The wrapper checkpoints: a mistral3 around a text model this crate does not run, and a
+/// ministral3 without its query scale's setting, are one line naming the setting; a gemma3
+/// without one of its language model's tensors names the tensor as stored (under
+/// `language_model.`). Exit 2, nothing compiled.
+#[test]
+fn malformed_wrapper_checkpoints_are_one_line() {
+    let run = |dir: &tempfile::TempDir, expected: &str| {
+        let args = ["trajectory", "--model", dir.path().to_str().unwrap(), "--prompt-ids", "1", "--steps", "1"];
+        check(&[&args[..], &["--out", "/tmp/x.json"]].concat(), 2, "", expected);
+    };
+    let dir = fixture_of("mistral3", "text_config", serde_json::json!({"model_type": "mistral4"}));
+    run(&dir, "unsupported option text_config.model_type = mistral4 for model_type `mistral3`");
+    let mut text: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/ministral3/f32/config.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let text = text["text_config"].take();
+    let mut no_beta = text.clone();
+    no_beta["rope_parameters"].as_object_mut().unwrap().remove("llama_4_scaling_beta");
+    let dir = fixture_of("ministral3", "text_config", no_beta);
+    run(&dir, "rope_parameters.llama_4_scaling_beta: missing");
+    let dir = fixture_with_tensor("gemma3", "language_model.model.layers.1.self_attn.k_norm.weight", None);
+    run(&dir, "language_model.model.layers.1.self_attn.k_norm.weight");
 }
 
 /// A copy of fixture `family`'s f32 checkpoint with tensor `name` left out (`taps: None`)

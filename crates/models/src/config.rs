@@ -7,7 +7,7 @@ use serde_json::Value;
 use std::path::Path;
 
 pub const SUPPORTED: &str = "llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, \
-gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2";
+gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, gemma3, mistral3";
 
 /// The checkpoint's `config.json` as written, every field optional; [`ModelConfig::from_json`]
 /// decides per `model_type` which are required and what the defaults are.
@@ -90,6 +90,7 @@ pub enum Family {
     Qwen3Next,
     Qwen35,
     Lfm2,
+    Ministral3,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -291,6 +292,19 @@ pub struct ModelConfig {
     /// Attention's output is gated: `q_proj` gives each head's query and then a gate, and
     /// the heads' output is multiplied by `sigmoid(gate)` before `o_proj` (Qwen3-Next).
     pub attn_output_gate: bool,
+    /// Queries scaled by their position after RoPE (Ministral 3, Llama 4's attention
+    /// temperature).
+    pub query_position_scale: Option<QueryPositionScale>,
+}
+
+/// Ministral 3's query scale at position p: `1 + beta * ln(1 + floor(p / original))`, in
+/// f32 as mlx-lm computes it (`_get_llama_4_attn_scale`): 1 below `original` positions.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueryPositionScale {
+    /// `rope_parameters.llama_4_scaling_beta`.
+    pub beta: f32,
+    /// `rope_parameters.original_max_position_embeddings`.
+    pub original: f32,
 }
 
 fn cfg_err(path: &Path, key: &str, reason: impl Into<String>) -> Error {
@@ -421,6 +435,8 @@ struct Rules {
     wrapped: bool,
     /// LFM2's short-convolution layers, its layer pattern and MLP width rule.
     short_conv: bool,
+    /// The query scale by position of `rope_parameters` (ministral3).
+    query_position_scale: bool,
     /// The family's own spelling of parts of the names in [`crate::names`], as
     /// `(ours, theirs)` ([`weights::Checkpoint::set_renames`]).
     renames: &'static [(&'static str, &'static str)],
@@ -467,6 +483,7 @@ const DENSE: Rules = Rules {
     attn_output_gate: false,
     wrapped: false,
     short_conv: false,
+    query_position_scale: false,
     renames: &[],
 };
 
@@ -640,6 +657,16 @@ const FAMILIES: &[Rules] = &[
         renames: LFM2_NAMES,
         ..DENSE
     },
+    Rules {
+        family: Family::Ministral3,
+        model_types: &["ministral3"],
+        head_dim: HeadDim::GivenOrDerived,
+        rope_parameters: true,
+        tie: Some(true),
+        windows: Windows::LayerTypes,
+        query_position_scale: true,
+        ..DENSE
+    },
 ];
 
 /// How LFM2's checkpoints spell the parts of our names.
@@ -666,6 +693,50 @@ const QWEN_NEXT_MOE: MoeRules = MoeRules {
     ..QWEN_MOE
 };
 
+/// mlx-lm's multimodal wrappers whose language model is a family of the table: the wrapper's
+/// `model_type`, then the text model's settings (`text_config`, as mlx-lm's wrapper class
+/// completes them) and where its weights sit (under [`WEIGHTS_PREFIX`]). A vision tower and
+/// projector beside them are never read.
+const WRAPPERS: [&str; 2] = ["gemma3", "mistral3"];
+
+/// The text model's config of a wrapper checkpoint (`value` its whole `config.json`), as
+/// mlx-lm's wrapper class builds it: `gemma3` always runs `gemma3_text` (the top level's
+/// `vocab_size`, default 262,208; 8 heads over 4 kv heads where `text_config` names none);
+/// `mistral3` runs `ministral3` for a `ministral3` text model and `llama` for any other
+/// (untied unless `text_config` says), but a `mistral4` one, which this crate does not run. `None` for any other model type.
+fn text_of_wrapper(value: &Value, path: &Path) -> Result<Option<Value>> {
+    let Some(wrapper) = value.get("model_type").and_then(Value::as_str).filter(|t| WRAPPERS.contains(t)) else {
+        return Ok(None);
+    };
+    let Some(Value::Object(text)) = value.get("text_config") else {
+        return Err(cfg_err(path, "text_config", format!("a `{wrapper}` checkpoint needs its text model's settings")));
+    };
+    let mut text = text.clone();
+    match wrapper {
+        "gemma3" => {
+            text.insert("model_type".into(), "gemma3_text".into());
+            text.insert("vocab_size".into(), value.get("vocab_size").cloned().unwrap_or(262_208.into()));
+            text.entry("num_attention_heads").or_insert(8.into());
+            text.entry("num_key_value_heads").or_insert(4.into());
+        }
+        _ => {
+            let inner = text.get("model_type").and_then(Value::as_str).unwrap_or("llama").to_owned();
+            if inner == "mistral4" {
+                return Err(Error::Unsupported {
+                    path: path.to_path_buf(),
+                    model_type: wrapper.into(),
+                    key: "text_config.model_type".into(),
+                    value: inner,
+                });
+            }
+            let runs = if inner == "ministral3" { "ministral3" } else { "llama" };
+            text.insert("model_type".into(), runs.into());
+            text.entry("tie_word_embeddings").or_insert(false.into());
+        }
+    }
+    Ok(Some(Value::Object(text)))
+}
+
 /// The family row that reads `model_type`.
 fn rules_for(model_type: &str) -> Option<&'static Rules> {
     FAMILIES.iter().find(|r| r.model_types.contains(&model_type))
@@ -676,6 +747,9 @@ impl ModelConfig {
     /// row of the rules table. Any `model_type` or option this crate cannot run is refused
     /// here, before any compile.
     pub fn from_json(value: &Value, path: &Path) -> Result<ModelConfig> {
+        if let Some(text) = text_of_wrapper(value, path)? {
+            return Self::from_json(&text, path);
+        }
         let raw: RawConfig =
             serde_json::from_value(value.clone()).map_err(|e| cfg_err(path, "config", e.to_string()))?;
         let model_type = raw.model_type.clone().ok_or_else(|| cfg_err(path, "model_type", "missing"))?;
@@ -770,6 +844,23 @@ impl ModelConfig {
         let softcaps = gemma.and_then(|g| g.softcaps);
         let attention_bias = raw.attention_bias.unwrap_or(false);
         let configured = matches!(rules.biases, Biases::Configured);
+        // mlx-lm's ministral3 reads both from `rope_parameters`, with no defaults.
+        let query_position_scale = if rules.query_position_scale {
+            let nested = |key: &str| -> Result<f32> {
+                let v = raw.rope_parameters.as_ref().and_then(|v| v.get(key));
+                let v = v.ok_or_else(|| cfg_err(p, &format!("rope_parameters.{key}"), "missing"))?;
+                v.as_f64()
+                    .map(|x| x as f32)
+                    .ok_or_else(|| cfg_err(p, &format!("rope_parameters.{key}"), "expected a number"))
+            };
+            let original = nested("original_max_position_embeddings")?;
+            if original < 1.0 {
+                return Err(cfg_err(p, "rope_parameters.original_max_position_embeddings", "must be at least 1"));
+            }
+            Some(QueryPositionScale { beta: nested("llama_4_scaling_beta")?, original })
+        } else {
+            None
+        };
         ModelConfig {
             model_type: model_type.clone(),
             family: rules.family,
@@ -802,6 +893,7 @@ impl ModelConfig {
             linear,
             short_conv,
             attn_output_gate: rules.attn_output_gate,
+            query_position_scale,
         }
         .validated(path)
     }
@@ -879,7 +971,9 @@ impl ModelConfig {
         let mut cfg = Self::from_json(ckpt.config(), &ckpt.dir().join("config.json"))?;
         if let Some(rules) = rules_for(&cfg.model_type) {
             let wrapped_embedding = format!("{WEIGHTS_PREFIX}{}", crate::names::weight(crate::names::EMBEDDING));
-            if rules.wrapped && ckpt.contains(&wrapped_embedding) {
+            let wrapper =
+                ckpt.config().get("model_type").and_then(Value::as_str).is_some_and(|t| WRAPPERS.contains(&t));
+            if (rules.wrapped || wrapper) && ckpt.contains(&wrapped_embedding) {
                 ckpt.set_prefix(WEIGHTS_PREFIX);
             }
             ckpt.set_renames(rules.renames);
@@ -1311,7 +1405,8 @@ mod tests {
     /// The error that lists the supported types says exactly what the rules table holds.
     #[test]
     fn supported_names_every_family_in_the_table() {
-        let names: Vec<&str> = FAMILIES.iter().flat_map(|r| r.model_types.iter().copied()).collect();
+        let mut names: Vec<&str> = FAMILIES.iter().flat_map(|r| r.model_types.iter().copied()).collect();
+        names.extend(WRAPPERS);
         assert_eq!(SUPPORTED, names.join(", "));
         let families: std::collections::HashSet<_> = FAMILIES.iter().map(|r| format!("{:?}", r.family)).collect();
         assert_eq!(families.len(), FAMILIES.len(), "one row per family");

@@ -35,7 +35,7 @@ fn refusals_name_the_cause() {
         llama(),
         "model_type",
         json!("gpt2"),
-        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2)",
+        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, gemma3, mistral3)",
     );
     check_err(llama(), "model_type", Value::Null, "m/config.json: model_type: missing");
     check_err(llama(), "hidden_size", Value::Null, "m/config.json: hidden_size: missing");
@@ -465,4 +465,70 @@ fn lfm2_settings_and_refusals() {
         json!(3),
         "m/config.json: num_key_value_heads: 3 does not divide num_attention_heads 4",
     );
+}
+
+/// mlx-lm's multimodal wrappers: gemma3 runs gemma3_text from `text_config`, with its
+/// defaults (8 heads over 4 kv heads where none are named; the top level's `vocab_size`,
+/// 262,208 where absent); mistral3 runs its text model as ministral3 or llama (untied unless
+/// it says), and refuses a mistral4 one.
+#[test]
+fn wrapper_checkpoints_read_their_text_model() {
+    let gemma3 = fixture_config("gemma3");
+    assert_eq!((gemma3.model_type.as_str(), gemma3.family), ("gemma3_text", Family::Gemma3));
+    assert_eq!((gemma3.heads, gemma3.kv_heads, gemma3.head_dim, gemma3.vocab), (8, 4, 16, 256));
+    assert_eq!(gemma3.layers[2].rope_scaling, RopeScaling::Linear { factor: 8.0 });
+    let path = Path::new("m/config.json");
+    let mut bare = json!({"model_type": "gemma3", "text_config": {"hidden_size": 64, "num_hidden_layers": 1,
+        "intermediate_size": 128, "head_dim": 16, "num_attention_heads": 2, "num_key_value_heads": 1}});
+    let c = ModelConfig::from_json(&bare, path).unwrap();
+    assert_eq!((c.heads, c.kv_heads, c.vocab), (2, 1, 262_208));
+    bare["text_config"] = json!(7);
+    let err = ModelConfig::from_json(&bare, path).unwrap_err().to_string();
+    assert_eq!(err, "m/config.json: text_config: a `gemma3` checkpoint needs its text model's settings");
+
+    let mistral3 = fixture_config("mistral3");
+    assert_eq!(
+        (mistral3.model_type.as_str(), mistral3.family, mistral3.tie_embeddings),
+        ("llama", Family::Llama, false)
+    );
+    assert_eq!((mistral3.heads, mistral3.kv_heads, mistral3.layers[0].rope_theta), (4, 2, 1e9));
+    let ministral3 = fixture_config("ministral3");
+    assert_eq!((ministral3.model_type.as_str(), ministral3.family), ("ministral3", Family::Ministral3));
+    assert!(!ministral3.tie_embeddings, "the wrapper's default");
+    let mut small4 = json!({"model_type": "mistral3", "text_config": {"model_type": "mistral4"}});
+    let err = ModelConfig::from_json(&small4, path).unwrap_err().to_string();
+    assert_eq!(err, "m/config.json: unsupported option text_config.model_type = mistral4 for model_type `mistral3`");
+    small4["text_config"] = Value::Null;
+    let err = ModelConfig::from_json(&small4, path).unwrap_err().to_string();
+    assert_eq!(err, "m/config.json: text_config: a `mistral3` checkpoint needs its text model's settings");
+}
+
+/// Ministral 3's query scale and rope come from `rope_parameters`, which must name them.
+#[test]
+fn ministral3_reads_rope_parameters() {
+    let c = fixture_config("ministral3");
+    assert_eq!(c.query_position_scale, Some(models::QueryPositionScale { beta: 0.1, original: 16.0 }));
+    assert!(matches!(c.layers[1].rope_scaling, RopeScaling::Yarn { factor: 16.0, .. }), "{:?}", c.layers[1]);
+    assert_eq!(c.layers.iter().map(|l| l.sliding_window).collect::<Vec<_>>(), [Some(8), None, Some(8)]);
+    let base = json!({
+        "model_type": "ministral3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+        "num_attention_heads": 4, "vocab_size": 256, "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "llama_4_scaling_beta": 0.1,
+            "original_max_position_embeddings": 4096}
+    });
+    let c = ModelConfig::from_json(&base, Path::new("m/config.json")).unwrap();
+    assert!(c.tie_embeddings && c.layers.iter().all(|l| l.sliding_window.is_none()));
+    for (key, expected) in [
+        ("llama_4_scaling_beta", "m/config.json: rope_parameters.llama_4_scaling_beta: missing"),
+        (
+            "original_max_position_embeddings",
+            "m/config.json: rope_parameters.original_max_position_embeddings: missing",
+        ),
+    ] {
+        let mut v = base.clone();
+        v["rope_parameters"].as_object_mut().unwrap().remove(key);
+        assert_eq!(ModelConfig::from_json(&v, Path::new("m/config.json")).unwrap_err().to_string(), expected);
+    }
+    // Other families have no query scale.
+    assert_eq!(fixture_config("mistral").query_position_scale, None);
 }

@@ -181,6 +181,11 @@ impl<'c, 'b> Func<'c, 'b> {
         self.unary("stablehlo.exponential", Accepts::Float, a)
     }
 
+    /// The largest integer not above `a` (floats).
+    pub fn floor(&self, a: Value<'c, 'b>) -> Result<Value<'c, 'b>, Error> {
+        self.unary("stablehlo.floor", Accepts::Float, a)
+    }
+
     /// Natural logarithm (floats).
     pub fn log(&self, a: Value<'c, 'b>) -> Result<Value<'c, 'b>, Error> {
         self.unary("stablehlo.log", Accepts::Float, a)

@@ -485,6 +485,17 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             Some((cos, sin)) => (self.rope(q, cos, sin)?, self.rope(kk, cos, sin)?),
             None => (q, kk),
         };
+        // Ministral 3: each row's queries times 1 + beta * ln(1 + floor(position / original)).
+        let q = match cfg.query_position_scale {
+            Some(s) => {
+                let pos = f.convert(cache.positions, F32)?;
+                let original = f.splat(f64::from(s.original), &F32.tensor(&[r]))?;
+                let steps = f.add_scalar(f.floor(f.div(pos, original)?)?, 1.0)?;
+                let scale = f.add_scalar(f.mul_scalar(f.log(steps)?, f64::from(s.beta))?, 1.0)?;
+                f.mul(q, f.broadcast_in_dim(scale, &[r, h, hd], &[0])?)?
+            }
+            None => q,
+        };
         // The step's keys and values go to the cache in `write_kv`, after this call, which
         // rounds them to the cache's type.
         let as_rows = |x: V<'c, 'b>| f.reshape(x, &[1, r, k, hd]);
