@@ -650,6 +650,40 @@ FIXTURES = [
         },
     },
     {
+        "name": "granite",
+        "scales": {"linear": 40.0, "final_norm": 8.0},
+        "about": "granite (IBM Granite 3): llama's layers with its four multipliers (embeddings times 12, "
+        "attention scale 0.125 instead of head_dim^-0.5, each block's output times 0.22 before the residual "
+        "add, logits divided by 8), q/k/v/o biases (attention_bias), GQA 4/2, tied; mlx-lm's quant_predicate "
+        "keeps o_proj and down_proj at 8 bits in the 4-bit variant",
+        "group_size": 64,
+        "min_margin": 0.01,
+        "seed": 0,
+        "config": {
+            "architectures": ["GraniteForCausalLM"],
+            "model_type": "granite",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": 256,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "max_position_embeddings": 4096,
+            "attention_bias": True,
+            "mlp_bias": False,
+            "embedding_multiplier": 12.0,
+            "attention_multiplier": 0.125,
+            "residual_multiplier": 0.22,
+            "logits_scaling": 8.0,
+            "tie_word_embeddings": True,
+            "hidden_act": "silu",
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+        },
+    },
+    {
         "name": "ministral3",
         "about": "ministral3 as Ministral 3 ships it (the mistral3 wrapper, text_config of model_type ministral3, "
         "weights under language_model.): rope_parameters with yarn (factor 16) and Llama 4's query scale "

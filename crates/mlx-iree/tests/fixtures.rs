@@ -98,6 +98,7 @@ fixture_tests!(
     gemma3,
     mistral3,
     ministral3,
+    granite,
     smollm3,
     qwen3_next,
     qwen3_5,

@@ -7,7 +7,7 @@ use serde_json::Value;
 use std::path::Path;
 
 pub const SUPPORTED: &str = "llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, \
-gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, gemma3, mistral3";
+gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, gemma3, mistral3";
 
 /// The checkpoint's `config.json` as written, every field optional; [`ModelConfig::from_json`]
 /// decides per `model_type` which are required and what the defaults are.
@@ -72,6 +72,11 @@ struct RawConfig {
     block_ffn_dim_multiplier: Option<f64>,
     block_auto_adjust_ff_dim: Option<bool>,
     full_attn_idxs: Option<Vec<usize>>,
+    /// Granite: the embedding, attention, residual and logit scales.
+    embedding_multiplier: Option<f64>,
+    attention_multiplier: Option<f64>,
+    residual_multiplier: Option<f64>,
+    logits_scaling: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +96,7 @@ pub enum Family {
     Qwen35,
     Lfm2,
     Ministral3,
+    Granite,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -295,6 +301,11 @@ pub struct ModelConfig {
     /// Queries scaled by their position after RoPE (Ministral 3, Llama 4's attention
     /// temperature).
     pub query_position_scale: Option<QueryPositionScale>,
+    /// Each block's output (attention's, the MLP's, after their out-projections) times this
+    /// before it joins the residual stream (Granite's `residual_multiplier`).
+    pub residual_scale: Option<f32>,
+    /// The logits divided by this (Granite's `logits_scaling`).
+    pub logits_divisor: Option<f32>,
 }
 
 /// Ministral 3's query scale at position p: `1 + beta * ln(1 + floor(p / original))`, in
@@ -437,6 +448,8 @@ struct Rules {
     short_conv: bool,
     /// The query scale by position of `rope_parameters` (ministral3).
     query_position_scale: bool,
+    /// Granite's four multipliers (embedding, attention, residual, logits), all required.
+    multipliers: bool,
     /// The family's own spelling of parts of the names in [`crate::names`], as
     /// `(ours, theirs)` ([`weights::Checkpoint::set_renames`]).
     renames: &'static [(&'static str, &'static str)],
@@ -484,6 +497,7 @@ const DENSE: Rules = Rules {
     wrapped: false,
     short_conv: false,
     query_position_scale: false,
+    multipliers: false,
     renames: &[],
 };
 
@@ -667,6 +681,15 @@ const FAMILIES: &[Rules] = &[
         query_position_scale: true,
         ..DENSE
     },
+    Rules {
+        family: Family::Granite,
+        model_types: &["granite"],
+        head_dim: HeadDim::Derived,
+        tie: Some(true),
+        biases: Biases::Configured,
+        multipliers: true,
+        ..DENSE
+    },
 ];
 
 /// How LFM2's checkpoints spell the parts of our names.
@@ -832,15 +855,29 @@ impl ModelConfig {
             required(p, "intermediate_size", raw.intermediate_size)?
         };
         let gemma = rules.gemma;
-        let attn_scale = match gemma.and_then(|g| g.query_pre_attn) {
-            Some(default) => raw.query_pre_attn_scalar.unwrap_or(default).powf(-0.5),
-            None => (head_dim as f64).powf(-0.5),
+        // mlx-lm's granite: four multipliers, none with a default.
+        let multiplier = |key: &str, v: Option<f64>| -> Result<Option<f64>> {
+            if rules.multipliers { required(p, key, v).map(Some) } else { Ok(None) }
         };
-        let embed_scale = gemma.map(|g| {
-            let scale = (hidden as f64).sqrt();
-            // mlx-lm's gemma3_text: mx.array(hidden ** 0.5, mx.bfloat16)
-            if g.bf16_embed_scale { half::bf16::from_f64(scale).to_f32() } else { scale as f32 }
-        });
+        let embedding_multiplier = multiplier("embedding_multiplier", raw.embedding_multiplier)?;
+        let attention_multiplier = multiplier("attention_multiplier", raw.attention_multiplier)?;
+        let residual_scale = multiplier("residual_multiplier", raw.residual_multiplier)?.map(|m| m as f32);
+        let logits_divisor = multiplier("logits_scaling", raw.logits_scaling)?.map(|m| m as f32);
+        if logits_divisor == Some(0.0) {
+            return Err(cfg_err(p, "logits_scaling", "must not be 0"));
+        }
+        let attn_scale = match (gemma.and_then(|g| g.query_pre_attn), attention_multiplier) {
+            (_, Some(m)) => m,
+            (Some(default), None) => raw.query_pre_attn_scalar.unwrap_or(default).powf(-0.5),
+            (None, None) => (head_dim as f64).powf(-0.5),
+        };
+        let embed_scale = gemma
+            .map(|g| {
+                let scale = (hidden as f64).sqrt();
+                // mlx-lm's gemma3_text: mx.array(hidden ** 0.5, mx.bfloat16)
+                if g.bf16_embed_scale { half::bf16::from_f64(scale).to_f32() } else { scale as f32 }
+            })
+            .or(embedding_multiplier.map(|m| m as f32));
         let softcaps = gemma.and_then(|g| g.softcaps);
         let attention_bias = raw.attention_bias.unwrap_or(false);
         let configured = matches!(rules.biases, Biases::Configured);
@@ -894,6 +931,8 @@ impl ModelConfig {
             short_conv,
             attn_output_gate: rules.attn_output_gate,
             query_position_scale,
+            residual_scale,
+            logits_divisor,
         }
         .validated(path)
     }

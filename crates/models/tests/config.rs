@@ -35,7 +35,7 @@ fn refusals_name_the_cause() {
         llama(),
         "model_type",
         json!("gpt2"),
-        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, gemma3, mistral3)",
+        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, gemma3, mistral3)",
     );
     check_err(llama(), "model_type", Value::Null, "m/config.json: model_type: missing");
     check_err(llama(), "hidden_size", Value::Null, "m/config.json: hidden_size: missing");
@@ -531,4 +531,26 @@ fn ministral3_reads_rope_parameters() {
     }
     // Other families have no query scale.
     assert_eq!(fixture_config("mistral").query_position_scale, None);
+}
+
+/// Granite's four multipliers, each required (mlx-lm's dataclass has no defaults), the
+/// attention multiplier standing in for head_dim^-0.5.
+#[test]
+fn granite_multipliers() {
+    let c = fixture_config("granite");
+    assert_eq!((c.family, c.embed_scale, c.attn_scale), (Family::Granite, Some(12.0), 0.125));
+    assert_eq!((c.residual_scale, c.logits_divisor), (Some(0.22), Some(8.0)));
+    assert!(c.tie_embeddings && c.qkv_bias && c.o_bias && !c.mlp_bias);
+    let path = Path::new("tests/fixtures/granite/f32/config.json");
+    let base: Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(path)).unwrap(),
+    )
+    .unwrap();
+    for key in ["embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"] {
+        check_err(base.clone(), key, Value::Null, &format!("m/config.json: {key}: missing"));
+    }
+    check_err(base, "logits_scaling", json!(0.0), "m/config.json: logits_scaling: must not be 0");
+    // Other families have none of them.
+    let llama = fixture_config("mistral");
+    assert_eq!((llama.residual_scale, llama.logits_divisor, llama.embed_scale), (None, None, None));
 }

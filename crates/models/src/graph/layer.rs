@@ -415,6 +415,10 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             None => x,
         };
         let mut logits = self.linear(rows, head(cfg), false)?;
+        if let Some(divisor) = cfg.logits_divisor {
+            let shape = logits.shape();
+            logits = f.div(logits, f.splat(f64::from(divisor), &F32.tensor(&shape))?)?;
+        }
         if let Some(cap) = cfg.final_softcap {
             logits = f.mul_scalar(f.tanh(f.mul_scalar(logits, 1.0 / cap)?)?, cap)?;
         }

@@ -81,8 +81,13 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     /// `residual + linear(x)`, the residual connection after a linear layer: the product and
     /// the add in one dispatch where the matrix's form has a residual product (CPU kernels,
     /// CUDA kernel) and the layer is on its own (not merged, no bias); else the layer, then
-    /// the add.
+    /// the add. With the model's residual scale (Granite), `residual + linear(x) * scale`.
     pub(super) fn linear_residual(&self, residual: V<'c, 'b>, x: V<'c, 'b>, prefix: &str, bias: bool) -> R<V<'c, 'b>> {
+        if let Some(scale) = self.cfg.residual_scale {
+            // Granite: the block's output scaled before it joins (not the product's fused add).
+            let out = self.f.mul_scalar(self.linear(x, prefix, bias)?, f64::from(scale))?;
+            return self.f.add(residual, out);
+        }
         if !bias && self.layout.merged(prefix).is_none() {
             return self.product(x, prefix, Some(residual));
         }
