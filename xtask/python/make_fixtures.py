@@ -684,6 +684,33 @@ FIXTURES = [
         },
     },
     {
+        "name": "olmo2",
+        "about": "olmo2 (AllenAI OLMo 2): no norm before attention or the MLP, each block's output normed "
+        "(post_attention_layernorm, post_feedforward_layernorm) before its residual add; q_norm and k_norm "
+        "over all heads' features at once; GQA 4/2, rope_theta 5e5, untied",
+        "group_size": 64,
+        "min_margin": 0.01,
+        "seed": 5,
+        "config": {
+            "architectures": ["Olmo2ForCausalLM"],
+            "model_type": "olmo2",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": 256,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 500000.0,
+            "max_position_embeddings": 4096,
+            "attention_bias": False,
+            "tie_word_embeddings": False,
+            "hidden_act": "silu",
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+        },
+    },
+    {
         "name": "ministral3",
         "about": "ministral3 as Ministral 3 ships it (the mistral3 wrapper, text_config of model_type ministral3, "
         "weights under language_model.): rope_parameters with yarn (factor 16) and Llama 4's query scale "

@@ -126,6 +126,7 @@ mod eight_rows_at_f32 {
         mistral,
         mistral3,
         mixtral,
+        olmo2,
         phi3,
         qwen2,
         qwen2_moe,

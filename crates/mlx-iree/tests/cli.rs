@@ -80,7 +80,7 @@ fn unsupported_model_type_is_refused_before_compiling() {
         &args,
         2,
         "",
-        "unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, gemma3, mistral3)",
+        "unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, gemma3, mistral3)",
     );
     assert!(!file.exists(), "no partial output file");
 }
@@ -416,12 +416,13 @@ fn a_malformed_smollm3_config_is_one_line() {
     check(&[&args[..], &["--out", "/tmp/x.json"]].concat(), 2, "", "no_rope_layers: 2 entries for 3 layers");
 }
 
-/// The wrapper checkpoints: a mistral3 around a text model this crate does not run, and a
+/// The families of issue 35: a mistral3 around a text model this crate does not run, and a
 /// ministral3 without its query scale's setting, are one line naming the setting; a gemma3
 /// without one of its language model's tensors names the tensor as stored (under
-/// `language_model.`); a granite without a multiplier names it. Exit 2, nothing compiled.
+/// `language_model.`); a granite without a multiplier names it, an olmo2 without a norm
+/// after its MLP names the tensor. Exit 2, nothing compiled.
 #[test]
-fn malformed_wrapper_checkpoints_are_one_line() {
+fn malformed_new_family_checkpoints_are_one_line() {
     let run = |dir: &tempfile::TempDir, expected: &str| {
         let args = ["trajectory", "--model", dir.path().to_str().unwrap(), "--prompt-ids", "1", "--steps", "1"];
         check(&[&args[..], &["--out", "/tmp/x.json"]].concat(), 2, "", expected);
@@ -444,6 +445,8 @@ fn malformed_wrapper_checkpoints_are_one_line() {
     run(&dir, "language_model.model.layers.1.self_attn.k_norm.weight");
     let dir = fixture_of("granite", "residual_multiplier", serde_json::Value::Null);
     run(&dir, "residual_multiplier: missing");
+    let dir = fixture_with_tensor("olmo2", "model.layers.1.post_feedforward_layernorm.weight", None);
+    run(&dir, "model.layers.1.post_feedforward_layernorm.weight");
 }
 
 /// A copy of fixture `family`'s f32 checkpoint with tensor `name` left out (`taps: None`)

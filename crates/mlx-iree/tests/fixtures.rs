@@ -99,6 +99,7 @@ fixture_tests!(
     mistral3,
     ministral3,
     granite,
+    olmo2,
     smollm3,
     qwen3_next,
     qwen3_5,

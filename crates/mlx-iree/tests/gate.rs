@@ -223,6 +223,7 @@ per_family!(
     mistral,
     mistral3,
     mixtral,
+    olmo2,
     phi3,
     qwen2,
     qwen2_moe,

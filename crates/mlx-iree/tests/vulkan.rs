@@ -120,6 +120,7 @@ vulkan_tests!(
     mistral,
     mistral3,
     mixtral,
+    olmo2,
     qwen2_moe,
     qwen3,
     qwen3_5,

@@ -7,7 +7,7 @@ use serde_json::Value;
 use std::path::Path;
 
 pub const SUPPORTED: &str = "llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, \
-gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, gemma3, mistral3";
+gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, gemma3, mistral3";
 
 /// The checkpoint's `config.json` as written, every field optional; [`ModelConfig::from_json`]
 /// decides per `model_type` which are required and what the defaults are.
@@ -97,6 +97,7 @@ pub enum Family {
     Lfm2,
     Ministral3,
     Granite,
+    Olmo2,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -278,8 +279,11 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// Gemma's RMSNorm scales by `1 + w` instead of `w`.
     pub norm_plus_one: bool,
-    /// Norms after attention and around the MLP (Gemma2, Gemma3).
-    pub sandwich_norms: bool,
+    /// Where each layer's norms sit around attention and the MLP.
+    pub norm_placement: NormPlacement,
+    /// `q_norm` and `k_norm` normalise all heads' features at once (`[heads * head_dim]`,
+    /// OLMo 2) rather than each head's (`[head_dim]`).
+    pub qk_norm_full_width: bool,
     /// Embeddings multiplied by this (Gemma: sqrt(hidden); Gemma3 rounds it to bf16).
     pub embed_scale: Option<f32>,
     pub activation: Activation,
@@ -306,6 +310,20 @@ pub struct ModelConfig {
     pub residual_scale: Option<f32>,
     /// The logits divided by this (Granite's `logits_scaling`).
     pub logits_divisor: Option<f32>,
+}
+
+/// Where a layer's norms sit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormPlacement {
+    /// Before attention (`input_layernorm`) and before the MLP (`post_attention_layernorm`):
+    /// Llama and most families.
+    Pre,
+    /// Before and after each block (Gemma 2 and 3: `input_layernorm`,
+    /// `post_attention_layernorm`, `pre_feedforward_layernorm`, `post_feedforward_layernorm`).
+    Sandwich,
+    /// Only after each block, on its output before the residual add (OLMo 2:
+    /// `post_attention_layernorm`, `post_feedforward_layernorm`).
+    Post,
 }
 
 /// Ministral 3's query scale at position p: `1 + beta * ln(1 + floor(p / original))`, in
@@ -450,6 +468,8 @@ struct Rules {
     query_position_scale: bool,
     /// Granite's four multipliers (embedding, attention, residual, logits), all required.
     multipliers: bool,
+    /// OLMo 2: norms only after each block, q/k norms over all heads at once.
+    post_norms: bool,
     /// The family's own spelling of parts of the names in [`crate::names`], as
     /// `(ours, theirs)` ([`weights::Checkpoint::set_renames`]).
     renames: &'static [(&'static str, &'static str)],
@@ -498,6 +518,7 @@ const DENSE: Rules = Rules {
     short_conv: false,
     query_position_scale: false,
     multipliers: false,
+    post_norms: false,
     renames: &[],
 };
 
@@ -688,6 +709,16 @@ const FAMILIES: &[Rules] = &[
         tie: Some(true),
         biases: Biases::Configured,
         multipliers: true,
+        ..DENSE
+    },
+    Rules {
+        family: Family::Olmo2,
+        model_types: &["olmo2"],
+        head_dim: HeadDim::GivenOrDerived,
+        tie: Some(true),
+        biases: Biases::Configured,
+        qk_norm: true,
+        post_norms: true,
         ..DENSE
     },
 ];
@@ -919,7 +950,12 @@ impl ModelConfig {
             mlp_bias: configured && raw.mlp_bias.unwrap_or(false),
             qk_norm: rules.qk_norm,
             norm_plus_one: gemma.is_some(),
-            sandwich_norms: gemma.is_some_and(|g| g.sandwich),
+            norm_placement: match (gemma.is_some_and(|g| g.sandwich), rules.post_norms) {
+                (true, _) => NormPlacement::Sandwich,
+                (false, true) => NormPlacement::Post,
+                (false, false) => NormPlacement::Pre,
+            },
+            qk_norm_full_width: rules.post_norms,
             embed_scale,
             activation: gemma.map_or(Activation::Silu, |g| g.activation),
             attn_scale,

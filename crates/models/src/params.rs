@@ -1,7 +1,7 @@
 //! The model's parameters: checkpoint names and shapes derived from the config (one list
 //! shared by the graph and the loader), and their f32 values read from a checkpoint.
 
-use crate::config::{LayerMixer, ModelConfig};
+use crate::config::{LayerMixer, ModelConfig, NormPlacement};
 use crate::error::{Error, Result};
 use crate::names::{EMBEDDING, FINAL_NORM, GATE_UP, LM_HEAD, LayerNames, MLP_PARTS, QKV, bias, weight};
 use hlo_emit::ElementType;
@@ -160,11 +160,21 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     };
     for (l, layer) in cfg.layers.iter().enumerate() {
         let n = LayerNames::new(l);
-        vec(n.input_norm(), &[d]);
-        vec(n.post_attention_norm(), &[d]);
-        if cfg.sandwich_norms {
-            vec(n.pre_ffn_norm(), &[d]);
-            vec(n.post_ffn_norm(), &[d]);
+        match cfg.norm_placement {
+            NormPlacement::Pre => {
+                vec(n.input_norm(), &[d]);
+                vec(n.post_attention_norm(), &[d]);
+            }
+            NormPlacement::Sandwich => {
+                vec(n.input_norm(), &[d]);
+                vec(n.post_attention_norm(), &[d]);
+                vec(n.pre_ffn_norm(), &[d]);
+                vec(n.post_ffn_norm(), &[d]);
+            }
+            NormPlacement::Post => {
+                vec(n.post_attention_norm(), &[d]);
+                vec(n.post_ffn_norm(), &[d]);
+            }
         }
         match cfg.mixer(layer) {
             LayerMixer::ShortConv(conv) => {
@@ -187,8 +197,9 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
             }
             LayerMixer::Attention => {
                 if cfg.qk_norm {
-                    vec(n.q_norm(), &[hd]);
-                    vec(n.k_norm(), &[hd]);
+                    let (q, k) = if cfg.qk_norm_full_width { (q_out, kv_out) } else { (hd, hd) };
+                    vec(n.q_norm(), &[q]);
+                    vec(n.k_norm(), &[k]);
                 }
                 if cfg.qkv_bias {
                     vec(bias(&n.q_proj()), &[q_out]);

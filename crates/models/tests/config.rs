@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use models::{Activation, Family, ModelConfig, Moe, RopeScaling, RopeTable, Routing};
+use models::{Activation, Family, ModelConfig, Moe, NormPlacement, RopeScaling, RopeTable, Routing};
 use serde_json::{Value, json};
 use std::path::Path;
 
@@ -35,7 +35,7 @@ fn refusals_name_the_cause() {
         llama(),
         "model_type",
         json!("gpt2"),
-        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, gemma3, mistral3)",
+        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, gemma3, mistral3)",
     );
     check_err(llama(), "model_type", Value::Null, "m/config.json: model_type: missing");
     check_err(llama(), "hidden_size", Value::Null, "m/config.json: hidden_size: missing");
@@ -120,12 +120,12 @@ fn fixtures_normalise_per_family() {
 
     let c = fixture_config("gemma");
     assert_eq!(c.activation, Activation::GeluErf);
-    assert!(c.norm_plus_one && !c.sandwich_norms);
+    assert!(c.norm_plus_one && c.norm_placement == NormPlacement::Pre);
     assert_eq!(c.embed_scale, Some(8.0));
 
     let c = fixture_config("gemma2");
     assert_eq!(c.activation, Activation::GeluTanh);
-    assert!(c.sandwich_norms);
+    assert_eq!(c.norm_placement, NormPlacement::Sandwich);
     assert_eq!((c.attn_softcap, c.final_softcap), (Some(10.0), Some(15.0)));
     assert_eq!(c.attn_scale, 24f64.powf(-0.5));
     let windows: Vec<_> = c.layers.iter().map(|l| l.sliding_window).collect();
@@ -164,7 +164,7 @@ fn fixtures_normalise_per_family() {
     let c = fixture_config("gemma3_text");
     let pattern: Vec<_> = c.layers.iter().map(|l| (l.sliding_window, l.rope_theta)).collect();
     assert_eq!(pattern, vec![(Some(8), 1e4), (Some(8), 1e4), (None, 1e6), (Some(8), 1e4)]);
-    assert!(c.qk_norm && c.sandwich_norms && c.norm_plus_one);
+    assert!(c.qk_norm && c.norm_placement == NormPlacement::Sandwich && c.norm_plus_one);
     assert_eq!(c.attn_scale, 48f64.powf(-0.5));
 }
 
@@ -553,4 +553,23 @@ fn granite_multipliers() {
     // Other families have none of them.
     let llama = fixture_config("mistral");
     assert_eq!((llama.residual_scale, llama.logits_divisor, llama.embed_scale), (None, None, None));
+}
+
+/// OLMo 2: norms only after each block, q/k norms over all heads at once.
+#[test]
+fn olmo2_norms_after_each_block() {
+    let c = fixture_config("olmo2");
+    assert_eq!(
+        (c.family, c.norm_placement, c.qk_norm, c.qk_norm_full_width),
+        (Family::Olmo2, NormPlacement::Post, true, true)
+    );
+    assert!(!c.tie_embeddings && !c.qkv_bias && !c.norm_plus_one);
+    let specs = models::param_specs(&c);
+    let shape = |key: &str| specs.iter().find(|p| p.key == key).map(|p| p.shape.clone());
+    assert_eq!(shape("model.layers.0.self_attn.q_norm.weight"), Some(vec![64]));
+    assert_eq!(shape("model.layers.0.self_attn.k_norm.weight"), Some(vec![32]));
+    assert_eq!(shape("model.layers.0.post_feedforward_layernorm.weight"), Some(vec![64]));
+    assert_eq!(shape("model.layers.0.input_layernorm.weight"), None, "no norm before attention");
+    let q = fixture_config("qwen3");
+    assert!(q.qk_norm && !q.qk_norm_full_width && q.norm_placement == NormPlacement::Pre);
 }

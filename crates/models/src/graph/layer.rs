@@ -8,7 +8,7 @@
 //! instead of as "no global for ..." halfway through emission.
 
 use super::{R, Step, V};
-use crate::config::{LayerMixer, LinearAttention, ModelConfig, Moe, ShortConv};
+use crate::config::{LayerMixer, LinearAttention, ModelConfig, Moe, NormPlacement, ShortConv};
 use crate::error::{Error, Result};
 use crate::names::{self, FINAL_NORM, LM_HEAD, LayerNames, MoeNames};
 use crate::params::{Kind, param_specs};
@@ -16,7 +16,8 @@ use crate::rope::RopeTable;
 use hlo_emit::ElementType::*;
 use std::collections::{HashMap, HashSet};
 
-/// Where a layer's norms sit around its two blocks (`input_layernorm` always comes first).
+/// Where a layer's norms sit around its two blocks after the mixer's input norm (the layer's
+/// `input_norm`, where it has one).
 #[derive(Debug)]
 pub(super) enum Norms {
     /// Pre-norm: the feed-forward input normed by `ffn` (`post_attention_layernorm`); each
@@ -25,6 +26,22 @@ pub(super) enum Norms {
     /// Gemma 2/3: each block's output normed before its residual add, the feed-forward input
     /// by `pre_ffn`.
     Sandwich { post_attention: String, pre_ffn: String, post_ffn: String },
+    /// OLMo 2: no norm before either block (the layer has no `input_norm`); each block's
+    /// output normed before its residual add.
+    Post { post_attention: String, post_ffn: String },
+}
+
+impl Norms {
+    /// The norm of each block's output before its residual add, where there is one:
+    /// (after attention, after the feed-forward block).
+    fn after(&self) -> Option<(&str, &str)> {
+        match self {
+            Norms::Pre { .. } => None,
+            Norms::Sandwich { post_attention, post_ffn, .. } | Norms::Post { post_attention, post_ffn } => {
+                Some((post_attention, post_ffn))
+            }
+        }
+    }
 }
 
 /// One layer's attention: its projections' prefixes and what surrounds them.
@@ -130,7 +147,8 @@ pub(super) enum FeedForward<'a> {
 /// One decoder layer.
 #[derive(Debug)]
 pub(super) struct LayerPlan<'a> {
-    pub input_norm: String,
+    /// The mixer's input norm (`input_layernorm`); none with [`Norms::Post`].
+    pub input_norm: Option<String>,
     pub mixer: Mixer<'a>,
     pub norms: Norms,
     pub ffn: FeedForward<'a>,
@@ -203,20 +221,29 @@ impl<'a> LayerPlan<'a> {
                 kv_layer,
             }),
         };
-        let norms = if cfg.sandwich_norms {
-            Norms::Sandwich {
+        let norms = match cfg.norm_placement {
+            NormPlacement::Pre => Norms::Pre { ffn: n.post_attention_norm() },
+            NormPlacement::Sandwich => Norms::Sandwich {
                 post_attention: n.post_attention_norm(),
                 pre_ffn: n.pre_ffn_norm(),
                 post_ffn: n.post_ffn_norm(),
+            },
+            NormPlacement::Post => {
+                if !matches!(mixer, Mixer::Attention(_)) {
+                    return Err(Error::Invalid(format!(
+                        "{}: a recurrent layer with norms only after its blocks is not supported",
+                        cfg.model_type
+                    )));
+                }
+                Norms::Post { post_attention: n.post_attention_norm(), post_ffn: n.post_ffn_norm() }
             }
-        } else {
-            Norms::Pre { ffn: n.post_attention_norm() }
         };
+        let input_norm = (cfg.norm_placement != NormPlacement::Post).then(|| n.input_norm());
         let ffn = match cfg.moe.as_ref().filter(|_| layer.moe) {
             Some(moe) => {
-                if cfg.sandwich_norms {
+                if cfg.norm_placement != NormPlacement::Pre {
                     return Err(Error::Invalid(format!(
-                        "{}: a mixture of experts with sandwich norms is not supported",
+                        "{}: a mixture of experts with norms after its blocks is not supported",
                         cfg.model_type
                     )));
                 }
@@ -229,12 +256,12 @@ impl<'a> LayerPlan<'a> {
                 bias: cfg.mlp_bias,
             }),
         };
-        Ok(LayerPlan { input_norm: n.input_norm(), mixer, norms, ffn })
+        Ok(LayerPlan { input_norm, mixer, norms, ffn })
     }
 
     /// Every parameter name the layer reads: matrices by prefix, vectors by key.
     fn names(&self) -> Vec<String> {
-        let mut read = vec![self.input_norm.clone()];
+        let mut read: Vec<String> = self.input_norm.iter().cloned().collect();
         match &self.mixer {
             Mixer::Attention(a) => {
                 read.extend([a.q.clone(), a.k.clone(), a.v.clone(), a.o.clone()]);
@@ -268,6 +295,7 @@ impl<'a> LayerPlan<'a> {
             Norms::Sandwich { post_attention, pre_ffn, post_ffn } => {
                 read.extend([post_attention.clone(), pre_ffn.clone(), post_ffn.clone()]);
             }
+            Norms::Post { post_attention, post_ffn } => read.extend([post_attention.clone(), post_ffn.clone()]),
         }
         match &self.ffn {
             FeedForward::Mlp(m) => {
@@ -377,27 +405,27 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
                             })
                         }
                     };
-                    let hn = self.norm(x, &layer.input_norm)?;
+                    let hn = self.mixer_input(x, layer)?;
                     let (o, k_rows, v_rows) = self.attention(hn, a, angles, &cache)?;
                     new_k.push(k_rows);
                     new_v.push(v_rows);
-                    match &layer.norms {
-                        Norms::Sandwich { post_attention, .. } => {
+                    match layer.norms.after() {
+                        Some((post_attention, _)) => {
                             let out = self.linear(o, &a.o, a.o_bias)?;
                             f.add(x, self.norm(out, post_attention)?)?
                         }
-                        Norms::Pre { .. } => self.linear_residual(x, o, &a.o, a.o_bias)?,
+                        None => self.linear_residual(x, o, &a.o, a.o_bias)?,
                     }
                 }
                 // The recurrent mixers: output before the out-projection, and new state rows.
                 Mixer::Linear(lin) => {
-                    let hn = self.norm(x, &layer.input_norm)?;
+                    let hn = self.mixer_input(x, layer)?;
                     let (o, next) = self.gated_delta(hn, lin, state.ok_or_else(no_state)?, last)?;
                     new_state.extend(next);
                     self.linear_residual(x, o, &lin.out_proj, false)?
                 }
                 Mixer::ShortConv(sc) => {
-                    let hn = self.norm(x, &layer.input_norm)?;
+                    let hn = self.mixer_input(x, layer)?;
                     let (o, next) = self.short_conv(hn, sc, state.ok_or_else(no_state)?, last)?;
                     new_state.push(next);
                     self.linear_residual(x, o, &sc.out_proj, sc.config.bias)?
@@ -428,24 +456,32 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         Ok(out)
     }
 
+    /// The mixer's input: `x` normed by the layer's input norm, or `x` where it has none.
+    fn mixer_input(&self, x: V<'c, 'b>, layer: &LayerPlan<'_>) -> R<V<'c, 'b>> {
+        match &layer.input_norm {
+            Some(norm) => self.norm(x, norm),
+            None => Ok(x),
+        }
+    }
+
     /// A layer's feed-forward block on `x` (normed first as the layer's norms say), with
     /// its residual.
     fn feed_forward(&self, x: V<'c, 'b>, layer: &LayerPlan<'_>) -> R<V<'c, 'b>> {
         let f = self.f;
         {
-            let pre_ffn = match &layer.norms {
-                Norms::Pre { ffn } => ffn,
-                Norms::Sandwich { pre_ffn, .. } => pre_ffn,
+            let hn = match &layer.norms {
+                Norms::Pre { ffn } => self.norm(x, ffn)?,
+                Norms::Sandwich { pre_ffn, .. } => self.norm(x, pre_ffn)?,
+                Norms::Post { .. } => x,
             };
-            let hn = self.norm(x, pre_ffn)?;
-            Ok(match (&layer.ffn, &layer.norms) {
+            Ok(match (&layer.ffn, layer.norms.after()) {
                 (FeedForward::Moe(moe), _) => f.add(x, self.moe(hn, moe)?)?,
-                (FeedForward::Mlp(mlp), Norms::Sandwich { post_ffn, .. }) => {
+                (FeedForward::Mlp(mlp), Some((_, post_ffn))) => {
                     let hidden = self.gated_mlp(hn, mlp)?;
                     let out = self.linear(hidden, &mlp.down, mlp.bias)?;
                     f.add(x, self.norm(out, post_ffn)?)?
                 }
-                (FeedForward::Mlp(mlp), Norms::Pre { .. }) => {
+                (FeedForward::Mlp(mlp), None) => {
                     let hidden = self.gated_mlp(hn, mlp)?;
                     self.linear_residual(x, hidden, &mlp.down, mlp.bias)?
                 }
@@ -482,6 +518,13 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         let kk = f.reshape(self.linear(hn, &a.k, a.qkv_bias)?, &[r, k, hd])?;
         let vv = f.reshape(self.linear(hn, &a.v, a.qkv_bias)?, &[r, k, hd])?;
         let (q, kk) = match &a.qk_norm {
+            // OLMo 2: over every head's features at once, then split into heads again.
+            Some((qn, kn)) if cfg.qk_norm_full_width => {
+                let whole = |x: V<'c, 'b>, n: &str, heads: i64| -> R<V<'c, 'b>> {
+                    f.reshape(self.norm(f.reshape(x, &[r, heads * hd])?, n)?, &[r, heads, hd])
+                };
+                (whole(q, qn, h)?, whole(kk, kn, k)?)
+            }
             Some((qn, kn)) => (self.norm(q, qn)?, self.norm(kk, kn)?),
             None => (q, kk),
         };
@@ -606,8 +649,8 @@ mod tests {
     #[test]
     fn experts_with_sandwich_norms_are_refused() {
         let mut cfg = config("qwen3_moe");
-        cfg.sandwich_norms = true;
+        cfg.norm_placement = NormPlacement::Sandwich;
         let err = LayerPlan::all(&cfg).map(|_| ()).unwrap_err();
-        assert!(err.to_string().contains("a mixture of experts with sandwich norms is not supported"), "{err}");
+        assert!(err.to_string().contains("a mixture of experts with norms after its blocks is not supported"), "{err}");
     }
 }
