@@ -711,6 +711,35 @@ FIXTURES = [
         },
     },
     {
+        "name": "olmo3",
+        "about": "olmo3 (AllenAI OLMo 3): olmo2's norms, sliding windows on all but every fourth layer "
+        "(no layer_types: mlx-lm's default pattern) with window 8, smaller than the tested context, and a "
+        "plain RoPE there; yarn scaling (factor 8 over 16 positions) on the full layer only; GQA 4/2, untied",
+        "group_size": 64,
+        "seed": 0,
+        "config": {
+            "architectures": ["Olmo3ForCausalLM"],
+            "model_type": "olmo3",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": 256,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 16,
+                             "beta_fast": 32.0, "beta_slow": 1.0},
+            "sliding_window": 8,
+            "max_position_embeddings": 128,
+            "attention_bias": False,
+            "tie_word_embeddings": False,
+            "hidden_act": "silu",
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+        },
+    },
+    {
         "name": "ministral3",
         "about": "ministral3 as Ministral 3 ships it (the mistral3 wrapper, text_config of model_type ministral3, "
         "weights under language_model.): rope_parameters with yarn (factor 16) and Llama 4's query scale "

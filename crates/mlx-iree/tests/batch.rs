@@ -127,6 +127,7 @@ mod eight_rows_at_f32 {
         mistral3,
         mixtral,
         olmo2,
+        olmo3,
         phi3,
         qwen2,
         qwen2_moe,

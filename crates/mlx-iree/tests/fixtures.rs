@@ -100,6 +100,7 @@ fixture_tests!(
     ministral3,
     granite,
     olmo2,
+    olmo3,
     smollm3,
     qwen3_next,
     qwen3_5,

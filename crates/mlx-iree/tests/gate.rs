@@ -224,6 +224,7 @@ per_family!(
     mistral3,
     mixtral,
     olmo2,
+    olmo3,
     phi3,
     qwen2,
     qwen2_moe,

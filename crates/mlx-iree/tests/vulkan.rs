@@ -121,6 +121,7 @@ vulkan_tests!(
     mistral3,
     mixtral,
     olmo2,
+    olmo3,
     qwen2_moe,
     qwen3,
     qwen3_5,

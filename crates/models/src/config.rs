@@ -7,7 +7,8 @@ use serde_json::Value;
 use std::path::Path;
 
 pub const SUPPORTED: &str = "llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, \
-gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, gemma3, mistral3";
+gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, gemma3, \
+mistral3";
 
 /// The checkpoint's `config.json` as written, every field optional; [`ModelConfig::from_json`]
 /// decides per `model_type` which are required and what the defaults are.
@@ -98,6 +99,7 @@ pub enum Family {
     Ministral3,
     Granite,
     Olmo2,
+    Olmo3,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -378,6 +380,9 @@ enum Windows {
     Even,
     /// All but every `sliding_window_pattern`-th, with their own RoPE base (Gemma 3).
     Gemma3,
+    /// Those `layer_types` marks `sliding_attention`, else all but every fourth, with a
+    /// plain RoPE (the scaling is the full layers'): OLMo 3.
+    Olmo3,
 }
 
 /// Biases of the linear layers.
@@ -388,6 +393,8 @@ enum Biases {
     Qkv,
     /// `attention_bias` on q, k, v and o, `mlp_bias` on the MLP (Llama).
     Configured,
+    /// `attention_bias` on q, k, v and o, never on the MLP (OLMo 3).
+    Attention,
 }
 
 /// Gemma's differences: the `1 + w` norm scale, 1e-6 epsilon, scaled embeddings.
@@ -721,6 +728,16 @@ const FAMILIES: &[Rules] = &[
         post_norms: true,
         ..DENSE
     },
+    Rules {
+        family: Family::Olmo3,
+        model_types: &["olmo3"],
+        head_dim: HeadDim::GivenOrDerived,
+        biases: Biases::Attention,
+        qk_norm: true,
+        windows: Windows::Olmo3,
+        post_norms: true,
+        ..DENSE
+    },
 ];
 
 /// How LFM2's checkpoints spell the parts of our names.
@@ -912,6 +929,7 @@ impl ModelConfig {
         let softcaps = gemma.and_then(|g| g.softcaps);
         let attention_bias = raw.attention_bias.unwrap_or(false);
         let configured = matches!(rules.biases, Biases::Configured);
+        let attention_configured = configured || matches!(rules.biases, Biases::Attention);
         // mlx-lm's ministral3 reads both from `rope_parameters`, with no defaults.
         let query_position_scale = if rules.query_position_scale {
             let nested = |key: &str| -> Result<f32> {
@@ -945,8 +963,8 @@ impl ModelConfig {
                 .tie
                 .is_none_or(|default| raw.tie_word_embeddings.or(raw.tie_embedding).unwrap_or(default)),
             fused_projections: rules.fused_projections,
-            qkv_bias: matches!(rules.biases, Biases::Qkv) || (configured && attention_bias),
-            o_bias: configured && attention_bias,
+            qkv_bias: matches!(rules.biases, Biases::Qkv) || (attention_configured && attention_bias),
+            o_bias: attention_configured && attention_bias,
             mlp_bias: configured && raw.mlp_bias.unwrap_or(false),
             qk_norm: rules.qk_norm,
             norm_plus_one: gemma.is_some(),
@@ -1357,6 +1375,20 @@ fn layers(raw: &RawConfig, rules: &Rules, has_moe: bool, global: LayerConfig, p:
                     Some(other) => return Err(cfg_err(p, "layer_types", format!("layer {i}: {other:?}"))),
                 },
                 Windows::Even => LayerConfig { sliding_window: window.filter(|_| i % 2 == 0), ..global },
+                Windows::Olmo3 => {
+                    let sliding = match raw.layer_types.as_ref().map(|t| t.get(i).map(String::as_str)) {
+                        None => (i + 1) % 4 != 0,
+                        Some(Some("full_attention")) => false,
+                        Some(Some("sliding_attention")) => true,
+                        Some(other) => return Err(cfg_err(p, "layer_types", format!("layer {i}: {other:?}"))),
+                    };
+                    if sliding {
+                        let window = Some(required(p, "sliding_window", window)?);
+                        LayerConfig { sliding_window: window, rope_scaling: RopeScaling::None, ..global }
+                    } else {
+                        global
+                    }
+                }
                 Windows::Gemma3 => {
                     let pattern = raw.sliding_window_pattern.unwrap_or(6).max(1);
                     if (i + 1) % pattern == 0 {

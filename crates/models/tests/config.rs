@@ -35,7 +35,7 @@ fn refusals_name_the_cause() {
         llama(),
         "model_type",
         json!("gpt2"),
-        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, gemma3, mistral3)",
+        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, gemma3, mistral3)",
     );
     check_err(llama(), "model_type", Value::Null, "m/config.json: model_type: missing");
     check_err(llama(), "hidden_size", Value::Null, "m/config.json: hidden_size: missing");
@@ -572,4 +572,26 @@ fn olmo2_norms_after_each_block() {
     assert_eq!(shape("model.layers.0.input_layernorm.weight"), None, "no norm before attention");
     let q = fixture_config("qwen3");
     assert!(q.qk_norm && !q.qk_norm_full_width && q.norm_placement == NormPlacement::Pre);
+}
+
+/// OLMo 3: olmo2's norms; windows on all but every fourth layer unless `layer_types` says,
+/// with a plain RoPE there and the scaling on the full layers.
+#[test]
+fn olmo3_windows_and_rope() {
+    let c = fixture_config("olmo3");
+    assert_eq!((c.family, c.norm_placement, c.qk_norm_full_width), (Family::Olmo3, NormPlacement::Post, true));
+    let windows: Vec<_> = c.layers.iter().map(|l| l.sliding_window).collect();
+    assert_eq!(windows, [Some(8), Some(8), Some(8), None]);
+    assert_eq!(c.layers[0].rope_scaling, RopeScaling::None);
+    assert!(matches!(c.layers[3].rope_scaling, RopeScaling::Yarn { factor: 8.0, .. }), "{:?}", c.layers[3]);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/olmo3/f32/config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["layer_types"] = json!(["full_attention", "sliding_attention", "full_attention", "full_attention"]);
+    v["mlp_bias"] = json!(true);
+    let c = ModelConfig::from_json(&v, Path::new("m/config.json")).unwrap();
+    assert_eq!(c.layers.iter().map(|l| l.sliding_window).collect::<Vec<_>>(), [None, Some(8), None, None]);
+    assert!(!c.mlp_bias, "mlx-lm's olmo3 has no MLP biases");
+    v["layer_types"] = json!(["full_attention", "chunked_attention", "full_attention", "full_attention"]);
+    let err = ModelConfig::from_json(&v, Path::new("m/config.json")).unwrap_err().to_string();
+    assert_eq!(err, "m/config.json: layer_types: layer 1: Some(\"chunked_attention\")");
 }
