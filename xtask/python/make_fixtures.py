@@ -740,6 +740,35 @@ FIXTURES = [
         },
     },
     {
+        "name": "glm4",
+        "about": "glm4 (GLM-4-0414, dense): traditional RoPE (adjacent pairs) over half of each head "
+        "(partial_rotary_factor 0.5), norms before and after each block (input_layernorm, "
+        "post_self_attn_layernorm, post_attention_layernorm before the MLP, post_mlp_layernorm), gate and "
+        "up stored as one gate_up_proj, q/k/v biases (attention_bias) and none on o, GQA 4/2, untied",
+        "group_size": 64,
+        "seed": 1,
+        "config": {
+            "architectures": ["Glm4ForCausalLM"],
+            "model_type": "glm4",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "partial_rotary_factor": 0.5,
+            "attention_bias": True,
+            "vocab_size": 256,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": False,
+            "hidden_act": "silu",
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+        },
+    },
+    {
         "name": "ministral3",
         "about": "ministral3 as Ministral 3 ships it (the mistral3 wrapper, text_config of model_type ministral3, "
         "weights under language_model.): rope_parameters with yarn (factor 16) and Llama 4's query scale "

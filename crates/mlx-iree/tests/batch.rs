@@ -118,6 +118,7 @@ mod eight_rows_at_f32 {
         gemma2_window,
         gemma3,
         gemma3_text,
+        glm4,
         granite,
         lfm2,
         llama_linear_untied,

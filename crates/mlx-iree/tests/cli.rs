@@ -80,7 +80,7 @@ fn unsupported_model_type_is_refused_before_compiling() {
         &args,
         2,
         "",
-        "unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, gemma3, mistral3)",
+        "unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, glm4, gemma3, mistral3)",
     );
     assert!(!file.exists(), "no partial output file");
 }
@@ -419,8 +419,9 @@ fn a_malformed_smollm3_config_is_one_line() {
 /// The families of issue 35: a mistral3 around a text model this crate does not run, and a
 /// ministral3 without its query scale's setting, are one line naming the setting; a gemma3
 /// without one of its language model's tensors names the tensor as stored (under
-/// `language_model.`); a granite without a multiplier names it, an olmo2 without a norm
-/// after its MLP names the tensor. Exit 2, nothing compiled.
+/// `language_model.`); a granite without a multiplier names it, an olmo2 or a glm4 without a
+/// norm after its MLP names the tensor (as the checkpoint spells it). Exit 2, nothing
+/// compiled.
 #[test]
 fn malformed_new_family_checkpoints_are_one_line() {
     let run = |dir: &tempfile::TempDir, expected: &str| {
@@ -447,6 +448,8 @@ fn malformed_new_family_checkpoints_are_one_line() {
     run(&dir, "residual_multiplier: missing");
     let dir = fixture_with_tensor("olmo2", "model.layers.1.post_feedforward_layernorm.weight", None);
     run(&dir, "model.layers.1.post_feedforward_layernorm.weight");
+    let dir = fixture_with_tensor("glm4", "model.layers.0.post_mlp_layernorm.weight", None);
+    run(&dir, "model.layers.0.post_mlp_layernorm.weight");
 }
 
 /// A copy of fixture `family`'s f32 checkpoint with tensor `name` left out (`taps: None`)

@@ -101,6 +101,7 @@ fixture_tests!(
     granite,
     olmo2,
     olmo3,
+    glm4,
     smollm3,
     qwen3_next,
     qwen3_5,

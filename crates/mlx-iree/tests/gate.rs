@@ -215,6 +215,7 @@ per_family!(
     gemma2_window,
     gemma3,
     gemma3_text,
+    glm4,
     granite,
     lfm2,
     llama_linear_untied,

@@ -112,6 +112,7 @@ vulkan_tests!(
     gemma2,
     gemma2_window,
     gemma3,
+    glm4,
     granite,
     lfm2,
     llama_linear_untied,

@@ -7,8 +7,8 @@ use serde_json::Value;
 use std::path::Path;
 
 pub const SUPPORTED: &str = "llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, \
-gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, gemma3, \
-mistral3";
+gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, glm4, \
+gemma3, mistral3";
 
 /// The checkpoint's `config.json` as written, every field optional; [`ModelConfig::from_json`]
 /// decides per `model_type` which are required and what the defaults are.
@@ -100,6 +100,7 @@ pub enum Family {
     Granite,
     Olmo2,
     Olmo3,
+    Glm4,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -270,9 +271,15 @@ pub struct ModelConfig {
     pub layers: Vec<LayerConfig>,
     /// The output projection reuses the (possibly quantized) embedding.
     pub tie_embeddings: bool,
-    /// The checkpoint stores q/k/v as one `self_attn.qkv_proj` and gate/up as one
-    /// `mlp.gate_up_proj`, stacked by rows in that order (Phi-3).
-    pub fused_projections: bool,
+    /// The checkpoint stores q/k/v as one `self_attn.qkv_proj` (Phi-3), stacked by rows in
+    /// that order.
+    pub fused_qkv: bool,
+    /// The checkpoint stores gate/up as one `mlp.gate_up_proj` (Phi-3, GLM-4), gate rows
+    /// first.
+    pub fused_gate_up: bool,
+    /// RoPE rotates adjacent pairs of features (MLX's `traditional`: GLM-4) rather than the
+    /// two halves.
+    pub rope_traditional: bool,
     /// Biases on q/k/v projections (Qwen2; Llama `attention_bias` also on o).
     pub qkv_bias: bool,
     pub o_bias: bool,
@@ -395,6 +402,8 @@ enum Biases {
     Configured,
     /// `attention_bias` on q, k, v and o, never on the MLP (OLMo 3).
     Attention,
+    /// `attention_bias` on q, k and v only (GLM-4).
+    AttentionQkv,
 }
 
 /// Gemma's differences: the `1 + w` norm scale, 1e-6 epsilon, scaled embeddings.
@@ -456,6 +465,12 @@ struct Rules {
     qk_norm: bool,
     /// q/k/v and gate/up stored fused (phi3).
     fused_projections: bool,
+    /// Only gate/up stored fused (glm4).
+    fused_gate_up: bool,
+    /// `rope_traditional` read, with this default (glm4); `None`: `true` is refused.
+    rope_traditional: Option<bool>,
+    /// Norms before and after each block with plain RMSNorm (glm4; Gemma's are its own).
+    sandwich_norms: bool,
     windows: Windows,
     /// `no_rope_layers` / `no_rope_layer_interval` read (smollm3).
     nope_layers: bool,
@@ -515,6 +530,9 @@ const DENSE: Rules = Rules {
     biases: Biases::None,
     qk_norm: false,
     fused_projections: false,
+    fused_gate_up: false,
+    rope_traditional: None,
+    sandwich_norms: false,
     windows: Windows::Global,
     nope_layers: false,
     gemma: None,
@@ -738,6 +756,27 @@ const FAMILIES: &[Rules] = &[
         post_norms: true,
         ..DENSE
     },
+    Rules {
+        family: Family::Glm4,
+        model_types: &["glm4"],
+        // mlx-lm's glm4 builds a plain nn.RoPE.
+        scaling: Scaling::Ignored,
+        partial_rotary: Partial::TopLevel,
+        biases: Biases::AttentionQkv,
+        fused_gate_up: true,
+        rope_traditional: Some(true),
+        sandwich_norms: true,
+        renames: GLM4_NAMES,
+        ..DENSE
+    },
+];
+
+/// How GLM-4's checkpoints spell its four norms (in this order: each rename sees the names
+/// the ones before it left).
+const GLM4_NAMES: &[(&str, &str)] = &[
+    ("post_attention_layernorm", "post_self_attn_layernorm"),
+    ("pre_feedforward_layernorm", "post_attention_layernorm"),
+    ("post_feedforward_layernorm", "post_mlp_layernorm"),
 ];
 
 /// How LFM2's checkpoints spell the parts of our names.
@@ -848,9 +887,13 @@ impl ModelConfig {
             key: key.to_string(),
             value,
         };
-        if raw.rope_traditional == Some(true) {
-            return Err(unsupported("rope_traditional", "true".into()));
-        }
+        let rope_traditional = match rules.rope_traditional {
+            Some(default) => raw.rope_traditional.unwrap_or(default),
+            None if raw.rope_traditional == Some(true) => {
+                return Err(unsupported("rope_traditional", "true".into()));
+            }
+            None => false,
+        };
         let (rope_theta, rope_scaling) = rope(&raw, rules, p, &unsupported)?;
         let factor = match rules.partial_rotary {
             Partial::No => None,
@@ -930,6 +973,7 @@ impl ModelConfig {
         let attention_bias = raw.attention_bias.unwrap_or(false);
         let configured = matches!(rules.biases, Biases::Configured);
         let attention_configured = configured || matches!(rules.biases, Biases::Attention);
+        let qkv_configured = attention_configured || matches!(rules.biases, Biases::AttentionQkv);
         // mlx-lm's ministral3 reads both from `rope_parameters`, with no defaults.
         let query_position_scale = if rules.query_position_scale {
             let nested = |key: &str| -> Result<f32> {
@@ -962,13 +1006,15 @@ impl ModelConfig {
             tie_embeddings: rules
                 .tie
                 .is_none_or(|default| raw.tie_word_embeddings.or(raw.tie_embedding).unwrap_or(default)),
-            fused_projections: rules.fused_projections,
-            qkv_bias: matches!(rules.biases, Biases::Qkv) || (attention_configured && attention_bias),
+            fused_qkv: rules.fused_projections,
+            fused_gate_up: rules.fused_projections || rules.fused_gate_up,
+            rope_traditional,
+            qkv_bias: matches!(rules.biases, Biases::Qkv) || (qkv_configured && attention_bias),
             o_bias: attention_configured && attention_bias,
             mlp_bias: configured && raw.mlp_bias.unwrap_or(false),
             qk_norm: rules.qk_norm,
             norm_plus_one: gemma.is_some(),
-            norm_placement: match (gemma.is_some_and(|g| g.sandwich), rules.post_norms) {
+            norm_placement: match (gemma.is_some_and(|g| g.sandwich) || rules.sandwich_norms, rules.post_norms) {
                 (true, _) => NormPlacement::Sandwich,
                 (false, true) => NormPlacement::Post,
                 (false, false) => NormPlacement::Pre,

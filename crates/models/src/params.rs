@@ -152,7 +152,7 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
             }
         }
     }
-    if cfg.fused_projections {
+    if cfg.fused_qkv || cfg.fused_gate_up {
         mark_fused_parts(cfg, &mut out);
     }
     let mut vec = |key: String, shape: &[usize]| {
@@ -228,7 +228,8 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
 fn mark_fused_parts(cfg: &ModelConfig, out: &mut [ParamSpec]) {
     for l in 0..cfg.num_layers() {
         let n = LayerNames::new(l);
-        for (fused, parts) in [QKV, GATE_UP] {
+        let stored = [(QKV, cfg.fused_qkv), (GATE_UP, cfg.fused_gate_up)];
+        for (fused, parts) in stored.into_iter().filter(|(_, fused)| *fused).map(|(both, _)| both) {
             let mut first_row = 0;
             for part in parts {
                 let key = weight(&n.at(part));

@@ -35,7 +35,7 @@ fn refusals_name_the_cause() {
         llama(),
         "model_type",
         json!("gpt2"),
-        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, gemma3, mistral3)",
+        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, glm4, gemma3, mistral3)",
     );
     check_err(llama(), "model_type", Value::Null, "m/config.json: model_type: missing");
     check_err(llama(), "hidden_size", Value::Null, "m/config.json: hidden_size: missing");
@@ -197,7 +197,7 @@ fn phi3_reads_fused_projections_and_partial_rotary() {
     let c = ModelConfig::from_json(&phi3(), Path::new("config.json")).unwrap();
     // mlx-lm's phi3 derives head_dim (config.json's is ignored) and unties by default.
     assert_eq!((c.family, c.head_dim, c.rope_dims, c.tie_embeddings), (Family::Phi3, 16, 12, false));
-    assert!(c.fused_projections && !c.qkv_bias && !c.qk_norm);
+    assert!(c.fused_qkv && c.fused_gate_up && !c.qkv_bias && !c.qk_norm);
     let specs = models::param_specs(&c);
     let part = |key: &str| specs.iter().find(|s| s.key == key).unwrap().part.clone().map(|p| (p.of, p.first_row));
     let qkv = "model.layers.0.self_attn.qkv_proj".to_string();
@@ -594,4 +594,25 @@ fn olmo3_windows_and_rope() {
     v["layer_types"] = json!(["full_attention", "chunked_attention", "full_attention", "full_attention"]);
     let err = ModelConfig::from_json(&v, Path::new("m/config.json")).unwrap_err().to_string();
     assert_eq!(err, "m/config.json: layer_types: layer 1: Some(\"chunked_attention\")");
+}
+
+/// GLM-4 (dense): traditional RoPE over `partial_rotary_factor` of each head, plain
+/// sandwich norms under its own names, gate/up stored fused, q/k/v biases and none on o.
+#[test]
+fn glm4_settings() {
+    let c = fixture_config("glm4");
+    assert_eq!((c.family, c.norm_placement, c.norm_plus_one), (Family::Glm4, NormPlacement::Sandwich, false));
+    assert_eq!((c.rope_traditional, c.rope_dims, c.head_dim), (true, 8, 16));
+    assert!(c.fused_gate_up && !c.fused_qkv && c.qkv_bias && !c.o_bias && !c.tie_embeddings);
+    // mlx-lm's glm4 builds a plain RoPE: a scaling in config.json changes nothing.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/glm4/f32/config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["rope_scaling"] = json!({"rope_type": "linear", "factor": 4.0});
+    let scaled = ModelConfig::from_json(&v, Path::new("m/config.json")).unwrap();
+    assert_eq!(scaled.layers[0].rope_scaling, RopeScaling::None);
+    v["rope_traditional"] = json!(false);
+    assert!(!ModelConfig::from_json(&v, Path::new("m/config.json")).unwrap().rope_traditional);
+    // Families that do not read it still refuse it.
+    let llama = fixture_config("mistral");
+    assert!(!llama.rope_traditional && !llama.fused_gate_up);
 }

@@ -11,7 +11,9 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
     /// halves, so it fuses into one dispatch (a `concatenate` became copies of its own).
     ///
     /// With `rope_dims` below the head size (partial rotary) only the first `rope_dims`
-    /// features rotate, paired across their own halves; the rest pass through.
+    /// features rotate, paired across their own halves; the rest pass through. MLX's
+    /// traditional layout (the model's `rope_traditional`, GLM-4) pairs adjacent features
+    /// `(2i, 2i + 1)` instead: the same expression over `[.., half, 2]`.
     pub(super) fn rope(&self, x: V<'c, 'b>, cos: V<'c, 'b>, sin: V<'c, 'b>) -> R<V<'c, 'b>> {
         let f = self.f;
         let (hd, rd) = (x.shape()[2], self.cfg.rope_dims as i64);
@@ -21,13 +23,18 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         }
         let shape = x.shape();
         let half = shape[2] / 2;
-        let split = [shape[0], shape[1], 2, half];
+        // The pair's axis (2 elements) and the angle's (`half`), in the layout's order.
+        let (split, pair, angle) = if self.cfg.rope_traditional {
+            ([shape[0], shape[1], half, 2], 3, 2)
+        } else {
+            ([shape[0], shape[1], 2, half], 2, 3)
+        };
         let x = f.reshape(x, &split)?;
-        let swapped = f.reverse(x, &[2])?;
-        // [-1, 1] along the halves: the first half of the swapped value is -x2.
-        let sign = f.broadcast_in_dim(f.constant_f32(&[-1.0, 1.0], &[2])?, &split, &[2])?;
-        let c = f.broadcast_in_dim(cos, &split, &[0, 3])?;
-        let s = f.broadcast_in_dim(sin, &split, &[0, 3])?;
+        let swapped = f.reverse(x, &[pair])?;
+        // [-1, 1] along the pair: the first of the swapped pair is -x2.
+        let sign = f.broadcast_in_dim(f.constant_f32(&[-1.0, 1.0], &[2])?, &split, &[pair])?;
+        let c = f.broadcast_in_dim(cos, &split, &[0, angle])?;
+        let s = f.broadcast_in_dim(sin, &split, &[0, angle])?;
         let out = f.add(f.mul(x, c)?, f.mul(f.mul(swapped, sign)?, s)?)?;
         f.reshape(out, &shape)
     }
