@@ -416,8 +416,6 @@ struct Gemma {
     query_pre_attn: Option<f64>,
     /// Default attention and final logit soft caps (Gemma 2).
     softcaps: Option<(f64, f64)>,
-    /// Norms after attention and around the MLP.
-    sandwich: bool,
 }
 
 /// How a family's MoE block reads config.json.
@@ -469,8 +467,8 @@ struct Rules {
     fused_gate_up: bool,
     /// `rope_traditional` read, with this default (glm4); `None`: `true` is refused.
     rope_traditional: Option<bool>,
-    /// Norms before and after each block with plain RMSNorm (glm4; Gemma's are its own).
-    sandwich_norms: bool,
+    /// Where the norms sit around each block.
+    norms: NormPlacement,
     windows: Windows,
     /// `no_rope_layers` / `no_rope_layer_interval` read (smollm3).
     nope_layers: bool,
@@ -490,8 +488,8 @@ struct Rules {
     query_position_scale: bool,
     /// Granite's four multipliers (embedding, attention, residual, logits), all required.
     multipliers: bool,
-    /// OLMo 2: norms only after each block, q/k norms over all heads at once.
-    post_norms: bool,
+    /// q/k norms over all heads' features at once (OLMo 2 and 3).
+    qk_norm_full_width: bool,
     /// The family's own spelling of parts of the names in [`crate::names`], as
     /// `(ours, theirs)` ([`weights::Checkpoint::set_renames`]).
     renames: &'static [(&'static str, &'static str)],
@@ -532,7 +530,7 @@ const DENSE: Rules = Rules {
     fused_projections: false,
     fused_gate_up: false,
     rope_traditional: None,
-    sandwich_norms: false,
+    norms: NormPlacement::Pre,
     windows: Windows::Global,
     nope_layers: false,
     gemma: None,
@@ -543,7 +541,7 @@ const DENSE: Rules = Rules {
     short_conv: false,
     query_position_scale: false,
     multipliers: false,
-    post_norms: false,
+    qk_norm_full_width: false,
     renames: &[],
 };
 
@@ -632,7 +630,6 @@ const FAMILIES: &[Rules] = &[
             bf16_embed_scale: false,
             query_pre_attn: None,
             softcaps: None,
-            sandwich: false,
         }),
         ..DENSE
     },
@@ -642,12 +639,12 @@ const FAMILIES: &[Rules] = &[
         scaling: Scaling::Ignored,
         tie: None,
         windows: Windows::Even,
+        norms: NormPlacement::Sandwich,
         gemma: Some(Gemma {
             activation: Activation::GeluTanh,
             bf16_embed_scale: false,
             query_pre_attn: Some(144.0),
             softcaps: Some((50.0, 30.0)),
-            sandwich: true,
         }),
         ..DENSE
     },
@@ -655,6 +652,7 @@ const FAMILIES: &[Rules] = &[
         family: Family::Gemma3,
         model_types: &["gemma3_text"],
         rope_theta: 1_000_000.0,
+        norms: NormPlacement::Sandwich,
         // mlx-lm's gemma3_text decides by whether lm_head.weight exists;
         // `ModelConfig::for_checkpoint` corrects this from the checkpoint.
         tie: Some(true),
@@ -665,7 +663,6 @@ const FAMILIES: &[Rules] = &[
             bf16_embed_scale: true,
             query_pre_attn: Some(256.0),
             softcaps: None,
-            sandwich: true,
         }),
         ..DENSE
     },
@@ -743,7 +740,8 @@ const FAMILIES: &[Rules] = &[
         tie: Some(true),
         biases: Biases::Configured,
         qk_norm: true,
-        post_norms: true,
+        norms: NormPlacement::Post,
+        qk_norm_full_width: true,
         ..DENSE
     },
     Rules {
@@ -753,7 +751,8 @@ const FAMILIES: &[Rules] = &[
         biases: Biases::Attention,
         qk_norm: true,
         windows: Windows::Olmo3,
-        post_norms: true,
+        norms: NormPlacement::Post,
+        qk_norm_full_width: true,
         ..DENSE
     },
     Rules {
@@ -765,7 +764,7 @@ const FAMILIES: &[Rules] = &[
         biases: Biases::AttentionQkv,
         fused_gate_up: true,
         rope_traditional: Some(true),
-        sandwich_norms: true,
+        norms: NormPlacement::Sandwich,
         renames: GLM4_NAMES,
         ..DENSE
     },
@@ -1014,12 +1013,8 @@ impl ModelConfig {
             mlp_bias: configured && raw.mlp_bias.unwrap_or(false),
             qk_norm: rules.qk_norm,
             norm_plus_one: gemma.is_some(),
-            norm_placement: match (gemma.is_some_and(|g| g.sandwich) || rules.sandwich_norms, rules.post_norms) {
-                (true, _) => NormPlacement::Sandwich,
-                (false, true) => NormPlacement::Post,
-                (false, false) => NormPlacement::Pre,
-            },
-            qk_norm_full_width: rules.post_norms,
+            norm_placement: rules.norms,
+            qk_norm_full_width: rules.qk_norm_full_width,
             embed_scale,
             activation: gemma.map_or(Activation::Silu, |g| g.activation),
             attn_scale,
