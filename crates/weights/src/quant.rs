@@ -308,6 +308,81 @@ impl<'a> QuantizedLinear<'a> {
     }
 }
 
+impl QuantizedLinear<'_> {
+    /// The weight as MLX's `mx.dequantize` gives it, in the scales' own type (widened to f32):
+    /// for f16 or bf16 scales the product `q * scale` is rounded to that type and then the sum
+    /// with the bias (what MLX's half-precision arithmetic does); for f32 scales, as
+    /// [`dequantize_f32`].
+    pub fn dequantize_in_scale_type(&self) -> Vec<f32> {
+        let round = rounding(self.scales.dtype());
+        let scales = floats_to_f32(self.scales.dtype(), self.scales.bytes());
+        let biases = floats_to_f32(self.biases.dtype(), self.biases.bytes());
+        let (gs, bits) = (self.params.group_size, self.params.bits as usize);
+        let groups = self.in_features / gs;
+        let row_bytes = self.in_features * bits / 8;
+        let mut out = Vec::with_capacity(self.out_features.saturating_mul(self.in_features));
+        if row_bytes == 0 || groups == 0 {
+            return out;
+        }
+        for (r, wrow) in self.weight.bytes().chunks_exact(row_bytes).enumerate() {
+            for c in 0..self.in_features {
+                let g = r * groups + c / gs;
+                out.push(round(round(unpack(wrow, c, bits) as f32 * scales[g]) + biases[g]));
+            }
+        }
+        out
+    }
+}
+
+/// f32 to the nearest value of `dtype` (f16, bf16: round to nearest even), as f32.
+fn rounding(dtype: Dtype) -> fn(f32) -> f32 {
+    match dtype {
+        Dtype::F16 => |x| half::f16::from_f32(x).to_f32(),
+        Dtype::BF16 => |x| half::bf16::from_f32(x).to_f32(),
+        _ => |x| x,
+    }
+}
+
+/// `values` (rows of `in_features`, each a value of `dtype`) quantized as MLX's affine
+/// `mx.quantize` does, then dequantized in f32 with the scales and biases as stored (rounded
+/// to `dtype`): the weights an MLX model computes with after quantizing at load (mlx-lm's
+/// deepseek_v3 quantizes the per-head matrices it splits out of `kv_b_proj` again).
+///
+/// Per group of `group_size`: in f32, `scale = max((max - min) / (2^bits - 1), 1e-7)`, signed
+/// toward the end of larger magnitude (`edge`); `q0 = round(edge / scale)`, and where `q0 != 0`
+/// the scale becomes `edge / q0` and the bias `edge` (else 0); each value's `q = clip(round((w
+/// - bias) / scale), 0, 2^bits - 1)`, rounding half to even. Checked bit for bit against MLX
+/// 0.32.4's `mx.quantize` in `crates/weights/tests/quant.rs`, and end to end by the
+/// `deepseek_v3_kv_b` fixture.
+///
+/// `None` when `group_size` does not divide `in_features` or the bits are not MLX's.
+pub fn quantize_dequantize(values: &[f32], in_features: usize, params: QuantParams, dtype: Dtype) -> Option<Vec<f32>> {
+    let QuantParams { group_size, bits } = params;
+    if params.validate().is_err() || in_features == 0 || !in_features.is_multiple_of(group_size) {
+        return None;
+    }
+    let round = rounding(dtype);
+    let top = ((1u32 << bits) - 1) as f32;
+    let mut out = Vec::with_capacity(values.len());
+    for group in values.chunks(group_size) {
+        let (lo, hi) = group.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &w| (lo.min(w), hi.max(w)));
+        let toward_min = lo.abs() > hi.abs();
+        let mut scale = ((hi - lo) / top).max(1e-7);
+        if !toward_min {
+            scale = -scale;
+        }
+        let edge = if toward_min { lo } else { hi };
+        let q0 = (edge / scale).round_ties_even();
+        let (scale, bias) = if q0 != 0.0 { (edge / q0, edge) } else { (scale, 0.0) };
+        let (stored_scale, stored_bias) = (round(scale), round(bias));
+        out.extend(group.iter().map(|&w| {
+            let q = ((w - bias) / scale).round_ties_even().clamp(0.0, top);
+            q * stored_scale + stored_bias
+        }));
+    }
+    Some(out)
+}
+
 /// Dequantizes the whole weight to f32 `[out, in]`, row-major:
 /// `w[r][c] = q * scale + bias` with `q` the unsigned `bits`-bit field of element `c` in row
 /// `r`, `scale`/`bias` those of group `c / group_size`, computed in f32 as a multiply then an

@@ -8,7 +8,9 @@ use std::path::Path;
 use common::{assert_names, checkpoint, shown};
 use serde_json::json;
 use weights::write::Writer;
-use weights::{Checkpoint, Error, LayerQuant, Linear, QuantConfig, QuantParams, dequantize_f32, pack};
+use weights::{
+    Checkpoint, Dtype, Error, LayerQuant, Linear, QuantConfig, QuantParams, dequantize_f32, pack, quantize_dequantize,
+};
 
 const Q: &str = "model.layers.0.self_attn.q_proj";
 const DOWN: &str = "model.layers.0.mlp.down_proj";
@@ -471,4 +473,144 @@ fn one_expert_of_stacked_experts_is_a_layer() {
     assert_eq!(bits_of(&e1.dequantize_f32()), bits_of(&[&q[64..], &q[..64]].concat()));
     let err = ckpt.expert(EXPERTS, 2).expect_err("two experts");
     assert_names(&err.to_string(), &[&format!("`{EXPERTS}.weight`"), "at least 3 rows", "[2, 2, 8]"]);
+}
+
+/// MLX 0.32.4's `mx.quantize` then `mx.dequantize` (f32 scales and biases widened from the
+/// stored type) on one group each, recorded from the oracle venv: a bf16 row at 4 bits (the
+/// edge at the minimum) and an f16 row near 5 at 8 bits (the edge at the maximum, biases far
+/// from zero).
+#[test]
+// The literals are the exact decimal expansions of the f32 values MLX printed.
+#[allow(clippy::excessive_precision)]
+fn quantize_dequantize_is_mlx_affine_quantization() {
+    let bf16_in = [
+        0.00122833251953125,
+        0.298828125,
+        -0.2734375,
+        -0.890625,
+        -0.455078125,
+        -0.9921875,
+        0.06005859375,
+        1.34375,
+        -0.4921875,
+        -0.62109375,
+        0.490234375,
+        0.357421875,
+        0.10546875,
+        -0.9296875,
+        -0.029296875,
+        0.6953125,
+        -1.34375,
+        -0.45703125,
+        -1.8984375,
+        -1.2890625,
+        -1.84375,
+        -0.2353515625,
+        -1.265625,
+        0.271484375,
+        0.1572265625,
+        -0.1865234375,
+        -2.515625,
+        -0.5390625,
+        -0.048583984375,
+        0.11328125,
+        -1.53125,
+        -0.478515625,
+    ];
+    let bf16_out = [
+        0.00390625,
+        0.255859375,
+        -0.248046875,
+        -1.00390625,
+        -0.5,
+        -1.00390625,
+        0.00390625,
+        1.263671875,
+        -0.5,
+        -0.5,
+        0.5078125,
+        0.255859375,
+        0.00390625,
+        -1.00390625,
+        0.00390625,
+        0.759765625,
+        -1.255859375,
+        -0.5,
+        -2.01171875,
+        -1.255859375,
+        -1.759765625,
+        -0.248046875,
+        -1.255859375,
+        0.255859375,
+        0.255859375,
+        -0.248046875,
+        -2.515625,
+        -0.5,
+        0.00390625,
+        0.00390625,
+        -1.5078125,
+        -0.5,
+    ];
+    let four = QuantParams { group_size: 32, bits: 4 };
+    assert_eq!(quantize_dequantize(&bf16_in, 32, four, Dtype::BF16).unwrap(), bf16_out);
+    let f16_in = [
+        4.98828125, 4.9921875, 5.01171875, 4.9921875, 5.0, 5.0078125, 4.99609375, 5.0, 5.0, 5.0, 4.98828125, 5.0,
+        5.01171875, 4.984375, 5.0078125, 5.0, 4.9921875, 5.01953125, 5.0078125, 4.98828125, 5.0, 5.00390625, 5.0,
+        5.0078125, 5.0, 5.0078125, 5.015625, 4.9921875, 5.00390625, 4.99609375, 5.0, 4.98828125,
+    ];
+    let f16_out = [
+        4.988222122192383,
+        4.992221832275391,
+        5.011669635772705,
+        4.992221832275391,
+        4.999945640563965,
+        5.007807731628418,
+        4.996084213256836,
+        4.999945640563965,
+        4.999945640563965,
+        4.999945640563965,
+        4.988222122192383,
+        4.999945640563965,
+        5.011669635772705,
+        4.984360218048096,
+        5.007807731628418,
+        4.999945640563965,
+        4.992221832275391,
+        5.01953125,
+        5.007807731628418,
+        4.988222122192383,
+        4.999945640563965,
+        5.003945827484131,
+        4.999945640563965,
+        5.007807731628418,
+        4.999945640563965,
+        5.007807731628418,
+        5.015669345855713,
+        4.992221832275391,
+        5.003945827484131,
+        4.996084213256836,
+        4.999945640563965,
+        4.988222122192383,
+    ];
+    let eight = QuantParams { group_size: 32, bits: 8 };
+    assert_eq!(quantize_dequantize(&f16_in, 32, eight, Dtype::F16).unwrap(), f16_out);
+    // A group of zeros stays zeros; a width the group size does not divide is refused.
+    assert_eq!(quantize_dequantize(&[0.0; 32], 32, four, Dtype::BF16).unwrap(), [0.0; 32]);
+    assert!(quantize_dequantize(&[0.0; 48], 48, four, Dtype::BF16).is_none());
+}
+
+/// `mx.dequantize` with bf16 scales rounds `q * scale` to bf16 before adding the bias: MLX
+/// 0.32.4 gives 1.796875 for q = 5, scale = bias = 0.30078125, where one rounding of the
+/// exact 1.8046875 would keep it.
+#[test]
+fn dequantization_in_the_scale_type_rounds_twice_as_mlx() {
+    let mut w = Writer::new();
+    w.add_u32(&format!("{DOWN}.weight"), &[1, 8], &[0x0505_0505; 8]).expect("w");
+    w.add_bf16(&format!("{DOWN}.scales"), &[1, 1], &[0.30078125]).expect("s");
+    w.add_bf16(&format!("{DOWN}.biases"), &[1, 1], &[0.30078125]).expect("b");
+    let dir = checkpoint(r#"{"quantization": {"group_size": 32, "bits": 8}}"#, &w.to_bytes());
+    let ckpt = Checkpoint::open(dir.path()).expect("open");
+    let Linear::Quantized(q) = ckpt.linear(DOWN).expect("down_proj") else { panic!("quantized") };
+    assert_eq!(q.dequantize_in_scale_type(), [1.796875; 32]);
+    assert_eq!(dequantize_f32(&q), [5.0 * 0.30078125 + 0.30078125; 32], "f32: one rounding");
 }
