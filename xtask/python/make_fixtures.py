@@ -65,6 +65,45 @@ MIN_DISTINCT = 6
 MIN_MARGIN = 3e-3
 SEED_TRIES = 64
 
+# deepseek_v3 and deepseek_v3_kv_b share the model.
+DEEPSEEK_V3_CONFIG = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "n_shared_experts": 2,
+    "n_routed_experts": 8,
+    "routed_scaling_factor": 1.5,
+    "kv_lora_rank": 32,
+    "q_lora_rank": 32,
+    "qk_rope_head_dim": 16,
+    "v_head_dim": 32,
+    "qk_nope_head_dim": 32,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "norm_topk_prob": True,
+    "n_group": 2,
+    "topk_group": 1,
+    "num_experts_per_tok": 2,
+    "moe_layer_freq": 1,
+    "first_k_dense_replace": 1,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                     "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+}
+
 # gemma2 and gemma2_window share everything but the window.
 GEMMA2_CONFIG = {
     "architectures": ["Gemma2ForCausalLM"],
@@ -769,6 +808,72 @@ FIXTURES = [
         },
     },
     {
+        "name": "glm4_moe",
+        "about": "glm4_moe (GLM-4.5/4.6): layer 0 dense (first_k_dense_replace 1), then 8 routed experts in 4 "
+        "groups, the best 2 groups (each worth its two best biased scores) kept, top 3 by sigmoid score plus "
+        "e_score_correction_bias, weighted by the unbiased scores renormalised times routed_scaling_factor 2.5, "
+        "one plain shared expert; q/k norms (use_qk_norm), half of each head rotated (non-traditional), q/k/v "
+        "biases, GQA 4/2, lm_head whatever tie_word_embeddings says",
+        "group_size": 64,
+        "seed": 3,
+        "config": {
+            "architectures": ["Glm4MoeForCausalLM"],
+            "model_type": "glm4_moe",
+            "vocab_size": 256,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "max_position_embeddings": 4096,
+            "moe_intermediate_size": 64,
+            "norm_topk_prob": True,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "n_group": 4,
+            "topk_group": 2,
+            "n_shared_experts": 1,
+            "n_routed_experts": 8,
+            "routed_scaling_factor": 2.5,
+            "num_experts_per_tok": 3,
+            "first_k_dense_replace": 1,
+            "num_hidden_layers": 3,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "rope_scaling": None,
+            "use_qk_norm": True,
+            "tie_word_embeddings": False,
+            "attention_bias": True,
+            "partial_rotary_factor": 0.5,
+            "hidden_act": "silu",
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+        },
+    },
+    {
+        "name": "deepseek_v3",
+        "about": "deepseek_v3 (DeepSeek-V3, Kimi K2): multi-head latent attention (queries through q_a_proj, "
+        "q_a_layernorm, q_b_proj; one latent of rank 32 and one rotated key of 16 features per position, "
+        "embed_q and unembed_out per head), traditional RoPE with yarn (factor 4 over 16 positions, so the "
+        "tested context passes it) and the softmax scale's mscale_all_dim factor; layer 0 dense, then 8 "
+        "routed experts in 2 groups, the best group kept, top 2 by sigmoid score plus e_score_correction_bias, "
+        "renormalised times 1.5, two shared experts as one MLP; untied; group size 32 so the per-head "
+        "matrices quantize",
+        "group_size": 32,
+        "seed": 2,
+        "config": DEEPSEEK_V3_CONFIG,
+    },
+    {
+        "name": "deepseek_v3_kv_b",
+        "about": "deepseek_v3 as mlx-lm stored it before splitting kv_b_proj into embed_q and unembed_out (the "
+        "deepseek_v3 fixture's shape, each head's key and value rows of kv_b_proj over the latent; quantized "
+        "with the other layers in q4 and q8, which mlx-lm 0.32.2 dequantizes in bfloat16/float16, splits and "
+        "quantizes again at load)",
+        "group_size": 32,
+        "min_margin": 0.01,
+        "seed": 26,
+        "kv_b_proj": True,
+        "config": DEEPSEEK_V3_CONFIG,
+    },
+    {
         "name": "ministral3",
         "about": "ministral3 as Ministral 3 ships it (the mistral3 wrapper, text_config of model_type ministral3, "
         "weights under language_model.): rope_parameters with yarn (factor 16) and Llama 4's query scale "
@@ -923,6 +1028,32 @@ def save_variant(model, config, out, bits, dtype, group_size):
             model, config = quantize_model(model, config, group_size, bits)
     save_model(out, model)
     save_config(config, config_path=Path(out) / "config.json")
+
+
+def fuse_kv_b_proj(model, out, bits, dtype, group_size):
+    """Rewrites a saved deepseek_v3 folder the way mlx-lm stored it before it split the
+    latent attention's `kv_b_proj` into `embed_q` and `unembed_out` (each head's rows: its
+    `qk_nope_head_dim` key rows, then its `v_head_dim` value rows, over `kv_lora_rank`),
+    from `model`'s float32 weights: cast to `dtype` and quantized like every other linear
+    layer where the variant is quantized. mlx-lm 0.32.2's sanitize converts it back at load."""
+    weights = mx.load(str(out / "model.safetensors"))
+    params = dict(tree_flatten(model.parameters()))
+    for key in [k for k in weights if ".embed_q." in k or ".unembed_out." in k]:
+        del weights[key]
+    layers = sorted({k.split(".self_attn.")[0] for k in params if k.endswith("self_attn.embed_q.weight")})
+    for layer in layers:
+        wk = params[f"{layer}.self_attn.embed_q.weight"]  # [heads, rank, nope]
+        wv = params[f"{layer}.self_attn.unembed_out.weight"]  # [heads, v, rank]
+        fused = mx.concatenate([wk.swapaxes(-1, -2), wv], axis=1)  # [heads, nope + v, rank]
+        fused = fused.reshape(-1, fused.shape[-1])
+        prefix = f"{layer}.self_attn.kv_b_proj"
+        if bits is None:
+            weights[f"{prefix}.weight"] = fused
+        else:
+            q, scales, biases = mx.quantize(fused.astype(getattr(mx, dtype)), group_size, bits)
+            weights[f"{prefix}.weight"], weights[f"{prefix}.scales"], weights[f"{prefix}.biases"] = q, scales, biases
+    (out / "model.safetensors.index.json").unlink(missing_ok=True)
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
 class WindowedGemma2(gemma2.GemmaModel):
@@ -1082,6 +1213,8 @@ def make_one(fixture, out_root, scales, first_seed):
                 model = build(fixture["config"], seed, scales)
                 bits, dtype = q if q else (None, None)
                 save_variant(model, fixture["config"], tmp / variant, bits, dtype, fixture["group_size"])
+                if fixture.get("kv_b_proj"):
+                    fuse_kv_b_proj(build(fixture["config"], seed, scales), tmp / variant, bits, dtype, fixture["group_size"])
                 doc = record(tmp / variant, fixture, variant, seed)
                 docs[variant] = doc
                 if not acceptable(doc, fixture):

@@ -34,6 +34,7 @@ import mlx_lm
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+from mlx_lm.models.mla import QuantizedMultiLinear
 
 import make_fixtures
 import oracle
@@ -42,12 +43,14 @@ SCRIPT = "xtask/python/rounded_reference.py"
 PRECISION = "bf16"
 ABOUT = (
     "mlx-lm's float32 greedy trajectories of this folder's model with every 2-D weight "
-    "and 3-D stacked expert weight "
-    "(linear weights, embedding, lm_head, experts; quantized ones first dequantized to float32 as "
+    "and 3-D stacked expert or per-head weight "
+    "(linear weights, embedding, lm_head, experts, latent attention's embed_q and unembed_out; quantized ones first dequantized to float32 as "
     "scale * q + bias) rounded to bfloat16 (round-to-nearest-even) and widened back to "
     "float32, 1-D tensors (norms, biases) and convolution weights unchanged in float32, all compute in float32"
 )
-QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear)
+QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear, QuantizedMultiLinear)
+# 3-D weights rounded like 2-D ones: stacked experts, and per-head matrices (mlx-lm's MultiLinear).
+STACKED = (".switch_mlp.", ".embed_q.", ".unembed_out.")
 # Fixtures whose reference is make_fixtures.py's windowed recompute, by name.
 WINDOWED = {f["name"]: f.get("reference") == "gemma2_even_layer_window" for f in make_fixtures.FIXTURES}
 
@@ -91,7 +94,7 @@ def dequantize_f32(module):
 
 def rounded_weights(loaded):
     """{parameter name: float32 array} for an unquantized model: every 2-D weight and 3-D
-    stacked expert weight rounded through bfloat16, every 1-D tensor as it is."""
+    stacked expert or per-head weight rounded through bfloat16, every 1-D tensor as it is."""
     params = dict(tree_flatten(loaded.parameters()))
     out = {}
     for path, module in loaded.named_modules():
@@ -102,14 +105,14 @@ def rounded_weights(loaded):
     for name, p in params.items():
         if p.dtype != mx.float32:
             raise SystemExit(f"{name}: {p.dtype} after load_f32, expected float32")
-        if p.ndim == 2 or (p.ndim == 3 and ".switch_mlp." in name):
+        if p.ndim == 2 or (p.ndim == 3 and any(part in name for part in STACKED)):
             out[name] = bf16_round(p)
         elif p.ndim == 1 or name.endswith("conv1d.weight") or name.endswith("conv.conv.weight"):
             # 1-D tensors and the depthwise convolutions' weights (a gated DeltaNet's, LFM2's
             # short convolutions), which mlx-iree keeps in float32 at every precision.
             out[name] = p
         else:
-            raise SystemExit(f"{name}: a {p.ndim}-D parameter {p.shape}; the rounding is defined for 1-D, 2-D and experts")
+            raise SystemExit(f"{name}: a {p.ndim}-D parameter {p.shape}; the rounding is defined for 1-D, 2-D, experts and per-head matrices")
     return out
 
 

@@ -250,15 +250,17 @@ impl Engine {
             let keep: Vec<&Path> = modules.iter().map(|(_, m)| m.path.as_path()).collect();
             cache::evict(&config.cache_dir, max, &keep);
         }
-        let dims = plan.cache.dims(&cfg);
-        // Zeros, not garbage: a masked position still multiplies its value by 0 in attention.
-        let zeros = vec![0u8; dims.iter().product::<usize>() * plan.cache.elem.bytes()];
+        let [k_dims, v_dims] = plan.cache.dims(&cfg);
         let elem = match plan.cache.elem {
             KvElem::F32 => iree_hal::ElementType::F32,
             KvElem::F16 => iree_hal::ElementType::F16,
         };
-        let k = device.upload_bytes(elem, &dims, &zeros)?;
-        let v = device.upload_bytes(elem, &dims, &zeros)?;
+        // Zeros, not garbage: a masked position still multiplies its value by 0 in attention.
+        // One buffer for both caches (the same size unless a latent attention's differ).
+        let bytes = |dims: &[usize; 5]| dims.iter().product::<usize>() * plan.cache.elem.bytes();
+        let zeros = vec![0u8; bytes(&k_dims).max(bytes(&v_dims))];
+        let k = device.upload_bytes(elem, &k_dims, &zeros[..bytes(&k_dims)])?;
+        let v = device.upload_bytes(elem, &v_dims, &zeros[..bytes(&v_dims)])?;
         drop(zeros);
         // Zeros too, though a sequence's first call never reads its slot's state (the graph
         // starts a sequence at position 0 from zeros).

@@ -60,6 +60,10 @@ pub struct Report {
     pub weight_bytes: u64,
     /// Device bytes of the KV cache (k and v, every slot).
     pub kv_bytes: u64,
+    /// Bytes the KV cache holds per token of one sequence, every layer: keys and values,
+    /// or a latent attention's latent and rotated key (DeepSeek-V3).
+    #[serde(default)]
+    pub kv_bytes_per_token: u64,
     pub peak_rss_bytes: u64,
     pub dispatches_per_decode_step: usize,
     /// Seconds to a compiled module with an empty compile cache (emit + compile) and with
@@ -206,6 +210,8 @@ fn measure(args: &Args) -> Result<Vec<Report>> {
                 ttft_ms: prefill * 1e3,
                 weight_bytes: load.weight_bytes as u64,
                 kv_bytes: load.kv_bytes as u64,
+                kv_bytes_per_token: models::CacheShape::bytes_per_position(engine.config(), engine.plan().cache.elem)
+                    as u64,
                 peak_rss_bytes: 0,
                 dispatches_per_decode_step,
                 compile_cold_s,
@@ -397,7 +403,7 @@ fn table(r: &Report) -> String {
          time to first token         {:.1} ms\n\
          decode (all sequences)      {:.1} tok/s\n\
          weights on the device       {:.1} MiB\n\
-         KV cache on the device      {:.1} MiB\n\
+         KV cache on the device      {:.1} MiB ({} bytes a token)\n\
          peak RSS                    {:.1} MiB\n\
          compile cold / cached       {:.2} s / {:.2} s\n\
          weights load                {:.2} s\n\
@@ -417,6 +423,7 @@ fn table(r: &Report) -> String {
         r.decode_tok_s,
         mib(r.weight_bytes),
         mib(r.kv_bytes),
+        r.kv_bytes_per_token,
         mib(r.peak_rss_bytes),
         r.compile_cold_s,
         r.compile_cached_s,

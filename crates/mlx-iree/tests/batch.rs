@@ -113,12 +113,15 @@ macro_rules! eight_rows_at_f32 {
 mod eight_rows_at_f32 {
     use super::*;
     eight_rows_at_f32!(
+        deepseek_v3,
+        deepseek_v3_kv_b,
         gemma,
         gemma2,
         gemma2_window,
         gemma3,
         gemma3_text,
         glm4,
+        glm4_moe,
         granite,
         lfm2,
         llama_linear_untied,

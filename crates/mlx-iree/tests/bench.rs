@@ -5,7 +5,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const FIELDS: [&str; 14] = [
+const FIELDS: [&str; 15] = [
     "model",
     "device",
     "precision",
@@ -19,6 +19,7 @@ const FIELDS: [&str; 14] = [
     "context",
     "max_context",
     "kv_bytes",
+    "kv_bytes_per_token",
     "foreign_cpu_share",
 ];
 
@@ -83,6 +84,7 @@ fn json_line(precision: &str) -> Value {
             (Some(batch), Some(8), Some(64))
         );
         assert_eq!(v["kv_bytes"].as_u64(), Some(kv as u64), "{v}");
+        assert_eq!(v["kv_bytes_per_token"].as_u64(), Some(kv as u64 / 128), "{v}");
     }
     let v = lines[1].clone();
     for f in FIELDS {
@@ -189,4 +191,27 @@ fn packed_decode_on_cuda_takes_no_more_dispatches_than_f16() {
     let graph = cuda_dispatches(&dir.join("q4"), "packed", Some("0"));
     assert!(kernel <= f16, "packed through the CUDA kernel: {kernel} dispatches a step, f16 {f16}");
     assert!(kernel < graph, "the kernel ({kernel}) should take fewer dispatches than the graph form ({graph})");
+}
+
+/// DeepSeek-V3's latent attention caches one latent and one rotated key a position, shared by
+/// the heads: the bench reports its bytes a token, at most a quarter of what full keys and
+/// values of the same heads would take (here 3 layers x (32 + 16) f32 against 3 x 4 heads x
+/// (48 + 32)).
+#[test]
+fn latent_attention_caches_a_quarter_of_full_keys_and_values_or_less() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/deepseek_v3/f32");
+    let model = dir.to_str().expect("a UTF-8 path");
+    let args = ["--model", model, "--device", "local-sync", "--precision", "f32", "--prompt-len", "4", "--steps", "2"];
+    let out = bench(&[&args[..], &["--repeats", "1", "--max-context", "32", "--batch", "1", "--json"]].concat());
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    let v: Value = serde_json::from_str(stdout.trim()).expect("a JSON object");
+    let cfg = models::ModelConfig::from_file(&dir.join("config.json")).expect("fixture config");
+    let lat = cfg.latent.clone().expect("a latent attention");
+    let per_token = (cfg.num_layers() * (lat.kv_rank + lat.rope_dim) * 4) as u64;
+    assert_eq!(v["kv_bytes_per_token"].as_u64(), Some(per_token), "{v}");
+    assert_eq!(v["kv_bytes"].as_u64(), Some(per_token * 32), "{v}");
+    let full = (cfg.num_layers() * cfg.heads * (lat.nope_dim + lat.rope_dim + lat.v_dim) * 4) as u64;
+    assert_eq!((per_token, full), (576, 3840));
+    assert!(per_token * 4 <= full, "{per_token} bytes a token against {full} for full keys and values");
 }

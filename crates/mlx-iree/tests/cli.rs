@@ -80,7 +80,7 @@ fn unsupported_model_type_is_refused_before_compiling() {
         &args,
         2,
         "",
-        "unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, glm4, gemma3, mistral3)",
+        "unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, glm4, glm4_moe, deepseek_v3, kimi_k2, gemma3, mistral3)",
     );
     assert!(!file.exists(), "no partial output file");
 }
@@ -420,8 +420,11 @@ fn a_malformed_smollm3_config_is_one_line() {
 /// ministral3 without its query scale's setting, are one line naming the setting; a gemma3
 /// without one of its language model's tensors names the tensor as stored (under
 /// `language_model.`); a granite without a multiplier names it, an olmo2 or a glm4 without a
-/// norm after its MLP names the tensor (as the checkpoint spells it). Exit 2, nothing
-/// compiled.
+/// norm after its MLP names the tensor (as the checkpoint spells it); a glm4_moe with a router
+/// mode mlx-lm does not run names the key, one without its router's bias names the tensor;
+/// a deepseek_v3 whose latent rank disagrees with its weights names the tensor and both
+/// shapes, one whose `kv_b_proj` (the older layout of `embed_q` and `unembed_out`) is not a
+/// matrix names it. Exit 2, nothing compiled.
 #[test]
 fn malformed_new_family_checkpoints_are_one_line() {
     let run = |dir: &tempfile::TempDir, expected: &str| {
@@ -450,11 +453,30 @@ fn malformed_new_family_checkpoints_are_one_line() {
     run(&dir, "model.layers.1.post_feedforward_layernorm.weight");
     let dir = fixture_with_tensor("glm4", "model.layers.0.post_mlp_layernorm.weight", None);
     run(&dir, "model.layers.0.post_mlp_layernorm.weight");
+    let dir = fixture_of("glm4_moe", "scoring_func", serde_json::json!("softmax"));
+    run(&dir, "scoring_func: router mode \"softmax\" is not supported");
+    let dir = fixture_with_tensor("glm4_moe", "model.layers.2.mlp.gate.e_score_correction_bias", None);
+    run(&dir, "model.layers.2.mlp.gate.e_score_correction_bias");
+    let dir = fixture_of("deepseek_v3", "kv_lora_rank", serde_json::json!(16));
+    run(
+        &dir,
+        "tensor model.layers.0.self_attn.kv_a_proj_with_mqa.weight: expected shape [32, 64] from config.json, got [48, 64]",
+    );
+    let dir = fixture_renaming("deepseek_v3", "embed_q.weight", "kv_b_proj.weight");
+    run(
+        &dir,
+        "tensor `model.layers.0.self_attn.kv_b_proj.weight`: wrong shape: expected a 2-D [out, in] weight, got [4, 32, 32]",
+    );
+    let dir = fixture_of("deepseek_v3", "topk_method", serde_json::json!("group_limited_greedy"));
+    run(&dir, "topk_method: router mode \"group_limited_greedy\" is not supported");
 }
 
-/// A copy of fixture `family`'s f32 checkpoint with tensor `name` left out (`taps: None`)
-/// or cut to its first `taps` convolution taps (a `[channels, kernel, 1]` weight).
-fn fixture_with_tensor(family: &str, name: &str, taps: Option<usize>) -> tempfile::TempDir {
+/// A copy of fixture `family`'s f32 checkpoint with each tensor as `edit` gives it back from
+/// its (name, shape, bytes): renamed, reshaped, or left out (`None`).
+fn fixture_edited(
+    family: &str,
+    edit: impl Fn(&str, &[usize], &[u8]) -> Option<(String, Vec<usize>, Vec<u8>)>,
+) -> tempfile::TempDir {
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(family).join("f32");
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
@@ -462,19 +484,36 @@ fn fixture_with_tensor(family: &str, name: &str, taps: Option<usize>) -> tempfil
     let mut out = weights::write::Writer::new();
     for stored in ckpt.tensor_names() {
         let t = ckpt.tensor(stored).unwrap();
-        let (shape, bytes) = (t.shape(), t.bytes());
-        if stored != name {
-            out.add(stored, t.dtype(), shape, bytes.to_vec()).unwrap();
-        } else if let Some(taps) = taps {
-            // Each channel's taps are contiguous (`[channels, kernel, 1]`, row-major).
-            let tap = bytes.len() / (shape[0] * shape[1]);
-            let cut: Vec<u8> =
-                bytes.chunks(shape[1] * tap).flat_map(|channel| channel[..taps * tap].to_vec()).collect();
-            out.add(stored, t.dtype(), &[shape[0], taps, 1], cut).unwrap();
+        if let Some((name, shape, bytes)) = edit(stored, t.shape(), t.bytes()) {
+            out.add(&name, t.dtype(), &shape, bytes).unwrap();
         }
     }
     out.write(dir.path().join("model.safetensors")).unwrap();
     dir
+}
+
+/// A copy of fixture `family`'s f32 checkpoint with tensor `name` left out (`taps: None`)
+/// or cut to its first `taps` convolution taps (a `[channels, kernel, 1]` weight).
+fn fixture_with_tensor(family: &str, name: &str, taps: Option<usize>) -> tempfile::TempDir {
+    fixture_edited(family, |stored, shape, bytes| {
+        if stored != name {
+            return Some((stored.to_string(), shape.to_vec(), bytes.to_vec()));
+        }
+        let taps = taps?;
+        // Each channel's taps are contiguous (`[channels, kernel, 1]`, row-major).
+        let tap = bytes.len() / (shape[0] * shape[1]);
+        let cut: Vec<u8> = bytes.chunks(shape[1] * tap).flat_map(|channel| channel[..taps * tap].to_vec()).collect();
+        Some((stored.to_string(), vec![shape[0], taps, 1], cut))
+    })
+}
+
+/// A copy of fixture `family`'s f32 checkpoint with every tensor whose name ends in `from`
+/// renamed to end in `to`.
+fn fixture_renaming(family: &str, from: &str, to: &str) -> tempfile::TempDir {
+    fixture_edited(family, |stored, shape, bytes| {
+        let name = stored.strip_suffix(from).map_or_else(|| stored.to_string(), |head| format!("{head}{to}"));
+        Some((name, shape.to_vec(), bytes.to_vec()))
+    })
 }
 
 /// A hybrid checkpoint (gated DeltaNet, LFM2's short convolutions) with a state tensor

@@ -210,12 +210,15 @@ macro_rules! per_family {
 }
 
 per_family!(
+    deepseek_v3,
+    deepseek_v3_kv_b,
     gemma,
     gemma2,
     gemma2_window,
     gemma3,
     gemma3_text,
     glm4,
+    glm4_moe,
     granite,
     lfm2,
     llama_linear_untied,

@@ -108,11 +108,14 @@ macro_rules! vulkan_tests {
 
 vulkan_tests!(CI: gemma3_text, phi3, qwen2, qwen3_moe);
 vulkan_tests!(
-    OTHERS: gemma,
+    OTHERS: deepseek_v3,
+    deepseek_v3_kv_b,
+    gemma,
     gemma2,
     gemma2_window,
     gemma3,
     glm4,
+    glm4_moe,
     granite,
     lfm2,
     llama_linear_untied,

@@ -8,7 +8,7 @@ use std::path::Path;
 
 pub const SUPPORTED: &str = "llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, \
 gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, glm4, \
-gemma3, mistral3";
+glm4_moe, deepseek_v3, kimi_k2, gemma3, mistral3";
 
 /// The checkpoint's `config.json` as written, every field optional; [`ModelConfig::from_json`]
 /// decides per `model_type` which are required and what the defaults are.
@@ -78,6 +78,33 @@ struct RawConfig {
     attention_multiplier: Option<f64>,
     residual_multiplier: Option<f64>,
     logits_scaling: Option<f64>,
+    /// GLM-4.5 MoE and DeepSeek-V3: their experts (`n_routed_experts`), shared experts
+    /// (`n_shared_experts` of `moe_intermediate_size` each), group-limited sigmoid router
+    /// and dense first layers.
+    n_routed_experts: Option<usize>,
+    n_shared_experts: Option<usize>,
+    n_group: Option<usize>,
+    topk_group: Option<usize>,
+    routed_scaling_factor: Option<f64>,
+    first_k_dense_replace: Option<usize>,
+    moe_layer_freq: Option<usize>,
+    scoring_func: Option<String>,
+    topk_method: Option<String>,
+    /// GLM-4.5 MoE: q/k norms or none.
+    use_qk_norm: Option<bool>,
+    /// DeepSeek-V3's latent attention: the ranks of the compressed queries (`null`: a plain
+    /// `q_proj`; absent: mlx-lm's default 1536) and keys/values, and each head's sizes.
+    #[serde(default, deserialize_with = "present")]
+    q_lora_rank: Option<Option<usize>>,
+    kv_lora_rank: Option<usize>,
+    qk_nope_head_dim: Option<usize>,
+    qk_rope_head_dim: Option<usize>,
+    v_head_dim: Option<usize>,
+}
+
+/// A key that may be `null`: `Some(None)` for null, `None` (the default) when absent.
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> std::result::Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +128,8 @@ pub enum Family {
     Olmo2,
     Olmo3,
     Glm4,
+    Glm4Moe,
+    DeepseekV3,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,19 +189,35 @@ pub struct Moe {
     /// Each expert's hidden size.
     pub intermediate: usize,
     pub routing: Routing,
-    /// Qwen2-MoE's shared expert (a SwiGLU MLP of this hidden size that every token runs),
-    /// its output scaled by `sigmoid(shared_expert_gate · x)`.
-    pub shared_expert: Option<usize>,
+    /// A shared expert every token runs (Qwen2-MoE's, gated; DeepSeek's, plain).
+    pub shared_expert: Option<SharedExpert>,
 }
 
 /// How the router's logits become the chosen experts' weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Routing {
     /// Softmax over every expert, then the top k probabilities (Qwen2-MoE, Qwen3-MoE);
     /// `normalize` divides them by their sum (`norm_topk_prob`).
     SoftmaxTopK { normalize: bool },
     /// The top k logits, then a softmax over those k (Mixtral).
     TopKSoftmax,
+    /// GLM-4.5 MoE and DeepSeek-V3 (mlx-lm's `group_expert_select`): `sigmoid(logits)` in
+    /// f32 chooses after the router's `e_score_correction_bias` is added; the experts fall
+    /// in `groups` equal groups, each scored by the sum of its two best biased scores, and
+    /// all but the `top_groups` best groups are set to 0 before the top k. The chosen
+    /// experts' unbiased scores are the weights, divided by their sum when `normalize` (and
+    /// k > 1), times `scale` (`routed_scaling_factor`).
+    Grouped { groups: usize, top_groups: usize, scale: f32, normalize: bool },
+}
+
+/// Experts every token runs beside the routed ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedExpert {
+    /// The SwiGLU MLP's hidden size.
+    pub width: usize,
+    /// Qwen2-MoE's: one `shared_expert`, its output scaled by `sigmoid(shared_expert_gate ·
+    /// x)`. Else DeepSeek's `shared_experts`, added as it is.
+    pub gated: bool,
 }
 
 /// What differs from layer to layer.
@@ -220,11 +265,33 @@ pub struct ShortConv {
     pub bias: bool,
 }
 
+/// DeepSeek-V3's multi-head latent attention (mlx-lm's `DeepseekV3Attention`): each position's
+/// keys and values are one compressed latent `c` (`kv_rank`, RMS-normed) and one rotated key
+/// `k_pe` (`rope_dim`) shared by every head, and that is all the cache keeps. Head h scores
+/// key j as `scale * ((W_k[h]ᵀ q_nope) · c_j + q_pe · k_pe_j)` (`embed_q` holds `W_k
+/// [heads, kv_rank, nope_dim]`) and outputs `W_v[h] Σ p_j c_j` (`unembed_out`: `[heads,
+/// v_dim, kv_rank]`), which is mlx-lm's decode form; its prompt form expands the keys and values
+/// per head first, the same sums in another order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatentAttention {
+    /// The queries' compression (`q_a_proj`, `q_a_layernorm`, `q_b_proj`), or `None` for a
+    /// plain `q_proj`.
+    pub q_rank: Option<usize>,
+    pub kv_rank: usize,
+    /// Features of each query head compared with the latent (through `embed_q`).
+    pub nope_dim: usize,
+    /// Features of each query head and of the shared key that RoPE rotates.
+    pub rope_dim: usize,
+    pub v_dim: usize,
+}
+
 /// How one layer mixes tokens, as [`ModelConfig::mixer`] reads its config.
 #[derive(Debug, Clone, Copy)]
 pub enum LayerMixer<'a> {
     /// Attention over the KV cache.
     Attention,
+    /// Latent attention over a cache of latents (DeepSeek-V3).
+    Latent(&'a LatentAttention),
     /// A gated DeltaNet (Qwen3-Next, Qwen3.5).
     Linear(&'a LinearAttention),
     /// A gated short convolution (LFM2).
@@ -308,6 +375,9 @@ pub struct ModelConfig {
     pub linear: Option<LinearAttention>,
     /// The short convolutions of the layers whose `recurrent` is set (LFM2).
     pub short_conv: Option<ShortConv>,
+    /// Every attention layer's latent attention (DeepSeek-V3): `heads` query heads of
+    /// `head_dim = nope_dim + rope_dim`, `rope_dims = rope_dim`, and `kv_heads` 1.
+    pub latent: Option<LatentAttention>,
     /// Attention's output is gated: `q_proj` gives each head's query and then a gate, and
     /// the heads' output is multiplied by `sigmoid(gate)` before `o_proj` (Qwen3-Next).
     pub attn_output_gate: bool,
@@ -392,6 +462,39 @@ enum Windows {
     Olmo3,
 }
 
+/// Whether the output layer reuses the embedding.
+#[derive(Debug, Clone, Copy)]
+enum Tie {
+    /// Always (gemma, gemma2, lfm2).
+    Always,
+    /// Never: an `lm_head` whatever `tie_word_embeddings` says (glm4_moe, deepseek_v3).
+    Never,
+    /// As `tie_word_embeddings` says, with this default.
+    Read(bool),
+}
+
+/// Whether attention norms each query and key head.
+#[derive(Debug, Clone, Copy)]
+enum QkNorm {
+    No,
+    Always,
+    /// As `use_qk_norm` says, required (glm4_moe).
+    Read,
+}
+
+/// Which layers of a family with experts run them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MoeLayers {
+    /// Every layer.
+    Every,
+    /// Qwen3-MoE: every `decoder_sparse_step`-th layer not in `mlp_only_layers`; no experts
+    /// means a dense model.
+    Sparse,
+    /// GLM-4.5 MoE and DeepSeek-V3: all but the first `first_k_dense_replace` layers (and, where
+    /// `freq`, only every `moe_layer_freq`-th of them by index: DeepSeek-V3).
+    AfterDense { freq: bool },
+}
+
 /// Biases of the linear layers.
 #[derive(Debug, Clone, Copy)]
 enum Biases {
@@ -435,9 +538,12 @@ struct MoeRules {
     moe_width: bool,
     /// Qwen2-MoE's shared expert (`shared_expert_intermediate_size`).
     shared_expert: bool,
-    /// Qwen3-MoE: experts only in every `decoder_sparse_step`-th layer not in
-    /// `mlp_only_layers`; no experts means a dense model.
-    sparse_layers: bool,
+    /// Which layers run the experts.
+    layers: MoeLayers,
+    /// GLM-4.5 MoE's and DeepSeek-V3's config keys (`n_routed_experts`, `n_shared_experts`,
+    /// `n_group`, ...) and router ([`Routing::Grouped`]); the other fields but `block` and
+    /// `layers` are not read.
+    grouped: bool,
     /// `num_experts` may be absent (a dense model, Qwen3.5).
     optional: bool,
 }
@@ -457,10 +563,9 @@ struct Rules {
     scaling: Scaling,
     /// `partial_rotary_factor` read (phi3), or read from `rope_parameters` with a default.
     partial_rotary: Partial,
-    /// `tie_word_embeddings`' default; `None`: always tied (gemma, gemma2).
-    tie: Option<bool>,
+    tie: Tie,
     biases: Biases,
-    qk_norm: bool,
+    qk_norm: QkNorm,
     /// q/k/v and gate/up stored fused (phi3).
     fused_projections: bool,
     /// Only gate/up stored fused (glm4).
@@ -490,6 +595,8 @@ struct Rules {
     multipliers: bool,
     /// q/k norms over all heads' features at once (OLMo 2 and 3).
     qk_norm_full_width: bool,
+    /// Latent attention in every attention layer (deepseek_v3).
+    latent: bool,
     /// The family's own spelling of parts of the names in [`crate::names`], as
     /// `(ours, theirs)` ([`weights::Checkpoint::set_renames`]).
     renames: &'static [(&'static str, &'static str)],
@@ -524,9 +631,9 @@ const DENSE: Rules = Rules {
     rope_parameters: false,
     scaling: Scaling::Read,
     partial_rotary: Partial::No,
-    tie: Some(false),
+    tie: Tie::Read(false),
     biases: Biases::None,
-    qk_norm: false,
+    qk_norm: QkNorm::No,
     fused_projections: false,
     fused_gate_up: false,
     rope_traditional: None,
@@ -542,6 +649,7 @@ const DENSE: Rules = Rules {
     query_position_scale: false,
     multipliers: false,
     qk_norm_full_width: false,
+    latent: false,
     renames: &[],
 };
 
@@ -553,7 +661,8 @@ const QWEN_MOE: MoeRules = MoeRules {
     normalize_default: None,
     moe_width: true,
     shared_expert: false,
-    sparse_layers: false,
+    layers: MoeLayers::Every,
+    grouped: false,
     optional: false,
 };
 
@@ -562,7 +671,7 @@ const FAMILIES: &[Rules] = &[
     Rules {
         model_types: &["llama", "mistral"],
         head_dim: HeadDim::GivenOrDerived,
-        tie: Some(true),
+        tie: Tie::Read(true),
         biases: Biases::Configured,
         windows: Windows::LayerTypes,
         ..DENSE
@@ -597,7 +706,7 @@ const FAMILIES: &[Rules] = &[
         model_types: &["qwen2"],
         head_dim: HeadDim::GivenOrDerived,
         rope_theta: 1_000_000.0,
-        tie: Some(true),
+        tie: Tie::Read(true),
         biases: Biases::Qkv,
         ..DENSE
     },
@@ -611,20 +720,20 @@ const FAMILIES: &[Rules] = &[
         moe: Some(MoeRules { shared_expert: true, ..QWEN_MOE }),
         ..DENSE
     },
-    Rules { family: Family::Qwen3, model_types: &["qwen3"], rope_parameters: true, qk_norm: true, ..DENSE },
+    Rules { family: Family::Qwen3, model_types: &["qwen3"], rope_parameters: true, qk_norm: QkNorm::Always, ..DENSE },
     Rules {
         family: Family::Qwen3Moe,
         model_types: &["qwen3_moe"],
         scaling: Scaling::Ignored,
-        qk_norm: true,
-        moe: Some(MoeRules { softmax_first: Some(true), sparse_layers: true, ..QWEN_MOE }),
+        qk_norm: QkNorm::Always,
+        moe: Some(MoeRules { softmax_first: Some(true), layers: MoeLayers::Sparse, ..QWEN_MOE }),
         ..DENSE
     },
     Rules {
         family: Family::Gemma,
         model_types: &["gemma"],
         scaling: Scaling::Ignored,
-        tie: None,
+        tie: Tie::Always,
         gemma: Some(Gemma {
             activation: Activation::GeluErf,
             bf16_embed_scale: false,
@@ -637,7 +746,7 @@ const FAMILIES: &[Rules] = &[
         family: Family::Gemma2,
         model_types: &["gemma2"],
         scaling: Scaling::Ignored,
-        tie: None,
+        tie: Tie::Always,
         windows: Windows::Even,
         norms: NormPlacement::Sandwich,
         gemma: Some(Gemma {
@@ -655,8 +764,8 @@ const FAMILIES: &[Rules] = &[
         norms: NormPlacement::Sandwich,
         // mlx-lm's gemma3_text decides by whether lm_head.weight exists;
         // `ModelConfig::for_checkpoint` corrects this from the checkpoint.
-        tie: Some(true),
-        qk_norm: true,
+        tie: Tie::Read(true),
+        qk_norm: QkNorm::Always,
         windows: Windows::Gemma3,
         gemma: Some(Gemma {
             activation: Activation::GeluTanh,
@@ -670,7 +779,7 @@ const FAMILIES: &[Rules] = &[
         family: Family::SmolLm3,
         model_types: &["smollm3"],
         head_dim: HeadDim::GivenOrDerived,
-        tie: Some(true),
+        tie: Tie::Read(true),
         biases: Biases::Configured,
         windows: Windows::LayerTypes,
         nope_layers: true,
@@ -680,7 +789,7 @@ const FAMILIES: &[Rules] = &[
         family: Family::Qwen3Next,
         model_types: &["qwen3_next"],
         partial_rotary: Partial::TopLevel,
-        qk_norm: true,
+        qk_norm: QkNorm::Always,
         moe: Some(QWEN_NEXT_MOE),
         hybrid: Some(Hybrid { fused_in_proj: true }),
         attn_output_gate: true,
@@ -693,9 +802,14 @@ const FAMILIES: &[Rules] = &[
         rope_theta: 100_000.0,
         rope_parameters: true,
         partial_rotary: Partial::Nested(0.25),
-        qk_norm: true,
+        qk_norm: QkNorm::Always,
         // Every layer's feed-forward block is the experts when there are any.
-        moe: Some(MoeRules { sparse_layers: false, normalize_default: Some(true), optional: true, ..QWEN_NEXT_MOE }),
+        moe: Some(MoeRules {
+            layers: MoeLayers::Every,
+            normalize_default: Some(true),
+            optional: true,
+            ..QWEN_NEXT_MOE
+        }),
         hybrid: Some(Hybrid { fused_in_proj: false }),
         attn_output_gate: true,
         wrapped: true,
@@ -708,8 +822,8 @@ const FAMILIES: &[Rules] = &[
         rope_theta: 1_000_000.0,
         scaling: Scaling::Ignored,
         // mlx-lm's lfm2 always ties (`embed_tokens.as_linear`).
-        tie: None,
-        qk_norm: true,
+        tie: Tie::Always,
+        qk_norm: QkNorm::Always,
         short_conv: true,
         renames: LFM2_NAMES,
         ..DENSE
@@ -719,7 +833,7 @@ const FAMILIES: &[Rules] = &[
         model_types: &["ministral3"],
         head_dim: HeadDim::GivenOrDerived,
         rope_parameters: true,
-        tie: Some(true),
+        tie: Tie::Read(true),
         windows: Windows::LayerTypes,
         query_position_scale: true,
         ..DENSE
@@ -728,7 +842,7 @@ const FAMILIES: &[Rules] = &[
         family: Family::Granite,
         model_types: &["granite"],
         head_dim: HeadDim::Derived,
-        tie: Some(true),
+        tie: Tie::Read(true),
         biases: Biases::Configured,
         multipliers: true,
         ..DENSE
@@ -737,9 +851,9 @@ const FAMILIES: &[Rules] = &[
         family: Family::Olmo2,
         model_types: &["olmo2"],
         head_dim: HeadDim::GivenOrDerived,
-        tie: Some(true),
+        tie: Tie::Read(true),
         biases: Biases::Configured,
-        qk_norm: true,
+        qk_norm: QkNorm::Always,
         norms: NormPlacement::Post,
         qk_norm_full_width: true,
         ..DENSE
@@ -749,7 +863,7 @@ const FAMILIES: &[Rules] = &[
         model_types: &["olmo3"],
         head_dim: HeadDim::GivenOrDerived,
         biases: Biases::Attention,
-        qk_norm: true,
+        qk_norm: QkNorm::Always,
         windows: Windows::Olmo3,
         norms: NormPlacement::Post,
         qk_norm_full_width: true,
@@ -768,7 +882,37 @@ const FAMILIES: &[Rules] = &[
         renames: GLM4_NAMES,
         ..DENSE
     },
+    Rules {
+        family: Family::Glm4Moe,
+        model_types: &["glm4_moe"],
+        // mlx-lm's glm4_moe builds a plain nn.RoPE (rope_scaling unread), halves rotated.
+        scaling: Scaling::Ignored,
+        partial_rotary: Partial::TopLevel,
+        tie: Tie::Never,
+        biases: Biases::AttentionQkv,
+        qk_norm: QkNorm::Read,
+        moe: Some(GROUPED_MOE),
+        ..DENSE
+    },
+    DEEPSEEK_V3,
 ];
+
+/// DeepSeek-V3 (and Kimi K2, which mlx-lm runs as it).
+const DEEPSEEK_V3: Rules = Rules {
+    family: Family::DeepseekV3,
+    model_types: &["deepseek_v3", "kimi_k2"],
+    rope_traditional: Some(true),
+    tie: Tie::Never,
+    biases: Biases::Attention,
+    moe: Some(MoeRules { layers: MoeLayers::AfterDense { freq: true }, ..GROUPED_MOE }),
+    // Each head's size is the latent's (`qk_nope_head_dim + qk_rope_head_dim`).
+    head_dim: HeadDim::Derived,
+    latent: true,
+    ..DENSE
+};
+
+/// GLM-4.5 MoE's and DeepSeek-V3's experts: [`grouped_moe`], after the dense first layers.
+const GROUPED_MOE: MoeRules = MoeRules { layers: MoeLayers::AfterDense { freq: false }, grouped: true, ..QWEN_MOE };
 
 /// How GLM-4's checkpoints spell its four norms (in this order: each rename sees the names
 /// the ones before it left).
@@ -798,7 +942,7 @@ const QWEN_NEXT_MOE: MoeRules = MoeRules {
     softmax_first: Some(true),
     normalize_default: Some(false),
     shared_expert: true,
-    sparse_layers: true,
+    layers: MoeLayers::Sparse,
     ..QWEN_MOE
 };
 
@@ -886,6 +1030,8 @@ impl ModelConfig {
             key: key.to_string(),
             value,
         };
+        let latent = if rules.latent { Some(latent_attention(&raw, p)?) } else { None };
+        let head_dim = latent.as_ref().map_or(head_dim, |l| l.nope_dim + l.rope_dim);
         let rope_traditional = match rules.rope_traditional {
             Some(default) => raw.rope_traditional.unwrap_or(default),
             None if raw.rope_traditional == Some(true) => {
@@ -906,10 +1052,11 @@ impl ModelConfig {
                     .unwrap_or(default),
             ),
         };
-        let rope_dims = match factor {
-            Some(f) if f > 0.0 && f <= 1.0 => (head_dim as f64 * f) as usize,
-            Some(f) => return Err(cfg_err(p, "partial_rotary_factor", format!("{f} is not in (0, 1]"))),
-            None => head_dim,
+        let rope_dims = match (factor, &latent) {
+            (_, Some(l)) => l.rope_dim,
+            (Some(f), None) if f > 0.0 && f <= 1.0 => (head_dim as f64 * f) as usize,
+            (Some(f), None) => return Err(cfg_err(p, "partial_rotary_factor", format!("{f} is not in (0, 1]"))),
+            (None, None) => head_dim,
         };
         let moe = match &rules.moe {
             Some(m) => parse_moe(&raw, m, p)?,
@@ -959,7 +1106,7 @@ impl ModelConfig {
         let attn_scale = match (gemma.and_then(|g| g.query_pre_attn), attention_multiplier) {
             (_, Some(m)) => m,
             (Some(default), None) => raw.query_pre_attn_scalar.unwrap_or(default).powf(-0.5),
-            (None, None) => (head_dim as f64).powf(-0.5),
+            (None, None) => (head_dim as f64).powf(-0.5) * latent.as_ref().map_or(1.0, |_| yarn_softmax_scale(&raw)),
         };
         let embed_scale = gemma
             .map(|g| {
@@ -996,22 +1143,32 @@ impl ModelConfig {
             hidden,
             intermediate,
             heads,
-            kv_heads: raw.num_key_value_heads.unwrap_or(heads),
+            kv_heads: if latent.is_some() { 1 } else { raw.num_key_value_heads.unwrap_or(heads) },
             head_dim,
             rope_dims,
             vocab: required(p, "vocab_size", raw.vocab_size)?,
-            rms_eps: raw.rms_norm_eps.or(raw.norm_eps).unwrap_or(if gemma.is_some() { 1e-6 } else { 1e-5 }),
+            rms_eps: raw.rms_norm_eps.or(raw.norm_eps).unwrap_or(if gemma.is_some() || rules.latent {
+                1e-6
+            } else {
+                1e-5
+            }),
             layers,
-            tie_embeddings: rules
-                .tie
-                .is_none_or(|default| raw.tie_word_embeddings.or(raw.tie_embedding).unwrap_or(default)),
+            tie_embeddings: match rules.tie {
+                Tie::Always => true,
+                Tie::Never => false,
+                Tie::Read(default) => raw.tie_word_embeddings.or(raw.tie_embedding).unwrap_or(default),
+            },
             fused_qkv: rules.fused_projections,
             fused_gate_up: rules.fused_projections || rules.fused_gate_up,
             rope_traditional,
             qkv_bias: matches!(rules.biases, Biases::Qkv) || (qkv_configured && attention_bias),
             o_bias: attention_configured && attention_bias,
             mlp_bias: configured && raw.mlp_bias.unwrap_or(false),
-            qk_norm: rules.qk_norm,
+            qk_norm: match rules.qk_norm {
+                QkNorm::No => false,
+                QkNorm::Always => true,
+                QkNorm::Read => required(p, "use_qk_norm", raw.use_qk_norm)?,
+            },
             norm_plus_one: gemma.is_some(),
             norm_placement: rules.norms,
             qk_norm_full_width: rules.qk_norm_full_width,
@@ -1024,6 +1181,7 @@ impl ModelConfig {
             moe,
             linear,
             short_conv,
+            latent,
             attn_output_gate: rules.attn_output_gate,
             query_position_scale,
             residual_scale,
@@ -1142,10 +1300,21 @@ impl ModelConfig {
 
     /// How `layer` (one of [`ModelConfig::layers`]) mixes tokens.
     pub fn mixer(&self, layer: &LayerConfig) -> LayerMixer<'_> {
-        match (layer.recurrent, &self.linear, &self.short_conv) {
-            (true, Some(lin), _) => LayerMixer::Linear(lin),
-            (true, None, Some(conv)) => LayerMixer::ShortConv(conv),
+        match (layer.recurrent, &self.linear, &self.short_conv, &self.latent) {
+            (true, Some(lin), _, _) => LayerMixer::Linear(lin),
+            (true, None, Some(conv), _) => LayerMixer::ShortConv(conv),
+            (false, _, _, Some(latent)) => LayerMixer::Latent(latent),
             _ => LayerMixer::Attention,
+        }
+    }
+
+    /// Each cached position's (heads, features) in the two caches of every attention
+    /// layer: keys and values of `kv_heads` heads of `head_dim`, or a latent layer's latent
+    /// `[1, kv_rank]` and rotated key `[1, rope_dim]`.
+    pub fn cache_rows(&self) -> [(usize, usize); 2] {
+        match &self.latent {
+            Some(l) => [(1, l.kv_rank), (1, l.rope_dim)],
+            None => [(self.kv_heads, self.head_dim); 2],
         }
     }
 
@@ -1171,6 +1340,46 @@ impl ModelConfig {
     /// f32 values of recurrent state each sequence carries (0 without recurrent layers).
     pub fn state_len(&self) -> usize {
         self.state_parts().iter().sum()
+    }
+}
+
+/// DeepSeek-V3's latent attention sizes, with mlx-lm's defaults (`kv_lora_rank` 512,
+/// `q_lora_rank` 1536 when absent and none when `null`, `qk_nope_head_dim` 128,
+/// `qk_rope_head_dim` 64, `v_head_dim` 128).
+fn latent_attention(raw: &RawConfig, p: &Path) -> Result<LatentAttention> {
+    let q_rank = raw.q_lora_rank.unwrap_or(Some(1536));
+    let latent = LatentAttention {
+        q_rank,
+        kv_rank: raw.kv_lora_rank.unwrap_or(512),
+        nope_dim: raw.qk_nope_head_dim.unwrap_or(128),
+        rope_dim: raw.qk_rope_head_dim.unwrap_or(64),
+        v_dim: raw.v_head_dim.unwrap_or(128),
+    };
+    for (key, v) in [
+        ("q_lora_rank", latent.q_rank.unwrap_or(1)),
+        ("kv_lora_rank", latent.kv_rank),
+        ("qk_nope_head_dim", latent.nope_dim),
+        ("qk_rope_head_dim", latent.rope_dim),
+        ("v_head_dim", latent.v_dim),
+    ] {
+        if v == 0 {
+            return Err(cfg_err(p, key, "must be > 0"));
+        }
+    }
+    Ok(latent)
+}
+
+/// mlx-lm's deepseek_v3 softmax scale factor: with a `rope_scaling` that has a non-zero
+/// `mscale_all_dim` and a `factor` above 1, `(0.1 * mscale_all_dim * ln(factor) + 1)^2`; else 1.
+fn yarn_softmax_scale(raw: &RawConfig) -> f64 {
+    let scaling = raw.rope_scaling.as_ref().filter(|v| v.is_object());
+    let num = |key: &str| scaling.and_then(|v| v.get(key)).and_then(Value::as_f64);
+    match (num("mscale_all_dim"), num("factor")) {
+        (Some(m), Some(factor)) if m != 0.0 && factor > 1.0 => {
+            let s = 0.1 * m * factor.ln() + 1.0;
+            s * s
+        }
+        _ => 1.0,
     }
 }
 
@@ -1394,17 +1603,30 @@ fn rope(
 /// Every layer's settings: `global`'s, with the family's sliding windows and MoE layers.
 fn layers(raw: &RawConfig, rules: &Rules, has_moe: bool, global: LayerConfig, p: &Path) -> Result<Vec<LayerConfig>> {
     let n_layers = required(p, "num_hidden_layers", raw.num_hidden_layers)?;
-    let sparse = rules.moe.is_some_and(|m| m.sparse_layers);
+    let moe_layers = rules.moe.map(|m| m.layers);
     let sparse_step = raw.decoder_sparse_step.unwrap_or(1).max(1);
     let mlp_only = raw.mlp_only_layers.clone().unwrap_or_default();
+    let first_dense = raw.first_k_dense_replace.unwrap_or(0);
+    let freq = raw.moe_layer_freq.unwrap_or(1);
+    if freq == 0 && moe_layers == Some(MoeLayers::AfterDense { freq: true }) {
+        return Err(cfg_err(p, "moe_layer_freq", "must be > 0"));
+    }
     let window = raw.sliding_window;
     let rotates = rotated_layers(raw, rules, n_layers, p)?;
     (0..n_layers)
         .map(|i| -> Result<LayerConfig> {
             // mlx-lm's qwen3_moe: layers in `mlp_only_layers`, and all but every
-            // `decoder_sparse_step`-th, keep the dense MLP; the other MoE families use
-            // experts in every layer.
-            let moe = has_moe && (!sparse || (!mlp_only.contains(&i) && (i + 1) % sparse_step == 0));
+            // `decoder_sparse_step`-th, keep the dense MLP; glm4_moe and deepseek_v3 the
+            // first `first_k_dense_replace` (deepseek_v3 also those off `moe_layer_freq`);
+            // the other MoE families use experts in every layer.
+            let moe = has_moe
+                && match moe_layers {
+                    None | Some(MoeLayers::Every) => true,
+                    Some(MoeLayers::Sparse) => !mlp_only.contains(&i) && (i + 1) % sparse_step == 0,
+                    Some(MoeLayers::AfterDense { freq: by_freq }) => {
+                        i >= first_dense && (!by_freq || i.is_multiple_of(freq))
+                    }
+                };
             let global = LayerConfig { moe, rope: rotates[i], ..global.clone() };
             Ok(match rules.windows {
                 Windows::Global => global,
@@ -1477,6 +1699,9 @@ fn rotated_layers(raw: &RawConfig, rules: &Rules, n_layers: usize, p: &Path) -> 
 /// The MoE block of a family with one, by its rules (mlx-lm's defaults: Mixtral 8 experts,
 /// top 2).
 fn parse_moe(raw: &RawConfig, rules: &MoeRules, p: &Path) -> Result<Option<Moe>> {
+    if rules.grouped {
+        return grouped_moe(raw, rules, p);
+    }
     let experts = match rules.local_experts {
         Some(default) => raw.num_local_experts.unwrap_or(default),
         None if rules.optional => raw.num_experts.unwrap_or(0),
@@ -1490,7 +1715,7 @@ fn parse_moe(raw: &RawConfig, rules: &MoeRules, p: &Path) -> Result<Option<Moe>>
         None => Routing::TopKSoftmax,
     };
     // A qwen3_moe (qwen3_next, qwen3_5) config with no experts is a dense model in mlx-lm.
-    if experts == 0 && (rules.sparse_layers || rules.optional) {
+    if experts == 0 && (rules.layers == MoeLayers::Sparse || rules.optional) {
         return Ok(None);
     }
     let top_k = match rules.top_k {
@@ -1510,9 +1735,60 @@ fn parse_moe(raw: &RawConfig, rules: &MoeRules, p: &Path) -> Result<Option<Moe>>
         required(p, "intermediate_size", raw.intermediate_size)?
     };
     let shared_expert = if rules.shared_expert {
-        Some(required(p, "shared_expert_intermediate_size", raw.shared_expert_intermediate_size)?)
+        let width = required(p, "shared_expert_intermediate_size", raw.shared_expert_intermediate_size)?;
+        Some(SharedExpert { width, gated: true })
     } else {
         None
+    };
+    Ok(Some(Moe { block: rules.block, experts, top_k, intermediate, routing, shared_expert }))
+}
+
+/// The experts of glm4_moe and deepseek_v3 as mlx-lm reads them: `n_routed_experts` (none:
+/// a dense model), `num_experts_per_tok`, `moe_intermediate_size`, `n_shared_experts` plain
+/// shared experts of that width together, and the group-limited sigmoid router
+/// (`scoring_func` `sigmoid` and `topk_method` `noaux_tc` are the only ones mlx-lm runs).
+fn grouped_moe(raw: &RawConfig, rules: &MoeRules, p: &Path) -> Result<Option<Moe>> {
+    let Some(experts) = raw.n_routed_experts else { return Ok(None) };
+    for (key, value, only) in
+        [("scoring_func", &raw.scoring_func, "sigmoid"), ("topk_method", &raw.topk_method, "noaux_tc")]
+    {
+        if let Some(v) = value.as_deref().filter(|v| *v != only) {
+            return Err(cfg_err(p, key, format!("router mode {v:?} is not supported (only {only:?}, as mlx-lm)")));
+        }
+    }
+    let top_k = required(p, "num_experts_per_tok", raw.num_experts_per_tok)?;
+    if experts == 0 || top_k == 0 || top_k > experts {
+        return Err(cfg_err(
+            p,
+            "num_experts_per_tok",
+            format!("{top_k} of {experts} experts; it must be 1 to the experts"),
+        ));
+    }
+    let groups = raw.n_group.unwrap_or(1);
+    let top_groups = raw.topk_group.unwrap_or(1);
+    if groups == 0 || !experts.is_multiple_of(groups) {
+        return Err(cfg_err(p, "n_group", format!("{groups} groups do not divide {experts} experts")));
+    }
+    if groups > 1 && experts / groups < 2 {
+        return Err(cfg_err(
+            p,
+            "n_group",
+            format!("{groups} groups of {experts} experts leave fewer than 2 per group"),
+        ));
+    }
+    if top_groups == 0 || top_groups > groups {
+        return Err(cfg_err(p, "topk_group", format!("{top_groups} of {groups} groups; it must be 1 to n_group")));
+    }
+    let intermediate = required(p, "moe_intermediate_size", raw.moe_intermediate_size)?;
+    let routing = Routing::Grouped {
+        groups,
+        top_groups,
+        scale: raw.routed_scaling_factor.unwrap_or(1.0) as f32,
+        normalize: raw.norm_topk_prob.unwrap_or(true),
+    };
+    let shared_expert = match raw.n_shared_experts {
+        None | Some(0) => None,
+        Some(n) => Some(SharedExpert { width: n * intermediate, gated: false }),
     };
     Ok(Some(Moe { block: rules.block, experts, top_k, intermediate, routing, shared_expert }))
 }

@@ -235,7 +235,8 @@ impl Layout {
     /// Every MLX 4- or 8-bit quantized matrix of the checkpoint in the graph's packed form.
     fn pack(&mut self, cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<()> {
         let mut any = false;
-        for spec in matrix_specs(cfg) {
+        // Per-head matrices stay dense whatever the checkpoint holds (`Kind::Heads`).
+        for spec in matrix_specs(cfg).filter(|s| s.kind != Kind::Heads) {
             let prefix = spec.prefix();
             let experts = spec.kind == Kind::Experts;
             // Stacked experts are one tensor quantized alike: expert 0 tells.
@@ -518,8 +519,14 @@ impl Layout {
                 Ok(Cow::Owned(out))
             }
             Role::Widened => {
-                // The values the precision's element type holds, as f32 (round to nearest even).
+                // The values the precision's element type holds, as f32 (round to nearest even);
+                // at `packed`, a quantized per-head matrix keeps its dequantized values exactly
+                // (MLX multiplies by those).
+                let exact = self.precision == Precision::Packed
+                    && param.spec.kind == Kind::Heads
+                    && crate::params::heads_quantized(ckpt, &param.spec)?;
                 let round: fn(f32) -> f32 = match self.precision.matrix_elem() {
+                    _ if exact => |x| x,
                     ElementType::F16 => |x| half::f16::from_f32(x).to_f32(),
                     ElementType::BF16 => |x| half::bf16::from_f32(x).to_f32(),
                     _ => |x| x,

@@ -8,6 +8,8 @@
 //! `<prefix>.weight`, quantized ones beside it `<prefix>.scales` and `<prefix>.biases`),
 //! vectors by their full key.
 
+use crate::config::SharedExpert;
+
 /// The embedding table's prefix.
 pub const EMBEDDING: &str = "model.embed_tokens";
 /// The output projection's prefix, where the model does not tie it to the embedding.
@@ -67,6 +69,11 @@ impl LayerNames {
 
     pub fn o_proj(&self) -> String {
         self.at("self_attn.o_proj")
+    }
+
+    /// A latent attention layer's tensor or projection (`kv_a_proj_with_mqa`, `embed_q`, ...).
+    pub fn latent(&self, part: &str) -> String {
+        self.at(&format!("self_attn.{part}"))
     }
 
     /// The RMSNorm weight of each query head (Qwen3, Gemma 3).
@@ -138,9 +145,17 @@ impl MoeNames {
         format!("{}.switch_mlp.{part}", self.block)
     }
 
-    /// Qwen2-MoE's shared expert's `gate_proj`, `up_proj` or `down_proj`.
-    pub fn shared_expert(&self, part: &str) -> String {
-        format!("{}.shared_expert.{part}", self.block)
+    /// The router's bias added to its sigmoid scores to choose (never to weigh) experts
+    /// (`[experts]`, GLM-4.5 MoE and DeepSeek-V3).
+    pub fn router_bias(&self) -> String {
+        format!("{}.gate.e_score_correction_bias", self.block)
+    }
+
+    /// The shared expert's `gate_proj`, `up_proj` or `down_proj`: Qwen2-MoE's gated
+    /// `shared_expert`, or DeepSeek's `shared_experts`.
+    pub fn shared_expert(&self, shared: &SharedExpert, part: &str) -> String {
+        let module = if shared.gated { "shared_expert" } else { "shared_experts" };
+        format!("{}.{module}.{part}", self.block)
     }
 
     /// The shared expert's gate `[1, hidden]`.

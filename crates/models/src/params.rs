@@ -1,7 +1,7 @@
 //! The model's parameters: checkpoint names and shapes derived from the config (one list
 //! shared by the graph and the loader), and their f32 values read from a checkpoint.
 
-use crate::config::{LayerMixer, ModelConfig, NormPlacement};
+use crate::config::{LayerMixer, ModelConfig, NormPlacement, Routing};
 use crate::error::{Error, Result};
 use crate::names::{EMBEDDING, FINAL_NORM, GATE_UP, LM_HEAD, LayerNames, MLP_PARTS, QKV, bias, weight};
 use hlo_emit::ElementType;
@@ -18,6 +18,10 @@ pub enum Kind {
     /// Stacked expert weights `[experts, out, in]` (MLX's `SwitchLinear`), dense or
     /// MLX-quantized per expert.
     Experts,
+    /// One matrix per head `[heads, out, in]` (mlx-lm's `MultiLinear`: latent attention's
+    /// `embed_q` and `unembed_out`), dense or MLX-quantized per head; held dense in f32 at
+    /// every precision (the layout's [`crate::Form::Narrow`]), as small as a layer's keys.
+    Heads,
 }
 
 /// One graph parameter: its checkpoint tensor name and f32 shape.
@@ -81,6 +85,8 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     // A gated attention's q_proj gives each head's query and gate.
     let q_rows = if cfg.attn_output_gate { 2 * q_out } else { q_out };
     let mut out = Vec::new();
+    // Latent attention's per-head matrices, listed after the other matrices.
+    let mut per_head = Vec::new();
     // `narrow`: a matrix of few outputs (a router), which dense precisions keep in f32.
     let mut mat = |prefix: String, o: usize, i: usize, narrow: bool| {
         out.push(ParamSpec { key: weight(&prefix), shape: vec![o, i], kind: Kind::Matrix, part: None, narrow })
@@ -107,6 +113,29 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
                 }
                 mat(n.linear_attn("out_proj"), d, values, false);
             }
+            LayerMixer::Latent(lat) => {
+                let q_out = cfg.heads * (lat.nope_dim + lat.rope_dim);
+                match lat.q_rank {
+                    Some(rank) => {
+                        mat(n.latent("q_a_proj"), rank, d, false);
+                        mat(n.latent("q_b_proj"), q_out, rank, false);
+                    }
+                    None => mat(n.q_proj(), q_out, d, false),
+                }
+                mat(n.latent("kv_a_proj_with_mqa"), lat.kv_rank + lat.rope_dim, d, false);
+                mat(n.o_proj(), d, cfg.heads * lat.v_dim, false);
+                let mut heads = |part: &str, o: usize, i: usize| {
+                    per_head.push(ParamSpec {
+                        key: weight(&n.latent(part)),
+                        shape: vec![cfg.heads, o, i],
+                        kind: Kind::Heads,
+                        part: None,
+                        narrow: true,
+                    })
+                };
+                heads("embed_q", lat.kv_rank, lat.nope_dim);
+                heads("unembed_out", lat.v_dim, lat.kv_rank);
+            }
             LayerMixer::Attention => {
                 mat(n.q_proj(), q_rows, d, false);
                 mat(n.k_proj(), kv_out, d, false);
@@ -124,12 +153,14 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
             Some(moe) => {
                 let b = n.moe_block(moe.block);
                 mat(b.router(), moe.experts, d, true);
-                if let Some(shared) = moe.shared_expert {
-                    let [gate, up, down] = MLP_PARTS.map(|part| b.shared_expert(part));
-                    mat(gate, shared, d, false);
-                    mat(up, shared, d, false);
-                    mat(down, d, shared, false);
-                    mat(b.shared_expert_gate(), 1, d, true);
+                if let Some(shared) = &moe.shared_expert {
+                    let [gate, up, down] = MLP_PARTS.map(|part| b.shared_expert(shared, part));
+                    mat(gate, shared.width, d, false);
+                    mat(up, shared.width, d, false);
+                    mat(down, d, shared.width, false);
+                    if shared.gated {
+                        mat(b.shared_expert_gate(), 1, d, true);
+                    }
                 }
             }
         }
@@ -137,6 +168,7 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     if !cfg.tie_embeddings {
         mat(LM_HEAD.into(), cfg.vocab, d, false);
     }
+    out.append(&mut per_head);
     if let Some(moe) = &cfg.moe {
         let (e, i) = (moe.experts, moe.intermediate);
         for (l, _) in cfg.layers.iter().enumerate().filter(|(_, layer)| layer.moe) {
@@ -195,6 +227,21 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
                 vec(n.linear_attn("A_log"), &[lin.v_heads]);
                 vec(n.linear_attn("norm.weight"), &[lin.v_dim]);
             }
+            LayerMixer::Latent(lat) => {
+                if let Some(rank) = lat.q_rank {
+                    vec(n.latent("q_a_layernorm.weight"), &[rank]);
+                }
+                vec(n.latent("kv_a_layernorm.weight"), &[lat.kv_rank]);
+                if cfg.qkv_bias {
+                    if let Some(rank) = lat.q_rank {
+                        vec(bias(&n.latent("q_a_proj")), &[rank]);
+                    }
+                    vec(bias(&n.latent("kv_a_proj_with_mqa")), &[lat.kv_rank + lat.rope_dim]);
+                }
+                if cfg.o_bias {
+                    vec(bias(&n.o_proj()), &[d]);
+                }
+            }
             LayerMixer::Attention => {
                 if cfg.qk_norm {
                     let (q, k) = if cfg.qk_norm_full_width { (q_out, kv_out) } else { (hd, hd) };
@@ -210,6 +257,9 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
                     vec(bias(&n.o_proj()), &[d]);
                 }
             }
+        }
+        if let Some(moe) = cfg.moe.as_ref().filter(|m| layer.moe && matches!(m.routing, Routing::Grouped { .. })) {
+            vec(n.moe_block(moe.block).router_bias(), &[moe.experts]);
         }
         if cfg.mlp_bias {
             let [gate, up, down] = MLP_PARTS.map(|part| bias(&n.mlp(part)));
@@ -256,7 +306,19 @@ pub fn check_checkpoint(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<()> {
                 let linear = spec.linear(ckpt)?;
                 vec![linear.out_features(), linear.in_features()]
             }
-            Kind::Experts => {
+            Kind::Heads if !ckpt.contains(&spec.key) && cfg.latent.is_some() => {
+                // Split out of `kv_b_proj` at load: check that layer's [heads * (nope + v), rank].
+                let lat = cfg.latent.as_ref().expect("checked");
+                let fused = fused_kv_b(&spec).unwrap_or_default();
+                let linear = ckpt.linear(&fused)?;
+                let want = [cfg.heads * (lat.nope_dim + lat.v_dim), lat.kv_rank];
+                let got = [linear.out_features(), linear.in_features()];
+                if got != want {
+                    return Err(shape_error(ckpt, &weight(&fused), &want, &got));
+                }
+                spec.shape.clone()
+            }
+            Kind::Experts | Kind::Heads => {
                 // The stacked tensor's leading dimension is the experts (packed or not);
                 // expert 0 checks each expert's [out, in].
                 let experts = ckpt.tensor(&spec.key)?.shape().first().copied().unwrap_or(0);
@@ -317,7 +379,8 @@ pub fn load_f32(ckpt: &Checkpoint, spec: &ParamSpec) -> Result<Vec<f32>> {
             }
             Ok(linear.weight_f32())
         }
-        Kind::Experts => {
+        Kind::Heads if !ckpt.contains(&spec.key) => heads_from_kv_b(ckpt, spec),
+        Kind::Experts | Kind::Heads => {
             let mut all = Vec::with_capacity(spec.shape.iter().product());
             for e in 0..spec.shape[0] {
                 all.extend(spec.expert(ckpt, e)?.weight_f32());
@@ -332,6 +395,77 @@ pub fn load_f32(ckpt: &Checkpoint, spec: &ParamSpec) -> Result<Vec<f32>> {
             Ok(t.to_f32_vec()?)
         }
     }
+}
+
+/// The `kv_b_proj` a latent attention's per-head matrix (`embed_q`, `unembed_out`) is split
+/// from in checkpoints converted before mlx-lm stored them apart.
+fn fused_kv_b(spec: &ParamSpec) -> Option<String> {
+    let prefix = spec.prefix();
+    let layer = prefix.strip_suffix(".embed_q").or_else(|| prefix.strip_suffix(".unembed_out"))?;
+    Some(format!("{layer}.kv_b_proj"))
+}
+
+/// Whether a per-head matrix is MLX-quantized in the checkpoint, stored as it is or in the
+/// `kv_b_proj` it is split from.
+///
+/// # Errors
+/// As [`Checkpoint::expert`] and [`Checkpoint::linear`].
+pub(crate) fn heads_quantized(ckpt: &Checkpoint, spec: &ParamSpec) -> Result<bool> {
+    let layer = match fused_kv_b(spec).filter(|_| !ckpt.contains(&spec.key)) {
+        Some(fused) => ckpt.linear(&fused)?,
+        None => spec.expert(ckpt, 0)?,
+    };
+    Ok(matches!(layer, Linear::Quantized(_)))
+}
+
+/// `embed_q` `[heads, rank, nope]` or `unembed_out` `[heads, v, rank]` as mlx-lm 0.32's
+/// deepseek_v3 `sanitize` makes them from a `kv_b_proj` `[heads * (nope + v), rank]` (each
+/// head's nope key rows, then its v value rows): split per head, the key rows transposed,
+/// and where `kv_b_proj` is quantized, first dequantized in its scales' type
+/// (`mx.dequantize`) and afterwards quantized again with its bits and group size, so the
+/// values are those mlx-lm computes with.
+fn heads_from_kv_b(ckpt: &Checkpoint, spec: &ParamSpec) -> Result<Vec<f32>> {
+    let fused = fused_kv_b(spec)
+        .ok_or_else(|| Error::Invalid(format!("{}: missing tensor {}", ckpt.dir().display(), spec.key)))?;
+    let linear = ckpt.linear(&fused)?;
+    let (heads, rows, rank) = (spec.shape[0], linear.out_features(), linear.in_features());
+    let embed = spec.prefix().ends_with(".embed_q");
+    // embed_q [heads, rank, nope]: its rows are the head's first `nope`; unembed_out [heads,
+    // v, rank]: the last `v`.
+    let (take, spec_rank) = if embed { (spec.shape[2], spec.shape[1]) } else { (spec.shape[1], spec.shape[2]) };
+    let per_head = rows / heads.max(1);
+    if rows % heads.max(1) != 0 || take > per_head || rank != spec_rank {
+        return Err(Error::Invalid(format!(
+            "{}: {fused} is [{rows}, {rank}], which holds no {:?} for config.json's heads",
+            ckpt.dir().display(),
+            spec.shape
+        )));
+    }
+    let values = match &linear {
+        Linear::Dense(_) => linear.weight_f32(),
+        Linear::Quantized(q) => q.dequantize_in_scale_type(),
+    };
+    let first = if embed { 0 } else { per_head - take };
+    let mut out = Vec::with_capacity(heads * take * rank);
+    for h in 0..heads {
+        let row = |i: usize| &values[(h * per_head + first + i) * rank..][..rank];
+        if embed {
+            // Transposed: [rank, nope].
+            out.extend((0..rank).flat_map(|r| (0..take).map(move |i| (r, i))).map(|(r, i)| row(i)[r]));
+        } else {
+            out.extend((0..take).flat_map(row).copied());
+        }
+    }
+    let Linear::Quantized(q) = linear else { return Ok(out) };
+    let inputs = spec.shape[2];
+    weights::quantize_dequantize(&out, inputs, q.params(), q.scales().dtype()).ok_or_else(|| {
+        Error::Invalid(format!(
+            "{}: {fused} splits into {} of {inputs} inputs, which group size {} does not divide",
+            ckpt.dir().display(),
+            spec.key,
+            q.group_size()
+        ))
+    })
 }
 
 fn shape_error(ckpt: &Checkpoint, key: &str, expected: &[usize], got: &[usize]) -> Error {

@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
-use models::{Activation, Family, ModelConfig, Moe, NormPlacement, RopeScaling, RopeTable, Routing};
+use models::{Activation, Family, ModelConfig, Moe, NormPlacement, RopeScaling, RopeTable, Routing, SharedExpert};
 use serde_json::{Value, json};
 use std::path::Path;
 
@@ -35,7 +35,7 @@ fn refusals_name_the_cause() {
         llama(),
         "model_type",
         json!("gpt2"),
-        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, glm4, gemma3, mistral3)",
+        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, glm4, glm4_moe, deepseek_v3, kimi_k2, gemma3, mistral3)",
     );
     check_err(llama(), "model_type", Value::Null, "m/config.json: model_type: missing");
     check_err(llama(), "hidden_size", Value::Null, "m/config.json: hidden_size: missing");
@@ -149,7 +149,7 @@ fn fixtures_normalise_per_family() {
     let moe = c.moe.clone().unwrap();
     assert_eq!(
         (moe.routing, moe.shared_expert, moe.experts),
-        (Routing::SoftmaxTopK { normalize: false }, Some(128), 4)
+        (Routing::SoftmaxTopK { normalize: false }, Some(SharedExpert { width: 128, gated: true }), 4)
     );
     assert!(c.layers.iter().all(|l| l.moe) && c.qkv_bias);
 
@@ -615,4 +615,99 @@ fn glm4_settings() {
     // Families that do not read it still refuse it.
     let llama = fixture_config("mistral");
     assert!(!llama.rope_traditional && !llama.fused_gate_up);
+}
+
+/// GLM-4.5 MoE: layer 0 dense, then experts with the group-limited sigmoid router and a plain
+/// shared expert; q/k norms as `use_qk_norm` says; an lm_head whatever
+/// `tie_word_embeddings` says; router modes mlx-lm does not run refused with the key.
+#[test]
+fn glm4_moe_settings() {
+    let c = fixture_config("glm4_moe");
+    assert_eq!(c.family, Family::Glm4Moe);
+    assert_eq!(c.layers.iter().map(|l| l.moe).collect::<Vec<_>>(), [false, true, true]);
+    let moe = c.moe.clone().unwrap();
+    assert_eq!(
+        (moe.experts, moe.top_k, moe.intermediate, moe.routing, moe.shared_expert),
+        (
+            8,
+            3,
+            64,
+            Routing::Grouped { groups: 4, top_groups: 2, scale: 2.5, normalize: true },
+            Some(SharedExpert { width: 64, gated: false })
+        )
+    );
+    assert!(c.qk_norm && c.qkv_bias && !c.o_bias && !c.tie_embeddings && !c.rope_traditional);
+    assert_eq!((c.rope_dims, c.head_dim), (8, 16));
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/glm4_moe/f32/config.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let with = |key: &str, value: Value| {
+        let mut v = v.clone();
+        v[key] = value;
+        ModelConfig::from_json(&v, Path::new("m/config.json"))
+    };
+    assert!(!with("tie_word_embeddings", json!(true)).unwrap().tie_embeddings, "mlx-lm's glm4_moe always has lm_head");
+    assert!(!with("use_qk_norm", json!(false)).unwrap().qk_norm);
+    assert!(with("n_routed_experts", Value::Null).unwrap().moe.is_none());
+    let err = |key: &str, value: Value| with(key, value).unwrap_err().to_string();
+    assert_eq!(
+        err("scoring_func", json!("softmax")),
+        "m/config.json: scoring_func: router mode \"softmax\" is not supported (only \"sigmoid\", as mlx-lm)"
+    );
+    assert_eq!(
+        err("topk_method", json!("greedy")),
+        "m/config.json: topk_method: router mode \"greedy\" is not supported (only \"noaux_tc\", as mlx-lm)"
+    );
+    assert_eq!(err("n_group", json!(3)), "m/config.json: n_group: 3 groups do not divide 8 experts");
+    assert_eq!(err("topk_group", json!(5)), "m/config.json: topk_group: 5 of 4 groups; it must be 1 to n_group");
+    assert_eq!(err("use_qk_norm", Value::Null), "m/config.json: use_qk_norm: missing");
+}
+
+/// DeepSeek-V3: latent attention's sizes with mlx-lm's defaults and a plain `q_proj` for a
+/// null `q_lora_rank`; the softmax scale times yarn's `mscale_all_dim` factor squared; kimi_k2
+/// read as it; the router's groups and `moe_layer_freq`.
+#[test]
+fn deepseek_v3_settings() {
+    let c = fixture_config("deepseek_v3");
+    let lat = c.latent.clone().unwrap();
+    assert_eq!((lat.q_rank, lat.kv_rank, lat.nope_dim, lat.rope_dim, lat.v_dim), (Some(32), 32, 32, 16, 32));
+    assert_eq!(
+        (c.family, c.kv_heads, c.head_dim, c.rope_dims, c.rope_traditional),
+        (Family::DeepseekV3, 1, 48, 16, true)
+    );
+    // 48^-0.5 * (0.1 * 1 * ln 4 + 1)^2.
+    let s = 0.1 * 4f64.ln() + 1.0;
+    assert!((c.attn_scale - s * s / 48f64.sqrt()).abs() < 1e-12, "{}", c.attn_scale);
+    assert!(matches!(c.layers[0].rope_scaling, RopeScaling::Yarn { factor, .. } if factor == 4.0));
+    assert_eq!(c.layers.iter().map(|l| l.moe).collect::<Vec<_>>(), [false, true, true]);
+    let moe = c.moe.clone().unwrap();
+    assert_eq!(moe.routing, Routing::Grouped { groups: 2, top_groups: 1, scale: 1.5, normalize: true });
+    assert_eq!(moe.shared_expert, Some(SharedExpert { width: 64, gated: false }));
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/deepseek_v3/f32/config.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let with = |changes: &[(&str, Value)]| {
+        let mut v = v.clone();
+        for (key, value) in changes {
+            match value {
+                Value::Null if *key != "q_lora_rank" => {
+                    v.as_object_mut().unwrap().remove(*key);
+                }
+                _ => v[*key] = value.clone(),
+            }
+        }
+        ModelConfig::from_json(&v, Path::new("m/config.json"))
+    };
+    let kimi = with(&[("model_type", json!("kimi_k2"))]).unwrap();
+    assert_eq!((kimi.family, kimi.latent), (Family::DeepseekV3, c.latent.clone()));
+    let plain = with(&[("q_lora_rank", Value::Null)]).unwrap();
+    assert_eq!(plain.latent.unwrap().q_rank, None);
+    let defaults =
+        with(&[("kv_lora_rank", Value::Null), ("qk_rope_head_dim", Value::Null), ("rope_scaling", Value::Null)])
+            .unwrap();
+    let lat = defaults.latent.clone().unwrap();
+    assert_eq!((lat.kv_rank, lat.rope_dim, defaults.head_dim), (512, 64, 96));
+    assert!((defaults.attn_scale - 96f64.powf(-0.5)).abs() < 1e-15, "no yarn, no factor");
+    let every_other = with(&[("moe_layer_freq", json!(2))]).unwrap();
+    assert_eq!(every_other.layers.iter().map(|l| l.moe).collect::<Vec<_>>(), [false, false, true]);
+    let err = with(&[("kv_lora_rank", json!(0))]).unwrap_err().to_string();
+    assert_eq!(err, "m/config.json: kv_lora_rank: must be > 0");
 }

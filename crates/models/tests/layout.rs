@@ -421,3 +421,44 @@ fn cuda_kernel_layout_stacks_q_k_v() {
         assert!(bytes[..] == parts[..], "{}: not the parts' bytes in order", m.key);
     }
 }
+
+/// Latent attention's per-head matrices (`Kind::Heads`) stay dense f32 at every precision:
+/// a 4-bit checkpoint's dequantized exactly as MLX computes them (`scale * q + bias`); its
+/// experts (deepseek_v3's, glm4_moe's) go to the CPU kernel's blocks like qwen3_moe's, and
+/// the router's correction bias is an f32 vector.
+#[test]
+fn per_head_matrices_dense_and_grouped_experts_in_the_kernel() {
+    let (ckpt, cfg) = open("deepseek_v3", "q4");
+    let layout = Layout::new(&cfg, Precision::Packed, &ckpt, &cpu()).unwrap();
+    let params = layout.device_params(&cfg);
+    let find = |key: &str| params.iter().find(|p| p.key == key).unwrap_or_else(|| panic!("no {key}"));
+    let embed_q = find("model.layers.1.self_attn.embed_q.weight");
+    assert_eq!(
+        (embed_q.dims.as_slice(), embed_q.elem, embed_q.role),
+        (&[4, 32, 32][..], ElementType::F32, Role::Widened)
+    );
+    let got: Vec<f32> = layout
+        .load(&ckpt, embed_q)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let head = |h: usize| {
+        let Linear::Quantized(q) = ckpt.expert("model.layers.1.self_attn.embed_q", h).unwrap() else {
+            panic!("a 4-bit embed_q")
+        };
+        Linear::Quantized(q).weight_f32()
+    };
+    assert_eq!(got[3 * 32 * 32..], head(3)[..]);
+    assert_eq!(layout.form("model.layers.1.self_attn.embed_q"), Some(Form::Narrow));
+    assert!(matches!(layout.form("model.layers.1.mlp.switch_mlp.gate_proj"), Some(Form::CpuPacked(_))));
+    let bias = find("model.layers.1.mlp.gate.e_score_correction_bias");
+    assert_eq!((bias.dims.as_slice(), bias.elem, bias.role), (&[8][..], ElementType::F32, Role::Vector));
+    let (ckpt, cfg) = open("glm4_moe", "q4");
+    let layout = Layout::new(&cfg, Precision::Packed, &ckpt, &cpu()).unwrap();
+    for part in ["gate_proj", "up_proj", "down_proj"] {
+        let prefix = format!("model.layers.2.mlp.switch_mlp.{part}");
+        assert!(matches!(layout.form(&prefix), Some(Form::CpuPacked(_))), "{prefix}");
+    }
+    assert_eq!(layout.form("model.layers.2.mlp.gate"), Some(Form::Narrow), "mlx-lm leaves the router dense");
+}

@@ -7,8 +7,9 @@ use crate::backend::SlotRead;
 use hlo_emit::{Cmp, DotDims, ElementType::*, GatherDims, ScatterDims};
 
 impl<'c, 'b> Step<'_, 'c, 'b> {
-    /// Positions `[0, window)` of layer `l` of each sequence's slot as f32 `[n, W, kv_heads, hd]`,
-    /// with this step's rows `x [R, kv_heads, hd]` put in at their (sequence, position).
+    /// Positions `[0, window)` of layer `l` of each sequence's slot as f32 `[n, W, heads, width]`
+    /// (the cache's `[.., heads, width]`: `kv_heads, hd`, or a latent layer's), with this step's
+    /// rows `x [R, heads, width]` put in at their (sequence, position).
     pub(super) fn window_with(
         &self,
         cache: V<'c, 'b>,
@@ -49,7 +50,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
     pub(super) fn window(&self, cache: V<'c, 'b>, l: usize, slots: V<'c, 'b>) -> R<V<'c, 'b>> {
         let f = self.f;
         let n = slots.shape()[0];
-        let (k, hd, w) = (self.cfg.kv_heads as i64, self.cfg.head_dim as i64, self.function.window() as i64);
+        let (k, hd, w) = (cache.shape()[3], cache.shape()[4], self.function.window() as i64);
         // The layer is a static slice and only the slot is gathered. With the layer among the
         // gather's indices IREE 3.13 copied each window into a temporary element by element
         // (index arithmetic per element): in a probe of 30 layers' decode attention at 2,048
@@ -95,7 +96,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
     fn raw_window(&self, cache: V<'c, 'b>, l: usize, slots: V<'c, 'b>) -> R<V<'c, 'b>> {
         let f = self.f;
         let n = slots.shape()[0];
-        let (k, hd, w) = (self.cfg.kv_heads as i64, self.cfg.head_dim as i64, self.function.window() as i64);
+        let (k, hd, w) = (cache.shape()[3], cache.shape()[4], self.function.window() as i64);
         let layer = f.splat(l as f64, &I32.tensor(&[n, 1]))?;
         let indices = f.concatenate(&[layer, f.reshape(slots, &[n, 1])?], 1)?;
         let dims = GatherDims {
@@ -121,7 +122,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
     /// Whether key position `kpos` is visible from query position `p` (same shape): `kpos
     /// cmp p` (`Le`, or `Lt` to leave p itself out), and `p - W' < kpos` under a sliding
     /// window W'.
-    fn visible(&self, kpos: V<'c, 'b>, p: V<'c, 'b>, cmp: Cmp, sliding: Option<usize>) -> R<V<'c, 'b>> {
+    pub(super) fn visible(&self, kpos: V<'c, 'b>, p: V<'c, 'b>, cmp: Cmp, sliding: Option<usize>) -> R<V<'c, 'b>> {
         let f = self.f;
         let causal = f.compare(kpos, p, cmp)?;
         let Some(win) = sliding else { return Ok(causal) };

@@ -38,6 +38,9 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
                 let (v, i) = f.top_k(logits, moe.top_k)?;
                 (f.softmax(v)?, i)
             }
+            Routing::Grouped { groups, top_groups, scale, normalize } => {
+                self.grouped_routing(logits, &names.router_bias(), moe.top_k, groups, top_groups, scale, normalize)?
+            }
         };
         let experts = |name: &str| names.experts(name);
         let in_kernel = |name: &str| self.layout.form(&experts(name)).is_some_and(|f| f.in_cpu_kernel());
@@ -75,14 +78,78 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             // [T, E] · [E, d, T] -> [T, d], batched over the rows.
             f.dot_general(weights, out, DotDims::contract(&[1], &[0]).batch(&[0], &[2]))?
         };
-        if moe.shared_expert.is_some() {
-            let gate = self.linear(x, &names.shared_expert("gate_proj"), false)?;
-            let hidden = f.mul(self.activation(gate)?, self.linear(x, &names.shared_expert("up_proj"), false)?)?;
-            let out = self.linear(hidden, &names.shared_expert("down_proj"), false)?;
-            let g = f.logistic(self.linear(x, &names.shared_expert_gate(), false)?)?;
-            y = f.add(y, f.mul(f.broadcast_in_dim(f.reshape(g, &[t])?, &[t, d], &[0])?, out)?)?;
+        if let Some(shared) = &moe.shared_expert {
+            let part = |p: &str| names.shared_expert(shared, p);
+            let hidden = f.mul(
+                self.activation(self.linear(x, &part("gate_proj"), false)?)?,
+                self.linear(x, &part("up_proj"), false)?,
+            )?;
+            let out = self.linear(hidden, &part("down_proj"), false)?;
+            let out = if shared.gated {
+                let g = f.logistic(self.linear(x, &names.shared_expert_gate(), false)?)?;
+                f.mul(f.broadcast_in_dim(f.reshape(g, &[t])?, &[t, d], &[0])?, out)?
+            } else {
+                out
+            };
+            y = f.add(y, out)?;
         }
         Ok(y)
+    }
+
+    /// mlx-lm's `group_expert_select` on the router's `logits [T, E]`: each row's chosen
+    /// experts `[T, k]` (i32) and their weights `[T, k]` ([`Routing::Grouped`]). The scores are
+    /// `sigmoid(logits)`; the experts are chosen by the scores plus `bias` (the router's
+    /// `e_score_correction_bias`), with every expert outside the `top_groups` best groups
+    /// (a group's worth: the sum of its two best) set to 0, as mlx-lm does, not to -inf.
+    #[allow(clippy::too_many_arguments)]
+    fn grouped_routing(
+        &self,
+        logits: V<'c, 'b>,
+        bias: &str,
+        k: usize,
+        groups: usize,
+        top_groups: usize,
+        scale: f32,
+        normalize: bool,
+    ) -> R<(V<'c, 'b>, V<'c, 'b>)> {
+        let f = self.f;
+        let (t, e) = (logits.shape()[0], logits.shape()[1]);
+        let scores = f.logistic(logits)?;
+        let bias = f.load(self.global(bias)?)?;
+        let mut choice = f.add(scores, f.broadcast_in_dim(bias, &[t, e], &[1])?)?;
+        if groups > 1 {
+            let (g, per) = (groups as i64, e / groups as i64);
+            let by_group = f.reshape(choice, &[t * g, per])?;
+            let (best, _) = f.top_k(by_group, 2)?;
+            let worth = f.reshape(f.reduce_sum(best, &[1])?, &[t, g])?;
+            let (_, kept) = f.top_k(worth, top_groups)?;
+            // A group is kept when it is one of the row's `top_groups` best.
+            let group = f.iota(&I32.tensor(&[t, g]), 1)?;
+            let mut keep =
+                f.compare(group, f.broadcast_in_dim(f.slice_dim(kept, 1, 0, 1)?, &[t, g], &[0, 1])?, Cmp::Eq)?;
+            for j in 1..top_groups as i64 {
+                let pick = f.broadcast_in_dim(f.slice_dim(kept, 1, j, j + 1)?, &[t, g], &[0, 1])?;
+                keep = f.or(keep, f.compare(group, pick, Cmp::Eq)?)?;
+            }
+            let keep = f.broadcast_in_dim(keep, &[t, g, per], &[0, 1])?;
+            let zero = f.splat(0.0, &F32.tensor(&[t, g, per]))?;
+            choice = f.reshape(f.select(keep, f.reshape(choice, &[t, g, per])?, zero)?, &[t, e])?;
+        }
+        let (_, chosen) = f.top_k(choice, k)?;
+        // Each chosen expert's unbiased score: a one-hot sum over the experts (exact).
+        let column = f.iota(&I32.tensor(&[t, e]), 1)?;
+        let zero = f.splat(0.0, &F32.tensor(&[t, e]))?;
+        let mut picked = Vec::with_capacity(k);
+        for j in 0..k as i64 {
+            let here =
+                f.compare(column, f.broadcast_in_dim(f.slice_dim(chosen, 1, j, j + 1)?, &[t, e], &[0, 1])?, Cmp::Eq)?;
+            picked.push(f.reshape(f.reduce_sum(f.select(here, scores, zero)?, &[1])?, &[t, 1])?);
+        }
+        let mut weights = f.concatenate(&picked, 1)?;
+        if k > 1 && normalize {
+            weights = f.div(weights, f.broadcast_in_dim(f.reduce_sum(weights, &[1])?, &[t, k as i64], &[0])?)?;
+        }
+        Ok((f.mul_scalar(weights, f64::from(scale))?, chosen))
     }
 
     /// `x [N, in]` through the stacked experts `prefix` in the CPU kernel's layout, row `n`

@@ -8,7 +8,9 @@
 //! instead of as "no global for ..." halfway through emission.
 
 use super::{R, Step, V};
-use crate::config::{LayerMixer, LinearAttention, ModelConfig, Moe, NormPlacement, ShortConv};
+use crate::config::{
+    LatentAttention, LayerMixer, LinearAttention, ModelConfig, Moe, NormPlacement, Routing, ShortConv,
+};
 use crate::error::{Error, Result};
 use crate::names::{self, FINAL_NORM, LM_HEAD, LayerNames, MoeNames};
 use crate::params::{Kind, param_specs};
@@ -66,6 +68,37 @@ pub(super) struct AttentionPlan {
     pub kv_layer: usize,
 }
 
+/// One layer's latent attention (mlx-lm's `DeepseekV3Attention`): its tensors' names, the
+/// rotation of the rotated features and its place in the caches (its latents in `k`, its
+/// rotated keys in `v`).
+#[derive(Debug)]
+pub(super) struct LatentPlan<'a> {
+    pub query: LatentQuery,
+    /// `[kv_rank + rope_dim, hidden]`: the latent, then the shared key's rotated features.
+    pub kv_a: String,
+    pub kv_norm: String,
+    /// `[heads, kv_rank, nope_dim]` and `[heads, v_dim, kv_rank]`.
+    pub embed_q: String,
+    pub unembed_out: String,
+    pub o: String,
+    /// Biases on `q_a_proj` and `kv_a_proj_with_mqa` (`attention_bias`), and on `o_proj`.
+    pub in_bias: bool,
+    pub o_bias: bool,
+    pub rope: RopeTable,
+    pub config: &'a LatentAttention,
+    /// This layer's index in the caches.
+    pub kv_layer: usize,
+}
+
+/// How a latent attention layer makes its queries.
+#[derive(Debug)]
+pub(super) enum LatentQuery {
+    /// `q_b_proj(rms_norm(q_a_proj(x)))` (DeepSeek-V3).
+    Compressed { a: String, norm: String, b: String },
+    /// `q_proj(x)` (`q_lora_rank` null).
+    Plain(String),
+}
+
 /// A gated DeltaNet layer (mlx-lm's `GatedDeltaNet`): its tensors' names, its sizes and
 /// which of the model's state buffers are its own.
 #[derive(Debug)]
@@ -114,6 +147,8 @@ pub(super) enum InProj {
 pub(super) enum Mixer<'a> {
     /// Attention over the KV cache.
     Attention(AttentionPlan),
+    /// Latent attention over a cache of latents.
+    Latent(LatentPlan<'a>),
     /// A gated DeltaNet with a state per sequence.
     Linear(LinearPlan<'a>),
     /// A gated short convolution with a state per sequence.
@@ -166,7 +201,7 @@ impl<'a> LayerPlan<'a> {
         for l in 0..cfg.num_layers() {
             let plan = LayerPlan::new(cfg, l, kv_layer, state)?;
             match &plan.mixer {
-                Mixer::Attention(_) => kv_layer += 1,
+                Mixer::Attention(_) | Mixer::Latent(_) => kv_layer += 1,
                 Mixer::Linear(_) | Mixer::ShortConv(_) => state += cfg.layer_state_parts().len(),
             }
             plans.push(plan);
@@ -206,6 +241,26 @@ impl<'a> LayerPlan<'a> {
                 out_proj: n.linear_attn("out_proj"),
                 config,
                 state,
+            }),
+            LayerMixer::Latent(config) => Mixer::Latent(LatentPlan {
+                query: match config.q_rank {
+                    Some(_) => LatentQuery::Compressed {
+                        a: n.latent("q_a_proj"),
+                        norm: n.latent("q_a_layernorm.weight"),
+                        b: n.latent("q_b_proj"),
+                    },
+                    None => LatentQuery::Plain(n.q_proj()),
+                },
+                kv_a: n.latent("kv_a_proj_with_mqa"),
+                kv_norm: n.latent("kv_a_layernorm.weight"),
+                embed_q: n.latent("embed_q"),
+                unembed_out: n.latent("unembed_out"),
+                o: n.o_proj(),
+                in_bias: cfg.qkv_bias,
+                o_bias: cfg.o_bias,
+                rope: RopeTable::new(layer, cfg.rope_dims),
+                config,
+                kv_layer,
             }),
             LayerMixer::Attention => Mixer::Attention(AttentionPlan {
                 q: n.q_proj(),
@@ -275,6 +330,24 @@ impl<'a> LayerPlan<'a> {
                     read.extend([q.clone(), k.clone()]);
                 }
             }
+            Mixer::Latent(lat) => {
+                match &lat.query {
+                    LatentQuery::Compressed { a, norm, b } => {
+                        read.extend([a.clone(), norm.clone(), b.clone()]);
+                        if lat.in_bias {
+                            read.push(names::bias(a));
+                        }
+                    }
+                    LatentQuery::Plain(q) => read.push(q.clone()),
+                }
+                read.extend([&lat.kv_a, &lat.kv_norm, &lat.embed_q, &lat.unembed_out, &lat.o].map(String::clone));
+                if lat.in_bias {
+                    read.push(names::bias(&lat.kv_a));
+                }
+                if lat.o_bias {
+                    read.push(names::bias(&lat.o));
+                }
+            }
             Mixer::Linear(lin) => {
                 match &lin.in_proj {
                     InProj::Fused { qkvz, ba } => read.extend([qkvz.clone(), ba.clone()]),
@@ -306,10 +379,15 @@ impl<'a> LayerPlan<'a> {
             }
             FeedForward::Moe(m) => {
                 read.push(m.names.router());
+                if let Routing::Grouped { .. } = m.config.routing {
+                    read.push(m.names.router_bias());
+                }
                 read.extend(names::MLP_PARTS.map(|part| m.names.experts(part)));
-                if m.config.shared_expert.is_some() {
-                    read.extend(names::MLP_PARTS.map(|part| m.names.shared_expert(part)));
-                    read.push(m.names.shared_expert_gate());
+                if let Some(shared) = &m.config.shared_expert {
+                    read.extend(names::MLP_PARTS.map(|part| m.names.shared_expert(shared, part)));
+                    if shared.gated {
+                        read.push(m.names.shared_expert_gate());
+                    }
                 }
             }
         }
@@ -388,22 +466,32 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             expected: "a state input for a recurrent layer".into(),
             got: "none".into(),
         };
+        // Each distinct RoPE table's angles, computed once per step.
+        let mut angles_of = |table: &crate::rope::RopeTable| -> R<(V<'c, 'b>, V<'c, 'b>)> {
+            let rope_key = format!("{table:?}");
+            Ok(match ropes.get(&rope_key) {
+                Some(cs) => *cs,
+                None => {
+                    let cs = self.rope_tables(pos_f, table)?;
+                    ropes.insert(rope_key, cs);
+                    cs
+                }
+            })
+        };
         for layer in plan {
             x = match &layer.mixer {
+                Mixer::Latent(lat) => {
+                    let angles = angles_of(&lat.rope)?;
+                    let hn = self.mixer_input(x, layer)?;
+                    let (o, latents, keys) = self.latent_attention(hn, lat, angles, &cache)?;
+                    new_k.push(latents);
+                    new_v.push(keys);
+                    self.linear_residual(x, o, &lat.o, lat.o_bias)?
+                }
                 Mixer::Attention(a) => {
                     let angles = match &a.rope {
                         None => None,
-                        Some(table) => {
-                            let rope_key = format!("{table:?}");
-                            Some(match ropes.get(&rope_key) {
-                                Some(cs) => *cs,
-                                None => {
-                                    let cs = self.rope_tables(pos_f, table)?;
-                                    ropes.insert(rope_key, cs);
-                                    cs
-                                }
-                            })
-                        }
+                        Some(table) => Some(angles_of(table)?),
                     };
                     let hn = self.mixer_input(x, layer)?;
                     let (o, k_rows, v_rows) = self.attention(hn, a, angles, &cache)?;
@@ -573,12 +661,12 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
 /// What attention reads of the step's inputs: the whole caches, each sequence's slot, each
 /// row's slot (for the kernel) and each row's position.
 #[derive(Clone, Copy)]
-struct Cache<'c, 'b> {
-    k: V<'c, 'b>,
-    v: V<'c, 'b>,
-    slots: V<'c, 'b>,
-    row_slots: V<'c, 'b>,
-    positions: V<'c, 'b>,
+pub(super) struct Cache<'c, 'b> {
+    pub k: V<'c, 'b>,
+    pub v: V<'c, 'b>,
+    pub slots: V<'c, 'b>,
+    pub row_slots: V<'c, 'b>,
+    pub positions: V<'c, 'b>,
 }
 
 #[cfg(test)]
@@ -616,6 +704,7 @@ mod tests {
             .iter()
             .map(|p| match &p.mixer {
                 Mixer::Attention(a) => (false, a.kv_layer),
+                Mixer::Latent(l) => (false, l.kv_layer),
                 Mixer::Linear(l) => (true, l.state),
                 Mixer::ShortConv(sc) => (true, sc.state),
             })
@@ -632,6 +721,31 @@ mod tests {
             .filter_map(|p| if let Mixer::ShortConv(sc) = &p.mixer { Some(sc.state) } else { None })
             .collect();
         assert_eq!(states, (0..cfg.state_parts().len()).collect::<Vec<_>>());
+    }
+
+    /// deepseek_v3: every layer's latent attention in the caches in order, its queries
+    /// compressed; layer 0 dense, then experts routed by groups; the caches hold a latent and a
+    /// rotated key per position.
+    #[test]
+    fn latent_attention_plans_and_caches() {
+        let cfg = config("deepseek_v3");
+        let plans = LayerPlan::all(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        let layers: Vec<(usize, bool)> = plans
+            .iter()
+            .map(|p| match (&p.mixer, &p.ffn) {
+                (Mixer::Latent(l), ffn) => (l.kv_layer, matches!(ffn, FeedForward::Moe(_))),
+                _ => panic!("every deepseek_v3 layer is latent attention"),
+            })
+            .collect();
+        assert_eq!(layers, [(0, false), (1, true), (2, true)]);
+        let Mixer::Latent(l) = &plans[1].mixer else { unreachable!() };
+        assert!(matches!(&l.query, LatentQuery::Compressed { b, .. } if b == "model.layers.1.self_attn.q_b_proj"));
+        assert_eq!((l.embed_q.as_str(), l.in_bias, l.o_bias), ("model.layers.1.self_attn.embed_q", false, false));
+        assert_eq!((cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.rope_dims), (4, 1, 48, 16));
+        assert_eq!(cfg.cache_rows(), [(1, 32), (1, 16)]);
+        let cache = crate::CacheShape { slots: 2, positions: 8, elem: crate::KvElem::F32 };
+        assert_eq!(cache.dims(&cfg), [[3, 2, 8, 1, 32], [3, 2, 8, 1, 16]]);
+        assert_eq!(crate::CacheShape::bytes_per_position(&cfg, crate::KvElem::F16), 3 * 48 * 2);
     }
 
     #[test]

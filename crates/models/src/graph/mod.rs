@@ -40,6 +40,7 @@
 
 mod attention;
 mod ffn;
+mod latent;
 mod layer;
 mod linear;
 mod matrix;
@@ -113,9 +114,11 @@ pub struct CacheShape {
 }
 
 impl CacheShape {
-    /// `[layers, slots, positions, kv_heads, head_dim]` of one of the two caches (k or v).
-    pub fn dims(&self, cfg: &ModelConfig) -> [usize; 5] {
-        [cfg.kv_layers(), self.slots, self.positions, cfg.kv_heads, cfg.head_dim]
+    /// `[layers, slots, positions, heads, features]` of the two caches (k, then v):
+    /// `kv_heads, head_dim` both, or a latent attention's latents and rotated keys
+    /// ([`ModelConfig::cache_rows`]).
+    pub fn dims(&self, cfg: &ModelConfig) -> [[usize; 5]; 2] {
+        cfg.cache_rows().map(|(heads, width)| [cfg.kv_layers(), self.slots, self.positions, heads, width])
     }
 
     /// Device bytes of every slot's recurrent state (0 without recurrent layers).
@@ -125,12 +128,12 @@ impl CacheShape {
 
     /// Device bytes of the k and v caches together.
     pub fn bytes(&self, cfg: &ModelConfig) -> usize {
-        2 * self.dims(cfg).iter().product::<usize>() * self.elem.bytes()
+        self.dims(cfg).iter().map(|d| d.iter().product::<usize>()).sum::<usize>() * self.elem.bytes()
     }
 
     /// Device bytes the k and v caches take per position of one slot.
     pub fn bytes_per_position(cfg: &ModelConfig, elem: KvElem) -> usize {
-        2 * cfg.kv_layers() * cfg.kv_heads * cfg.head_dim * elem.bytes()
+        cfg.cache_rows().iter().map(|(heads, width)| heads * width).sum::<usize>() * cfg.kv_layers() * elem.bytes()
     }
 }
 
@@ -212,6 +215,7 @@ impl Function {
 pub fn attention_in_kernel(cfg: &ModelConfig, layout: &Layout) -> bool {
     layout.kernel_object().is_some()
         && cfg.attn_softcap.is_none()
+        && cfg.latent.is_none()
         && kernels::cpu::supports_attention(cfg.heads, cfg.kv_heads, cfg.head_dim)
 }
 
@@ -282,11 +286,12 @@ pub fn emit_functions(
         let dims: Vec<i64> = p.dims.iter().map(|d| *d as i64).collect();
         globals.insert(p.global.clone(), m.global_param(&format!("p{i}"), SCOPE, &p.key, &p.elem.tensor(&dims))?);
     }
-    let kv = cache.elem.elem().tensor(&cache.dims(cfg).map(|d| d as i64));
+    let [k_dims, v_dims] = cache.dims(cfg);
+    let (kv_k, kv_v) =
+        (cache.elem.elem().tensor(&k_dims.map(|d| d as i64)), cache.elem.elem().tensor(&v_dims.map(|d| d as i64)));
     let linked = RefCell::new(Linked::default());
-    let kv_dims = cache.dims(cfg);
     // A step's new rows travel in f32; `write_kv` converts them to the cache's type.
-    let rows_kv = |r: usize| F32.tensor(&[kv_dims[0] as i64, r as i64, kv_dims[3] as i64, kv_dims[4] as i64]);
+    let rows_kv = |dims: [usize; 5], r: usize| F32.tensor(&[dims[0] as i64, r as i64, dims[3] as i64, dims[4] as i64]);
     let parts = cfg.state_parts();
     let states: Vec<_> = parts.iter().map(|&len| F32.tensor(&[cache.slots as i64, len as i64])).collect();
     // The parts `write_state` scatters: those the steps do not update in place.
@@ -311,10 +316,10 @@ pub fn emit_functions(
             let inputs = [
                 I32.tensor(&[rows]),
                 I32.tensor(&[rows]),
-                rows_kv(rows as usize),
-                rows_kv(rows as usize),
-                kv.clone(),
-                kv.clone(),
+                rows_kv(k_dims, rows as usize),
+                rows_kv(v_dims, rows as usize),
+                kv_k.clone(),
+                kv_v.clone(),
             ];
             m.func(&function.name(), &inputs, |f, a| write_kv(f, a[0], a[1], a[2], a[3], a[4], a[5]))?;
             continue;
@@ -323,7 +328,7 @@ pub fn emit_functions(
         if let Function::Prefill { .. } | Function::Mixed { .. } = function {
             inputs.push(I32.tensor(&[function.outs() as i64]));
         }
-        inputs.extend([kv.clone(), kv.clone()]);
+        inputs.extend([kv_k.clone(), kv_v.clone()]);
         inputs.extend(states.iter().cloned());
         m.func(&function.name(), &inputs, |f, a| {
             let step = Step {
@@ -398,8 +403,7 @@ fn write_kv<'c, 'b>(
     k: V<'c, 'b>,
     v: V<'c, 'b>,
 ) -> R<Vec<V<'c, 'b>>> {
-    let dims = new_k.shape();
-    let (l, r) = (dims[0], dims[1]);
+    let (l, r) = (new_k.shape()[0], new_k.shape()[1]);
     let column = |x: V<'c, 'b>| -> R<V<'c, 'b>> { f.reshape(f.broadcast_in_dim(x, &[l, r], &[1])?, &[l * r, 1]) };
     let layer = f.reshape(f.iota(&I32.tensor(&[l, r]), 0)?, &[l * r, 1])?;
     let indices = f.concatenate(&[layer, column(slots)?, column(positions)?], 1)?;
@@ -411,6 +415,7 @@ fn write_kv<'c, 'b>(
         ..ScatterDims::default()
     };
     let flat = |x: V<'c, 'b>| -> R<V<'c, 'b>> {
+        let dims = x.shape();
         let x = if x.elem() == k.elem() { x } else { f.convert(x, k.elem())? };
         f.reshape(x, &[l * r, dims[2], dims[3]])
     };

@@ -5,11 +5,16 @@ use super::{R, Step, V};
 impl<'c, 'b> Step<'_, 'c, 'b> {
     /// `x` RMS-normed by the weight `key` (`1 + w` where the model scales so).
     pub(super) fn norm(&self, x: V<'c, 'b>, key: &str) -> R<V<'c, 'b>> {
+        self.norm_eps(x, key, self.cfg.rms_eps)
+    }
+
+    /// [`Step::norm`] with its own epsilon (DeepSeek-V3's latent norms).
+    pub(super) fn norm_eps(&self, x: V<'c, 'b>, key: &str, eps: f64) -> R<V<'c, 'b>> {
         let mut w = self.param(key)?;
         if self.cfg.norm_plus_one {
             w = self.f.add_scalar(w, 1.0)?;
         }
-        let y = self.f.rms_norm(x, w, self.cfg.rms_eps)?;
+        let y = self.f.rms_norm(x, w, eps)?;
         // For a CUDA kernel product that reads `y` ([`Step::norm_of`]).
         self.normed.borrow_mut().push((y, x, w));
         Ok(y)
