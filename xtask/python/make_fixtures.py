@@ -689,6 +689,129 @@ FIXTURES = [
         },
     },
     {
+        "name": "gemma4_text",
+        "scales": {"embed": 0.01, "linear": 4.0, "final_norm": 40.0, "norm": 0.3},
+        "about": "gemma4_text (Gemma 4 E2B/E4B's shape): layers sliding, sliding, full, sliding, full; sliding "
+        "layers 2 kv heads of 16 (window 8, smaller than the tested context; RoPE base 1e4), full layers "
+        "global_head_dim 32 (proportional RoPE turning a quarter of the head, base 1e6); the last 2 layers "
+        "KV-shared (layer 3 reads layer 1's keys and values, layer 4 layer 2's) with a double-wide MLP; "
+        "per-layer inputs of 32 per layer; plain RMSNorm q/k norms, unscaled v norm, attention scale 1, "
+        "layer_scalar, final soft cap 30; tied; group size 32 so the per-layer projections quantize",
+        "group_size": 32,
+        "min_margin": 0.01,
+        "seed": 14,
+        "config": {
+            "architectures": ["Gemma4ForCausalLM"],
+            "model_type": "gemma4_text",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 5,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "global_head_dim": 32,
+            "vocab_size": 256,
+            "vocab_size_per_layer_input": 256,
+            "hidden_size_per_layer_input": 32,
+            "num_kv_shared_layers": 2,
+            "use_double_wide_mlp": True,
+            "rms_norm_eps": 1e-6,
+            "sliding_window": 8,
+            "layer_types": [
+                "sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+            ],
+            "rope_parameters": {
+                "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
+                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+            },
+            "max_position_embeddings": 131072,
+            "final_logit_softcapping": 30.0,
+            "attention_k_eq_v": False,
+            "enable_moe_block": False,
+            "tie_word_embeddings": True,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "bos_token_id": 2,
+            "eos_token_id": 1,
+            "pad_token_id": 0,
+        },
+    },
+    {
+        "name": "gemma4_moe",
+        "scales": {"embed": 0.01, "linear": 4.0, "final_norm": 40.0, "norm": 0.3},
+        "about": "gemma4_text with experts (Gemma 4 26B-A4B's shape): every layer's dense MLP beside 8 "
+        "experts (GeGLU, width 32) of which the router (input RMS-normed by router.scale * hidden^-0.5, "
+        "top 2 logits, softmax over the 2, times per_expert_scale) picks 2, the MLP's and the experts' "
+        "outputs normed apart (post_feedforward_layernorm_1, pre/post_feedforward_layernorm_2) and their sum "
+        "by post_feedforward_layernorm; attention_k_eq_v full layers (1 global kv head of 32) and sliding "
+        "ones (2 kv heads of 16, window 8) by sliding_window_pattern 3; no per-layer inputs, no KV-shared "
+        "layers; the router at 8 bits in the quantized variants as mlx-lm's quant_predicate keeps it",
+        "group_size": 32,
+        "seed": 0,
+        "config": {
+            "architectures": ["Gemma4ForCausalLM"],
+            "model_type": "gemma4_text",
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_global_key_value_heads": 1,
+            "attention_k_eq_v": True,
+            "head_dim": 16,
+            "global_head_dim": 32,
+            "vocab_size": 256,
+            "hidden_size_per_layer_input": 0,
+            "num_kv_shared_layers": 0,
+            "enable_moe_block": True,
+            "num_experts": 8,
+            "top_k_experts": 2,
+            "moe_intermediate_size": 32,
+            "sliding_window": 8,
+            "sliding_window_pattern": 3,
+            "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 131072,
+            "final_logit_softcapping": 30.0,
+            "tie_word_embeddings": True,
+        },
+    },
+    {
+        "name": "gemma4",
+        "scales": {"embed": 0.01, "linear": 4.0, "final_norm": 40.0, "norm": 0.3},
+        "about": "gemma4, the multimodal wrapper as released (Gemma 4 31B's shape): text_config with "
+        "attention_k_eq_v (full layers have no v_proj: the values are the keys as projected, over "
+        "num_global_key_value_heads 1 of global_head_dim 32), sliding layers 2 kv heads of 16 with window 8 "
+        "by sliding_window_pattern 2 (no layer_types), rope_parameters' defaults (absent), no per-layer "
+        "inputs (null), no KV-shared layers; vocab_size at the top level, weights under language_model.; tied",
+        "group_size": 32,
+        "seed": 0,
+        "config": {
+            "architectures": ["Gemma4ForConditionalGeneration"],
+            "model_type": "gemma4",
+            "vocab_size": 256,
+            "text_config": {
+                "model_type": "gemma4_text",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 4,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "num_global_key_value_heads": 1,
+                "attention_k_eq_v": True,
+                "head_dim": 16,
+                "global_head_dim": 32,
+                "hidden_size_per_layer_input": None,
+                "num_kv_shared_layers": 0,
+                "sliding_window": 8,
+                "sliding_window_pattern": 2,
+                "rms_norm_eps": 1e-6,
+                "max_position_embeddings": 131072,
+                "final_logit_softcapping": 30.0,
+            },
+            "vision_config": {"model_type": "gemma4_vision", "hidden_size": 32},
+            "eos_token_id": [1, 106],
+        },
+    },
+    {
         "name": "granite",
         "scales": {"linear": 40.0, "final_norm": 8.0},
         "about": "granite (IBM Granite 3): llama's layers with its four multipliers (embeddings times 12, "
@@ -990,6 +1113,10 @@ def build(config, seed, scales):
             v = base + scales["norm"] * rng.standard_normal(shape)
         elif name.endswith(".bias"):
             v = scales["bias"] * rng.standard_normal(shape)
+        elif name.endswith("layer_scalar") or name.endswith("router.scale") or name.endswith("per_expert_scale"):
+            # Gemma 4's output scale of each layer, its router's input norm and its experts'
+            # output scales: near 1, as trained ones are.
+            v = 1.0 + scales["norm"] * rng.standard_normal(shape)
         elif name.endswith("A_log"):
             # A gated DeltaNet's decay rates, log of A in (1, 8) like mlx-lm's initial
             # uniform(0, 16).

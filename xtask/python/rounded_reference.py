@@ -50,7 +50,7 @@ ABOUT = (
 )
 QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear, QuantizedMultiLinear)
 # 3-D weights rounded like 2-D ones: stacked experts, and per-head matrices (mlx-lm's MultiLinear).
-STACKED = (".switch_mlp.", ".embed_q.", ".unembed_out.")
+STACKED = (".switch_mlp.", ".switch_glu.", ".embed_q.", ".unembed_out.")
 # Fixtures whose reference is make_fixtures.py's windowed recompute, by name.
 WINDOWED = {f["name"]: f.get("reference") == "gemma2_even_layer_window" for f in make_fixtures.FIXTURES}
 

@@ -8,7 +8,7 @@ use std::path::Path;
 
 pub const SUPPORTED: &str = "llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, \
 gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, glm4, \
-glm4_moe, deepseek_v3, kimi_k2, gemma3, mistral3";
+glm4_moe, deepseek_v3, kimi_k2, gemma4_text, gemma3, mistral3, gemma4";
 
 /// The checkpoint's `config.json` as written, every field optional; [`ModelConfig::from_json`]
 /// decides per `model_type` which are required and what the defaults are.
@@ -33,7 +33,9 @@ struct RawConfig {
     attention_bias: Option<bool>,
     mlp_bias: Option<bool>,
     attn_logit_softcapping: Option<f64>,
-    final_logit_softcapping: Option<f64>,
+    /// `null` turns Gemma 4's default cap off.
+    #[serde(default, deserialize_with = "present")]
+    final_logit_softcapping: Option<Option<f64>>,
     query_pre_attn_scalar: Option<f64>,
     sliding_window: Option<usize>,
     sliding_window_pattern: Option<usize>,
@@ -100,6 +102,21 @@ struct RawConfig {
     qk_nope_head_dim: Option<usize>,
     qk_rope_head_dim: Option<usize>,
     v_head_dim: Option<usize>,
+    /// Gemma 4: the full-attention layers' head size and kv heads (the latter with
+    /// `attention_k_eq_v`), the last layers that attend over an earlier layer's keys and
+    /// values, the per-layer inputs (`null`: none), the KV-shared layers' double-wide MLP,
+    /// and its experts (not run here).
+    #[serde(default, deserialize_with = "present")]
+    global_head_dim: Option<Option<usize>>,
+    num_global_key_value_heads: Option<usize>,
+    attention_k_eq_v: Option<bool>,
+    num_kv_shared_layers: Option<usize>,
+    #[serde(default, deserialize_with = "present")]
+    hidden_size_per_layer_input: Option<Option<usize>>,
+    vocab_size_per_layer_input: Option<usize>,
+    use_double_wide_mlp: Option<bool>,
+    enable_moe_block: Option<bool>,
+    top_k_experts: Option<usize>,
 }
 
 /// A key that may be `null`: `Some(None)` for null, `None` (the default) when absent.
@@ -130,6 +147,7 @@ pub enum Family {
     Glm4,
     Glm4Moe,
     DeepseekV3,
+    Gemma4,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,6 +192,13 @@ pub enum RopeScaling {
         mscale: f64,
         mscale_all_dim: f64,
     },
+    /// Gemma 4's `proportional` (mlx-lm's `ProportionalRoPE`): the whole head is paired as
+    /// usual, but only the first `rotated / 2` pairs turn, at `1 / (factor * base^(2i /
+    /// head_dim))` (exponents over the whole head); the other pairs stay as they are.
+    Proportional {
+        rotated: usize,
+        factor: f64,
+    },
 }
 
 /// A mixture-of-experts feed-forward block, as mlx-lm's sparse MoE blocks over `SwitchGLU`:
@@ -191,6 +216,13 @@ pub struct Moe {
     pub routing: Routing,
     /// A shared expert every token runs (Qwen2-MoE's, gated; DeepSeek's, plain).
     pub shared_expert: Option<SharedExpert>,
+    /// Gemma 4: the experts run beside the layer's dense MLP, not instead of it, as modules of
+    /// the layer (`router`, `experts`; [`crate::names::LayerNames::moe`]), each branch with
+    /// norms of its own (`post_feedforward_layernorm_1` after the MLP,
+    /// `pre_feedforward_layernorm_2` and `post_feedforward_layernorm_2` around the experts;
+    /// their sum normed by `post_feedforward_layernorm`), the router reading the layer's
+    /// input un-normed.
+    pub beside_mlp: bool,
 }
 
 /// How the router's logits become the chosen experts' weights.
@@ -208,6 +240,9 @@ pub enum Routing {
     /// experts' unbiased scores are the weights, divided by their sum when `normalize` (and
     /// k > 1), times `scale` (`routed_scaling_factor`).
     Grouped { groups: usize, top_groups: usize, scale: f32, normalize: bool },
+    /// Gemma 4's router: its input RMS-normed by `router.scale * hidden^-0.5`, the top k
+    /// logits, a softmax over those k, each times its expert's `per_expert_scale`.
+    ScaledTopKSoftmax,
 }
 
 /// Experts every token runs beside the routed ones.
@@ -234,6 +269,33 @@ pub struct LayerConfig {
     /// The layer mixes tokens with a recurrent layer, the model's [`LinearAttention`] or
     /// [`ShortConv`] (a state per sequence), instead of attention over a KV cache.
     pub recurrent: bool,
+    /// This layer's attention heads: the model's `kv_heads`, `head_dim` and `rope_dims` but
+    /// in Gemma 4's full-attention layers (`global_head_dim`, `num_global_key_value_heads`).
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub rope_dims: usize,
+    /// No `v_proj`: the values are the keys as projected, before their norm and RoPE
+    /// (Gemma 4's `attention_k_eq_v` full-attention layers).
+    pub values_are_keys: bool,
+    /// The earlier layer whose keys and values, cached and new, this layer attends over
+    /// (Gemma 4's KV-shared layers): it has no k/v projections and no cache of its own.
+    pub kv_source: Option<usize>,
+    /// The dense MLP's hidden size (Gemma 4 doubles it in its KV-shared layers).
+    pub intermediate: usize,
+}
+
+/// Gemma 4's per-layer inputs (mlx-lm's `hidden_size_per_layer_input`): each token's row
+/// of a second table `embed_tokens_per_layer` (`[vocab, layers * width]`, times
+/// `sqrt(width)`) plus a projection of its scaled embedding
+/// (`per_layer_model_projection`, times `hidden^-0.5`, RMS-normed by
+/// `per_layer_projection_norm`), the sum times `2^-0.5`, give each layer a `width` vector;
+/// after its feed-forward block a layer adds `post_per_layer_input_norm(per_layer_projection(
+/// gelu_tanh(per_layer_input_gate(x)) * input))`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PerLayerInput {
+    pub width: usize,
+    /// Rows of `embed_tokens_per_layer` (`vocab_size_per_layer_input`).
+    pub vocab: usize,
 }
 
 /// The gated DeltaNet layers of Qwen3-Next and Qwen3.5 (mlx-lm's `GatedDeltaNet`): q, k, v
@@ -389,6 +451,12 @@ pub struct ModelConfig {
     pub residual_scale: Option<f32>,
     /// The logits divided by this (Granite's `logits_scaling`).
     pub logits_divisor: Option<f32>,
+    /// Gemma 4's per-layer inputs.
+    pub per_layer_input: Option<PerLayerInput>,
+    /// Values RMS-normed per head without a weight (Gemma 4's `v_norm`).
+    pub value_norm: bool,
+    /// Each layer's output times its `layer_scalar` (`[1]`, Gemma 4).
+    pub layer_scalar: bool,
 }
 
 /// Where a layer's norms sit.
@@ -460,6 +528,10 @@ enum Windows {
     /// Those `layer_types` marks `sliding_attention`, else all but every fourth, with a
     /// plain RoPE (the scaling is the full layers'): OLMo 3.
     Olmo3,
+    /// Gemma 4: `layer_types` (else all but every `sliding_window_pattern`-th slide), each
+    /// type with its own heads and `rope_parameters`, and the KV-shared last layers
+    /// ([`gemma4_layers`]).
+    Gemma4,
 }
 
 /// Whether the output layer reuses the embedding.
@@ -515,10 +587,16 @@ struct Gemma {
     activation: Activation,
     /// The embedding scale `sqrt(hidden)` rounded to bf16 (mlx-lm's gemma3_text).
     bf16_embed_scale: bool,
-    /// `query_pre_attn_scalar`'s default, when the family scales by it (else `head_dim`).
+    /// `query_pre_attn_scalar`'s default, when the family scales by it (else `head_dim`);
+    /// `Some(1.0)` with `unit_scale`.
     query_pre_attn: Option<f64>,
-    /// Default attention and final logit soft caps (Gemma 2).
-    softcaps: Option<(f64, f64)>,
+    /// Scores unscaled (Gemma 4: its q/k norms stand in for the scale).
+    unit_scale: bool,
+    /// The norms scale by `1 + w` (all but Gemma 4, whose norms are plain).
+    plus_one: bool,
+    /// Default attention (where scores are capped) and final logit soft caps (Gemma 2; Gemma 4
+    /// caps the logits only).
+    softcaps: Option<(Option<f64>, f64)>,
 }
 
 /// How a family's MoE block reads config.json.
@@ -738,6 +816,8 @@ const FAMILIES: &[Rules] = &[
             activation: Activation::GeluErf,
             bf16_embed_scale: false,
             query_pre_attn: None,
+            unit_scale: false,
+            plus_one: true,
             softcaps: None,
         }),
         ..DENSE
@@ -753,7 +833,9 @@ const FAMILIES: &[Rules] = &[
             activation: Activation::GeluTanh,
             bf16_embed_scale: false,
             query_pre_attn: Some(144.0),
-            softcaps: Some((50.0, 30.0)),
+            unit_scale: false,
+            plus_one: true,
+            softcaps: Some((Some(50.0), 30.0)),
         }),
         ..DENSE
     },
@@ -771,6 +853,8 @@ const FAMILIES: &[Rules] = &[
             activation: Activation::GeluTanh,
             bf16_embed_scale: true,
             query_pre_attn: Some(256.0),
+            unit_scale: false,
+            plus_one: true,
             softcaps: None,
         }),
         ..DENSE
@@ -895,6 +979,25 @@ const FAMILIES: &[Rules] = &[
         ..DENSE
     },
     DEEPSEEK_V3,
+    Rules {
+        family: Family::Gemma4,
+        model_types: &["gemma4_text"],
+        // Each layer type's RoPE is read from `rope_parameters` by `gemma4_layers`.
+        scaling: Scaling::Ignored,
+        tie: Tie::Read(true),
+        qk_norm: QkNorm::Always,
+        norms: NormPlacement::Sandwich,
+        windows: Windows::Gemma4,
+        gemma: Some(Gemma {
+            activation: Activation::GeluTanh,
+            bf16_embed_scale: false,
+            query_pre_attn: None,
+            unit_scale: true,
+            plus_one: false,
+            softcaps: Some((None, 30.0)),
+        }),
+        ..DENSE
+    },
 ];
 
 /// DeepSeek-V3 (and Kimi K2, which mlx-lm runs as it).
@@ -950,11 +1053,12 @@ const QWEN_NEXT_MOE: MoeRules = MoeRules {
 /// `model_type`, then the text model's settings (`text_config`, as mlx-lm's wrapper class
 /// completes them) and where its weights sit (under [`WEIGHTS_PREFIX`]). A vision tower and
 /// projector beside them are never read.
-const WRAPPERS: [&str; 2] = ["gemma3", "mistral3"];
+const WRAPPERS: [&str; 3] = ["gemma3", "mistral3", "gemma4"];
 
 /// The text model's config of a wrapper checkpoint (`value` its whole `config.json`), as
 /// mlx-lm's wrapper class builds it: `gemma3` always runs `gemma3_text` (the top level's
 /// `vocab_size`, default 262,208; 8 heads over 4 kv heads where `text_config` names none);
+/// `gemma4` runs `gemma4_text` likewise (vocabulary 262,144, 8 heads over 1 kv head);
 /// `mistral3` runs `ministral3` for a `ministral3` text model and `llama` for any other
 /// (untied unless `text_config` says), but a `mistral4` one, which this crate does not run. `None` for any other model type.
 fn text_of_wrapper(value: &Value, path: &Path) -> Result<Option<Value>> {
@@ -971,6 +1075,12 @@ fn text_of_wrapper(value: &Value, path: &Path) -> Result<Option<Value>> {
             text.insert("vocab_size".into(), value.get("vocab_size").cloned().unwrap_or(262_208.into()));
             text.entry("num_attention_heads").or_insert(8.into());
             text.entry("num_key_value_heads").or_insert(4.into());
+        }
+        "gemma4" => {
+            text.insert("model_type".into(), "gemma4_text".into());
+            text.insert("vocab_size".into(), value.get("vocab_size").cloned().unwrap_or(262_144.into()));
+            text.entry("num_attention_heads").or_insert(8.into());
+            text.entry("num_key_value_heads").or_insert(1.into());
         }
         _ => {
             let inner = text.get("model_type").and_then(Value::as_str).unwrap_or("llama").to_owned();
@@ -1058,12 +1168,36 @@ impl ModelConfig {
             (Some(f), None) => return Err(cfg_err(p, "partial_rotary_factor", format!("{f} is not in (0, 1]"))),
             (None, None) => head_dim,
         };
+        let gemma4 = matches!(rules.windows, Windows::Gemma4);
         let moe = match &rules.moe {
             Some(m) => parse_moe(&raw, m, p)?,
+            None if gemma4 => gemma4_moe(&raw, p)?,
             None => None,
         };
-        let global =
-            LayerConfig { rope_theta, rope_scaling, sliding_window: None, moe: false, rope: true, recurrent: false };
+        // mlx-lm's gemma4_text has one kv head by default, the others as many as queries.
+        let kv_heads = match latent {
+            Some(_) => 1,
+            None => raw.num_key_value_heads.unwrap_or(if gemma4 { 1 } else { heads }),
+        };
+        let intermediate = if rules.short_conv {
+            lfm2_ff_dim(&raw, p)?
+        } else {
+            required(p, "intermediate_size", raw.intermediate_size)?
+        };
+        let global = LayerConfig {
+            rope_theta,
+            rope_scaling,
+            sliding_window: None,
+            moe: false,
+            rope: true,
+            recurrent: false,
+            kv_heads,
+            head_dim,
+            rope_dims,
+            values_are_keys: false,
+            kv_source: None,
+            intermediate,
+        };
         let linear = match rules.hybrid {
             Some(h) => Some(linear_attention(&raw, h, p)?),
             None => None,
@@ -1086,11 +1220,7 @@ impl ModelConfig {
             }
             mark_conv_layers(&raw, &mut layers, p)?;
         }
-        let intermediate = if rules.short_conv {
-            lfm2_ff_dim(&raw, p)?
-        } else {
-            required(p, "intermediate_size", raw.intermediate_size)?
-        };
+        let per_layer_input = if gemma4 { per_layer_input(&raw, p)? } else { None };
         let gemma = rules.gemma;
         // mlx-lm's granite: four multipliers, none with a default.
         let multiplier = |key: &str, v: Option<f64>| -> Result<Option<f64>> {
@@ -1105,6 +1235,7 @@ impl ModelConfig {
         }
         let attn_scale = match (gemma.and_then(|g| g.query_pre_attn), attention_multiplier) {
             (_, Some(m)) => m,
+            _ if gemma.is_some_and(|g| g.unit_scale) => 1.0,
             (Some(default), None) => raw.query_pre_attn_scalar.unwrap_or(default).powf(-0.5),
             (None, None) => (head_dim as f64).powf(-0.5) * latent.as_ref().map_or(1.0, |_| yarn_softmax_scale(&raw)),
         };
@@ -1143,7 +1274,7 @@ impl ModelConfig {
             hidden,
             intermediate,
             heads,
-            kv_heads: if latent.is_some() { 1 } else { raw.num_key_value_heads.unwrap_or(heads) },
+            kv_heads,
             head_dim,
             rope_dims,
             vocab: required(p, "vocab_size", raw.vocab_size)?,
@@ -1169,14 +1300,15 @@ impl ModelConfig {
                 QkNorm::Always => true,
                 QkNorm::Read => required(p, "use_qk_norm", raw.use_qk_norm)?,
             },
-            norm_plus_one: gemma.is_some(),
+            norm_plus_one: gemma.is_some_and(|g| g.plus_one),
             norm_placement: rules.norms,
             qk_norm_full_width: rules.qk_norm_full_width,
             embed_scale,
             activation: gemma.map_or(Activation::Silu, |g| g.activation),
             attn_scale,
-            attn_softcap: softcaps.map(|(attn, _)| raw.attn_logit_softcapping.unwrap_or(attn)),
-            final_softcap: softcaps.map(|(_, last)| raw.final_logit_softcapping.unwrap_or(last)),
+            attn_softcap: softcaps.and_then(|(attn, _)| attn).map(|attn| raw.attn_logit_softcapping.unwrap_or(attn)),
+            // An explicit `null` turns the cap off.
+            final_softcap: softcaps.and_then(|(_, last)| raw.final_logit_softcapping.unwrap_or(Some(last))),
             max_position_embeddings: raw.max_position_embeddings,
             moe,
             linear,
@@ -1186,6 +1318,9 @@ impl ModelConfig {
             query_position_scale,
             residual_scale,
             logits_divisor,
+            per_layer_input,
+            value_norm: gemma4,
+            layer_scalar: gemma4,
         }
         .validated(path)
     }
@@ -1241,6 +1376,15 @@ impl ModelConfig {
                 ));
             }
         }
+        for (i, l) in self.layers.iter().enumerate().filter(|(_, l)| !l.recurrent) {
+            if l.kv_heads == 0 || !self.heads.is_multiple_of(l.kv_heads) || !l.head_dim.is_multiple_of(2) {
+                return Err(cfg_err(
+                    p,
+                    "num_global_key_value_heads",
+                    format!("layer {i}: {} kv heads of {} features for {} heads", l.kv_heads, l.head_dim, self.heads),
+                ));
+            }
+        }
         if self.layers.iter().any(|l| l.sliding_window == Some(0)) {
             return Err(cfg_err(p, "sliding_window", "must be > 0"));
         }
@@ -1275,7 +1419,7 @@ impl ModelConfig {
         }
         // Refused here, before any compile, with the cause rather than a missing tensor.
         if let Some((l, moe)) = cfg.layers.iter().position(|l| l.moe).zip(cfg.moe.as_ref()) {
-            let names = crate::names::LayerNames::new(l).moe_block(moe.block);
+            let names = crate::names::LayerNames::new(l).moe(moe);
             let block = names.block();
             let wanted = crate::names::weight(&names.experts("gate_proj"));
             let (w1, gate) = (format!("{block}.experts.0.w1.weight"), format!("{block}.experts.0.gate_proj.weight"));
@@ -1292,10 +1436,21 @@ impl ModelConfig {
         self.layers.len()
     }
 
-    /// Layers that attend over the KV cache (all but the [`LinearAttention`] ones): the
-    /// cache's leading dimension.
+    /// Layers with keys and values of their own in the KV cache (all but the recurrent ones
+    /// and Gemma 4's KV-shared ones): the cache's leading dimension.
     pub fn kv_layers(&self) -> usize {
-        self.layers.iter().filter(|l| !l.recurrent).count()
+        self.cached_layers().count()
+    }
+
+    fn cached_layers(&self) -> impl Iterator<Item = &LayerConfig> {
+        self.layers.iter().filter(|l| !l.recurrent && l.kv_source.is_none())
+    }
+
+    /// Whether every attention layer has the model's heads (`kv_heads`, `head_dim`); not
+    /// Gemma 4's, whose full layers differ from its sliding ones: its cache then holds each
+    /// position's keys (values) of a layer flat, `[1, width]`, padded to the widest layer's.
+    pub fn uniform_heads(&self) -> bool {
+        self.layers.iter().filter(|l| !l.recurrent).all(|l| (l.kv_heads, l.head_dim) == (self.kv_heads, self.head_dim))
     }
 
     /// How `layer` (one of [`ModelConfig::layers`]) mixes tokens.
@@ -1310,11 +1465,13 @@ impl ModelConfig {
 
     /// Each cached position's (heads, features) in the two caches of every attention
     /// layer: keys and values of `kv_heads` heads of `head_dim`, or a latent layer's latent
-    /// `[1, kv_rank]` and rotated key `[1, rope_dim]`.
+    /// `[1, kv_rank]` and rotated key `[1, rope_dim]`, or, where the layers' heads differ
+    /// ([`ModelConfig::uniform_heads`]), `[1, widest kv_heads * head_dim]`.
     pub fn cache_rows(&self) -> [(usize, usize); 2] {
         match &self.latent {
             Some(l) => [(1, l.kv_rank), (1, l.rope_dim)],
-            None => [(self.kv_heads, self.head_dim); 2],
+            None if self.uniform_heads() => [(self.kv_heads, self.head_dim); 2],
+            None => [(1, self.cached_layers().map(|l| l.kv_heads * l.head_dim).max().unwrap_or(0)); 2],
         }
     }
 
@@ -1612,6 +1769,9 @@ fn layers(raw: &RawConfig, rules: &Rules, has_moe: bool, global: LayerConfig, p:
         return Err(cfg_err(p, "moe_layer_freq", "must be > 0"));
     }
     let window = raw.sliding_window;
+    if let Windows::Gemma4 = rules.windows {
+        return gemma4_layers(raw, global, n_layers, p);
+    }
     let rotates = rotated_layers(raw, rules, n_layers, p)?;
     (0..n_layers)
         .map(|i| -> Result<LayerConfig> {
@@ -1629,7 +1789,8 @@ fn layers(raw: &RawConfig, rules: &Rules, has_moe: bool, global: LayerConfig, p:
                 };
             let global = LayerConfig { moe, rope: rotates[i], ..global.clone() };
             Ok(match rules.windows {
-                Windows::Global => global,
+                // Gemma 4's are `gemma4_layers`'.
+                Windows::Global | Windows::Gemma4 => global,
                 Windows::LayerTypes => match raw.layer_types.as_ref().map(|t| t.get(i).map(String::as_str)) {
                     None | Some(Some("full_attention")) => global,
                     Some(Some("sliding_attention")) => {
@@ -1662,14 +1823,146 @@ fn layers(raw: &RawConfig, rules: &Rules, has_moe: bool, global: LayerConfig, p:
                             rope_scaling: RopeScaling::None,
                             sliding_window: Some(window.unwrap_or(512)),
                             moe: false,
-                            rope: true,
-                            recurrent: false,
+                            ..global
                         }
                     }
                 }
             })
         })
         .collect()
+}
+
+/// Gemma 4's layers as mlx-lm's gemma4_text builds them: each `layer_types` entry (else
+/// all but every `sliding_window_pattern`-th layer, default 5, slide) with its type's heads
+/// (full layers: `global_head_dim`, default 512; with `attention_k_eq_v` the values are the
+/// keys and `num_global_key_value_heads` the kv heads) and RoPE (`rope_parameters` by type,
+/// `proportional` included); the last `num_kv_shared_layers` (default 20) attend over the
+/// keys and values of the last earlier layer of their type, with a double-wide MLP
+/// (`use_double_wide_mlp`, default true). With `enable_moe_block` every layer also runs
+/// experts ([`gemma4_moe`]).
+fn gemma4_layers(raw: &RawConfig, global: LayerConfig, n: usize, p: &Path) -> Result<Vec<LayerConfig>> {
+    let moe = raw.enable_moe_block == Some(true);
+    let full = |i: usize| -> Result<bool> {
+        match &raw.layer_types {
+            Some(types) if types.len() != n => {
+                Err(cfg_err(p, "layer_types", format!("{} entries for {n} layers", types.len())))
+            }
+            Some(types) => match types[i].as_str() {
+                "full_attention" => Ok(true),
+                "sliding_attention" => Ok(false),
+                other => Err(cfg_err(p, "layer_types", format!("layer {i}: {other:?}"))),
+            },
+            None => match raw.sliding_window_pattern.unwrap_or(5) {
+                0 => Err(cfg_err(p, "sliding_window_pattern", "must be > 0")),
+                pattern => Ok((i + 1).is_multiple_of(pattern)),
+            },
+        }
+    };
+    let shared = raw.num_kv_shared_layers.unwrap_or(20);
+    if shared >= n {
+        return Err(cfg_err(p, "num_kv_shared_layers", format!("{shared} leaves none of the {n} layers its own keys")));
+    }
+    let first_shared = n - shared;
+    // mlx-lm: 512 when absent, the sliding layers' size when null or 0.
+    let global_head_dim = raw.global_head_dim.map_or(512, |d| d.unwrap_or(0));
+    let k_eq_v = raw.attention_k_eq_v.unwrap_or(false);
+    let double_wide = raw.use_double_wide_mlp.unwrap_or(true);
+    let mut layers = Vec::with_capacity(n);
+    // The last layer of each type before the shared ones: the source of that type's shared layers.
+    let mut last_of_type: [Option<usize>; 2] = [None; 2];
+    for i in 0..n {
+        let is_full = full(i)?;
+        let key = if is_full { "full_attention" } else { "sliding_attention" };
+        let head_dim = if is_full && global_head_dim > 0 { global_head_dim } else { global.head_dim };
+        let values_are_keys = k_eq_v && is_full;
+        let kv_heads = match raw.num_global_key_value_heads {
+            Some(k) if values_are_keys => k,
+            _ => global.kv_heads,
+        };
+        let (rope_theta, rope_scaling) = gemma4_rope(raw, key, head_dim, p)?;
+        let kv_source = if i < first_shared {
+            last_of_type[usize::from(is_full)] = Some(i);
+            None
+        } else {
+            let source = last_of_type[usize::from(is_full)]
+                .ok_or_else(|| cfg_err(p, "num_kv_shared_layers", format!("no layer before layer {i} is {key}")))?;
+            Some(source)
+        };
+        let wide = double_wide && kv_source.is_some();
+        layers.push(LayerConfig {
+            rope_theta,
+            rope_scaling,
+            sliding_window: if is_full { None } else { Some(raw.sliding_window.unwrap_or(512)) },
+            kv_heads,
+            head_dim,
+            rope_dims: head_dim,
+            values_are_keys,
+            kv_source,
+            intermediate: global.intermediate * if wide { 2 } else { 1 },
+            moe,
+            ..global.clone()
+        });
+    }
+    Ok(layers)
+}
+
+/// A Gemma 4 layer type's RoPE base and scaling: `rope_parameters[key]` (mlx-lm's defaults
+/// where `rope_parameters` is absent: full layers `proportional` over a quarter of the head at
+/// base 1e6, sliding ones plain at 1e4); base 1e4 where the entry has none.
+fn gemma4_rope(raw: &RawConfig, key: &str, head_dim: usize, p: &Path) -> Result<(f64, RopeScaling)> {
+    let entry = match &raw.rope_parameters {
+        Some(v) if !v.is_null() => v.get(key).cloned().unwrap_or(Value::Object(Default::default())),
+        _ if key == "full_attention" => serde_json::json!({
+            "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0, "rope_type": "proportional"
+        }),
+        _ => serde_json::json!({"rope_theta": 10_000.0, "rope_type": "default"}),
+    };
+    let obj = entry.as_object().ok_or_else(|| cfg_err(p, &format!("rope_parameters.{key}"), "expected an object"))?;
+    let num = |name: &str, default: f64| -> Result<f64> {
+        match obj.get(name) {
+            None => Ok(default),
+            Some(x) => {
+                x.as_f64().ok_or_else(|| cfg_err(p, &format!("rope_parameters.{key}.{name}"), "expected a number"))
+            }
+        }
+    };
+    let theta = num("rope_theta", 10_000.0)?;
+    let kind = obj.get("type").or_else(|| obj.get("rope_type")).and_then(Value::as_str).unwrap_or("default");
+    if kind != "proportional" {
+        let unsupported = |k: &str, value: String| Error::Unsupported {
+            path: p.to_path_buf(),
+            model_type: "gemma4_text".into(),
+            key: format!("rope_parameters.{key}.{}", k.trim_start_matches("rope_scaling.")),
+            value,
+        };
+        return Ok((theta, parse_rope_scaling(Some(&entry), None, p, &unsupported)?));
+    }
+    // mlx-lm's ProportionalRoPE: `int(dims * partial_rotary_factor)` rotated features.
+    let partial = num("partial_rotary_factor", 1.0)?;
+    let rotated = (head_dim as f64 * partial) as usize;
+    if !(0.0..=1.0).contains(&partial) || !rotated.is_multiple_of(2) {
+        return Err(cfg_err(
+            p,
+            &format!("rope_parameters.{key}.partial_rotary_factor"),
+            format!("{partial} rotates {rotated} of {head_dim} features; RoPE needs an even number up to the head"),
+        ));
+    }
+    Ok((theta, RopeScaling::Proportional { rotated, factor: num("factor", 1.0)? }))
+}
+
+/// Gemma 4's per-layer inputs: `hidden_size_per_layer_input` (default 256; `null` or 0 for
+/// none) and `vocab_size_per_layer_input` (default 262,144).
+fn per_layer_input(raw: &RawConfig, p: &Path) -> Result<Option<PerLayerInput>> {
+    let width = match raw.hidden_size_per_layer_input {
+        None => 256,
+        Some(None) | Some(Some(0)) => return Ok(None),
+        Some(Some(w)) => w,
+    };
+    let vocab = raw.vocab_size_per_layer_input.unwrap_or(262_144);
+    if vocab == 0 {
+        return Err(cfg_err(p, "vocab_size_per_layer_input", "must be > 0"));
+    }
+    Ok(Some(PerLayerInput { width, vocab }))
 }
 
 /// Whether each layer rotates its queries and keys: every one, except SmolLM3's NoPE layers
@@ -1740,7 +2033,29 @@ fn parse_moe(raw: &RawConfig, rules: &MoeRules, p: &Path) -> Result<Option<Moe>>
     } else {
         None
     };
-    Ok(Some(Moe { block: rules.block, experts, top_k, intermediate, routing, shared_expert }))
+    Ok(Some(Moe { block: rules.block, experts, top_k, intermediate, routing, shared_expert, beside_mlp: false }))
+}
+
+/// Gemma 4's experts where `enable_moe_block` (the 26B-A4B): `num_experts`, `top_k_experts`
+/// and `moe_intermediate_size`, all required, in every layer beside the dense MLP.
+fn gemma4_moe(raw: &RawConfig, p: &Path) -> Result<Option<Moe>> {
+    if raw.enable_moe_block != Some(true) {
+        return Ok(None);
+    }
+    let experts = required(p, "num_experts", raw.num_experts)?;
+    let top_k = required(p, "top_k_experts", raw.top_k_experts)?;
+    if experts == 0 || top_k == 0 || top_k > experts {
+        return Err(cfg_err(p, "top_k_experts", format!("{top_k} of {experts} experts; it must be 1 to the experts")));
+    }
+    Ok(Some(Moe {
+        block: "experts",
+        experts,
+        top_k,
+        intermediate: required(p, "moe_intermediate_size", raw.moe_intermediate_size)?,
+        routing: Routing::ScaledTopKSoftmax,
+        shared_expert: None,
+        beside_mlp: true,
+    }))
 }
 
 /// The experts of glm4_moe and deepseek_v3 as mlx-lm reads them: `n_routed_experts` (none:
@@ -1790,7 +2105,7 @@ fn grouped_moe(raw: &RawConfig, rules: &MoeRules, p: &Path) -> Result<Option<Moe
         None | Some(0) => None,
         Some(n) => Some(SharedExpert { width: n * intermediate, gated: false }),
     };
-    Ok(Some(Moe { block: rules.block, experts, top_k, intermediate, routing, shared_expert }))
+    Ok(Some(Moe { block: rules.block, experts, top_k, intermediate, routing, shared_expert, beside_mlp: false }))
 }
 
 /// mlx-lm's phi3: `rope_scaling` must hold `type` and `long_factor`; `longrope` and `su`

@@ -8,7 +8,7 @@
 use crate::backend::{Backend, EmitOptions, KernelLink};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::names::{EMBEDDING, GATE_UP, QKV};
+use crate::names::{EMBEDDING, GATE_UP, PER_LAYER_EMBEDDING, QKV};
 use crate::params::{Kind, ParamSpec, param_specs};
 use crate::precision::Precision;
 use hlo_emit::ElementType;
@@ -482,13 +482,18 @@ impl Layout {
                 }
                 (_, Form::GraphPacked(p) | Form::CudaPacked(p)) => {
                     let groups = vec![o, i / p.group_size];
-                    if p.weight_elem() == ElementType::I4 && prefix == EMBEDDING {
+                    // A 4-bit table's rows are read as bytes: the embedding's beside its weight
+                    // (a tied head reads that), Gemma 4's per-layer table's only so.
+                    let table = prefix == EMBEDDING || prefix == PER_LAYER_EMBEDDING;
+                    if p.weight_elem() == ElementType::I4 && table {
                         let mut rows =
                             param(format!("{prefix}.weight"), vec![o, i / 2], ElementType::I8, Role::PackedRows);
                         rows.global = format!("{prefix}.weight.rows");
                         out.push(rows);
                     }
-                    out.push(param(format!("{prefix}.weight"), vec![o, i], p.weight_elem(), Role::PackedWeight));
+                    if !(p.weight_elem() == ElementType::I4 && prefix == PER_LAYER_EMBEDDING) {
+                        out.push(param(format!("{prefix}.weight"), vec![o, i], p.weight_elem(), Role::PackedWeight));
+                    }
                     out.push(param(format!("{prefix}.scales"), groups.clone(), p.scale_elem, Role::PackedScales));
                     out.push(param(format!("{prefix}.biases"), groups, p.bias_elem, Role::PackedBiases));
                 }

@@ -25,8 +25,8 @@ mod rope;
 
 pub use backend::{Backend, EmitOptions, ExpertProducts, KernelLink, PackedProducts, SlotRead};
 pub use config::{
-    Activation, Family, LayerConfig, LayerMixer, LinearAttention, ModelConfig, Moe, NormPlacement, QueryPositionScale,
-    RopeScaling, Routing, SUPPORTED, SharedExpert, ShortConv,
+    Activation, Family, LayerConfig, LayerMixer, LinearAttention, ModelConfig, Moe, NormPlacement, PerLayerInput,
+    QueryPositionScale, RopeScaling, Routing, SUPPORTED, SharedExpert, ShortConv,
 };
 pub use error::{Error, Result};
 pub use graph::{CacheShape, Function, KvElem, emit_functions};

@@ -8,7 +8,7 @@
 //! `<prefix>.weight`, quantized ones beside it `<prefix>.scales` and `<prefix>.biases`),
 //! vectors by their full key.
 
-use crate::config::SharedExpert;
+use crate::config::{Moe, SharedExpert};
 
 /// The embedding table's prefix.
 pub const EMBEDDING: &str = "model.embed_tokens";
@@ -16,6 +16,11 @@ pub const EMBEDDING: &str = "model.embed_tokens";
 pub const LM_HEAD: &str = "lm_head";
 /// The final norm's weight.
 pub const FINAL_NORM: &str = "model.norm.weight";
+/// Gemma 4's per-layer inputs: the second embedding table (`[vocab, layers * width]`), the
+/// projection of the scaled embedding (`[layers * width, hidden]`) and its norm's weight.
+pub const PER_LAYER_EMBEDDING: &str = "model.embed_tokens_per_layer";
+pub const PER_LAYER_PROJECTION: &str = "model.per_layer_model_projection";
+pub const PER_LAYER_PROJECTION_NORM: &str = "model.per_layer_projection_norm.weight";
 
 /// Attention's projections that read the same input: the stacked matrix's name and its
 /// parts', under a layer's prefix (Phi-3 stores them stacked; the layouts stack them where a
@@ -102,6 +107,17 @@ impl LayerNames {
         self.at("post_feedforward_layernorm.weight")
     }
 
+    /// Gemma 4's per-layer input block: `per_layer_input_gate`, `per_layer_projection` or
+    /// `post_per_layer_input_norm.weight`.
+    pub fn per_layer(&self, part: &str) -> String {
+        self.at(part)
+    }
+
+    /// Gemma 4's scale of the layer's output (`[1]`).
+    pub fn layer_scalar(&self) -> String {
+        self.at("layer_scalar")
+    }
+
     /// The dense MLP's `gate_proj`, `up_proj` or `down_proj`.
     pub fn mlp(&self, part: &str) -> String {
         self.at(&format!("mlp.{part}"))
@@ -119,14 +135,34 @@ impl LayerNames {
 
     /// The mixture-of-experts block's module (`mlp`, Mixtral's `block_sparse_moe`).
     pub fn moe_block(&self, block: &str) -> MoeNames {
-        MoeNames { block: self.at(block) }
+        let block = self.at(block);
+        MoeNames { router: format!("{block}.gate"), experts: format!("{block}.switch_mlp"), block }
+    }
+
+    /// The names of `moe`'s experts in this layer: under its block, or Gemma 4's modules beside
+    /// the dense MLP (`router.proj`, `router.scale`, `router.per_expert_scale`,
+    /// `experts.switch_glu.*`).
+    pub fn moe(&self, moe: &Moe) -> MoeNames {
+        if moe.beside_mlp {
+            MoeNames {
+                router: self.at("router.proj"),
+                experts: self.at("experts.switch_glu"),
+                block: self.prefix.clone(),
+            }
+        } else {
+            self.moe_block(moe.block)
+        }
     }
 }
 
 /// The names inside one layer's mixture-of-experts block.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MoeNames {
+    /// The block's prefix (`model.layers.0.mlp`; Gemma 4's: the layer's).
     block: String,
+    router: String,
+    /// The stacked experts' module.
+    experts: String,
 }
 
 impl MoeNames {
@@ -137,12 +173,22 @@ impl MoeNames {
 
     /// The router `[experts, hidden]`.
     pub fn router(&self) -> String {
-        format!("{}.gate", self.block)
+        self.router.clone()
+    }
+
+    /// Gemma 4's router: the weight of the RMSNorm of its input (`[hidden]`, times
+    /// `hidden^-0.5`), and each expert's output scale (`[experts]`).
+    pub fn router_scale(&self) -> String {
+        format!("{}.router.scale", self.block)
+    }
+
+    pub fn per_expert_scale(&self) -> String {
+        format!("{}.router.per_expert_scale", self.block)
     }
 
     /// The stacked experts' `gate_proj`, `up_proj` or `down_proj` (`[experts, out, in]`).
     pub fn experts(&self, part: &str) -> String {
-        format!("{}.switch_mlp.{part}", self.block)
+        format!("{}.{part}", self.experts)
     }
 
     /// The router's bias added to its sigmoid scores to choose (never to weigh) experts

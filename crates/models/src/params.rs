@@ -3,7 +3,10 @@
 
 use crate::config::{LayerMixer, ModelConfig, NormPlacement, Routing};
 use crate::error::{Error, Result};
-use crate::names::{EMBEDDING, FINAL_NORM, GATE_UP, LM_HEAD, LayerNames, MLP_PARTS, QKV, bias, weight};
+use crate::names::{
+    EMBEDDING, FINAL_NORM, GATE_UP, LM_HEAD, LayerNames, MLP_PARTS, PER_LAYER_EMBEDDING, PER_LAYER_PROJECTION,
+    PER_LAYER_PROJECTION_NORM, QKV, bias, weight,
+};
 use hlo_emit::ElementType;
 use std::borrow::Cow;
 use weights::{Checkpoint, Dtype, Linear};
@@ -80,10 +83,9 @@ impl ParamSpec {
 
 /// Every parameter the decoder reads, in a fixed order.
 pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
-    let (d, hd) = (cfg.hidden, cfg.head_dim);
-    let (q_out, kv_out) = (cfg.heads * hd, cfg.kv_heads * hd);
-    // A gated attention's q_proj gives each head's query and gate.
-    let q_rows = if cfg.attn_output_gate { 2 * q_out } else { q_out };
+    let d = cfg.hidden;
+    // A layer's query and key/value widths (its own heads: Gemma 4's full layers differ).
+    let widths = |layer: &crate::config::LayerConfig| (cfg.heads * layer.head_dim, layer.kv_heads * layer.head_dim);
     let mut out = Vec::new();
     // Latent attention's per-head matrices, listed after the other matrices.
     let mut per_head = Vec::new();
@@ -92,8 +94,14 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
         out.push(ParamSpec { key: weight(&prefix), shape: vec![o, i], kind: Kind::Matrix, part: None, narrow })
     };
     mat(EMBEDDING.into(), cfg.vocab, d, false);
+    if let Some(pli) = &cfg.per_layer_input {
+        let all = cfg.num_layers() * pli.width;
+        mat(PER_LAYER_EMBEDDING.into(), pli.vocab, all, false);
+        mat(PER_LAYER_PROJECTION.into(), all, d, false);
+    }
     for (l, layer) in cfg.layers.iter().enumerate() {
         let n = LayerNames::new(l);
+        let (q_out, kv_out) = widths(layer);
         match cfg.mixer(layer) {
             LayerMixer::ShortConv(_) => {
                 // LFM2's short convolution: B, C and x from one projection.
@@ -137,21 +145,29 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
                 heads("unembed_out", lat.v_dim, lat.kv_rank);
             }
             LayerMixer::Attention => {
-                mat(n.q_proj(), q_rows, d, false);
-                mat(n.k_proj(), kv_out, d, false);
-                mat(n.v_proj(), kv_out, d, false);
+                // A gated attention's q_proj gives each head's query and gate.
+                mat(n.q_proj(), if cfg.attn_output_gate { 2 * q_out } else { q_out }, d, false);
+                // A KV-shared layer reads another's keys and values.
+                if layer.kv_source.is_none() {
+                    mat(n.k_proj(), kv_out, d, false);
+                    if !layer.values_are_keys {
+                        mat(n.v_proj(), kv_out, d, false);
+                    }
+                }
                 mat(n.o_proj(), d, q_out, false);
             }
         }
-        match cfg.moe.as_ref().filter(|_| layer.moe) {
-            None => {
-                let [gate, up, down] = MLP_PARTS.map(|part| n.mlp(part));
-                mat(gate, cfg.intermediate, d, false);
-                mat(up, cfg.intermediate, d, false);
-                mat(down, d, cfg.intermediate, false);
-            }
-            Some(moe) => {
-                let b = n.moe_block(moe.block);
+        let moe = cfg.moe.as_ref().filter(|_| layer.moe);
+        // The dense MLP, unless experts replace it (Gemma 4's run beside it).
+        if moe.is_none_or(|m| m.beside_mlp) {
+            let [gate, up, down] = MLP_PARTS.map(|part| n.mlp(part));
+            mat(gate, layer.intermediate, d, false);
+            mat(up, layer.intermediate, d, false);
+            mat(down, d, layer.intermediate, false);
+        }
+        if let Some(moe) = moe {
+            {
+                let b = n.moe(moe);
                 mat(b.router(), moe.experts, d, true);
                 if let Some(shared) = &moe.shared_expert {
                     let [gate, up, down] = MLP_PARTS.map(|part| b.shared_expert(shared, part));
@@ -164,6 +180,10 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
                 }
             }
         }
+        if let Some(pli) = &cfg.per_layer_input {
+            mat(n.per_layer("per_layer_input_gate"), pli.width, d, false);
+            mat(n.per_layer("per_layer_projection"), d, pli.width, false);
+        }
     }
     if !cfg.tie_embeddings {
         mat(LM_HEAD.into(), cfg.vocab, d, false);
@@ -172,7 +192,7 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
     if let Some(moe) = &cfg.moe {
         let (e, i) = (moe.experts, moe.intermediate);
         for (l, _) in cfg.layers.iter().enumerate().filter(|(_, layer)| layer.moe) {
-            let b = LayerNames::new(l).moe_block(moe.block);
+            let b = LayerNames::new(l).moe(moe);
             for (part, shape) in MLP_PARTS.into_iter().zip([[e, i, d], [e, i, d], [e, d, i]]) {
                 out.push(ParamSpec {
                     key: weight(&b.experts(part)),
@@ -243,10 +263,14 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
                 }
             }
             LayerMixer::Attention => {
+                let (q_out, kv_out) = widths(layer);
                 if cfg.qk_norm {
-                    let (q, k) = if cfg.qk_norm_full_width { (q_out, kv_out) } else { (hd, hd) };
+                    let (q, k) =
+                        if cfg.qk_norm_full_width { (q_out, kv_out) } else { (layer.head_dim, layer.head_dim) };
                     vec(n.q_norm(), &[q]);
-                    vec(n.k_norm(), &[k]);
+                    if layer.kv_source.is_none() {
+                        vec(n.k_norm(), &[k]);
+                    }
                 }
                 if cfg.qkv_bias {
                     vec(bias(&n.q_proj()), &[q_out]);
@@ -258,15 +282,38 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
                 }
             }
         }
-        if let Some(moe) = cfg.moe.as_ref().filter(|m| layer.moe && matches!(m.routing, Routing::Grouped { .. })) {
-            vec(n.moe_block(moe.block).router_bias(), &[moe.experts]);
+        match cfg.moe.as_ref().filter(|_| layer.moe) {
+            Some(moe) if matches!(moe.routing, Routing::Grouped { .. }) => {
+                vec(n.moe(moe).router_bias(), &[moe.experts]);
+            }
+            Some(moe) if moe.routing == Routing::ScaledTopKSoftmax => {
+                let b = n.moe(moe);
+                vec(b.router_scale(), &[d]);
+                vec(b.per_expert_scale(), &[moe.experts]);
+            }
+            _ => {}
+        }
+        if cfg.moe.as_ref().is_some_and(|m| layer.moe && m.beside_mlp) {
+            for norm in ["post_feedforward_layernorm_1", "pre_feedforward_layernorm_2", "post_feedforward_layernorm_2"]
+            {
+                vec(n.at(&format!("{norm}.weight")), &[d]);
+            }
         }
         if cfg.mlp_bias {
             let [gate, up, down] = MLP_PARTS.map(|part| bias(&n.mlp(part)));
-            vec(gate, &[cfg.intermediate]);
-            vec(up, &[cfg.intermediate]);
+            vec(gate, &[layer.intermediate]);
+            vec(up, &[layer.intermediate]);
             vec(down, &[d]);
         }
+        if cfg.per_layer_input.is_some() {
+            vec(n.per_layer("post_per_layer_input_norm.weight"), &[d]);
+        }
+        if cfg.layer_scalar {
+            vec(n.layer_scalar(), &[1]);
+        }
+    }
+    if let Some(pli) = &cfg.per_layer_input {
+        vec(PER_LAYER_PROJECTION_NORM.into(), &[pli.width]);
     }
     vec(FINAL_NORM.into(), &[d]);
     out

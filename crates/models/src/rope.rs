@@ -60,6 +60,19 @@ impl RopeTable {
                     .collect();
                 RopeTable { input_scale: (get_mscale(mscale) / get_mscale(mscale_all_dim)) as f32, ..plain(&inv) }
             }
+            &RopeScaling::Proportional { rotated, factor } => {
+                // mlx-lm's ProportionalRoPE, in f32 as MLX computes it: `freqs = factor *
+                // base^(2i / dims)` for the turning pairs, infinite (no turn) for the others,
+                // and MLX turns by `1 / freqs`.
+                let (base, factor) = (base as f32, factor as f32);
+                let inv_freq =
+                    (0..half)
+                        .map(|i| {
+                            if 2 * i < rotated { 1.0 / (factor * base.powf((2 * i) as f32 / dims as f32)) } else { 0.0 }
+                        })
+                        .collect();
+                RopeTable { inv_freq, position_scale: 1.0, input_scale: 1.0 }
+            }
             &RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,

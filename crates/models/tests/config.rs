@@ -35,7 +35,7 @@ fn refusals_name_the_cause() {
         llama(),
         "model_type",
         json!("gpt2"),
-        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, glm4, glm4_moe, deepseek_v3, kimi_k2, gemma3, mistral3)",
+        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, glm4, glm4_moe, deepseek_v3, kimi_k2, gemma4_text, gemma3, mistral3, gemma4)",
     );
     check_err(llama(), "model_type", Value::Null, "m/config.json: model_type: missing");
     check_err(llama(), "hidden_size", Value::Null, "m/config.json: hidden_size: missing");
@@ -141,6 +141,7 @@ fn fixtures_normalise_per_family() {
         intermediate: 64,
         routing: Routing::SoftmaxTopK { normalize: true },
         shared_expert: None,
+        beside_mlp: false,
     };
     assert_eq!(c.moe, Some(want));
     assert!(c.qk_norm && !c.qkv_bias && !c.tie_embeddings);
@@ -710,4 +711,86 @@ fn deepseek_v3_settings() {
     assert_eq!(every_other.layers.iter().map(|l| l.moe).collect::<Vec<_>>(), [false, false, true]);
     let err = with(&[("kv_lora_rank", json!(0))]).unwrap_err().to_string();
     assert_eq!(err, "m/config.json: kv_lora_rank: must be > 0");
+}
+
+/// Gemma 4: each layer type's heads and RoPE (full layers `global_head_dim` with
+/// proportional RoPE, sliding ones windowed), the KV-shared last layers' sources and
+/// double-wide MLPs, per-layer inputs, plain norms, unit attention scale, the final soft
+/// cap; the wrapper's defaults and `attention_k_eq_v`; the experts beside the MLP; what is
+/// refused.
+#[test]
+fn gemma4_settings() {
+    let c = fixture_config("gemma4_text");
+    assert_eq!(
+        (c.family, c.norm_plus_one, c.attn_scale, c.final_softcap, c.attn_softcap),
+        (Family::Gemma4, false, 1.0, Some(30.0), None)
+    );
+    assert_eq!((c.value_norm, c.layer_scalar, c.embed_scale), (true, true, Some(8.0)));
+    assert_eq!(c.per_layer_input, Some(models::PerLayerInput { width: 32, vocab: 256 }));
+    let geometry: Vec<_> =
+        c.layers.iter().map(|l| (l.kv_heads, l.head_dim, l.sliding_window, l.kv_source, l.intermediate)).collect();
+    assert_eq!(
+        geometry,
+        [
+            (2, 16, Some(8), None, 128),
+            (2, 16, Some(8), None, 128),
+            (2, 32, None, None, 128),
+            (2, 16, Some(8), Some(1), 256),
+            (2, 32, None, Some(2), 256),
+        ]
+    );
+    assert_eq!(c.layers[2].rope_scaling, RopeScaling::Proportional { rotated: 8, factor: 1.0 });
+    assert_eq!((c.layers[2].rope_theta, c.layers[0].rope_theta), (1e6, 1e4));
+    // Three layers cache their own keys, flat: the full layers' 2 x 32 the widest.
+    assert!(!c.uniform_heads());
+    assert_eq!((c.kv_layers(), c.cache_rows()), (3, [(1, 64), (1, 64)]));
+    // The table of the full layers' RoPE: 4 of 16 pairs turn, at base^(-2i/32).
+    let table = models::RopeTable::new(&c.layers[2], 32);
+    assert_eq!(table.inv_freq.len(), 16);
+    assert_eq!(table.inv_freq[1], 1.0 / 1e6f32.powf(2.0 / 32.0));
+    assert!(table.inv_freq[4..].iter().all(|&f| f == 0.0));
+
+    let w = fixture_config("gemma4");
+    assert_eq!((w.heads, w.kv_heads, w.vocab, w.per_layer_input), (4, 2, 256, None));
+    let full: Vec<_> = w.layers.iter().map(|l| (l.sliding_window.is_none(), l.kv_heads, l.values_are_keys)).collect();
+    assert_eq!(full, [(false, 2, false), (true, 1, true), (false, 2, false), (true, 1, true)]);
+    // rope_parameters absent: mlx-lm's defaults.
+    assert_eq!(w.layers[1].rope_scaling, RopeScaling::Proportional { rotated: 8, factor: 1.0 });
+    assert_eq!((w.layers[1].rope_theta, w.layers[0].rope_scaling.clone()), (1e6, RopeScaling::None));
+    assert_eq!(w.cache_rows(), [(1, 32), (1, 32)]);
+
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gemma4_text/f32/config.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let with = |key: &str, value: Value| {
+        let mut v = v.clone();
+        v[key] = value;
+        ModelConfig::from_json(&v, Path::new("m/config.json"))
+    };
+    assert_eq!(with("final_logit_softcapping", Value::Null).unwrap().final_softcap, None);
+    assert_eq!(with("hidden_size_per_layer_input", Value::Null).unwrap().per_layer_input, None);
+    let err = |key: &str, value: Value| with(key, value).unwrap_err().to_string();
+    assert_eq!(err("enable_moe_block", json!(true)), "m/config.json: num_experts: missing");
+    assert_eq!(
+        err("num_kv_shared_layers", json!(4)),
+        "m/config.json: num_kv_shared_layers: no layer before layer 2 is full_attention"
+    );
+    assert_eq!(err("layer_types", json!(["full_attention"])), "m/config.json: layer_types: 1 entries for 5 layers");
+
+    let m = fixture_config("gemma4_moe");
+    let moe = m.moe.clone().unwrap();
+    assert_eq!(
+        (moe.experts, moe.top_k, moe.intermediate, moe.routing, moe.beside_mlp, moe.shared_expert),
+        (8, 2, 32, Routing::ScaledTopKSoftmax, true, None)
+    );
+    assert!(m.layers.iter().all(|l| l.moe && l.intermediate == 64));
+    assert_eq!((m.per_layer_input, m.kv_layers()), (None, 3));
+    let names = models::names::LayerNames::new(1).moe(&moe);
+    assert_eq!(
+        (names.router(), names.experts("up_proj"), names.per_expert_scale()),
+        (
+            "model.layers.1.router.proj".to_owned(),
+            "model.layers.1.experts.switch_glu.up_proj".to_owned(),
+            "model.layers.1.router.per_expert_scale".to_owned()
+        )
+    );
 }

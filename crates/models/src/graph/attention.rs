@@ -145,7 +145,8 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         let f = self.f;
         let (n, m) = self.function.split();
         let (n, m, w) = (n as i64, m as i64, self.function.window() as i64);
-        let (k, hd) = (self.cfg.kv_heads as i64, self.cfg.head_dim as i64);
+        // The layer's heads, as the window holds them.
+        let (k, hd) = (kl.shape()[2], kl.shape()[3]);
         let g = self.cfg.heads as i64 / k;
         let scores_shape = [n, k, g, m, w];
         let kpos = f.iota(&I32.tensor(&[n, m, w]), 2)?;
@@ -232,7 +233,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
     ) -> R<V<'c, 'b>> {
         let f = self.f;
         let (n, w) = (kl.shape()[0], kl.shape()[1]);
-        let (k, hd) = (self.cfg.kv_heads as i64, self.cfg.head_dim as i64);
+        let (k, hd) = (kl.shape()[2], kl.shape()[3]);
         let g = self.cfg.heads as i64 / k;
         // Scores as [n, K, G, W]: the softmax then reduces over the innermost dim (over the
         // outer W of [n, W, K, G] each of its reductions cost about a quarter of the window

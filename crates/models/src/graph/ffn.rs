@@ -19,12 +19,23 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
     /// matrices and runs one matrix-vector product per (row, choice), so it reads only those
     /// experts' weights; a prompt chunk runs every expert on every row (each expert's
     /// weights read once) and weighs the unchosen ones by zero.
-    pub(super) fn moe(&self, x: V<'c, 'b>, moe: &MoePlan<'_>) -> R<V<'c, 'b>> {
+    ///
+    /// The router reads `routed` (Gemma 4's: the layer's input before the experts' own norm),
+    /// the experts `x`.
+    pub(super) fn moe(&self, x: V<'c, 'b>, routed: V<'c, 'b>, moe: &MoePlan<'_>) -> R<V<'c, 'b>> {
         let (names, moe) = (&moe.names, moe.config);
         let f = self.f;
         let (t, d) = (x.shape()[0], x.shape()[1]);
         let (k, e) = (moe.top_k as i64, moe.experts as i64);
-        let logits = self.linear(x, &names.router(), false)?;
+        let router_input = match moe.routing {
+            // mlx-lm's gemma4 Router: rms_norm(x, scale * hidden^-0.5).
+            Routing::ScaledTopKSoftmax => {
+                let w = f.mul_scalar(self.param(&names.router_scale())?, (d as f64).powf(-0.5))?;
+                f.rms_norm(routed, w, self.cfg.rms_eps)?
+            }
+            _ => routed,
+        };
+        let logits = self.linear(router_input, &names.router(), false)?;
         let (scores, chosen) = match moe.routing {
             Routing::SoftmaxTopK { normalize } => {
                 let (v, i) = f.top_k(f.softmax(logits)?, moe.top_k)?;
@@ -40,6 +51,13 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             }
             Routing::Grouped { groups, top_groups, scale, normalize } => {
                 self.grouped_routing(logits, &names.router_bias(), moe.top_k, groups, top_groups, scale, normalize)?
+            }
+            Routing::ScaledTopKSoftmax => {
+                let (v, i) = f.top_k(logits, moe.top_k)?;
+                // Each chosen expert's `per_expert_scale`, gathered by its index.
+                let per_expert = f.reshape(self.param(&names.per_expert_scale())?, &[e, 1])?;
+                let scale = f.reshape(f.gather_rows(per_expert, f.reshape(i, &[t * k])?)?, &[t, k])?;
+                (f.mul(f.softmax(v)?, scale)?, i)
             }
         };
         let experts = |name: &str| names.experts(name);
@@ -244,12 +262,15 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
                 let e = f.erf(f.mul_scalar(x, std::f64::consts::FRAC_1_SQRT_2)?)?;
                 f.mul_scalar(f.mul(x, f.add_scalar(e, 1.0)?)?, 0.5)
             }
-            Activation::GeluTanh => {
-                let x3 = f.mul(f.mul(x, x)?, x)?;
-                let inner =
-                    f.mul_scalar(f.add(x, f.mul_scalar(x3, 0.044715)?)?, (2.0 / std::f64::consts::PI).sqrt())?;
-                f.mul_scalar(f.mul(x, f.add_scalar(f.tanh(inner)?, 1.0)?)?, 0.5)
-            }
+            Activation::GeluTanh => self.gelu_tanh(x),
         }
+    }
+
+    /// MLX's `gelu_approx`: `0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`.
+    pub(super) fn gelu_tanh(&self, x: V<'c, 'b>) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let x3 = f.mul(f.mul(x, x)?, x)?;
+        let inner = f.mul_scalar(f.add(x, f.mul_scalar(x3, 0.044715)?)?, (2.0 / std::f64::consts::PI).sqrt())?;
+        f.mul_scalar(f.mul(x, f.add_scalar(f.tanh(inner)?, 1.0)?)?, 0.5)
     }
 }

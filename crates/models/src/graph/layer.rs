@@ -50,13 +50,17 @@ impl Norms {
 #[derive(Debug)]
 pub(super) struct AttentionPlan {
     pub q: String,
-    pub k: String,
-    pub v: String,
+    pub keys: Keys,
     pub o: String,
     pub qkv_bias: bool,
     pub o_bias: bool,
-    /// RMSNorm weights of each query and key head (Qwen3, Gemma 3).
-    pub qk_norm: Option<(String, String)>,
+    /// RMSNorm weight of each query head (Qwen3, Gemma 3; the keys' is in [`Keys::Own`]).
+    pub q_norm: Option<String>,
+    /// The layer's kv heads and head size (Gemma 4's full layers differ from the model's).
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Values RMS-normed per head without a weight (Gemma 4).
+    pub value_norm: bool,
     /// Keys older than this many positions are masked.
     pub sliding_window: Option<usize>,
     /// The rotation of queries and keys; `None` for a NoPE layer (SmolLM3).
@@ -64,8 +68,30 @@ pub(super) struct AttentionPlan {
     /// `q_proj` also gives a gate per head; the heads' output is multiplied by its sigmoid
     /// (Qwen3-Next, Qwen3.5).
     pub output_gate: bool,
-    /// This layer's index in the KV cache (attention layers only are cached).
+    /// This layer's index in the KV cache (attention layers only are cached); a KV-shared
+    /// layer's is its source's.
     pub kv_layer: usize,
+}
+
+/// Where an attention layer's keys and values come from.
+#[derive(Debug)]
+pub(super) enum Keys {
+    /// Its own projections: `v` none where the values are the keys as projected (Gemma 4's
+    /// `attention_k_eq_v`), `k_norm` the keys' per-head norm where the model has one.
+    Own { k: String, v: Option<String>, k_norm: Option<String> },
+    /// The keys and values of the layer at the same `kv_layer`, cached and new (Gemma 4's
+    /// KV-shared layers).
+    Shared,
+}
+
+/// Gemma 4's per-layer input block of one layer ([`crate::config::PerLayerInput`]).
+#[derive(Debug)]
+pub(super) struct PerLayerPlan {
+    /// Its row of the per-layer inputs.
+    pub index: usize,
+    pub gate: String,
+    pub projection: String,
+    pub norm: String,
 }
 
 /// One layer's latent attention (mlx-lm's `DeepseekV3Attention`): its tensors' names, the
@@ -177,6 +203,15 @@ pub(super) struct MoePlan<'a> {
 pub(super) enum FeedForward<'a> {
     Mlp(MlpPlan),
     Moe(MoePlan<'a>),
+    /// Gemma 4's: the dense MLP and the experts side by side, each normed after (and the
+    /// experts' input before, by `pre_moe`); the experts routed by the block's input.
+    MlpAndMoe {
+        mlp: MlpPlan,
+        moe: MoePlan<'a>,
+        post_mlp: String,
+        pre_moe: String,
+        post_moe: String,
+    },
 }
 
 /// One decoder layer.
@@ -187,6 +222,10 @@ pub(super) struct LayerPlan<'a> {
     pub mixer: Mixer<'a>,
     pub norms: Norms,
     pub ffn: FeedForward<'a>,
+    /// After the feed-forward block (Gemma 4).
+    pub per_layer: Option<PerLayerPlan>,
+    /// The layer's output scale `[1]` (Gemma 4).
+    pub scalar: Option<String>,
 }
 
 impl<'a> LayerPlan<'a> {
@@ -197,16 +236,34 @@ impl<'a> LayerPlan<'a> {
     /// step does not run (a mixture of experts with sandwich norms).
     pub(super) fn all(cfg: &'a ModelConfig) -> Result<Vec<LayerPlan<'a>>> {
         let (mut kv_layer, mut state) = (0, 0);
+        // Each layer's place in the cache, for the KV-shared layers that read it.
+        let mut cached: Vec<usize> = Vec::with_capacity(cfg.num_layers());
         let mut plans = Vec::with_capacity(cfg.num_layers());
         for l in 0..cfg.num_layers() {
-            let plan = LayerPlan::new(cfg, l, kv_layer, state)?;
+            let source = cfg.layers[l].kv_source.map(|s| cached.get(s).copied().filter(|_| s < l));
+            let plan = match source {
+                None => LayerPlan::new(cfg, l, kv_layer, state)?,
+                Some(Some(at)) => LayerPlan::new(cfg, l, at, state)?,
+                Some(None) => {
+                    return Err(Error::Invalid(format!("{}: layer {l} shares a later layer's keys", cfg.model_type)));
+                }
+            };
+            cached.push(kv_layer);
             match &plan.mixer {
+                Mixer::Attention(a) if matches!(a.keys, Keys::Shared) => {}
                 Mixer::Attention(_) | Mixer::Latent(_) => kv_layer += 1,
                 Mixer::Linear(_) | Mixer::ShortConv(_) => state += cfg.layer_state_parts().len(),
             }
             plans.push(plan);
         }
-        let read = plans.iter().flat_map(LayerPlan::names).chain([FINAL_NORM, head(cfg)].map(str::to_owned));
+        let per_layer_input = cfg
+            .per_layer_input
+            .iter()
+            .flat_map(|_| [names::PER_LAYER_EMBEDDING, names::PER_LAYER_PROJECTION, names::PER_LAYER_PROJECTION_NORM]);
+        let read = plans
+            .iter()
+            .flat_map(LayerPlan::names)
+            .chain([FINAL_NORM, head(cfg)].into_iter().chain(per_layer_input).map(str::to_owned));
         check_declared(cfg, read)?;
         Ok(plans)
     }
@@ -258,20 +315,29 @@ impl<'a> LayerPlan<'a> {
                 o: n.o_proj(),
                 in_bias: cfg.qkv_bias,
                 o_bias: cfg.o_bias,
-                rope: RopeTable::new(layer, cfg.rope_dims),
+                rope: RopeTable::new(layer, layer.rope_dims),
                 config,
                 kv_layer,
             }),
             LayerMixer::Attention => Mixer::Attention(AttentionPlan {
                 q: n.q_proj(),
-                k: n.k_proj(),
-                v: n.v_proj(),
+                keys: match layer.kv_source {
+                    Some(_) => Keys::Shared,
+                    None => Keys::Own {
+                        k: n.k_proj(),
+                        v: (!layer.values_are_keys).then(|| n.v_proj()),
+                        k_norm: cfg.qk_norm.then(|| n.k_norm()),
+                    },
+                },
                 o: n.o_proj(),
                 qkv_bias: cfg.qkv_bias,
                 o_bias: cfg.o_bias,
-                qk_norm: cfg.qk_norm.then(|| (n.q_norm(), n.k_norm())),
+                q_norm: cfg.qk_norm.then(|| n.q_norm()),
+                kv_heads: layer.kv_heads,
+                head_dim: layer.head_dim,
+                value_norm: cfg.value_norm,
                 sliding_window: layer.sliding_window,
-                rope: layer.rope.then(|| RopeTable::new(layer, cfg.rope_dims)),
+                rope: layer.rope.then(|| RopeTable::new(layer, layer.rope_dims)),
                 output_gate: cfg.attn_output_gate,
                 kv_layer,
             }),
@@ -294,7 +360,16 @@ impl<'a> LayerPlan<'a> {
             }
         };
         let input_norm = (cfg.norm_placement != NormPlacement::Post).then(|| n.input_norm());
+        let mlp =
+            MlpPlan { gate: n.mlp("gate_proj"), up: n.mlp("up_proj"), down: n.mlp("down_proj"), bias: cfg.mlp_bias };
         let ffn = match cfg.moe.as_ref().filter(|_| layer.moe) {
+            Some(moe) if moe.beside_mlp => FeedForward::MlpAndMoe {
+                mlp,
+                moe: MoePlan { names: n.moe(moe), config: moe },
+                post_mlp: n.at("post_feedforward_layernorm_1.weight"),
+                pre_moe: n.at("pre_feedforward_layernorm_2.weight"),
+                post_moe: n.at("post_feedforward_layernorm_2.weight"),
+            },
             Some(moe) => {
                 if cfg.norm_placement != NormPlacement::Pre {
                     return Err(Error::Invalid(format!(
@@ -302,16 +377,18 @@ impl<'a> LayerPlan<'a> {
                         cfg.model_type
                     )));
                 }
-                FeedForward::Moe(MoePlan { names: n.moe_block(moe.block), config: moe })
+                FeedForward::Moe(MoePlan { names: n.moe(moe), config: moe })
             }
-            None => FeedForward::Mlp(MlpPlan {
-                gate: n.mlp("gate_proj"),
-                up: n.mlp("up_proj"),
-                down: n.mlp("down_proj"),
-                bias: cfg.mlp_bias,
-            }),
+            None => FeedForward::Mlp(mlp),
         };
-        Ok(LayerPlan { input_norm, mixer, norms, ffn })
+        let per_layer = cfg.per_layer_input.map(|_| PerLayerPlan {
+            index: l,
+            gate: n.per_layer("per_layer_input_gate"),
+            projection: n.per_layer("per_layer_projection"),
+            norm: n.per_layer("post_per_layer_input_norm.weight"),
+        });
+        let scalar = cfg.layer_scalar.then(|| n.layer_scalar());
+        Ok(LayerPlan { input_norm, mixer, norms, ffn, per_layer, scalar })
     }
 
     /// Every parameter name the layer reads: matrices by prefix, vectors by key.
@@ -319,16 +396,21 @@ impl<'a> LayerPlan<'a> {
         let mut read: Vec<String> = self.input_norm.iter().cloned().collect();
         match &self.mixer {
             Mixer::Attention(a) => {
-                read.extend([a.q.clone(), a.k.clone(), a.v.clone(), a.o.clone()]);
+                let mut projections = vec![&a.q];
+                if let Keys::Own { k, v, k_norm } = &a.keys {
+                    projections.push(k);
+                    projections.extend(v);
+                    read.extend(k_norm.iter().cloned());
+                }
+                read.extend(projections.iter().map(|m| (*m).clone()));
+                read.push(a.o.clone());
                 if a.qkv_bias {
-                    read.extend([&a.q, &a.k, &a.v].map(|m| names::bias(m)));
+                    read.extend(projections.iter().map(|m| names::bias(m)));
                 }
                 if a.o_bias {
                     read.push(names::bias(&a.o));
                 }
-                if let Some((q, k)) = &a.qk_norm {
-                    read.extend([q.clone(), k.clone()]);
-                }
+                read.extend(a.q_norm.iter().cloned());
             }
             Mixer::Latent(lat) => {
                 match &lat.query {
@@ -370,27 +452,43 @@ impl<'a> LayerPlan<'a> {
             }
             Norms::Post { post_attention, post_ffn } => read.extend([post_attention.clone(), post_ffn.clone()]),
         }
-        match &self.ffn {
-            FeedForward::Mlp(m) => {
-                read.extend([m.gate.clone(), m.up.clone(), m.down.clone()]);
-                if m.bias {
-                    read.extend([&m.gate, &m.up, &m.down].map(|n| names::bias(n)));
-                }
+        let mlp_names = |read: &mut Vec<String>, m: &MlpPlan| {
+            read.extend([m.gate.clone(), m.up.clone(), m.down.clone()]);
+            if m.bias {
+                read.extend([&m.gate, &m.up, &m.down].map(|n| names::bias(n)));
             }
-            FeedForward::Moe(m) => {
-                read.push(m.names.router());
-                if let Routing::Grouped { .. } = m.config.routing {
-                    read.push(m.names.router_bias());
-                }
-                read.extend(names::MLP_PARTS.map(|part| m.names.experts(part)));
-                if let Some(shared) = &m.config.shared_expert {
-                    read.extend(names::MLP_PARTS.map(|part| m.names.shared_expert(shared, part)));
-                    if shared.gated {
-                        read.push(m.names.shared_expert_gate());
-                    }
+        };
+        let moe = match &self.ffn {
+            FeedForward::Mlp(m) => {
+                mlp_names(&mut read, m);
+                None
+            }
+            FeedForward::Moe(m) => Some(m),
+            FeedForward::MlpAndMoe { mlp, moe, post_mlp, pre_moe, post_moe } => {
+                mlp_names(&mut read, mlp);
+                read.extend([post_mlp.clone(), pre_moe.clone(), post_moe.clone()]);
+                Some(moe)
+            }
+        };
+        if let Some(m) = moe {
+            read.push(m.names.router());
+            match m.config.routing {
+                Routing::Grouped { .. } => read.push(m.names.router_bias()),
+                Routing::ScaledTopKSoftmax => read.extend([m.names.router_scale(), m.names.per_expert_scale()]),
+                Routing::SoftmaxTopK { .. } | Routing::TopKSoftmax => {}
+            }
+            read.extend(names::MLP_PARTS.map(|part| m.names.experts(part)));
+            if let Some(shared) = &m.config.shared_expert {
+                read.extend(names::MLP_PARTS.map(|part| m.names.shared_expert(shared, part)));
+                if shared.gated {
+                    read.push(m.names.shared_expert_gate());
                 }
             }
         }
+        if let Some(p) = &self.per_layer {
+            read.extend([p.gate.clone(), p.projection.clone(), p.norm.clone()]);
+        }
+        read.extend(self.scalar.iter().cloned());
         read
     }
 }
@@ -444,6 +542,13 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             x = f.mul_scalar(x, scale as f64)?;
         }
 
+        let per_layer_inputs = match &cfg.per_layer_input {
+            Some(pli) => Some(self.per_layer_inputs(tokens, x, pli)?),
+            None => None,
+        };
+        // Each KV-shared layer's source keys and values, by cache layer.
+        let mut sources = HashMap::new();
+
         let pos_f = f.convert(positions, F32)?;
         // Each row's slot (a chunk's rows share their sequence's), for the attention kernel;
         // the graph form reads `slots` per sequence.
@@ -494,9 +599,11 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
                         Some(table) => Some(angles_of(table)?),
                     };
                     let hn = self.mixer_input(x, layer)?;
-                    let (o, k_rows, v_rows) = self.attention(hn, a, angles, &cache)?;
-                    new_k.push(k_rows);
-                    new_v.push(v_rows);
+                    let (o, rows) = self.attention(hn, a, angles, &cache, &mut sources)?;
+                    if let Some((k_rows, v_rows)) = rows {
+                        new_k.push(k_rows);
+                        new_v.push(v_rows);
+                    }
                     match layer.norms.after() {
                         Some((post_attention, _)) => {
                             let out = self.linear(o, &a.o, a.o_bias)?;
@@ -520,6 +627,13 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
                 }
             };
             x = self.feed_forward(x, layer)?;
+            if let (Some(p), Some(inputs)) = (&layer.per_layer, per_layer_inputs) {
+                x = self.per_layer_input(x, p, inputs)?;
+            }
+            if let Some(scalar) = &layer.scalar {
+                let s = f.broadcast_in_dim(self.param(scalar)?, &x.shape(), &[1])?;
+                x = f.mul(x, s)?;
+            }
         }
 
         let x = self.norm(x, FINAL_NORM)?;
@@ -544,6 +658,31 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         Ok(out)
     }
 
+    /// Gemma 4's per-layer inputs `[R, layers, width]` of the rows' `tokens` and scaled
+    /// embeddings `x`, as mlx-lm's `_get_per_layer_inputs` and `_project_per_layer_inputs`.
+    fn per_layer_inputs(&self, tokens: V<'c, 'b>, x: V<'c, 'b>, pli: &crate::config::PerLayerInput) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let (r, layers, width) = (self.rows(), self.cfg.num_layers() as i64, pli.width as i64);
+        let shape = [r, layers, width];
+        let rows = self.table_rows(names::PER_LAYER_EMBEDDING, tokens, pli.width * self.cfg.num_layers())?;
+        let rows = f.reshape(f.mul_scalar(rows, (pli.width as f64).sqrt())?, &shape)?;
+        let projected = self.linear(x, names::PER_LAYER_PROJECTION, false)?;
+        let projected = f.mul_scalar(projected, (self.cfg.hidden as f64).powf(-0.5))?;
+        let projected = self.norm(f.reshape(projected, &shape)?, names::PER_LAYER_PROJECTION_NORM)?;
+        f.mul_scalar(f.add(projected, rows)?, 0.5f64.sqrt())
+    }
+
+    /// Gemma 4's per-layer input block: `x + norm(projection(gelu_tanh(gate(x)) * input))`,
+    /// the input this layer's row of `inputs`.
+    fn per_layer_input(&self, x: V<'c, 'b>, p: &PerLayerPlan, inputs: V<'c, 'b>) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let (r, width) = (self.rows(), inputs.shape()[2]);
+        let input = f.reshape(f.slice_dim(inputs, 1, p.index as i64, p.index as i64 + 1)?, &[r, width])?;
+        let gate = f.mul(self.gelu_tanh(self.linear(x, &p.gate, false)?)?, input)?;
+        let out = self.linear(gate, &p.projection, false)?;
+        f.add(x, self.norm(out, &p.norm)?)
+    }
+
     /// The mixer's input: `x` normed by the layer's input norm, or `x` where it has none.
     fn mixer_input(&self, x: V<'c, 'b>, layer: &LayerPlan<'_>) -> R<V<'c, 'b>> {
         match &layer.input_norm {
@@ -563,7 +702,18 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
                 Norms::Post { .. } => x,
             };
             Ok(match (&layer.ffn, layer.norms.after()) {
-                (FeedForward::Moe(moe), _) => f.add(x, self.moe(hn, moe)?)?,
+                (FeedForward::Moe(moe), _) => f.add(x, self.moe(hn, hn, moe)?)?,
+                (FeedForward::MlpAndMoe { mlp, moe, post_mlp, pre_moe, post_moe }, after) => {
+                    let hidden = self.gated_mlp(hn, mlp)?;
+                    let dense = self.norm(self.linear(hidden, &mlp.down, mlp.bias)?, post_mlp)?;
+                    let experts = self.norm(self.moe(self.norm(x, pre_moe)?, x, moe)?, post_moe)?;
+                    let both = f.add(dense, experts)?;
+                    let out = match after {
+                        Some((_, post_ffn)) => self.norm(both, post_ffn)?,
+                        None => both,
+                    };
+                    f.add(x, out)?
+                }
                 (FeedForward::Mlp(mlp), Some((_, post_ffn))) => {
                     let hidden = self.gated_mlp(hn, mlp)?;
                     let out = self.linear(hidden, &mlp.down, mlp.bias)?;
@@ -578,21 +728,25 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
     }
 
     /// One layer's attention on the normed input `hn [R, d]`: q, k, v (q/k normed where the
-    /// model does), rotated by `angles` (cos, sin) unless the layer has no RoPE, then
-    /// attention over the cache through the CPU kernel where it runs, else the graph form (a
-    /// decode row against its window, or a prompt chunk). Returns the heads' output
-    /// `[R, heads * hd]` (before the output projection) and the step's new keys and values
-    /// as one layer's rows for `write_kv` (`[1, R, kv_heads, hd]`).
+    /// model does, v where Gemma 4 does), rotated by `angles` (cos, sin) unless the layer has
+    /// no RoPE, then attention over the cache through the CPU kernel where it runs, else the
+    /// graph form (a decode row against its window, or a prompt chunk). A KV-shared layer
+    /// takes its source's keys and values from `sources` (by cache layer), where an own layer
+    /// leaves them. Returns the heads' output `[R, heads * hd]` (before the output
+    /// projection) and, for an own layer, the step's new keys and values as one layer's rows
+    /// for `write_kv` (`[1, R, heads, width]` of the cache: `kv_heads, hd`, or flat and
+    /// padded where the layers' heads differ).
     fn attention(
         &self,
         hn: V<'c, 'b>,
         a: &AttentionPlan,
         angles: Option<(V<'c, 'b>, V<'c, 'b>)>,
         cache: &Cache<'c, 'b>,
-    ) -> R<(V<'c, 'b>, V<'c, 'b>, V<'c, 'b>)> {
+        sources: &mut HashMap<usize, (V<'c, 'b>, V<'c, 'b>)>,
+    ) -> R<(V<'c, 'b>, Option<(V<'c, 'b>, V<'c, 'b>)>)> {
         let (f, cfg) = (self.f, self.cfg);
         let (m, r) = (self.function.split().1, self.rows());
-        let (h, k, hd) = (cfg.heads as i64, cfg.kv_heads as i64, cfg.head_dim as i64);
+        let (h, k, hd) = (cfg.heads as i64, a.kv_heads as i64, a.head_dim as i64);
         let l = a.kv_layer;
         // A gated attention's q_proj gives per head its query, then its gate (mlx-lm's
         // Qwen3NextAttention splits the heads' `2 * hd` features in two).
@@ -603,22 +757,53 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         } else {
             (f.reshape(self.linear(hn, &a.q, a.qkv_bias)?, &[r, h, hd])?, None)
         };
-        let kk = f.reshape(self.linear(hn, &a.k, a.qkv_bias)?, &[r, k, hd])?;
-        let vv = f.reshape(self.linear(hn, &a.v, a.qkv_bias)?, &[r, k, hd])?;
-        let (q, kk) = match &a.qk_norm {
-            // OLMo 2: over every head's features at once, then split into heads again.
-            Some((qn, kn)) if cfg.qk_norm_full_width => {
-                let whole = |x: V<'c, 'b>, n: &str, heads: i64| -> R<V<'c, 'b>> {
-                    f.reshape(self.norm(f.reshape(x, &[r, heads * hd])?, n)?, &[r, heads, hd])
-                };
-                (whole(q, qn, h)?, whole(kk, kn, k)?)
+        // Per head, or (OLMo 2) over every head's features at once, then split again.
+        let head_norm = |x: V<'c, 'b>, n: &str, heads: i64| -> R<V<'c, 'b>> {
+            if cfg.qk_norm_full_width {
+                f.reshape(self.norm(f.reshape(x, &[r, heads * hd])?, n)?, &[r, heads, hd])
+            } else {
+                self.norm(x, n)
             }
-            Some((qn, kn)) => (self.norm(q, qn)?, self.norm(kk, kn)?),
-            None => (q, kk),
         };
-        let (q, kk) = match angles {
-            Some((cos, sin)) => (self.rope(q, cos, sin)?, self.rope(kk, cos, sin)?),
-            None => (q, kk),
+        let rotate = |x: V<'c, 'b>| -> R<V<'c, 'b>> {
+            match angles {
+                Some((cos, sin)) => self.rope(x, cos, sin),
+                None => Ok(x),
+            }
+        };
+        // An own layer's keys and values as projected (the emission order the MLIR goldens
+        // of the other families pin: q, k, v, their norms, RoPE).
+        let projected = match &a.keys {
+            Keys::Shared => None,
+            Keys::Own { k: k_proj, v, .. } => {
+                let keys = f.reshape(self.linear(hn, k_proj, a.qkv_bias)?, &[r, k, hd])?;
+                // Gemma 4's k_eq_v layers: the values are the keys as projected.
+                let values = match v {
+                    Some(v) => f.reshape(self.linear(hn, v, a.qkv_bias)?, &[r, k, hd])?,
+                    None => keys,
+                };
+                Some((keys, values))
+            }
+        };
+        let q = match &a.q_norm {
+            Some(n) => head_norm(q, n, h)?,
+            None => q,
+        };
+        let normed = match (&a.keys, projected) {
+            (Keys::Own { k_norm, .. }, Some((keys, values))) => {
+                let kk = match k_norm {
+                    Some(n) => head_norm(keys, n, k)?,
+                    None => keys,
+                };
+                let vv = if a.value_norm { self.norm_unscaled(values)? } else { values };
+                Some((kk, vv))
+            }
+            _ => None,
+        };
+        let q = rotate(q)?;
+        let rotated = match normed {
+            Some((kk, vv)) => Some((rotate(kk)?, vv)),
+            None => None,
         };
         // Ministral 3: each row's queries times 1 + beta * ln(1 + floor(position / original)).
         let q = match cfg.query_position_scale {
@@ -631,22 +816,58 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             }
             None => q,
         };
+        let (kk, vv, own) = match rotated {
+            Some((kk, vv)) => {
+                sources.insert(l, (kk, vv));
+                (kk, vv, true)
+            }
+            None => {
+                let (kk, vv) = sources.get(&l).copied().ok_or_else(|| hlo_emit::Error::Op {
+                    op: "attention",
+                    expected: format!("the keys of cache layer {l} before a layer that shares them"),
+                    got: "none".into(),
+                })?;
+                (kk, vv, false)
+            }
+        };
+        // The cache's rows: a layer's own heads, or flat and padded to the widest layer's
+        // (Gemma 4, [`ModelConfig::uniform_heads`]).
+        let Cache { k: kc, v: vc, slots, row_slots, positions } = *cache;
+        let (cache_heads, width) = (kc.shape()[3], kc.shape()[4]);
+        let flat = (cache_heads, width) != (k, hd);
+        let as_cached = |x: V<'c, 'b>| -> R<V<'c, 'b>> {
+            if !flat {
+                return Ok(x);
+            }
+            let x = f.reshape(x, &[r, 1, k * hd])?;
+            if width == k * hd {
+                return Ok(x);
+            }
+            f.concatenate(&[x, f.splat(0.0, &F32.tensor(&[r, 1, width - k * hd]))?], 2)
+        };
+        let heads_of = |window: V<'c, 'b>| -> R<V<'c, 'b>> {
+            if !flat {
+                return Ok(window);
+            }
+            let (n, w) = (window.shape()[0], window.shape()[1]);
+            f.reshape(f.slice_dim(window, 3, 0, k * hd)?, &[n, w, k, hd])
+        };
         // The step's keys and values go to the cache in `write_kv`, after this call, which
         // rounds them to the cache's type.
-        let as_rows = |x: V<'c, 'b>| f.reshape(x, &[1, r, k, hd]);
-        let (k_rows, v_rows) = (as_rows(kk)?, as_rows(vv)?);
+        let (k_cached, v_cached) = (as_cached(kk)?, as_cached(vv)?);
+        let rows = |x: V<'c, 'b>| f.reshape(x, &[1, r, cache_heads, width]);
+        let new_rows = if own { Some((rows(k_cached)?, rows(v_cached)?)) } else { None };
 
         // Grouped-query attention: head j = kv * G + i attends with kv head `kv`.
-        let Cache { k: kc, v: vc, slots, row_slots, positions } = *cache;
         let o = match self.attend_kernel(q, kk, vv, (kc, vc), l, row_slots, positions, a.sliding_window)? {
             Some(o) => o,
             None if m == 1 => {
-                let (kl, vl) = (self.window(kc, l, slots)?, self.window(vc, l, slots)?);
+                let (kl, vl) = (heads_of(self.window(kc, l, slots)?)?, heads_of(self.window(vc, l, slots)?)?);
                 self.attend_one(q, kk, vv, kl, vl, positions, a.sliding_window)?
             }
             None => {
-                let kl = self.window_with(kc, l, slots, kk, positions)?;
-                let vl = self.window_with(vc, l, slots, vv, positions)?;
+                let kl = heads_of(self.window_with(kc, l, slots, k_cached, positions)?)?;
+                let vl = heads_of(self.window_with(vc, l, slots, v_cached, positions)?)?;
                 self.attend_chunk(q, kl, vl, positions, a.sliding_window)?
             }
         };
@@ -654,7 +875,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             Some(gate) => f.mul(o, f.logistic(gate)?)?,
             None => o,
         };
-        Ok((o, k_rows, v_rows))
+        Ok((o, new_rows))
     }
 }
 
@@ -746,6 +967,38 @@ mod tests {
         let cache = crate::CacheShape { slots: 2, positions: 8, elem: crate::KvElem::F32 };
         assert_eq!(cache.dims(&cfg), [[3, 2, 8, 1, 32], [3, 2, 8, 1, 16]]);
         assert_eq!(crate::CacheShape::bytes_per_position(&cfg, crate::KvElem::F16), 3 * 48 * 2);
+    }
+
+    /// gemma4_text: the KV-shared layers read their sources' place in the cache and have no
+    /// key projections; every layer has its per-layer input block and scalar.
+    #[test]
+    fn kv_shared_layers_plan_their_sources() {
+        let cfg = config("gemma4_text");
+        let plans = LayerPlan::all(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        let keys: Vec<(usize, bool, usize)> = plans
+            .iter()
+            .map(|p| match &p.mixer {
+                Mixer::Attention(a) => (a.kv_layer, matches!(a.keys, Keys::Shared), a.head_dim),
+                _ => panic!("every gemma4 layer attends"),
+            })
+            .collect();
+        assert_eq!(keys, [(0, false, 16), (1, false, 16), (2, false, 32), (1, true, 16), (2, true, 32)]);
+        assert!(plans.iter().enumerate().all(|(i, p)| p.per_layer.as_ref().is_some_and(|b| b.index == i)));
+        assert_eq!(plans[4].scalar.as_deref(), Some("model.layers.4.layer_scalar"));
+        let cfg = config("gemma4");
+        let plans = LayerPlan::all(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        let Mixer::Attention(a) = &plans[1].mixer else { panic!("gemma4's layer 1 attends") };
+        assert!(matches!(&a.keys, Keys::Own { v: None, .. }), "k_eq_v: no v_proj");
+        assert!(plans[1].per_layer.is_none());
+        // gemma4_moe: the experts beside the dense MLP, with their own norms.
+        let cfg = config("gemma4_moe");
+        let plans = LayerPlan::all(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        let FeedForward::MlpAndMoe { mlp, moe, pre_moe, .. } = &plans[2].ffn else { panic!("experts beside the MLP") };
+        assert_eq!(
+            (mlp.up.as_str(), pre_moe.as_str()),
+            ("model.layers.2.mlp.up_proj", "model.layers.2.pre_feedforward_layernorm_2.weight")
+        );
+        assert_eq!(moe.names.router(), "model.layers.2.router.proj");
     }
 
     #[test]

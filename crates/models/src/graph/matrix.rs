@@ -340,17 +340,22 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     /// own type, then widened (dense) or dequantized (packed) for those rows only; or looked
     /// up by the kernel that holds the table.
     pub(super) fn embed(&self, tokens: V<'c, 'b>) -> R<V<'c, 'b>> {
+        self.table_rows(EMBEDDING, tokens, self.cfg.hidden)
+    }
+
+    /// Rows `tokens` of the table `prefix` (rows of `width` values) as f32 `[T, width]`:
+    /// [`Step::embed`] for any table (Gemma 4's per-layer one).
+    pub(super) fn table_rows(&self, prefix: &str, tokens: V<'c, 'b>, width: usize) -> R<V<'c, 'b>> {
         let f = self.f;
-        const PREFIX: &str = EMBEDDING;
-        let load = |name: &str| f.load(self.global(&format!("{PREFIX}.{name}"))?);
-        let p = match self.form(PREFIX)? {
-            Form::CpuDense => return self.dense_dispatch(kernels::cpu::DenseOp::Rows, tokens, PREFIX, None),
+        let load = |name: &str| f.load(self.global(&format!("{prefix}.{name}"))?);
+        let p = match self.form(prefix)? {
+            Form::CpuDense => return self.dense_dispatch(kernels::cpu::DenseOp::Rows, tokens, prefix, None),
             Form::Dense | Form::Bf16Bits | Form::Narrow => return self.widen(f.gather_rows(load("weight")?, tokens)?),
-            Form::CpuPacked(p) => return self.kernel_dispatch(kernels::cpu::Op::Rows, tokens, PREFIX, &p, None),
+            Form::CpuPacked(p) => return self.kernel_dispatch(kernels::cpu::Op::Rows, tokens, prefix, &p, None),
             Form::CudaPacked(p) => {
                 // One dispatch of the CUDA kernel; a 4-bit table's bytes come from its rows
                 // copy (the same bytes as the weight, which the head may read instead).
-                let (t, d) = (self.rows(), self.cfg.hidden as i64);
+                let (t, d) = (self.rows(), width as i64);
                 let bytes = if p.weight_elem() == I4 { "weight.rows" } else { "weight" };
                 let args = [tokens, load(bytes)?, load("scales")?, load("biases")?];
                 let vocab = args[1].shape()[0];
@@ -359,7 +364,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             }
             Form::GraphPacked(p) => p,
         };
-        let (t, d) = (self.rows(), self.cfg.hidden as i64);
+        let (t, d) = (self.rows(), width as i64);
         let q = if p.weight_elem() == I4 {
             // Gather the rows' bytes, then split each into its two signed nibbles (element
             // 2j in the low one), interleaved back to [T, d].

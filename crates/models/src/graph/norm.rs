@@ -20,6 +20,13 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         Ok(y)
     }
 
+    /// `x` RMS-normed over its last dim without a weight (Gemma 4's `v_norm`).
+    pub(super) fn norm_unscaled(&self, x: V<'c, 'b>) -> R<V<'c, 'b>> {
+        let last = x.shape().last().copied().unwrap_or(1);
+        let ones = self.f.splat(1.0, &hlo_emit::ElementType::F32.tensor(&[last]))?;
+        self.f.rms_norm(x, ones, self.cfg.rms_eps)
+    }
+
     /// The input and weight of the RMSNorm whose output is `y`, if [`Step::norm`] made it.
     pub(super) fn norm_of(&self, y: V<'c, 'b>) -> Option<(V<'c, 'b>, V<'c, 'b>)> {
         self.normed.borrow().iter().find(|(out, _, _)| *out == y).map(|&(_, x, w)| (x, w))

@@ -16,7 +16,8 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
     /// `(2i, 2i + 1)` instead: the same expression over `[.., half, 2]`.
     pub(super) fn rope(&self, x: V<'c, 'b>, cos: V<'c, 'b>, sin: V<'c, 'b>) -> R<V<'c, 'b>> {
         let f = self.f;
-        let (hd, rd) = (x.shape()[2], self.cfg.rope_dims as i64);
+        // The layer's rotated features: two per angle of its table.
+        let (hd, rd) = (x.shape()[2], 2 * cos.shape()[1]);
         if rd < hd {
             let rotated = self.rope(f.slice_dim(x, 2, 0, rd)?, cos, sin)?;
             return f.concatenate(&[rotated, f.slice_dim(x, 2, rd, hd)?], 2);
