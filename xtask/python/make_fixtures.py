@@ -56,6 +56,14 @@ VARIANTS = {
     "q4": (4, "bfloat16"),
     "q8": (8, "float16"),
 }
+# MLX's floating-point quantization modes (`mlx_lm.convert --q-mode`), each with the bits and
+# group size it fixes: made only for the fixtures that list them under "modes", with
+# `--modes` (beside the variants above, which they leave as they are).
+MODE_VARIANTS = {
+    "mxfp4": (4, "bfloat16", 32),
+    "nvfp4": (4, "bfloat16", 16),
+    "mxfp8": (8, "bfloat16", 32),
+}
 # Random weights: embedding entries ~ N(0, embed^2), projections ~ N(0, linear^2 / fan_in),
 # norm gains 1 + N(0, norm^2) (the final norm's centred on final_norm, which sets the
 # logit scale), biases ~ N(0, bias^2). A fixture's "scales" override these; the gemma
@@ -136,6 +144,7 @@ FIXTURES = [
         "name": "llama_llama3_tied",
         "about": "llama, rope_scaling llama3 (all three frequency bands used), GQA 4/2, tied embeddings",
         "group_size": 64,
+        "modes": ["mxfp4", "nvfp4", "mxfp8"],
         "config": {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -1134,7 +1143,7 @@ def build(config, seed, scales):
     return model
 
 
-def save_variant(model, config, out, bits, dtype, group_size):
+def save_variant(model, config, out, bits, dtype, group_size, mode="affine"):
     """Saves like mlx_lm.convert: cast floating tensors, quantize, save weights + config."""
     config = copy.deepcopy(config)
     if bits is None:
@@ -1152,7 +1161,7 @@ def save_variant(model, config, out, bits, dtype, group_size):
         model.update(tree_map_with_path(set_dtype, model.parameters()))
         # quantize_model prints a bits-per-weight line; keep the progress output short.
         with contextlib.redirect_stdout(io.StringIO()):
-            model, config = quantize_model(model, config, group_size, bits)
+            model, config = quantize_model(model, config, group_size, bits, mode=mode)
     save_model(out, model)
     save_config(config, config_path=Path(out) / "config.json")
 
@@ -1297,7 +1306,7 @@ def record(model_dir, fixture, variant, seed):
 def expected_doc(fixture, variant, seed, trajs, script, about_suffix="", extra=None):
     """The expected.json document of one variant (tests/fixtures/README.md); `extra` keys
     go between `steps` and `generator`."""
-    q = VARIANTS[variant]
+    q = VARIANTS[variant] if variant in VARIANTS else MODE_VARIANTS[variant]
     return {
         "fixture": fixture["name"],
         "variant": variant,
@@ -1366,6 +1375,29 @@ def make_one(fixture, out_root, scales, first_seed):
     raise SystemExit(f"{fixture['name']}: no seed in {SEED_TRIES} tries gave acceptable trajectories")
 
 
+def make_modes(fixture, out_root, scales):
+    """The fixture's floating-point mode variants ("modes"), from the seed its f32 variant
+    was made with, written beside its other variants; their trajectories are mlx-lm's own on
+    the saved folder, like every variant's."""
+    dest = out_root / fixture["name"]
+    seed = json.loads((dest / "f32" / "expected.json").read_text())["seed"]
+    for mode in fixture.get("modes", []):
+        bits, dtype, group_size = MODE_VARIANTS[mode]
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            model = build(fixture["config"], seed, scales)
+            save_variant(model, fixture["config"], tmp / mode, bits, dtype, group_size, mode)
+            doc = record(tmp / mode, fixture, mode, seed)
+            doc["weights"]["group_size"], doc["weights"]["mode"] = group_size, mode
+            doc["about"] += f"; weights in MLX {mode} (mlx_lm.convert --q-mode {mode})"
+            margin = min(t["min_top2_margin"] for t in doc["trajectories"])
+            print(f"[fixtures] {fixture['name']}/{mode} seed {seed}: min margin {margin:.4f}", flush=True)
+            if (dest / mode).exists():
+                shutil.rmtree(dest / mode)
+            shutil.copytree(tmp / mode, dest / mode)
+            (dest / mode / "expected.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def install(tmp, dest, docs):
     """Replaces `dest` with the variant folders saved under `tmp` and their expected.json."""
     if dest.exists():
@@ -1380,6 +1412,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="tests/fixtures")
     ap.add_argument("--only", action="append", help="make only this fixture (repeatable)")
+    ap.add_argument(
+        "--modes", action="store_true", help="make only the floating-point mode variants of the fixtures that list them"
+    )
     args = ap.parse_args()
     mx.set_default_device(mx.cpu)
     out_root = Path(args.out)
@@ -1388,7 +1423,10 @@ def main():
         if args.only and fixture["name"] not in args.only:
             continue
         scales = dict(SCALES, **fixture.get("scales", {}))
-        make_one(fixture, out_root, scales, fixture.get("seed", 0))
+        if args.modes:
+            make_modes(fixture, out_root, scales)
+        else:
+            make_one(fixture, out_root, scales, fixture.get("seed", 0))
     return 0
 
 

@@ -75,11 +75,13 @@ pub fn default_precision(device: &str, model: &std::path::Path) -> models::Preci
     if kernels && quantized_4_or_8_bit(model) { models::Precision::Packed } else { models::Precision::F16 }
 }
 
-/// Whether `model/config.json` declares MLX 4- or 8-bit quantization.
+/// Whether `model/config.json` declares MLX affine 4- or 8-bit quantization (the floating-point
+/// modes, `mxfp4` and the like, are not kept packed yet).
 fn quantized_4_or_8_bit(model: &std::path::Path) -> bool {
     let Ok(text) = std::fs::read_to_string(model.join("config.json")) else { return false };
     let Ok(config) = serde_json::from_str::<serde_json::Value>(&text) else { return false };
-    matches!(config["quantization"]["bits"].as_u64(), Some(4 | 8))
+    let affine = matches!(config["quantization"]["mode"].as_str(), None | Some("affine"));
+    affine && matches!(config["quantization"]["bits"].as_u64(), Some(4 | 8))
 }
 
 #[cfg(test)]
@@ -98,6 +100,9 @@ mod tests {
         assert_eq!(default_precision("local-task", &fixtures.join("q4")), packed);
         assert_eq!(default_precision("local-sync", &fixtures.join("q8")), packed);
         assert_eq!(default_precision("local-task", &fixtures.join("f32")), Precision::F16);
+        // MLX's floating-point modes are not kept packed yet.
+        let llama = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama_llama3_tied");
+        assert_eq!(default_precision("local-task", &llama.join("mxfp4")), Precision::F16);
         assert_eq!(default_precision("cuda", &fixtures.join("q4")), Precision::F16);
         assert_eq!(default_precision("local-task", Path::new("/nonexistent")), Precision::F16);
     }

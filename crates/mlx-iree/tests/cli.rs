@@ -397,6 +397,23 @@ fn a_checkpoint_that_disagrees_with_its_config_is_refused_before_compiling() {
     }
 }
 
+/// A checkpoint in one of MLX's floating-point quantization modes runs at the dense
+/// precisions; `packed` refuses it in one line naming the layer and the mode, exit 2,
+/// nothing compiled.
+#[test]
+fn packed_refuses_floating_point_modes() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama_llama3_tied/mxfp4");
+    let cache = tempfile::tempdir().unwrap();
+    let args = ["trajectory", "--model", dir.to_str().unwrap(), "--prompt-ids", "1", "--steps", "1"];
+    let out = mlx_iree(&[&args[..], &["--precision", "packed", "--out", "/tmp/x.json"]].concat(), cache.path());
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("precision `packed` runs MLX affine quantization; model.embed_tokens in "), "{stderr}");
+    assert!(stderr.contains(" is mxfp4 (use f16 or bf16)"), "{stderr}");
+    assert!(walk(cache.path()).iter().all(|p| p.extension().is_none_or(|e| e != "vmfb")), "compiled before refusing");
+}
+
 /// Every file under `dir`.
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();

@@ -114,3 +114,21 @@ fixture_tests!(
     qwen3_5_moe,
     lfm2
 );
+
+/// MLX's floating-point quantization modes (`mlx_lm.convert --q-mode`): llama_llama3_tied's
+/// mxfp4, nvfp4 and mxfp8 variants, dequantized exactly at f32, token-exact with mlx-lm.
+mod quant_modes {
+    use engine::Precision::F32;
+    #[test]
+    fn mxfp4() {
+        super::check("llama_llama3_tied", "mxfp4", F32, "expected.json");
+    }
+    #[test]
+    fn nvfp4() {
+        super::check("llama_llama3_tied", "nvfp4", F32, "expected.json");
+    }
+    #[test]
+    fn mxfp8() {
+        super::check("llama_llama3_tied", "mxfp8", F32, "expected.json");
+    }
+}

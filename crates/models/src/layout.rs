@@ -242,6 +242,13 @@ impl Layout {
             // Stacked experts are one tensor quantized alike: expert 0 tells.
             let layer = if experts { spec.expert(ckpt, 0)? } else { spec.linear(ckpt)? };
             let Linear::Quantized(q) = layer else { continue };
+            if q.mode() != weights::QuantMode::Affine {
+                return Err(Error::Invalid(format!(
+                    "precision `packed` runs MLX affine quantization; {prefix} in {} is {} (use f16 or bf16)",
+                    ckpt.dir().display(),
+                    q.mode().name()
+                )));
+            }
             let (bits, gs) = (q.bits(), q.group_size());
             if bits != 4 && bits != 8 {
                 return Err(Error::Invalid(format!(
@@ -674,7 +681,7 @@ fn graph_bytes<'a>(
         Role::PackedScales => as_float(q.scales(), elem),
         _ => {
             let scales = q.scales().to_f32_vec()?;
-            let biases = q.biases().to_f32_vec()?;
+            let biases = affine_biases(q)?.to_f32_vec()?;
             let adjusted = biases.iter().zip(&scales).map(|(b, s)| b + packing.offset() * s);
             Ok(Cow::Owned(encode_f32(adjusted, packing.bias_elem)))
         }
@@ -698,8 +705,13 @@ fn kernel_bytes(q: &weights::QuantizedLinear<'_>, p: &Packing, role: Role) -> Re
     Ok(Cow::Owned(match role {
         Role::PackedWeight => kernels::cpu::repack_weight(p.bits, o, i, q.weight().bytes()),
         Role::PackedScales => values(q.scales())?,
-        _ => values(q.biases())?,
+        _ => values(affine_biases(q)?)?,
     }))
+}
+
+/// An affine layer's biases ([`Layout::pack`] keeps only affine layers packed).
+fn affine_biases<'a>(q: &weights::QuantizedLinear<'a>) -> Result<weights::TensorView<'a>> {
+    q.biases().ok_or_else(|| Error::Invalid(format!("{}: a {} layer packed", q.weight().name(), q.mode().name())))
 }
 
 /// The element type of a float checkpoint dtype (f16, bf16, f32), else `None`.

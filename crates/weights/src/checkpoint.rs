@@ -223,7 +223,17 @@ impl Checkpoint {
             }
             Some(LayerQuant::Quantized(p)) => p,
         };
-        let biases = pick(self.tensor(&format!("{prefix}.biases"))?)?;
+        // mlx-lm's `global_scale` option (nvfp4 with a second, per-tensor scale) is not read.
+        if self.get(&format!("{prefix}.global_scale")).is_some() {
+            return Err(layer_error(
+                "has a `.global_scale` tensor (nvfp4 with a global scale), which is not supported",
+            ));
+        }
+        // Affine layers have biases; the floating-point modes none.
+        let biases = match params.mode {
+            crate::QuantMode::Affine => Some(pick(self.tensor(&format!("{prefix}.biases"))?)?),
+            _ => self.get(&format!("{prefix}.biases")).map(&pick).transpose()?,
+        };
         Ok(Linear::Quantized(QuantizedLinear::new(weight, pick(scales)?, biases, bias, params)?))
     }
 

@@ -14,20 +14,75 @@ pub const SUPPORTED_BITS: [u32; 6] = [2, 3, 4, 5, 6, 8];
 /// Group sizes this crate accepts.
 pub const SUPPORTED_GROUP_SIZES: [usize; 3] = [32, 64, 128];
 
-/// Affine quantization parameters of one layer: `w = q * scale + bias` per group of
-/// `group_size` inputs, `q` an unsigned `bits`-bit integer.
+/// How MLX quantized a layer (`mx.quantize`'s `mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum QuantMode {
+    /// `w = q * scale + bias` per group, `q` an unsigned `bits`-bit integer; float scales and
+    /// biases.
+    #[default]
+    Affine,
+    /// FP4 (E2M1) values, one E8M0 scale (a power of two, `U8`) per group of 32; no biases.
+    Mxfp4,
+    /// FP4 (E2M1) values, one FP8 E4M3 scale (`U8`) per group of 16; no biases.
+    Nvfp4,
+    /// FP8 (E4M3) values, one E8M0 scale per group of 32; no biases.
+    Mxfp8,
+}
+
+impl QuantMode {
+    /// The name config.json gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantMode::Affine => "affine",
+            QuantMode::Mxfp4 => "mxfp4",
+            QuantMode::Nvfp4 => "nvfp4",
+            QuantMode::Mxfp8 => "mxfp8",
+        }
+    }
+
+    /// The bits and group size a floating-point mode fixes (`None` for affine).
+    pub fn fixed(self) -> Option<(u32, usize)> {
+        match self {
+            QuantMode::Affine => None,
+            QuantMode::Mxfp4 => Some((4, 32)),
+            QuantMode::Nvfp4 => Some((4, 16)),
+            QuantMode::Mxfp8 => Some((8, 32)),
+        }
+    }
+}
+
+/// Quantization parameters of one layer: its mode, `group_size` inputs per scale (and, for
+/// affine, bias), `bits` per value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct QuantParams {
     /// Inputs sharing one scale and bias.
     pub group_size: usize,
     /// Bits per quantized value.
     pub bits: u32,
+    pub mode: QuantMode,
 }
 
 impl QuantParams {
+    /// Affine parameters.
+    pub fn affine(group_size: usize, bits: u32) -> QuantParams {
+        QuantParams { group_size, bits, mode: QuantMode::Affine }
+    }
+
     /// Checks `bits` against [`SUPPORTED_BITS`] and `group_size` against
-    /// [`SUPPORTED_GROUP_SIZES`]; the message says which value is wrong.
+    /// [`SUPPORTED_GROUP_SIZES`] (a floating-point mode: against the ones it fixes); the
+    /// message says which value is wrong.
     pub fn validate(&self) -> std::result::Result<(), String> {
+        if let Some((bits, group_size)) = self.mode.fixed() {
+            if (self.bits, self.group_size) != (bits, group_size) {
+                return Err(format!(
+                    "mode {} takes bits {bits} and group_size {group_size}, not bits {} and group_size {}",
+                    self.mode.name(),
+                    self.bits,
+                    self.group_size
+                ));
+            }
+            return Ok(());
+        }
         if !SUPPORTED_BITS.contains(&self.bits) {
             return Err(format!("unsupported bits {} (supported: {SUPPORTED_BITS:?})", self.bits));
         }
@@ -59,7 +114,8 @@ pub enum LayerQuant {
 ///
 /// Keys holding an object or a boolean are per-layer overrides keyed by module path; an
 /// override object may omit `group_size` or `bits`, which then come from the global block.
-/// Other keys (`quant_method`, ...) are ignored. `mode` must be absent or `"affine"`.
+/// Other keys (`quant_method`, ...) are ignored. `mode` is `"affine"` (also when absent),
+/// `"mxfp4"`, `"nvfp4"` or `"mxfp8"`; an override without one takes the global one.
 ///
 /// This block does not decide *whether* a layer is quantized: MLX quantizes a layer exactly
 /// when its `<prefix>.scales` tensor exists (see [`Checkpoint::linear`](crate::Checkpoint::linear)).
@@ -94,7 +150,7 @@ impl QuantConfig {
         let Value::Object(block) = block else {
             return Err(err("", format!("expected an object, got `{block}`")));
         };
-        check_mode(block).map_err(|r| err("mode", r))?;
+        let mode = read_mode(block, QuantMode::Affine).map_err(|r| err("mode", r))?;
         let group_size = match int_field(block, "group_size").map_err(|r| err("group_size", r))? {
             Some(g) => g,
             None => {
@@ -107,7 +163,7 @@ impl QuantConfig {
         };
         let bits =
             int_field(block, "bits").map_err(|r| err("bits", r))?.ok_or_else(|| err("bits", "missing".to_owned()))?;
-        let global = params(group_size, bits).map_err(|(sub, r)| err(sub, r))?;
+        let global = params(group_size, bits, mode).map_err(|(sub, r)| err(sub, r))?;
 
         let mut overrides = BTreeMap::new();
         for (layer, value) in block {
@@ -116,12 +172,12 @@ impl QuantConfig {
                 Value::Bool(true) => LayerQuant::Quantized(global),
                 Value::Object(o) => {
                     let sub = |field: &str| format!("{layer}.{field}");
-                    check_mode(o).map_err(|r| err(&sub("mode"), r))?;
+                    let mode = read_mode(o, global.mode).map_err(|r| err(&sub("mode"), r))?;
                     let g = int_field(o, "group_size")
                         .map_err(|r| err(&sub("group_size"), r))?
                         .unwrap_or(global.group_size as u64);
                     let b = int_field(o, "bits").map_err(|r| err(&sub("bits"), r))?.unwrap_or(u64::from(global.bits));
-                    LayerQuant::Quantized(params(g, b).map_err(|(f, r)| err(&sub(f), r))?)
+                    LayerQuant::Quantized(params(g, b, mode).map_err(|(f, r)| err(&sub(f), r))?)
                 }
                 _ => continue,
             };
@@ -152,11 +208,15 @@ impl QuantConfig {
     }
 }
 
-fn check_mode(block: &Map<String, Value>) -> std::result::Result<(), String> {
+/// The block's `mode`, `default` where it has none.
+fn read_mode(block: &Map<String, Value>, default: QuantMode) -> std::result::Result<QuantMode, String> {
+    const MODES: [QuantMode; 4] = [QuantMode::Affine, QuantMode::Mxfp4, QuantMode::Nvfp4, QuantMode::Mxfp8];
     match block.get("mode") {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::String(m)) if m == "affine" => Ok(()),
-        Some(other) => Err(format!("unsupported quantization mode {other} (only \"affine\" is supported)")),
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::String(m)) if let Some(mode) = MODES.into_iter().find(|x| x.name() == m) => Ok(mode),
+        Some(other) => Err(format!(
+            "unsupported quantization mode {other} (supported: \"affine\", \"mxfp4\", \"nvfp4\", \"mxfp8\")"
+        )),
     }
 }
 
@@ -168,8 +228,12 @@ fn int_field(block: &Map<String, Value>, field: &str) -> std::result::Result<Opt
 }
 
 /// Builds validated parameters; the error names the offending field.
-fn params(group_size: u64, bits: u64) -> std::result::Result<QuantParams, (&'static str, String)> {
+fn params(group_size: u64, bits: u64, mode: QuantMode) -> std::result::Result<QuantParams, (&'static str, String)> {
     let bits32 = u32::try_from(bits).unwrap_or(u32::MAX);
+    if mode != QuantMode::Affine {
+        let p = QuantParams { group_size: usize::try_from(group_size).unwrap_or(usize::MAX), bits: bits32, mode };
+        return p.validate().map(|()| p).map_err(|r| ("mode", r));
+    }
     if !SUPPORTED_BITS.contains(&bits32) {
         return Err(("bits", format!("unsupported bits {bits} (supported: {SUPPORTED_BITS:?})")));
     }
@@ -180,5 +244,5 @@ fn params(group_size: u64, bits: u64) -> std::result::Result<QuantParams, (&'sta
             format!("unsupported group_size {group_size} (supported: {SUPPORTED_GROUP_SIZES:?})"),
         ));
     }
-    Ok(QuantParams { group_size: gs, bits: bits32 })
+    Ok(QuantParams::affine(gs, bits32))
 }

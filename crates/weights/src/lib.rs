@@ -77,7 +77,7 @@ mod view;
 pub mod write;
 
 pub use checkpoint::{CONFIG_FILE, Checkpoint, INDEX_FILE, WEIGHTS_FILE};
-pub use config::{LayerQuant, QuantConfig, QuantParams, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES};
+pub use config::{LayerQuant, QuantConfig, QuantMode, QuantParams, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES};
 pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use file::{MAX_HEADER_LEN, SafetensorsFile};

@@ -1,7 +1,7 @@
-//! Linear (and embedding) layers as stored by MLX: dense, or affine-quantized with packed
-//! `U32` weights plus per-group scales and biases; and dequantization to f32.
+//! Linear (and embedding) layers as stored by MLX: dense, or quantized with packed `U32`
+//! weights plus per-group scales (and, affine, biases); and dequantization to f32.
 
-use crate::config::{QuantParams, SUPPORTED_BITS};
+use crate::config::{QuantMode, QuantParams, SUPPORTED_BITS};
 use crate::view::floats_to_f32;
 use crate::{Dtype, Error, Result, TensorView};
 
@@ -70,7 +70,7 @@ impl<'a> Linear<'a> {
             Linear::Quantized(q) => Linear::Quantized(QuantizedLinear {
                 weight: q.weight.rows(first, n)?,
                 scales: q.scales.rows(first, n)?,
-                biases: q.biases.rows(first, n)?,
+                biases: q.biases.map(|b| b.rows(first, n)).transpose()?,
                 bias: bias(q.bias)?,
                 out_features: n,
                 ..*q
@@ -157,14 +157,16 @@ impl<'a> DenseLinear<'a> {
     }
 }
 
-/// An MLX affine-quantized layer.
+/// An MLX-quantized layer.
 ///
 /// - `weight`: `U32 [out, in * bits / 32]`; row `r` is a little-endian bit stream in which
 ///   element `j` occupies bits `j * bits .. (j + 1) * bits` (for 4 bits: 8 values per word,
 ///   element `j` of a word at bits `4j..4j+4`; for 8 bits: 4 per word).
-/// - `scales`, `biases`: `[out, in / group_size]`, F16, BF16 or F32.
-/// - value `(r, c) = q(r, c) * scales[r, c / group_size] + biases[r, c / group_size]`, `q`
-///   unsigned.
+/// - affine: `scales`, `biases`: `[out, in / group_size]`, F16, BF16 or F32; value `(r, c) =
+///   q(r, c) * scales[r, c / group_size] + biases[r, c / group_size]`, `q` unsigned.
+/// - `mxfp4`, `nvfp4`, `mxfp8`: `scales` `U8 [out, in / group_size]` (E8M0: `2^(s - 127)`;
+///   nvfp4's FP8 E4M3), no biases; value `= fp(q(r, c)) * scale`, `fp` the E2M1 (4 bits) or
+///   E4M3 (8 bits) number the code stands for.
 ///
 /// Constructed only through [`QuantizedLinear::new`], so the shapes always agree and
 /// dequantization cannot fail.
@@ -172,7 +174,8 @@ impl<'a> DenseLinear<'a> {
 pub struct QuantizedLinear<'a> {
     weight: TensorView<'a>,
     scales: TensorView<'a>,
-    biases: TensorView<'a>,
+    /// Affine only.
+    biases: Option<TensorView<'a>>,
     bias: Option<TensorView<'a>>,
     params: QuantParams,
     out_features: usize,
@@ -184,17 +187,18 @@ impl<'a> QuantizedLinear<'a> {
     /// (`scales width * group_size`); the packed weight must then be `[out, in * bits / 32]`.
     ///
     /// # Errors
-    /// [`Error::Quantization`] for unsupported `params`; [`Error::WrongDtype`] (weight not
-    /// U32, scales or biases not float); [`Error::WrongShape`] naming the tensor, the
-    /// expected shape (with `bits`/`group_size`) and the actual one.
+    /// [`Error::Quantization`] for unsupported `params`, or biases missing (affine) or present
+    /// (the floating-point modes); [`Error::WrongDtype`] (weight not U32, scales or biases not
+    /// float, a floating-point mode's scales not U8); [`Error::WrongShape`] naming the
+    /// tensor, the expected shape (with `bits`/`group_size`) and the actual one.
     pub fn new(
         weight: TensorView<'a>,
         scales: TensorView<'a>,
-        biases: TensorView<'a>,
+        biases: Option<TensorView<'a>>,
         bias: Option<TensorView<'a>>,
         params: QuantParams,
     ) -> Result<Self> {
-        let QuantParams { group_size, bits } = params;
+        let QuantParams { group_size, bits, mode } = params;
         if let Err(reason) = params.validate() {
             return Err(Error::Quantization {
                 path: weight.file().to_path_buf(),
@@ -203,8 +207,23 @@ impl<'a> QuantizedLinear<'a> {
             });
         }
         weight.expect_dtype(&[Dtype::U32])?;
-        scales.expect_dtype(&Dtype::FLOATS)?;
-        biases.expect_dtype(&Dtype::FLOATS)?;
+        let affine = mode == QuantMode::Affine;
+        if affine != biases.is_some() {
+            let reason = if affine {
+                "an affine layer needs its `.biases`".to_owned()
+            } else {
+                format!("mode {} has no `.biases`, but the checkpoint holds them", mode.name())
+            };
+            return Err(Error::Quantization {
+                path: weight.file().to_path_buf(),
+                tensor: weight.name().to_owned(),
+                reason,
+            });
+        }
+        scales.expect_dtype(if affine { &Dtype::FLOATS } else { &[Dtype::U8] })?;
+        if let Some(biases) = &biases {
+            biases.expect_dtype(&Dtype::FLOATS)?;
+        }
         let &[out, groups] = scales.shape() else {
             return Err(scales.wrong_shape(format!("a 2-D [out, in / {group_size}] tensor")));
         };
@@ -216,13 +235,13 @@ impl<'a> QuantizedLinear<'a> {
                 scales.wrong_shape(format!("[{out}, groups] with groups * {group_size} * {bits} bits representable"))
             );
         };
-        // Group sizes are multiples of 32, so a row is always a whole number of words.
+        // Groups hold 16 or more values of 4 or more bits, so a row is whole words.
         let packed = row_bits / 32;
         let ctx = format!("(bits={bits}, group_size={group_size}, in={in_features} from the scales)");
         if weight.shape() != [out, packed] {
             return Err(weight.wrong_shape(format!("[{out}, {packed}] {ctx}")));
         }
-        if biases.shape() != [out, groups] {
+        if let Some(biases) = biases.filter(|b| b.shape() != [out, groups]) {
             return Err(biases.wrong_shape(format!("[{out}, {groups}] like the scales")));
         }
         if let Some(b) = &bias {
@@ -241,9 +260,24 @@ impl<'a> QuantizedLinear<'a> {
         self.scales
     }
 
-    /// Per-group biases (zero points times scale) `[out, in / group_size]`.
-    pub fn biases(&self) -> TensorView<'a> {
+    /// Per-group biases (zero points times scale) `[out, in / group_size]`; affine only.
+    pub fn biases(&self) -> Option<TensorView<'a>> {
         self.biases
+    }
+
+    /// The quantization mode.
+    pub fn mode(&self) -> QuantMode {
+        self.params.mode
+    }
+
+    /// Every scale as f32 (a floating-point mode's decoded), row-major.
+    fn scales_f32(&self) -> Vec<f32> {
+        scales_to_f32(self.params.mode, self.scales.dtype(), self.scales.bytes())
+    }
+
+    /// Every bias as f32 (none outside affine).
+    fn biases_f32(&self) -> Vec<f32> {
+        self.biases.map(|b| floats_to_f32(b.dtype(), b.bytes())).unwrap_or_default()
     }
 
     /// The layer's own optional additive bias `[out]` (`<prefix>.bias`, not `.biases`).
@@ -300,10 +334,12 @@ impl<'a> QuantizedLinear<'a> {
         let row_bytes = self.in_features * self.params.bits as usize / 8;
         let wrow = row_slice(self.weight.bytes(), r, row_bytes)?;
         let srow = row_slice(self.scales.bytes(), r, groups * self.scales.dtype().size_bytes())?;
-        let brow = row_slice(self.biases.bytes(), r, groups * self.biases.dtype().size_bytes())?;
-        let scales = floats_to_f32(self.scales.dtype(), srow);
-        let biases = floats_to_f32(self.biases.dtype(), brow);
-        unpack_row_affine(wrow, self.params, &scales, &biases, out);
+        let scales = scales_to_f32(self.params.mode, self.scales.dtype(), srow);
+        let biases = match self.biases {
+            Some(b) => floats_to_f32(b.dtype(), row_slice(b.bytes(), r, groups * b.dtype().size_bytes())?),
+            None => Vec::new(),
+        };
+        unpack_row(wrow, self.params, &scales, &biases, out);
         Some(())
     }
 }
@@ -312,11 +348,15 @@ impl QuantizedLinear<'_> {
     /// The weight as MLX's `mx.dequantize` gives it, in the scales' own type (widened to f32):
     /// for f16 or bf16 scales the product `q * scale` is rounded to that type and then the sum
     /// with the bias (what MLX's half-precision arithmetic does); for f32 scales, as
+    /// [`dequantize_f32`]; the floating-point modes' products are exact, as
     /// [`dequantize_f32`].
     pub fn dequantize_in_scale_type(&self) -> Vec<f32> {
+        if self.params.mode != QuantMode::Affine {
+            return dequantize_f32(self);
+        }
         let round = rounding(self.scales.dtype());
-        let scales = floats_to_f32(self.scales.dtype(), self.scales.bytes());
-        let biases = floats_to_f32(self.biases.dtype(), self.biases.bytes());
+        let scales = self.scales_f32();
+        let biases = self.biases_f32();
         let (gs, bits) = (self.params.group_size, self.params.bits as usize);
         let groups = self.in_features / gs;
         let row_bytes = self.in_features * bits / 8;
@@ -357,8 +397,9 @@ fn rounding(dtype: Dtype) -> fn(f32) -> f32 {
 ///
 /// `None` when `group_size` does not divide `in_features` or the bits are not MLX's.
 pub fn quantize_dequantize(values: &[f32], in_features: usize, params: QuantParams, dtype: Dtype) -> Option<Vec<f32>> {
-    let QuantParams { group_size, bits } = params;
-    if params.validate().is_err() || in_features == 0 || !in_features.is_multiple_of(group_size) {
+    let QuantParams { group_size, bits, mode } = params;
+    let affine = mode == QuantMode::Affine;
+    if !affine || params.validate().is_err() || in_features == 0 || !in_features.is_multiple_of(group_size) {
         return None;
     }
     let round = rounding(dtype);
@@ -383,34 +424,71 @@ pub fn quantize_dequantize(values: &[f32], in_features: usize, params: QuantPara
     Some(out)
 }
 
-/// Dequantizes the whole weight to f32 `[out, in]`, row-major:
-/// `w[r][c] = q * scale + bias` with `q` the unsigned `bits`-bit field of element `c` in row
-/// `r`, `scale`/`bias` those of group `c / group_size`, computed in f32 as a multiply then an
-/// add (no fused multiply-add, so results are reproducible bit for bit).
+/// Dequantizes the whole weight to f32 `[out, in]`, row-major: affine `w[r][c] = q * scale +
+/// bias` with `q` the unsigned `bits`-bit field of element `c` in row `r`, `scale`/`bias`
+/// those of group `c / group_size`, computed in f32 as a multiply then an add (no fused
+/// multiply-add, so results are reproducible bit for bit); a floating-point mode's `fp(q) *
+/// scale`, exact in f32 (as MLX's `mx.dequantize`).
 pub fn dequantize_f32(q: &QuantizedLinear<'_>) -> Vec<f32> {
     // With rows present, out * in values are backed by file bytes, so this cannot overflow.
     let mut out = Vec::with_capacity(q.out_features.saturating_mul(q.in_features));
-    let scales = floats_to_f32(q.scales.dtype(), q.scales.bytes());
-    let biases = floats_to_f32(q.biases.dtype(), q.biases.bytes());
+    let scales = q.scales_f32();
+    let biases = q.biases_f32();
     let groups = q.in_features / q.params.group_size;
     let row_bytes = q.in_features * q.params.bits as usize / 8;
     if row_bytes == 0 || groups == 0 {
         return out;
     }
-    let rows =
-        q.weight.bytes().chunks_exact(row_bytes).zip(scales.chunks_exact(groups)).zip(biases.chunks_exact(groups));
-    for ((wrow, srow), brow) in rows {
-        unpack_row_affine(wrow, q.params, srow, brow, &mut out);
+    for (r, wrow) in q.weight.bytes().chunks_exact(row_bytes).enumerate() {
+        let (first, last) = (r * groups, (r + 1) * groups);
+        let (Some(srow), brow) = (scales.get(first..last), biases.get(first..last).unwrap_or(&[])) else { break };
+        unpack_row(wrow, q.params, srow, brow, &mut out);
     }
     out
 }
 
-/// Dequantizes one packed row given that row's scales and biases.
-fn unpack_row_affine(row: &[u8], p: QuantParams, scales: &[f32], biases: &[f32], out: &mut Vec<f32>) {
+/// Dequantizes one packed row given that row's scales and (affine) biases.
+fn unpack_row(row: &[u8], p: QuantParams, scales: &[f32], biases: &[f32], out: &mut Vec<f32>) {
     let bits = p.bits as usize;
-    for (g, (&s, &b)) in scales.iter().zip(biases).enumerate() {
+    for (g, &s) in scales.iter().enumerate() {
         let first = g * p.group_size;
-        out.extend((first..first + p.group_size).map(|c| unpack(row, c, bits) as f32 * s + b));
+        let codes = (first..first + p.group_size).map(|c| unpack(row, c, bits));
+        match p.mode {
+            QuantMode::Affine => {
+                let b = biases.get(g).copied().unwrap_or(0.0);
+                out.extend(codes.map(|q| q as f32 * s + b));
+            }
+            QuantMode::Mxfp4 | QuantMode::Nvfp4 => out.extend(codes.map(|q| e2m1(q) * s)),
+            QuantMode::Mxfp8 => out.extend(codes.map(|q| e4m3(q) * s)),
+        }
+    }
+}
+
+/// The FP4 (E2M1) number of a 4-bit code: sign bit 3, magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+fn e2m1(code: u32) -> f32 {
+    const MAGNITUDE: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let m = MAGNITUDE[(code & 7) as usize];
+    if code & 8 != 0 { -m } else { m }
+}
+
+/// The FP8 E4M3 (`e4m3fn`: bias 7, no infinities, `S.1111.111` NaN) number of an 8-bit code.
+fn e4m3(code: u32) -> f32 {
+    let (e, m) = ((code >> 3) & 15, code & 7);
+    let magnitude = match (e, m) {
+        (15, 7) => f32::NAN,
+        (0, m) => m as f32 / 8.0 * 2f32.powi(-6),
+        (e, m) => (1.0 + m as f32 / 8.0) * 2f32.powi(e as i32 - 7),
+    };
+    if code & 0x80 != 0 { -magnitude } else { magnitude }
+}
+
+/// Scales as f32: affine's floats widened; the E8M0 powers of two `2^(s - 127)` (mxfp4,
+/// mxfp8); nvfp4's E4M3 numbers.
+fn scales_to_f32(mode: QuantMode, dtype: Dtype, bytes: &[u8]) -> Vec<f32> {
+    match mode {
+        QuantMode::Affine => floats_to_f32(dtype, bytes),
+        QuantMode::Mxfp4 | QuantMode::Mxfp8 => bytes.iter().map(|&s| 2f32.powi(i32::from(s) - 127)).collect(),
+        QuantMode::Nvfp4 => bytes.iter().map(|&s| e4m3(u32::from(s))).collect(),
     }
 }
 

@@ -9,7 +9,8 @@ use common::{assert_names, checkpoint, shown};
 use serde_json::json;
 use weights::write::Writer;
 use weights::{
-    Checkpoint, Dtype, Error, LayerQuant, Linear, QuantConfig, QuantParams, dequantize_f32, pack, quantize_dequantize,
+    Checkpoint, Dtype, Error, LayerQuant, Linear, QuantConfig, QuantMode, QuantParams, dequantize_f32, pack,
+    quantize_dequantize,
 };
 
 const Q: &str = "model.layers.0.self_attn.q_proj";
@@ -83,12 +84,12 @@ fn config_parsing() {
     let ckpt = Checkpoint::open(dir.path()).expect("open");
     let q = ckpt.quantization().expect("quantization block");
     assert_eq!(q.source_key(), "quantization");
-    assert_eq!(q.global(), QuantParams { group_size: 64, bits: 4 });
+    assert_eq!(q.global(), QuantParams::affine(64, 4));
     assert_eq!(q.overrides().len(), 3);
-    assert_eq!(q.for_layer(Q), LayerQuant::Quantized(QuantParams { group_size: 32, bits: 4 }));
-    assert_eq!(q.for_layer(DOWN), LayerQuant::Quantized(QuantParams { group_size: 32, bits: 8 }));
+    assert_eq!(q.for_layer(Q), LayerQuant::Quantized(QuantParams::affine(32, 4)));
+    assert_eq!(q.for_layer(DOWN), LayerQuant::Quantized(QuantParams::affine(32, 8)));
     assert_eq!(q.for_layer("lm_head"), LayerQuant::Unquantized);
-    assert_eq!(q.for_layer(EMBED), LayerQuant::Quantized(QuantParams { group_size: 64, bits: 4 }));
+    assert_eq!(q.for_layer(EMBED), LayerQuant::Quantized(QuantParams::affine(64, 4)));
     // The raw JSON stays available to the model definition.
     assert_eq!(ckpt.config()["model_type"], "qwen2");
 }
@@ -98,12 +99,12 @@ fn quantization_config_key_and_absent_blocks() {
     let p = Path::new("config.json");
     let cfg = json!({"quantization_config": {"group_size": 128, "bits": 8}});
     let q = QuantConfig::from_config(&cfg, p).expect("ok").expect("some");
-    assert_eq!((q.source_key(), q.global()), ("quantization_config", QuantParams { group_size: 128, bits: 8 }));
+    assert_eq!((q.source_key(), q.global()), ("quantization_config", QuantParams::affine(128, 8)));
     // `quantization` wins when both exist (mlx_lm writes both, identical).
     let cfg =
         json!({"quantization": {"group_size": 32, "bits": 4}, "quantization_config": {"group_size": 128, "bits": 8}});
     let q = QuantConfig::from_config(&cfg, p).expect("ok").expect("some");
-    assert_eq!(q.global(), QuantParams { group_size: 32, bits: 4 });
+    assert_eq!(q.global(), QuantParams::affine(32, 4));
     assert!(QuantConfig::from_config(&json!({"hidden_size": 4}), p).expect("ok").is_none());
     assert!(QuantConfig::from_config(&json!({"quantization": null}), p).expect("ok").is_none());
 }
@@ -121,7 +122,12 @@ fn bad_quantization_blocks() {
         (json!({"quantization": {"group_size": 64}}), "quantization.bits", "missing"),
         (json!({"quantization": {"bits": 4}}), "quantization.group_size", "missing"),
         (json!({"quantization": {"group_size": 64, "bits": "4"}}), "quantization.bits", "non-negative integer"),
-        (json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}}), "quantization.mode", "\"mxfp4\""),
+        (json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxint4"}}), "quantization.mode", "\"mxint4\""),
+        (
+            json!({"quantization": {"group_size": 64, "bits": 4, "mode": "mxfp4"}}),
+            "quantization.mode",
+            "mode mxfp4 takes bits 4 and group_size 32",
+        ),
         (json!({"quantization": 4}), "quantization", "expected an object"),
         (
             json!({"quantization": {"group_size": 64, "bits": 4, "model.layers.3.mlp.up_proj": {"bits": 1}}}),
@@ -430,7 +436,7 @@ fn a_part_of_a_fused_layer_is_its_rows() {
     assert_eq!((part.out_features(), part.in_features(), part.bits()), (1, 64, 4));
     assert_eq!(part.weight().shape(), [1, 8]);
     assert_eq!(part.scales().to_f32_vec().expect("scales"), [1.0, -0.5]);
-    assert_eq!(part.biases().to_f32_vec().expect("biases"), [0.0, 8.0]);
+    assert_eq!(part.biases().expect("affine").to_f32_vec().expect("biases"), [0.0, 8.0]);
     assert_eq!(part.bias().and_then(|b| b.to_f32_vec().ok()), Some(vec![-0.125]));
     assert_eq!(bits_of(&part.dequantize_f32()), bits_of(&q.weight_f32()[64..]));
     // Its bytes lie where the file holds them.
@@ -551,7 +557,7 @@ fn quantize_dequantize_is_mlx_affine_quantization() {
         -1.5078125,
         -0.5,
     ];
-    let four = QuantParams { group_size: 32, bits: 4 };
+    let four = QuantParams::affine(32, 4);
     assert_eq!(quantize_dequantize(&bf16_in, 32, four, Dtype::BF16).unwrap(), bf16_out);
     let f16_in = [
         4.98828125, 4.9921875, 5.01171875, 4.9921875, 5.0, 5.0078125, 4.99609375, 5.0, 5.0, 5.0, 4.98828125, 5.0,
@@ -592,7 +598,7 @@ fn quantize_dequantize_is_mlx_affine_quantization() {
         4.999945640563965,
         4.988222122192383,
     ];
-    let eight = QuantParams { group_size: 32, bits: 8 };
+    let eight = QuantParams::affine(32, 8);
     assert_eq!(quantize_dequantize(&f16_in, 32, eight, Dtype::F16).unwrap(), f16_out);
     // A group of zeros stays zeros; a width the group size does not divide is refused.
     assert_eq!(quantize_dequantize(&[0.0; 32], 32, four, Dtype::BF16).unwrap(), [0.0; 32]);
@@ -613,4 +619,64 @@ fn dequantization_in_the_scale_type_rounds_twice_as_mlx() {
     let Linear::Quantized(q) = ckpt.linear(DOWN).expect("down_proj") else { panic!("quantized") };
     assert_eq!(q.dequantize_in_scale_type(), [1.796875; 32]);
     assert_eq!(dequantize_f32(&q), [5.0 * 0.30078125 + 0.30078125; 32], "f32: one rounding");
+}
+
+/// The floating-point modes as MLX 0.32.4's `mx.dequantize` decodes them (checked against it
+/// when written): mxfp4's E2M1 codes times an E8M0 scale `2^(s - 127)` per 32 (no biases),
+/// nvfp4's times an FP8 E4M3 scale per 16, mxfp8's E4M3 codes times E8M0; an override
+/// without a mode takes the global one; a floating-point layer with biases, or scales of
+/// a float type, is refused naming the tensor.
+#[test]
+fn floating_point_modes_dequantize_as_mlx() {
+    let config = r#"{"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4",
+        "a": {"group_size": 16, "bits": 4, "mode": "nvfp4"}, "b": {"bits": 8, "mode": "mxfp8"}, "c": {}}}"#;
+    let mut w = Writer::new();
+    // mxfp4, one row of 32: codes 0..15 twice (low nibble first), scale 2^(126 - 127).
+    w.add_u32("c.weight", &[1, 4], &[0x7654_3210, 0xFEDC_BA98, 0x7654_3210, 0xFEDC_BA98]).expect("w");
+    w.add("c.scales", Dtype::U8, &[1, 1], vec![126]).expect("s");
+    // nvfp4, 32 inputs: two groups of 16 (codes 2 = 1.0 and 15 = -6.0), E4M3 scales 0x38 = 1.0
+    // and 0x41 = (1 + 1/8) * 2^1 = 2.25.
+    w.add_u32("a.weight", &[1, 4], &[0x2222_2222, 0x2222_2222, 0xFFFF_FFFF, 0xFFFF_FFFF]).expect("w");
+    w.add("a.scales", Dtype::U8, &[1, 2], vec![0x38, 0x41]).expect("s");
+    // mxfp8, 32 inputs: E4M3 codes 0x38 (1.0), 0xC4 (-(1 + 4/8) * 2^1 = -3), 0x01 (2^-9), 0x7F
+    // (NaN) then zeros; scale 2^(129 - 127).
+    let mut bytes = vec![0x38u8, 0xC4, 0x01, 0x7F];
+    bytes.resize(32, 0);
+    let words: Vec<u32> = bytes.chunks(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    w.add_u32("b.weight", &[1, 8], &words).expect("w");
+    w.add("b.scales", Dtype::U8, &[1, 1], vec![129]).expect("s");
+    let dir = checkpoint(config, &w.to_bytes());
+    let ckpt = Checkpoint::open(dir.path()).expect("open");
+    let quant = ckpt.quantization().expect("block");
+    assert_eq!(
+        quant.for_layer("c"),
+        LayerQuant::Quantized(QuantParams { group_size: 32, bits: 4, mode: QuantMode::Mxfp4 })
+    );
+    let dequantized = |name: &str| {
+        let Linear::Quantized(q) = ckpt.linear(name).expect(name) else { panic!("{name} is quantized") };
+        assert!(q.biases().is_none());
+        dequantize_f32(&q)
+    };
+    let e2m1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+    let want: Vec<f32> = e2m1.iter().chain(&e2m1).map(|v| v * 0.5).collect();
+    assert_eq!(bits_of(&dequantized("c")), bits_of(&want));
+    let want: Vec<f32> = [1.0f32; 16].into_iter().chain([-6.0 * 2.25; 16]).collect();
+    assert_eq!(dequantized("a"), want);
+    let b = dequantized("b");
+    assert_eq!(&b[..3], [4.0, -12.0, 2f32.powi(-9) * 4.0]);
+    assert!(b[3].is_nan() && b[4..].iter().all(|&v| v == 0.0));
+
+    // Biases beside a floating-point layer, scales of a float type: refused by name.
+    let mut w = Writer::new();
+    w.add_u32("c.weight", &[1, 4], &[0; 4]).expect("w");
+    w.add("c.scales", Dtype::U8, &[1, 1], vec![127]).expect("s");
+    w.add_f16("c.biases", &[1, 1], &[0.0]).expect("b");
+    w.add_u32("a.weight", &[1, 4], &[0; 4]).expect("w");
+    w.add_f16("a.scales", &[1, 2], &[1.0, 1.0]).expect("s");
+    let dir = checkpoint(config, &w.to_bytes());
+    let ckpt = Checkpoint::open(dir.path()).expect("open");
+    let err = ckpt.linear("c").map(|_| ()).expect_err("biases").to_string();
+    assert_names(&err, &["c.weight", "mode mxfp4 has no `.biases`"]);
+    let err = ckpt.linear("a").map(|_| ()).expect_err("scales").to_string();
+    assert_names(&err, &["a.scales"]);
 }
