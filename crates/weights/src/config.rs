@@ -115,7 +115,8 @@ pub enum LayerQuant {
 /// Keys holding an object or a boolean are per-layer overrides keyed by module path; an
 /// override object may omit `group_size` or `bits`, which then come from the global block.
 /// Other keys (`quant_method`, ...) are ignored. `mode` is `"affine"` (also when absent),
-/// `"mxfp4"`, `"nvfp4"` or `"mxfp8"`; an override without one takes the global one.
+/// `"mxfp4"`, `"nvfp4"` or `"mxfp8"`; an override without one is affine, as mlx-lm loads it
+/// (gpt-oss's mxfp4 checkpoints keep their routers at affine 8 bits so).
 ///
 /// This block does not decide *whether* a layer is quantized: MLX quantizes a layer exactly
 /// when its `<prefix>.scales` tensor exists (see [`Checkpoint::linear`](crate::Checkpoint::linear)).
@@ -172,7 +173,9 @@ impl QuantConfig {
                 Value::Bool(true) => LayerQuant::Quantized(global),
                 Value::Object(o) => {
                     let sub = |field: &str| format!("{layer}.{field}");
-                    let mode = read_mode(o, global.mode).map_err(|r| err(&sub("mode"), r))?;
+                    // mlx-lm hands the override to `to_quantized`, whose mode is affine
+                    // unless the override names one.
+                    let mode = read_mode(o, QuantMode::Affine).map_err(|r| err(&sub("mode"), r))?;
                     let g = int_field(o, "group_size")
                         .map_err(|r| err(&sub("group_size"), r))?
                         .unwrap_or(global.group_size as u64);

@@ -623,13 +623,14 @@ fn dequantization_in_the_scale_type_rounds_twice_as_mlx() {
 
 /// The floating-point modes as MLX 0.32.4's `mx.dequantize` decodes them (checked against it
 /// when written): mxfp4's E2M1 codes times an E8M0 scale `2^(s - 127)` per 32 (no biases),
-/// nvfp4's times an FP8 E4M3 scale per 16, mxfp8's E4M3 codes times E8M0; an override
-/// without a mode takes the global one; a floating-point layer with biases, or scales of
-/// a float type, is refused naming the tensor.
+/// nvfp4's times an FP8 E4M3 scale per 16, mxfp8's E4M3 codes times E8M0; a layer without
+/// an override takes the global mode, an override without a mode is affine; a
+/// floating-point layer with biases, or scales of a float type, is refused naming the tensor.
 #[test]
 fn floating_point_modes_dequantize_as_mlx() {
     let config = r#"{"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4",
-        "a": {"group_size": 16, "bits": 4, "mode": "nvfp4"}, "b": {"bits": 8, "mode": "mxfp8"}, "c": {}}}"#;
+        "a": {"group_size": 16, "bits": 4, "mode": "nvfp4"}, "b": {"bits": 8, "mode": "mxfp8"},
+        "r": {"group_size": 64, "bits": 8}}}"#;
     let mut w = Writer::new();
     // mxfp4, one row of 32: codes 0..15 twice (low nibble first), scale 2^(126 - 127).
     w.add_u32("c.weight", &[1, 4], &[0x7654_3210, 0xFEDC_BA98, 0x7654_3210, 0xFEDC_BA98]).expect("w");
@@ -652,6 +653,8 @@ fn floating_point_modes_dequantize_as_mlx() {
         quant.for_layer("c"),
         LayerQuant::Quantized(QuantParams { group_size: 32, bits: 4, mode: QuantMode::Mxfp4 })
     );
+    // An override that names no mode is affine (mlx-lm's `to_quantized` default).
+    assert_eq!(quant.for_layer("r"), LayerQuant::Quantized(QuantParams::affine(64, 8)));
     let dequantized = |name: &str| {
         let Linear::Quantized(q) = ckpt.linear(name).expect(name) else { panic!("{name} is quantized") };
         assert!(q.biases().is_none());
