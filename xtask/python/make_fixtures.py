@@ -821,6 +821,40 @@ FIXTURES = [
         },
     },
     {
+        "name": "gpt_oss",
+        "about": "gpt_oss (gpt-oss 20B/120B's layers): attention sinks (a learned logit per head in each "
+        "softmax), sliding (window 8, smaller than the tested context) and full layers alternating by "
+        "default (no layer_types), q/k/v/o biases, yarn RoPE (factor 4 over 16 positions), 8 experts with "
+        "biases of which a biased router picks 4 (top 4 logits, softmax over them), the clamped SwiGLU "
+        "(alpha 1.702, limit 7); untied; the router at 8 bits in the quantized variants as mlx-lm's "
+        "quant_predicate keeps it; also in mxfp4, the format the released checkpoints ship in",
+        "group_size": 32,
+        "seed": 0,
+        "modes": ["mxfp4"],
+        "config": {
+            "architectures": ["GptOssForCausalLM"],
+            "model_type": "gpt_oss",
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 4,
+            "vocab_size": 256,
+            "rms_norm_eps": 1e-5,
+            "sliding_window": 8,
+            "rope_theta": 150000,
+            "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "original_max_position_embeddings": 16, "truncate": False},
+            "attention_bias": True,
+            "tie_word_embeddings": False,
+            "swiglu_limit": 7.0,
+            "max_position_embeddings": 4096,
+        },
+    },
+    {
         "name": "granite",
         "scales": {"linear": 40.0, "final_norm": 8.0},
         "about": "granite (IBM Granite 3): llama's layers with its four multipliers (embeddings times 12, "

@@ -125,6 +125,7 @@ mod eight_rows_at_f32 {
         gemma4_text,
         glm4,
         glm4_moe,
+        gpt_oss,
         granite,
         lfm2,
         llama_linear_untied,

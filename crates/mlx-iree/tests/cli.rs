@@ -80,7 +80,7 @@ fn unsupported_model_type_is_refused_before_compiling() {
         &args,
         2,
         "",
-        "unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, glm4, glm4_moe, deepseek_v3, kimi_k2, gemma4_text, gemma3, mistral3, gemma4)",
+        "unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, glm4, glm4_moe, deepseek_v3, kimi_k2, gpt_oss, gemma4_text, gemma3, mistral3, gemma4)",
     );
     assert!(!file.exists(), "no partial output file");
 }
@@ -444,7 +444,7 @@ fn a_malformed_smollm3_config_is_one_line() {
 /// matrix names it; a gemma4_text without its per-layer table names the tensor, one with
 /// experts (`enable_moe_block`) but no `num_experts` or with every layer KV-shared names the
 /// setting, a gemma4 without a full layer's `k_proj` names it as stored, a gemma4_moe
-/// without an expert scale names it. Exit 2, nothing compiled.
+/// without an expert scale names it, a gpt_oss without its attention sinks names them. Exit 2, nothing compiled.
 #[test]
 fn malformed_new_family_checkpoints_are_one_line() {
     let run = |dir: &tempfile::TempDir, expected: &str| {
@@ -495,6 +495,8 @@ fn malformed_new_family_checkpoints_are_one_line() {
     run(&dir, "num_experts: missing");
     let dir = fixture_with_tensor("gemma4_moe", "model.layers.1.router.per_expert_scale", None);
     run(&dir, "model.layers.1.router.per_expert_scale");
+    let dir = fixture_with_tensor("gpt_oss", "model.layers.1.self_attn.sinks", None);
+    run(&dir, "model.layers.1.self_attn.sinks");
     let dir = fixture_of("gemma4_text", "num_kv_shared_layers", serde_json::json!(5));
     run(&dir, "num_kv_shared_layers: 5 leaves none of the 5 layers its own keys");
     let dir = fixture_with_tensor("gemma4", "language_model.model.layers.1.self_attn.k_proj.weight", None);

@@ -108,6 +108,7 @@ fixture_tests!(
     glm4_moe,
     deepseek_v3,
     deepseek_v3_kv_b,
+    gpt_oss,
     smollm3,
     qwen3_next,
     qwen3_5,
@@ -116,7 +117,8 @@ fixture_tests!(
 );
 
 /// MLX's floating-point quantization modes (`mlx_lm.convert --q-mode`): llama_llama3_tied's
-/// mxfp4, nvfp4 and mxfp8 variants, dequantized exactly at f32, token-exact with mlx-lm.
+/// mxfp4, nvfp4 and mxfp8 variants and gpt_oss's mxfp4 one (its experts too), dequantized
+/// exactly at f32, token-exact with mlx-lm.
 mod quant_modes {
     use engine::Precision::F32;
     #[test]
@@ -130,5 +132,9 @@ mod quant_modes {
     #[test]
     fn mxfp8() {
         super::check("llama_llama3_tied", "mxfp8", F32, "expected.json");
+    }
+    #[test]
+    fn gpt_oss_mxfp4() {
+        super::check("gpt_oss", "mxfp4", F32, "expected.json");
     }
 }

@@ -222,6 +222,7 @@ per_family!(
     gemma4_text,
     glm4,
     glm4_moe,
+    gpt_oss,
     granite,
     lfm2,
     llama_linear_untied,

@@ -119,6 +119,7 @@ vulkan_tests!(
     gemma4_text,
     glm4,
     glm4_moe,
+    gpt_oss,
     granite,
     lfm2,
     llama_linear_untied,

@@ -8,7 +8,7 @@ use std::path::Path;
 
 pub const SUPPORTED: &str = "llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, \
 gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, glm4, \
-glm4_moe, deepseek_v3, kimi_k2, gemma4_text, gemma3, mistral3, gemma4";
+glm4_moe, deepseek_v3, kimi_k2, gpt_oss, gemma4_text, gemma3, mistral3, gemma4";
 
 /// The checkpoint's `config.json` as written, every field optional; [`ModelConfig::from_json`]
 /// decides per `model_type` which are required and what the defaults are.
@@ -148,6 +148,7 @@ pub enum Family {
     Glm4Moe,
     DeepseekV3,
     Gemma4,
+    GptOss,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +159,9 @@ pub enum Activation {
     GeluErf,
     /// `gelu_approx(gate) * up`, the tanh approximation (`gemma2`, `gemma3_text`).
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU (mlx-lm's `swiglu_oai`, alpha 1.702, limit 7): `g =
+    /// min(gate, 7)`, `(clip(up, -7, 7) + 1) * g * sigmoid(1.702 g)`.
+    SwigluOai,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -223,6 +227,9 @@ pub struct Moe {
     /// their sum normed by `post_feedforward_layernorm`), the router reading the layer's
     /// input un-normed.
     pub beside_mlp: bool,
+    /// gpt-oss: the router (`{block}.router`) and the experts (`{block}.experts.*`) have
+    /// biases.
+    pub biased: bool,
 }
 
 /// How the router's logits become the chosen experts' weights.
@@ -457,6 +464,9 @@ pub struct ModelConfig {
     pub value_norm: bool,
     /// Each layer's output times its `layer_scalar` (`[1]`, Gemma 4).
     pub layer_scalar: bool,
+    /// A learned logit per query head (`self_attn.sinks`) joins each softmax over the keys
+    /// and takes its share of the weight with no value (gpt-oss's attention sinks).
+    pub attn_sinks: bool,
 }
 
 /// Where a layer's norms sit.
@@ -528,6 +538,8 @@ enum Windows {
     /// Those `layer_types` marks `sliding_attention`, else all but every fourth, with a
     /// plain RoPE (the scaling is the full layers'): OLMo 3.
     Olmo3,
+    /// Those `layer_types` marks `sliding_attention`, else the even layers (gpt-oss).
+    LayerTypesElseEven,
     /// Gemma 4: `layer_types` (else all but every `sliding_window_pattern`-th slide), each
     /// type with its own heads and `rope_parameters`, and the KV-shared last layers
     /// ([`gemma4_layers`]).
@@ -579,6 +591,8 @@ enum Biases {
     Attention,
     /// `attention_bias` on q, k and v only (GLM-4).
     AttentionQkv,
+    /// On q, k, v and o whatever the config says, never on an MLP (gpt-oss).
+    AlwaysAttention,
 }
 
 /// Gemma's differences: the `1 + w` norm scale, 1e-6 epsilon, scaled embeddings.
@@ -624,6 +638,8 @@ struct MoeRules {
     grouped: bool,
     /// `num_experts` may be absent (a dense model, Qwen3.5).
     optional: bool,
+    /// gpt-oss's router and experts with biases, under their own names ([`Moe::biased`]).
+    biased: bool,
 }
 
 /// One family's reading of config.json, as mlx-lm 0.32's model file for it does: every
@@ -742,6 +758,7 @@ const QWEN_MOE: MoeRules = MoeRules {
     layers: MoeLayers::Every,
     grouped: false,
     optional: false,
+    biased: false,
 };
 
 /// Every family, in the order [`SUPPORTED`] names them.
@@ -979,6 +996,24 @@ const FAMILIES: &[Rules] = &[
         ..DENSE
     },
     DEEPSEEK_V3,
+    Rules {
+        family: Family::GptOss,
+        model_types: &["gpt_oss"],
+        rope_theta: 150_000.0,
+        tie: Tie::Never,
+        biases: Biases::AlwaysAttention,
+        windows: Windows::LayerTypesElseEven,
+        moe: Some(MoeRules {
+            block: "mlp",
+            local_experts: Some(128),
+            top_k: Some(4),
+            softmax_first: None,
+            moe_width: false,
+            biased: true,
+            ..QWEN_MOE
+        }),
+        ..DENSE
+    },
     Rules {
         family: Family::Gemma4,
         model_types: &["gemma4_text"],
@@ -1249,6 +1284,7 @@ impl ModelConfig {
         let softcaps = gemma.and_then(|g| g.softcaps);
         let attention_bias = raw.attention_bias.unwrap_or(false);
         let configured = matches!(rules.biases, Biases::Configured);
+        let always = matches!(rules.biases, Biases::AlwaysAttention);
         let attention_configured = configured || matches!(rules.biases, Biases::Attention);
         let qkv_configured = attention_configured || matches!(rules.biases, Biases::AttentionQkv);
         // mlx-lm's ministral3 reads both from `rope_parameters`, with no defaults.
@@ -1292,8 +1328,8 @@ impl ModelConfig {
             fused_qkv: rules.fused_projections,
             fused_gate_up: rules.fused_projections || rules.fused_gate_up,
             rope_traditional,
-            qkv_bias: matches!(rules.biases, Biases::Qkv) || (qkv_configured && attention_bias),
-            o_bias: attention_configured && attention_bias,
+            qkv_bias: always || matches!(rules.biases, Biases::Qkv) || (qkv_configured && attention_bias),
+            o_bias: always || (attention_configured && attention_bias),
             mlp_bias: configured && raw.mlp_bias.unwrap_or(false),
             qk_norm: match rules.qk_norm {
                 QkNorm::No => false,
@@ -1304,7 +1340,11 @@ impl ModelConfig {
             norm_placement: rules.norms,
             qk_norm_full_width: rules.qk_norm_full_width,
             embed_scale,
-            activation: gemma.map_or(Activation::Silu, |g| g.activation),
+            activation: match (gemma, rules.family) {
+                (Some(g), _) => g.activation,
+                (None, Family::GptOss) => Activation::SwigluOai,
+                (None, _) => Activation::Silu,
+            },
             attn_scale,
             attn_softcap: softcaps.and_then(|(attn, _)| attn).map(|attn| raw.attn_logit_softcapping.unwrap_or(attn)),
             // An explicit `null` turns the cap off.
@@ -1321,6 +1361,7 @@ impl ModelConfig {
             per_layer_input,
             value_norm: gemma4,
             layer_scalar: gemma4,
+            attn_sinks: rules.family == Family::GptOss,
         }
         .validated(path)
     }
@@ -1799,6 +1840,16 @@ fn layers(raw: &RawConfig, rules: &Rules, has_moe: bool, global: LayerConfig, p:
                     Some(other) => return Err(cfg_err(p, "layer_types", format!("layer {i}: {other:?}"))),
                 },
                 Windows::Even => LayerConfig { sliding_window: window.filter(|_| i % 2 == 0), ..global },
+                Windows::LayerTypesElseEven => {
+                    let sliding = match raw.layer_types.as_ref().map(|t| t.get(i).map(String::as_str)) {
+                        None => i % 2 == 0,
+                        Some(Some("full_attention")) => false,
+                        Some(Some("sliding_attention")) => true,
+                        Some(other) => return Err(cfg_err(p, "layer_types", format!("layer {i}: {other:?}"))),
+                    };
+                    let window = if sliding { Some(required(p, "sliding_window", window)?) } else { None };
+                    LayerConfig { sliding_window: window, ..global }
+                }
                 Windows::Olmo3 => {
                     let sliding = match raw.layer_types.as_ref().map(|t| t.get(i).map(String::as_str)) {
                         None => (i + 1) % 4 != 0,
@@ -2033,7 +2084,26 @@ fn parse_moe(raw: &RawConfig, rules: &MoeRules, p: &Path) -> Result<Option<Moe>>
     } else {
         None
     };
-    Ok(Some(Moe { block: rules.block, experts, top_k, intermediate, routing, shared_expert, beside_mlp: false }))
+    Ok(Some(block_moe(rules, [experts, top_k, intermediate], routing, shared_expert)))
+}
+
+/// The experts of a family's MoE block (`[experts, top k, width]`), under its block's names.
+fn block_moe(
+    rules: &MoeRules,
+    [experts, top_k, intermediate]: [usize; 3],
+    routing: Routing,
+    shared_expert: Option<SharedExpert>,
+) -> Moe {
+    Moe {
+        block: rules.block,
+        experts,
+        top_k,
+        intermediate,
+        routing,
+        shared_expert,
+        beside_mlp: false,
+        biased: rules.biased,
+    }
 }
 
 /// Gemma 4's experts where `enable_moe_block` (the 26B-A4B): `num_experts`, `top_k_experts`
@@ -2055,6 +2125,7 @@ fn gemma4_moe(raw: &RawConfig, p: &Path) -> Result<Option<Moe>> {
         routing: Routing::ScaledTopKSoftmax,
         shared_expert: None,
         beside_mlp: true,
+        biased: false,
     }))
 }
 
@@ -2105,7 +2176,7 @@ fn grouped_moe(raw: &RawConfig, rules: &MoeRules, p: &Path) -> Result<Option<Moe
         None | Some(0) => None,
         Some(n) => Some(SharedExpert { width: n * intermediate, gated: false }),
     };
-    Ok(Some(Moe { block: rules.block, experts, top_k, intermediate, routing, shared_expert, beside_mlp: false }))
+    Ok(Some(block_moe(rules, [experts, top_k, intermediate], routing, shared_expert)))
 }
 
 /// mlx-lm's phi3: `rope_scaling` must hold `type` and `long_factor`; `longrope` and `su`

@@ -81,6 +81,11 @@ impl LayerNames {
         self.at(&format!("self_attn.{part}"))
     }
 
+    /// gpt-oss's attention sinks: a logit per query head (`[heads]`).
+    pub fn sinks(&self) -> String {
+        self.at("self_attn.sinks")
+    }
+
     /// The RMSNorm weight of each query head (Qwen3, Gemma 3).
     pub fn q_norm(&self) -> String {
         self.at("self_attn.q_norm.weight")
@@ -141,7 +146,7 @@ impl LayerNames {
 
     /// The names of `moe`'s experts in this layer: under its block, or Gemma 4's modules beside
     /// the dense MLP (`router.proj`, `router.scale`, `router.per_expert_scale`,
-    /// `experts.switch_glu.*`).
+    /// `experts.switch_glu.*`), or gpt-oss's (`mlp.router`, `mlp.experts.*`).
     pub fn moe(&self, moe: &Moe) -> MoeNames {
         if moe.beside_mlp {
             MoeNames {
@@ -149,6 +154,10 @@ impl LayerNames {
                 experts: self.at("experts.switch_glu"),
                 block: self.prefix.clone(),
             }
+        } else if moe.biased {
+            // gpt-oss: `mlp.router` and `mlp.experts.*`, each with its `.bias`.
+            let block = self.at(moe.block);
+            MoeNames { router: format!("{block}.router"), experts: format!("{block}.experts"), block }
         } else {
             self.moe_block(moe.block)
         }

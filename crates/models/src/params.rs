@@ -291,7 +291,19 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
                 vec(b.router_scale(), &[d]);
                 vec(b.per_expert_scale(), &[moe.experts]);
             }
+            Some(moe) if moe.biased => {
+                // gpt-oss: the router's bias, each expert's biases `[experts, out]`.
+                let b = n.moe(moe);
+                vec(bias(&b.router()), &[moe.experts]);
+                let widths = [moe.intermediate, moe.intermediate, d];
+                for (part, out) in MLP_PARTS.into_iter().zip(widths) {
+                    vec(bias(&b.experts(part)), &[moe.experts, out]);
+                }
+            }
             _ => {}
+        }
+        if cfg.attn_sinks && matches!(cfg.mixer(layer), LayerMixer::Attention) {
+            vec(n.sinks(), &[cfg.heads]);
         }
         if cfg.moe.as_ref().is_some_and(|m| layer.moe && m.beside_mlp) {
             for norm in ["post_feedforward_layernorm_1", "pre_feedforward_layernorm_2", "post_feedforward_layernorm_2"]

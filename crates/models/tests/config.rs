@@ -35,7 +35,7 @@ fn refusals_name_the_cause() {
         llama(),
         "model_type",
         json!("gpt2"),
-        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, glm4, glm4_moe, deepseek_v3, kimi_k2, gemma4_text, gemma3, mistral3, gemma4)",
+        "m/config.json: unsupported model_type `gpt2` (supported: llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, smollm3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, ministral3, granite, olmo2, olmo3, glm4, glm4_moe, deepseek_v3, kimi_k2, gpt_oss, gemma4_text, gemma3, mistral3, gemma4)",
     );
     check_err(llama(), "model_type", Value::Null, "m/config.json: model_type: missing");
     check_err(llama(), "hidden_size", Value::Null, "m/config.json: hidden_size: missing");
@@ -142,6 +142,7 @@ fn fixtures_normalise_per_family() {
         routing: Routing::SoftmaxTopK { normalize: true },
         shared_expert: None,
         beside_mlp: false,
+        biased: false,
     };
     assert_eq!(c.moe, Some(want));
     assert!(c.qk_norm && !c.qkv_bias && !c.tie_embeddings);
@@ -793,4 +794,35 @@ fn gemma4_settings() {
             "model.layers.1.router.per_expert_scale".to_owned()
         )
     );
+}
+
+/// gpt-oss: attention sinks, q/k/v/o biases whatever `attention_bias` says, sliding and full
+/// layers alternating without `layer_types`, yarn RoPE, experts with biases under their own
+/// names routed top k then softmax, the clamped SwiGLU, always an `lm_head`.
+#[test]
+fn gpt_oss_settings() {
+    let c = fixture_config("gpt_oss");
+    assert_eq!(
+        (c.family, c.attn_sinks, c.qkv_bias, c.o_bias, c.tie_embeddings),
+        (Family::GptOss, true, true, true, false)
+    );
+    assert_eq!(c.activation, Activation::SwigluOai);
+    assert_eq!(c.layers.iter().map(|l| l.sliding_window).collect::<Vec<_>>(), [Some(8), None]);
+    assert!(matches!(c.layers[1].rope_scaling, RopeScaling::Yarn { factor, .. } if factor == 4.0));
+    let moe = c.moe.clone().unwrap();
+    assert_eq!(
+        (moe.experts, moe.top_k, moe.intermediate, moe.routing, moe.biased),
+        (8, 4, 64, Routing::TopKSoftmax, true)
+    );
+    let names = models::names::LayerNames::new(0).moe(&moe);
+    assert_eq!(
+        (names.router(), names.experts("down_proj")),
+        ("model.layers.0.mlp.router".to_owned(), "model.layers.0.mlp.experts.down_proj".to_owned())
+    );
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gpt_oss/f32/config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["layer_types"] = json!(["full_attention", "sliding_attention"]);
+    v["attention_bias"] = json!(false);
+    let c = ModelConfig::from_json(&v, Path::new("m/config.json")).unwrap();
+    assert_eq!((c.layers[0].sliding_window, c.layers[1].sliding_window, c.qkv_bias), (None, Some(8), true));
 }

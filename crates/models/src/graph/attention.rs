@@ -133,7 +133,9 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
     /// Chunk attention (prefill: m rows of each of n sequences): queries `q [R, heads, hd]`
     /// against each sequence's window `kl`, `vl` (`[n, W, kv_heads, hd]`, the chunk's own rows
     /// included), key j visible from a row at position p when j <= p (and p - W' < j under a
-    /// sliding window W'). Contractions: prefill has enough rows for them. Returns `[R, heads * hd]`.
+    /// sliding window W'). Contractions: prefill has enough rows for them. `sinks` (`[heads]`,
+    /// gpt-oss) join each row's softmax as one more logit with no value. Returns
+    /// `[R, heads * hd]`.
     pub(super) fn attend_chunk(
         &self,
         q: V<'c, 'b>,
@@ -141,6 +143,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         vl: V<'c, 'b>,
         positions: V<'c, 'b>,
         sliding: Option<usize>,
+        sinks: Option<V<'c, 'b>>,
     ) -> R<V<'c, 'b>> {
         let f = self.f;
         let (n, m) = self.function.split();
@@ -159,7 +162,14 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         let scores = f.dot_general(qh, kl, DotDims::contract(&[3], &[3]).batch(&[0, 1], &[0, 2]))?;
         let neg = f.splat(f32::MIN as f64, &F32.tensor(&scores_shape))?;
         let scores = f.select(visible, f.reshape(self.scaled(scores)?, &scores_shape)?, neg)?;
-        let probs = f.reshape(f.softmax(scores)?, &[n, k, g * m, w])?;
+        let probs = match sinks {
+            None => f.softmax(scores)?,
+            Some(s) => {
+                let column = f.broadcast_in_dim(f.reshape(s, &[k, g])?, &[n, k, g, m, 1], &[1, 2])?;
+                f.slice_dim(f.softmax(f.concatenate(&[scores, column], 4)?)?, 4, 0, w)?
+            }
+        };
+        let probs = f.reshape(probs, &[n, k, g * m, w])?;
         let o = f.dot_general(probs, vl, DotDims::contract(&[3], &[1]).batch(&[0, 1], &[0, 2]))?;
         let o = f.transpose(f.reshape(o, &[n, k, g, m, hd])?, &[0, 3, 1, 2, 4])?;
         f.reshape(o, &[n * m, k * g * hd])
@@ -219,17 +229,16 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
     /// over both. Written as broadcast products and reductions, with the row's own key apart,
     /// so the window is never copied to put the row in. IREE 3.13 still raises the products to
     /// contractions (`matmul_like`), so in the data-tiled decode module each window is relaid
-    /// out (`set_encoding`, one copy) before its contraction. Returns `[n, heads * hd]`.
-    #[allow(clippy::too_many_arguments)]
+    /// out (`set_encoding`, one copy) before its contraction. `sinks` (`[heads]`, gpt-oss)
+    /// join the softmax as one more logit with no value. Returns `[n, heads * hd]`.
     pub(super) fn attend_one(
         &self,
         q: V<'c, 'b>,
-        kk: V<'c, 'b>,
-        vv: V<'c, 'b>,
-        kl: V<'c, 'b>,
-        vl: V<'c, 'b>,
+        (kk, vv): (V<'c, 'b>, V<'c, 'b>),
+        (kl, vl): (V<'c, 'b>, V<'c, 'b>),
         positions: V<'c, 'b>,
         sliding: Option<usize>,
+        sinks: Option<V<'c, 'b>>,
     ) -> R<V<'c, 'b>> {
         let f = self.f;
         let (n, w) = (kl.shape()[0], kl.shape()[1]);
@@ -258,10 +267,22 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             f.splat(f32::MIN as f64, &F32.tensor(&scores))?,
         )?;
 
+        let sinks = match sinks {
+            Some(s) => Some(f.broadcast_in_dim(f.reshape(s, &[k, g])?, &[n, k, g], &[1, 2])?),
+            None => None,
+        };
         let top = f.max(f.reduce_max(old, &[3])?, own)?;
+        let top = match sinks {
+            Some(s) => f.max(top, s)?,
+            None => top,
+        };
         let e_old = f.exp(f.sub(old, f.broadcast_in_dim(top, &scores, &[0, 1, 2])?)?)?;
         let e_own = f.exp(f.sub(own, top)?)?;
         let total = f.add(f.reduce_sum(e_old, &[3])?, e_own)?;
+        let total = match sinks {
+            Some(s) => f.add(total, f.exp(f.sub(s, top)?)?)?,
+            None => total,
+        };
         let o =
             f.mul(f.broadcast_in_dim(e_old, &full, &[0, 1, 2, 3])?, f.broadcast_in_dim(vl, &full, &[0, 3, 1, 4])?)?;
         let o = f.reduce_sum(o, &[3])?;

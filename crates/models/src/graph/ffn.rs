@@ -9,6 +9,10 @@ use crate::layout::Form;
 use crate::layout::Packing;
 use hlo_emit::{Cmp, DotDims, ElementType::*};
 
+/// gpt-oss's clamped SwiGLU (mlx-lm's `swiglu_oai` defaults).
+const SWIGLU_ALPHA: f64 = 1.702;
+const SWIGLU_LIMIT: f64 = 7.0;
+
 impl<'c, 'b> Step<'_, 'c, 'b> {
     /// The mixture-of-experts block under `block` (`model.layers.0.mlp`) on `x [T, d]`, as
     /// mlx-lm's sparse MoE blocks compute it: the router's logits, the top `k` experts of each
@@ -35,7 +39,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             }
             _ => routed,
         };
-        let logits = self.linear(router_input, &names.router(), false)?;
+        let logits = self.linear(router_input, &names.router(), moe.biased)?;
         let (scores, chosen) = match moe.routing {
             Routing::SoftmaxTopK { normalize } => {
                 let (v, i) = f.top_k(f.softmax(logits)?, moe.top_k)?;
@@ -69,21 +73,38 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             let n = t * k;
             let chosen = f.reshape(chosen, &[n])?;
             let rows = f.reshape(f.broadcast_in_dim(x, &[t, k, d], &[0, 2])?, &[n, d])?;
-            let apply = |name: &str, h: V<'c, 'b>| match self.layout.form(&experts(name)) {
-                Some(Form::CpuPacked(p)) => self.expert_dispatch(h, chosen, &experts(name), &p, n >= e),
-                _ => self.chosen_experts(&experts(name), chosen, h),
+            let apply = |name: &str, h: V<'c, 'b>| -> R<V<'c, 'b>> {
+                let y = match self.layout.form(&experts(name)) {
+                    Some(Form::CpuPacked(p)) => self.expert_dispatch(h, chosen, &experts(name), &p, n >= e)?,
+                    _ => self.chosen_experts(&experts(name), chosen, h)?,
+                };
+                if !moe.biased {
+                    return Ok(y);
+                }
+                // gpt-oss: each pair's expert's bias.
+                f.add(y, f.gather_rows(self.param(&crate::names::bias(&experts(name)))?, chosen)?)
             };
-            let hidden = f.mul(self.activation(apply("gate_proj", rows)?)?, apply("up_proj", rows)?)?;
+            let hidden = self.times_up(self.activation(apply("gate_proj", rows)?)?, apply("up_proj", rows)?)?;
             let out = f.reshape(apply("down_proj", hidden)?, &[t, k, d])?;
             f.reduce_sum(f.mul(out, f.broadcast_in_dim(scores, &[t, k, d], &[0, 1])?)?, &[1])?
         } else {
             // [E, I, d] · [T, d] -> [E, I, T]; then [E, d, I] · [E, I, T] -> [E, d, T].
-            let up_side = |name: &str| {
-                f.dot_general(self.expert_weights(&experts(name), None)?, x, DotDims::contract(&[2], &[1]))
+            // gpt-oss: each expert's bias `[E, out]` on each of its rows' outputs `[E, out, T]`.
+            let biased = |name: &str, y: V<'c, 'b>| -> R<V<'c, 'b>> {
+                if !moe.biased {
+                    return Ok(y);
+                }
+                let b = self.param(&crate::names::bias(&experts(name)))?;
+                f.add(y, f.broadcast_in_dim(b, &y.shape(), &[0, 1])?)
             };
-            let hidden = f.mul(self.activation(up_side("gate_proj")?)?, up_side("up_proj")?)?;
+            let up_side = |name: &str| {
+                let y = f.dot_general(self.expert_weights(&experts(name), None)?, x, DotDims::contract(&[2], &[1]))?;
+                biased(name, y)
+            };
+            let hidden = self.times_up(self.activation(up_side("gate_proj")?)?, up_side("up_proj")?)?;
             let down = self.expert_weights(&experts("down_proj"), None)?;
             let out = f.dot_general(down, hidden, DotDims::contract(&[2], &[1]).batch(&[0], &[0]))?;
+            let out = biased("down_proj", out)?;
             // Each row's weight of each expert [T, E]: its score where chosen, else 0.
             let column = f.iota(&I32.tensor(&[t, e]), 1)?;
             let mut weights = f.splat(0.0, &F32.tensor(&[t, e]))?;
@@ -98,7 +119,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         };
         if let Some(shared) = &moe.shared_expert {
             let part = |p: &str| names.shared_expert(shared, p);
-            let hidden = f.mul(
+            let hidden = self.times_up(
                 self.activation(self.linear(x, &part("gate_proj"), false)?)?,
                 self.linear(x, &part("up_proj"), false)?,
             )?;
@@ -251,7 +272,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         }
         let g = self.linear(x, gate, bias)?;
         let u = self.linear(x, up, bias)?;
-        self.f.mul(self.activation(g)?, u)
+        self.times_up(self.activation(g)?, u)
     }
 
     fn activation(&self, x: V<'c, 'b>) -> R<V<'c, 'b>> {
@@ -263,6 +284,24 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
                 f.mul_scalar(f.mul(x, f.add_scalar(e, 1.0)?)?, 0.5)
             }
             Activation::GeluTanh => self.gelu_tanh(x),
+            // The clamped gate's `g * sigmoid(1.702 g)`; `times_up` clamps the other half.
+            Activation::SwigluOai => {
+                let g = f.min(x, f.splat(SWIGLU_LIMIT, &x.ty())?)?;
+                f.mul(g, f.logistic(f.mul_scalar(g, SWIGLU_ALPHA)?)?)
+            }
+        }
+    }
+
+    /// The activated gate times the up projection: `up` as it is, or gpt-oss's `clip(up,
+    /// -7, 7) + 1`.
+    fn times_up(&self, activated: V<'c, 'b>, up: V<'c, 'b>) -> R<V<'c, 'b>> {
+        let f = self.f;
+        match self.cfg.activation {
+            Activation::SwigluOai => {
+                let (lo, hi) = (f.splat(-SWIGLU_LIMIT, &up.ty())?, f.splat(SWIGLU_LIMIT, &up.ty())?);
+                f.mul(f.add_scalar(f.max(f.min(up, hi)?, lo)?, 1.0)?, activated)
+            }
+            _ => f.mul(activated, up),
         }
     }
 

@@ -61,6 +61,8 @@ pub(super) struct AttentionPlan {
     pub head_dim: usize,
     /// Values RMS-normed per head without a weight (Gemma 4).
     pub value_norm: bool,
+    /// A logit per query head that joins each softmax with no value (gpt-oss's sinks).
+    pub sinks: Option<String>,
     /// Keys older than this many positions are masked.
     pub sliding_window: Option<usize>,
     /// The rotation of queries and keys; `None` for a NoPE layer (SmolLM3).
@@ -336,6 +338,7 @@ impl<'a> LayerPlan<'a> {
                 kv_heads: layer.kv_heads,
                 head_dim: layer.head_dim,
                 value_norm: cfg.value_norm,
+                sinks: cfg.attn_sinks.then(|| n.sinks()),
                 sliding_window: layer.sliding_window,
                 rope: layer.rope.then(|| RopeTable::new(layer, layer.rope_dims)),
                 output_gate: cfg.attn_output_gate,
@@ -411,6 +414,7 @@ impl<'a> LayerPlan<'a> {
                     read.push(names::bias(&a.o));
                 }
                 read.extend(a.q_norm.iter().cloned());
+                read.extend(a.sinks.iter().cloned());
             }
             Mixer::Latent(lat) => {
                 match &lat.query {
@@ -478,6 +482,10 @@ impl<'a> LayerPlan<'a> {
                 Routing::SoftmaxTopK { .. } | Routing::TopKSoftmax => {}
             }
             read.extend(names::MLP_PARTS.map(|part| m.names.experts(part)));
+            if m.config.biased {
+                read.push(names::bias(&m.names.router()));
+                read.extend(names::MLP_PARTS.map(|part| names::bias(&m.names.experts(part))));
+            }
             if let Some(shared) = &m.config.shared_expert {
                 read.extend(names::MLP_PARTS.map(|part| m.names.shared_expert(shared, part)));
                 if shared.gated {
@@ -859,16 +867,20 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         let new_rows = if own { Some((rows(k_cached)?, rows(v_cached)?)) } else { None };
 
         // Grouped-query attention: head j = kv * G + i attends with kv head `kv`.
+        let sinks = match &a.sinks {
+            Some(name) => Some(self.param(name)?),
+            None => None,
+        };
         let o = match self.attend_kernel(q, kk, vv, (kc, vc), l, row_slots, positions, a.sliding_window)? {
             Some(o) => o,
             None if m == 1 => {
                 let (kl, vl) = (heads_of(self.window(kc, l, slots)?)?, heads_of(self.window(vc, l, slots)?)?);
-                self.attend_one(q, kk, vv, kl, vl, positions, a.sliding_window)?
+                self.attend_one(q, (kk, vv), (kl, vl), positions, a.sliding_window, sinks)?
             }
             None => {
                 let kl = heads_of(self.window_with(kc, l, slots, k_cached, positions)?)?;
                 let vl = heads_of(self.window_with(vc, l, slots, v_cached, positions)?)?;
-                self.attend_chunk(q, kl, vl, positions, a.sliding_window)?
+                self.attend_chunk(q, kl, vl, positions, a.sliding_window, sinks)?
             }
         };
         let o = match gate {

@@ -210,12 +210,14 @@ impl Function {
 /// Whether attention (decode and prefill) runs in the CPU kernel (`kernels::cpu`, `attn`)
 /// for this model and layout: the layout links the kernel object (some matrix in a CPU
 /// form: packed, f16 or bf16 weights on an `llvm-cpu` target), the scores are not
-/// soft-capped and the kernel takes the heads (every layer's the same). It then reads only the positions in use,
+/// soft-capped, no sinks join the softmax and the kernel takes the heads (every layer's the
+/// same). It then reads only the positions in use,
 /// whatever the function's window.
 pub fn attention_in_kernel(cfg: &ModelConfig, layout: &Layout) -> bool {
     layout.kernel_object().is_some()
         && cfg.attn_softcap.is_none()
         && cfg.latent.is_none()
+        && !cfg.attn_sinks
         && cfg.uniform_heads()
         && kernels::cpu::supports_attention(cfg.heads, cfg.kv_heads, cfg.head_dim)
 }
