@@ -78,10 +78,13 @@ pub fn default_precision(device: &str, model: &std::path::Path) -> models::Preci
 /// Whether `model/config.json` declares MLX affine 4- or 8-bit quantization (the floating-point
 /// modes, `mxfp4` and the like, are not kept packed yet).
 fn quantized_4_or_8_bit(model: &std::path::Path) -> bool {
-    let Ok(text) = std::fs::read_to_string(model.join("config.json")) else { return false };
+    let path = model.join("config.json");
+    let Ok(text) = std::fs::read_to_string(&path) else { return false };
     let Ok(config) = serde_json::from_str::<serde_json::Value>(&text) else { return false };
-    let affine = matches!(config["quantization"]["mode"].as_str(), None | Some("affine"));
-    affine && matches!(config["quantization"]["bits"].as_u64(), Some(4 | 8))
+    // The block as the loader reads it; a malformed one is the loader's error to report.
+    let Ok(Some(quant)) = weights::QuantConfig::from_config(&config, &path) else { return false };
+    let global = quant.global();
+    global.mode == weights::QuantMode::Affine && matches!(global.bits, 4 | 8)
 }
 
 #[cfg(test)]

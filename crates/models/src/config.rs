@@ -1832,32 +1832,21 @@ fn layers(raw: &RawConfig, rules: &Rules, has_moe: bool, global: LayerConfig, p:
             Ok(match rules.windows {
                 // Gemma 4's are `gemma4_layers`'.
                 Windows::Global | Windows::Gemma4 => global,
-                Windows::LayerTypes => match raw.layer_types.as_ref().map(|t| t.get(i).map(String::as_str)) {
-                    None | Some(Some("full_attention")) => global,
-                    Some(Some("sliding_attention")) => {
+                Windows::LayerTypes => {
+                    if marked_sliding(raw, i, p)?.unwrap_or(false) {
                         LayerConfig { sliding_window: Some(required(p, "sliding_window", window)?), ..global }
+                    } else {
+                        global
                     }
-                    Some(other) => return Err(cfg_err(p, "layer_types", format!("layer {i}: {other:?}"))),
-                },
+                }
                 Windows::Even => LayerConfig { sliding_window: window.filter(|_| i % 2 == 0), ..global },
                 Windows::LayerTypesElseEven => {
-                    let sliding = match raw.layer_types.as_ref().map(|t| t.get(i).map(String::as_str)) {
-                        None => i % 2 == 0,
-                        Some(Some("full_attention")) => false,
-                        Some(Some("sliding_attention")) => true,
-                        Some(other) => return Err(cfg_err(p, "layer_types", format!("layer {i}: {other:?}"))),
-                    };
+                    let sliding = marked_sliding(raw, i, p)?.unwrap_or(i % 2 == 0);
                     let window = if sliding { Some(required(p, "sliding_window", window)?) } else { None };
                     LayerConfig { sliding_window: window, ..global }
                 }
                 Windows::Olmo3 => {
-                    let sliding = match raw.layer_types.as_ref().map(|t| t.get(i).map(String::as_str)) {
-                        None => (i + 1) % 4 != 0,
-                        Some(Some("full_attention")) => false,
-                        Some(Some("sliding_attention")) => true,
-                        Some(other) => return Err(cfg_err(p, "layer_types", format!("layer {i}: {other:?}"))),
-                    };
-                    if sliding {
+                    if marked_sliding(raw, i, p)?.unwrap_or((i + 1) % 4 != 0) {
                         let window = Some(required(p, "sliding_window", window)?);
                         LayerConfig { sliding_window: window, rope_scaling: RopeScaling::None, ..global }
                     } else {
@@ -1893,20 +1882,14 @@ fn layers(raw: &RawConfig, rules: &Rules, has_moe: bool, global: LayerConfig, p:
 /// experts ([`gemma4_moe`]).
 fn gemma4_layers(raw: &RawConfig, global: LayerConfig, n: usize, p: &Path) -> Result<Vec<LayerConfig>> {
     let moe = raw.enable_moe_block == Some(true);
+    if let Some(types) = raw.layer_types.as_ref().filter(|t| t.len() != n) {
+        return Err(cfg_err(p, "layer_types", format!("{} entries for {n} layers", types.len())));
+    }
     let full = |i: usize| -> Result<bool> {
-        match &raw.layer_types {
-            Some(types) if types.len() != n => {
-                Err(cfg_err(p, "layer_types", format!("{} entries for {n} layers", types.len())))
-            }
-            Some(types) => match types[i].as_str() {
-                "full_attention" => Ok(true),
-                "sliding_attention" => Ok(false),
-                other => Err(cfg_err(p, "layer_types", format!("layer {i}: {other:?}"))),
-            },
-            None => match raw.sliding_window_pattern.unwrap_or(5) {
-                0 => Err(cfg_err(p, "sliding_window_pattern", "must be > 0")),
-                pattern => Ok((i + 1).is_multiple_of(pattern)),
-            },
+        match (marked_sliding(raw, i, p)?, raw.sliding_window_pattern.unwrap_or(5)) {
+            (Some(sliding), _) => Ok(!sliding),
+            (None, 0) => Err(cfg_err(p, "sliding_window_pattern", "must be > 0")),
+            (None, pattern) => Ok((i + 1).is_multiple_of(pattern)),
         }
     };
     let shared = raw.num_kv_shared_layers.unwrap_or(20);
@@ -2014,6 +1997,17 @@ fn per_layer_input(raw: &RawConfig, p: &Path) -> Result<Option<PerLayerInput>> {
         return Err(cfg_err(p, "vocab_size_per_layer_input", "must be > 0"));
     }
     Ok(Some(PerLayerInput { width, vocab }))
+}
+
+/// Whether `layer_types` marks layer `i` `sliding_attention` (else `full_attention`); `None`
+/// where config.json has no `layer_types`.
+fn marked_sliding(raw: &RawConfig, i: usize, p: &Path) -> Result<Option<bool>> {
+    match raw.layer_types.as_ref().map(|t| t.get(i).map(String::as_str)) {
+        None => Ok(None),
+        Some(Some("full_attention")) => Ok(Some(false)),
+        Some(Some("sliding_attention")) => Ok(Some(true)),
+        Some(other) => Err(cfg_err(p, "layer_types", format!("layer {i}: {other:?}"))),
+    }
 }
 
 /// Whether each layer rotates its queries and keys: every one, except SmolLM3's NoPE layers

@@ -112,10 +112,17 @@ impl LayerNames {
         self.at("post_feedforward_layernorm.weight")
     }
 
-    /// Gemma 4's per-layer input block: `per_layer_input_gate`, `per_layer_projection` or
-    /// `post_per_layer_input_norm.weight`.
-    pub fn per_layer(&self, part: &str) -> String {
-        self.at(part)
+    /// Gemma 4's per-layer input block: its gate and projection (matrices) and the norm after
+    /// them (`[gate, projection, norm]`).
+    pub fn per_layer_block(&self) -> [String; 3] {
+        ["per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm.weight"].map(|p| self.at(p))
+    }
+
+    /// Gemma 4's norms around its two feed-forward branches when it has experts: after the
+    /// dense MLP, before and after the experts (`[post_mlp, pre_moe, post_moe]`).
+    pub fn branch_norms(&self) -> [String; 3] {
+        ["post_feedforward_layernorm_1", "pre_feedforward_layernorm_2", "post_feedforward_layernorm_2"]
+            .map(|p| self.at(&format!("{p}.weight")))
     }
 
     /// Gemma 4's scale of the layer's output (`[1]`).

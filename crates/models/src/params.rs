@@ -166,23 +166,22 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
             mat(down, d, layer.intermediate, false);
         }
         if let Some(moe) = moe {
-            {
-                let b = n.moe(moe);
-                mat(b.router(), moe.experts, d, true);
-                if let Some(shared) = &moe.shared_expert {
-                    let [gate, up, down] = MLP_PARTS.map(|part| b.shared_expert(shared, part));
-                    mat(gate, shared.width, d, false);
-                    mat(up, shared.width, d, false);
-                    mat(down, d, shared.width, false);
-                    if shared.gated {
-                        mat(b.shared_expert_gate(), 1, d, true);
-                    }
+            let b = n.moe(moe);
+            mat(b.router(), moe.experts, d, true);
+            if let Some(shared) = &moe.shared_expert {
+                let [gate, up, down] = MLP_PARTS.map(|part| b.shared_expert(shared, part));
+                mat(gate, shared.width, d, false);
+                mat(up, shared.width, d, false);
+                mat(down, d, shared.width, false);
+                if shared.gated {
+                    mat(b.shared_expert_gate(), 1, d, true);
                 }
             }
         }
         if let Some(pli) = &cfg.per_layer_input {
-            mat(n.per_layer("per_layer_input_gate"), pli.width, d, false);
-            mat(n.per_layer("per_layer_projection"), d, pli.width, false);
+            let [gate, projection, _] = n.per_layer_block();
+            mat(gate, pli.width, d, false);
+            mat(projection, d, pli.width, false);
         }
     }
     if !cfg.tie_embeddings {
@@ -306,9 +305,8 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
             vec(n.sinks(), &[cfg.heads]);
         }
         if cfg.moe.as_ref().is_some_and(|m| layer.moe && m.beside_mlp) {
-            for norm in ["post_feedforward_layernorm_1", "pre_feedforward_layernorm_2", "post_feedforward_layernorm_2"]
-            {
-                vec(n.at(&format!("{norm}.weight")), &[d]);
+            for norm in n.branch_norms() {
+                vec(norm, &[d]);
             }
         }
         if cfg.mlp_bias {
@@ -318,7 +316,8 @@ pub fn param_specs(cfg: &ModelConfig) -> Vec<ParamSpec> {
             vec(down, &[d]);
         }
         if cfg.per_layer_input.is_some() {
-            vec(n.per_layer("post_per_layer_input_norm.weight"), &[d]);
+            let [_, _, norm] = n.per_layer_block();
+            vec(norm, &[d]);
         }
         if cfg.layer_scalar {
             vec(n.layer_scalar(), &[1]);

@@ -242,15 +242,15 @@ impl<'a> LayerPlan<'a> {
         let mut cached: Vec<usize> = Vec::with_capacity(cfg.num_layers());
         let mut plans = Vec::with_capacity(cfg.num_layers());
         for l in 0..cfg.num_layers() {
-            let source = cfg.layers[l].kv_source.map(|s| cached.get(s).copied().filter(|_| s < l));
-            let plan = match source {
-                None => LayerPlan::new(cfg, l, kv_layer, state)?,
-                Some(Some(at)) => LayerPlan::new(cfg, l, at, state)?,
-                Some(None) => {
-                    return Err(Error::Invalid(format!("{}: layer {l} shares a later layer's keys", cfg.model_type)));
-                }
+            // A KV-shared layer's place is its (earlier) source's.
+            let at = match cfg.layers[l].kv_source {
+                None => kv_layer,
+                Some(s) => *cached.get(s).ok_or_else(|| {
+                    Error::Invalid(format!("{}: layer {l} shares a later layer's keys", cfg.model_type))
+                })?,
             };
-            cached.push(kv_layer);
+            let plan = LayerPlan::new(cfg, l, at, state)?;
+            cached.push(at);
             match &plan.mixer {
                 Mixer::Attention(a) if matches!(a.keys, Keys::Shared) => {}
                 Mixer::Attention(_) | Mixer::Latent(_) => kv_layer += 1,
@@ -366,13 +366,16 @@ impl<'a> LayerPlan<'a> {
         let mlp =
             MlpPlan { gate: n.mlp("gate_proj"), up: n.mlp("up_proj"), down: n.mlp("down_proj"), bias: cfg.mlp_bias };
         let ffn = match cfg.moe.as_ref().filter(|_| layer.moe) {
-            Some(moe) if moe.beside_mlp => FeedForward::MlpAndMoe {
-                mlp,
-                moe: MoePlan { names: n.moe(moe), config: moe },
-                post_mlp: n.at("post_feedforward_layernorm_1.weight"),
-                pre_moe: n.at("pre_feedforward_layernorm_2.weight"),
-                post_moe: n.at("post_feedforward_layernorm_2.weight"),
-            },
+            Some(moe) if moe.beside_mlp => {
+                let [post_mlp, pre_moe, post_moe] = n.branch_norms();
+                FeedForward::MlpAndMoe {
+                    mlp,
+                    moe: MoePlan { names: n.moe(moe), config: moe },
+                    post_mlp,
+                    pre_moe,
+                    post_moe,
+                }
+            }
             Some(moe) => {
                 if cfg.norm_placement != NormPlacement::Pre {
                     return Err(Error::Invalid(format!(
@@ -384,11 +387,9 @@ impl<'a> LayerPlan<'a> {
             }
             None => FeedForward::Mlp(mlp),
         };
-        let per_layer = cfg.per_layer_input.map(|_| PerLayerPlan {
-            index: l,
-            gate: n.per_layer("per_layer_input_gate"),
-            projection: n.per_layer("per_layer_projection"),
-            norm: n.per_layer("post_per_layer_input_norm.weight"),
+        let per_layer = cfg.per_layer_input.map(|_| {
+            let [gate, projection, norm] = n.per_layer_block();
+            PerLayerPlan { index: l, gate, projection, norm }
         });
         let scalar = cfg.layer_scalar.then(|| n.layer_scalar());
         Ok(LayerPlan { input_norm, mixer, norms, ffn, per_layer, scalar })
