@@ -40,6 +40,7 @@ from mlx.utils import tree_flatten, tree_map_with_path, tree_unflatten
 from mlx_lm.models import gemma2
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.utils import _get_classes, quantize_model, save_config, save_model
+from mlx_lm.convert import mixed_quant_predicate_builder
 
 import oracle
 
@@ -56,13 +57,21 @@ VARIANTS = {
     "q4": (4, "bfloat16"),
     "q8": (8, "float16"),
 }
-# MLX's floating-point quantization modes (`mlx_lm.convert --q-mode`), each with the bits and
-# group size it fixes: made only for the fixtures that list them under "modes", with
-# `--modes` (beside the variants above, which they leave as they are).
+# The other formats MLX writes, made only for the fixtures that list them under "modes", with
+# `--modes` (beside the variants above, which they leave as they are): the floating-point
+# modes (`mlx_lm.convert --q-mode`), each with the bits and group size it fixes; affine 2, 3,
+# 5 and 6 bits (`--q-bits`, at the fixture's group size); and mlx-lm's mixed recipes
+# (`--quant-predicate`, its own `mixed_quant_predicate_builder`). Each: (bits, dtype, group
+# size or None for the fixture's, mode, recipe).
 MODE_VARIANTS = {
-    "mxfp4": (4, "bfloat16", 32),
-    "nvfp4": (4, "bfloat16", 16),
-    "mxfp8": (8, "bfloat16", 32),
+    "mxfp4": (4, "bfloat16", 32, "mxfp4", None),
+    "nvfp4": (4, "bfloat16", 16, "nvfp4", None),
+    "mxfp8": (8, "bfloat16", 32, "mxfp8", None),
+    "q2": (2, "bfloat16", None, "affine", None),
+    "q3": (3, "bfloat16", None, "affine", None),
+    "q5": (5, "float16", None, "affine", None),
+    "q6": (6, "bfloat16", None, "affine", None),
+    "mixed_3_6": (3, "bfloat16", None, "affine", "mixed_3_6"),
 }
 # Random weights: embedding entries ~ N(0, embed^2), projections ~ N(0, linear^2 / fan_in),
 # norm gains 1 + N(0, norm^2) (the final norm's centred on final_norm, which sets the
@@ -144,7 +153,7 @@ FIXTURES = [
         "name": "llama_llama3_tied",
         "about": "llama, rope_scaling llama3 (all three frequency bands used), GQA 4/2, tied embeddings",
         "group_size": 64,
-        "modes": ["mxfp4", "nvfp4", "mxfp8"],
+        "modes": ["mxfp4", "nvfp4", "mxfp8", "q2", "q3", "q5", "q6", "mixed_3_6"],
         "config": {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -1177,8 +1186,9 @@ def build(config, seed, scales):
     return model
 
 
-def save_variant(model, config, out, bits, dtype, group_size, mode="affine"):
-    """Saves like mlx_lm.convert: cast floating tensors, quantize, save weights + config."""
+def save_variant(model, config, out, bits, dtype, group_size, mode="affine", recipe=None):
+    """Saves like mlx_lm.convert: cast floating tensors, quantize (with `recipe`, one of
+    mlx-lm's mixed recipes, as `--quant-predicate` does), save weights + config."""
     config = copy.deepcopy(config)
     if bits is None:
         config["torch_dtype"] = "float32"
@@ -1194,8 +1204,9 @@ def save_variant(model, config, out, bits, dtype, group_size, mode="affine"):
 
         model.update(tree_map_with_path(set_dtype, model.parameters()))
         # quantize_model prints a bits-per-weight line; keep the progress output short.
+        predicate = mixed_quant_predicate_builder(recipe, model, group_size) if recipe else None
         with contextlib.redirect_stdout(io.StringIO()):
-            model, config = quantize_model(model, config, group_size, bits, mode=mode)
+            model, config = quantize_model(model, config, group_size, bits, mode=mode, quant_predicate=predicate)
     save_model(out, model)
     save_config(config, config_path=Path(out) / "config.json")
 
@@ -1415,21 +1426,28 @@ def make_modes(fixture, out_root, scales):
     the saved folder, like every variant's."""
     dest = out_root / fixture["name"]
     seed = json.loads((dest / "f32" / "expected.json").read_text())["seed"]
-    for mode in fixture.get("modes", []):
-        bits, dtype, group_size = MODE_VARIANTS[mode]
+    for variant in fixture.get("modes", []):
+        bits, dtype, group_size, mode, recipe = MODE_VARIANTS[variant]
+        group_size = group_size or fixture["group_size"]
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
             model = build(fixture["config"], seed, scales)
-            save_variant(model, fixture["config"], tmp / mode, bits, dtype, group_size, mode)
-            doc = record(tmp / mode, fixture, mode, seed)
+            save_variant(model, fixture["config"], tmp / variant, bits, dtype, group_size, mode, recipe)
+            doc = record(tmp / variant, fixture, variant, seed)
             doc["weights"]["group_size"], doc["weights"]["mode"] = group_size, mode
-            doc["about"] += f"; weights in MLX {mode} (mlx_lm.convert --q-mode {mode})"
+            if recipe:
+                doc["weights"]["recipe"] = recipe
+                doc["about"] += f"; weights by mlx-lm's {recipe} recipe (mlx_lm.convert --quant-predicate {recipe})"
+            elif mode == "affine":
+                doc["about"] += f"; weights in MLX affine {bits}-bit (mlx_lm.convert -q --q-bits {bits})"
+            else:
+                doc["about"] += f"; weights in MLX {mode} (mlx_lm.convert --q-mode {mode})"
             margin = min(t["min_top2_margin"] for t in doc["trajectories"])
-            print(f"[fixtures] {fixture['name']}/{mode} seed {seed}: min margin {margin:.4f}", flush=True)
-            if (dest / mode).exists():
-                shutil.rmtree(dest / mode)
-            shutil.copytree(tmp / mode, dest / mode)
-            (dest / mode / "expected.json").write_text(json.dumps(doc, indent=1) + "\n")
+            print(f"[fixtures] {fixture['name']}/{variant} seed {seed}: min margin {margin:.4f}", flush=True)
+            if (dest / variant).exists():
+                shutil.rmtree(dest / variant)
+            shutil.copytree(tmp / variant, dest / variant)
+            (dest / variant / "expected.json").write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def install(tmp, dest, docs):

@@ -131,10 +131,7 @@ fn refusals_are_one_line() {
     let model = fixture();
     let m = model.to_str().unwrap();
     for (args, msg) in [
-        (
-            vec!["--model", m, "--precision", "packed"],
-            "precision `packed` needs an MLX 4- or 8-bit quantized checkpoint",
-        ),
+        (vec!["--model", m, "--precision", "packed"], "precision `packed` needs an MLX-quantized checkpoint"),
         (vec!["--model", m, "--precision", "f64"], "unknown precision `f64`"),
         (vec!["--model", m, "--steps", "0"], "--steps must be at least 1"),
         (vec!["--model", "/nonexistent/model"], "model folder /nonexistent/model does not exist"),

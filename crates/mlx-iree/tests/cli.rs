@@ -115,12 +115,7 @@ fn bad_requests_are_one_line_errors() {
     let model = fixture.to_str().unwrap();
     bad_trajectory("/nonexistent/m", "1", &[], "model folder /nonexistent/m does not exist");
     bad_trajectory(model, "1", &["--precision", "int3"], "unknown precision `int3`");
-    bad_trajectory(
-        model,
-        "1",
-        &["--precision", "packed"],
-        "precision `packed` needs an MLX 4- or 8-bit quantized checkpoint",
-    );
+    bad_trajectory(model, "1", &["--precision", "packed"], "precision `packed` needs an MLX-quantized checkpoint");
     bad_trajectory(model, "1,99999", &[], "token id 99999 is out of range for vocabulary size 384");
     bad_trajectory(model, "1", &["--device", "metal"], "unsupported device `metal`");
     // Context limits are checked before anything is compiled.
@@ -397,20 +392,23 @@ fn a_checkpoint_that_disagrees_with_its_config_is_refused_before_compiling() {
     }
 }
 
-/// A checkpoint in one of MLX's floating-point quantization modes runs at the dense
-/// precisions; `packed` refuses it in one line naming the layer and the mode, exit 2,
+/// An mxfp8 checkpoint (E4M3 values: no exact affine copy to multiply packed) runs at the
+/// dense precisions; `packed` refuses it in one line naming the layer and the mode, exit 2,
 /// nothing compiled.
 #[test]
-fn packed_refuses_floating_point_modes() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama_llama3_tied/mxfp4");
+fn packed_refuses_mxfp8() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama_llama3_tied/mxfp8");
     let cache = tempfile::tempdir().unwrap();
     let args = ["trajectory", "--model", dir.to_str().unwrap(), "--prompt-ids", "1", "--steps", "1"];
     let out = mlx_iree(&[&args[..], &["--precision", "packed", "--out", "/tmp/x.json"]].concat(), cache.path());
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
-    assert!(stderr.contains("precision `packed` runs MLX affine quantization; model.embed_tokens in "), "{stderr}");
-    assert!(stderr.contains(" is mxfp4 (use f16 or bf16)"), "{stderr}");
+    assert!(
+        stderr.contains("precision `packed` holds MLX affine, mxfp4 and nvfp4 weights; model.embed_tokens in "),
+        "{stderr}"
+    );
+    assert!(stderr.contains(" is mxfp8 (use f16 or bf16)"), "{stderr}");
     assert!(walk(cache.path()).iter().all(|p| p.extension().is_none_or(|e| e != "vmfb")), "compiled before refusing");
 }
 

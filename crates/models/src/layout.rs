@@ -34,6 +34,12 @@ pub struct Packing {
     /// emulate, "failed to emulate bit width", seen with 176 rows), and every 4-bit matrix on
     /// SPIR-V.
     pub wide: bool,
+    /// Whether the graph form stores the values with their top bit flipped (MLX's unsigned
+    /// `q` read as `q - 2^(bits-1)`, the offset folded into the biases): for weights the
+    /// checkpoint stores at this width. An exact copy from a narrower width or FP4
+    /// ([`Layout::pack`]) has values that fit the signed type as they are, and folding the
+    /// offset into f16 biases would round them by up to 1/16 of a step.
+    pub flipped: bool,
 }
 
 impl Packing {
@@ -44,9 +50,9 @@ impl Packing {
         if self.bits == 4 && !self.wide { ElementType::I4 } else { ElementType::I8 }
     }
 
-    /// The offset `2^(bits-1)` folded into the biases.
+    /// The offset `2^(bits-1)` folded into the biases where the values are flipped, else 0.
     fn offset(&self) -> f32 {
-        (1u32 << (self.bits - 1)) as f32
+        if self.flipped { (1u32 << (self.bits - 1)) as f32 } else { 0.0 }
     }
 
     /// The kernel's scale type for this packing.
@@ -232,7 +238,8 @@ impl Layout {
         Layout { precision, forms, merged: HashMap::new(), kernel_object: None, emit: backend.emit }
     }
 
-    /// Every MLX 4- or 8-bit quantized matrix of the checkpoint in the graph's packed form.
+    /// Every MLX-quantized matrix of the checkpoint in the graph's packed form (an exact
+    /// 4- or 8-bit affine copy where it is stored narrower or in FP4).
     fn pack(&mut self, cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<()> {
         let mut any = false;
         // Per-head matrices stay dense whatever the checkpoint holds (`Kind::Heads`).
@@ -242,42 +249,50 @@ impl Layout {
             // Stacked experts are one tensor quantized alike: expert 0 tells.
             let layer = if experts { spec.expert(ckpt, 0)? } else { spec.linear(ckpt)? };
             let Linear::Quantized(q) = layer else { continue };
-            if q.mode() != weights::QuantMode::Affine {
+            // Widths and modes the products have no code of their own for are held as an
+            // exact affine copy of 4 or 8 bits (`QuantizedLinear::affine_width`); stacked
+            // experts are one tensor, but their scales may differ: every expert tells.
+            let Some(mut width) = q.affine_width() else {
                 return Err(Error::Invalid(format!(
-                    "precision `packed` runs MLX affine quantization; {prefix} in {} is {} (use f16 or bf16)",
+                    "precision `packed` holds MLX affine, mxfp4 and nvfp4 weights; {prefix} in {} is {} (use f16 or bf16)",
                     ckpt.dir().display(),
                     q.mode().name()
                 )));
+            };
+            if experts && width.dtype == Dtype::F16 && q.mode() != weights::QuantMode::Affine {
+                for e in 1..spec.shape[0] {
+                    if let Linear::Quantized(qe) = spec.expert(ckpt, e)? {
+                        width.dtype = qe.affine_width().map_or(width.dtype, |w| w.dtype);
+                        if width.dtype != Dtype::F16 {
+                            break;
+                        }
+                    }
+                }
             }
-            let (bits, gs) = (q.bits(), q.group_size());
-            if bits != 4 && bits != 8 {
-                return Err(Error::Invalid(format!(
-                    "precision `packed` runs 4- and 8-bit MLX quantization; {prefix} in {} is {bits}-bit (use f16)",
-                    ckpt.dir().display()
-                )));
-            }
+            let (bits, gs) = (width.bits, q.group_size());
             let inputs = spec.shape[spec.shape.len() - 1];
             if gs == 0 || inputs % gs != 0 {
                 return Err(Error::Invalid(format!(
                     "{prefix}: group size {gs} does not divide the input size {inputs}"
                 )));
             }
-            let Some(scale_elem) = float_elem(q.scales().dtype()) else {
+            let Some(scale_elem) = float_elem(width.dtype) else {
                 return Err(Error::Invalid(format!(
                     "{prefix}.scales: dtype {} is not a float (expected f16, bf16 or f32)",
-                    q.scales().dtype().name()
+                    width.dtype.name()
                 )));
             };
             // Experts keep MLX's biases as they are (the graph dequantizes the experts it picks).
             let bias_elem = if scale_elem == ElementType::F16 || experts { scale_elem } else { ElementType::F32 };
             let wide = !experts && bits == 4 && (spec.shape[0] % 64 != 0 || spec.shape[1] % 64 != 0);
-            let packing = Packing { bits, group_size: gs, scale_elem, bias_elem, wide };
+            let flipped = q.mode() == weights::QuantMode::Affine && q.bits() == bits;
+            let packing = Packing { bits, group_size: gs, scale_elem, bias_elem, wide, flipped };
             self.forms.insert(prefix.to_owned(), Form::GraphPacked(packing));
             any = true;
         }
         if !any {
             return Err(Error::Invalid(format!(
-                "precision `packed` needs an MLX 4- or 8-bit quantized checkpoint; {} has dense weights (use f16, or quantize it with mlx_lm.convert -q)",
+                "precision `packed` needs an MLX-quantized checkpoint; {} has dense weights (use f16, or quantize it with mlx_lm.convert -q)",
                 ckpt.dir().display()
             )));
         }
@@ -565,7 +580,7 @@ impl Layout {
                         let Linear::Quantized(q) = param.spec.expert(ckpt, e)? else {
                             return Err(Error::Invalid(format!("{}: expert {e} is not quantized", param.key)));
                         };
-                        bytes.extend_from_slice(&kernel_bytes(&q, packing, role)?);
+                        bytes.extend_from_slice(&kernel_bytes(&Affine::of(q, packing)?, packing, role)?);
                     }
                     return Ok(Cow::Owned(bytes));
                 }
@@ -573,6 +588,22 @@ impl Layout {
                 let Linear::Quantized(q) = param.spec.expert(ckpt, 0)? else {
                     return Err(Error::Invalid(format!("{}: expected quantized experts", param.key)));
                 };
+                if !Affine::stored_at(&q, packing) {
+                    // Each expert's exact affine copy, stacked, MLX's values and biases as they are.
+                    let mut bytes = Vec::with_capacity(param.bytes());
+                    for e in 0..param.spec.shape[0] {
+                        let Linear::Quantized(q) = param.spec.expert(ckpt, e)? else {
+                            return Err(Error::Invalid(format!("{}: expert {e} is not quantized", param.key)));
+                        };
+                        let a = Affine::of(q, packing)?;
+                        bytes.extend_from_slice(&match role {
+                            Role::PackedWeight => Cow::Borrowed(a.weight()),
+                            Role::PackedScales => a.scales_as(param.elem)?,
+                            _ => Cow::Owned(encode_f32(a.biases_f32()?.into_iter(), param.elem)),
+                        });
+                    }
+                    return Ok(Cow::Owned(bytes));
+                }
                 let t = ckpt.tensor(&format!("{prefix}.{name}"))?;
                 let bytes = if name == "weight" { Cow::Borrowed(t.bytes()) } else { as_float(t, param.elem)? };
                 debug_assert_eq!(bytes.len(), param.bytes(), "{} ({q:?})", param.key);
@@ -598,9 +629,9 @@ impl Layout {
         }
     }
 
-    /// The packed form of the matrix `spec` and its quantized layer in the checkpoint, which
-    /// must have the shape config.json gives it.
-    fn packed_layer<'a>(&self, ckpt: &'a Checkpoint, spec: &ParamSpec) -> Result<(Form, weights::QuantizedLinear<'a>)> {
+    /// The packed form of the matrix `spec` and its quantized layer in the checkpoint (at the
+    /// form's width), which must have the shape config.json gives it.
+    fn packed_layer<'a>(&self, ckpt: &'a Checkpoint, spec: &ParamSpec) -> Result<(Form, Affine<'a>)> {
         let prefix = spec.prefix();
         let form = self
             .form(prefix)
@@ -616,7 +647,8 @@ impl Layout {
                 [q.out_features(), q.in_features()]
             )));
         }
-        Ok((form, q))
+        let packing = form.packing().ok_or_else(|| Error::Invalid(format!("{prefix}: no packing in the layout")))?;
+        Ok((form, Affine::of(q, packing)?))
     }
 }
 
@@ -641,14 +673,78 @@ fn matrix_shapes(cfg: &ModelConfig) -> HashMap<String, Vec<usize>> {
         .collect()
 }
 
+/// A packed matrix's values at the layout's width: the checkpoint's own tensors, or the exact
+/// affine copy a narrower width or an FP4 mode is held as (`QuantizedLinear::to_affine`).
+enum Affine<'a> {
+    Stored(Box<weights::QuantizedLinear<'a>>),
+    Copy(Box<weights::AffineCopy>),
+}
+
+impl<'a> Affine<'a> {
+    /// Whether the checkpoint stores `q` as `packing` holds it.
+    fn stored_at(q: &weights::QuantizedLinear<'_>, packing: &Packing) -> bool {
+        q.mode() == weights::QuantMode::Affine && q.bits() == packing.bits
+    }
+
+    /// `q` at `packing`'s width.
+    fn of(q: weights::QuantizedLinear<'a>, packing: &Packing) -> Result<Affine<'a>> {
+        if Self::stored_at(&q, packing) {
+            return Ok(Affine::Stored(Box::new(q)));
+        }
+        match q.to_affine() {
+            Some(copy) if copy.bits == packing.bits => Ok(Affine::Copy(Box::new(copy))),
+            _ => Err(Error::Invalid(format!(
+                "{}: {}-bit {} is not held at {} bits",
+                q.weight().name(),
+                q.bits(),
+                q.mode().name(),
+                packing.bits
+            ))),
+        }
+    }
+
+    /// `[out, in]`.
+    fn shape(&self) -> (usize, usize) {
+        match self {
+            Affine::Stored(q) => (q.out_features(), q.in_features()),
+            Affine::Copy(c) => (c.out_features, c.in_features),
+        }
+    }
+
+    /// MLX's packing of the values (`[out, in * bits / 8]` bytes).
+    fn weight(&self) -> &[u8] {
+        match self {
+            Affine::Stored(q) => q.weight().bytes(),
+            Affine::Copy(c) => &c.weight,
+        }
+    }
+
+    /// The scales as bytes of `elem`: the checkpoint's own where stored so.
+    fn scales_as(&self, elem: ElementType) -> Result<Cow<'a, [u8]>> {
+        match self {
+            Affine::Stored(q) => as_float(q.scales(), elem),
+            Affine::Copy(c) => Ok(Cow::Owned(encode_f32(c.scales.iter().copied(), elem))),
+        }
+    }
+
+    fn scales_f32(&self) -> Result<Vec<f32>> {
+        match self {
+            Affine::Stored(q) => Ok(q.scales().to_f32_vec()?),
+            Affine::Copy(c) => Ok(c.scales.clone()),
+        }
+    }
+
+    fn biases_f32(&self) -> Result<Vec<f32>> {
+        match self {
+            Affine::Stored(q) => Ok(affine_biases(q)?.to_f32_vec()?),
+            Affine::Copy(c) => Ok(c.biases.clone()),
+        }
+    }
+}
+
 /// A packed matrix's tensor `role` as the device holds it: in the CPU kernel's layout or
 /// in the graph form.
-fn packed_bytes<'a>(
-    q: &weights::QuantizedLinear<'a>,
-    form: &Form,
-    role: Role,
-    elem: ElementType,
-) -> Result<Cow<'a, [u8]>> {
+fn packed_bytes<'a>(q: &Affine<'a>, form: &Form, role: Role, elem: ElementType) -> Result<Cow<'a, [u8]>> {
     match form {
         Form::CpuPacked(p) => kernel_bytes(q, p, role),
         Form::GraphPacked(p) | Form::CudaPacked(p) => graph_bytes(q, p, role, elem),
@@ -661,27 +757,25 @@ fn packed_bytes<'a>(
 /// A packed matrix's tensor `role` in the graph form (`Packing::wide` 4-bit one value a
 /// byte, values' top bits flipped to signed, the offset folded into the biases), scales as
 /// `elem`.
-fn graph_bytes<'a>(
-    q: &weights::QuantizedLinear<'a>,
-    packing: &Packing,
-    role: Role,
-    elem: ElementType,
-) -> Result<Cow<'a, [u8]>> {
+fn graph_bytes<'a>(q: &Affine<'a>, packing: &Packing, role: Role, elem: ElementType) -> Result<Cow<'a, [u8]>> {
     match role {
         Role::PackedWeight if packing.wide => {
-            // Each nibble q as its own byte, q - 8 (element 2j is the low nibble).
-            let bytes = q.weight().bytes();
-            Ok(Cow::Owned(bytes.iter().flat_map(|b| [(b & 0xF).wrapping_sub(8), (b >> 4).wrapping_sub(8)]).collect()))
+            // Each nibble q as its own byte, q - 8 where flipped (element 2j is the low nibble).
+            let off = packing.offset() as u8;
+            Ok(Cow::Owned(
+                q.weight().iter().flat_map(|b| [(b & 0xF).wrapping_sub(off), (b >> 4).wrapping_sub(off)]).collect(),
+            ))
         }
+        Role::PackedWeight | Role::PackedRows if !packing.flipped => Ok(Cow::Owned(q.weight().to_vec())),
         Role::PackedWeight | Role::PackedRows => {
             // Flip each value's top bit: nibbles with 0x88, bytes with 0x80.
             let flip = if packing.bits == 4 { 0x88u8 } else { 0x80 };
-            Ok(Cow::Owned(q.weight().bytes().iter().map(|b| b ^ flip).collect()))
+            Ok(Cow::Owned(q.weight().iter().map(|b| b ^ flip).collect()))
         }
-        Role::PackedScales => as_float(q.scales(), elem),
+        Role::PackedScales => q.scales_as(elem),
         _ => {
-            let scales = q.scales().to_f32_vec()?;
-            let biases = affine_biases(q)?.to_f32_vec()?;
+            let scales = q.scales_f32()?;
+            let biases = q.biases_f32()?;
             let adjusted = biases.iter().zip(&scales).map(|(b, s)| b + packing.offset() * s);
             Ok(Cow::Owned(encode_f32(adjusted, packing.bias_elem)))
         }
@@ -690,22 +784,15 @@ fn graph_bytes<'a>(
 
 /// A packed matrix's tensors in the CPU kernel's layout (MLX's unsigned values and biases
 /// as they are; only the order changes, plus f32 for non-f16 scales).
-fn kernel_bytes(q: &weights::QuantizedLinear<'_>, p: &Packing, role: Role) -> Result<Cow<'static, [u8]>> {
-    let (o, i) = (q.out_features(), q.in_features());
+fn kernel_bytes(q: &Affine<'_>, p: &Packing, role: Role) -> Result<Cow<'static, [u8]>> {
+    let (o, i) = q.shape();
     let groups = i / p.group_size;
-    let values = |t: weights::TensorView<'_>| -> Result<Vec<u8>> {
-        Ok(if p.scale_elem == ElementType::F16 {
-            let bits = t.as_f16_bits()?;
-            kernels::cpu::repack_groups(&bits, o, groups).iter().flat_map(|b| b.to_le_bytes()).collect()
-        } else {
-            let v = t.to_f32_vec()?;
-            kernels::cpu::repack_groups(&v, o, groups).iter().flat_map(|b| b.to_le_bytes()).collect()
-        })
-    };
+    let elem = if p.scale_elem == ElementType::F16 { ElementType::F16 } else { ElementType::F32 };
+    let values = |v: Vec<f32>| encode_f32(kernels::cpu::repack_groups(&v, o, groups).into_iter(), elem);
     Ok(Cow::Owned(match role {
-        Role::PackedWeight => kernels::cpu::repack_weight(p.bits, o, i, q.weight().bytes()),
-        Role::PackedScales => values(q.scales())?,
-        _ => values(affine_biases(q)?)?,
+        Role::PackedWeight => kernels::cpu::repack_weight(p.bits, o, i, q.weight()),
+        Role::PackedScales => values(q.scales_f32()?),
+        _ => values(q.biases_f32()?),
     }))
 }
 

@@ -147,7 +147,7 @@ fn packed_needs_a_quantized_checkpoint() {
     assert_eq!(
         err,
         format!(
-            "precision `packed` needs an MLX 4- or 8-bit quantized checkpoint; {} has dense weights (use f16, or quantize it with mlx_lm.convert -q)",
+            "precision `packed` needs an MLX-quantized checkpoint; {} has dense weights (use f16, or quantize it with mlx_lm.convert -q)",
             dir.display()
         )
     );

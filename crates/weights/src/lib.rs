@@ -81,5 +81,7 @@ pub use config::{LayerQuant, QuantConfig, QuantMode, QuantParams, SUPPORTED_BITS
 pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use file::{MAX_HEADER_LEN, SafetensorsFile};
-pub use quant::{DenseLinear, Linear, QuantizedLinear, dequantize_f32, pack, quantize_dequantize};
+pub use quant::{
+    AffineCopy, AffineWidth, DenseLinear, Linear, QuantizedLinear, dequantize_f32, pack, quantize_dequantize,
+};
 pub use view::{MAX_RANK, TensorView};

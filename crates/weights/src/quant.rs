@@ -374,6 +374,105 @@ impl QuantizedLinear<'_> {
     }
 }
 
+/// A quantized layer held as MLX affine quantization of another width, exactly: every weight
+/// `scale * q + bias` it gives equals (in f32) the one the layer itself gives. What the packed
+/// products run for the widths and modes they have no code of their own for
+/// ([`QuantizedLinear::affine_width`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AffineCopy {
+    /// 4 or 8.
+    pub bits: u32,
+    pub group_size: usize,
+    pub out_features: usize,
+    pub in_features: usize,
+    /// MLX's packing at `bits`: `[out, in * bits / 8]` bytes, value `j` of a row at bit `j * bits`.
+    pub weight: Vec<u8>,
+    /// `[out, in / group_size]`, each exactly a value of `dtype`.
+    pub scales: Vec<f32>,
+    /// `[out, in / group_size]`, each exactly a value of `dtype`.
+    pub biases: Vec<f32>,
+    /// The float type holding every scale and bias exactly: the checkpoint's own for an
+    /// affine layer; f16 for an FP4 layer whose scales allow it, else f32.
+    pub dtype: Dtype,
+}
+
+impl AffineCopy {
+    /// Every weight `q * scale + bias` in f32, `[out, in]` row-major (as [`dequantize_f32`]).
+    pub fn dequantize_f32(&self) -> Vec<f32> {
+        let (bits, gs, inp) = (self.bits as usize, self.group_size, self.in_features);
+        let row_bytes = inp * bits / 8;
+        let mut out = Vec::with_capacity(self.out_features.saturating_mul(inp));
+        if row_bytes == 0 || gs == 0 {
+            return out;
+        }
+        for (r, row) in self.weight.chunks_exact(row_bytes).enumerate() {
+            for c in 0..inp {
+                let g = r * (inp / gs) + c / gs;
+                out.push(unpack(row, c, bits) as f32 * self.scales[g] + self.biases[g]);
+            }
+        }
+        out
+    }
+}
+
+/// The shape of an [`AffineCopy`] before it is made: its width and the type of its scales.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AffineWidth {
+    pub bits: u32,
+    pub dtype: Dtype,
+}
+
+impl QuantizedLinear<'_> {
+    /// The narrowest affine width of 4 and 8 bits that holds this layer exactly, and the
+    /// type its scales and biases need (reads the scales, not the weight): affine 2 and 3
+    /// bits in 4, 5 and 6 in 8 (the same `q`, scales and biases); FP4 (`mxfp4`, `nvfp4`) in
+    /// 8, as `q = 2 * fp4 + 12` (an integer in 0..=24) with scale `s / 2` and bias `-6 * s`.
+    /// `None` for `mxfp8`: E4M3 values are not an affine image of 8-bit integers.
+    pub fn affine_width(&self) -> Option<AffineWidth> {
+        let bits = self.params.bits;
+        match self.params.mode {
+            QuantMode::Affine => Some(AffineWidth { bits: if bits <= 4 { 4 } else { 8 }, dtype: self.scales.dtype() }),
+            QuantMode::Mxfp4 | QuantMode::Nvfp4 => {
+                // f16 holds s / 2, -6 s and what a graph form folds into the bias (up to
+                // 128 * s / 2 - 6 s = 58 s) exactly when s / 2 is no finer than f16's
+                // smallest step 2^-24 (E4M3 and E8M0 scales have at most 4 significant bits)
+                // and 58 s stays below f16's largest finite value.
+                let f16_exact =
+                    self.scales_f32().iter().all(|&s| s == 0.0 || (s.abs() >= 2f32.powi(-23) && s.abs() <= 1024.0));
+                Some(AffineWidth { bits: 8, dtype: if f16_exact { Dtype::F16 } else { Dtype::F32 } })
+            }
+            QuantMode::Mxfp8 => None,
+        }
+    }
+
+    /// This layer as [`affine_width`](Self::affine_width) says, `None` where that is.
+    pub fn to_affine(&self) -> Option<AffineCopy> {
+        let AffineWidth { bits, dtype } = self.affine_width()?;
+        let (gs, from) = (self.params.group_size, self.params.bits as usize);
+        let (out, inp) = (self.out_features, self.in_features);
+        let row_bytes = inp * from / 8;
+        let fp4 = self.params.mode != QuantMode::Affine;
+        let mut codes = Vec::with_capacity(out.saturating_mul(inp));
+        if row_bytes > 0 {
+            for row in self.weight.bytes().chunks_exact(row_bytes) {
+                codes.extend((0..inp).map(|c| {
+                    let q = unpack(row, c, from);
+                    // 2 * e2m1(q) + 12, exact: e2m1 is a multiple of 0.5 within [-6, 6].
+                    if fp4 { (2.0 * e2m1(q) + 12.0) as u32 } else { q }
+                }));
+            }
+        }
+        let weight = pack(&codes, inp, bits)?.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let scales = self.scales_f32();
+        let (scales, biases) = if fp4 {
+            (scales.iter().map(|s| s / 2.0).collect(), scales.iter().map(|s| -6.0 * s).collect())
+        } else {
+            (scales, self.biases_f32())
+        };
+        Some(AffineCopy { bits, group_size: gs, out_features: out, in_features: inp, weight, scales, biases, dtype })
+    }
+}
+
 /// f32 to the nearest value of `dtype` (f16, bf16: round to nearest even), as f32.
 fn rounding(dtype: Dtype) -> fn(f32) -> f32 {
     match dtype {

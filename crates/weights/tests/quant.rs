@@ -683,3 +683,58 @@ fn floating_point_modes_dequantize_as_mlx() {
     let err = ckpt.linear("a").map(|_| ()).expect_err("scales").to_string();
     assert_names(&err, &["a.scales"]);
 }
+
+/// What the packed products run for widths and modes they have no code of their own for:
+/// affine 2 and 3 bits as 4, 5 and 6 as 8 (the same q, scales and biases), FP4 as 8-bit
+/// affine (`q = 2 fp4 + 12`, scale s / 2, bias -6 s), each giving the layer's own weights in
+/// f32 (a -0 of FP4 becomes +0); f16 scales where they hold those values, f32 where not;
+/// mxfp8 has none.
+#[test]
+fn narrow_widths_and_fp4_have_exact_affine_copies() {
+    for bits in weights::SUPPORTED_BITS {
+        let (out, inp) = (2usize, 64usize);
+        let values: Vec<u32> = (0..out * inp).map(|i| (i as u32 * 5 + 3) % (1 << bits)).collect();
+        let mut w = Writer::new();
+        w.add_u32("l.weight", &[out, inp * bits as usize / 32], &pack(&values, inp, bits).expect("pack")).expect("w");
+        w.add_f16("l.scales", &[out, 2], &[1.0, 0.5, 2.0, 0.25]).expect("s");
+        w.add_f16("l.biases", &[out, 2], &[0.0, -1.0, 3.0, -0.5]).expect("b");
+        let cfg = format!(r#"{{"quantization": {{"group_size": 32, "bits": {bits}}}}}"#);
+        let dir = checkpoint(&cfg, &w.to_bytes());
+        let ckpt = Checkpoint::open(dir.path()).expect("open");
+        let Linear::Quantized(q) = ckpt.linear("l").expect("linear") else { panic!("quantized") };
+        let copy = q.to_affine().expect("affine");
+        assert_eq!((copy.bits, copy.dtype), (if bits <= 4 { 4 } else { 8 }, Dtype::F16), "bits = {bits}");
+        assert_eq!(copy.weight.len(), out * inp * copy.bits as usize / 8);
+        assert_eq!(bits_of(&copy.dequantize_f32()), bits_of(&dequantize_f32(&q)), "bits = {bits}");
+    }
+    let config = r#"{"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4",
+        "a": {"group_size": 16, "bits": 4, "mode": "nvfp4"}, "b": {"bits": 8, "mode": "mxfp8"},
+        "t": {"group_size": 32, "bits": 4, "mode": "mxfp4"}}}"#;
+    let mut w = Writer::new();
+    // Every E2M1 code, scale 2^(126 - 127); nvfp4 with E4M3 scales 1.0 and 2.25; mxfp8; and
+    // an mxfp4 scale of 2^-30, finer than f16 holds.
+    let codes = [0x7654_3210u32, 0xFEDC_BA98, 0x7654_3210, 0xFEDC_BA98];
+    w.add_u32("c.weight", &[1, 4], &codes).expect("w");
+    w.add("c.scales", Dtype::U8, &[1, 1], vec![126]).expect("s");
+    w.add_u32("a.weight", &[1, 4], &codes).expect("w");
+    w.add("a.scales", Dtype::U8, &[1, 2], vec![0x38, 0x41]).expect("s");
+    w.add_u32("b.weight", &[1, 8], &[0x3838_3838; 8]).expect("w");
+    w.add("b.scales", Dtype::U8, &[1, 1], vec![129]).expect("s");
+    w.add_u32("t.weight", &[1, 4], &codes).expect("w");
+    w.add("t.scales", Dtype::U8, &[1, 1], vec![97]).expect("s");
+    let dir = checkpoint(config, &w.to_bytes());
+    let ckpt = Checkpoint::open(dir.path()).expect("open");
+    let layer = |name: &str| {
+        let Linear::Quantized(q) = ckpt.linear(name).expect(name) else { panic!("{name} is quantized") };
+        q
+    };
+    let plus_zero = |v: Vec<f32>| bits_of(&v.into_iter().map(|x| x + 0.0).collect::<Vec<_>>());
+    for (name, dtype) in [("c", Dtype::F16), ("a", Dtype::F16), ("t", Dtype::F32)] {
+        let q = layer(name);
+        let copy = q.to_affine().expect(name);
+        assert_eq!((copy.bits, copy.dtype), (8, dtype), "{name}");
+        assert!(copy.weight.iter().all(|&v| v <= 24), "{name}: q in 0..=24");
+        assert_eq!(plus_zero(copy.dequantize_f32()), plus_zero(dequantize_f32(&q)), "{name}");
+    }
+    assert_eq!(layer("b").to_affine(), None, "mxfp8");
+}
