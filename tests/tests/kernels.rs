@@ -50,17 +50,19 @@ fn run(isa: Isa) -> Vec<Vec<f32>> {
     session.load_vmfb(&vmfb).unwrap();
     let mut outputs = Vec::new();
     for (i, e) in entries().into_iter().enumerate() {
-        let what = format!("{isa} {}", cpu::export(e.op, e.bits, e.scale));
+        let what = format!("{isa} {}", e.export());
         if e.op == Op::Experts {
             outputs.extend(run_experts(&mut session, &device, &e, &what, 10 * i as u64));
             continue;
         }
-        let m = Matrix::random(e.bits, e.scale, O, K, group_size(e.bits, e.scale), 10 * i as u64);
+        let m = Matrix::of(&e, O, K, group_size(&e), 10 * i as u64);
         let [w, s, b] = upload(&m, &device, e.scale);
+        // An FP4 entry reads no biases.
+        let matrix: Vec<&iree_hal::BufferView> = if e.fp4 { vec![&w, &s] } else { vec![&w, &s, &b] };
         if e.op == Op::Rows {
             let ids = device.upload(&[IDS.len()], &IDS).unwrap();
-            let got: Vec<f32> =
-                session.call(&function_name(&e, IDS.len()), &[&ids, &w, &s, &b]).unwrap()[0].to_vec().unwrap();
+            let args: Vec<&iree_hal::BufferView> = std::iter::once(&ids).chain(matrix.iter().copied()).collect();
+            let got: Vec<f32> = session.call(&function_name(&e, IDS.len()), &args).unwrap()[0].to_vec().unwrap();
             check_rows(&what, &m, &IDS, &got);
             outputs.push(got);
             continue;
@@ -70,7 +72,8 @@ fn run(isa: Isa) -> Vec<Vec<f32>> {
             let xs = device.upload(&[t, K], &x).unwrap();
             let residual = (e.op == Op::MatvecAdd).then(|| input(t, O, 200 + t as u64));
             let r = residual.as_ref().map(|r| device.upload(&[t, O], r).unwrap());
-            let mut args = vec![&xs, &w, &s, &b];
+            let mut args = vec![&xs];
+            args.extend(matrix.iter().copied());
             args.extend(r.as_ref());
             let got: Vec<f32> = session.call(&function_name(&e, t), &args).unwrap()[0].to_vec().unwrap();
             check_qmv(&what, &m, &x, t, residual.as_deref(), &got);
@@ -89,9 +92,8 @@ fn run_experts(
     what: &str,
     seed: u64,
 ) -> Vec<Vec<f32>> {
-    let gs = group_size(e.bits, e.scale);
-    let experts: Vec<Matrix> =
-        (0..EXPERTS).map(|x| Matrix::random(e.bits, e.scale, O, K, gs, seed + x as u64)).collect();
+    let gs = group_size(e);
+    let experts: Vec<Matrix> = (0..EXPERTS).map(|x| Matrix::of(e, O, K, gs, seed + x as u64)).collect();
     let uploads: Vec<[iree_hal::BufferView; 3]> = experts.iter().map(|m| upload(m, device, e.scale)).collect();
     // Stack the experts' device bytes: [E, blocks, ...] each.
     let stacked = |i: usize, elem: iree_hal::ElementType| {
@@ -109,8 +111,9 @@ fn run_experts(
     let ids = device.upload(&[PAIRS.len()], &PAIRS).unwrap();
     let mut outputs = Vec::new();
     for by_expert in [0, 1] {
-        let got: Vec<f32> =
-            session.call(&experts_function_name(e, by_expert), &[&xs, &ids, &w, &s, &b]).unwrap()[0].to_vec().unwrap();
+        let args: Vec<&iree_hal::BufferView> =
+            if e.fp4 { vec![&xs, &ids, &w, &s] } else { vec![&xs, &ids, &w, &s, &b] };
+        let got: Vec<f32> = session.call(&experts_function_name(e, by_expert), &args).unwrap()[0].to_vec().unwrap();
         for (n, id) in PAIRS.iter().enumerate() {
             let what = format!("{what} by_expert {by_expert} pair {n} (id {id})");
             check_qmv(&what, &experts[expert_of(*id)], &x[n * K..][..K], 1, None, &got[n * O..][..O]);

@@ -4,7 +4,7 @@
 //! - linked by lld with a freestanding driver (`cpu/qmv_qemu_driver.c`) into a static
 //!   aarch64 Linux executable, run natively on an aarch64 host, elsewhere under qemu-user as
 //!   a Cortex-A76 (ARMv8.2-A with the dot-product extension, so an instruction beyond what
-//!   the object is built for would fault): every entry point, at 4 and 8 bits, f16 and f32
+//!   the object is built for would fault): every entry point, at 4 and 8 bits and FP4, f16 and f32
 //!   scales, group sizes 16 to 128 and 1, 3, 8 and 13 rows of x, gives the bits of the Rust
 //!   model the x86-64 objects are held to (kernel_cases, kernels.rs), so all objects compute
 //!   the same bits; its attention (`attn`) gives `kernels::cpu::attention_model`'s bits on
@@ -26,7 +26,7 @@ use std::process::{Command, Stdio};
 
 mod kernel_cases;
 use kernel_cases::{
-    ATTN_CASES, DELTA_CASES, DENSE_ROWS, DenseMatrix, IDS, K, Matrix, O, ROWS, check_delta, check_dense,
+    ATTN_CASES, DELTA_CASES, DENSE_ROWS, DenseMatrix, IDS, K, Matrix, O, PACKINGS, ROWS, check_delta, check_dense,
     check_dense_rows, check_qmv, check_rows, entries, input, module,
 };
 
@@ -119,7 +119,8 @@ fn push_case(stdin: &mut Vec<u8>, op: Op, m: &Matrix, scale: Scale, t: usize, in
         Op::MatvecAdd => 3,
         Op::Experts => 4,
     };
-    let header = [code, m.bits, u32::from(scale == Scale::F16), t as u32, K as u32, O as u32, m.group_size as u32];
+    let f16 = u32::from(scale == Scale::F16);
+    let header = [code, m.bits, f16, t as u32, K as u32, O as u32, m.group_size as u32, u32::from(m.fp4)];
     push_part(stdin, &header.into_iter().flat_map(u32::to_le_bytes).collect::<Vec<u8>>());
     push_part(stdin, input);
     if op == Op::MatvecAdd {
@@ -151,10 +152,11 @@ fn the_aarch64_object_computes_the_models_bits() {
     let dir = tempfile::tempdir().unwrap();
     let exe = executable(dir.path(), &object(dir.path()));
     let (mut matrices, mut cases, mut stdin) = (Vec::new(), Vec::new(), Vec::new());
-    for bits in [4, 8] {
+    for (bits, fp4) in PACKINGS {
         for scale in [Scale::F16, Scale::F32] {
             for gs in GROUP_SIZES {
-                let m = Matrix::random(bits, scale, O, K, gs, 10 * matrices.len() as u64);
+                let entry = |op| cpu::Entry { op, bits, scale, fp4 };
+                let m = Matrix::of(&entry(Op::Matvec), O, K, gs, 10 * matrices.len() as u64);
                 for t in ROWS {
                     let x = input(t, K, 100 + t as u64);
                     let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -162,13 +164,13 @@ fn the_aarch64_object_computes_the_models_bits() {
                     for op in [Op::Matvec, Op::MatvecAdd, Op::Experts] {
                         let residual = (op == Op::MatvecAdd).then(|| input(t, O, 200 + t as u64));
                         push_case(&mut stdin, op, &m, scale, t, &bytes, residual.as_deref().unwrap_or_default());
-                        let what = format!("neondot {} group size {gs}", cpu::export(op, bits, scale));
+                        let what = format!("neondot {} group size {gs}", entry(op).export());
                         cases.push(Case { what, matrix: matrices.len(), t, x: Some(x.clone()), residual });
                     }
                 }
                 let ids: Vec<u8> = IDS.iter().flat_map(|v| v.to_le_bytes()).collect();
                 push_case(&mut stdin, Op::Rows, &m, scale, IDS.len(), &ids, &[]);
-                let what = format!("neondot {} group size {gs}", cpu::export(Op::Rows, bits, scale));
+                let what = format!("neondot {} group size {gs}", entry(Op::Rows).export());
                 cases.push(Case { what, matrix: matrices.len(), t: IDS.len(), x: None, residual: None });
                 matrices.push(m);
             }

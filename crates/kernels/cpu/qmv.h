@@ -5,15 +5,15 @@
 //!
 //! - `quantize_group(xg, gs, q, scale, sum)`: one group of x to i16 against its largest
 //!   magnitude (`scale` = that / 32767), and its f32 sum;
-//! - `group_rows(bits, f16, wg, xp, i, n, gs, s, b, y, stride)`: for panel rows i..i+n and one
-//!   16-row block, the group's exact integer dots against the tiles at `wg`, then
+//! - `group_rows(bits, fp4, f16, wg, xp, i, n, gs, s, b, y, stride)`: for panel rows i..i+n
+//!   and one 16-row block, the group's exact integer dots against the tiles at `wg`, then
 //!   `y = fma(bias, sum, fma(scale, dot * x_scale, y))` in f32 for each of the 16 outputs at
-//!   `y + j * stride`. `bits`, `f16` and `n` are constants at every call, so each call is
-//!   compiled for them with its accumulators in registers.
+//!   `y + j * stride`. `bits`, `fp4`, `f16` and `n` are constants at every call, so each call
+//!   is compiled for them with its accumulators in registers.
 //!
 //! An instruction set that computes a whole panel at once (AMX tiles) also defines, before
 //! including this header, `WHOLE_PANEL_ROWS` (the fewest rows of a panel worth it; smaller
-//! panels go through the functions above) and, after, `whole_panel(bits, f16, x, K, w,
+//! panels go through the functions above) and, after, `whole_panel(bits, fp4, f16, x, K, w,
 //! block_bytes, s, b, np, gs, y, stride, nb)`: the panel's np rows of x (K apart; np not a
 //! constant) times nb consecutive blocks (weights block_bytes apart, scales and biases from
 //! their first block's), every group, added to y (rows `stride` apart, zero on entry).
@@ -26,9 +26,19 @@
 //! Scales and biases: [O / 16][K / group_size][16], f16 or f32. y[T, O] = x[T, K] . W^T with
 //! W[o, k] = scale[o, g] * q[o, k] + bias[o, g], g = k / group_size. Offsets (`*_off`) count
 //! elements of the pointer's type, as IREE passes them.
+//!
+//! FP4 (`fp4`, the `*fp4_*` exports; 4-bit tiles): each nibble is an E2M1 code (MLX's mxfp4
+//! and nvfp4), read through FP4_TABLE as q = 2v + 12 (v its value, so 0..24), with the scale
+//! stored as s/2 and no biases: the bias is -12 * scale (= -6s), computed, not read. These are
+//! the values of the exact 8-bit affine copy (`weights::AffineCopy`), so an FP4 export gives
+//! the bits of the 8-bit export on that copy, from half its bytes.
 
 #include <stddef.h>
 #include <stdint.h>
+
+// E2M1 code -> 2v + 12 (codes 8..15 are the negatives of 0..7), and the bias per unit of scale.
+#define FP4_TABLE 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0
+#define FP4_BIAS (-12.0f)
 
 // Largest group size (kernels::cpu::supports); group sizes are multiples of 16.
 #define MAX_GROUP 128
@@ -65,11 +75,11 @@ static inline int32_t pair_of(const int16_t* q, size_t k) {
 }
 
 static inline void quantize_group(const float* xg, size_t gs, int16_t* q, float* scale, float* sum);
-static inline __attribute__((always_inline)) void group_rows(int bits, int f16, const uint8_t* wg,
+static inline __attribute__((always_inline)) void group_rows(int bits, int fp4, int f16, const uint8_t* wg,
                                                              const xpanel_t* xp, size_t i, size_t n, size_t gs,
                                                              const void* s, const void* b, float* y, size_t stride);
 #ifdef WHOLE_PANEL_ROWS
-static inline void whole_panel(int bits, int f16, const float* x, size_t K, const uint8_t* w, size_t block_bytes,
+static inline void whole_panel(int bits, int fp4, int f16, const float* x, size_t K, const uint8_t* w, size_t block_bytes,
                                const void* s, const void* b, size_t np, size_t gs, float* y, size_t stride,
                                size_t nb);
 #define WHOLE_PANEL(np) ((np) >= WHOLE_PANEL_ROWS)
@@ -100,8 +110,8 @@ static inline __attribute__((always_inline)) void prefetch_group(const uint8_t* 
 // (what is left of the panel), or the whole panel at once by `whole_panel`. With a residual
 // `r` (same shape as y), each finished row block becomes y + r: the same f32 add as the
 // graph's residual connection after the product, so the fused export gives its bits.
-// `sc`, `bi` point at elements of `f16 ? 2 : 4` bytes.
-static inline __attribute__((always_inline)) void qmv_body(int bits, int f16, const float* x, const uint8_t* w,
+// `sc`, `bi` point at elements of `f16 ? 2 : 4` bytes (with `fp4`, `bi` is `sc`: no biases).
+static inline __attribute__((always_inline)) void qmv_body(int bits, int fp4, int f16, const float* x, const uint8_t* w,
                                                            const char* sc, const char* bi, const float* r,
                                                            float* y, size_t T, size_t K, size_t O, size_t GS,
                                                            size_t rb0, size_t rb1) {
@@ -140,12 +150,12 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int f16, co
           xp.scale[0] = xscale[g];
           xp.sum[0] = xsum[g];
           const size_t gi = (rb * G + g) * 16 * sbytes;
-          group_rows(bits, f16, w + rb * block_bytes + g * group_bytes, &xp, 0, 1, GS, sc + gi, bi + gi,
+          group_rows(bits, fp4, f16, w + rb * block_bytes + g * group_bytes, &xp, 0, 1, GS, sc + gi, bi + gi,
                      y + rb * 16, O);
         }
       }
     } else if (WHOLE_PANEL(np)) {
-      whole_panel(bits, f16, x + t0 * K, K, w + rb0 * block_bytes, block_bytes, sc + rb0 * G * 16 * sbytes,
+      whole_panel(bits, fp4, f16, x + t0 * K, K, w + rb0 * block_bytes, block_bytes, sc + rb0 * G * 16 * sbytes,
                   bi + rb0 * G * 16 * sbytes, np, GS, y + t0 * O + rb0 * 16, O, rb1 - rb0);
     } else {
       // The blocks are read side by side here, group by group, so each block's stream asks
@@ -163,18 +173,18 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int f16, co
           float* yb = y + t0 * O + rb * 16;
           size_t i = 0;
           if (np - i >= 8) {
-            group_rows(bits, f16, wg, &xp, i, 8, GS, sc + gi, bi + gi, yb + i * O, O);
+            group_rows(bits, fp4, f16, wg, &xp, i, 8, GS, sc + gi, bi + gi, yb + i * O, O);
             i += 8;
           }
           if (np - i >= 4) {
-            group_rows(bits, f16, wg, &xp, i, 4, GS, sc + gi, bi + gi, yb + i * O, O);
+            group_rows(bits, fp4, f16, wg, &xp, i, 4, GS, sc + gi, bi + gi, yb + i * O, O);
             i += 4;
           }
           if (np - i >= 2) {
-            group_rows(bits, f16, wg, &xp, i, 2, GS, sc + gi, bi + gi, yb + i * O, O);
+            group_rows(bits, fp4, f16, wg, &xp, i, 2, GS, sc + gi, bi + gi, yb + i * O, O);
             i += 2;
           }
-          if (np - i >= 1) group_rows(bits, f16, wg, &xp, i, 1, GS, sc + gi, bi + gi, yb + i * O, O);
+          if (np - i >= 1) group_rows(bits, fp4, f16, wg, &xp, i, 1, GS, sc + gi, bi + gi, yb + i * O, O);
         }
       }
     }
@@ -190,14 +200,28 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int f16, co
   void NAME(const float* x, size_t x_off, const uint8_t* w, size_t w_off, const STYPE* sc, size_t s_off, \
             const STYPE* bi, size_t b_off, float* y, size_t y_off, size_t T, size_t K, size_t O, size_t GS, \
             size_t rb0, size_t rb1) {                                                                    \
-    qmv_body(BITS, F16, x + x_off, w + w_off, (const char*)(sc + s_off), (const char*)(bi + b_off), 0,   \
+    qmv_body(BITS, 0, F16, x + x_off, w + w_off, (const char*)(sc + s_off), (const char*)(bi + b_off), 0,\
+             y + y_off, T, K, O, GS, rb0, rb1);                                                          \
+  }
+// The FP4 twins: no biases.
+#define QMV_FP4(NAME, F16, STYPE)                                                                     \
+  void NAME(const float* x, size_t x_off, const uint8_t* w, size_t w_off, const STYPE* sc, size_t s_off, \
+            float* y, size_t y_off, size_t T, size_t K, size_t O, size_t GS, size_t rb0, size_t rb1) {     \
+    qmv_body(4, 1, F16, x + x_off, w + w_off, (const char*)(sc + s_off), (const char*)(sc + s_off), 0,    \
              y + y_off, T, K, O, GS, rb0, rb1);                                                          \
   }
 #define QMVR(NAME, BITS, F16, STYPE)                                                                     \
   void NAME(const float* x, size_t x_off, const uint8_t* w, size_t w_off, const STYPE* sc, size_t s_off, \
             const STYPE* bi, size_t b_off, const float* r, size_t r_off, float* y, size_t y_off, size_t T, \
             size_t K, size_t O, size_t GS, size_t rb0, size_t rb1) {                                     \
-    qmv_body(BITS, F16, x + x_off, w + w_off, (const char*)(sc + s_off), (const char*)(bi + b_off),       \
+    qmv_body(BITS, 0, F16, x + x_off, w + w_off, (const char*)(sc + s_off), (const char*)(bi + b_off),    \
+             r + r_off, y + y_off, T, K, O, GS, rb0, rb1);                                               \
+  }
+#define QMVR_FP4(NAME, F16, STYPE)                                                                    \
+  void NAME(const float* x, size_t x_off, const uint8_t* w, size_t w_off, const STYPE* sc, size_t s_off, \
+            const float* r, size_t r_off, float* y, size_t y_off, size_t T, size_t K, size_t O, size_t GS, \
+            size_t rb0, size_t rb1) {                                                                    \
+    qmv_body(4, 1, F16, x + x_off, w + w_off, (const char*)(sc + s_off), (const char*)(sc + s_off),       \
              r + r_off, y + y_off, T, K, O, GS, rb0, rb1);                                               \
   }
 
@@ -209,6 +233,10 @@ QMVR(mlx_iree_qmvr4_f16, 4, 1, uint16_t)
 QMVR(mlx_iree_qmvr4_f32, 4, 0, float)
 QMVR(mlx_iree_qmvr8_f16, 8, 1, uint16_t)
 QMVR(mlx_iree_qmvr8_f32, 8, 0, float)
+QMV_FP4(mlx_iree_qmvfp4_f16, 1, uint16_t)
+QMV_FP4(mlx_iree_qmvfp4_f32, 0, float)
+QMVR_FP4(mlx_iree_qmvrfp4_f16, 1, uint16_t)
+QMVR_FP4(mlx_iree_qmvrfp4_f32, 0, float)
 
 // Mixture-of-experts matvec: y[n, O] = x[n, K] . W[ids[n]]^T for each of N (row, choice)
 // pairs, the experts' matrices stacked (weights [E][blocks][block_bytes], scales and biases
@@ -218,7 +246,7 @@ QMVR(mlx_iree_qmvr8_f32, 8, 0, float)
 // (many pairs: a workgroup runs expert e's blocks for every pair that chose e, so each
 // expert's blocks come from memory once, then from cache). Each pair goes through the
 // one-row path of `qmv_body`, with its bits.
-static inline __attribute__((always_inline)) void qmve_body(int bits, int f16, const float* x, const int32_t* ids,
+static inline __attribute__((always_inline)) void qmve_body(int bits, int fp4, int f16, const float* x, const int32_t* ids,
                                                             const uint8_t* w, const char* sc, const char* bi,
                                                             float* y, size_t N, size_t K, size_t O, size_t GS,
                                                             size_t E, size_t by_expert, size_t u0, size_t u1) {
@@ -235,7 +263,7 @@ static inline __attribute__((always_inline)) void qmve_body(int bits, int f16, c
       const int32_t id = ids[n];
       const size_t e = id < 0 ? 0 : ((size_t)id >= E ? E - 1 : (size_t)id);
       if (by_expert && e != major) continue;
-      qmv_body(bits, f16, x + n * K, w + e * expert_bytes, sc + e * expert_groups, bi + e * expert_groups, 0,
+      qmv_body(bits, fp4, f16, x + n * K, w + e * expert_bytes, sc + e * expert_groups, bi + e * expert_groups, 0,
                y + n * O, 1, K, O, GS, rb0, rb1);
     }
     u += rb1 - rb0;
@@ -246,7 +274,7 @@ static inline __attribute__((always_inline)) void qmve_body(int bits, int f16, c
   void NAME(const float* x, size_t x_off, const int32_t* ids, size_t i_off, const uint8_t* w, size_t w_off, \
             const STYPE* sc, size_t s_off, const STYPE* bi, size_t b_off, float* y, size_t y_off, size_t N,  \
             size_t K, size_t O, size_t GS, size_t E, size_t by_expert, size_t u0, size_t u1) {             \
-    qmve_body(BITS, F16, x + x_off, ids + i_off, w + w_off, (const char*)(sc + s_off),                      \
+    qmve_body(BITS, 0, F16, x + x_off, ids + i_off, w + w_off, (const char*)(sc + s_off),                      \
               (const char*)(bi + b_off), y + y_off, N, K, O, GS, E, by_expert, u0, u1);                     \
   }
 
@@ -254,3 +282,12 @@ QMVE(mlx_iree_qmve4_f16, 4, 1, uint16_t)
 QMVE(mlx_iree_qmve4_f32, 4, 0, float)
 QMVE(mlx_iree_qmve8_f16, 8, 1, uint16_t)
 QMVE(mlx_iree_qmve8_f32, 8, 0, float)
+#define QMVE_FP4(NAME, F16, STYPE)                                                                          \
+  void NAME(const float* x, size_t x_off, const int32_t* ids, size_t i_off, const uint8_t* w, size_t w_off, \
+            const STYPE* sc, size_t s_off, float* y, size_t y_off, size_t N, size_t K, size_t O, size_t GS,  \
+            size_t E, size_t by_expert, size_t u0, size_t u1) {                                             \
+    qmve_body(4, 1, F16, x + x_off, ids + i_off, w + w_off, (const char*)(sc + s_off),                       \
+              (const char*)(sc + s_off), y + y_off, N, K, O, GS, E, by_expert, u0, u1);                     \
+  }
+QMVE_FP4(mlx_iree_qmvefp4_f16, 1, uint16_t)
+QMVE_FP4(mlx_iree_qmvefp4_f32, 0, float)

@@ -61,11 +61,17 @@ static inline uint8x16_t rows4(uint8x8_t lo, uint8x8_t hi) {
 
 // Rows 4v .. 4v + 3 of the block x k .. k + 3 (k a multiple of 4) from the group's tiles.
 // 4-bit tiles: 16 rows x 4 k in 32 bytes; byte 2r + p holds q[r, k0 + p] (low nibble) and
-// q[r, k0 + 2 + p] (high nibble). 8-bit: 16 rows x 2 k; byte 2r + p holds q[r, k0 + p].
-static inline __attribute__((always_inline)) uint8x16_t weights4x4(int bits, const uint8_t* wg, size_t k, size_t v) {
+// q[r, k0 + 2 + p] (high nibble); with `fp4` each nibble an E2M1 code, its q (0..24, a valid
+// signed and unsigned byte) looked up in FP4_TABLE (`tbl`). 8-bit: 16 rows x 2 k; byte 2r + p
+// holds q[r, k0 + p].
+static inline __attribute__((always_inline)) uint8x16_t weights4x4(int bits, int fp4, const uint8_t* wg, size_t k,
+                                                                  size_t v) {
   if (bits == 4) {
     const uint8x8_t b = vld1_u8(wg + k * 8 + 8 * v);
-    return rows4(vand_u8(b, vdup_n_u8(0xF)), vshr_n_u8(b, 4));
+    const uint8x16_t codes = rows4(vand_u8(b, vdup_n_u8(0xF)), vshr_n_u8(b, 4));
+    if (!fp4) return codes;
+    const uint8x16_t table = {FP4_TABLE};
+    return vqtbl1q_u8(table, codes);
   }
   const uint8_t* t = wg + k * 16 + 8 * v;
   return rows4(vld1_u8(t), vld1_u8(t + 32));
@@ -75,7 +81,7 @@ static inline __attribute__((always_inline)) uint8x16_t weights4x4(int bits, con
 // times n rows of x, added to the high-byte (s) and low-byte (u) sums.
 #define DOT_STEP(lane)                                                                           \
   for (size_t v = v0; v < v0 + nv; ++v) {                                                        \
-    const uint8x16_t w = weights4x4(bits, wg, k + 4 * (lane), v);                                \
+    const uint8x16_t w = weights4x4(bits, fp4, wg, k + 4 * (lane), v);                                \
     const int8x16_t ws = vreinterpretq_s8_u8(bits == 4 ? w : veorq_u8(w, vdupq_n_u8(0x80)));     \
     for (size_t i = 0; i < n; ++i) {                                                             \
       s[i][v - v0] = vdotq_laneq_s32(s[i][v - v0], ws, xh[i], lane);                             \
@@ -85,7 +91,7 @@ static inline __attribute__((always_inline)) uint8x16_t weights4x4(int bits, con
 
 // sum_k q[r, k] * xq[i][k] over one group, exact in i32, for rows 4 v0 .. 4 (v0 + nv) of the
 // block and n rows of x: dot[i][v - v0].
-static inline __attribute__((always_inline)) void group_dots(int bits, const uint8_t* wg,
+static inline __attribute__((always_inline)) void group_dots(int bits, int fp4, const uint8_t* wg,
                                                              const int16_t (*xq)[MAX_GROUP], size_t n, size_t gs,
                                                              size_t v0, size_t nv, int32x4_t dot[4][4]) {
   int32x4_t s[4][4];
@@ -127,14 +133,15 @@ static inline float32x4_t load4(int f16, const void* p, size_t v) {
 
 // Rows 4 v0 .. 4 (v0 + nv) of the block for rows i .. i + n of the panel: the group's dots,
 // then y = fma(bias, x_sum, fma(scale, dot * x_scale, y)), as every object computes it.
-static inline __attribute__((always_inline)) void rows_pass(int bits, int f16, const uint8_t* wg,
+static inline __attribute__((always_inline)) void rows_pass(int bits, int fp4, int f16, const uint8_t* wg,
                                                             const xpanel_t* xp, size_t i, size_t n, size_t gs,
                                                             size_t v0, size_t nv, const void* s, const void* b,
                                                             float* y, size_t stride) {
   int32x4_t dot[4][4];
-  group_dots(bits, wg, xp->q + i, n, gs, v0, nv, dot);
+  group_dots(bits, fp4, wg, xp->q + i, n, gs, v0, nv, dot);
   for (size_t v = v0; v < v0 + nv; ++v) {
-    const float32x4_t sv = load4(f16, s, v), bv = load4(f16, b, v);
+    const float32x4_t sv = load4(f16, s, v);
+    const float32x4_t bv = fp4 ? vmulq_n_f32(sv, FP4_BIAS) : load4(f16, b, v);
     for (size_t j = 0; j < n; ++j) {
       float* yr = y + j * stride + 4 * v;
       const float32x4_t d = vmulq_n_f32(vcvtq_f32_s32(dot[j][v - v0]), xp->scale[i + j]);
@@ -147,13 +154,13 @@ static inline __attribute__((always_inline)) void rows_pass(int bits, int f16, c
 // vectors, m * nv <= 4 and for 8-bit nv <= 2: the sums, the x bytes and the weights of a
 // step then fit the 32 registers (more spilled, measured with clang's -Rpass-missed=regalloc).
 // Only x is read again by another pass; each weight byte is read once.
-static inline __attribute__((always_inline)) void group_rows(int bits, int f16, const uint8_t* wg,
+static inline __attribute__((always_inline)) void group_rows(int bits, int fp4, int f16, const uint8_t* wg,
                                                              const xpanel_t* xp, size_t i, size_t n, size_t gs,
                                                              const void* s, const void* b, float* y, size_t stride) {
   const size_t m = n < 4 ? n : 4, nv = bits == 8 && m == 1 ? 2 : 4 / m;
   for (size_t i0 = 0; i0 < n; i0 += m) {
     for (size_t v0 = 0; v0 < 4; v0 += nv) {
-      rows_pass(bits, f16, wg, xp, i + i0, m, gs, v0, nv, s, b, y + i0 * stride, stride);
+      rows_pass(bits, fp4, f16, wg, xp, i + i0, m, gs, v0, nv, s, b, y + i0 * stride, stride);
     }
   }
 }

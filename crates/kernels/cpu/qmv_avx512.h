@@ -35,15 +35,23 @@ static inline void quantize_group(const float* xg, size_t gs, int16_t* q, float*
 // sum_k q[r, k] * xq[i][k] over one group for a block's 16 rows and n rows of x, exact in
 // i32. Two accumulators per row of x (low and high k pairs) hide vpdpwssd's latency when n
 // is small. 4-bit tiles: 16 rows x 4 k in 32 bytes; byte 2r + p holds q[r, k0 + p] (low
-// nibble) and q[r, k0 + 2 + p] (high nibble).
-static inline __attribute__((always_inline)) void group_dot4(const uint8_t* wg, const int16_t (*xq)[MAX_GROUP],
-                                                             size_t n, size_t gs, __m512i acc[PANEL]) {
+// nibble) and q[r, k0 + 2 + p] (high nibble); with `fp4`, each nibble is an E2M1 code, its q
+// looked up in FP4_TABLE (`vpermw`, the code as the index).
+static inline __attribute__((always_inline)) void group_dot4(int fp4, const uint8_t* wg,
+                                                             const int16_t (*xq)[MAX_GROUP], size_t n, size_t gs,
+                                                             __m512i acc[PANEL]) {
   const __m512i low = _mm512_set1_epi16(0xF);
+  const __m512i table = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 6, 8, 9, 10, 11, 12,
+                                         24, 20, 18, 16, 15, 14, 13, 12);  // FP4_TABLE, last first
   __m512i a0[PANEL], a1[PANEL];
   for (size_t i = 0; i < n; ++i) a0[i] = a1[i] = _mm512_setzero_si512();
   for (size_t k = 0; k < gs; k += 4, wg += 32) {
     const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)wg));
-    const __m512i l = _mm512_and_si512(v, low), h = _mm512_srli_epi16(v, 4);
+    __m512i l = _mm512_and_si512(v, low), h = _mm512_srli_epi16(v, 4);
+    if (fp4) {
+      l = _mm512_permutexvar_epi16(l, table);
+      h = _mm512_permutexvar_epi16(h, table);
+    }
     for (size_t i = 0; i < n; ++i) {
       a0[i] = _mm512_dpwssd_epi32(a0[i], l, _mm512_set1_epi32(pair_of(xq[i], k)));
       a1[i] = _mm512_dpwssd_epi32(a1[i], h, _mm512_set1_epi32(pair_of(xq[i], k + 2)));
@@ -76,15 +84,16 @@ static inline __attribute__((always_inline)) void epilogue16(__m512i dot_i32, __
   _mm512_storeu_ps(yr, _mm512_fmadd_ps(bv, _mm512_set1_ps(xsum), _mm512_fmadd_ps(sv, dot, _mm512_loadu_ps(yr))));
 }
 
-static inline __attribute__((always_inline)) void group_rows(int bits, int f16, const uint8_t* wg,
+static inline __attribute__((always_inline)) void group_rows(int bits, int fp4, int f16, const uint8_t* wg,
                                                              const xpanel_t* xp, size_t i, size_t n, size_t gs,
                                                              const void* s, const void* b, float* y, size_t stride) {
   __m512i a[PANEL];
   if (bits == 4) {
-    group_dot4(wg, xp->q + i, n, gs, a);
+    group_dot4(fp4, wg, xp->q + i, n, gs, a);
   } else {
     group_dot8(wg, xp->q + i, n, gs, a);
   }
-  const __m512 sv = f16 ? load16_f16(s) : load16_f32(s), bv = f16 ? load16_f16(b) : load16_f32(b);
+  const __m512 sv = f16 ? load16_f16(s) : load16_f32(s);
+  const __m512 bv = fp4 ? _mm512_mul_ps(sv, _mm512_set1_ps(FP4_BIAS)) : f16 ? load16_f16(b) : load16_f32(b);
   for (size_t j = 0; j < n; ++j) epilogue16(a[j], sv, bv, xp->scale[i + j], xp->sum[i + j], y + j * stride);
 }

@@ -4,9 +4,10 @@
 //! the crate). No libc: its own `_start` and Linux system calls, so no cross C library is
 //! needed, only clang and lld.
 //!
-//! stdin: cases one after the other until its end. A case is 7 little-endian u32 (op: 0 for
+//! stdin: cases one after the other until its end. A case is 8 little-endian u32 (op: 0 for
 //! `qmv`, 1 for `qrows`, 3 for `qmvr`, 4 for `qmve` with one expert that every row chose;
-//! bits; 1 for f16 scales, 0 for f32; T; K; O; group size), then its input (T x K f32 for
+//! bits; 1 for f16 scales, 0 for f32; T; K; O; group size; 1 for FP4 codes, whose entries
+//! take no biases (the case still carries them), 0 for affine), then its input (T x K f32 for
 //! `qmv`, `qmvr` and `qmve`, T i32 ids for `qrows`), for `qmvr` the residual (T x O f32),
 //! weights (kernel layout), scales and biases ([O / 16][K / group size][16]), each part
 //! padded with zeros to a multiple of 64 bytes (the alignment IREE gives its bindings); or an attention case (`attn`,
@@ -39,6 +40,19 @@ typedef void qmve_fn(const float*, size_t, const int32_t*, size_t, const uint8_t
                      const void*, size_t, float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t,
                      size_t);
 qmve_fn mlx_iree_qmve4_f16, mlx_iree_qmve4_f32, mlx_iree_qmve8_f16, mlx_iree_qmve8_f32;
+// The FP4 entries: no biases.
+typedef void qmv_fp4_fn(const float*, size_t, const uint8_t*, size_t, const void*, size_t, float*, size_t, size_t,
+                        size_t, size_t, size_t, size_t, size_t);
+typedef void qrows_fp4_fn(const int32_t*, size_t, const uint8_t*, size_t, const void*, size_t, float*, size_t,
+                          size_t, size_t, size_t, size_t, size_t, size_t);
+typedef void qmvr_fp4_fn(const float*, size_t, const uint8_t*, size_t, const void*, size_t, const float*, size_t,
+                         float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
+typedef void qmve_fp4_fn(const float*, size_t, const int32_t*, size_t, const uint8_t*, size_t, const void*, size_t,
+                         float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
+qmv_fp4_fn mlx_iree_qmvfp4_f16, mlx_iree_qmvfp4_f32;
+qrows_fp4_fn mlx_iree_qrowsfp4_f16, mlx_iree_qrowsfp4_f32;
+qmvr_fp4_fn mlx_iree_qmvrfp4_f16, mlx_iree_qmvrfp4_f32;
+qmve_fp4_fn mlx_iree_qmvefp4_f16, mlx_iree_qmvefp4_f32;
 // Each row's expert in a `qmve` case: the one expert there is.
 static const int32_t expert_ids[64];
 typedef void attn_fn(const float*, size_t, const float*, size_t, const float*, size_t, const void*, size_t,
@@ -190,7 +204,7 @@ static size_t run_case(const uint8_t* p, size_t len) {
   if (h[0] == 2) return run_attention(p, len, h);
   if (h[0] == 8) return run_delta(p, len, h);
   if (h[0] >= 5) return run_dense(p, len, h);
-  const uint32_t op = h[0], bits = h[1], f16 = h[2];
+  const uint32_t op = h[0], bits = h[1], f16 = h[2], fp4 = h[7];
   const size_t T = h[3], K = h[4], O = h[5], GS = h[6];
   const size_t in_bytes = op == 1 ? T * 4 : T * K * 4, r_bytes = op == 3 ? T * O * 4 : 0;
   const size_t w_bytes = O * K * bits / 8;
@@ -204,7 +218,23 @@ static size_t run_case(const uint8_t* p, size_t len) {
   const uint8_t* s = w + padded(w_bytes);
   const uint8_t* b = s + padded(s_bytes);
   for (size_t i = 0; i < out_len; ++i) output[i] = __builtin_nanf("");
-  if (op == 0) {
+  if (fp4 && op == 0) {
+    qmv_fp4_fn* fn = f16 ? mlx_iree_qmvfp4_f16 : mlx_iree_qmvfp4_f32;
+    for (size_t rb = 0; rb < O / 16; rb += 4) fn((const float*)x, 0, w, 0, s, 0, output, 0, T, K, O, GS, rb, rb + 4);
+  } else if (fp4 && op == 3) {
+    qmvr_fp4_fn* fn = f16 ? mlx_iree_qmvrfp4_f16 : mlx_iree_qmvrfp4_f32;
+    for (size_t rb = 0; rb < O / 16; rb += 4)
+      fn((const float*)x, 0, w, 0, s, 0, (const float*)r, 0, output, 0, T, K, O, GS, rb, rb + 4);
+  } else if (fp4 && op == 4) {
+    if (T > sizeof expert_ids / sizeof expert_ids[0]) fail("qmv_qemu_driver: too many rows for qmve\n");
+    qmve_fp4_fn* fn = f16 ? mlx_iree_qmvefp4_f16 : mlx_iree_qmvefp4_f32;
+    const size_t by_expert = T >= 8, units = (by_expert ? 1 : T) * (O / 16);
+    for (size_t u = 0; u < units; u += 4)
+      fn((const float*)x, 0, expert_ids, 0, w, 0, s, 0, output, 0, T, K, O, GS, 1, by_expert, u, u + 4);
+  } else if (fp4) {
+    qrows_fp4_fn* fn = f16 ? mlx_iree_qrowsfp4_f16 : mlx_iree_qrowsfp4_f32;
+    for (size_t t = 0; t < T; ++t) fn((const int32_t*)x, 0, w, 0, s, 0, output, 0, T, K, O, GS, t, t + 1);
+  } else if (op == 0) {
     qmv_fn* fn = bits == 4 ? (f16 ? mlx_iree_qmv4_f16 : mlx_iree_qmv4_f32)
                            : (f16 ? mlx_iree_qmv8_f16 : mlx_iree_qmv8_f32);
     for (size_t rb = 0; rb < O / 16; rb += 4) fn((const float*)x, 0, w, 0, s, 0, b, 0, output, 0, T, K, O, GS, rb, rb + 4);

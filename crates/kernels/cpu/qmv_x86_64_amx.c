@@ -153,17 +153,25 @@ static inline void configure_tiles(size_t np, size_t gs) {
 // (byte 2r + p: q[r, k + p] low nibble, q[r, k + 2 + p] high): zero-extending row r's word
 // to a dword and or-ing it with itself shifted by 12 puts the four nibbles in the four bytes'
 // low halves; byte sums of up to 16 of them fit a byte. (Splitting two tiles' nibbles and
-// permuting bytes, as 8-bit does, measured 5% slower.)
-static inline __attribute__((always_inline)) __m512i unpack4(const uint8_t* wg, size_t kc, uint8_t* bt) {
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  __m512i sum = _mm512_setzero_si512();
+// permuting bytes, as 8-bit does, measured 5% slower.) With `fp4` each nibble is an E2M1
+// code, its q (up to 24, so byte sums could overflow: summed in i32 as it goes) looked up in
+// FP4_TABLE (`vpshufb`).
+static inline __attribute__((always_inline)) __m512i unpack4(int fp4, const uint8_t* wg, size_t kc, uint8_t* bt) {
+  const __m512i low = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1);
+  const __m512i table = _mm512_broadcast_i32x4(_mm_setr_epi8(FP4_TABLE));
+  __m512i sum = _mm512_setzero_si512(), sum32 = _mm512_setzero_si512();
   for (size_t k = 0; k < kc; k += 4, wg += 32, bt += 64) {
     const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)wg));
-    const __m512i u = _mm512_ternarylogic_epi32(v, _mm512_slli_epi32(v, 12), low, 0xA8);  // (a | b) & c
+    __m512i u = _mm512_ternarylogic_epi32(v, _mm512_slli_epi32(v, 12), low, 0xA8);  // (a | b) & c
+    if (fp4) {
+      u = _mm512_shuffle_epi8(table, u);
+      sum32 = _mm512_dpbusd_epi32(sum32, u, ones);
+    } else {
+      sum = _mm512_add_epi8(sum, u);
+    }
     _mm512_store_si512(bt, u);
-    sum = _mm512_add_epi8(sum, u);
   }
-  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), sum, _mm512_set1_epi8(1));
+  return fp4 ? sum32 : _mm512_dpbusd_epi32(_mm512_setzero_si512(), sum, ones);
 }
 
 // 8-bit tiles (byte 2r + p: q[r, k + p]), two per row of B: one byte permutation interleaves
@@ -183,23 +191,24 @@ static inline __attribute__((always_inline)) __m512i unpack8(const uint8_t* wg, 
 
 // A block's group (one or two chunks) into bt[0], bt[1]; returns 32768 * its rows' sums of
 // q, the correction for hi + 128.
-static inline __attribute__((always_inline)) __m512i unpack(int bits, const uint8_t* wg, size_t gs,
+static inline __attribute__((always_inline)) __m512i unpack(int bits, int fp4, const uint8_t* wg, size_t gs,
                                                            uint8_t (*bt)[16 * 64]) {
   const size_t kc = chunk_of(gs);
-  __m512i sum = bits == 4 ? unpack4(wg, kc, bt[0]) : unpack8(wg, kc, bt[0]);
+  __m512i sum = bits == 4 ? unpack4(fp4, wg, kc, bt[0]) : unpack8(wg, kc, bt[0]);
   if (kc < gs) {
     const uint8_t* w1 = wg + kc * bits * 16 / 8;
-    sum = _mm512_add_epi32(sum, bits == 4 ? unpack4(w1, kc, bt[1]) : unpack8(w1, kc, bt[1]));
+    sum = _mm512_add_epi32(sum, bits == 4 ? unpack4(fp4, w1, kc, bt[1]) : unpack8(w1, kc, bt[1]));
   }
   return _mm512_slli_epi32(sum, 15);
 }
 
 // One block's stored C tile (np rows of (hi + 128) dots, then np rows of lo dots, 16 outputs
 // each) through the epilogue: the exact dots, then what group_rows does with its own.
-static inline __attribute__((always_inline)) void finish(int f16, const int32_t (*c)[16], __m512i corr,
+static inline __attribute__((always_inline)) void finish(int fp4, int f16, const int32_t (*c)[16], __m512i corr,
                                                          const void* s, const void* b, const tpanel_t* tp,
                                                          size_t np, float* y, size_t stride) {
-  const __m512 sv = f16 ? load16_f16(s) : load16_f32(s), bv = f16 ? load16_f16(b) : load16_f32(b);
+  const __m512 sv = f16 ? load16_f16(s) : load16_f32(s);
+  const __m512 bv = fp4 ? _mm512_mul_ps(sv, _mm512_set1_ps(FP4_BIAS)) : f16 ? load16_f16(b) : load16_f32(b);
   for (size_t j = 0; j < np; ++j) {
     const __m512i hl = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(c[j]), 8), _mm512_load_si512(c[np + j]));
     epilogue16(_mm512_sub_epi32(hl, corr), sv, bv, tp->scale[j], tp->sum[j], y + j * stride);
@@ -220,7 +229,7 @@ static inline __attribute__((always_inline)) void finish(int f16, const int32_t 
 
 // One group: nb blocks (weights block_bytes apart, scales and biases s_stride bytes apart)
 // times the panel tp, added to y.
-static inline __attribute__((always_inline)) void panel_group(int bits, int f16, const uint8_t* wg, size_t block_bytes,
+static inline __attribute__((always_inline)) void panel_group(int bits, int fp4, int f16, const uint8_t* wg, size_t block_bytes,
                                                               const char* s, const char* b, size_t s_stride,
                                                               const tpanel_t* tp, size_t np, size_t gs, float* y,
                                                               size_t stride, size_t nb) {
@@ -236,7 +245,7 @@ static inline __attribute__((always_inline)) void panel_group(int bits, int f16,
     // other set) while they run.
     const size_t p = r & 1;
     if (r < nb) {
-      corr[p] = unpack(bits, wg + r * block_bytes, gs, bt[p]);
+      corr[p] = unpack(bits, fp4, wg + r * block_bytes, gs, bt[p]);
       if (p) {
         TILE_DOTS(1, bt[1], two);
       } else {
@@ -250,14 +259,14 @@ static inline __attribute__((always_inline)) void panel_group(int bits, int f16,
         _tile_stored(C_1, c[1], 64);
       }
       const size_t q = r - 1;
-      finish(f16, c[1 - p], corr[1 - p], s + q * s_stride, b + q * s_stride, tp, np, y + q * 16, stride);
+      finish(fp4, f16, c[1 - p], corr[1 - p], s + q * s_stride, b + q * s_stride, tp, np, y + q * 16, stride);
     }
   }
 }
 
 // qmv.h's whole panel: each group is quantized while the previous one's products run (two
 // panels of bytes, alternating), then its blocks go through the tiles.
-static inline void whole_panel(int bits, int f16, const float* x, size_t K, const uint8_t* w, size_t block_bytes,
+static inline void whole_panel(int bits, int fp4, int f16, const float* x, size_t K, const uint8_t* w, size_t block_bytes,
                                const void* s, const void* b, size_t np, size_t gs, float* y, size_t stride,
                                size_t nb) {
   tpanel_t tp[2];
@@ -274,7 +283,7 @@ static inline void whole_panel(int bits, int f16, const float* x, size_t K, cons
                      group_bytes, 16 * elem);
     }
     if (g + 1 < G) quantize_panel(x + (g + 1) * gs, K, gs, &tp[(g + 1) & 1], np);
-    panel_group(bits, f16, w + g * group_bytes, block_bytes, (const char*)s + g * 16 * elem,
+    panel_group(bits, fp4, f16, w + g * group_bytes, block_bytes, (const char*)s + g * 16 * elem,
                 (const char*)b + g * 16 * elem, G * 16 * elem, &tp[g & 1], np, gs, y, stride, nb);
   }
   _tile_release();

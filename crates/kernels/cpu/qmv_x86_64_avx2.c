@@ -49,16 +49,32 @@ static inline void quantize_group(const float* xg, size_t gs, int16_t* q, float*
   }
 }
 
+// The 16 bytes of 8 rows' 4-bit tile half at `p` as i16 values: q[r, k0 + p] in `*l` and
+// q[r, k0 + 2 + p] in `*h`; with `fp4`, each nibble an E2M1 code looked up in FP4_TABLE
+// (`vpshufb`, before widening).
+static inline __attribute__((always_inline)) void nibbles(int fp4, const uint8_t* p, __m256i* l, __m256i* h) {
+  const __m128i b = _mm_loadu_si128((const __m128i*)p);
+  if (fp4) {
+    const __m128i table = _mm_setr_epi8(FP4_TABLE), low = _mm_set1_epi8(0xF);
+    *l = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(b, low)));
+    *h = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(b, 4), low)));
+  } else {
+    const __m256i v = _mm256_cvtepu8_epi16(b);
+    *l = _mm256_and_si256(v, _mm256_set1_epi16(0xF));
+    *h = _mm256_srli_epi16(v, 4);
+  }
+}
+
 // sum_k q[r, k] * xq[i][k] over one group, for one half of a block (8 rows; `wg` points at
 // that half of the group's first tile) and n rows of x.
 // 4-bit tiles: byte 2r + p holds q[r, k0 + p] (low nibble) and q[r, k0 + 2 + p] (high).
-static inline __attribute__((always_inline)) void half_dot4(const uint8_t* wg, const int16_t (*xq)[MAX_GROUP],
-                                                            size_t n, size_t gs, __m256i acc[PANEL]) {
-  const __m256i low = _mm256_set1_epi16(0xF);
+static inline __attribute__((always_inline)) void half_dot4(int fp4, const uint8_t* wg,
+                                                            const int16_t (*xq)[MAX_GROUP], size_t n, size_t gs,
+                                                            __m256i acc[PANEL]) {
   for (size_t i = 0; i < n; ++i) acc[i] = _mm256_setzero_si256();
   for (size_t k = 0; k < gs; k += 4, wg += 32) {
-    const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)wg));
-    const __m256i l = _mm256_and_si256(v, low), h = _mm256_srli_epi16(v, 4);
+    __m256i l, h;
+    nibbles(fp4, wg, &l, &h);
     for (size_t i = 0; i < n; ++i) {
       const __m256i p0 = _mm256_set1_epi32(pair_of(xq[i], k)), p2 = _mm256_set1_epi32(pair_of(xq[i], k + 2));
       acc[i] = _mm256_add_epi32(acc[i], _mm256_add_epi32(_mm256_madd_epi16(l, p0), _mm256_madd_epi16(h, p2)));
@@ -83,19 +99,17 @@ static inline __attribute__((always_inline)) void half_dot8(const uint8_t* wg, c
 // One row of x (decode), both halves of each tile in one pass: the pair of x is broadcast
 // once for the block's 16 rows, and the loop runs once per tile, not twice. `acc[h]` gets
 // half h's rows (the same exact sums as half_dot4 and half_dot8 with n = 1).
-static inline __attribute__((always_inline)) void tile_dot_1(int bits, const uint8_t* wg, const int16_t* xq,
-                                                             size_t gs, __m256i acc[2]) {
-  const __m256i low = _mm256_set1_epi16(0xF);
+static inline __attribute__((always_inline)) void tile_dot_1(int bits, int fp4, const uint8_t* wg,
+                                                             const int16_t* xq, size_t gs, __m256i acc[2]) {
   __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
   for (size_t k = 0; k < gs; k += 4) {
     const __m256i p0 = _mm256_set1_epi32(pair_of(xq, k)), p2 = _mm256_set1_epi32(pair_of(xq, k + 2));
     if (bits == 4) {
-      const __m256i v0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)wg));
-      const __m256i v1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(wg + 16)));
-      a0 = _mm256_add_epi32(a0, _mm256_add_epi32(_mm256_madd_epi16(_mm256_and_si256(v0, low), p0),
-                                                 _mm256_madd_epi16(_mm256_srli_epi16(v0, 4), p2)));
-      a1 = _mm256_add_epi32(a1, _mm256_add_epi32(_mm256_madd_epi16(_mm256_and_si256(v1, low), p0),
-                                                 _mm256_madd_epi16(_mm256_srli_epi16(v1, 4), p2)));
+      __m256i l0, h0, l1, h1;
+      nibbles(fp4, wg, &l0, &h0);
+      nibbles(fp4, wg + 16, &l1, &h1);
+      a0 = _mm256_add_epi32(a0, _mm256_add_epi32(_mm256_madd_epi16(l0, p0), _mm256_madd_epi16(h0, p2)));
+      a1 = _mm256_add_epi32(a1, _mm256_add_epi32(_mm256_madd_epi16(l1, p0), _mm256_madd_epi16(h1, p2)));
       wg += 32;
     } else {
       const __m256i v0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)wg));
@@ -111,23 +125,25 @@ static inline __attribute__((always_inline)) void tile_dot_1(int bits, const uin
   acc[1] = a1;
 }
 
-static inline __attribute__((always_inline)) void group_rows(int bits, int f16, const uint8_t* wg,
+static inline __attribute__((always_inline)) void group_rows(int bits, int fp4, int f16, const uint8_t* wg,
                                                              const xpanel_t* xp, size_t i, size_t n, size_t gs,
                                                              const void* s, const void* b, float* y, size_t stride) {
   __m256i one[2];
-  if (n == 1) tile_dot_1(bits, wg, xp->q[i], gs, one);
+  if (n == 1) tile_dot_1(bits, fp4, wg, xp->q[i], gs, one);
   for (size_t h = 0; h < 2; ++h) {
     __m256i a[PANEL];
     if (n == 1) {
       a[0] = one[h];
     } else if (bits == 4) {
-      half_dot4(wg + 16 * h, xp->q + i, n, gs, a);
+      half_dot4(fp4, wg + 16 * h, xp->q + i, n, gs, a);
     } else {
       half_dot8(wg + 16 * h, xp->q + i, n, gs, a);
     }
     // Loaded after the dot loop, which wants every register.
     const __m256 sh = f16 ? load8_f16((const uint16_t*)s + 8 * h) : load8_f32((const float*)s + 8 * h);
-    const __m256 bh = f16 ? load8_f16((const uint16_t*)b + 8 * h) : load8_f32((const float*)b + 8 * h);
+    const __m256 bh = fp4 ? _mm256_mul_ps(sh, _mm256_set1_ps(FP4_BIAS))
+                      : f16 ? load8_f16((const uint16_t*)b + 8 * h)
+                            : load8_f32((const float*)b + 8 * h);
     for (size_t j = 0; j < n; ++j) {
       const __m256 dx = _mm256_set1_ps(xp->scale[i + j]), xs = _mm256_set1_ps(xp->sum[i + j]);
       float* yr = y + j * stride + 8 * h;

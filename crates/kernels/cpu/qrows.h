@@ -1,4 +1,4 @@
-//! Packed-row lookup (embedding rows of an MLX 4- or 8-bit table, dequantized to f32),
+//! Packed-row lookup (embedding rows of an MLX 4- or 8-bit or FP4 table, dequantized to f32),
 //! shared by every kernel object: it is scalar apart from the f16 conversion (F16C on x86-64,
 //! `fcvt` on aarch64), so each ISA's file includes the one copy. Layout as in those files
 //! (16-row blocks, 32-byte tiles; scales and biases [O / 16][K / group_size][16]). Each value
@@ -20,37 +20,56 @@ static inline float f16_to_f32(uint16_t h) {
 }
 #endif
 
-// Rows `ids` of a packed table (embedding lookup), dequantized to f32 out[T, K].
-// Computes rows [t0, t1).
-#define QROWS(NAME, BITS, STYPE, TOF32)                                                           \
-  void NAME(const int32_t* ids, size_t ids_off, const uint8_t* w, size_t w_off, const STYPE* sc,  \
-            size_t s_off, const STYPE* bi, size_t b_off, float* out, size_t out_off, size_t T,    \
-            size_t K, size_t O, size_t GS, size_t t0, size_t t1) {                                \
-    ids += ids_off; w += w_off; sc += s_off; bi += b_off; out += out_off;                         \
-    const size_t G = K / GS, block_bytes = K * BITS * 16 / 8;                                     \
-    if (t1 > T) t1 = T;                                                                           \
-    for (size_t t = t0; t < t1; ++t) {                                                            \
-      size_t row = (size_t)(uint32_t)ids[t];                                                      \
-      if (row >= O) row = O - 1; /* as a StableHLO gather clamps */                               \
-      const size_t rb = row / 16, lane = row % 16;                                                \
-      const uint8_t* wb = w + rb * block_bytes;                                                   \
-      for (size_t k = 0; k < K; ++k) {                                                            \
-        unsigned q;                                                                               \
-        if (BITS == 4) {                                                                          \
-          const uint8_t byte = wb[(k / 4) * 32 + 2 * lane + (k % 2)];                             \
-          q = (k % 4) < 2 ? (byte & 0xF) : (byte >> 4);                                           \
-        } else {                                                                                  \
-          q = wb[(k / 2) * 32 + 2 * lane + (k % 2)];                                              \
-        }                                                                                         \
-        const size_t gi = (rb * G + k / GS) * 16 + lane;                                          \
-        out[t * K + k] = __builtin_fmaf(TOF32(sc[gi]), (float)q, TOF32(bi[gi]));                  \
-      }                                                                                           \
-    }                                                                                             \
+// Rows [t0, t1) of `ids` of a packed table (embedding lookup), dequantized to f32 out[T, K]:
+// each value fma(scale, q, bias), with `fp4` q an E2M1 code's 2v + 12 and bias -12 * scale
+// (qmv.h's FP4 values).
+static inline __attribute__((always_inline)) void qrows_body(int bits, int fp4, int f16, const int32_t* ids,
+                                                            const uint8_t* w, const void* sc, const void* bi,
+                                                            float* out, size_t T, size_t K, size_t O, size_t GS,
+                                                            size_t t0, size_t t1) {
+  static const uint8_t fp4_table[16] = {FP4_TABLE};
+  const size_t G = K / GS, block_bytes = K * bits * 16 / 8;
+  if (t1 > T) t1 = T;
+  for (size_t t = t0; t < t1; ++t) {
+    size_t row = (size_t)(uint32_t)ids[t];
+    if (row >= O) row = O - 1; /* as a StableHLO gather clamps */
+    const size_t rb = row / 16, lane = row % 16;
+    const uint8_t* wb = w + rb * block_bytes;
+    for (size_t k = 0; k < K; ++k) {
+      unsigned q;
+      if (bits == 4) {
+        const uint8_t byte = wb[(k / 4) * 32 + 2 * lane + (k % 2)];
+        q = (k % 4) < 2 ? (byte & 0xF) : (byte >> 4);
+        if (fp4) q = fp4_table[q];
+      } else {
+        q = wb[(k / 2) * 32 + 2 * lane + (k % 2)];
+      }
+      const size_t gi = (rb * G + k / GS) * 16 + lane;
+      const float s = f16 ? f16_to_f32(((const uint16_t*)sc)[gi]) : ((const float*)sc)[gi];
+      const float b = fp4 ? s * FP4_BIAS : f16 ? f16_to_f32(((const uint16_t*)bi)[gi]) : ((const float*)bi)[gi];
+      out[t * K + k] = __builtin_fmaf(s, (float)q, b);
+    }
+  }
+}
+
+#define QROWS(NAME, BITS, F16, STYPE)                                                                  \
+  void NAME(const int32_t* ids, size_t ids_off, const uint8_t* w, size_t w_off, const STYPE* sc,       \
+            size_t s_off, const STYPE* bi, size_t b_off, float* out, size_t out_off, size_t T, size_t K, \
+            size_t O, size_t GS, size_t t0, size_t t1) {                                               \
+    qrows_body(BITS, 0, F16, ids + ids_off, w + w_off, sc + s_off, bi + b_off, out + out_off, T, K, O, GS, \
+               t0, t1);                                                                                \
+  }
+#define QROWS_FP4(NAME, F16, STYPE)                                                                    \
+  void NAME(const int32_t* ids, size_t ids_off, const uint8_t* w, size_t w_off, const STYPE* sc,       \
+            size_t s_off, float* out, size_t out_off, size_t T, size_t K, size_t O, size_t GS, size_t t0, \
+            size_t t1) {                                                                               \
+    qrows_body(4, 1, F16, ids + ids_off, w + w_off, sc + s_off, sc + s_off, out + out_off, T, K, O, GS, t0, \
+               t1);                                                                                    \
   }
 
-static inline float f32_id(float v) { return v; }
-
-QROWS(mlx_iree_qrows4_f16, 4, uint16_t, f16_to_f32)
-QROWS(mlx_iree_qrows4_f32, 4, float, f32_id)
-QROWS(mlx_iree_qrows8_f16, 8, uint16_t, f16_to_f32)
-QROWS(mlx_iree_qrows8_f32, 8, float, f32_id)
+QROWS(mlx_iree_qrows4_f16, 4, 1, uint16_t)
+QROWS(mlx_iree_qrows4_f32, 4, 0, float)
+QROWS(mlx_iree_qrows8_f16, 8, 1, uint16_t)
+QROWS(mlx_iree_qrows8_f32, 8, 0, float)
+QROWS_FP4(mlx_iree_qrowsfp4_f16, 1, uint16_t)
+QROWS_FP4(mlx_iree_qrowsfp4_f32, 0, float)

@@ -278,15 +278,10 @@ impl Scale {
     }
 }
 
-/// The export name of an entry point, e.g. `qmv4_f16`.
+/// The export name of an affine entry point, e.g. `qmv4_f16` ([`Entry::export`] names
+/// every entry).
 pub fn export(op: Op, bits: u32, scale: Scale) -> String {
-    let op = match op {
-        Op::Matvec => "qmv",
-        Op::MatvecAdd => "qmvr",
-        Op::Rows => "qrows",
-        Op::Experts => "qmve",
-    };
-    format!("{op}{bits}_{}", scale.name())
+    Entry { op, bits, scale, fp4: false }.export()
 }
 
 /// Workgroups per unit of the dispatch's workload (row blocks for a matvec, rows for a
@@ -364,8 +359,28 @@ fn blocks_of_columns<T: Copy>(values: &[T], out: usize, cols: usize) -> Vec<T> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Entry {
     pub op: Op,
+    /// 4 or 8 (4 with `fp4`).
     pub bits: u32,
     pub scale: Scale,
+    /// The 4-bit values are E2M1 codes (MLX's mxfp4 and nvfp4), read through `cpu/qmv.h`'s
+    /// table as `2v + 12` against scales of `s / 2`, with no biases binding:
+    /// the bias, `-12 * scale`, is computed. The exact 8-bit affine copy's values, at half
+    /// its bytes and with its results' bits.
+    pub fp4: bool,
+}
+
+impl Entry {
+    /// The export name, e.g. `qmv4_f16`, `qmvfp4_f16`.
+    pub fn export(&self) -> String {
+        let op = match self.op {
+            Op::Matvec => "qmv",
+            Op::MatvecAdd => "qmvr",
+            Op::Rows => "qrows",
+            Op::Experts => "qmve",
+        };
+        let values = if self.fp4 { "fp4".to_owned() } else { self.bits.to_string() };
+        format!("{op}{values}_{}", self.scale.name())
+    }
 }
 
 /// What an entry point over a half-precision matrix in the blocks of [`repack_dense`]
@@ -801,13 +816,14 @@ struct ExportSpec {
 
 impl ExportSpec {
     fn packed(e: Entry) -> ExportSpec {
-        let name = export(e.op, e.bits, e.scale);
+        let name = e.export();
         let input = if e.op == Op::Rows { "i32" } else { "f32" };
         let s = e.scale.memref();
-        let mut bindings = vec![input, "i8", s, s, "f32"];
+        // FP4 entries have no biases.
+        let mut bindings = if e.fp4 { vec![input, "i8", s, "f32"] } else { vec![input, "i8", s, s, "f32"] };
         if e.op == Op::MatvecAdd {
             // The residual, before the result.
-            bindings.insert(4, "f32");
+            bindings.insert(bindings.len() - 1, "f32");
         }
         if e.op == Op::Experts {
             // Each pair's expert, after x.
@@ -1033,12 +1049,14 @@ mod tests {
         let all: Vec<Entry> = Op::ALL
             .into_iter()
             .flat_map(|op| [4, 8].into_iter().map(move |bits| (op, bits)))
-            .flat_map(|(op, bits)| [Scale::F16, Scale::F32].into_iter().map(move |scale| Entry { op, bits, scale }))
+            .flat_map(|(op, bits)| {
+                [Scale::F16, Scale::F32].into_iter().map(move |scale| Entry { op, bits, scale, fp4: false })
+            })
             .collect();
         let used = [all[0], all[5], all[9]];
         let text = executable_source(Path::new("/k/qmv.o"), &used, &[], &[], false);
         for (i, e) in all.iter().enumerate() {
-            let name = export(e.op, e.bits, e.scale);
+            let name = e.export();
             let expected = usize::from(used.contains(e));
             assert_eq!(text.matches(&format!("export public @{name} ")).count(), expected, "{name}");
             assert_eq!(
@@ -1057,7 +1075,7 @@ mod tests {
     /// The residual matvec's C function takes the residual between the biases and the result.
     #[test]
     fn the_residual_matvec_takes_one_binding_more() {
-        let e = |op| Entry { op, bits: 8, scale: Scale::F32 };
+        let e = |op| Entry { op, bits: 8, scale: Scale::F32, fp4: false };
         let text = executable_source(Path::new("/k/qmv.o"), &[e(Op::Matvec), e(Op::MatvecAdd)], &[], &[], false);
         let decl = |name: &str| text.lines().find(|l| l.contains(&format!("private @mlx_iree_{name}("))).unwrap();
         let plain = "memref<f32>, index, memref<i8>, index, memref<f32>, index, memref<f32>, index, memref<f32>, index";
@@ -1066,6 +1084,22 @@ mod tests {
         assert!(decl("qmvr8_f32").contains(&residual), "{text}");
         let ro = r#"#hal.pipeline.binding<storage_buffer, "ReadOnly|Indirect">"#;
         let bindings = format!("bindings = [{}, #hal.pipeline.binding<storage_buffer, Indirect>]", [ro; 5].join(", "));
+        assert!(text.contains(&bindings), "{text}");
+    }
+
+    /// An FP4 entry's C function takes no biases: x, weights, scales (then the residual), y.
+    #[test]
+    fn fp4_entries_take_no_biases() {
+        let e = |op| Entry { op, bits: 4, scale: Scale::F16, fp4: true };
+        assert_eq!(e(Op::Matvec).export(), "qmvfp4_f16");
+        assert_eq!(e(Op::Experts).export(), "qmvefp4_f16");
+        let text = executable_source(Path::new("/k/qmv.o"), &[e(Op::Matvec), e(Op::MatvecAdd)], &[], &[], false);
+        let decl = |name: &str| text.lines().find(|l| l.contains(&format!("private @mlx_iree_{name}("))).unwrap();
+        let plain = "memref<f32>, index, memref<i8>, index, memref<i16>, index";
+        assert!(decl("qmvfp4_f16").contains(&format!("({plain}, memref<f32>, index, index")), "{text}");
+        assert!(decl("qmvrfp4_f16").contains(&format!("({plain}, memref<f32>, index, memref<f32>, index, index")));
+        let ro = r#"#hal.pipeline.binding<storage_buffer, "ReadOnly|Indirect">"#;
+        let bindings = format!("bindings = [{}, #hal.pipeline.binding<storage_buffer, Indirect>]", [ro; 3].join(", "));
         assert!(text.contains(&bindings), "{text}");
     }
 
@@ -1165,7 +1199,7 @@ mod tests {
     /// aarch64 is `arm_64`), the host's for the objects this build installs.
     #[test]
     fn the_source_names_the_objects_architecture() {
-        let entries = [Entry { op: Op::Matvec, bits: 4, scale: Scale::F16 }];
+        let entries = [Entry { op: Op::Matvec, bits: 4, scale: Scale::F16, fp4: false }];
         let object = Path::new("/k/qmv.o");
         let x86 = executable_source_for("x86_64", object, &entries, &[], &[], false);
         assert!(x86.contains(r#""embedded-elf-x86_64", {target_triple = "x86_64-unknown-unknown-eabi-elf"}"#), "{x86}");

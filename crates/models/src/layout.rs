@@ -40,6 +40,11 @@ pub struct Packing {
     /// ([`Layout::pack`]) has values that fit the signed type as they are, and folding the
     /// offset into f16 biases would round them by up to 1/16 of a step.
     pub flipped: bool,
+    /// The checkpoint stores E2M1 codes (mxfp4, nvfp4). The graph and CUDA forms hold their
+    /// exact 8-bit affine copy (`bits` 8); the CPU kernel's form reads the codes as stored
+    /// (`bits` 4) through its FP4 table, scales of `s / 2`, and no biases
+    /// (`kernels::cpu::Entry::fp4`).
+    pub fp4: bool,
 }
 
 impl Packing {
@@ -58,6 +63,16 @@ impl Packing {
     /// The kernel's scale type for this packing.
     pub fn kernel_scale(&self) -> kernels::cpu::Scale {
         if self.scale_elem == ElementType::F16 { kernels::cpu::Scale::F16 } else { kernels::cpu::Scale::F32 }
+    }
+
+    /// The CPU kernel's entry computing `op` for this packing.
+    pub fn kernel_entry(&self, op: kernels::cpu::Op) -> kernels::cpu::Entry {
+        kernels::cpu::Entry { op, bits: self.bits, scale: self.kernel_scale(), fp4: self.fp4 }
+    }
+
+    /// Whether the device holds biases beside the values: all but the CPU kernel's FP4 form.
+    pub fn has_biases(&self) -> bool {
+        !(self.fp4 && self.bits == 4)
     }
 }
 
@@ -286,7 +301,8 @@ impl Layout {
             let bias_elem = if scale_elem == ElementType::F16 || experts { scale_elem } else { ElementType::F32 };
             let wide = !experts && bits == 4 && (spec.shape[0] % 64 != 0 || spec.shape[1] % 64 != 0);
             let flipped = q.mode() == weights::QuantMode::Affine && q.bits() == bits;
-            let packing = Packing { bits, group_size: gs, scale_elem, bias_elem, wide, flipped };
+            let fp4 = matches!(q.mode(), weights::QuantMode::Mxfp4 | weights::QuantMode::Nvfp4);
+            let packing = Packing { bits, group_size: gs, scale_elem, bias_elem, wide, flipped, fp4 };
             self.forms.insert(prefix.to_owned(), Form::GraphPacked(packing));
             any = true;
         }
@@ -332,13 +348,15 @@ impl Layout {
                     *form = Form::CpuDense;
                 }
                 // A stacked expert layer's shape is its experts' (`qmve` takes them stacked).
-                Form::GraphPacked(p) if kernels::cpu::supports(p.bits, o, i, p.group_size) => {
+                // FP4 codes as stored: 4 bits.
+                Form::GraphPacked(p) if kernels::cpu::supports(if p.fp4 { 4 } else { p.bits }, o, i, p.group_size) => {
                     let (scale_elem, bias_elem) = if p.scale_elem == ElementType::F16 {
                         (ElementType::F16, ElementType::F16)
                     } else {
                         (ElementType::F32, ElementType::F32)
                     };
-                    *form = Form::CpuPacked(Packing { scale_elem, bias_elem, wide: false, ..*p });
+                    let bits = if p.fp4 { 4 } else { p.bits };
+                    *form = Form::CpuPacked(Packing { bits, scale_elem, bias_elem, wide: false, ..*p });
                 }
                 _ => continue,
             }
@@ -491,7 +509,9 @@ impl Layout {
                     };
                     out.push(param(format!("{prefix}.weight"), weight, ElementType::I8, Role::ExpertWeight));
                     out.push(param(format!("{prefix}.scales"), groups.clone(), p.scale_elem, Role::ExpertScales));
-                    out.push(param(format!("{prefix}.biases"), groups, p.bias_elem, Role::ExpertBiases));
+                    if p.has_biases() {
+                        out.push(param(format!("{prefix}.biases"), groups, p.bias_elem, Role::ExpertBiases));
+                    }
                 }
                 (_, Form::CpuPacked(p)) => {
                     // [O/16, bytes per 16-row block] and [O/16, G * 16]: the kernel's blocks.
@@ -500,7 +520,9 @@ impl Layout {
                     let weight = vec![blocks, i * p.bits as usize * rows / 8];
                     out.push(param(format!("{prefix}.weight"), weight, ElementType::I8, Role::PackedWeight));
                     out.push(param(format!("{prefix}.scales"), groups.clone(), p.scale_elem, Role::PackedScales));
-                    out.push(param(format!("{prefix}.biases"), groups, p.bias_elem, Role::PackedBiases));
+                    if p.has_biases() {
+                        out.push(param(format!("{prefix}.biases"), groups, p.bias_elem, Role::PackedBiases));
+                    }
                 }
                 (_, Form::GraphPacked(p) | Form::CudaPacked(p)) => {
                     let groups = vec![o, i / p.group_size];
@@ -678,6 +700,8 @@ fn matrix_shapes(cfg: &ModelConfig) -> HashMap<String, Vec<usize>> {
 enum Affine<'a> {
     Stored(Box<weights::QuantizedLinear<'a>>),
     Copy(Box<weights::AffineCopy>),
+    /// FP4 codes as stored, with the scales the CPU kernel reads against them (`s / 2`).
+    Codes(Box<weights::QuantizedLinear<'a>>, Vec<f32>),
 }
 
 impl<'a> Affine<'a> {
@@ -690,6 +714,12 @@ impl<'a> Affine<'a> {
     fn of(q: weights::QuantizedLinear<'a>, packing: &Packing) -> Result<Affine<'a>> {
         if Self::stored_at(&q, packing) {
             return Ok(Affine::Stored(Box::new(q)));
+        }
+        if !packing.has_biases() {
+            let scales = q.fp4_scales().ok_or_else(|| {
+                Error::Invalid(format!("{}: {} held as FP4 codes", q.weight().name(), q.mode().name()))
+            })?;
+            return Ok(Affine::Codes(Box::new(q), scales));
         }
         match q.to_affine() {
             Some(copy) if copy.bits == packing.bits => Ok(Affine::Copy(Box::new(copy))),
@@ -706,7 +736,7 @@ impl<'a> Affine<'a> {
     /// `[out, in]`.
     fn shape(&self) -> (usize, usize) {
         match self {
-            Affine::Stored(q) => (q.out_features(), q.in_features()),
+            Affine::Stored(q) | Affine::Codes(q, _) => (q.out_features(), q.in_features()),
             Affine::Copy(c) => (c.out_features, c.in_features),
         }
     }
@@ -714,7 +744,7 @@ impl<'a> Affine<'a> {
     /// MLX's packing of the values (`[out, in * bits / 8]` bytes).
     fn weight(&self) -> &[u8] {
         match self {
-            Affine::Stored(q) => q.weight().bytes(),
+            Affine::Stored(q) | Affine::Codes(q, _) => q.weight().bytes(),
             Affine::Copy(c) => &c.weight,
         }
     }
@@ -724,6 +754,7 @@ impl<'a> Affine<'a> {
         match self {
             Affine::Stored(q) => as_float(q.scales(), elem),
             Affine::Copy(c) => Ok(Cow::Owned(encode_f32(c.scales.iter().copied(), elem))),
+            Affine::Codes(_, scales) => Ok(Cow::Owned(encode_f32(scales.iter().copied(), elem))),
         }
     }
 
@@ -731,6 +762,7 @@ impl<'a> Affine<'a> {
         match self {
             Affine::Stored(q) => Ok(q.scales().to_f32_vec()?),
             Affine::Copy(c) => Ok(c.scales.clone()),
+            Affine::Codes(_, scales) => Ok(scales.clone()),
         }
     }
 
@@ -738,6 +770,7 @@ impl<'a> Affine<'a> {
         match self {
             Affine::Stored(q) => Ok(affine_biases(q)?.to_f32_vec()?),
             Affine::Copy(c) => Ok(c.biases.clone()),
+            Affine::Codes(q, _) => Err(Error::Invalid(format!("{}: FP4 codes have no biases", q.weight().name()))),
         }
     }
 }

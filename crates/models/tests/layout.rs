@@ -189,6 +189,48 @@ fn cpu_kernel_layout() {
     }
 }
 
+/// mxfp4 and nvfp4 in the CPU kernel's form: the E2M1 codes as stored, 4 bits a value in the
+/// kernel's blocks, scales of `s / 2` and no biases (the kernel computes them), dispatched to
+/// the FP4 exports; the graph form holds the exact 8-bit copy instead, with its biases.
+#[test]
+fn fp4_codes_stay_four_bits_in_the_kernel() {
+    for (variant, gs, export) in [("mxfp4", 32, "@qmvfp4_f16"), ("nvfp4", 16, "@qmvfp4_f16")] {
+        let (ckpt, cfg) = open("llama_llama3_tied", variant);
+        let layout = Layout::new(&cfg, Precision::Packed, &ckpt, &cpu()).unwrap();
+        let prefix = "model.layers.0.mlp.down_proj";
+        assert!(
+            matches!(layout.form(prefix), Some(Form::CpuPacked(p)) if p.bits == 4 && p.fp4 && !p.has_biases()),
+            "{variant}: {:?}",
+            layout.form(prefix)
+        );
+        let params: Vec<_> = layout.device_params(&cfg).into_iter().filter(|p| p.key.starts_with(prefix)).collect();
+        // down_proj [64, 128]: 4 blocks of 16 rows, 128 * 4 * 16 / 8 bytes each.
+        let got: Vec<_> = params.iter().map(|p| (p.key.as_str(), p.dims.clone(), p.elem)).collect();
+        let key = |s: &str| format!("{prefix}.{s}");
+        assert_eq!(
+            got,
+            [
+                (key("weight").as_str(), vec![4, 1024], ElementType::I8),
+                (key("scales").as_str(), vec![4, 128 / gs * 16], ElementType::F16)
+            ],
+            "{variant}"
+        );
+        let Linear::Quantized(q) = ckpt.linear(prefix).unwrap() else { panic!("quantized") };
+        let bytes = layout.load(&ckpt, &params[0]).unwrap();
+        assert_eq!(bytes[..], kernels::cpu::repack_weight(4, 64, 128, q.weight().bytes())[..], "{variant}: codes");
+        let scales = floats(ElementType::F16, &layout.load(&ckpt, &params[1]).unwrap());
+        let copy = q.to_affine().unwrap();
+        assert_eq!(scales, kernels::cpu::repack_groups(&copy.scales, 64, 128 / gs), "{variant}: s / 2");
+        let cache = CacheShape { slots: 1, positions: 64, elem: KvElem::F32 };
+        let functions = [Function::Decode { rows: 1, window: 32 }];
+        let text = emit_functions(&cfg, &layout, cache, &functions, None).unwrap();
+        assert!(text.contains(export) && text.contains("@qrowsfp4_f16"), "{variant}");
+        // The graph form: the 8-bit copy, with biases.
+        let graph = Layout::new(&cfg, Precision::Packed, &ckpt, &Backend::default()).unwrap();
+        assert!(matches!(graph.form(prefix), Some(Form::GraphPacked(p)) if p.bits == 8 && p.has_biases()));
+    }
+}
+
 /// With the CPU kernels, an f16 (or bf16) layout holds every dense matrix of whole 16-row blocks,
 /// the embedding table included, in the f16 product's blocks (`kernels::cpu::repack_dense`),
 /// and the graph dispatches the f16 exports for them; routers and stacked experts stay as

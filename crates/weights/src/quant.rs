@@ -445,6 +445,15 @@ impl QuantizedLinear<'_> {
         }
     }
 
+    /// An FP4 layer's scales against its codes read as `2 * fp4 + 12` (`s / 2`, those of
+    /// [`to_affine`](Self::to_affine)'s copy, whose values are exactly that), as a kernel that
+    /// reads the codes through a table takes them, with `-12` times each as the bias; `None`
+    /// for the other modes.
+    pub fn fp4_scales(&self) -> Option<Vec<f32>> {
+        matches!(self.params.mode, QuantMode::Mxfp4 | QuantMode::Nvfp4)
+            .then(|| self.scales_f32().iter().map(|s| s / 2.0).collect())
+    }
+
     /// This layer as [`affine_width`](Self::affine_width) says, `None` where that is.
     pub fn to_affine(&self) -> Option<AffineCopy> {
         let AffineWidth { bits, dtype } = self.affine_width()?;
@@ -463,11 +472,9 @@ impl QuantizedLinear<'_> {
             }
         }
         let weight = pack(&codes, inp, bits)?.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let scales = self.scales_f32();
-        let (scales, biases) = if fp4 {
-            (scales.iter().map(|s| s / 2.0).collect(), scales.iter().map(|s| -6.0 * s).collect())
-        } else {
-            (scales, self.biases_f32())
+        let (scales, biases) = match self.fp4_scales() {
+            Some(half) => (half, self.scales_f32().iter().map(|s| -6.0 * s).collect()),
+            None => (self.scales_f32(), self.biases_f32()),
         };
         Some(AffineCopy { bits, group_size: gs, out_features: out, in_features: inp, weight, scales, biases, dtype })
     }

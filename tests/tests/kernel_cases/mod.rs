@@ -16,8 +16,8 @@ pub const O: usize = 96;
 pub const K: usize = 256;
 /// Rows of x: one; 3 (chunks of 2 and 1); 8 (one panel; AMX tiles; the aarch64 object's
 /// two passes of 4); 13 (a panel, then 5 rows: chunks of 4 and 1, or the AMX object's tiles
-/// again).
-pub const ROWS: [usize; 4] = [1, 3, 8, 13];
+/// again); 27 (three panels, then 3 rows).
+pub const ROWS: [usize; 5] = [1, 3, 8, 13, 27];
 pub const IDS: [i32; 5] = [0, 95, 17, 17, 1000]; // 1000 is clamped to the last row
 /// Stacked experts of the `qmve` cases, and each pair's expert: repeats, every expert, and
 /// ids past either end (clamped to the first and last expert).
@@ -29,12 +29,15 @@ pub fn expert_of(id: i32) -> usize {
     usize::try_from(id.max(0)).unwrap_or(0).min(EXPERTS - 1)
 }
 
+/// The packings: affine 4 and 8 bits, and FP4 (E2M1 codes).
+pub const PACKINGS: [(u32, bool); 3] = [(4, false), (8, false), (4, true)];
+
 pub fn entries() -> Vec<Entry> {
     let mut all = Vec::new();
     for op in Op::ALL {
-        for bits in [4, 8] {
+        for (bits, fp4) in PACKINGS {
             for scale in [Scale::F16, Scale::F32] {
-                all.push(Entry { op, bits, scale });
+                all.push(Entry { op, bits, scale, fp4 });
             }
         }
     }
@@ -42,23 +45,26 @@ pub fn entries() -> Vec<Entry> {
 }
 
 /// MLX's usual group sizes (64 and 32) and the extremes the kernels take: 128 (the AMX object
-/// splits it in two chunks) and 16 (half of the 32 values its quantization takes at once).
-pub fn group_size(bits: u32, scale: Scale) -> usize {
-    match (bits, scale) {
-        (4, Scale::F16) => 64,
-        (4, Scale::F32) => 128,
-        (_, Scale::F16) => 32,
-        (_, Scale::F32) => 16,
+/// splits it in two chunks) and 16 (half of the 32 values its quantization takes at once);
+/// FP4 at mxfp4's 32 and nvfp4's 16.
+pub fn group_size(e: &Entry) -> usize {
+    match (e.bits, e.fp4, e.scale) {
+        (4, true, Scale::F16) => 32,
+        (4, true, Scale::F32) => 16,
+        (4, _, Scale::F16) => 64,
+        (4, _, Scale::F32) => 128,
+        (_, _, Scale::F16) => 32,
+        (_, _, Scale::F32) => 16,
     }
 }
 
 pub fn function_name(e: &Entry, rows: usize) -> String {
-    format!("{}_t{rows}", cpu::export(e.op, e.bits, e.scale))
+    format!("{}_t{rows}", e.export())
 }
 
 /// The `qmve` function of an entry with `by_expert` 0 or 1.
 pub fn experts_function_name(e: &Entry, by_expert: usize) -> String {
-    format!("{}_t{}_m{by_expert}", cpu::export(e.op, e.bits, e.scale), PAIRS.len())
+    format!("{}_t{}_m{by_expert}", e.export(), PAIRS.len())
 }
 
 fn scale_elem(scale: Scale) -> ElementType {
@@ -71,23 +77,25 @@ pub fn module(source: &str) -> String {
     let ctx = Context::new();
     let m = Module::new(&ctx);
     for e in entries() {
-        let gs = group_size(e.bits, e.scale);
+        let gs = group_size(&e);
         let (blocks, block_bytes, groups) = (O / 16, K * e.bits as usize * 16 / 8, K / gs);
         if e.op == Op::Experts {
             let (n, x) = (PAIRS.len() as i64, EXPERTS as i64);
             let s = scale_elem(e.scale).tensor(&[x, blocks as i64, (groups * 16) as i64]);
-            let args = [
+            let mut args = vec![
                 ElementType::F32.tensor(&[n, K as i64]),
                 ElementType::I32.tensor(&[n]),
                 ElementType::I8.tensor(&[x, blocks as i64, block_bytes as i64]),
                 s.clone(),
-                s,
             ];
+            if !e.fp4 {
+                args.push(s);
+            }
             for by_expert in [0, 1] {
                 m.func(&experts_function_name(&e, by_expert), &args, |f, a| {
                     let dims = [PAIRS.len(), K, O, gs, EXPERTS, by_expert].map(|d| d as i32);
                     let workload = (if by_expert == 1 { EXPERTS } else { PAIRS.len() } * blocks) as i64;
-                    let export = cpu::export(e.op, e.bits, e.scale);
+                    let export = e.export();
                     let result = ElementType::F32.tensor(&[n, O as i64]);
                     Ok(vec![f.dispatch(cpu::EXECUTABLE, &export, workload, &dims, a, result)?])
                 })
@@ -104,13 +112,16 @@ pub fn module(source: &str) -> String {
                 Op::Rows => (ElementType::I32.tensor(&[t as i64]), t, [t, K]),
             };
             let s = scale_elem(e.scale).tensor(&[blocks as i64, (groups * 16) as i64]);
-            let mut args = vec![input, ElementType::I8.tensor(&[blocks as i64, block_bytes as i64]), s.clone(), s];
+            let mut args = vec![input, ElementType::I8.tensor(&[blocks as i64, block_bytes as i64]), s.clone()];
+            if !e.fp4 {
+                args.push(s);
+            }
             if e.op == Op::MatvecAdd {
                 args.push(ElementType::F32.tensor(&[t as i64, O as i64]));
             }
             m.func(&function_name(&e, t), &args, |f, a| {
                 let dims = [t, K, O, gs].map(|d| d as i32);
-                let export = cpu::export(e.op, e.bits, e.scale);
+                let export = e.export();
                 let result = ElementType::F32.tensor(&result.map(|d| d as i64));
                 Ok(vec![f.dispatch(cpu::EXECUTABLE, &export, workload as i64, &dims, a, result)?])
             })
@@ -121,12 +132,18 @@ pub fn module(source: &str) -> String {
     m.to_text()
 }
 
+/// FP4's E2M1 code -> 2v + 12 (`cpu/qmv.h`'s FP4_TABLE), and its bias per unit of scale.
+pub const FP4_TABLE: [u8; 16] = [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0];
+pub const FP4_BIAS: f32 = -12.0;
+
 /// A random matrix in MLX's form: packed values `q[out][inp]` (every value 0..2^bits, so the
 /// top bit is exercised), per-group scales and biases `[out][groups]` (already rounded to f16
-/// where the kernel reads f16).
+/// where the kernel reads f16). With `fp4`, `q` holds E2M1 codes, whose values are
+/// `FP4_TABLE[q]`, and the biases are `FP4_BIAS` times the scales (the kernel computes them).
 #[derive(Debug)]
 pub struct Matrix {
     pub bits: u32,
+    pub fp4: bool,
     pub out: usize,
     pub inp: usize,
     pub group_size: usize,
@@ -144,7 +161,22 @@ impl Matrix {
             values(seed, out * inp).iter().map(|v| (((v + 1.0) * 0.5 * levels as f32) as u32 % levels) as u8).collect();
         let scales = values(seed + 1, out * groups).iter().map(|v| round(0.01 + 0.02 * v.abs())).collect();
         let biases = values(seed + 2, out * groups).iter().map(|v| round(-0.1 * v.abs())).collect();
-        Matrix { bits, out, inp, group_size, q, scales, biases }
+        Matrix { bits, fp4: false, out, inp, group_size, q, scales, biases }
+    }
+
+    /// The matrix of an `entry`: FP4 codes with their computed biases for an FP4 entry.
+    pub fn of(e: &Entry, out: usize, inp: usize, group_size: usize, seed: u64) -> Matrix {
+        let mut m = Matrix::random(e.bits, e.scale, out, inp, group_size, seed);
+        if e.fp4 {
+            m.fp4 = true;
+            m.biases = m.scales.iter().map(|s| s * FP4_BIAS).collect();
+        }
+        m
+    }
+
+    /// Value `i` of `q` (row-major) as the kernels multiply it.
+    pub fn value(&self, i: usize) -> u8 {
+        if self.fp4 { FP4_TABLE[usize::from(self.q[i])] } else { self.q[i] }
     }
 
     pub fn groups(&self) -> usize {
@@ -173,7 +205,7 @@ impl Matrix {
     /// `W[o, k]` as `qrows` computes it: `fma(scale, q, bias)`, one rounding.
     pub fn dequantized(&self, o: usize, k: usize) -> f32 {
         let g = o * self.groups() + k / self.group_size;
-        self.scales[g].mul_add(f32::from(self.q[o * self.inp + k]), self.biases[g])
+        self.scales[g].mul_add(f32::from(self.value(o * self.inp + k)), self.biases[g])
     }
 }
 
@@ -203,7 +235,7 @@ pub fn model_qmv(m: &Matrix, x: &[f32], t: usize) -> Vec<f32> {
         for o in 0..m.out {
             let mut acc = 0f32;
             for (g, (xq, dx, sum)) in quantized.iter().enumerate() {
-                let dot: i32 = xq.iter().enumerate().map(|(i, v)| i32::from(m.q[o * k + g * gs + i]) * v).sum();
+                let dot: i32 = xq.iter().enumerate().map(|(i, v)| i32::from(m.value(o * k + g * gs + i)) * v).sum();
                 acc = m.scales[o * groups + g].mul_add(dot as f32 * dx, acc);
                 acc = m.biases[o * groups + g].mul_add(*sum, acc);
             }
@@ -218,7 +250,7 @@ pub fn exact_qmv(m: &Matrix, x: &[f32], t: usize) -> Vec<f64> {
     let (gs, k) = (m.group_size, m.inp);
     let w = |o: usize, i: usize| {
         let g = o * m.groups() + i / gs;
-        f64::from(m.scales[g]) * f64::from(m.q[o * k + i]) + f64::from(m.biases[g])
+        f64::from(m.scales[g]) * f64::from(m.value(o * k + i)) + f64::from(m.biases[g])
     };
     (0..t)
         .flat_map(|r| (0..m.out).map(move |o| (0..k).map(|i| w(o, i) * f64::from(x[r * k + i])).sum::<f64>()))

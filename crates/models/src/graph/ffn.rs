@@ -203,16 +203,21 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         by_expert: bool,
     ) -> R<V<'c, 'b>> {
         let f = self.f;
-        let (w, s, b) = self.packed_globals(prefix)?;
+        let (w, s) = self.packed_globals(prefix)?;
         let (experts, blocks) = (w.shape()[0], w.shape()[1]);
         let out = blocks * kernels::cpu::BLOCK_ROWS as i64;
         let (n, inp) = (x.shape()[0], x.shape()[1]);
         let dims = [n, inp, out, p.group_size as i64, experts, i64::from(by_expert)].map(|d| d as i32);
         let op = kernels::cpu::Op::Experts;
-        self.linked.borrow_mut().packed.insert(kernels::cpu::Entry { op, bits: p.bits, scale: p.kernel_scale() });
-        let export = kernels::cpu::export(op, p.bits, p.kernel_scale());
+        let entry = p.kernel_entry(op);
+        self.linked.borrow_mut().packed.insert(entry);
+        let mut args = vec![x, chosen, w, s];
+        // FP4 entries compute their biases.
+        if !entry.fp4 {
+            args.push(self.packed_biases(prefix)?);
+        }
         let workload = if by_expert { experts } else { n } * blocks;
-        f.dispatch(kernels::cpu::EXECUTABLE, &export, workload, &dims, &[x, chosen, w, s, b], F32.tensor(&[n, out]))
+        f.dispatch(kernels::cpu::EXECUTABLE, &entry.export(), workload, &dims, &args, F32.tensor(&[n, out]))
     }
 
     /// `h [N, in]` through expert `chosen[n]` of the stacked experts `prefix`, in the graph

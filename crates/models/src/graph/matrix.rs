@@ -239,8 +239,8 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             _ => (op, vec![x]),
         };
         for prefix in prefixes {
-            let (w, s, b) = self.packed_globals(prefix)?;
-            args.extend([w, s, b]);
+            let (w, s) = self.packed_globals(prefix)?;
+            args.extend([w, s, self.packed_biases(prefix)?]);
         }
         args.extend(residual);
         let first_weight = if op.normed() { 2 } else { 1 };
@@ -281,7 +281,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         residual: Option<V<'c, 'b>>,
     ) -> R<V<'c, 'b>> {
         let f = self.f;
-        let (w, s, b) = self.packed_globals(prefix)?;
+        let (w, s) = self.packed_globals(prefix)?;
         let blocks = w.shape()[0];
         let out = blocks * kernels::cpu::BLOCK_ROWS as i64;
         let inp = s.shape()[1] / kernels::cpu::BLOCK_ROWS as i64 * p.group_size as i64;
@@ -297,11 +297,15 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             }
         };
         let dims = [t, inp, out, p.group_size as i64].map(|d| d as i32);
-        let entry = kernels::cpu::Entry { op, bits: p.bits, scale: p.kernel_scale() };
+        let entry = p.kernel_entry(op);
         self.linked.borrow_mut().packed.insert(entry);
-        let export = kernels::cpu::export(op, p.bits, p.kernel_scale());
-        let mut args = vec![x, w, s, b];
+        let mut args = vec![x, w, s];
+        // FP4 entries compute their biases.
+        if !entry.fp4 {
+            args.push(self.packed_biases(prefix)?);
+        }
         args.extend(residual);
+        let export = entry.export();
         f.dispatch(kernels::cpu::EXECUTABLE, &export, workload, &dims, &args, F32.tensor(&result))
     }
 
@@ -331,9 +335,14 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     }
 
     /// The weight, scales and biases of the packed matrix (or stacked experts) `prefix`.
-    pub(super) fn packed_globals(&self, prefix: &str) -> R<(V<'c, 'b>, V<'c, 'b>, V<'c, 'b>)> {
+    pub(super) fn packed_globals(&self, prefix: &str) -> R<(V<'c, 'b>, V<'c, 'b>)> {
         let load = |name: &str| self.f.load(self.global(&format!("{prefix}.{name}"))?);
-        Ok((load("weight")?, load("scales")?, load("biases")?))
+        Ok((load("weight")?, load("scales")?))
+    }
+
+    /// The biases of the packed matrix `prefix` (none in the CPU kernel's FP4 form).
+    pub(super) fn packed_biases(&self, prefix: &str) -> R<V<'c, 'b>> {
+        self.f.load(self.global(&format!("{prefix}.biases"))?)
     }
 
     /// Rows `tokens` of the embedding table as f32 `[T, hidden]`: gathered in the table's
