@@ -242,7 +242,20 @@ impl Engine {
             }
             _ => return Err(Error::EncodedModules { modules: encoded.len() }),
         };
-        session.append_parameters(&[&bound])?;
+        // IREE 3.13's encoder leaves some small parameters read from the source scope (seen:
+        // gpt-oss's sinks, 16 bytes a layer in its fixture), so beside stored parameters the
+        // vectors (norms, sinks, biases: small) are bound from the checkpoint in that scope too.
+        let vectors = if encoded.is_empty() {
+            None
+        } else {
+            let mut vectors = Parameters::new(SCOPE)?;
+            for param in params.iter().filter(|p| p.role == models::Role::Vector) {
+                vectors.add_tensor(&param.key, &layout.load(&ckpt, param)?)?;
+            }
+            Some(vectors)
+        };
+        let providers: Vec<&Parameters> = std::iter::once(&bound).chain(vectors.as_ref()).collect();
+        session.append_parameters(&providers)?;
         for (_, module) in &modules {
             session.load_vmfb(&module.vmfb)?;
         }
