@@ -236,7 +236,8 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             );
         }
         let stop = || interrupts.load(Ordering::SeqCst) != seen;
-        let answer = answer(&generator, fitted.ids, &args.sampling, &mut stdout, &stop)?;
+        let answer =
+            answer(&generator, fitted.ids, &args.sampling, true, (&mut stdout, &mut std::io::stderr()), &stop)?;
         match answer.done.reason {
             FinishReason::Cancelled => eprintln!("chat: answer stopped (Ctrl-C); kept as far as it got"),
             FinishReason::ContextFull => eprintln!("chat: the answer filled the context ({context} positions)"),

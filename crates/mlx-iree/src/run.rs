@@ -189,40 +189,60 @@ pub fn start(model: &ModelArgs, text: ModelText) -> Result<Generator> {
 /// One answer as it was streamed.
 #[derive(Debug)]
 pub struct Answer {
-    /// The text printed (without the final newline).
+    /// The text printed (without the final newline), the reasoning not included.
     pub text: String,
     /// How the generation ended; reason `Cancelled` when `stop` ended it.
     pub done: Finished,
 }
 
 /// Generates the answer to `prompt`, writing its text to `out` as it decodes, then a newline.
-/// `stop` is asked after every token: once it says yes the generation is cancelled and the
-/// answer ends with what was printed.
+/// For a chat prompt (`chat`) of a model that gives its reasoning apart (gpt-oss), the
+/// reasoning goes to `notes` as it decodes, after `thinking: ` and before the answer, so that
+/// `out` holds the answer alone. `stop` is asked after every token: once it says yes the
+/// generation is cancelled and the answer ends with what was printed.
 pub fn answer(
     generator: &Generator,
     prompt: Vec<u32>,
     sampling: &SamplingArgs,
-    out: &mut impl Write,
+    chat: bool,
+    (out, notes): (&mut impl Write, &mut impl Write),
     stop: &dyn Fn() -> bool,
 ) -> Result<Answer> {
-    let mut stream = generator.submit(prompt, &sampling.options())?;
+    let options = server::Options { split_reasoning: chat, ..sampling.options() };
+    let mut stream = generator.submit(prompt, &options)?;
     let mut text = String::new();
-    let mut stopped = false;
+    let (mut stopped, mut thinking) = (false, false);
     loop {
         match stream.blocking_next(&generator.tokenizer)? {
-            Piece::Text(_) if stopped => {}
+            Piece::Text(_) | Piece::Reasoning(_) if stopped => {}
             // Not shown: the answer ends where the user stopped it.
-            Piece::Text(_) if stream.finished().is_none() && stop() => {
+            Piece::Text(_) | Piece::Reasoning(_) if stream.finished().is_none() && stop() => {
                 stream.cancel();
                 stopped = true;
             }
+            Piece::Reasoning(piece) => {
+                if !thinking {
+                    write!(notes, "thinking: ")?;
+                    thinking = true;
+                }
+                write!(notes, "{piece}")?;
+                notes.flush()?;
+            }
             Piece::Text(piece) => {
+                if thinking && !piece.is_empty() {
+                    writeln!(notes)?;
+                    notes.flush()?;
+                    thinking = false;
+                }
                 write!(out, "{piece}")?;
                 out.flush()?;
                 text += &piece;
             }
             Piece::End(_) => break,
         }
+    }
+    if thinking {
+        writeln!(notes)?;
     }
     let mut done = stream.finished().cloned().context("the engine ended the generation without saying why")?;
     if stopped {
@@ -302,7 +322,8 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
     // token) must fit.
     args.model.plan(&config, 1, prompt.len() + 1, &format!("the prompt ({} tokens)", prompt.len()))?;
     let generator = start(&args.model, text)?;
-    let done = answer(&generator, prompt, &args.sampling, &mut std::io::stdout().lock(), &|| false)?.done;
+    let out = (&mut std::io::stdout().lock(), &mut std::io::stderr().lock());
+    let done = answer(&generator, prompt, &args.sampling, args.chat, out, &|| false)?.done;
     // The first generated token came from prefill; the rest from decode steps.
     let decode_steps = done.generated.saturating_sub(1);
     let info = generator.scheduler.info();

@@ -3,16 +3,17 @@
 //! template and end-of-sequence ids beside the engine's [`Scheduler`] ([`Generator`]), a
 //! request built from prompt ids and plain options ([`Options`]: the stop tokens, the
 //! vocabulary limit and the sampler closure), and its token events turned back into text
-//! ([`TextStream`]: streaming detokenizer and stop strings).
+//! ([`TextStream`]: streaming detokenizer, the reasoning parted from the answer where the
+//! model's format marks it, and stop strings).
 
 use crate::stop::StopMatcher;
 use engine::EngineConfig;
 use engine::scheduler::{Event, FinishReason, Finished, Generation, Request, Sampling, Scheduler};
 use std::path::Path;
 use std::sync::mpsc;
+use text::channels::{Channel, ChannelDecoder, Harmony};
 use text::chat::{ChatError, ChatTemplate, Message};
 use text::sampler::{Sampler, SamplingError, SamplingParams, TokenLogprobs, logprobs};
-use text::stream::StreamDecoder;
 use text::tokenizer::{Tokenizer, TokenizerError, eos_ids};
 
 /// Why a model could not be loaded.
@@ -51,6 +52,9 @@ pub struct ModelText {
     /// The chat template, or why the folder has none.
     pub chat: Result<ChatTemplate, ChatError>,
     pub eos: Vec<u32>,
+    /// The harmony format's tokens, where the vocabulary has them (gpt-oss): chat answers
+    /// then come as reasoning and answer apart ([`Options::split_reasoning`]).
+    pub harmony: Option<Harmony>,
 }
 
 impl ModelText {
@@ -58,7 +62,8 @@ impl ModelText {
         let tokenizer = Tokenizer::from_dir(dir)?;
         let eos = eos_ids(dir, &tokenizer)?;
         let chat = ChatTemplate::from_dir(dir);
-        Ok(ModelText { tokenizer, chat, eos })
+        let harmony = Harmony::of(&tokenizer);
+        Ok(ModelText { tokenizer, chat, eos, harmony })
     }
 
     /// `text` as prompt ids (with the tokenizer's special tokens, as mlx-lm encodes a prompt).
@@ -97,12 +102,23 @@ pub struct Options {
     /// Each generated token's log-probability and those of this many most likely tokens
     /// ([`TextStream::take_logprobs`]); `None`: none (the logits may stay on the device).
     pub logprobs: Option<usize>,
+    /// Give the model's reasoning apart from its answer ([`Piece::Reasoning`]), for an answer
+    /// to a chat prompt of a model whose format marks it ([`ModelText::harmony`]); else every
+    /// token's text is answer text, special tokens left out.
+    pub split_reasoning: bool,
 }
 
 impl Options {
     /// Greedy, up to `max_tokens`, ending at end of sequence.
     pub fn greedy(max_tokens: usize) -> Options {
-        Options { max_tokens, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: false, logprobs: None }
+        Options {
+            max_tokens,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
+            split_reasoning: false,
+        }
     }
 }
 
@@ -143,6 +159,7 @@ pub struct Generator {
     /// The chat template, or why the folder has none (then chat prompts are refused).
     pub chat: Result<ChatTemplate, ChatError>,
     pub eos: Vec<u32>,
+    pub harmony: Option<Harmony>,
 }
 
 impl Generator {
@@ -160,8 +177,8 @@ impl Generator {
             tracing::warn!("no chat template ({e}): chat prompts will be refused");
         }
         let scheduler = Scheduler::start(dir, config)?;
-        let ModelText { tokenizer, chat, eos } = text;
-        Ok(Generator { scheduler, tokenizer, chat, eos })
+        let ModelText { tokenizer, chat, eos, harmony } = text;
+        Ok(Generator { scheduler, tokenizer, chat, eos, harmony })
     }
 
     /// `text` as prompt ids (with the tokenizer's special tokens).
@@ -210,7 +227,11 @@ impl Generator {
     pub fn submit(&self, prompt: Vec<u32>, options: &Options) -> Result<TextStream, GenerateError> {
         let (request, logprobs) = self.request_with_logprobs(prompt, options)?;
         let generation = self.scheduler.submit(request)?;
-        let mut stream = TextStream::new(generation, options.stop.clone());
+        let decoder = match self.harmony {
+            Some(h) if options.split_reasoning => ChannelDecoder::harmony(h),
+            _ => ChannelDecoder::plain(),
+        };
+        let mut stream = TextStream::new(generation, options.stop.clone(), decoder);
         stream.logprobs = logprobs;
         Ok(stream)
     }
@@ -221,20 +242,25 @@ impl Generator {
 pub enum Piece {
     /// Text to give out now (possibly empty: bytes held for a character or a stop string).
     Text(String),
+    /// Reasoning text to give out now ([`Options::split_reasoning`]): never empty, and not
+    /// searched for stop strings (they end the answer).
+    Reasoning(String),
     /// The end, after the last text; asked again, the same.
     End(FinishReason),
 }
 
-/// A generation's token events as text: detokenized as a stream, cut at the first stop
-/// string (which cancels the generation, freeing its slot at once). Dropping it cancels the
-/// generation.
+/// A generation's token events as text: detokenized as a stream (by channel), the answer
+/// cut at the first stop string (which cancels the generation, freeing its slot at once).
+/// Dropping it cancels the generation.
 #[derive(Debug)]
 pub struct TextStream {
     generation: Generation,
-    decoder: StreamDecoder,
+    decoder: ChannelDecoder,
     stop: StopMatcher,
     /// Set once the end is known (a stop string, or `Done`); given out after the last text.
     end: Option<FinishReason>,
+    /// Answer text given out before the end, where the last piece was reasoning.
+    held: Option<String>,
     finished: Option<Finished>,
     generated: usize,
     /// Where the chooser sends each token's logprobs, when asked for.
@@ -244,12 +270,13 @@ pub struct TextStream {
 }
 
 impl TextStream {
-    pub fn new(generation: Generation, stops: Vec<String>) -> TextStream {
+    pub fn new(generation: Generation, stops: Vec<String>, decoder: ChannelDecoder) -> TextStream {
         TextStream {
             generation,
-            decoder: StreamDecoder::new(true),
+            decoder,
             stop: StopMatcher::new(stops),
             end: None,
+            held: None,
             finished: None,
             generated: 0,
             logprobs: None,
@@ -266,6 +293,9 @@ impl TextStream {
 
     /// The next piece, waiting for the engine (from async code).
     pub async fn next(&mut self, tokenizer: &Tokenizer) -> Result<Piece, GenerateError> {
+        if let Some(text) = self.held.take() {
+            return Ok(Piece::Text(text));
+        }
         if let Some(end) = self.end {
             return Ok(Piece::End(end));
         }
@@ -275,6 +305,9 @@ impl TextStream {
 
     /// The next piece, blocking this thread until the engine sends it.
     pub fn blocking_next(&mut self, tokenizer: &Tokenizer) -> Result<Piece, GenerateError> {
+        if let Some(text) = self.held.take() {
+            return Ok(Piece::Text(text));
+        }
         if let Some(end) = self.end {
             return Ok(Piece::End(end));
         }
@@ -307,7 +340,10 @@ impl TextStream {
                 if let Some(entry) = self.logprobs.as_ref().and_then(|from| from.try_recv().ok()) {
                     self.pending.push(entry);
                 }
-                let text = self.decoder.push(tokenizer, token)?;
+                let (channel, text) = self.decoder.push(tokenizer, token)?;
+                if channel == Channel::Reasoning && !text.is_empty() {
+                    return Ok(Piece::Reasoning(text));
+                }
                 let (out, stopped) = self.stop.push(&text);
                 if stopped {
                     // Frees the slot now; nothing after the stop string is given out.
@@ -319,14 +355,21 @@ impl TextStream {
             Some(Ok(Event::Done(done))) => {
                 self.end = Some(done.reason);
                 self.finished = Some(done);
-                let text = self.decoder.finish(tokenizer)?;
+                let (channel, text) = self.decoder.finish(tokenizer)?;
+                let (reasoning, text) =
+                    if channel == Channel::Reasoning { (text, String::new()) } else { (String::new(), text) };
                 let (mut out, stopped) = self.stop.push(&text);
                 if stopped {
                     self.end = Some(FinishReason::Stop);
                 } else {
                     out.push_str(&self.stop.finish());
                 }
-                Ok(Piece::Text(out))
+                if reasoning.is_empty() {
+                    return Ok(Piece::Text(out));
+                }
+                // The answer text held for a stop string comes at the next call, before the end.
+                self.held = Some(out);
+                Ok(Piece::Reasoning(reasoning))
             }
             Some(Err(e)) => Err(e.into()),
             None => Err(engine::Error::Stopped.into()),

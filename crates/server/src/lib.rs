@@ -27,6 +27,7 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use text::channels::Channel;
 use text::sampler::TokenLogprobs;
 use text::tokenizer::Tokenizer;
 
@@ -217,6 +218,8 @@ impl Server {
             stop: common.stops()?,
             ignore_eos: common.ignore_eos,
             logprobs,
+            // A chat answer's reasoning goes apart (`reasoning`), where the model marks it.
+            split_reasoning: endpoint == Endpoint::Chat,
         };
         let prompt_tokens = prompt.len();
         // Choice i draws with seed + i: the first is the answer of the same request with n 1.
@@ -467,10 +470,11 @@ impl Choice {
 
     /// The whole answer, as its entry of `choices`.
     async fn complete(&mut self, info: &JobInfo) -> Result<Value, ApiError> {
-        let mut text = String::new();
+        let (mut text, mut reasoning) = (String::new(), String::new());
         let reason = loop {
             match self.piece(info).await? {
                 Piece::Text(t) => text.push_str(&t),
+                Piece::Reasoning(t) => reasoning.push_str(&t),
                 Piece::End(reason) => break finish_reason(reason),
             }
         };
@@ -479,26 +483,35 @@ impl Choice {
             Endpoint::Completions => {
                 json!({"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": reason})
             }
-            Endpoint::Chat => json!({
-                "index": self.index,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": reason,
-            }),
+            Endpoint::Chat => {
+                let mut message = json!({"role": "assistant", "content": text});
+                // Only for a model that gave reasoning apart (vLLM's and mlx-lm's field).
+                if !reasoning.is_empty() {
+                    message["reasoning"] = json!(reasoning);
+                }
+                json!({"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": reason})
+            }
         })
     }
 
     /// One SSE chunk of this answer, with the logprobs of the tokens read since the last.
     fn chunk(&mut self, info: &JobInfo, text: Option<&str>, reason: Option<&str>, first: bool) -> Value {
+        self.chunk_of(info, text.map(|t| (Channel::Content, t)), reason, first)
+    }
+
+    /// [`Choice::chunk`] for text of either channel: a chat delta's `content` or `reasoning`.
+    fn chunk_of(&mut self, info: &JobInfo, text: Option<(Channel, &str)>, reason: Option<&str>, first: bool) -> Value {
+        let content = text.map(|(_, t)| t);
         let logprobs = if first { Value::Null } else { self.logprobs(info) };
         let choice = match info.endpoint {
             Endpoint::Completions => json!({
-                "index": self.index, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": reason
+                "index": self.index, "text": content.unwrap_or(""), "logprobs": logprobs, "finish_reason": reason
             }),
             Endpoint::Chat => {
                 let delta = match (first, text) {
                     (true, _) => json!({"role": "assistant", "content": ""}),
-                    (false, Some(t)) => json!({"content": t}),
+                    (false, Some((Channel::Content, t))) => json!({"content": t}),
+                    (false, Some((Channel::Reasoning, t))) => json!({"reasoning": t}),
                     (false, None) => json!({}),
                 };
                 json!({"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason})
@@ -516,6 +529,7 @@ impl Choice {
             let (event, ended) = match self.piece(&info).await {
                 Ok(Piece::Text(t)) if t.is_empty() => continue,
                 Ok(Piece::Text(t)) => (self.chunk(&info, Some(&t), None, false), None),
+                Ok(Piece::Reasoning(t)) => (self.chunk_of(&info, Some((Channel::Reasoning, &t)), None, false), None),
                 Ok(Piece::End(reason)) => {
                     (self.chunk(&info, None, Some(finish_reason(reason)), false), Some(Streamed::Done))
                 }

@@ -2,12 +2,13 @@
 //! the engine's own greedy tokens, streams match bodies, 8 concurrent requests each get what
 //! they get alone, 64 requests over 16 connections all complete, and every fault (bad JSON,
 //! bad fields, unknown model, over-long prompt, oversized body, bad key, full queue, a
-//! client gone mid-stream) gets its status and OpenAI error body.
+//! client gone mid-stream) gets its status and OpenAI error body. A scripted harmony model
+//! (gpt-oss's format) gives its reasoning apart from its answer.
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
 use engine::scheduler::Request;
-use engine::{EngineConfig, KvElem};
+use engine::{EngineConfig, KvElem, Precision};
 use serde_json::{Value, json};
 use server::{Generator, Server, ServerConfig};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -73,7 +74,11 @@ impl Drop for Running {
 }
 
 fn serve(config: ServerConfig) -> Running {
-    let server = Server::new(model(), config);
+    serve_model(model(), config)
+}
+
+fn serve_model(model: Arc<Generator>, config: ServerConfig) -> Running {
+    let server = Server::new(model, config);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (ready, addr) = std::sync::mpsc::channel();
     let thread = std::thread::spawn(move || {
@@ -882,4 +887,94 @@ fn n_choices_are_distinct_and_reproducible() {
         assert_eq!(finishes.count(), 1, "choice {i}");
     }
     assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"].as_u64().unwrap(), tokens);
+}
+
+/// The gpt_oss fixture at f32 with a tokenizer that names its vocabulary so that the
+/// greedy answer mlx-lm recorded for the prompt `[17]` (tests/fixtures/gpt_oss/f32/
+/// expected.json) reads as a harmony answer: `<|channel|>analysis<|message|>I think<|end|>`
+/// then `<|message|>Paris<|return|>` (ids 142 180 48 163 161 213 48 92 2). Words are
+/// `t<id>` elsewhere; the chat template renders any conversation as `t17`.
+fn harmony_model() -> Arc<Generator> {
+    let fixture = root().join("tests/fixtures/gpt_oss/f32");
+    let expected: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("expected.json")).unwrap()).unwrap();
+    let ids: Vec<u64> =
+        expected["trajectories"][0]["token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(expected["trajectories"][0]["prompt_ids"], json!([17]));
+    assert_eq!(ids[..9], [142, 180, 48, 163, 161, 213, 48, 92, 2], "the fixture's trajectory changed");
+    let special = [
+        (142, "<|channel|>"),
+        (48, "<|message|>"),
+        (213, "<|end|>"),
+        (2, "<|return|>"),
+        (250, "<|start|>"),
+        (251, "<|call|>"),
+    ];
+    let words = [(180, "analysis"), (163, "I"), (161, "think"), (92, "Paris")];
+    let name = |id: u64| {
+        special.iter().chain(&words).find(|(i, _)| *i == id).map_or_else(|| format!("t{id}"), |(_, w)| (*w).to_owned())
+    };
+    let vocab: serde_json::Map<String, Value> = (0..256).map(|id| (name(id), json!(id))).collect();
+    let added: Vec<Value> = special
+        .iter()
+        .map(|(id, content)| {
+            json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+                   "normalized": false, "special": true})
+        })
+        .collect();
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
+    });
+    let dir = root().join("target/test-harmony-model");
+    std::fs::create_dir_all(&dir).unwrap();
+    for file in ["config.json", "model.safetensors", "model.safetensors.index.json"] {
+        std::fs::copy(fixture.join(file), dir.join(file)).unwrap();
+    }
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let config = json!({"eos_token": "<|return|>", "chat_template": "t17"});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    let config = EngineConfig {
+        max_context: Some(32),
+        kv_elem: KvElem::F32,
+        ..EngineConfig::new("local-task", Precision::F32, root().join("target/test-compile-cache"))
+    };
+    Arc::new(Generator::load(&dir, config).unwrap())
+}
+
+/// A harmony model's chat answer: its analysis channel as `reasoning`, its answer as
+/// `content`, in the body and as streamed deltas; a completion (no chat template, no split)
+/// gives every token's text as it is, markers left out. (The model loads with stored
+/// parameters, which once failed on gpt-oss's sinks.)
+#[test]
+fn harmony_reasoning_comes_apart_from_the_answer() {
+    let _turn = turn();
+    let server = serve_model(harmony_model(), ServerConfig::new("gpt-oss-scripted"));
+    let body = json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0});
+    let v = post(server.addr, "/v1/chat/completions", &body).json();
+    assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "content": "Paris", "reasoning": "I think"}));
+    assert_eq!(
+        (v["choices"][0]["finish_reason"].clone(), v["usage"]["completion_tokens"].clone()),
+        (json!("stop"), json!(8))
+    );
+
+    let mut stream = body.clone();
+    stream["stream"] = json!(true);
+    let events = post(server.addr, "/v1/chat/completions", &stream).events();
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
+    assert_eq!(
+        deltas,
+        [
+            &json!({"role": "assistant", "content": ""}),
+            &json!({"reasoning": "I"}),
+            &json!({"reasoning": " think"}),
+            &json!({"content": "Paris"}),
+            &json!({})
+        ]
+    );
+
+    let v = post(server.addr, "/v1/completions", &json!({"prompt": "t17", "max_tokens": 9, "temperature": 0})).json();
+    assert_eq!(v["choices"][0]["text"], "analysis I think Paris");
 }

@@ -1,6 +1,8 @@
 //! The text side of generation, independent of any device: the model folder's tokenizer,
-//! its chat template, a UTF-8-safe streaming detokenizer and a reproducible sampler.
+//! its chat template, a UTF-8-safe streaming detokenizer (split by channel where the model
+//! marks its reasoning apart, `channels`) and a reproducible sampler.
 
+pub mod channels;
 pub mod chat;
 pub mod sampler;
 pub mod stream;

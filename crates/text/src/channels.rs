@@ -1,0 +1,223 @@
+//! A generated answer split into the model's reasoning and its answer proper, each streamed
+//! as text ([`ChannelDecoder`]).
+//!
+//! gpt-oss writes in OpenAI's harmony format: every message is `<|start|>` + a header +
+//! `<|message|>` + its text + `<|end|>` (the last one `<|return|>`, or `<|call|>` for a tool
+//! call), its header naming the role and, after `<|channel|>`, the channel: `analysis` (the
+//! reasoning), `final` (the answer), `commentary` (tool calls and preambles). Its chat
+//! template ends the prompt with `<|start|>assistant`, so an answer starts with a header,
+//! e.g. `<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>
+//! ...<|return|>`. Those markers are special tokens, which the detokenizer leaves out, so the
+//! split is made on the token ids: headers are read whole, and each message's text goes to
+//! its channel's own streaming decoder. `analysis` is reasoning; every other channel is
+//! answer text. A model that writes without headers gets all of its text as answer.
+
+use crate::stream::StreamDecoder;
+use crate::tokenizer::{Tokenizer, TokenizerError};
+
+/// Where a piece of generated text belongs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    /// The answer proper (`content` in an OpenAI response).
+    Content,
+    /// The model's reasoning before it (`reasoning`, as vLLM and mlx-lm's server name it).
+    Reasoning,
+}
+
+/// The harmony format's marker tokens in a vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Harmony {
+    start: u32,
+    channel: u32,
+    message: u32,
+    /// `<|end|>`, `<|return|>`, `<|call|>`: the ends of a message.
+    ends: [u32; 3],
+}
+
+impl Harmony {
+    /// The format's tokens, where the tokenizer has every one of them (gpt-oss's o200k_harmony).
+    pub fn of(tokenizer: &Tokenizer) -> Option<Harmony> {
+        let id = |t: &str| tokenizer.token_to_id(t);
+        Some(Harmony {
+            start: id("<|start|>")?,
+            channel: id("<|channel|>")?,
+            message: id("<|message|>")?,
+            ends: [id("<|end|>")?, id("<|return|>")?, id("<|call|>")?],
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+enum State {
+    /// Between messages: the header's ids so far (empty: none yet).
+    Header(Vec<u32>),
+    /// Inside a message of this channel.
+    Body(Channel),
+}
+
+/// Streaming detokenizer for one answer, by channel. Without a format it is one
+/// [`StreamDecoder`] whose text is all [`Channel::Content`].
+#[derive(Debug, Clone)]
+pub struct ChannelDecoder {
+    harmony: Option<Harmony>,
+    state: State,
+    content: StreamDecoder,
+    reasoning: StreamDecoder,
+}
+
+impl ChannelDecoder {
+    /// A decoder that gives every token's text as [`Channel::Content`] (special tokens left out).
+    pub fn plain() -> ChannelDecoder {
+        ChannelDecoder {
+            harmony: None,
+            state: State::Body(Channel::Content),
+            content: StreamDecoder::new(true),
+            reasoning: StreamDecoder::new(true),
+        }
+    }
+
+    /// A decoder for an answer in the harmony format, starting where its chat template's
+    /// prompt ends (before a header).
+    pub fn harmony(harmony: Harmony) -> ChannelDecoder {
+        ChannelDecoder { harmony: Some(harmony), state: State::Header(Vec::new()), ..ChannelDecoder::plain() }
+    }
+
+    fn decoder(&mut self, channel: Channel) -> &mut StreamDecoder {
+        match channel {
+            Channel::Content => &mut self.content,
+            Channel::Reasoning => &mut self.reasoning,
+        }
+    }
+
+    /// Adds one token; returns the text it completes (possibly empty) and its channel.
+    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<(Channel, String), TokenizerError> {
+        let Some(h) = self.harmony else {
+            return Ok((Channel::Content, self.content.push(tokenizer, id)?));
+        };
+        match &mut self.state {
+            State::Header(ids) if id == h.message => {
+                let channel = channel_of(&tokenizer.decode(ids, false)?);
+                self.state = State::Body(channel);
+                Ok((channel, String::new()))
+            }
+            // A header starts with `<|start|>` or `<|channel|>`; anything else where one was
+            // due is text without a header: the answer's.
+            State::Header(ids) if ids.is_empty() && id != h.start && id != h.channel => {
+                self.state = State::Body(Channel::Content);
+                Ok((Channel::Content, self.content.push(tokenizer, id)?))
+            }
+            State::Header(ids) => {
+                ids.push(id);
+                Ok((Channel::Content, String::new()))
+            }
+            State::Body(channel) if h.ends.contains(&id) => {
+                let channel = *channel;
+                self.state = State::Header(Vec::new());
+                Ok((channel, self.decoder(channel).finish(tokenizer)?))
+            }
+            State::Body(channel) => {
+                let channel = *channel;
+                Ok((channel, self.decoder(channel).push(tokenizer, id)?))
+            }
+        }
+    }
+
+    /// Text still held back at the end (an incomplete character; a header never closed, as
+    /// answer text).
+    pub fn finish(&mut self, tokenizer: &Tokenizer) -> Result<(Channel, String), TokenizerError> {
+        match std::mem::replace(&mut self.state, State::Header(Vec::new())) {
+            State::Body(channel) => Ok((channel, self.decoder(channel).finish(tokenizer)?)),
+            State::Header(ids) => Ok((Channel::Content, tokenizer.decode(&ids, true)?)),
+        }
+    }
+}
+
+/// The channel a harmony header names (`assistant<|channel|>analysis`, `<|channel|>commentary
+/// to=functions.f <|constrain|>json`): `analysis` is reasoning, anything else the answer.
+fn channel_of(header: &str) -> Channel {
+    let name = header.split_once("<|channel|>").map_or("", |(_, rest)| rest.trim_start());
+    let name = name.split(|c: char| c.is_whitespace() || c == '<').next().unwrap_or_default();
+    if name == "analysis" { Channel::Reasoning } else { Channel::Content }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::test_model::dir;
+
+    const MARKERS: [&str; 6] = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"];
+
+    /// SmolLM2's tokenizer with harmony's markers added as special tokens (ids from 49152).
+    fn harmony_tokenizer(tmp: &std::path::Path) -> Tokenizer {
+        let text = std::fs::read_to_string(dir().join("tokenizer.json")).unwrap();
+        let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let added = json["added_tokens"].as_array_mut().unwrap();
+        for (i, marker) in MARKERS.iter().enumerate() {
+            added.push(serde_json::json!({
+                "id": 49152 + i, "content": marker, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true
+            }));
+        }
+        let path = tmp.join("tokenizer.json");
+        std::fs::write(&path, json.to_string()).unwrap();
+        Tokenizer::from_file(&path).unwrap()
+    }
+
+    /// Streams `text`'s ids one at a time: each channel's text, joined.
+    fn split(tok: &Tokenizer, dec: &mut ChannelDecoder, text: &str) -> (String, String) {
+        let (mut content, mut reasoning) = (String::new(), String::new());
+        let ids = tok.encode(text, false).unwrap();
+        let mut pieces: Vec<(Channel, String)> = ids.iter().map(|&id| dec.push(tok, id).unwrap()).collect();
+        pieces.push(dec.finish(tok).unwrap());
+        for (channel, piece) in pieces {
+            match channel {
+                Channel::Content => content.push_str(&piece),
+                Channel::Reasoning => reasoning.push_str(&piece),
+            }
+        }
+        (content, reasoning)
+    }
+
+    #[test]
+    fn harmony_answers_split_into_reasoning_and_content() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tok = harmony_tokenizer(tmp.path());
+        let h = Harmony::of(&tok).unwrap();
+        assert_eq!(h.channel, 49153);
+        let answer = "<|channel|>analysis<|message|>The user asks for France's capital. Easy.<|end|>\
+                      <|start|>assistant<|channel|>final<|message|>The capital of France is Paris.<|return|>";
+        let (content, reasoning) = split(&tok, &mut ChannelDecoder::harmony(h), answer);
+        assert_eq!(reasoning, "The user asks for France's capital. Easy.");
+        assert_eq!(content, "The capital of France is Paris.");
+        // Without the split, the markers' neighbours run together (what this replaces).
+        let (all, none) = split(&tok, &mut ChannelDecoder::plain(), answer);
+        assert_eq!(none, "");
+        assert!(all.starts_with("analysisThe user asks"), "{all}");
+    }
+
+    #[test]
+    fn commentary_is_content_and_headerless_text_is_content() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tok = harmony_tokenizer(tmp.path());
+        let h = Harmony::of(&tok).unwrap();
+        let answer =
+            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>";
+        assert_eq!(split(&tok, &mut ChannelDecoder::harmony(h), answer), ("{\"city\": \"Paris\"}".into(), "".into()));
+        // A prompt that already opened the final message: its text is the answer.
+        let (content, reasoning) = split(&tok, &mut ChannelDecoder::harmony(h), "Paris, of course.<|return|>");
+        assert_eq!((content.as_str(), reasoning.as_str()), ("Paris, of course.", ""));
+        // Cut off inside a header: what it held, as text.
+        let (content, _) = split(&tok, &mut ChannelDecoder::harmony(h), "<|channel|>analysis");
+        assert_eq!(content, "analysis");
+    }
+
+    #[test]
+    fn the_format_is_found_only_where_every_marker_is() {
+        let tok = Tokenizer::from_dir(&dir()).unwrap();
+        assert_eq!(Harmony::of(&tok), None, "SmolLM2 has none of them");
+        assert_eq!(channel_of("assistant<|channel|>analysis"), Channel::Reasoning);
+        assert_eq!(channel_of("<|channel|>final"), Channel::Content);
+        assert_eq!(channel_of("<|channel|> analysis"), Channel::Reasoning, "a decoder that joins with spaces");
+        assert_eq!(channel_of("assistant"), Channel::Content);
+    }
+}
