@@ -72,7 +72,7 @@ const CHAT_FIELDS: &[(&str, Use)] = &[
     ("function_call", Use::NotYet { accepts: |v| v == "none", only: " (only \"none\")" }),
     ("modalities", Use::NotYet { accepts: |v| *v == serde_json::json!(["text"]), only: " (only [\"text\"])" }),
     ("audio", not_yet()),
-    ("reasoning_effort", not_yet()),
+    ("reasoning_effort", Use::Read),
     ("verbosity", not_yet()),
     ("web_search_options", not_yet()),
 ];
@@ -306,6 +306,8 @@ pub struct ChatBody {
     pub messages: Vec<ChatMessage>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<usize>,
+    /// For a chat template that reads it (gpt-oss's): `low`, `medium` or `high`.
+    pub reasoning_effort: Option<String>,
     #[serde(flatten)]
     pub common: Common,
 }

@@ -287,8 +287,26 @@ impl Server {
                     .enumerate()
                     .map(|(i, m)| m.message(i))
                     .collect::<Result<Vec<_>, ApiError>>()?;
-                let prompt =
-                    chat.encode(&model.tokenizer, &messages).map_err(|e| ApiError::field("messages", e.to_string()))?;
+                // Passed to a template that reads it (gpt-oss's), refused for any other.
+                let vars: Vec<(&str, &str)> = match body.reasoning_effort.as_deref() {
+                    None => Vec::new(),
+                    Some(effort) if !chat.reads("reasoning_effort") => {
+                        return Err(ApiError::field(
+                            "reasoning_effort",
+                            format!("this model's chat template does not read reasoning_effort (got `{effort}`)"),
+                        ));
+                    }
+                    Some(effort @ ("low" | "medium" | "high")) => vec![("reasoning_effort", effort)],
+                    Some(effort) => {
+                        return Err(ApiError::field(
+                            "reasoning_effort",
+                            format!("reasoning_effort must be low, medium or high (got `{effort}`)"),
+                        ));
+                    }
+                };
+                let prompt = chat
+                    .encode_with(&model.tokenizer, &messages, &vars)
+                    .map_err(|e| ApiError::field("messages", e.to_string()))?;
                 (prompt, body.common, logprobs)
             }
         })

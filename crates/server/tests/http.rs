@@ -599,12 +599,19 @@ fn every_field_is_honoured_or_refused_by_name() {
         (json!({"tool_choice": "auto"}), "tool_choice"),
         (json!({"parallel_tool_calls": true}), "parallel_tool_calls"),
         (json!({"modalities": ["text", "audio"]}), "modalities"),
-        (json!({"reasoning_effort": "low"}), "reasoning_effort"),
     ] {
         let (message, got) = refused(chat, extra);
         assert_eq!(got, param);
         assert!(message.starts_with(&format!("`{param}` is not supported yet")), "{message}");
     }
+    // SmolLM2's template has no reasoning effort to set.
+    assert_eq!(
+        refused(chat, json!({"reasoning_effort": "low"})),
+        (
+            "this model's chat template does not read reasoning_effort (got `low`)".to_owned(),
+            "reasoning_effort".to_owned()
+        )
+    );
     let (expected, _) = alone(chat_ids("hi"), 2);
     let reply =
         with(chat, json!({"response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "audio": null}));
@@ -893,7 +900,8 @@ fn n_choices_are_distinct_and_reproducible() {
 /// greedy answer mlx-lm recorded for the prompt `[17]` (tests/fixtures/gpt_oss/f32/
 /// expected.json) reads as a harmony answer: `<|channel|>analysis<|message|>I think<|end|>`
 /// then `<|message|>Paris<|return|>` (ids 142 180 48 163 161 213 48 92 2). Words are
-/// `t<id>` elsewhere; the chat template renders any conversation as `t17`.
+/// `t<id>` elsewhere; the chat template renders any conversation as `t17`, followed by `t1`,
+/// `t2` or `t3` for a `reasoning_effort` of low, medium or high.
 fn harmony_model() -> Arc<Generator> {
     let fixture = root().join("tests/fixtures/gpt_oss/f32");
     let expected: Value =
@@ -933,7 +941,8 @@ fn harmony_model() -> Arc<Generator> {
         std::fs::copy(fixture.join(file), dir.join(file)).unwrap();
     }
     std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-    let config = json!({"eos_token": "<|return|>", "chat_template": "t17"});
+    let template = "t17{% if reasoning_effort is defined %} t{{ {'low': 1, 'medium': 2, 'high': 3}[reasoning_effort] }}{% endif %}";
+    let config = json!({"eos_token": "<|return|>", "chat_template": template});
     std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
     let config = EngineConfig {
         max_context: Some(32),
@@ -977,4 +986,14 @@ fn harmony_reasoning_comes_apart_from_the_answer() {
 
     let v = post(server.addr, "/v1/completions", &json!({"prompt": "t17", "max_tokens": 9, "temperature": 0})).json();
     assert_eq!(v["choices"][0]["text"], "analysis I think Paris");
+
+    // `reasoning_effort` goes to the template that reads it: one prompt token more.
+    let mut effort = body.clone();
+    effort["reasoning_effort"] = json!("high");
+    effort["max_tokens"] = json!(1);
+    assert_eq!(post(server.addr, "/v1/chat/completions", &effort).json()["usage"]["prompt_tokens"], 2);
+    effort["reasoning_effort"] = json!("extreme");
+    let reply = post(server.addr, "/v1/chat/completions", &effort);
+    assert_eq!((reply.status, reply.json()["error"]["param"].clone()), (400, json!("reasoning_effort")));
+    assert_eq!(reply.json()["error"]["message"], "reasoning_effort must be low, medium or high (got `extreme`)");
 }

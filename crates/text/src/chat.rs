@@ -112,10 +112,22 @@ impl ChatTemplate {
 
     /// The prompt text for `messages`; `add_generation_prompt` opens the assistant's turn.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.render_with(messages, add_generation_prompt, &[])
+    }
+
+    /// [`ChatTemplate::render`] with more variables for the template (`reasoning_effort`, as
+    /// transformers passes its keyword arguments).
+    pub fn render_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        vars: &[(&str, &str)],
+    ) -> Result<String> {
         let mut ctx: Vec<(&str, Value)> = vec![
             ("messages", Value::from(minijinja::value::Serde(messages))),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
         ];
+        ctx.extend(vars.iter().map(|(k, v)| (*k, Value::from(*v))));
         // Unset tokens stay undefined (rendering as ""), as in transformers; `none` would print.
         ctx.extend(self.special_tokens.iter().map(|(k, v)| (*k, Value::from(v.as_str()))));
         let ctx = Value::from_pairs(ctx);
@@ -130,8 +142,18 @@ impl ChatTemplate {
     /// `apply_chat_template(tokenize=True)` does: the template writes every special token
     /// itself, so the tokenizer adds none.
     pub fn encode(&self, tokenizer: &Tokenizer, messages: &[Message]) -> Result<Vec<u32>> {
-        let text = self.render(messages, true)?;
+        self.encode_with(tokenizer, messages, &[])
+    }
+
+    /// [`ChatTemplate::encode`] with more variables ([`ChatTemplate::render_with`]).
+    pub fn encode_with(&self, tokenizer: &Tokenizer, messages: &[Message], vars: &[(&str, &str)]) -> Result<Vec<u32>> {
+        let text = self.render_with(messages, true, vars)?;
         Ok(tokenizer.encode(&text, false)?)
+    }
+
+    /// Whether the template reads the variable `name` (gpt-oss's reads `reasoning_effort`).
+    pub fn reads(&self, name: &str) -> bool {
+        self.env.get_template(TEMPLATE_NAME).is_ok_and(|t| t.undeclared_variables(false).contains(name))
     }
 }
 
