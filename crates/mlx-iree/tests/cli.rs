@@ -580,3 +580,68 @@ fn a_malformed_hybrid_checkpoint_is_one_line() {
         );
     }
 }
+
+/// The llama fixture's mxfp4 variant with `edit` applied to its config and `tensor` (name,
+/// then the dtype and shape to store it as, its bytes cut or padded to fit) rewritten.
+fn mxfp4_with(
+    edit: impl Fn(&mut serde_json::Value),
+    tensor: Option<(&str, weights::Dtype, &[usize])>,
+) -> tempfile::TempDir {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama_llama3_tied/mxfp4");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(src.join("model.safetensors.index.json"), dir.path().join("model.safetensors.index.json")).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let file = weights::SafetensorsFile::open(src.join("model.safetensors")).unwrap();
+    let mut w = weights::write::Writer::new();
+    for (k, v) in file.metadata() {
+        w.metadata(k, v);
+    }
+    for t in file.tensors() {
+        match tensor {
+            Some((name, dtype, shape)) if name == t.name() => {
+                let mut bytes = t.bytes().to_vec();
+                bytes.resize(shape.iter().product::<usize>() * dtype.size_bytes(), 0);
+                w.add(name, dtype, shape, bytes).unwrap();
+            }
+            _ => {
+                w.add(t.name(), t.dtype(), t.shape(), t.bytes().to_vec()).unwrap();
+            }
+        }
+    }
+    w.write(dir.path().join("model.safetensors")).unwrap();
+    dir
+}
+
+/// A quantization the checkpoint cannot hold: an unknown `mode`, a group size its mode does
+/// not allow, scales of another dtype or shape than the mode's. One line naming the setting
+/// or tensor and what was expected, exit 2, nothing compiled.
+#[test]
+fn malformed_quantization_is_one_line() {
+    let run = |dir: &tempfile::TempDir, expected: &[&str]| {
+        let cache = tempfile::tempdir().unwrap();
+        let args = ["trajectory", "--model", dir.path().to_str().unwrap(), "--prompt-ids", "1", "--steps", "1"];
+        let out = mlx_iree(&[&args[..], &["--precision", "f32", "--out", "/tmp/x.json"]].concat(), cache.path());
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+        assert!(expected.iter().all(|e| stderr.contains(e)), "{expected:?}: {stderr}");
+        assert!(walk(cache.path()).iter().all(|p| p.extension().is_none_or(|e| e != "vmfb")), "compiled: {stderr}");
+    };
+    let both = |key: &'static str, value: serde_json::Value| {
+        move |c: &mut serde_json::Value| {
+            c["quantization"][key] = value.clone();
+            c["quantization_config"][key] = value.clone();
+        }
+    };
+    run(&mxfp4_with(both("mode", "mxint4".into()), None), &["quantization.mode", "mxint4"]);
+    run(&mxfp4_with(both("group_size", 64.into()), None), &["mode mxfp4 takes bits 4 and group_size 32"]);
+    let scales = "model.layers.0.mlp.down_proj.scales";
+    // [64 rows, 128 inputs / 32] E8M0 bytes, stored as f16 or with a group too few.
+    run(&mxfp4_with(|_| {}, Some((scales, weights::Dtype::F16, &[64, 4]))), &[scales, "U8"]);
+    // A group too few: the weight disagrees with what the scales say of the input size.
+    let weight = "model.layers.0.mlp.down_proj.weight";
+    run(&mxfp4_with(|_| {}, Some((scales, weights::Dtype::U8, &[64, 3]))), &[weight, "from the scales", "[64, 16]"]);
+}
