@@ -115,7 +115,16 @@ WEIGHT_STD = 0.02
 NORM_STD = 0.02
 SEED = 0
 GROUP_SIZE = 64
-VARIANTS = {"f16": None, "4bit": 4, "8bit": 8}
+# Variant -> (bits, mode, group size) of `quantize_model`, None for f16 (mlx_lm.convert's
+# -q --q-bits B, or --q-mode mxfp4, which fixes its group size of 32).
+VARIANTS = {
+    "f16": None,
+    "3bit": (3, "affine", GROUP_SIZE),
+    "4bit": (4, "affine", GROUP_SIZE),
+    "6bit": (6, "affine", GROUP_SIZE),
+    "8bit": (8, "affine", GROUP_SIZE),
+    "mxfp4": (4, "mxfp4", 32),
+}
 
 
 def build(config):
@@ -151,11 +160,12 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     model = build(SHAPES[args.shape])
     config = dict(SHAPES[args.shape], torch_dtype="float16")
-    bits = VARIANTS[args.variant]
-    if bits is not None:
+    quant = VARIANTS[args.variant]
+    if quant is not None:
+        bits, mode, group_size = quant
         # quantize_model prints a bits-per-weight line; keep the progress output short.
         with contextlib.redirect_stdout(io.StringIO()):
-            model, config = quantize_model(model, config, GROUP_SIZE, bits)
+            model, config = quantize_model(model, config, group_size, bits, mode=mode)
     save_model(out, model, donate_model=True)
     save_config(config, config_path=out / "config.json")
     print(f"wrote {args.variant} random {args.shape}-shaped model to {out}")

@@ -31,7 +31,9 @@ use std::time::Instant;
 const PRECISIONS: [&str; 4] = ["f32", "f16", "bf16", "packed"];
 const SMOLLM2: &str = "smollm2-135m-instruct-4bit";
 const LLAMA_1B: &str = "llama-1b-random";
-const LLAMA_1B_VARIANTS: [&str; 3] = ["f16", "4bit", "8bit"];
+/// The quantized folders `--formats` picks from for `packed` (make_random_llama.py's
+/// variants): MLX affine 3, 4, 6 and 8 bits and mxfp4.
+const PACKED_FORMATS: [&str; 5] = ["4bit", "8bit", "3bit", "6bit", "mxfp4"];
 const QWEN3_MOE_1B: &str = "qwen3-moe-1b-random";
 const QWEN3_5_08B: &str = "qwen3.5-0.8b-random";
 const KV_CACHE: [&str; 2] = ["f32", "f16"];
@@ -39,8 +41,8 @@ const KV_CACHE: [&str; 2] = ["f32", "f16"];
 pub const USAGE: &str = "\
 usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
                          [--prompt-len N] [--steps N] [--repeats N] [--batch LIST]
-                         [--context LIST] [--max-context N] [--kv-cache T] [--prepare-only]
-                         [--peers]
+                         [--context LIST] [--max-context N] [--kv-cache T] [--formats LIST]
+                         [--prepare-only] [--peers]
   --model M        smollm2 (SmolLM2-135M-Instruct 4-bit), llama-1b (Llama-3.2-1B shape,
                    random weights: the f16 folder for f32/f16/bf16, the 4-bit and 8-bit
                    folders for packed), qwen3-moe-1b (a random Qwen3-MoE, 8 experts, 2 a
@@ -65,6 +67,8 @@ usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
   --max-context N  positions per sequence the engine is built for (default: mlx-iree's,
                    the model's maximum capped by the KV cache budget)
   --kv-cache T     KV cache element type: f32 (mlx-iree's default) or f16
+  --formats LIST   the random shapes' quantized folders `packed` runs on: 4bit, 8bit, 3bit,
+                   6bit, mxfp4, comma-separated (default 4bit,8bit)
   --prepare-only   only the set-up steps (runtime, models, release build)
   --peers          also llama.cpp's CPU build on the same weights as GGUF f16, Q8_0 and
                    Q4_0 (our f16 vs f16, packed 4-bit vs Q4_0, packed 8-bit vs Q8_0):
@@ -147,6 +151,8 @@ pub struct Options {
     pub max_context: Option<usize>,
     /// None: mlx-iree's default (f32).
     pub kv_cache: Option<&'static str>,
+    /// The random shapes' quantized folders for `packed` (`PACKED_FORMATS`).
+    pub formats: Vec<&'static str>,
     pub prepare_only: bool,
     /// Also measure llama.cpp and mlx-lm (`peers.rs`).
     pub peers: bool,
@@ -180,6 +186,7 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
         context: Vec::new(),
         max_context: None,
         kv_cache: None,
+        formats: vec!["4bit", "8bit"],
         prepare_only: false,
         peers: false,
         serve: false,
@@ -210,6 +217,14 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
                     Some(x) => Some(*x),
                     None => bail!("bench: unknown KV cache type `{t}` (expected f32 or f16)"),
                 };
+            }
+            "--formats" => {
+                let v = value()?;
+                o.formats = v
+                    .split(',')
+                    .map(|f| PACKED_FORMATS.iter().copied().find(|x| *x == f))
+                    .collect::<Option<_>>()
+                    .with_context(|| format!("bench: `--formats` takes {} (got `{v}`)", PACKED_FORMATS.join(", ")))?;
             }
             "--json" => o.json = true,
             "--prepare-only" => o.prepare_only = true,
@@ -283,7 +298,7 @@ pub fn cases(o: &Options, models_dir: &Path) -> Vec<Case> {
                 // so it runs on the quantized folders.
                 ModelArg::Llama1b | ModelArg::Qwen3Moe1b | ModelArg::Qwen35 => {
                     let Some((_, name)) = m.random_shape() else { continue };
-                    let variants: &[&str] = if precision == "packed" { &["4bit", "8bit"] } else { &["f16"] };
+                    let variants: &[&str] = if precision == "packed" { &o.formats } else { &["f16"] };
                     for v in variants {
                         out.push(Case {
                             family: name.into(),
@@ -468,7 +483,7 @@ fn prepare(o: &Options) -> Result<()> {
         // The peers convert the f16 folder.
         let floats = o.peers || o.precisions.iter().any(|p| *p != "packed");
         let variants: Vec<&str> =
-            LLAMA_1B_VARIANTS.iter().copied().filter(|v| if *v == "f16" { floats } else { packed }).collect();
+            floats.then_some("f16").into_iter().chain(o.formats.iter().copied().filter(|_| packed)).collect();
         random_models(shape, name, &variants)?;
     }
     if o.serve {
@@ -1520,6 +1535,18 @@ mod tests {
         let o = parse_args(&args(&["--model", "llama-1b", "--precision", "packed"])).unwrap();
         let dirs: Vec<PathBuf> = cases(&o, Path::new("/m")).into_iter().map(|c| c.model).collect();
         assert_eq!(dirs, vec![PathBuf::from("/m/llama-1b-random-4bit"), PathBuf::from("/m/llama-1b-random-8bit")]);
+    }
+
+    #[test]
+    fn formats_pick_the_packed_folders() {
+        let o =
+            parse_args(&args(&["--model", "llama-1b", "--precision", "packed,f16", "--formats", "mxfp4,4bit,3bit"]))
+                .unwrap();
+        let dirs: Vec<PathBuf> = cases(&o, Path::new("/m")).into_iter().map(|c| c.model).collect();
+        let dir = |v: &str| PathBuf::from(format!("/m/llama-1b-random-{v}"));
+        assert_eq!(dirs, vec![dir("mxfp4"), dir("4bit"), dir("3bit"), dir("f16")]);
+        let err = parse_args(&args(&["--formats", "4bit,5bit"])).unwrap_err().to_string();
+        assert_eq!(err, "bench: `--formats` takes 4bit, 8bit, 3bit, 6bit, mxfp4 (got `4bit,5bit`)");
     }
 
     #[test]
