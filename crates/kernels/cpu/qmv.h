@@ -67,6 +67,14 @@ typedef struct {
   float sum[PANEL];
 } xpanel_t;
 
+// The rows of x `group_rows` reads: row j's group values at q[j] (MAX_GROUP apart), its scale
+// and sum at scale[j] and sum[j]. A view of a panel, or of one row's whole quantized x.
+typedef struct {
+  const int16_t (*q)[MAX_GROUP];
+  const float* scale;
+  const float* sum;
+} xview_t;
+
 // Pair k, k+1 of a quantized group as one 32-bit value (low word = k), to broadcast.
 static inline int32_t pair_of(const int16_t* q, size_t k) {
   int32_t v;
@@ -76,7 +84,7 @@ static inline int32_t pair_of(const int16_t* q, size_t k) {
 
 static inline void quantize_group(const float* xg, size_t gs, int16_t* q, float* scale, float* sum);
 static inline __attribute__((always_inline)) void group_rows(int bits, int fp4, int f16, const uint8_t* wg,
-                                                             const xpanel_t* xp, size_t i, size_t n, size_t gs,
+                                                             const xview_t* xp, size_t i, size_t n, size_t gs,
                                                              const void* s, const void* b, float* y, size_t stride);
 #ifdef WHOLE_PANEL_ROWS
 static inline void whole_panel(int bits, int fp4, int f16, const float* x, size_t K, const uint8_t* w, size_t block_bytes,
@@ -145,12 +153,11 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int fp4, in
         for (size_t g = 0; g < G; ++g) {
           const size_t next = rb * G + g + ahead;
           prefetch_group(w + next * group_bytes, sc + next * sgroup, bi + next * sgroup, group_bytes, sgroup);
-          // group_rows reads its row of x from a panel (no memcpy: freestanding).
-          for (size_t k = 0; k < GS; ++k) xp.q[0][k] = xq[g * GS + k];
-          xp.scale[0] = xscale[g];
-          xp.sum[0] = xsum[g];
+          // The group's values where they lie (only row 0 is read; copying them into a panel
+          // first cost 4-10% of a decode matvec, measured with cpu/qmv_bench.c).
+          const xview_t row = {(const int16_t (*)[MAX_GROUP])(xq + g * GS), &xscale[g], &xsum[g]};
           const size_t gi = (rb * G + g) * 16 * sbytes;
-          group_rows(bits, fp4, f16, w + rb * block_bytes + g * group_bytes, &xp, 0, 1, GS, sc + gi, bi + gi,
+          group_rows(bits, fp4, f16, w + rb * block_bytes + g * group_bytes, &row, 0, 1, GS, sc + gi, bi + gi,
                      y + rb * 16, O);
         }
       }
@@ -161,6 +168,7 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int fp4, in
       // The blocks are read side by side here, group by group, so each block's stream asks
       // for its share of PREFETCH_AHEAD; later panels find the workgroup's weights cached.
       const size_t ahead = PREFETCH_AHEAD / (group_bytes * (rb1 - rb0)) + 1, sgroup = 16 * sbytes;
+      const xview_t panel = {xp.q, xp.scale, xp.sum};
       for (size_t g = 0; g < G; ++g) {
         for (size_t i = 0; i < np; ++i)
           quantize_group(x + (t0 + i) * K + g * GS, GS, xp.q[i], &xp.scale[i], &xp.sum[i]);
@@ -173,18 +181,18 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int fp4, in
           float* yb = y + t0 * O + rb * 16;
           size_t i = 0;
           if (np - i >= 8) {
-            group_rows(bits, fp4, f16, wg, &xp, i, 8, GS, sc + gi, bi + gi, yb + i * O, O);
+            group_rows(bits, fp4, f16, wg, &panel, i, 8, GS, sc + gi, bi + gi, yb + i * O, O);
             i += 8;
           }
           if (np - i >= 4) {
-            group_rows(bits, fp4, f16, wg, &xp, i, 4, GS, sc + gi, bi + gi, yb + i * O, O);
+            group_rows(bits, fp4, f16, wg, &panel, i, 4, GS, sc + gi, bi + gi, yb + i * O, O);
             i += 4;
           }
           if (np - i >= 2) {
-            group_rows(bits, fp4, f16, wg, &xp, i, 2, GS, sc + gi, bi + gi, yb + i * O, O);
+            group_rows(bits, fp4, f16, wg, &panel, i, 2, GS, sc + gi, bi + gi, yb + i * O, O);
             i += 2;
           }
-          if (np - i >= 1) group_rows(bits, fp4, f16, wg, &xp, i, 1, GS, sc + gi, bi + gi, yb + i * O, O);
+          if (np - i >= 1) group_rows(bits, fp4, f16, wg, &panel, i, 1, GS, sc + gi, bi + gi, yb + i * O, O);
         }
       }
     }

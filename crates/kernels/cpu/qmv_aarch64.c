@@ -134,7 +134,7 @@ static inline float32x4_t load4(int f16, const void* p, size_t v) {
 // Rows 4 v0 .. 4 (v0 + nv) of the block for rows i .. i + n of the panel: the group's dots,
 // then y = fma(bias, x_sum, fma(scale, dot * x_scale, y)), as every object computes it.
 static inline __attribute__((always_inline)) void rows_pass(int bits, int fp4, int f16, const uint8_t* wg,
-                                                            const xpanel_t* xp, size_t i, size_t n, size_t gs,
+                                                            const xview_t* xp, size_t i, size_t n, size_t gs,
                                                             size_t v0, size_t nv, const void* s, const void* b,
                                                             float* y, size_t stride) {
   int32x4_t dot[4][4];
@@ -155,7 +155,7 @@ static inline __attribute__((always_inline)) void rows_pass(int bits, int fp4, i
 // step then fit the 32 registers (more spilled, measured with clang's -Rpass-missed=regalloc).
 // Only x is read again by another pass; each weight byte is read once.
 static inline __attribute__((always_inline)) void group_rows(int bits, int fp4, int f16, const uint8_t* wg,
-                                                             const xpanel_t* xp, size_t i, size_t n, size_t gs,
+                                                             const xview_t* xp, size_t i, size_t n, size_t gs,
                                                              const void* s, const void* b, float* y, size_t stride) {
   const size_t m = n < 4 ? n : 4, nv = bits == 8 && m == 1 ? 2 : 4 / m;
   for (size_t i0 = 0; i0 < n; i0 += m) {

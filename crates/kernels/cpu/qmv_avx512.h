@@ -85,7 +85,7 @@ static inline __attribute__((always_inline)) void epilogue16(__m512i dot_i32, __
 }
 
 static inline __attribute__((always_inline)) void group_rows(int bits, int fp4, int f16, const uint8_t* wg,
-                                                             const xpanel_t* xp, size_t i, size_t n, size_t gs,
+                                                             const xview_t* xp, size_t i, size_t n, size_t gs,
                                                              const void* s, const void* b, float* y, size_t stride) {
   __m512i a[PANEL];
   if (bits == 4) {

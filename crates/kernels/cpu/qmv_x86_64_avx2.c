@@ -126,7 +126,7 @@ static inline __attribute__((always_inline)) void tile_dot_1(int bits, int fp4, 
 }
 
 static inline __attribute__((always_inline)) void group_rows(int bits, int fp4, int f16, const uint8_t* wg,
-                                                             const xpanel_t* xp, size_t i, size_t n, size_t gs,
+                                                             const xview_t* xp, size_t i, size_t n, size_t gs,
                                                              const void* s, const void* b, float* y, size_t stride) {
   __m256i one[2];
   if (n == 1) tile_dot_1(bits, fp4, wg, xp->q[i], gs, one);
