@@ -351,8 +351,16 @@ fn every_trained_fixture_is_gated() {
 /// with `MLX_IREE_KERNELS=0`, against mlx-lm on one quantized fixture per family.
 #[test]
 fn packed_graph_form_matches_mlx_lm() {
-    for fixture in ["llama_llama3_tied/q4", "qwen3/q8", "gemma2_window/q4", "gemma3_text/q8", "llama_llama3_tied/nvfp4"]
-    {
+    // gpt_oss/mxfp4: stacked experts as each expert's exact 8-bit copy.
+    let fixtures = [
+        "llama_llama3_tied/q4",
+        "qwen3/q8",
+        "gemma2_window/q4",
+        "gemma3_text/q8",
+        "llama_llama3_tied/nvfp4",
+        "gpt_oss/mxfp4",
+    ];
+    for fixture in fixtures {
         let dir = root().join("tests/fixtures").join(fixture);
         let reference = dir.join("expected.json");
         let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))

@@ -70,6 +70,11 @@ impl Packing {
         kernels::cpu::Entry { op, bits: self.bits, scale: self.kernel_scale(), fp4: self.fp4 }
     }
 
+    /// The bits the CPU kernel reads the values at: FP4 codes as stored (4), else `bits`.
+    pub fn cpu_bits(&self) -> u32 {
+        if self.fp4 { 4 } else { self.bits }
+    }
+
     /// Whether the device holds biases beside the values: all but the CPU kernel's FP4 form.
     pub fn has_biases(&self) -> bool {
         !(self.fp4 && self.bits == 4)
@@ -348,15 +353,13 @@ impl Layout {
                     *form = Form::CpuDense;
                 }
                 // A stacked expert layer's shape is its experts' (`qmve` takes them stacked).
-                // FP4 codes as stored: 4 bits.
-                Form::GraphPacked(p) if kernels::cpu::supports(if p.fp4 { 4 } else { p.bits }, o, i, p.group_size) => {
+                Form::GraphPacked(p) if kernels::cpu::supports(p.cpu_bits(), o, i, p.group_size) => {
                     let (scale_elem, bias_elem) = if p.scale_elem == ElementType::F16 {
                         (ElementType::F16, ElementType::F16)
                     } else {
                         (ElementType::F32, ElementType::F32)
                     };
-                    let bits = if p.fp4 { 4 } else { p.bits };
-                    *form = Form::CpuPacked(Packing { bits, scale_elem, bias_elem, wide: false, ..*p });
+                    *form = Form::CpuPacked(Packing { bits: p.cpu_bits(), scale_elem, bias_elem, wide: false, ..*p });
                 }
                 _ => continue,
             }
@@ -595,41 +598,37 @@ impl Layout {
                     Role::ExpertScales => (Role::PackedScales, "scales"),
                     _ => (Role::PackedBiases, "biases"),
                 };
-                if form.is_some_and(|f| f.in_cpu_kernel()) {
-                    // Each expert in the kernel layout, stacked.
-                    let mut bytes = Vec::with_capacity(param.bytes());
-                    for e in 0..param.spec.shape[0] {
-                        let Linear::Quantized(q) = param.spec.expert(ckpt, e)? else {
-                            return Err(Error::Invalid(format!("{}: expert {e} is not quantized", param.key)));
-                        };
-                        bytes.extend_from_slice(&kernel_bytes(&Affine::of(q, packing)?, packing, role)?);
+                let kernel = form.is_some_and(|f| f.in_cpu_kernel());
+                if !kernel {
+                    // The stacked tensors as stored where the graph form holds them at their own
+                    // width; expert 0 checks the quantization.
+                    let Linear::Quantized(q) = param.spec.expert(ckpt, 0)? else {
+                        return Err(Error::Invalid(format!("{}: expected quantized experts", param.key)));
+                    };
+                    if Affine::stored_at(&q, packing) {
+                        let t = ckpt.tensor(&format!("{prefix}.{name}"))?;
+                        let bytes = if name == "weight" { Cow::Borrowed(t.bytes()) } else { as_float(t, param.elem)? };
+                        debug_assert_eq!(bytes.len(), param.bytes(), "{} ({q:?})", param.key);
+                        return Ok(bytes);
                     }
-                    return Ok(Cow::Owned(bytes));
                 }
-                // The stacked tensors as stored; expert 0 checks the quantization.
-                let Linear::Quantized(q) = param.spec.expert(ckpt, 0)? else {
-                    return Err(Error::Invalid(format!("{}: expected quantized experts", param.key)));
-                };
-                if !Affine::stored_at(&q, packing) {
-                    // Each expert's exact affine copy, stacked, MLX's values and biases as they are.
-                    let mut bytes = Vec::with_capacity(param.bytes());
-                    for e in 0..param.spec.shape[0] {
-                        let Linear::Quantized(q) = param.spec.expert(ckpt, e)? else {
-                            return Err(Error::Invalid(format!("{}: expert {e} is not quantized", param.key)));
-                        };
-                        let a = Affine::of(q, packing)?;
-                        bytes.extend_from_slice(&match role {
-                            Role::PackedWeight => Cow::Borrowed(a.weight()),
-                            Role::PackedScales => a.scales_as(param.elem)?,
-                            _ => Cow::Owned(encode_f32(a.biases_f32()?.into_iter(), param.elem)),
-                        });
-                    }
-                    return Ok(Cow::Owned(bytes));
+                // Each expert in the kernel layout, or its exact affine copy (MLX's values and
+                // biases as they are) in the graph form, stacked.
+                let mut bytes = Vec::with_capacity(param.bytes());
+                for e in 0..param.spec.shape[0] {
+                    let Linear::Quantized(q) = param.spec.expert(ckpt, e)? else {
+                        return Err(Error::Invalid(format!("{}: expert {e} is not quantized", param.key)));
+                    };
+                    let a = Affine::of(q, packing)?;
+                    let part = match role {
+                        _ if kernel => kernel_bytes(&a, packing, role)?,
+                        Role::PackedWeight => Cow::Borrowed(a.weight()),
+                        Role::PackedScales => a.scales_as(param.elem)?,
+                        _ => Cow::Owned(encode_f32(a.biases_f32()?.into_iter(), param.elem)),
+                    };
+                    bytes.extend_from_slice(&part);
                 }
-                let t = ckpt.tensor(&format!("{prefix}.{name}"))?;
-                let bytes = if name == "weight" { Cow::Borrowed(t.bytes()) } else { as_float(t, param.elem)? };
-                debug_assert_eq!(bytes.len(), param.bytes(), "{} ({q:?})", param.key);
-                Ok(bytes)
+                Ok(Cow::Owned(bytes))
             }
             Role::PackedWeight | Role::PackedScales | Role::PackedBiases if param.parts.len() > 1 => {
                 // A merged projection: the parts stacked by rows (in the kernel layout whole
@@ -820,8 +819,8 @@ fn graph_bytes<'a>(q: &Affine<'a>, packing: &Packing, role: Role, elem: ElementT
 fn kernel_bytes(q: &Affine<'_>, p: &Packing, role: Role) -> Result<Cow<'static, [u8]>> {
     let (o, i) = q.shape();
     let groups = i / p.group_size;
-    let elem = if p.scale_elem == ElementType::F16 { ElementType::F16 } else { ElementType::F32 };
-    let values = |v: Vec<f32>| encode_f32(kernels::cpu::repack_groups(&v, o, groups).into_iter(), elem);
+    // `link_cpu_kernels` made the scale type f16 or f32.
+    let values = |v: Vec<f32>| encode_f32(kernels::cpu::repack_groups(&v, o, groups).into_iter(), p.scale_elem);
     Ok(Cow::Owned(match role {
         Role::PackedWeight => kernels::cpu::repack_weight(p.bits, o, i, q.weight()),
         Role::PackedScales => values(q.scales_f32()?),

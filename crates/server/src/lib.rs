@@ -512,13 +512,9 @@ impl Choice {
         })
     }
 
-    /// One SSE chunk of this answer, with the logprobs of the tokens read since the last.
-    fn chunk(&mut self, info: &JobInfo, text: Option<&str>, reason: Option<&str>, first: bool) -> Value {
-        self.chunk_of(info, text.map(|t| (Channel::Content, t)), reason, first)
-    }
-
-    /// [`Choice::chunk`] for text of either channel: a chat delta's `content` or `reasoning`.
-    fn chunk_of(&mut self, info: &JobInfo, text: Option<(Channel, &str)>, reason: Option<&str>, first: bool) -> Value {
+    /// One SSE chunk of this answer, with the logprobs of the tokens read since the last; its
+    /// text, of either channel, is a chat delta's `content` or `reasoning`.
+    fn chunk(&mut self, info: &JobInfo, text: Option<(Channel, &str)>, reason: Option<&str>, first: bool) -> Value {
         let content = text.map(|(_, t)| t);
         let logprobs = if first { Value::Null } else { self.logprobs(info) };
         let choice = match info.endpoint {
@@ -546,8 +542,8 @@ impl Choice {
         let ended = loop {
             let (event, ended) = match self.piece(&info).await {
                 Ok(Piece::Text(t)) if t.is_empty() => continue,
-                Ok(Piece::Text(t)) => (self.chunk(&info, Some(&t), None, false), None),
-                Ok(Piece::Reasoning(t)) => (self.chunk_of(&info, Some((Channel::Reasoning, &t)), None, false), None),
+                Ok(Piece::Text(t)) => (self.chunk(&info, Some((Channel::Content, &t)), None, false), None),
+                Ok(Piece::Reasoning(t)) => (self.chunk(&info, Some((Channel::Reasoning, &t)), None, false), None),
                 Ok(Piece::End(reason)) => {
                     (self.chunk(&info, None, Some(finish_reason(reason)), false), Some(Streamed::Done))
                 }

@@ -212,10 +212,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         let entry = p.kernel_entry(op);
         self.linked.borrow_mut().packed.insert(entry);
         let mut args = vec![x, chosen, w, s];
-        // FP4 entries compute their biases.
-        if !entry.fp4 {
-            args.push(self.packed_biases(prefix)?);
-        }
+        args.extend(self.kernel_biases(prefix, &entry)?);
         let workload = if by_expert { experts } else { n } * blocks;
         f.dispatch(kernels::cpu::EXECUTABLE, &entry.export(), workload, &dims, &args, F32.tensor(&[n, out]))
     }

@@ -300,10 +300,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let entry = p.kernel_entry(op);
         self.linked.borrow_mut().packed.insert(entry);
         let mut args = vec![x, w, s];
-        // FP4 entries compute their biases.
-        if !entry.fp4 {
-            args.push(self.packed_biases(prefix)?);
-        }
+        args.extend(self.kernel_biases(prefix, &entry)?);
         args.extend(residual);
         let export = entry.export();
         f.dispatch(kernels::cpu::EXECUTABLE, &export, workload, &dims, &args, F32.tensor(&result))
@@ -334,15 +331,21 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         self.f.dispatch(kernels::cpu::EXECUTABLE, &entry.export(), workload, &dims, &args, F32.tensor(&result))
     }
 
-    /// The weight, scales and biases of the packed matrix (or stacked experts) `prefix`.
+    /// The weight and scales of the packed matrix (or stacked experts) `prefix`.
     pub(super) fn packed_globals(&self, prefix: &str) -> R<(V<'c, 'b>, V<'c, 'b>)> {
         let load = |name: &str| self.f.load(self.global(&format!("{prefix}.{name}"))?);
         Ok((load("weight")?, load("scales")?))
     }
 
-    /// The biases of the packed matrix `prefix` (none in the CPU kernel's FP4 form).
+    /// The biases of the packed matrix (or stacked experts) `prefix`.
     pub(super) fn packed_biases(&self, prefix: &str) -> R<V<'c, 'b>> {
         self.f.load(self.global(&format!("{prefix}.biases"))?)
+    }
+
+    /// The biases the CPU kernel's `entry` takes for `prefix`: none for FP4, whose entries
+    /// compute them.
+    pub(super) fn kernel_biases(&self, prefix: &str, entry: &kernels::cpu::Entry) -> R<Option<V<'c, 'b>>> {
+        if entry.fp4 { Ok(None) } else { self.packed_biases(prefix).map(Some) }
     }
 
     /// Rows `tokens` of the embedding table as f32 `[T, hidden]`: gathered in the table's
