@@ -161,10 +161,12 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     args.sampling.check()?;
     let text = ModelText::load(dir)?;
     args.sampling.check_vocab(text.tokenizer.vocab_size())?;
-    // A model without a chat template cannot chat: said before anything is loaded.
+    // A model without a chat template cannot chat, nor one whose template has no reasoning
+    // effort be given one: said before anything is loaded.
     if let Err(e) = &text.chat {
         bail!("{e}");
     }
+    let effort = args.sampling.effort(&text)?;
     let plan = args.model.plan(&config, 1, 2, "a one-token message and its answer")?;
     let context = plan.cache.positions;
     // Room kept for the answer: `--max-tokens`, but at most a quarter of the context (an
@@ -219,7 +221,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             }
             Line::Say(text) => text,
         };
-        let encode = |messages: &[Message]| Ok(generator.encode_chat(messages)?);
+        let encode = |messages: &[Message]| Ok(generator.encode_chat(messages, effort)?);
         let fitted = match conversation.fit(text, room, encode) {
             Ok(fitted) => fitted,
             Err(e) => {

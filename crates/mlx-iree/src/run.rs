@@ -5,7 +5,7 @@ use crate::settings::Settings;
 use anyhow::{Context, Result, bail};
 use engine::scheduler::{FinishReason, Finished};
 use engine::{Engine, EngineConfig, KvElem, Plan, Precision};
-use server::{Generator, ModelText, Piece};
+use server::{Generator, ModelText, Piece, ReasoningEffort};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use text::chat::Message;
@@ -132,6 +132,10 @@ pub struct SamplingArgs {
     /// Random seed for sampling (the same seed gives the same text).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// How long a reasoning model thinks before it answers (low, medium or high), for a
+    /// chat template that reads it (gpt-oss's); with `generate`, needs `--chat`.
+    #[arg(long, value_parser = ["low", "medium", "high"])]
+    reasoning_effort: Option<String>,
 }
 
 /// `--logit-bias ID=BIAS`.
@@ -161,6 +165,15 @@ impl SamplingArgs {
     /// Refuses `--logit-bias` ids outside the model's vocabulary of `vocab` tokens.
     pub fn check_vocab(&self, vocab: usize) -> Result<()> {
         Ok(self.params().check_vocab(vocab)?)
+    }
+
+    /// `--reasoning-effort`, refused (before anything is compiled) where the model's chat
+    /// template does not read it.
+    pub fn effort(&self, text: &ModelText) -> Result<Option<ReasoningEffort>> {
+        let Some(name) = self.reasoning_effort.as_deref() else { return Ok(None) };
+        let effort = ReasoningEffort::parse(name).with_context(|| format!("unknown reasoning effort `{name}`"))?;
+        server::template_vars(text.chat_template()?, Some(effort))?;
+        Ok(Some(effort))
     }
 
     fn params(&self) -> SamplingParams {
@@ -314,7 +327,14 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
     args.sampling.check()?;
     let text = ModelText::load(dir)?;
     args.sampling.check_vocab(text.tokenizer.vocab_size())?;
-    let prompt = if args.chat { text.encode_chat(&[Message::user(&args.prompt)])? } else { text.encode(&args.prompt)? };
+    if args.sampling.reasoning_effort.is_some() && !args.chat {
+        bail!("--reasoning-effort applies to a chat prompt: add --chat");
+    }
+    let prompt = if args.chat {
+        text.encode_chat(&[Message::user(&args.prompt)], args.sampling.effort(&text)?)?
+    } else {
+        text.encode(&args.prompt)?
+    };
     if prompt.is_empty() {
         bail!("--prompt encodes to no tokens");
     }

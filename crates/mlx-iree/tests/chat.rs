@@ -3,7 +3,9 @@
 //! conversation, `/reset` forgets it, `/system` sets the system prompt, Ctrl-C stops an
 //! answer (kept as far as it got) and the prompt returns, a conversation past the context
 //! drops its oldest turns, and `/exit`, Ctrl-C or Ctrl-D at the prompt end it with status 0.
-//! Model and shapes are smollm2.rs's `generate` test's (one compiled module for both).
+//! Model and shapes are smollm2.rs's `generate` test's (one compiled module for both). A
+//! harmony model (gpt-oss's format, scripted) gives its reasoning on stderr and its answer
+//! alone on stdout.
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
@@ -297,4 +299,48 @@ fn a_model_without_a_chat_template_is_refused_before_loading() {
         )
     );
     assert!(out.stdout.is_empty());
+}
+
+/// The gpt_oss fixture at f32 with the scripted harmony text side (tests/scripted/harmony),
+/// in a folder of its own: its greedy chat answer reads `<|channel|>analysis<|message|>I
+/// think<|end|>` then `<|message|>Paris<|return|>`.
+fn harmony_model() -> tempfile::TempDir {
+    let root = common::root();
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = root.join("tests/fixtures/gpt_oss/f32");
+    for file in ["config.json", "model.safetensors", "model.safetensors.index.json"] {
+        std::fs::copy(fixture.join(file), dir.path().join(file)).unwrap();
+    }
+    for file in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(root.join("tests/scripted/harmony").join(file), dir.path().join(file)).unwrap();
+    }
+    dir
+}
+
+/// `generate --chat` and `chat` on a harmony model: the answer alone on stdout, the reasoning
+/// on stderr after `thinking: `; `--reasoning-effort` reaches the template (one prompt token
+/// more: ` t3`).
+#[test]
+fn reasoning_goes_to_stderr_and_the_answer_to_stdout() {
+    let model = harmony_model();
+    let run = |command: &str, extra: &[&str], stdin: &str| {
+        let mut c = mlx_iree();
+        c.args([command, "--precision", "f32", "--max-context", "32", "--kv-cache", "f32", "--model"]);
+        c.arg(model.path()).args(extra).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
+        assert!(out.status.success(), "{command} {extra:?}: {stderr}");
+        (stdout, stderr)
+    };
+    let (stdout, stderr) = run("generate", &["--prompt", "What is the capital of France?", "--chat"], "");
+    assert_eq!(stdout, "Paris\n");
+    assert!(stderr.contains("thinking: I think\n"), "{stderr}");
+    assert!(stderr.contains("prompt tokens: 1, generated tokens: 8,"), "{stderr}");
+    let (_, stderr) = run("generate", &["--prompt", "Why?", "--chat", "--reasoning-effort", "high"], "");
+    assert!(stderr.contains("prompt tokens: 2,"), "{stderr}");
+    let (stdout, stderr) = run("chat", &[], "What is the capital of France?\n");
+    assert_eq!(stdout, "Paris\n");
+    assert!(stderr.contains("thinking: I think\n"), "{stderr}");
 }

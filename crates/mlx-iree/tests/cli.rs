@@ -153,6 +153,22 @@ fn bad_requests_are_one_line_errors() {
         "",
         "--logit-bias names token 49152, outside the vocabulary of 49152 tokens",
     );
+    // A reasoning effort: for a chat prompt, and a template that reads it (SmolLM2's does not);
+    // known once the template is read, before any compile.
+    let smollm2 = smollm2.to_str().unwrap();
+    let effort = |command: &str, extra: &[&str], expect: &str| {
+        check(&[&[command, "--model", smollm2, "--reasoning-effort", "low"][..], extra].concat(), 2, "", expect)
+    };
+    effort("generate", &["--prompt", "hi"], "--reasoning-effort applies to a chat prompt: add --chat");
+    let unread = "this model's chat template does not read reasoning_effort (got `low`)";
+    effort("generate", &["--prompt", "hi", "--chat"], unread);
+    effort("chat", &[], unread);
+    check(
+        &["chat", "--model", smollm2, "--reasoning-effort", "max"],
+        2,
+        "",
+        "invalid value 'max' for '--reasoning-effort",
+    );
 }
 
 /// A cache size that is not a number of gigabytes is a one-line error before anything is

@@ -42,6 +42,48 @@ pub enum GenerateError {
     /// A chat prompt for a model folder without a usable chat template (why, as text).
     #[error("{0}")]
     NoChatTemplate(String),
+    /// A reasoning effort for a chat template that does not read one.
+    #[error("this model's chat template does not read reasoning_effort (got `{}`)", .0.name())]
+    EffortUnread(ReasoningEffort),
+}
+
+/// How long a reasoning model thinks before it answers: the `reasoning_effort` a chat
+/// template reads (gpt-oss's), as the OpenAI API and `--reasoning-effort` name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReasoningEffort {
+    Low,
+    Medium,
+    High,
+}
+
+impl ReasoningEffort {
+    pub const ALL: [ReasoningEffort; 3] = [ReasoningEffort::Low, ReasoningEffort::Medium, ReasoningEffort::High];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ReasoningEffort::Low => "low",
+            ReasoningEffort::Medium => "medium",
+            ReasoningEffort::High => "high",
+        }
+    }
+
+    /// `low`, `medium` or `high`.
+    pub fn parse(s: &str) -> Option<ReasoningEffort> {
+        ReasoningEffort::ALL.into_iter().find(|e| e.name() == s)
+    }
+}
+
+/// The variables a chat prompt passes to `chat`'s template besides the messages: the
+/// reasoning effort, which only a template that reads it takes.
+pub fn template_vars(
+    chat: &ChatTemplate,
+    effort: Option<ReasoningEffort>,
+) -> Result<Vec<(&'static str, &'static str)>, GenerateError> {
+    match effort {
+        None => Ok(Vec::new()),
+        Some(e) if !chat.reads("reasoning_effort") => Err(GenerateError::EffortUnread(e)),
+        Some(e) => Ok(vec![("reasoning_effort", e.name())]),
+    }
 }
 
 /// A model folder's text side, read before the engine loads (so a folder without a
@@ -72,8 +114,17 @@ impl ModelText {
     }
 
     /// `messages` rendered with the chat template (and a generation prompt) as prompt ids.
-    pub fn encode_chat(&self, messages: &[Message]) -> Result<Vec<u32>, GenerateError> {
-        encode_chat(&self.chat, &self.tokenizer, messages)
+    pub fn encode_chat(
+        &self,
+        messages: &[Message],
+        effort: Option<ReasoningEffort>,
+    ) -> Result<Vec<u32>, GenerateError> {
+        encode_chat(&self.chat, &self.tokenizer, messages, effort)
+    }
+
+    /// The chat template, or why the folder has none.
+    pub fn chat_template(&self) -> Result<&ChatTemplate, GenerateError> {
+        self.chat.as_ref().map_err(|e| GenerateError::NoChatTemplate(e.to_string()))
     }
 }
 
@@ -81,9 +132,10 @@ fn encode_chat(
     chat: &Result<ChatTemplate, ChatError>,
     tokenizer: &Tokenizer,
     messages: &[Message],
+    effort: Option<ReasoningEffort>,
 ) -> Result<Vec<u32>, GenerateError> {
     let chat = chat.as_ref().map_err(|e| GenerateError::NoChatTemplate(e.to_string()))?;
-    Ok(chat.encode(tokenizer, messages)?)
+    Ok(chat.encode_with(tokenizer, messages, &template_vars(chat, effort)?)?)
 }
 
 /// How one answer is generated: plain values a front end fills from its flags or request
@@ -187,8 +239,12 @@ impl Generator {
     }
 
     /// `messages` rendered with the chat template (and a generation prompt) as prompt ids.
-    pub fn encode_chat(&self, messages: &[Message]) -> Result<Vec<u32>, GenerateError> {
-        encode_chat(&self.chat, &self.tokenizer, messages)
+    pub fn encode_chat(
+        &self,
+        messages: &[Message],
+        effort: Option<ReasoningEffort>,
+    ) -> Result<Vec<u32>, GenerateError> {
+        encode_chat(&self.chat, &self.tokenizer, messages, effort)
     }
 
     /// The engine request for `prompt` under `options`: the model's end-of-sequence ids as

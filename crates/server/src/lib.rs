@@ -13,7 +13,9 @@ mod metrics;
 pub mod stop;
 
 pub use crate::error::ApiError;
-pub use crate::generator::{GenerateError, Generator, LoadError, ModelText, Options, Piece, TextStream};
+pub use crate::generator::{
+    GenerateError, Generator, LoadError, ModelText, Options, Piece, ReasoningEffort, TextStream, template_vars,
+};
 use crate::metrics::Metrics;
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -288,22 +290,16 @@ impl Server {
                     .map(|(i, m)| m.message(i))
                     .collect::<Result<Vec<_>, ApiError>>()?;
                 // Passed to a template that reads it (gpt-oss's), refused for any other.
-                let vars: Vec<(&str, &str)> = match body.reasoning_effort.as_deref() {
-                    None => Vec::new(),
-                    Some(effort) if !chat.reads("reasoning_effort") => {
-                        return Err(ApiError::field(
+                let effort = match body.reasoning_effort.as_deref() {
+                    None => None,
+                    Some(s) => Some(ReasoningEffort::parse(s).ok_or_else(|| {
+                        ApiError::field(
                             "reasoning_effort",
-                            format!("this model's chat template does not read reasoning_effort (got `{effort}`)"),
-                        ));
-                    }
-                    Some(effort @ ("low" | "medium" | "high")) => vec![("reasoning_effort", effort)],
-                    Some(effort) => {
-                        return Err(ApiError::field(
-                            "reasoning_effort",
-                            format!("reasoning_effort must be low, medium or high (got `{effort}`)"),
-                        ));
-                    }
+                            format!("reasoning_effort must be low, medium or high (got `{s}`)"),
+                        )
+                    })?),
                 };
+                let vars = template_vars(chat, effort)?;
                 let prompt = chat
                     .encode_with(&model.tokenizer, &messages, &vars)
                     .map_err(|e| ApiError::field("messages", e.to_string()))?;

@@ -896,12 +896,11 @@ fn n_choices_are_distinct_and_reproducible() {
     assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"].as_u64().unwrap(), tokens);
 }
 
-/// The gpt_oss fixture at f32 with a tokenizer that names its vocabulary so that the
-/// greedy answer mlx-lm recorded for the prompt `[17]` (tests/fixtures/gpt_oss/f32/
-/// expected.json) reads as a harmony answer: `<|channel|>analysis<|message|>I think<|end|>`
-/// then `<|message|>Paris<|return|>` (ids 142 180 48 163 161 213 48 92 2). Words are
-/// `t<id>` elsewhere; the chat template renders any conversation as `t17`, followed by `t1`,
-/// `t2` or `t3` for a `reasoning_effort` of low, medium or high.
+/// The gpt_oss fixture at f32 with the scripted harmony text side (tests/scripted/harmony:
+/// a tokenizer that makes the greedy answer mlx-lm recorded for the prompt `[17]` read
+/// `<|channel|>analysis<|message|>I think<|end|>` then `<|message|>Paris<|return|>`, and a
+/// chat template that renders any conversation as `t17`, followed by `t1`, `t2` or `t3` for a
+/// `reasoning_effort` of low, medium or high).
 fn harmony_model() -> Arc<Generator> {
     let fixture = root().join("tests/fixtures/gpt_oss/f32");
     let expected: Value =
@@ -910,40 +909,14 @@ fn harmony_model() -> Arc<Generator> {
         expected["trajectories"][0]["token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
     assert_eq!(expected["trajectories"][0]["prompt_ids"], json!([17]));
     assert_eq!(ids[..9], [142, 180, 48, 163, 161, 213, 48, 92, 2], "the fixture's trajectory changed");
-    let special = [
-        (142, "<|channel|>"),
-        (48, "<|message|>"),
-        (213, "<|end|>"),
-        (2, "<|return|>"),
-        (250, "<|start|>"),
-        (251, "<|call|>"),
-    ];
-    let words = [(180, "analysis"), (163, "I"), (161, "think"), (92, "Paris")];
-    let name = |id: u64| {
-        special.iter().chain(&words).find(|(i, _)| *i == id).map_or_else(|| format!("t{id}"), |(_, w)| (*w).to_owned())
-    };
-    let vocab: serde_json::Map<String, Value> = (0..256).map(|id| (name(id), json!(id))).collect();
-    let added: Vec<Value> = special
-        .iter()
-        .map(|(id, content)| {
-            json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
-                   "normalized": false, "special": true})
-        })
-        .collect();
-    let tokenizer = json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
-        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
-    });
     let dir = root().join("target/test-harmony-model");
     std::fs::create_dir_all(&dir).unwrap();
     for file in ["config.json", "model.safetensors", "model.safetensors.index.json"] {
         std::fs::copy(fixture.join(file), dir.join(file)).unwrap();
     }
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-    let template = "t17{% if reasoning_effort is defined %} t{{ {'low': 1, 'medium': 2, 'high': 3}[reasoning_effort] }}{% endif %}";
-    let config = json!({"eos_token": "<|return|>", "chat_template": template});
-    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    for file in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(root().join("tests/scripted/harmony").join(file), dir.join(file)).unwrap();
+    }
     let config = EngineConfig {
         max_context: Some(32),
         kv_elem: KvElem::F32,
