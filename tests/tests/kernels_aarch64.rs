@@ -4,7 +4,7 @@
 //! - linked by lld with a freestanding driver (`cpu/qmv_qemu_driver.c`) into a static
 //!   aarch64 Linux executable, run natively on an aarch64 host, elsewhere under qemu-user as
 //!   a Cortex-A76 (ARMv8.2-A with the dot-product extension, so an instruction beyond what
-//!   the object is built for would fault): every entry point, at 4 and 8 bits and FP4, f16 and f32
+//!   the object is built for would fault): every entry point, at 3, 4, 6 and 8 bits and FP4, f16 and f32
 //!   scales, group sizes 16 to 128 and 1, 3, 8 and 13 rows of x, gives the bits of the Rust
 //!   model the x86-64 objects are held to (kernel_cases, kernels.rs), so all objects compute
 //!   the same bits; its attention (`attn`) gives `kernels::cpu::attention_model`'s bits on

@@ -27,6 +27,18 @@
 //! W[o, k] = scale[o, g] * q[o, k] + bias[o, g], g = k / group_size. Offsets (`*_off`) count
 //! elements of the pointer's type, as IREE passes them.
 //!
+//! - 3-bit: 16 rows x 8 k in 48 bytes, the two 4-bit tiles of those k split into planes: 32
+//!   bytes of the values' low 2 bits (byte L = 2r + p: q[r, k0 + p] at bits 0-1, q[r, k0 + 4 + p]
+//!   at 2-3, q[r, k0 + 2 + p] at 4-5, q[r, k0 + 6 + p] at 6-7), then 16 bytes of their top bits
+//!   (byte i: lane i's, in that order, at bits 2, 3, 6, 7; lane 16 + i's at bits 0, 1, 4, 5).
+//! - 6-bit: 16 rows x 8 k in 96 bytes, the four 8-bit tiles of those k split into planes: 32
+//!   bytes of low nibbles of q[r, k0 + p] and q[r, k0 + 2 + p] (low, high), 32 of q[r, k0 + 4 + p]
+//!   and q[r, k0 + 6 + p], then 32 bytes of the four values' top 2 bits (at bits 0, 2, 4, 6).
+//!   Both read MLX's values as stored (3/4 of the 4-bit and 8-bit tiles' bytes). `widen_group`
+//!   turns a group of them into the 4-bit (8-bit) tiles with a few byte operations, once per
+//!   group and block, in a stack buffer (L1), and the 4-bit (8-bit) arithmetic takes it from
+//!   there: the same integer dots, so the same bits as the exact 4-bit (8-bit) copy. An
+//!   instruction set may read them as stored in `group_rows` instead (GROUP_ROWS_3_6).
 //! FP4 (`fp4`, the `*fp4_*` exports; 4-bit tiles): each nibble is an E2M1 code (MLX's mxfp4
 //! and nvfp4), read through FP4_TABLE as q = 2v + 12 (v its value, so 0..24), with the scale
 //! stored as s/2 and no biases: the bias is -12 * scale (= -6s), computed, not read. These are
@@ -74,6 +86,68 @@ typedef struct {
   const float* scale;
   const float* sum;
 } xview_t;
+
+// The width of the tiles a packing is multiplied in: 3-bit and 6-bit groups are widened into
+// 4-bit and 8-bit tiles first (`widen_group`).
+static inline __attribute__((always_inline)) int tile_bits(int bits) { return bits == 3 ? 4 : bits == 6 ? 8 : bits; }
+
+typedef uint8_t u8x16 __attribute__((vector_size(16)));
+typedef uint8_t u8x32 __attribute__((vector_size(32)));
+static inline __attribute__((always_inline)) u8x16 load16(const uint8_t* p) {
+  u8x16 v;
+  __builtin_memcpy(&v, p, 16);
+  return v;
+}
+static inline __attribute__((always_inline)) u8x32 load32(const uint8_t* p) {
+  u8x32 v;
+  __builtin_memcpy(&v, p, 32);
+  return v;
+}
+static inline __attribute__((always_inline)) void store32(uint8_t* p, u8x32 v) { __builtin_memcpy(p, &v, 32); }
+
+// A group (gs k of one block) of 3-bit or 6-bit values as the 4-bit or 8-bit tiles of the same
+// values, at `buf` (gs * 8 or gs * 16 bytes); returns where the tiles are: `wg` itself for the
+// other widths. Each tile is written by one 32-byte store, the size the products load it at
+// (a load spanning two stores would wait for both to reach the cache: twice the time).
+static inline __attribute__((always_inline)) const uint8_t* widen_group(int bits, const uint8_t* wg, size_t gs,
+                                                                        uint8_t* buf) {
+  if (bits == 3) {
+    for (size_t k = 0; k < gs; k += 8, wg += 48) {
+      const u8x32 lo = load32(wg);
+      const u8x16 h = load16(wg + 32);
+      // Lanes 0-15's top bits where they are, lanes 16-31's moved up by 2.
+      const u8x32 top = __builtin_shufflevector(h, (u8x16)(h << 2), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
+                                                15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+      store32(buf + k * 8, (lo & 0x33) | (top & 0x44));
+      store32(buf + k * 8 + 32, ((lo >> 2) & 0x33) | ((top >> 1) & 0x44));
+    }
+    return buf;
+  }
+  if (bits == 6) {
+    for (size_t k = 0; k < gs; k += 8, wg += 96) {
+      const u8x32 a = load32(wg), b = load32(wg + 32), c = load32(wg + 64);
+      uint8_t* t = buf + k * 16;
+      store32(t, (a & 0xF) | ((c << 4) & 0x30));
+      store32(t + 32, (a >> 4) | ((c << 2) & 0x30));
+      store32(t + 64, (b & 0xF) | (c & 0x30));
+      store32(t + 96, (b >> 4) | ((c >> 2) & 0x30));
+    }
+    return buf;
+  }
+  return wg;
+}
+
+// Whether the instruction set's `group_rows` reads 3-bit and 6-bit groups as stored (its file
+// defines GROUP_ROWS_3_6 as 1 before including this header); else they are widened first and
+// it is given the 4-bit and 8-bit tiles.
+#ifndef GROUP_ROWS_3_6
+#define GROUP_ROWS_3_6 0
+#endif
+static inline __attribute__((always_inline)) int rows_bits(int bits) { return GROUP_ROWS_3_6 ? bits : tile_bits(bits); }
+static inline __attribute__((always_inline)) const uint8_t* rows_widen(int bits, const uint8_t* wg, size_t gs,
+                                                                       uint8_t* buf) {
+  return GROUP_ROWS_3_6 ? wg : widen_group(bits, wg, gs, buf);
+}
 
 // Pair k, k+1 of a quantized group as one 32-bit value (low word = k), to broadcast.
 static inline int32_t pair_of(const int16_t* q, size_t k) {
@@ -140,6 +214,7 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int fp4, in
       // sees the same operations in the same order, so the same bits; decode is about
       // 1.15-1.3x as fast (docs/PERFORMANCE.md, "One stream per block").
       int16_t xq[ROW_MAX_K] __attribute__((aligned(64)));
+      uint8_t wide[MAX_GROUP * 16] __attribute__((aligned(64)));  // a 3/6-bit group widened
       float xscale[ROW_MAX_K / 16], xsum[ROW_MAX_K / 16];
       // The workgroup's blocks, scales and biases are three contiguous streams, read one
       // group at a time; each group asks for the one `ahead` groups on (the first `ahead`
@@ -157,8 +232,8 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int fp4, in
           // first cost 4-10% of a decode matvec, measured with cpu/qmv_bench.c).
           const xview_t row = {(const int16_t (*)[MAX_GROUP])(xq + g * GS), &xscale[g], &xsum[g]};
           const size_t gi = (rb * G + g) * 16 * sbytes;
-          group_rows(bits, fp4, f16, w + rb * block_bytes + g * group_bytes, &row, 0, 1, GS, sc + gi, bi + gi,
-                     y + rb * 16, O);
+          const uint8_t* wg = rows_widen(bits, w + rb * block_bytes + g * group_bytes, GS, wide);
+          group_rows(rows_bits(bits), fp4, f16, wg, &row, 0, 1, GS, sc + gi, bi + gi, y + rb * 16, O);
         }
       }
     } else if (WHOLE_PANEL(np)) {
@@ -169,30 +244,33 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int fp4, in
       // for its share of PREFETCH_AHEAD; later panels find the workgroup's weights cached.
       const size_t ahead = PREFETCH_AHEAD / (group_bytes * (rb1 - rb0)) + 1, sgroup = 16 * sbytes;
       const xview_t panel = {xp.q, xp.scale, xp.sum};
+      uint8_t wide[MAX_GROUP * 16] __attribute__((aligned(64)));
       for (size_t g = 0; g < G; ++g) {
         for (size_t i = 0; i < np; ++i)
           quantize_group(x + (t0 + i) * K + g * GS, GS, xp.q[i], &xp.scale[i], &xp.sum[i]);
         for (size_t rb = rb0; rb < rb1; ++rb) {
           const size_t gi = (rb * G + g) * 16 * sbytes;
-          const uint8_t* wg = w + rb * block_bytes + g * group_bytes;
+          const uint8_t* wp = w + rb * block_bytes + g * group_bytes;
           if (t0 == 0)
-            prefetch_group(wg + ahead * group_bytes, sc + gi + ahead * sgroup, bi + gi + ahead * sgroup, group_bytes,
+            prefetch_group(wp + ahead * group_bytes, sc + gi + ahead * sgroup, bi + gi + ahead * sgroup, group_bytes,
                            sgroup);
+          // Widened once for every row of the panel.
+          const uint8_t* wg = rows_widen(bits, wp, GS, wide);
           float* yb = y + t0 * O + rb * 16;
           size_t i = 0;
           if (np - i >= 8) {
-            group_rows(bits, fp4, f16, wg, &panel, i, 8, GS, sc + gi, bi + gi, yb + i * O, O);
+            group_rows(rows_bits(bits), fp4, f16, wg, &panel, i, 8, GS, sc + gi, bi + gi, yb + i * O, O);
             i += 8;
           }
           if (np - i >= 4) {
-            group_rows(bits, fp4, f16, wg, &panel, i, 4, GS, sc + gi, bi + gi, yb + i * O, O);
+            group_rows(rows_bits(bits), fp4, f16, wg, &panel, i, 4, GS, sc + gi, bi + gi, yb + i * O, O);
             i += 4;
           }
           if (np - i >= 2) {
-            group_rows(bits, fp4, f16, wg, &panel, i, 2, GS, sc + gi, bi + gi, yb + i * O, O);
+            group_rows(rows_bits(bits), fp4, f16, wg, &panel, i, 2, GS, sc + gi, bi + gi, yb + i * O, O);
             i += 2;
           }
-          if (np - i >= 1) group_rows(bits, fp4, f16, wg, &panel, i, 1, GS, sc + gi, bi + gi, yb + i * O, O);
+          if (np - i >= 1) group_rows(rows_bits(bits), fp4, f16, wg, &panel, i, 1, GS, sc + gi, bi + gi, yb + i * O, O);
         }
       }
     }
@@ -237,10 +315,18 @@ QMV(mlx_iree_qmv4_f16, 4, 1, uint16_t)
 QMV(mlx_iree_qmv4_f32, 4, 0, float)
 QMV(mlx_iree_qmv8_f16, 8, 1, uint16_t)
 QMV(mlx_iree_qmv8_f32, 8, 0, float)
+QMV(mlx_iree_qmv3_f16, 3, 1, uint16_t)
+QMV(mlx_iree_qmv3_f32, 3, 0, float)
+QMV(mlx_iree_qmv6_f16, 6, 1, uint16_t)
+QMV(mlx_iree_qmv6_f32, 6, 0, float)
 QMVR(mlx_iree_qmvr4_f16, 4, 1, uint16_t)
 QMVR(mlx_iree_qmvr4_f32, 4, 0, float)
 QMVR(mlx_iree_qmvr8_f16, 8, 1, uint16_t)
 QMVR(mlx_iree_qmvr8_f32, 8, 0, float)
+QMVR(mlx_iree_qmvr3_f16, 3, 1, uint16_t)
+QMVR(mlx_iree_qmvr3_f32, 3, 0, float)
+QMVR(mlx_iree_qmvr6_f16, 6, 1, uint16_t)
+QMVR(mlx_iree_qmvr6_f32, 6, 0, float)
 QMV_FP4(mlx_iree_qmvfp4_f16, 1, uint16_t)
 QMV_FP4(mlx_iree_qmvfp4_f32, 0, float)
 QMVR_FP4(mlx_iree_qmvrfp4_f16, 1, uint16_t)
@@ -290,6 +376,10 @@ QMVE(mlx_iree_qmve4_f16, 4, 1, uint16_t)
 QMVE(mlx_iree_qmve4_f32, 4, 0, float)
 QMVE(mlx_iree_qmve8_f16, 8, 1, uint16_t)
 QMVE(mlx_iree_qmve8_f32, 8, 0, float)
+QMVE(mlx_iree_qmve3_f16, 3, 1, uint16_t)
+QMVE(mlx_iree_qmve3_f32, 3, 0, float)
+QMVE(mlx_iree_qmve6_f16, 6, 1, uint16_t)
+QMVE(mlx_iree_qmve6_f32, 6, 0, float)
 #define QMVE_FP4(NAME, F16, STYPE)                                                                          \
   void NAME(const float* x, size_t x_off, const int32_t* ids, size_t i_off, const uint8_t* w, size_t w_off, \
             const STYPE* sc, size_t s_off, float* y, size_t y_off, size_t N, size_t K, size_t O, size_t GS,  \

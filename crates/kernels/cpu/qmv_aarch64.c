@@ -1,4 +1,4 @@
-//! Fused dequantize + matrix-vector product for MLX affine 4- and 8-bit weights (aarch64
+//! Fused dequantize + matrix-vector product for MLX affine 3-, 4-, 6- and 8-bit and FP4 weights (aarch64
 //! NEON with the dot-product extension, `-march=armv8.2-a+dotprod`: `sdot` and `udot`).
 //!
 //! The aarch64 twin of qmv_x86_64.c and qmv_x86_64_avx2.c: the same exported functions,

@@ -1,7 +1,8 @@
 //! The AVX-512 VNNI arithmetic of the packed matvec (`vpdpwssd`): qmv.h's `quantize_group` and
 //! `group_rows`, shared by the AVX-512 object (qmv_x86_64.c) and the AMX one
 //! (qmv_x86_64_amx.c), which runs it for panels with too few rows of x to pay for its tiles.
-//! Include after qmv.h.
+//! Include after qmv.h, with GROUP_ROWS_3_6 defined as 1 before it: `group_rows` reads 3-bit
+//! and 6-bit groups as stored.
 //!
 //! Each group of x is quantized to i16 against its largest magnitude, the integer dot
 //! products are exact, and scale, bias and x's scale apply in f32 once per group. One zmm
@@ -76,6 +77,70 @@ static inline __attribute__((always_inline)) void group_dot8(const uint8_t* wg, 
   for (size_t i = 0; i < n; ++i) acc[i] = _mm512_add_epi32(a0[i], a1[i]);
 }
 
+// `c ? a : b` bit by bit (vpternlog's table for it).
+#define SELECT 0xE4
+
+// 3-bit units (qmv.h: 16 rows x 8 k in 48 bytes, a plane of low 2 bits, then one of top
+// bits) read as stored: each unit's four values of lane 2r + p (k0 + p + 2s, s = 0..3) are
+// its low bits shifted down, selected into bits 0-1, with the top bit moved to bit 2 (`SELECT`
+// against 3: bits 0-1 from the first, the rest from the second, which is 0 but bit 2): the
+// values of the 4-bit tiles `widen_group` would make, so the same dots.
+static inline __attribute__((always_inline)) void group_dot3(const uint8_t* wg, const int16_t (*xq)[MAX_GROUP],
+                                                             size_t n, size_t gs, __m512i acc[PANEL]) {
+  const __m512i three = _mm512_set1_epi16(3), four = _mm512_set1_epi16(4);
+  // Lanes 16-31 read the top bits of byte L - 16 two places up (qmv.h's layout).
+  const __m512i up = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+  __m512i a0[PANEL], a1[PANEL];
+  for (size_t i = 0; i < n; ++i) a0[i] = a1[i] = _mm512_setzero_si512();
+  for (size_t k = 0; k < gs; k += 8, wg += 48) {
+    const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)wg));
+    const __m512i t = _mm512_sllv_epi16(
+        _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(wg + 32)))), up);
+    const __m512i q0 = _mm512_ternarylogic_epi32(v, _mm512_and_si512(t, four), three, SELECT);
+    const __m512i q1 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4),
+                                                 _mm512_and_si512(_mm512_srli_epi16(t, 4), four), three, SELECT);
+    const __m512i q2 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 2),
+                                                 _mm512_and_si512(_mm512_srli_epi16(t, 1), four), three, SELECT);
+    const __m512i q3 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 6),
+                                                 _mm512_and_si512(_mm512_srli_epi16(t, 5), four), three, SELECT);
+    for (size_t i = 0; i < n; ++i) {
+      a0[i] = _mm512_dpwssd_epi32(a0[i], q0, _mm512_set1_epi32(pair_of(xq[i], k)));
+      a1[i] = _mm512_dpwssd_epi32(a1[i], q1, _mm512_set1_epi32(pair_of(xq[i], k + 2)));
+      a0[i] = _mm512_dpwssd_epi32(a0[i], q2, _mm512_set1_epi32(pair_of(xq[i], k + 4)));
+      a1[i] = _mm512_dpwssd_epi32(a1[i], q3, _mm512_set1_epi32(pair_of(xq[i], k + 6)));
+    }
+  }
+  for (size_t i = 0; i < n; ++i) acc[i] = _mm512_add_epi32(a0[i], a1[i]);
+}
+
+// 6-bit units (16 rows x 8 k in 96 bytes: two planes of low nibbles, one of top 2 bits) read
+// as stored: each value's nibble selected into bits 0-3 (`SELECT` against 15) with its top
+// bits moved to 4-5, the 8-bit tiles' values.
+static inline __attribute__((always_inline)) void group_dot6(const uint8_t* wg, const int16_t (*xq)[MAX_GROUP],
+                                                             size_t n, size_t gs, __m512i acc[PANEL]) {
+  const __m512i fifteen = _mm512_set1_epi16(15), top = _mm512_set1_epi16(0x30);
+  __m512i a0[PANEL], a1[PANEL];
+  for (size_t i = 0; i < n; ++i) a0[i] = a1[i] = _mm512_setzero_si512();
+  for (size_t k = 0; k < gs; k += 8, wg += 96) {
+    const __m512i a = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)wg));
+    const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(wg + 32)));
+    const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(wg + 64)));
+    const __m512i q0 = _mm512_ternarylogic_epi32(a, _mm512_and_si512(_mm512_slli_epi16(c, 4), top), fifteen, SELECT);
+    const __m512i q1 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(a, 4),
+                                                 _mm512_and_si512(_mm512_slli_epi16(c, 2), top), fifteen, SELECT);
+    const __m512i q2 = _mm512_ternarylogic_epi32(b, _mm512_and_si512(c, top), fifteen, SELECT);
+    const __m512i q3 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(b, 4),
+                                                 _mm512_and_si512(_mm512_srli_epi16(c, 2), top), fifteen, SELECT);
+    for (size_t i = 0; i < n; ++i) {
+      a0[i] = _mm512_dpwssd_epi32(a0[i], q0, _mm512_set1_epi32(pair_of(xq[i], k)));
+      a1[i] = _mm512_dpwssd_epi32(a1[i], q1, _mm512_set1_epi32(pair_of(xq[i], k + 2)));
+      a0[i] = _mm512_dpwssd_epi32(a0[i], q2, _mm512_set1_epi32(pair_of(xq[i], k + 4)));
+      a1[i] = _mm512_dpwssd_epi32(a1[i], q3, _mm512_set1_epi32(pair_of(xq[i], k + 6)));
+    }
+  }
+  for (size_t i = 0; i < n; ++i) acc[i] = _mm512_add_epi32(a0[i], a1[i]);
+}
+
 // y[j] = fma(bias, sum, fma(scale, dot * x_scale, y[j])) for one block's 16 outputs of row j
 // of x (the epilogue every object computes in this order).
 static inline __attribute__((always_inline)) void epilogue16(__m512i dot_i32, __m512 sv, __m512 bv, float dx,
@@ -90,6 +155,10 @@ static inline __attribute__((always_inline)) void group_rows(int bits, int fp4, 
   __m512i a[PANEL];
   if (bits == 4) {
     group_dot4(fp4, wg, xp->q + i, n, gs, a);
+  } else if (bits == 3) {
+    group_dot3(wg, xp->q + i, n, gs, a);
+  } else if (bits == 6) {
+    group_dot6(wg, xp->q + i, n, gs, a);
   } else {
     group_dot8(wg, xp->q + i, n, gs, a);
   }

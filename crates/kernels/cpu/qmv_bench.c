@@ -5,7 +5,7 @@
 //!
 //!   cc -O3 -mavx512f -mavx512bw -mavx512vnni -mfma -mf16c \
 //!      -DKERNEL='"cpu/qmv_x86_64.c"' -Icrates/kernels crates/kernels/cpu/qmv_bench.c -o /tmp/qmv_bench
-//!   /tmp/qmv_bench T BITS        (e.g. 8 4: eight rows of x, 4-bit weights)
+//!   /tmp/qmv_bench T BITS        (e.g. 8 4: eight rows of x, 4-bit weights; BITS 3, 4, 6 or 8)
 //!
 //! (`-mavx2 -mfma -mf16c -DKERNEL='"cpu/qmv_x86_64_avx2.c"'` for the AVX2 object; the AVX-512
 //! flags plus `-mavx512vbmi -mavx512vl -mamx-tile -mamx-int8
@@ -37,10 +37,10 @@ int main(int argc, char** argv) {
     const double t0 = now();
     for (int k = 0; k < reps; k++)
       for (size_t rb = 0; rb < d.O / 16; rb += BLOCKS) {
-        if (d.bits == 4)
-          mlx_iree_qmv4_f16(d.x, 0, d.w, 0, d.s, 0, d.b, 0, d.y, 0, d.T, d.K, d.O, d.GS, rb, rb + BLOCKS);
-        else
-          mlx_iree_qmv8_f16(d.x, 0, d.w, 0, d.s, 0, d.b, 0, d.y, 0, d.T, d.K, d.O, d.GS, rb, rb + BLOCKS);
+        (d.bits == 3   ? mlx_iree_qmv3_f16
+         : d.bits == 4 ? mlx_iree_qmv4_f16
+         : d.bits == 6 ? mlx_iree_qmv6_f16
+                       : mlx_iree_qmv8_f16)(d.x, 0, d.w, 0, d.s, 0, d.b, 0, d.y, 0, d.T, d.K, d.O, d.GS, rb, rb + BLOCKS);
       }
     const double dt = (now() - t0) / reps;
     if (dt < best) best = dt;

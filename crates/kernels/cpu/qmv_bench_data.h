@@ -28,13 +28,13 @@ static double now(void) {
 // Parses ROWS BITS into `d` and fills its buffers; 0, or the exit status after a usage line.
 static int bench_setup(int argc, char** argv, bench_data* d) {
   if (argc != 3) {
-    fprintf(stderr, "usage: %s ROWS BITS (BITS 4 or 8)\n", argv[0]);
+    fprintf(stderr, "usage: %s ROWS BITS (BITS 3, 4, 6 or 8)\n", argv[0]);
     return 2;
   }
   d->K = 2048, d->O = 8192, d->GS = 64, d->T = (size_t)atoi(argv[1]);
   d->bits = atoi(argv[2]);
-  if (d->T < 1 || (d->bits != 4 && d->bits != 8)) {
-    fprintf(stderr, "ROWS must be at least 1 and BITS 4 or 8\n");
+  if (d->T < 1 || (d->bits != 3 && d->bits != 4 && d->bits != 6 && d->bits != 8)) {
+    fprintf(stderr, "ROWS must be at least 1 and BITS 3, 4, 6 or 8\n");
     return 2;
   }
   const size_t K = d->K, O = d->O, GS = d->GS, T = d->T, wbytes = O * K * d->bits / 8;

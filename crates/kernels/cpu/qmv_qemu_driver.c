@@ -31,15 +31,25 @@ typedef void qmv_fn(const float*, size_t, const uint8_t*, size_t, const void*, s
                     size_t, size_t, size_t, size_t, size_t, size_t, size_t);
 typedef void qrows_fn(const int32_t*, size_t, const uint8_t*, size_t, const void*, size_t, const void*, size_t,
                       float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
-qmv_fn mlx_iree_qmv4_f16, mlx_iree_qmv4_f32, mlx_iree_qmv8_f16, mlx_iree_qmv8_f32;
+qmv_fn mlx_iree_qmv4_f16, mlx_iree_qmv4_f32, mlx_iree_qmv8_f16, mlx_iree_qmv8_f32, mlx_iree_qmv3_f16, mlx_iree_qmv3_f32,
+    mlx_iree_qmv6_f16, mlx_iree_qmv6_f32;
 typedef void qmvr_fn(const float*, size_t, const uint8_t*, size_t, const void*, size_t, const void*, size_t,
                      const float*, size_t, float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
-qmvr_fn mlx_iree_qmvr4_f16, mlx_iree_qmvr4_f32, mlx_iree_qmvr8_f16, mlx_iree_qmvr8_f32;
-qrows_fn mlx_iree_qrows4_f16, mlx_iree_qrows4_f32, mlx_iree_qrows8_f16, mlx_iree_qrows8_f32;
+qmvr_fn mlx_iree_qmvr4_f16, mlx_iree_qmvr4_f32, mlx_iree_qmvr8_f16, mlx_iree_qmvr8_f32, mlx_iree_qmvr3_f16,
+    mlx_iree_qmvr3_f32, mlx_iree_qmvr6_f16, mlx_iree_qmvr6_f32;
+qrows_fn mlx_iree_qrows4_f16, mlx_iree_qrows4_f32, mlx_iree_qrows8_f16, mlx_iree_qrows8_f32, mlx_iree_qrows3_f16,
+    mlx_iree_qrows3_f32, mlx_iree_qrows6_f16, mlx_iree_qrows6_f32;
 typedef void qmve_fn(const float*, size_t, const int32_t*, size_t, const uint8_t*, size_t, const void*, size_t,
                      const void*, size_t, float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t,
                      size_t);
-qmve_fn mlx_iree_qmve4_f16, mlx_iree_qmve4_f32, mlx_iree_qmve8_f16, mlx_iree_qmve8_f32;
+qmve_fn mlx_iree_qmve4_f16, mlx_iree_qmve4_f32, mlx_iree_qmve8_f16, mlx_iree_qmve8_f32, mlx_iree_qmve3_f16,
+    mlx_iree_qmve3_f32, mlx_iree_qmve6_f16, mlx_iree_qmve6_f32;
+// The affine entry `op` for the case's bits (3, 4, 6 or 8) and scale type.
+#define BY_BITS(op)                                                                        \
+  (bits == 3   ? (f16 ? mlx_iree_##op##3_f16 : mlx_iree_##op##3_f32)                       \
+   : bits == 4 ? (f16 ? mlx_iree_##op##4_f16 : mlx_iree_##op##4_f32)                       \
+   : bits == 6 ? (f16 ? mlx_iree_##op##6_f16 : mlx_iree_##op##6_f32)                       \
+               : (f16 ? mlx_iree_##op##8_f16 : mlx_iree_##op##8_f32))
 // The FP4 entries: no biases.
 typedef void qmv_fp4_fn(const float*, size_t, const uint8_t*, size_t, const void*, size_t, float*, size_t, size_t,
                         size_t, size_t, size_t, size_t, size_t);
@@ -235,25 +245,21 @@ static size_t run_case(const uint8_t* p, size_t len) {
     qrows_fp4_fn* fn = f16 ? mlx_iree_qrowsfp4_f16 : mlx_iree_qrowsfp4_f32;
     for (size_t t = 0; t < T; ++t) fn((const int32_t*)x, 0, w, 0, s, 0, output, 0, T, K, O, GS, t, t + 1);
   } else if (op == 0) {
-    qmv_fn* fn = bits == 4 ? (f16 ? mlx_iree_qmv4_f16 : mlx_iree_qmv4_f32)
-                           : (f16 ? mlx_iree_qmv8_f16 : mlx_iree_qmv8_f32);
+    qmv_fn* fn = BY_BITS(qmv);
     for (size_t rb = 0; rb < O / 16; rb += 4) fn((const float*)x, 0, w, 0, s, 0, b, 0, output, 0, T, K, O, GS, rb, rb + 4);
   } else if (op == 3) {
-    qmvr_fn* fn = bits == 4 ? (f16 ? mlx_iree_qmvr4_f16 : mlx_iree_qmvr4_f32)
-                            : (f16 ? mlx_iree_qmvr8_f16 : mlx_iree_qmvr8_f32);
+    qmvr_fn* fn = BY_BITS(qmvr);
     for (size_t rb = 0; rb < O / 16; rb += 4)
       fn((const float*)x, 0, w, 0, s, 0, b, 0, (const float*)r, 0, output, 0, T, K, O, GS, rb, rb + 4);
   } else if (op == 4) {
     // One expert, every row's: the rows by row (fewer than 8) or by expert.
     if (T > sizeof expert_ids / sizeof expert_ids[0]) fail("qmv_qemu_driver: too many rows for qmve\n");
-    qmve_fn* fn = bits == 4 ? (f16 ? mlx_iree_qmve4_f16 : mlx_iree_qmve4_f32)
-                            : (f16 ? mlx_iree_qmve8_f16 : mlx_iree_qmve8_f32);
+    qmve_fn* fn = BY_BITS(qmve);
     const size_t by_expert = T >= 8, units = (by_expert ? 1 : T) * (O / 16);
     for (size_t u = 0; u < units; u += 4)
       fn((const float*)x, 0, expert_ids, 0, w, 0, s, 0, b, 0, output, 0, T, K, O, GS, 1, by_expert, u, u + 4);
   } else {
-    qrows_fn* fn = bits == 4 ? (f16 ? mlx_iree_qrows4_f16 : mlx_iree_qrows4_f32)
-                             : (f16 ? mlx_iree_qrows8_f16 : mlx_iree_qrows8_f32);
+    qrows_fn* fn = BY_BITS(qrows);
     for (size_t t = 0; t < T; ++t) fn((const int32_t*)x, 0, w, 0, s, 0, b, 0, output, 0, T, K, O, GS, t, t + 1);
   }
   write_all((const uint8_t*)output, out_len * 4);

@@ -1,4 +1,4 @@
-//! Fused dequantize + matrix-vector product for MLX affine 4- and 8-bit weights (AVX-512).
+//! Fused dequantize + matrix-vector product for MLX affine 3-, 4-, 6- and 8-bit and FP4 weights (AVX-512).
 //!
 //! Linked into IREE's embedded ELF executables (freestanding: no libc, no globals). The
 //! exported functions, layouts and the loop over panels of rows, groups and blocks are in
@@ -7,6 +7,8 @@
 
 #include <immintrin.h>
 
+// qmv_avx512.h reads 3-bit and 6-bit groups as stored.
+#define GROUP_ROWS_3_6 1
 #include "qmv.h"
 #include "qmv_avx512.h"
 #include "qrows.h"

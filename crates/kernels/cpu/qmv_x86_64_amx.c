@@ -1,4 +1,4 @@
-//! Fused dequantize + matrix-vector product for MLX affine 4- and 8-bit weights (AMX-INT8).
+//! Fused dequantize + matrix-vector product for MLX affine 3-, 4-, 6- and 8-bit and FP4 weights (AMX-INT8).
 //!
 //! The AMX twin of qmv_x86_64.c: the same exported functions, layouts, driver (qmv.h) and
 //! numerics, so its results are the same bits. A panel of at least WHOLE_PANEL_ROWS rows of x
@@ -25,6 +25,8 @@
 
 #include <immintrin.h>
 
+// qmv_avx512.h reads 3-bit and 6-bit groups as stored.
+#define GROUP_ROWS_3_6 1
 #include "qmv.h"
 #include "qmv_avx512.h"
 
@@ -190,9 +192,13 @@ static inline __attribute__((always_inline)) __m512i unpack8(const uint8_t* wg, 
 }
 
 // A block's group (one or two chunks) into bt[0], bt[1]; returns 32768 * its rows' sums of
-// q, the correction for hi + 128.
-static inline __attribute__((always_inline)) __m512i unpack(int bits, int fp4, const uint8_t* wg, size_t gs,
+// q, the correction for hi + 128. 3-bit and 6-bit groups are widened to 4-bit and 8-bit tiles
+// first (qmv.h's `widen_group`).
+static inline __attribute__((always_inline)) __m512i unpack(int native_bits, int fp4, const uint8_t* native, size_t gs,
                                                            uint8_t (*bt)[16 * 64]) {
+  uint8_t wide[MAX_GROUP * 16] __attribute__((aligned(64)));
+  const uint8_t* wg = widen_group(native_bits, native, gs, wide);
+  const int bits = tile_bits(native_bits);
   const size_t kc = chunk_of(gs);
   __m512i sum = bits == 4 ? unpack4(fp4, wg, kc, bt[0]) : unpack8(wg, kc, bt[0]);
   if (kc < gs) {

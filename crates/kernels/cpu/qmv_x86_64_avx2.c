@@ -1,4 +1,4 @@
-//! Fused dequantize + matrix-vector product for MLX affine 4- and 8-bit weights (AVX2).
+//! Fused dequantize + matrix-vector product for MLX affine 3-, 4-, 6- and 8-bit and FP4 weights (AVX2).
 //!
 //! The AVX2 + FMA + F16C twin of qmv_x86_64.c: the same exported functions, signatures,
 //! layouts and driver (qmv.h), and the same numerics, so one MLIR declaration serves both

@@ -1,4 +1,4 @@
-//! Packed-row lookup (embedding rows of an MLX 4- or 8-bit or FP4 table, dequantized to f32),
+//! Packed-row lookup (embedding rows of an MLX 3-, 4-, 6- or 8-bit or FP4 table, dequantized to f32),
 //! shared by every kernel object: it is scalar apart from the f16 conversion (F16C on x86-64,
 //! `fcvt` on aarch64), so each ISA's file includes the one copy. Layout as in those files
 //! (16-row blocks, 32-byte tiles; scales and biases [O / 16][K / group_size][16]). Each value
@@ -20,6 +20,26 @@ static inline float f16_to_f32(uint16_t h) {
 }
 #endif
 
+// Value k of row `lane` of a block's tiles at `wb` (qmv.h's layouts): the code as stored.
+static inline unsigned packed_value(int bits, const uint8_t* wb, size_t lane, size_t k) {
+  if (bits == 4) {
+    const uint8_t byte = wb[(k / 4) * 32 + 2 * lane + (k % 2)];
+    return (k % 4) < 2 ? (byte & 0xF) : (byte >> 4);
+  }
+  if (bits == 8) return wb[(k / 2) * 32 + 2 * lane + (k % 2)];
+  // 3 and 6 bits: 8 k a unit; s picks the value among the unit's four of (lane, p).
+  const size_t p = k % 2, s = (k % 8) / 2, l = 2 * lane + p;
+  if (bits == 3) {
+    const uint8_t* u = wb + (k / 8) * 48;
+    static const uint8_t lo_at[4] = {0, 4, 2, 6}, hi_at[4] = {2, 6, 3, 7};
+    const unsigned hi_shift = l < 16 ? hi_at[s] : hi_at[s] - 2u;
+    return ((u[l] >> lo_at[s]) & 3u) | (((u[32 + l % 16] >> hi_shift) & 1u) << 2);
+  }
+  const uint8_t* u = wb + (k / 8) * 96;
+  const uint8_t nib = u[(s / 2) * 32 + l];
+  return ((s % 2) ? (nib >> 4) : (nib & 0xFu)) | (((u[64 + l] >> (2 * s)) & 3u) << 4);
+}
+
 // Rows [t0, t1) of `ids` of a packed table (embedding lookup), dequantized to f32 out[T, K]:
 // each value fma(scale, q, bias), with `fp4` q an E2M1 code's 2v + 12 and bias -12 * scale
 // (qmv.h's FP4 values).
@@ -36,14 +56,8 @@ static inline __attribute__((always_inline)) void qrows_body(int bits, int fp4, 
     const size_t rb = row / 16, lane = row % 16;
     const uint8_t* wb = w + rb * block_bytes;
     for (size_t k = 0; k < K; ++k) {
-      unsigned q;
-      if (bits == 4) {
-        const uint8_t byte = wb[(k / 4) * 32 + 2 * lane + (k % 2)];
-        q = (k % 4) < 2 ? (byte & 0xF) : (byte >> 4);
-        if (fp4) q = fp4_table[q];
-      } else {
-        q = wb[(k / 2) * 32 + 2 * lane + (k % 2)];
-      }
+      unsigned q = packed_value(bits, wb, lane, k);
+      if (fp4) q = fp4_table[q];
       const size_t gi = (rb * G + k / GS) * 16 + lane;
       const float s = f16 ? f16_to_f32(((const uint16_t*)sc)[gi]) : ((const float*)sc)[gi];
       const float b = fp4 ? s * FP4_BIAS : f16 ? f16_to_f32(((const uint16_t*)bi)[gi]) : ((const float*)bi)[gi];
@@ -71,5 +85,9 @@ QROWS(mlx_iree_qrows4_f16, 4, 1, uint16_t)
 QROWS(mlx_iree_qrows4_f32, 4, 0, float)
 QROWS(mlx_iree_qrows8_f16, 8, 1, uint16_t)
 QROWS(mlx_iree_qrows8_f32, 8, 0, float)
+QROWS(mlx_iree_qrows3_f16, 3, 1, uint16_t)
+QROWS(mlx_iree_qrows3_f32, 3, 0, float)
+QROWS(mlx_iree_qrows6_f16, 6, 1, uint16_t)
+QROWS(mlx_iree_qrows6_f32, 6, 0, float)
 QROWS_FP4(mlx_iree_qrowsfp4_f16, 1, uint16_t)
 QROWS_FP4(mlx_iree_qrowsfp4_f32, 0, float)

@@ -293,10 +293,13 @@ pub fn units_per_workgroup(op: Op) -> usize {
     }
 }
 
+/// The widths the kernels read as MLX stores them.
+pub const BITS: [u32; 4] = [3, 4, 6, 8];
+
 /// Whether the kernels take a matrix of this shape: whole 16-row blocks, whole tiles and
 /// group sizes that are multiples of 16.
 pub fn supports(bits: u32, out: usize, inp: usize, group_size: usize) -> bool {
-    (bits == 4 || bits == 8)
+    BITS.contains(&bits)
         && out.is_multiple_of(BLOCK_ROWS)
         && group_size > 0
         && group_size <= 128
@@ -304,36 +307,53 @@ pub fn supports(bits: u32, out: usize, inp: usize, group_size: usize) -> bool {
         && inp.is_multiple_of(group_size)
 }
 
-/// MLX's packed weight (`[out, in * bits / 32]` u32 words as little-endian bytes, value k
-/// of a row at bits `bits * (k % (32 / bits))` of word `k / (32 / bits)`) in the kernel
-/// layout. `bits` is 4 or 8 and the shape passes [`supports`].
+/// MLX's packed weight (each row `in * bits / 8` bytes, value k at bit `k * bits` of the
+/// row read as one little-endian number: 3 and 6 bits straddle bytes and words) in the
+/// kernel layout (`cpu/qmv.h`): per 16-row block, 4-bit tiles of 16 rows x 4 k, 8-bit tiles
+/// of 16 x 2, and 3-bit and 6-bit units of 16 x 8 split into planes of the 4-bit and 8-bit
+/// tiles' low bits and their top bits. `bits` is one of [`BITS`] and the shape passes
+/// [`supports`]; the result has MLX's byte count.
 pub fn repack_weight(bits: u32, out: usize, inp: usize, mlx: &[u8]) -> Vec<u8> {
-    let row_bytes = inp * bits as usize / 8;
+    let width = bits as usize;
+    let row_bytes = inp * width / 8;
     debug_assert_eq!(mlx.len(), out * row_bytes);
     let q = |r: usize, k: usize| -> u8 {
-        let byte = mlx[r * row_bytes + k * bits as usize / 8];
-        if bits == 8 {
-            byte
-        } else if k.is_multiple_of(2) {
-            byte & 0xF
-        } else {
-            byte >> 4
-        }
+        let (bit, row) = (k * width, &mlx[r * row_bytes..][..row_bytes]);
+        let pair = u16::from(row[bit / 8]) | u16::from(row.get(bit / 8 + 1).copied().unwrap_or(0)) << 8;
+        ((pair >> (bit % 8)) & ((1 << width) - 1)) as u8
     };
-    let mut packed = vec![0u8; mlx.len()];
-    let tile_k = if bits == 4 { 4 } else { 2 };
+    let mut packed = Vec::with_capacity(mlx.len());
+    // k per unit of 32 * bits bytes (a tile, or a 3/6-bit unit of 48/96 bytes).
+    let unit_k = match bits {
+        4 => 4,
+        8 => 2,
+        _ => 8,
+    };
     for rb in 0..out / BLOCK_ROWS {
-        for kt in 0..inp / tile_k {
-            let tile = &mut packed[(rb * (inp / tile_k) + kt) * 32..][..32];
-            for r in 0..BLOCK_ROWS {
-                let (row, k0) = (rb * BLOCK_ROWS + r, kt * tile_k);
-                for p in 0..2 {
-                    tile[2 * r + p] =
-                        if bits == 4 { q(row, k0 + p) | (q(row, k0 + 2 + p) << 4) } else { q(row, k0 + p) };
+        for k0 in (0..inp).step_by(unit_k) {
+            // Lane L = 2r + p of the unit: row r, and the four k of the unit it holds,
+            // k0 + p + 2s for s in 0..4 (3/6 bits), the same as the 4-bit tiles' lanes.
+            let value = |lane: usize, s: usize| q(rb * BLOCK_ROWS + lane / 2, k0 + lane % 2 + 2 * s);
+            match bits {
+                4 => packed.extend((0..32).map(|l| value(l, 0) | value(l, 1) << 4)),
+                8 => packed.extend((0..32).map(|l| value(l, 0))),
+                3 => {
+                    let low = |l: usize, s: usize| value(l, s) & 3;
+                    packed.extend((0..32).map(|l| low(l, 0) | low(l, 2) << 2 | low(l, 1) << 4 | low(l, 3) << 6));
+                    let top = |l: usize, s: usize| value(l, s) >> 2;
+                    let tops = |l: usize| top(l, 0) | top(l, 2) << 1 | top(l, 1) << 4 | top(l, 3) << 5;
+                    packed.extend((0..16).map(|i| tops(i) << 2 | tops(16 + i)));
+                }
+                _ => {
+                    let low = |l: usize, s: usize| value(l, s) & 0xF;
+                    packed.extend((0..32).map(|l| low(l, 0) | low(l, 1) << 4));
+                    packed.extend((0..32).map(|l| low(l, 2) | low(l, 3) << 4));
+                    packed.extend((0..32).map(|l| (0..4).fold(0, |c, s| c | (value(l, s) >> 4) << (2 * s))));
                 }
             }
         }
     }
+    debug_assert_eq!(packed.len(), mlx.len());
     packed
 }
 
@@ -359,7 +379,7 @@ fn blocks_of_columns<T: Copy>(values: &[T], out: usize, cols: usize) -> Vec<T> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Entry {
     pub op: Op,
-    /// 4 or 8 (4 with `fp4`).
+    /// One of [`BITS`] (4 with `fp4`).
     pub bits: u32,
     pub scale: Scale,
     /// The 4-bit values are E2M1 codes (MLX's mxfp4 and nvfp4), read through `cpu/qmv.h`'s
@@ -934,31 +954,46 @@ mod tests {
     #[test]
     fn repacked_weights_follow_the_tile_layout() {
         let (out, inp) = (32, 16);
-        for bits in [4u32, 8] {
+        for bits in BITS {
             let max = (1u32 << bits) - 1;
             let value = |r: usize, k: usize| ((r * 7 + k * 3) as u32 % (max + 1)) as u8;
+            // MLX's rows: value k at bit k * bits, little-endian across bytes.
             let row_bytes = inp * bits as usize / 8;
             let mut mlx = vec![0u8; out * row_bytes];
             for r in 0..out {
                 for k in 0..inp {
-                    let v = value(r, k);
-                    if bits == 8 {
-                        mlx[r * row_bytes + k] = v;
-                    } else {
-                        mlx[r * row_bytes + k / 2] |= v << (4 * (k % 2));
+                    let bit = k * bits as usize;
+                    let v = u16::from(value(r, k)) << (bit % 8);
+                    mlx[r * row_bytes + bit / 8] |= v as u8;
+                    if v > 0xFF {
+                        mlx[r * row_bytes + bit / 8 + 1] |= (v >> 8) as u8;
                     }
                 }
             }
             let packed = repack_weight(bits, out, inp, &mlx);
+            assert_eq!(packed.len(), mlx.len(), "bits {bits}: MLX's bytes");
             let block_bytes = inp * bits as usize * 16 / 8;
             for r in 0..out {
                 for k in 0..inp {
-                    let (rb, lane) = (r / 16, r % 16);
-                    let got = if bits == 4 {
-                        let byte = packed[rb * block_bytes + (k / 4) * 32 + 2 * lane + k % 2];
-                        if k % 4 < 2 { byte & 0xF } else { byte >> 4 }
-                    } else {
-                        packed[rb * block_bytes + (k / 2) * 32 + 2 * lane + k % 2]
+                    let (wb, lane) = (&packed[(r / 16) * block_bytes..], r % 16);
+                    // Where cpu/qrows.h's `packed_value` reads it.
+                    let (l, s) = (2 * lane + k % 2, (k % 8) / 2);
+                    let got = match bits {
+                        4 => {
+                            let byte = wb[(k / 4) * 32 + l];
+                            if k % 4 < 2 { byte & 0xF } else { byte >> 4 }
+                        }
+                        8 => wb[(k / 2) * 32 + l],
+                        3 => {
+                            let u = &wb[(k / 8) * 48..];
+                            let hi_at = [2, 6, 3, 7][s] - if l < 16 { 0 } else { 2 };
+                            ((u[l] >> [0, 4, 2, 6][s]) & 3) | ((u[32 + l % 16] >> hi_at) & 1) << 2
+                        }
+                        _ => {
+                            let u = &wb[(k / 8) * 96..];
+                            let nib = u[(s / 2) * 32 + l];
+                            (if s % 2 == 1 { nib >> 4 } else { nib & 0xF }) | ((u[64 + l] >> (2 * s)) & 3) << 4
+                        }
                     };
                     assert_eq!(got, value(r, k), "bits {bits} row {r} k {k}");
                 }
@@ -1039,7 +1074,8 @@ mod tests {
         assert!(supports(8, 128256, 2048, 32));
         assert!(!supports(4, 100, 64, 32), "rows not a multiple of 16");
         assert!(!supports(4, 64, 96, 64), "groups do not divide the input");
-        assert!(!supports(3, 64, 64, 64), "3-bit");
+        assert!(supports(3, 64, 64, 64) && supports(6, 64, 64, 16), "3 and 6 bits as stored");
+        assert!(!supports(2, 64, 64, 64) && !supports(5, 64, 64, 64), "2 and 5 bits: held at 4 and 8");
         assert!(!supports(4, 64, 64, 8), "group smaller than 16");
         assert!(!supports(4, 64, 256, 256), "group larger than 128");
     }

@@ -20,8 +20,12 @@ use weights::{Checkpoint, Dtype, Linear};
 /// An MLX-quantized matrix kept packed on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Packing {
-    /// 4 or 8.
+    /// The width the values are held at: 4 or 8 in the graph and CUDA forms (an exact copy
+    /// where the checkpoint's width is another); in the CPU kernel's form
+    /// [`cpu_bits`](Self::cpu_bits).
     pub bits: u32,
+    /// The width the checkpoint stores the values at (4 for FP4 codes).
+    pub stored: u32,
     pub group_size: usize,
     /// The checkpoint's scale dtype (f16, bf16 or f32), kept as is in the graph form; in the
     /// CPU kernel's layout f16 or f32.
@@ -70,9 +74,11 @@ impl Packing {
         kernels::cpu::Entry { op, bits: self.bits, scale: self.kernel_scale(), fp4: self.fp4 }
     }
 
-    /// The bits the CPU kernel reads the values at: FP4 codes as stored (4), else `bits`.
+    /// The bits the CPU kernel reads the values at: as stored where it has tiles of that
+    /// width (affine 3, 4, 6 and 8 bits, FP4 codes at 4), else `bits` (affine 2 and 5 bits,
+    /// held at 4 and 8).
     pub fn cpu_bits(&self) -> u32 {
-        if self.fp4 { 4 } else { self.bits }
+        if kernels::cpu::BITS.contains(&self.stored) { self.stored } else { self.bits }
     }
 
     /// Whether the device holds biases beside the values: all but the CPU kernel's FP4 form.
@@ -307,7 +313,8 @@ impl Layout {
             let wide = !experts && bits == 4 && (spec.shape[0] % 64 != 0 || spec.shape[1] % 64 != 0);
             let flipped = q.mode() == weights::QuantMode::Affine && q.bits() == bits;
             let fp4 = matches!(q.mode(), weights::QuantMode::Mxfp4 | weights::QuantMode::Nvfp4);
-            let packing = Packing { bits, group_size: gs, scale_elem, bias_elem, wide, flipped, fp4 };
+            let stored = if fp4 { 4 } else { q.bits() };
+            let packing = Packing { bits, stored, group_size: gs, scale_elem, bias_elem, wide, flipped, fp4 };
             self.forms.insert(prefix.to_owned(), Form::GraphPacked(packing));
             any = true;
         }

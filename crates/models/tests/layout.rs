@@ -231,6 +231,42 @@ fn fp4_codes_stay_four_bits_in_the_kernel() {
     }
 }
 
+/// Affine 3-bit and 6-bit weights in the CPU kernel's form: MLX's values as stored (3/4 of
+/// the 4-bit and 8-bit tiles' bytes), MLX's scales and biases, dispatched to the `qmv3`/`qmv6`
+/// exports; 2 and 5 bits are held as the exact 4-bit and 8-bit copies; the graph form holds
+/// the 4-bit and 8-bit copies.
+#[test]
+fn three_and_six_bits_stay_as_stored_in_the_kernel() {
+    for (variant, stored, held, export) in
+        [("q3", 3, 3, "@qmv3_"), ("q6", 6, 6, "@qmv6_"), ("q2", 2, 4, "@qmv4_"), ("q5", 5, 8, "@qmv8_")]
+    {
+        let (ckpt, cfg) = open("llama_llama3_tied", variant);
+        let layout = Layout::new(&cfg, Precision::Packed, &ckpt, &cpu()).unwrap();
+        let prefix = "model.layers.0.mlp.down_proj";
+        assert!(
+            matches!(layout.form(prefix), Some(Form::CpuPacked(p)) if p.bits == held && p.stored == stored),
+            "{variant}: {:?}",
+            layout.form(prefix)
+        );
+        let params: Vec<_> = layout.device_params(&cfg).into_iter().filter(|p| p.key.starts_with(prefix)).collect();
+        // down_proj [64, 128]: 4 blocks of 16 rows, 128 * bits * 16 / 8 bytes each.
+        assert_eq!(params[0].dims, vec![4, 128 * held as usize * 2], "{variant}");
+        let Linear::Quantized(q) = ckpt.linear(prefix).unwrap() else { panic!("quantized") };
+        if held == stored {
+            let bytes = layout.load(&ckpt, &params[0]).unwrap();
+            assert_eq!(bytes.len(), q.weight().bytes().len(), "{variant}: the checkpoint's bytes");
+            assert_eq!(bytes[..], kernels::cpu::repack_weight(stored, 64, 128, q.weight().bytes())[..], "{variant}");
+        }
+        let cache = CacheShape { slots: 1, positions: 64, elem: KvElem::F32 };
+        let functions = [Function::Decode { rows: 1, window: 32 }];
+        let text = emit_functions(&cfg, &layout, cache, &functions, None).unwrap();
+        assert!(text.contains(export), "{variant}: {export}");
+        let graph = Layout::new(&cfg, Precision::Packed, &ckpt, &Backend::default()).unwrap();
+        let copy = if stored <= 4 { 4 } else { 8 };
+        assert!(matches!(graph.form(prefix), Some(Form::GraphPacked(p)) if p.bits == copy), "{variant}");
+    }
+}
+
 /// With the CPU kernels, an f16 (or bf16) layout holds every dense matrix of whole 16-row blocks,
 /// the embedding table included, in the f16 product's blocks (`kernels::cpu::repack_dense`),
 /// and the graph dispatches the f16 exports for them; routers and stacked experts stay as

@@ -29,8 +29,9 @@ pub fn expert_of(id: i32) -> usize {
     usize::try_from(id.max(0)).unwrap_or(0).min(EXPERTS - 1)
 }
 
-/// The packings: affine 4 and 8 bits, and FP4 (E2M1 codes).
-pub const PACKINGS: [(u32, bool); 3] = [(4, false), (8, false), (4, true)];
+/// The packings: affine 4 and 8 bits, FP4 (E2M1 codes), and affine 3 and 6 bits (read as
+/// stored, widened to the 4-bit and 8-bit tiles a group at a time).
+pub const PACKINGS: [(u32, bool); 5] = [(4, false), (8, false), (4, true), (3, false), (6, false)];
 
 pub fn entries() -> Vec<Entry> {
     let mut all = Vec::new();
@@ -53,6 +54,10 @@ pub fn group_size(e: &Entry) -> usize {
         (4, true, Scale::F32) => 16,
         (4, _, Scale::F16) => 64,
         (4, _, Scale::F32) => 128,
+        (3, _, Scale::F16) => 64,
+        (3, _, Scale::F32) => 16,
+        (6, _, Scale::F16) => 128,
+        (6, _, Scale::F32) => 32,
         (_, _, Scale::F16) => 32,
         (_, _, Scale::F32) => 16,
     }
@@ -183,13 +188,21 @@ impl Matrix {
         self.inp / self.group_size
     }
 
-    /// MLX's packed words: value k of a row at bits `bits * (k % (32 / bits))` of word
-    /// `k / (32 / bits)`, as little-endian bytes.
+    /// MLX's packed rows: value k of a row at bit `k * bits` of the row read as one
+    /// little-endian number (3 and 6 bits straddle bytes).
     pub fn mlx_bytes(&self) -> Vec<u8> {
-        match self.bits {
-            8 => self.q.clone(),
-            _ => self.q.chunks(2).map(|p| p[0] | (p[1] << 4)).collect(),
+        let bits = self.bits as usize;
+        let mut out = vec![0u8; self.q.len() * bits / 8];
+        for (i, &v) in self.q.iter().enumerate() {
+            let (row, k) = (i / self.inp, i % self.inp);
+            let bit = row * self.inp * bits + k * bits;
+            let v = u16::from(v) << (bit % 8);
+            out[bit / 8] |= v as u8;
+            if v > 0xFF {
+                out[bit / 8 + 1] |= (v >> 8) as u8;
+            }
         }
+        out
     }
 
     /// The packed weight in the kernels' layout.
