@@ -80,14 +80,27 @@ static inline __attribute__((always_inline)) void group_dot8(const uint8_t* wg, 
 // `c ? a : b` bit by bit (vpternlog's table for it).
 #define SELECT 0xE4
 
+// One 3/6-bit unit's four value vectors (lane 2r + p: k + p + 2s for q_s) times n rows of x,
+// added to a0 (s = 0, 2) and a1 (s = 1, 3).
+static inline __attribute__((always_inline)) void unit_dots(__m512i q0, __m512i q1, __m512i q2, __m512i q3,
+                                                            const int16_t (*xq)[MAX_GROUP], size_t n, size_t k,
+                                                            __m512i a0[PANEL], __m512i a1[PANEL]) {
+  for (size_t i = 0; i < n; ++i) {
+    a0[i] = _mm512_dpwssd_epi32(a0[i], q0, _mm512_set1_epi32(pair_of(xq[i], k)));
+    a1[i] = _mm512_dpwssd_epi32(a1[i], q1, _mm512_set1_epi32(pair_of(xq[i], k + 2)));
+    a0[i] = _mm512_dpwssd_epi32(a0[i], q2, _mm512_set1_epi32(pair_of(xq[i], k + 4)));
+    a1[i] = _mm512_dpwssd_epi32(a1[i], q3, _mm512_set1_epi32(pair_of(xq[i], k + 6)));
+  }
+}
+
 // 3-bit units (qmv.h: 16 rows x 8 k in 48 bytes, a plane of low 2 bits, then one of top
-// bits) read as stored: each unit's four values of lane 2r + p (k0 + p + 2s, s = 0..3) are
-// its low bits shifted down, selected into bits 0-1, with the top bit moved to bit 2 (`SELECT`
-// against 3: bits 0-1 from the first, the rest from the second, which is 0 but bit 2): the
-// values of the 4-bit tiles `widen_group` would make, so the same dots.
+// bits) read as stored: the unit's two 4-bit tiles are built in registers, each lane's low
+// bits selected where the tile's nibbles have them (`SELECT` against 0x33) and its top bits
+// (bits 2 and 6) beside them, then split into nibbles as group_dot4 does: the values
+// `widen_group` would give, so the same dots.
 static inline __attribute__((always_inline)) void group_dot3(const uint8_t* wg, const int16_t (*xq)[MAX_GROUP],
                                                              size_t n, size_t gs, __m512i acc[PANEL]) {
-  const __m512i three = _mm512_set1_epi16(3), four = _mm512_set1_epi16(4);
+  const __m512i low = _mm512_set1_epi16(0xF), lows = _mm512_set1_epi16(0x33), tops = _mm512_set1_epi16(0x44);
   // Lanes 16-31 read the top bits of byte L - 16 two places up (qmv.h's layout).
   const __m512i up = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
   __m512i a0[PANEL], a1[PANEL];
@@ -96,19 +109,11 @@ static inline __attribute__((always_inline)) void group_dot3(const uint8_t* wg, 
     const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)wg));
     const __m512i t = _mm512_sllv_epi16(
         _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(wg + 32)))), up);
-    const __m512i q0 = _mm512_ternarylogic_epi32(v, _mm512_and_si512(t, four), three, SELECT);
-    const __m512i q1 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4),
-                                                 _mm512_and_si512(_mm512_srli_epi16(t, 4), four), three, SELECT);
-    const __m512i q2 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 2),
-                                                 _mm512_and_si512(_mm512_srli_epi16(t, 1), four), three, SELECT);
-    const __m512i q3 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 6),
-                                                 _mm512_and_si512(_mm512_srli_epi16(t, 5), four), three, SELECT);
-    for (size_t i = 0; i < n; ++i) {
-      a0[i] = _mm512_dpwssd_epi32(a0[i], q0, _mm512_set1_epi32(pair_of(xq[i], k)));
-      a1[i] = _mm512_dpwssd_epi32(a1[i], q1, _mm512_set1_epi32(pair_of(xq[i], k + 2)));
-      a0[i] = _mm512_dpwssd_epi32(a0[i], q2, _mm512_set1_epi32(pair_of(xq[i], k + 4)));
-      a1[i] = _mm512_dpwssd_epi32(a1[i], q3, _mm512_set1_epi32(pair_of(xq[i], k + 6)));
-    }
+    const __m512i w0 = _mm512_ternarylogic_epi32(v, _mm512_and_si512(t, tops), lows, SELECT);
+    const __m512i w1 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 2),
+                                                 _mm512_and_si512(_mm512_srli_epi16(t, 1), tops), lows, SELECT);
+    unit_dots(_mm512_and_si512(w0, low), _mm512_srli_epi16(w0, 4), _mm512_and_si512(w1, low),
+              _mm512_srli_epi16(w1, 4), xq, n, k, a0, a1);
   }
   for (size_t i = 0; i < n; ++i) acc[i] = _mm512_add_epi32(a0[i], a1[i]);
 }
@@ -131,12 +136,7 @@ static inline __attribute__((always_inline)) void group_dot6(const uint8_t* wg, 
     const __m512i q2 = _mm512_ternarylogic_epi32(b, _mm512_and_si512(c, top), fifteen, SELECT);
     const __m512i q3 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(b, 4),
                                                  _mm512_and_si512(_mm512_srli_epi16(c, 2), top), fifteen, SELECT);
-    for (size_t i = 0; i < n; ++i) {
-      a0[i] = _mm512_dpwssd_epi32(a0[i], q0, _mm512_set1_epi32(pair_of(xq[i], k)));
-      a1[i] = _mm512_dpwssd_epi32(a1[i], q1, _mm512_set1_epi32(pair_of(xq[i], k + 2)));
-      a0[i] = _mm512_dpwssd_epi32(a0[i], q2, _mm512_set1_epi32(pair_of(xq[i], k + 4)));
-      a1[i] = _mm512_dpwssd_epi32(a1[i], q3, _mm512_set1_epi32(pair_of(xq[i], k + 6)));
-    }
+    unit_dots(q0, q1, q2, q3, xq, n, k, a0, a1);
   }
   for (size_t i = 0; i < n; ++i) acc[i] = _mm512_add_epi32(a0[i], a1[i]);
 }
