@@ -36,6 +36,7 @@ const LLAMA_1B: &str = "llama-1b-random";
 const PACKED_FORMATS: [&str; 5] = ["4bit", "8bit", "3bit", "6bit", "mxfp4"];
 const QWEN3_MOE_1B: &str = "qwen3-moe-1b-random";
 const QWEN3_5_08B: &str = "qwen3.5-0.8b-random";
+const GPT_OSS_2L: &str = "gpt-oss-2l-random";
 const KV_CACHE: [&str; 2] = ["f32", "f16"];
 
 pub const USAGE: &str = "\
@@ -48,7 +49,10 @@ usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
                    folders for packed), qwen3-moe-1b (a random Qwen3-MoE, 8 experts, 2 a
                    token, 1.2 G weights of which 0.36 G run per token; folders as llama-1b;
                    no peers), qwen3.5-0.8b (a random Qwen3.5, gated DeltaNet layers with
-                   attention every fourth, 0.75 G weights; folders as llama-1b; no peers)
+                   attention every fourth, 0.75 G weights; folders as llama-1b; no peers),
+                   gpt-oss-2l (gpt-oss 20B's widths with 2 of its 24 layers, random:
+                   32 experts, 4 a token, 2.8 G weights of which 0.83 G run per token;
+                   folders as llama-1b, `--formats mxfp4` for its own format; no peers)
                    or an MLX model folder; repeatable
                    (default: smollm2 and llama-1b)
   --precision P    f32, f16, bf16, packed, a comma list of them (packed,f16) or all
@@ -118,6 +122,8 @@ pub enum ModelArg {
     Qwen3Moe1b,
     /// A random Qwen3.5 of the 0.8B class (gated DeltaNet layers, attention every fourth).
     Qwen35,
+    /// gpt-oss 20B's widths with 2 of its 24 layers (32 experts, 4 a token), random.
+    GptOss2l,
     Dir(PathBuf),
 }
 
@@ -128,6 +134,7 @@ impl ModelArg {
             ModelArg::Llama1b => Some(("llama-1b", LLAMA_1B)),
             ModelArg::Qwen3Moe1b => Some(("qwen3-moe-1b", QWEN3_MOE_1B)),
             ModelArg::Qwen35 => Some(("qwen3.5-0.8b", QWEN3_5_08B)),
+            ModelArg::GptOss2l => Some(("gpt-oss-2l", GPT_OSS_2L)),
             ModelArg::SmolLm2 | ModelArg::Dir(_) => None,
         }
     }
@@ -168,7 +175,7 @@ pub struct Options {
 /// (128, 256, ... positions), so a few steps after the prompt measure the rate at that context.
 pub fn default_steps(model: &ModelArg) -> usize {
     match model {
-        ModelArg::Llama1b | ModelArg::Qwen3Moe1b | ModelArg::Qwen35 => 16,
+        ModelArg::Llama1b | ModelArg::Qwen3Moe1b | ModelArg::Qwen35 | ModelArg::GptOss2l => 16,
         ModelArg::SmolLm2 | ModelArg::Dir(_) => 128,
     }
 }
@@ -201,6 +208,7 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
                 "llama-1b" => ModelArg::Llama1b,
                 "qwen3-moe-1b" => ModelArg::Qwen3Moe1b,
                 "qwen3.5-0.8b" => ModelArg::Qwen35,
+                "gpt-oss-2l" => ModelArg::GptOss2l,
                 dir => ModelArg::Dir(PathBuf::from(dir)),
             }),
             "--precision" => o.precisions = precisions(value()?)?,
@@ -296,7 +304,7 @@ pub fn cases(o: &Options, models_dir: &Path) -> Vec<Case> {
                 }),
                 // Float precisions read the f16 folder; packed keeps MLX's quantized words,
                 // so it runs on the quantized folders.
-                ModelArg::Llama1b | ModelArg::Qwen3Moe1b | ModelArg::Qwen35 => {
+                ModelArg::Llama1b | ModelArg::Qwen3Moe1b | ModelArg::Qwen35 | ModelArg::GptOss2l => {
                     let Some((_, name)) = m.random_shape() else { continue };
                     let variants: &[&str] = if precision == "packed" { &o.formats } else { &["f16"] };
                     for v in variants {
@@ -523,7 +531,10 @@ fn random_models(shape: &str, name: &str, variants: &[&str]) -> Result<()> {
         let dest = random_dir(&crate::model::models_dir(), name, v);
         let stamp = format!("{base}shape: {shape}\nvariant: {v}\n");
         crate::model::step("bench 2/2", &dest, &stamp, |partial| {
-            util::progress("bench 2/2", "random weights with mlx-lm: about a minute");
+            util::progress(
+                "bench 2/2",
+                "random weights with mlx-lm: about a minute a folder for the 1B shapes; gpt-oss-2l 5 (f16) to 20 (mxfp4)",
+            );
             util::run(
                 fixtures::python(&venv, "make_random_llama.py")
                     .args(["--shape", shape, "--variant", v, "--out"])
@@ -863,9 +874,9 @@ pub fn peer_models(o: &Options, models_dir: &Path) -> Vec<PeerModel> {
                 let vocab = crate::model::source_gguf(models_dir);
                 (LLAMA_1B.to_owned(), random_dir(models_dir, LLAMA_1B, "f16"), false, vocab)
             }
-            // peers.py converts llama-architecture folders only: the MoE and Qwen3.5 shapes
+            // peers.py converts llama-architecture folders only: the MoE, Qwen3.5 and gpt-oss shapes
             // have no peer row.
-            ModelArg::Qwen3Moe1b | ModelArg::Qwen35 => continue,
+            ModelArg::Qwen3Moe1b | ModelArg::Qwen35 | ModelArg::GptOss2l => continue,
             ModelArg::Dir(dir) => (display_name(dir), dir.clone(), false, None),
         };
         if !out.iter().any(|p| p.family == family) {
@@ -1566,6 +1577,18 @@ mod tests {
             cases(&o, Path::new("/m")).into_iter().map(|c| (c.family, c.model)).collect();
         let row = |v: &str| ("qwen3.5-0.8b-random".to_owned(), PathBuf::from(format!("/m/qwen3.5-0.8b-random-{v}")));
         assert_eq!(rows, vec![row("f16"), row("4bit"), row("8bit")]);
+        assert!(peer_models(&o, Path::new("/m")).is_empty());
+    }
+
+    #[test]
+    fn the_gpt_oss_shape_has_its_folders_and_no_peers() {
+        let o =
+            parse_args(&args(&["--model", "gpt-oss-2l", "--precision", "f16,packed", "--formats", "mxfp4", "--peers"]))
+                .unwrap();
+        let rows: Vec<(String, PathBuf)> =
+            cases(&o, Path::new("/m")).into_iter().map(|c| (c.family, c.model)).collect();
+        let row = |v: &str| ("gpt-oss-2l-random".to_owned(), PathBuf::from(format!("/m/gpt-oss-2l-random-{v}")));
+        assert_eq!(rows, vec![row("f16"), row("mxfp4")]);
         assert!(peer_models(&o, Path::new("/m")).is_empty());
     }
 
