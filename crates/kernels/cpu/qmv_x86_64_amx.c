@@ -178,33 +178,90 @@ static inline __attribute__((always_inline)) __m512i unpack4(int fp4, const uint
 
 // 8-bit tiles (byte 2r + p: q[r, k + p]), two per row of B: one byte permutation interleaves
 // their words.
-static inline __attribute__((always_inline)) __m512i unpack8(const uint8_t* wg, size_t kc, uint8_t* bt) {
+static inline __attribute__((always_inline)) __m512i tile_pair8(__m512i two_tiles) {
   const __m512i order = _mm512_set_epi32(0x3F3E1F1E, 0x3D3C1D1C, 0x3B3A1B1A, 0x39381918, 0x37361716, 0x35341514,
                                          0x33321312, 0x31301110, 0x2F2E0F0E, 0x2D2C0D0C, 0x2B2A0B0A, 0x29280908,
                                          0x27260706, 0x25240504, 0x23220302, 0x21200100);
+  return _mm512_permutexvar_epi8(order, two_tiles);
+}
+
+static inline __attribute__((always_inline)) __m512i unpack8(const uint8_t* wg, size_t kc, uint8_t* bt) {
   __m512i sum = _mm512_setzero_si512();
   for (size_t k = 0; k < kc; k += 4, wg += 64, bt += 64) {
-    const __m512i u = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(wg));
+    const __m512i u = tile_pair8(_mm512_loadu_si512(wg));
     _mm512_store_si512(bt, u);
     sum = _mm512_dpbusd_epi32(sum, u, _mm512_set1_epi8(1));
   }
   return sum;
 }
 
-// A block's group (one or two chunks) into bt[0], bt[1]; returns 32768 * its rows' sums of
-// q, the correction for hi + 128. 3-bit and 6-bit groups are widened to 4-bit and 8-bit tiles
-// first (qmv.h's `widen_group`).
-static inline __attribute__((always_inline)) __m512i unpack(int native_bits, int fp4, const uint8_t* native, size_t gs,
-                                                           uint8_t (*bt)[16 * 64]) {
-  uint8_t wide[MAX_GROUP * 16] __attribute__((aligned(64)));
-  const uint8_t* wg = widen_group(native_bits, native, gs, wide);
-  const int bits = tile_bits(native_bits);
-  const size_t kc = chunk_of(gs);
-  __m512i sum = bits == 4 ? unpack4(fp4, wg, kc, bt[0]) : unpack8(wg, kc, bt[0]);
-  if (kc < gs) {
-    const uint8_t* w1 = wg + kc * bits * 16 / 8;
-    sum = _mm512_add_epi32(sum, bits == 4 ? unpack4(fp4, w1, kc, bt[1]) : unpack8(w1, kc, bt[1]));
+// 3-bit units (qmv.h's layout: 8 k, the 4-bit tiles' low bits then their top bits) as the
+// rows of B that unpack4 makes of the two 4-bit tiles they hold: each tile built in a register
+// (the low bits where its nibbles have them, the top bits beside, as qmv_avx512.h's
+// group_dot3), then its nibbles spread to bytes. Byte sums of up to 8 values of at most 7
+// fit a byte.
+static inline __attribute__((always_inline)) __m512i unpack3(const uint8_t* wg, size_t kc, uint8_t* bt) {
+  const __m512i low = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1);
+  const __m256i lows = _mm256_set1_epi8(0x33), tops = _mm256_set1_epi8(0x44);
+  __m512i sum = _mm512_setzero_si512();
+  for (size_t k = 0; k < kc; k += 8, wg += 48, bt += 128) {
+    const __m256i lo = _mm256_loadu_si256((const __m256i*)wg);
+    const __m128i h = _mm_loadu_si128((const __m128i*)(wg + 32));
+    // Lanes 16-31's top bits two places up (the bits a 16-bit shift carries across bytes are
+    // masked off below).
+    const __m256i top = _mm256_inserti128_si256(_mm256_castsi128_si256(h), _mm_slli_epi16(h, 2), 1);
+    const __m256i t0 = _mm256_ternarylogic_epi32(lo, _mm256_and_si256(top, tops), lows, SELECT);
+    const __m256i t1 = _mm256_ternarylogic_epi32(_mm256_srli_epi16(lo, 2),
+                                                 _mm256_and_si256(_mm256_srli_epi16(top, 1), tops), lows, SELECT);
+    const __m512i v0 = _mm512_cvtepu16_epi32(t0), v1 = _mm512_cvtepu16_epi32(t1);
+    const __m512i u0 = _mm512_ternarylogic_epi32(v0, _mm512_slli_epi32(v0, 12), low, 0xA8);
+    const __m512i u1 = _mm512_ternarylogic_epi32(v1, _mm512_slli_epi32(v1, 12), low, 0xA8);
+    _mm512_store_si512(bt, u0);
+    _mm512_store_si512(bt + 64, u1);
+    sum = _mm512_add_epi8(sum, _mm512_add_epi8(u0, u1));
   }
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), sum, ones);
+}
+
+// 6-bit units (8 k: the 8-bit tiles' low nibbles, then their top 2 bits) as unpack8's rows of
+// B: each pair of 8-bit tiles built in registers, then interleaved.
+static inline __attribute__((always_inline)) __m512i unpack6(const uint8_t* wg, size_t kc, uint8_t* bt) {
+  const __m512i ones = _mm512_set1_epi8(1), nib = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+  __m512i sum = _mm512_setzero_si512();
+  for (size_t k = 0; k < kc; k += 8, wg += 96, bt += 128) {
+    // Planes a (tiles 0, 1), b (tiles 2, 3), c (the top bits), each twice in a register.
+    const __m512i a = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)wg));
+    const __m512i b = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(wg + 32)));
+    const __m512i c = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(wg + 64)));
+    // Tiles 0 | 1: a's low nibbles | high nibbles, with c's bits 0-1 | 2-3 moved to 4-5.
+    const __m512i a_n = _mm512_mask_srli_epi16(a, 0xFFFF0000, a, 4);
+    const __m512i c01 = _mm512_mask_slli_epi16(_mm512_slli_epi16(c, 4), 0xFFFF0000, c, 2);
+    const __m512i t01 = _mm512_ternarylogic_epi32(a_n, _mm512_and_si512(c01, top), nib, SELECT);
+    // Tiles 2 | 3: b's low | high nibbles, with c's bits 4-5 | 6-7.
+    const __m512i b_n = _mm512_mask_srli_epi16(b, 0xFFFF0000, b, 4);
+    const __m512i c23 = _mm512_mask_srli_epi16(c, 0xFFFF0000, c, 2);
+    const __m512i t23 = _mm512_ternarylogic_epi32(b_n, _mm512_and_si512(c23, top), nib, SELECT);
+    const __m512i u0 = tile_pair8(t01), u1 = tile_pair8(t23);
+    _mm512_store_si512(bt, u0);
+    _mm512_store_si512(bt + 64, u1);
+    sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sum, u0, ones), u1, ones);
+  }
+  return sum;
+}
+
+// A block's group (one or two chunks) into bt[0], bt[1]; returns 32768 * its rows' sums of
+// q, the correction for hi + 128.
+static inline __attribute__((always_inline)) __m512i unpack_chunk(int bits, int fp4, const uint8_t* wg, size_t kc,
+                                                                 uint8_t* bt) {
+  return bits == 4 ? unpack4(fp4, wg, kc, bt) : bits == 3 ? unpack3(wg, kc, bt) : bits == 6 ? unpack6(wg, kc, bt)
+                                                                                           : unpack8(wg, kc, bt);
+}
+
+static inline __attribute__((always_inline)) __m512i unpack(int bits, int fp4, const uint8_t* wg, size_t gs,
+                                                           uint8_t (*bt)[16 * 64]) {
+  const size_t kc = chunk_of(gs);
+  __m512i sum = unpack_chunk(bits, fp4, wg, kc, bt[0]);
+  if (kc < gs) sum = _mm512_add_epi32(sum, unpack_chunk(bits, fp4, wg + kc * bits * 16 / 8, kc, bt[1]));
   return _mm512_slli_epi32(sum, 15);
 }
 
