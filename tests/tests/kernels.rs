@@ -32,11 +32,18 @@ fn upload(m: &Matrix, device: &iree_hal::Device, scale: Scale) -> [iree_hal::Buf
         let shape = [blocks, m.groups() * 16];
         match scale {
             Scale::F16 => device.upload(&shape, &v.iter().map(|x| f16::from_f32(*x)).collect::<Vec<_>>()),
-            Scale::F32 => device.upload(&shape, &v),
+            Scale::F32 | Scale::E8m0 => device.upload(&shape, &v),
         }
         .unwrap()
     };
-    [w, per_group(&m.scales), per_group(&m.biases)]
+    let scales = if scale == Scale::E8m0 {
+        let bytes = cpu::repack_groups(&m.e8m0, m.out, m.groups());
+        device.upload_bytes(iree_hal::ElementType::I8, &[blocks, m.groups() * 16], &bytes).unwrap()
+    } else {
+        per_group(&m.scales)
+    };
+    // E8M0 entries take no biases (FP4); uploaded as f32 all the same.
+    [w, scales, per_group(&m.biases)]
 }
 
 /// Every entry point's results per instruction set, checked against the model.

@@ -119,7 +119,11 @@ fn push_case(stdin: &mut Vec<u8>, op: Op, m: &Matrix, scale: Scale, t: usize, in
         Op::MatvecAdd => 3,
         Op::Experts => 4,
     };
-    let f16 = u32::from(scale == Scale::F16);
+    let f16 = match scale {
+        Scale::F32 => 0,
+        Scale::F16 => 1,
+        Scale::E8m0 => 2,
+    };
     let header = [code, m.bits, f16, t as u32, K as u32, O as u32, m.group_size as u32, u32::from(m.fp4)];
     push_part(stdin, &header.into_iter().flat_map(u32::to_le_bytes).collect::<Vec<u8>>());
     push_part(stdin, input);
@@ -132,6 +136,8 @@ fn push_case(stdin: &mut Vec<u8>, op: Op, m: &Matrix, scale: Scale, t: usize, in
         let bytes: Vec<u8> = match scale {
             Scale::F16 => v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect(),
             Scale::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            // The scale bytes; the biases' part (unread: FP4) takes as many.
+            Scale::E8m0 => cpu::repack_groups(&m.e8m0, m.out, m.groups()),
         };
         push_part(stdin, &bytes);
     }
@@ -153,7 +159,8 @@ fn the_aarch64_object_computes_the_models_bits() {
     let exe = executable(dir.path(), &object(dir.path()));
     let (mut matrices, mut cases, mut stdin) = (Vec::new(), Vec::new(), Vec::new());
     for (bits, fp4) in PACKINGS {
-        for scale in [Scale::F16, Scale::F32] {
+        let scales: &[Scale] = if fp4 { &[Scale::F16, Scale::F32, Scale::E8m0] } else { &[Scale::F16, Scale::F32] };
+        for &scale in scales {
             for gs in GROUP_SIZES {
                 let entry = |op| cpu::Entry { op, bits, scale, fp4 };
                 let m = Matrix::of(&entry(Op::Matvec), O, K, gs, 10 * matrices.len() as u64);

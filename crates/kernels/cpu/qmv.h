@@ -39,6 +39,10 @@
 //!   group and block, in a stack buffer (L1), and the 4-bit (8-bit) arithmetic takes it from
 //!   there: the same integer dots, so the same bits as the exact 4-bit (8-bit) copy. An
 //!   instruction set may read them as stored in `group_rows` instead (GROUP_ROWS_3_6).
+//! The scales' type (`f16` in the functions below): 0 f32, 1 f16, 2 E8M0 (FP4 only: mxfp4's
+//! own scale bytes, read as `s / 2` = 2^(e - 128), computed exactly as the f32 with the bits
+//! (e + 64) << 23 times 2^-65; the `*fp4_e8m0` exports). E8M0's 255 (NaN in MLX) is not a
+//! scale any checkpoint holds and reads as garbage.
 //! FP4 (`fp4`, the `*fp4_*` exports; 4-bit tiles): each nibble is an E2M1 code (MLX's mxfp4
 //! and nvfp4), read through FP4_TABLE as q = 2v + 12 (v its value, so 0..24), with the scale
 //! stored as s/2 and no biases: the bias is -12 * scale (= -6s), computed, not read. These are
@@ -149,6 +153,11 @@ static inline __attribute__((always_inline)) const uint8_t* rows_widen(int bits,
   return GROUP_ROWS_3_6 ? wg : widen_group(bits, wg, gs, buf);
 }
 
+// Bytes a scale (or bias) takes, for the scales' type `f16` (0 f32, 1 f16, 2 E8M0).
+static inline __attribute__((always_inline)) size_t scale_bytes(int f16) { return f16 == 2 ? 1 : f16 ? 2 : 4; }
+// 2^-65, the factor that takes (e + 64) << 23 to an E8M0 scale's s / 2.
+#define E8M0_HALF 0x1p-65f
+
 // Pair k, k+1 of a quantized group as one 32-bit value (low word = k), to broadcast.
 static inline int32_t pair_of(const int16_t* q, size_t k) {
   int32_t v;
@@ -198,7 +207,7 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int fp4, in
                                                            float* y, size_t T, size_t K, size_t O, size_t GS,
                                                            size_t rb0, size_t rb1) {
   const size_t G = K / GS, blocks = O / 16, block_bytes = K * bits * 16 / 8;
-  const size_t group_bytes = GS * bits * 16 / 8, sbytes = f16 ? 2 : 4;
+  const size_t group_bytes = GS * bits * 16 / 8, sbytes = scale_bytes(f16);
   if (rb1 > blocks) rb1 = blocks;
   if (rb1 > rb0 + BLOCKS) rb1 = rb0 + BLOCKS;
   if (rb1 <= rb0) return;
@@ -329,8 +338,10 @@ QMVR(mlx_iree_qmvr6_f16, 6, 1, uint16_t)
 QMVR(mlx_iree_qmvr6_f32, 6, 0, float)
 QMV_FP4(mlx_iree_qmvfp4_f16, 1, uint16_t)
 QMV_FP4(mlx_iree_qmvfp4_f32, 0, float)
+QMV_FP4(mlx_iree_qmvfp4_e8m0, 2, uint8_t)
 QMVR_FP4(mlx_iree_qmvrfp4_f16, 1, uint16_t)
 QMVR_FP4(mlx_iree_qmvrfp4_f32, 0, float)
+QMVR_FP4(mlx_iree_qmvrfp4_e8m0, 2, uint8_t)
 
 // Mixture-of-experts matvec: y[n, O] = x[n, K] . W[ids[n]]^T for each of N (row, choice)
 // pairs, the experts' matrices stacked (weights [E][blocks][block_bytes], scales and biases
@@ -344,7 +355,7 @@ static inline __attribute__((always_inline)) void qmve_body(int bits, int fp4, i
                                                             const uint8_t* w, const char* sc, const char* bi,
                                                             float* y, size_t N, size_t K, size_t O, size_t GS,
                                                             size_t E, size_t by_expert, size_t u0, size_t u1) {
-  const size_t blocks = O / 16, G = K / GS, sbytes = f16 ? 2 : 4;
+  const size_t blocks = O / 16, G = K / GS, sbytes = scale_bytes(f16);
   const size_t expert_bytes = blocks * (K * bits * 16 / 8), expert_groups = blocks * G * 16 * sbytes;
   const size_t units = (by_expert ? E : N) * blocks;
   if (E == 0 || blocks == 0) return;
@@ -389,3 +400,4 @@ QMVE(mlx_iree_qmve6_f32, 6, 0, float)
   }
 QMVE_FP4(mlx_iree_qmvefp4_f16, 1, uint16_t)
 QMVE_FP4(mlx_iree_qmvefp4_f32, 0, float)
+QMVE_FP4(mlx_iree_qmvefp4_e8m0, 2, uint8_t)

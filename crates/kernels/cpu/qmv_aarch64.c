@@ -126,7 +126,13 @@ static inline __attribute__((always_inline)) void group_dots(int bits, int fp4, 
   }
 }
 
+// Scales 4v .. 4v + 3 of type `f16` (qmv.h: 0 f32, 1 f16, 2 E8M0 bytes, read as 2^(e - 128)).
 static inline float32x4_t load4(int f16, const void* p, size_t v) {
+  if (f16 == 2) {
+    const uint8_t* e = (const uint8_t*)p + 4 * v;
+    const uint32x4_t bits = {(uint32_t)e[0] + 64, (uint32_t)e[1] + 64, (uint32_t)e[2] + 64, (uint32_t)e[3] + 64};
+    return vmulq_f32(vreinterpretq_f32_u32(vshlq_n_u32(bits, 23)), vdupq_n_f32(E8M0_HALF));
+  }
   return f16 ? vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t*)p + 4 * v)))
              : vld1q_f32((const float*)p + 4 * v);
 }

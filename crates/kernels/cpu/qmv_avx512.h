@@ -12,6 +12,15 @@ static inline __m512 load16_f16(const void* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
 }
 static inline __m512 load16_f32(const void* p) { return _mm512_loadu_ps((const float*)p); }
+// 16 scales of type `f16` (qmv.h: 0 f32, 1 f16, 2 E8M0 bytes, read as 2^(e - 128)).
+static inline __m512 load16_scale(int f16, const void* p) {
+  if (f16 == 2) {
+    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+    const __m512 wide = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(64)), 23));
+    return _mm512_mul_ps(wide, _mm512_set1_ps(E8M0_HALF));
+  }
+  return f16 ? load16_f16(p) : load16_f32(p);
+}
 
 // 16 values of x times `inv`, rounded to nearest even (the default MXCSR mode); |value| <=
 // 32767 fits i16.
@@ -162,7 +171,7 @@ static inline __attribute__((always_inline)) void group_rows(int bits, int fp4, 
   } else {
     group_dot8(wg, xp->q + i, n, gs, a);
   }
-  const __m512 sv = f16 ? load16_f16(s) : load16_f32(s);
-  const __m512 bv = fp4 ? _mm512_mul_ps(sv, _mm512_set1_ps(FP4_BIAS)) : f16 ? load16_f16(b) : load16_f32(b);
+  const __m512 sv = load16_scale(f16, s);
+  const __m512 bv = fp4 ? _mm512_mul_ps(sv, _mm512_set1_ps(FP4_BIAS)) : load16_scale(f16, b);
   for (size_t j = 0; j < n; ++j) epilogue16(a[j], sv, bv, xp->scale[i + j], xp->sum[i + j], y + j * stride);
 }

@@ -6,7 +6,7 @@
 //!
 //! stdin: cases one after the other until its end. A case is 8 little-endian u32 (op: 0 for
 //! `qmv`, 1 for `qrows`, 3 for `qmvr`, 4 for `qmve` with one expert that every row chose;
-//! bits; 1 for f16 scales, 0 for f32; T; K; O; group size; 1 for FP4 codes, whose entries
+//! bits; 1 for f16 scales, 0 for f32, 2 for E8M0 bytes (FP4); T; K; O; group size; 1 for FP4 codes, whose entries
 //! take no biases (the case still carries them), 0 for affine), then its input (T x K f32 for
 //! `qmv`, `qmvr` and `qmve`, T i32 ids for `qrows`), for `qmvr` the residual (T x O f32),
 //! weights (kernel layout), scales and biases ([O / 16][K / group size][16]), each part
@@ -59,10 +59,12 @@ typedef void qmvr_fp4_fn(const float*, size_t, const uint8_t*, size_t, const voi
                          float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
 typedef void qmve_fp4_fn(const float*, size_t, const int32_t*, size_t, const uint8_t*, size_t, const void*, size_t,
                          float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
-qmv_fp4_fn mlx_iree_qmvfp4_f16, mlx_iree_qmvfp4_f32;
-qrows_fp4_fn mlx_iree_qrowsfp4_f16, mlx_iree_qrowsfp4_f32;
-qmvr_fp4_fn mlx_iree_qmvrfp4_f16, mlx_iree_qmvrfp4_f32;
-qmve_fp4_fn mlx_iree_qmvefp4_f16, mlx_iree_qmvefp4_f32;
+qmv_fp4_fn mlx_iree_qmvfp4_f16, mlx_iree_qmvfp4_f32, mlx_iree_qmvfp4_e8m0;
+qrows_fp4_fn mlx_iree_qrowsfp4_f16, mlx_iree_qrowsfp4_f32, mlx_iree_qrowsfp4_e8m0;
+qmvr_fp4_fn mlx_iree_qmvrfp4_f16, mlx_iree_qmvrfp4_f32, mlx_iree_qmvrfp4_e8m0;
+qmve_fp4_fn mlx_iree_qmvefp4_f16, mlx_iree_qmvefp4_f32, mlx_iree_qmvefp4_e8m0;
+// The FP4 entry `op` for the case's scale type (0 f32, 1 f16, 2 E8M0).
+#define BY_SCALE(op) (f16 == 2 ? mlx_iree_##op##fp4_e8m0 : f16 ? mlx_iree_##op##fp4_f16 : mlx_iree_##op##fp4_f32)
 // Each row's expert in a `qmve` case: the one expert there is.
 static const int32_t expert_ids[64];
 typedef void attn_fn(const float*, size_t, const float*, size_t, const float*, size_t, const void*, size_t,
@@ -218,7 +220,7 @@ static size_t run_case(const uint8_t* p, size_t len) {
   const size_t T = h[3], K = h[4], O = h[5], GS = h[6];
   const size_t in_bytes = op == 1 ? T * 4 : T * K * 4, r_bytes = op == 3 ? T * O * 4 : 0;
   const size_t w_bytes = O * K * bits / 8;
-  const size_t s_bytes = O * (K / GS) * (f16 ? 2 : 4), out_len = T * (op == 1 ? K : O);
+  const size_t s_bytes = O * (K / GS) * (f16 == 2 ? 1 : f16 ? 2 : 4), out_len = T * (op == 1 ? K : O);
   const size_t size = 64 + padded(in_bytes) + padded(r_bytes) + padded(w_bytes) + 2 * padded(s_bytes);
   if (size > len) fail("qmv_qemu_driver: truncated case\n");
   if (out_len > sizeof output / sizeof output[0]) fail("qmv_qemu_driver: output too large\n");
@@ -229,20 +231,20 @@ static size_t run_case(const uint8_t* p, size_t len) {
   const uint8_t* b = s + padded(s_bytes);
   for (size_t i = 0; i < out_len; ++i) output[i] = __builtin_nanf("");
   if (fp4 && op == 0) {
-    qmv_fp4_fn* fn = f16 ? mlx_iree_qmvfp4_f16 : mlx_iree_qmvfp4_f32;
+    qmv_fp4_fn* fn = BY_SCALE(qmv);
     for (size_t rb = 0; rb < O / 16; rb += 4) fn((const float*)x, 0, w, 0, s, 0, output, 0, T, K, O, GS, rb, rb + 4);
   } else if (fp4 && op == 3) {
-    qmvr_fp4_fn* fn = f16 ? mlx_iree_qmvrfp4_f16 : mlx_iree_qmvrfp4_f32;
+    qmvr_fp4_fn* fn = BY_SCALE(qmvr);
     for (size_t rb = 0; rb < O / 16; rb += 4)
       fn((const float*)x, 0, w, 0, s, 0, (const float*)r, 0, output, 0, T, K, O, GS, rb, rb + 4);
   } else if (fp4 && op == 4) {
     if (T > sizeof expert_ids / sizeof expert_ids[0]) fail("qmv_qemu_driver: too many rows for qmve\n");
-    qmve_fp4_fn* fn = f16 ? mlx_iree_qmvefp4_f16 : mlx_iree_qmvefp4_f32;
+    qmve_fp4_fn* fn = BY_SCALE(qmve);
     const size_t by_expert = T >= 8, units = (by_expert ? 1 : T) * (O / 16);
     for (size_t u = 0; u < units; u += 4)
       fn((const float*)x, 0, expert_ids, 0, w, 0, s, 0, output, 0, T, K, O, GS, 1, by_expert, u, u + 4);
   } else if (fp4) {
-    qrows_fp4_fn* fn = f16 ? mlx_iree_qrowsfp4_f16 : mlx_iree_qrowsfp4_f32;
+    qrows_fp4_fn* fn = BY_SCALE(qrows);
     for (size_t t = 0; t < T; ++t) fn((const int32_t*)x, 0, w, 0, s, 0, output, 0, T, K, O, GS, t, t + 1);
   } else if (op == 0) {
     qmv_fn* fn = BY_BITS(qmv);

@@ -270,8 +270,8 @@ static inline __attribute__((always_inline)) __m512i unpack(int bits, int fp4, c
 static inline __attribute__((always_inline)) void finish(int fp4, int f16, const int32_t (*c)[16], __m512i corr,
                                                          const void* s, const void* b, const tpanel_t* tp,
                                                          size_t np, float* y, size_t stride) {
-  const __m512 sv = f16 ? load16_f16(s) : load16_f32(s);
-  const __m512 bv = fp4 ? _mm512_mul_ps(sv, _mm512_set1_ps(FP4_BIAS)) : f16 ? load16_f16(b) : load16_f32(b);
+  const __m512 sv = load16_scale(f16, s);
+  const __m512 bv = fp4 ? _mm512_mul_ps(sv, _mm512_set1_ps(FP4_BIAS)) : load16_scale(f16, b);
   for (size_t j = 0; j < np; ++j) {
     const __m512i hl = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(c[j]), 8), _mm512_load_si512(c[np + j]));
     epilogue16(_mm512_sub_epi32(hl, corr), sv, bv, tp->scale[j], tp->sum[j], y + j * stride);
@@ -333,7 +333,7 @@ static inline void whole_panel(int bits, int fp4, int f16, const float* x, size_
                                const void* s, const void* b, size_t np, size_t gs, float* y, size_t stride,
                                size_t nb) {
   tpanel_t tp[2];
-  const size_t G = K / gs, group_bytes = gs * bits * 16 / 8, elem = f16 ? 2 : 4;
+  const size_t G = K / gs, group_bytes = gs * bits * 16 / 8, elem = scale_bytes(f16);
   configure_tiles(np, gs);
   quantize_panel(x, K, gs, &tp[0], np);
   // The blocks are read side by side, group by group: each block's stream asks for its

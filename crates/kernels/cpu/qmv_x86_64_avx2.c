@@ -19,6 +19,15 @@ static inline __m256 load8_f16(const void* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
 }
 static inline __m256 load8_f32(const void* p) { return _mm256_loadu_ps((const float*)p); }
+// Scales 8h .. 8h + 7 of type `f16` (qmv.h: 0 f32, 1 f16, 2 E8M0 bytes, read as 2^(e - 128)).
+static inline __m256 load8_scale(int f16, const void* p, size_t h) {
+  if (f16 == 2) {
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)((const uint8_t*)p + 8 * h)));
+    const __m256 wide = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(64)), 23));
+    return _mm256_mul_ps(wide, _mm256_set1_ps(E8M0_HALF));
+  }
+  return f16 ? load8_f16((const uint16_t*)p + 8 * h) : load8_f32((const float*)p + 8 * h);
+}
 
 static inline void quantize_group(const float* xg, size_t gs, int16_t* q, float* scale, float* sum) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -140,10 +149,8 @@ static inline __attribute__((always_inline)) void group_rows(int bits, int fp4, 
       half_dot8(wg + 16 * h, xp->q + i, n, gs, a);
     }
     // Loaded after the dot loop, which wants every register.
-    const __m256 sh = f16 ? load8_f16((const uint16_t*)s + 8 * h) : load8_f32((const float*)s + 8 * h);
-    const __m256 bh = fp4 ? _mm256_mul_ps(sh, _mm256_set1_ps(FP4_BIAS))
-                      : f16 ? load8_f16((const uint16_t*)b + 8 * h)
-                            : load8_f32((const float*)b + 8 * h);
+    const __m256 sh = load8_scale(f16, s, h);
+    const __m256 bh = fp4 ? _mm256_mul_ps(sh, _mm256_set1_ps(FP4_BIAS)) : load8_scale(f16, b, h);
     for (size_t j = 0; j < n; ++j) {
       const __m256 dx = _mm256_set1_ps(xp->scale[i + j]), xs = _mm256_set1_ps(xp->sum[i + j]);
       float* yr = y + j * stride + 8 * h;

@@ -20,6 +20,14 @@ static inline float f16_to_f32(uint16_t h) {
 }
 #endif
 
+// An E8M0 scale byte as qmv.h reads it: s / 2 = 2^(e - 128).
+static inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = ((uint32_t)e + 64) << 23;
+  float wide;
+  __builtin_memcpy(&wide, &bits, 4);
+  return wide * E8M0_HALF;
+}
+
 // Value k of row `lane` of a block's tiles at `wb` (qmv.h's layouts): the code as stored.
 static inline unsigned packed_value(int bits, const uint8_t* wb, size_t lane, size_t k) {
   if (bits == 4) {
@@ -59,7 +67,9 @@ static inline __attribute__((always_inline)) void qrows_body(int bits, int fp4, 
       unsigned q = packed_value(bits, wb, lane, k);
       if (fp4) q = fp4_table[q];
       const size_t gi = (rb * G + k / GS) * 16 + lane;
-      const float s = f16 ? f16_to_f32(((const uint16_t*)sc)[gi]) : ((const float*)sc)[gi];
+      const float s = f16 == 2 ? e8m0_half(((const uint8_t*)sc)[gi])
+                      : f16    ? f16_to_f32(((const uint16_t*)sc)[gi])
+                               : ((const float*)sc)[gi];
       const float b = fp4 ? s * FP4_BIAS : f16 ? f16_to_f32(((const uint16_t*)bi)[gi]) : ((const float*)bi)[gi];
       out[t * K + k] = __builtin_fmaf(s, (float)q, b);
     }
@@ -91,3 +101,4 @@ QROWS(mlx_iree_qrows6_f16, 6, 1, uint16_t)
 QROWS(mlx_iree_qrows6_f32, 6, 0, float)
 QROWS_FP4(mlx_iree_qrowsfp4_f16, 1, uint16_t)
 QROWS_FP4(mlx_iree_qrowsfp4_f32, 0, float)
+QROWS_FP4(mlx_iree_qrowsfp4_e8m0, 2, uint8_t)

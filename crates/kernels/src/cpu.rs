@@ -259,6 +259,9 @@ impl Op {
 pub enum Scale {
     F16,
     F32,
+    /// mxfp4's own scale bytes (E8M0, a power of two 2^(e - 127)), FP4 entries only: read
+    /// as `s / 2` = 2^(e - 128), exactly (`cpu/qmv.h`), one byte a group.
+    E8m0,
 }
 
 impl Scale {
@@ -266,15 +269,23 @@ impl Scale {
         match self {
             Scale::F16 => "f16",
             Scale::F32 => "f32",
+            Scale::E8m0 => "e8m0",
         }
     }
 
-    /// The memref element the C side reads (f16 travels as its bits).
+    /// The memref element the C side reads (f16 travels as its bits, E8M0 as its byte).
     fn memref(self) -> &'static str {
         match self {
             Scale::F16 => "i16",
             Scale::F32 => "f32",
+            Scale::E8m0 => "i8",
         }
+    }
+
+    /// An E8M0 scale byte as the kernels read it: `s / 2` = 2^(e - 128), computed as they
+    /// compute it (the f32 with the bits (e + 64) << 23, times 2^-65).
+    pub fn e8m0_half(e: u8) -> f32 {
+        f32::from_bits((u32::from(e) + 64) << 23) * 2f32.powi(-65)
     }
 }
 

@@ -49,6 +49,9 @@ pub struct Packing {
     /// (`bits` 4) through its FP4 table, scales of `s / 2`, and no biases
     /// (`kernels::cpu::Entry::fp4`).
     pub fp4: bool,
+    /// mxfp4: the scales are E8M0 bytes, which the CPU kernel reads as stored (`scale_elem`
+    /// `I8` in its form: one byte a group, the file's bytes; `kernels::cpu::Scale::E8m0`).
+    pub e8m0: bool,
 }
 
 impl Packing {
@@ -66,7 +69,11 @@ impl Packing {
 
     /// The kernel's scale type for this packing.
     pub fn kernel_scale(&self) -> kernels::cpu::Scale {
-        if self.scale_elem == ElementType::F16 { kernels::cpu::Scale::F16 } else { kernels::cpu::Scale::F32 }
+        match self.scale_elem {
+            ElementType::F16 => kernels::cpu::Scale::F16,
+            ElementType::I8 => kernels::cpu::Scale::E8m0,
+            _ => kernels::cpu::Scale::F32,
+        }
     }
 
     /// The CPU kernel's entry computing `op` for this packing.
@@ -314,7 +321,8 @@ impl Layout {
             let flipped = q.mode() == weights::QuantMode::Affine && q.bits() == bits;
             let fp4 = matches!(q.mode(), weights::QuantMode::Mxfp4 | weights::QuantMode::Nvfp4);
             let stored = if fp4 { 4 } else { q.bits() };
-            let packing = Packing { bits, stored, group_size: gs, scale_elem, bias_elem, wide, flipped, fp4 };
+            let e8m0 = q.mode() == weights::QuantMode::Mxfp4;
+            let packing = Packing { bits, stored, group_size: gs, scale_elem, bias_elem, wide, flipped, fp4, e8m0 };
             self.forms.insert(prefix.to_owned(), Form::GraphPacked(packing));
             any = true;
         }
@@ -361,7 +369,9 @@ impl Layout {
                 }
                 // A stacked expert layer's shape is its experts' (`qmve` takes them stacked).
                 Form::GraphPacked(p) if kernels::cpu::supports(p.cpu_bits(), o, i, p.group_size) => {
-                    let (scale_elem, bias_elem) = if p.scale_elem == ElementType::F16 {
+                    let (scale_elem, bias_elem) = if p.fp4 && p.e8m0 {
+                        (ElementType::I8, ElementType::I8)
+                    } else if p.scale_elem == ElementType::F16 {
                         (ElementType::F16, ElementType::F16)
                     } else {
                         (ElementType::F32, ElementType::F32)
@@ -764,6 +774,14 @@ impl<'a> Affine<'a> {
         }
     }
 
+    /// The checkpoint's own scale bytes (`[out, groups]`, one byte each: E8M0 or E4M3).
+    fn scale_bytes(&self) -> Result<&[u8]> {
+        match self {
+            Affine::Stored(q) | Affine::Codes(q, _) if q.scales().dtype() == Dtype::U8 => Ok(q.scales().bytes()),
+            _ => Err(Error::Invalid("scale bytes asked of scales that are not bytes".into())),
+        }
+    }
+
     fn scales_f32(&self) -> Result<Vec<f32>> {
         match self {
             Affine::Stored(q) => Ok(q.scales().to_f32_vec()?),
@@ -830,6 +848,10 @@ fn kernel_bytes(q: &Affine<'_>, p: &Packing, role: Role) -> Result<Cow<'static, 
     let values = |v: Vec<f32>| encode_f32(kernels::cpu::repack_groups(&v, o, groups).into_iter(), p.scale_elem);
     Ok(Cow::Owned(match role {
         Role::PackedWeight => kernels::cpu::repack_weight(p.bits, o, i, q.weight()),
+        // mxfp4's E8M0 bytes as stored.
+        Role::PackedScales if p.scale_elem == ElementType::I8 => {
+            kernels::cpu::repack_groups(q.scale_bytes()?, o, groups)
+        }
         Role::PackedScales => values(q.scales_f32()?),
         _ => values(q.biases_f32()?),
     }))

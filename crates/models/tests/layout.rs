@@ -190,11 +190,13 @@ fn cpu_kernel_layout() {
 }
 
 /// mxfp4 and nvfp4 in the CPU kernel's form: the E2M1 codes as stored, 4 bits a value in the
-/// kernel's blocks, scales of `s / 2` and no biases (the kernel computes them), dispatched to
-/// the FP4 exports; the graph form holds the exact 8-bit copy instead, with its biases.
+/// kernel's blocks, no biases (the kernel computes them), dispatched to the FP4 exports;
+/// mxfp4's scales are its E8M0 bytes as stored, nvfp4's f16 `s / 2`. The graph form holds the
+/// exact 8-bit copy instead, with its biases.
 #[test]
 fn fp4_codes_stay_four_bits_in_the_kernel() {
-    for (variant, gs, export) in [("mxfp4", 32, "@qmvfp4_f16"), ("nvfp4", 16, "@qmvfp4_f16")] {
+    for (variant, gs, suffix, elem) in [("mxfp4", 32, "e8m0", ElementType::I8), ("nvfp4", 16, "f16", ElementType::F16)]
+    {
         let (ckpt, cfg) = open("llama_llama3_tied", variant);
         let layout = Layout::new(&cfg, Precision::Packed, &ckpt, &cpu()).unwrap();
         let prefix = "model.layers.0.mlp.down_proj";
@@ -211,20 +213,29 @@ fn fp4_codes_stay_four_bits_in_the_kernel() {
             got,
             [
                 (key("weight").as_str(), vec![4, 1024], ElementType::I8),
-                (key("scales").as_str(), vec![4, 128 / gs * 16], ElementType::F16)
+                (key("scales").as_str(), vec![4, 128 / gs * 16], elem)
             ],
             "{variant}"
         );
         let Linear::Quantized(q) = ckpt.linear(prefix).unwrap() else { panic!("quantized") };
         let bytes = layout.load(&ckpt, &params[0]).unwrap();
         assert_eq!(bytes[..], kernels::cpu::repack_weight(4, 64, 128, q.weight().bytes())[..], "{variant}: codes");
-        let scales = floats(ElementType::F16, &layout.load(&ckpt, &params[1]).unwrap());
-        let copy = q.to_affine().unwrap();
-        assert_eq!(scales, kernels::cpu::repack_groups(&copy.scales, 64, 128 / gs), "{variant}: s / 2");
+        let scales = layout.load(&ckpt, &params[1]).unwrap();
+        if elem == ElementType::I8 {
+            let stored = kernels::cpu::repack_groups(q.scales().bytes(), 64, 128 / gs);
+            assert_eq!(scales[..], stored[..], "{variant}: the E8M0 bytes as stored");
+            let halves: Vec<f32> = stored.iter().map(|&e| kernels::cpu::Scale::e8m0_half(e)).collect();
+            let copy = q.to_affine().unwrap();
+            assert_eq!(halves, kernels::cpu::repack_groups(&copy.scales, 64, 128 / gs), "{variant}: read as s / 2");
+        } else {
+            let copy = q.to_affine().unwrap();
+            assert_eq!(floats(elem, &scales), kernels::cpu::repack_groups(&copy.scales, 64, 128 / gs), "{variant}");
+        }
         let cache = CacheShape { slots: 1, positions: 64, elem: KvElem::F32 };
         let functions = [Function::Decode { rows: 1, window: 32 }];
         let text = emit_functions(&cfg, &layout, cache, &functions, None).unwrap();
-        assert!(text.contains(export) && text.contains("@qrowsfp4_f16"), "{variant}");
+        let (export, rows) = (format!("@qmvfp4_{suffix}"), format!("@qrowsfp4_{suffix}"));
+        assert!(text.contains(&export) && text.contains(&rows), "{variant}");
         // The graph form: the 8-bit copy, with biases.
         let graph = Layout::new(&cfg, Precision::Packed, &ckpt, &Backend::default()).unwrap();
         assert!(matches!(graph.form(prefix), Some(Form::GraphPacked(p)) if p.bits == 8 && p.has_biases()));

@@ -37,7 +37,9 @@ pub fn entries() -> Vec<Entry> {
     let mut all = Vec::new();
     for op in Op::ALL {
         for (bits, fp4) in PACKINGS {
-            for scale in [Scale::F16, Scale::F32] {
+            // mxfp4's scale bytes go to the FP4 entries only.
+            let scales: &[Scale] = if fp4 { &[Scale::F16, Scale::F32, Scale::E8m0] } else { &[Scale::F16, Scale::F32] };
+            for &scale in scales {
                 all.push(Entry { op, bits, scale, fp4 });
             }
         }
@@ -47,10 +49,10 @@ pub fn entries() -> Vec<Entry> {
 
 /// MLX's usual group sizes (64 and 32) and the extremes the kernels take: 128 (the AMX object
 /// splits it in two chunks) and 16 (half of the 32 values its quantization takes at once);
-/// FP4 at mxfp4's 32 and nvfp4's 16.
+/// FP4 at mxfp4's 32 (its E8M0 scale bytes too) and nvfp4's 16.
 pub fn group_size(e: &Entry) -> usize {
     match (e.bits, e.fp4, e.scale) {
-        (4, true, Scale::F16) => 32,
+        (4, true, Scale::F16 | Scale::E8m0) => 32,
         (4, true, Scale::F32) => 16,
         (4, _, Scale::F16) => 64,
         (4, _, Scale::F32) => 128,
@@ -60,6 +62,8 @@ pub fn group_size(e: &Entry) -> usize {
         (6, _, Scale::F32) => 32,
         (_, _, Scale::F16) => 32,
         (_, _, Scale::F32) => 16,
+        // mxfp4's own group size (E8M0 scales go with FP4 entries only).
+        (_, _, Scale::E8m0) => 32,
     }
 }
 
@@ -73,7 +77,11 @@ pub fn experts_function_name(e: &Entry, by_expert: usize) -> String {
 }
 
 fn scale_elem(scale: Scale) -> ElementType {
-    if scale == Scale::F16 { ElementType::F16 } else { ElementType::F32 }
+    match scale {
+        Scale::F16 => ElementType::F16,
+        Scale::F32 => ElementType::F32,
+        Scale::E8m0 => ElementType::I8,
+    }
 }
 
 /// One function per (entry, row count), each one dispatch of that entry point of the
@@ -155,6 +163,8 @@ pub struct Matrix {
     pub q: Vec<u8>,
     pub scales: Vec<f32>,
     pub biases: Vec<f32>,
+    /// With E8M0 scales, the bytes the kernel reads (`scales` holds their values).
+    pub e8m0: Vec<u8>,
 }
 
 impl Matrix {
@@ -164,9 +174,16 @@ impl Matrix {
         let levels = 1u32 << bits;
         let q =
             values(seed, out * inp).iter().map(|v| (((v + 1.0) * 0.5 * levels as f32) as u32 % levels) as u8).collect();
-        let scales = values(seed + 1, out * groups).iter().map(|v| round(0.01 + 0.02 * v.abs())).collect();
+        let mut scales: Vec<f32> =
+            values(seed + 1, out * groups).iter().map(|v| round(0.01 + 0.02 * v.abs())).collect();
         let biases = values(seed + 2, out * groups).iter().map(|v| round(-0.1 * v.abs())).collect();
-        Matrix { bits, fp4: false, out, inp, group_size, q, scales, biases }
+        let mut e8m0 = Vec::new();
+        if scale == Scale::E8m0 {
+            // Powers of two from 2^-13 to 2^-3 (s / 2 of E8M0 bytes 115 to 125).
+            e8m0 = values(seed + 1, out * groups).iter().map(|v| 115 + ((v.abs() * 11.0) as u8).min(10)).collect();
+            scales = e8m0.iter().map(|&e| Scale::e8m0_half(e)).collect();
+        }
+        Matrix { bits, fp4: false, out, inp, group_size, q, scales, biases, e8m0 }
     }
 
     /// The matrix of an `entry`: FP4 codes with their computed biases for an FP4 entry.
