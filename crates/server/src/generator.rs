@@ -207,11 +207,18 @@ fn chooser(
 #[derive(Debug)]
 pub struct Generator {
     pub scheduler: Scheduler,
-    pub tokenizer: Tokenizer,
-    /// The chat template, or why the folder has none (then chat prompts are refused).
-    pub chat: Result<ChatTemplate, ChatError>,
-    pub eos: Vec<u32>,
-    pub harmony: Option<Harmony>,
+    /// The text side: tokenizer, chat template (or why the folder has none: then chat
+    /// prompts are refused), end-of-sequence ids; its fields and `encode`/`encode_chat` are
+    /// the generator's own (`Deref`).
+    pub text: ModelText,
+}
+
+impl std::ops::Deref for Generator {
+    type Target = ModelText;
+
+    fn deref(&self) -> &ModelText {
+        &self.text
+    }
 }
 
 impl Generator {
@@ -229,22 +236,7 @@ impl Generator {
             tracing::warn!("no chat template ({e}): chat prompts will be refused");
         }
         let scheduler = Scheduler::start(dir, config)?;
-        let ModelText { tokenizer, chat, eos, harmony } = text;
-        Ok(Generator { scheduler, tokenizer, chat, eos, harmony })
-    }
-
-    /// `text` as prompt ids (with the tokenizer's special tokens).
-    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
-        self.tokenizer.encode(text, true)
-    }
-
-    /// `messages` rendered with the chat template (and a generation prompt) as prompt ids.
-    pub fn encode_chat(
-        &self,
-        messages: &[Message],
-        effort: Option<ReasoningEffort>,
-    ) -> Result<Vec<u32>, GenerateError> {
-        encode_chat(&self.chat, &self.tokenizer, messages, effort)
+        Ok(Generator { scheduler, text })
     }
 
     /// The engine request for `prompt` under `options`: the model's end-of-sequence ids as
