@@ -150,21 +150,27 @@ static inline void configure_tiles(size_t np, size_t gs) {
   load_tile_config(&cfg);
 }
 
+// A 4-bit tile (byte 2r + p: q[r, k + p] low nibble, q[r, k + 2 + p] high) as rows of the
+// tile-B layout: q[r, k..k+3] in the 4 bytes of dword r. Zero-extending row r's word to a
+// dword and or-ing it with itself shifted by 12 puts the four nibbles in the bytes' low
+// halves. (Splitting two tiles' nibbles and permuting bytes, as 8-bit does, measured 5%
+// slower.)
+static inline __attribute__((always_inline)) __m512i nibble_bytes(__m256i tile) {
+  const __m512i v = _mm512_cvtepu16_epi32(tile);
+  return _mm512_ternarylogic_epi32(v, _mm512_slli_epi32(v, 12), _mm512_set1_epi8(0x0F), 0xA8);  // (a | b) & c
+}
+
 // kc k of a block's group (16 rows) in the tile-B layout: row k/4 holds, for each of the 16
 // rows r, q[r, k..k+3] in 4 bytes. Returns each row's sum of q (i32 lanes). 4-bit tiles
-// (byte 2r + p: q[r, k + p] low nibble, q[r, k + 2 + p] high): zero-extending row r's word
-// to a dword and or-ing it with itself shifted by 12 puts the four nibbles in the four bytes'
-// low halves; byte sums of up to 16 of them fit a byte. (Splitting two tiles' nibbles and
-// permuting bytes, as 8-bit does, measured 5% slower.) With `fp4` each nibble is an E2M1
-// code, its q (up to 24, so byte sums could overflow: summed in i32 as it goes) looked up in
-// FP4_TABLE (`vpshufb`).
+// through nibble_bytes; byte sums of up to 16 of their values fit a byte. With `fp4` each
+// nibble is an E2M1 code, its q (up to 24, so byte sums could overflow: summed in i32 as it
+// goes) looked up in FP4_TABLE (`vpshufb`).
 static inline __attribute__((always_inline)) __m512i unpack4(int fp4, const uint8_t* wg, size_t kc, uint8_t* bt) {
-  const __m512i low = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1);
+  const __m512i ones = _mm512_set1_epi8(1);
   const __m512i table = _mm512_broadcast_i32x4(_mm_setr_epi8(FP4_TABLE));
   __m512i sum = _mm512_setzero_si512(), sum32 = _mm512_setzero_si512();
   for (size_t k = 0; k < kc; k += 4, wg += 32, bt += 64) {
-    const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)wg));
-    __m512i u = _mm512_ternarylogic_epi32(v, _mm512_slli_epi32(v, 12), low, 0xA8);  // (a | b) & c
+    __m512i u = nibble_bytes(_mm256_loadu_si256((const __m256i*)wg));
     if (fp4) {
       u = _mm512_shuffle_epi8(table, u);
       sum32 = _mm512_dpbusd_epi32(sum32, u, ones);
@@ -198,10 +204,11 @@ static inline __attribute__((always_inline)) __m512i unpack8(const uint8_t* wg, 
 // 3-bit units (qmv.h's layout: 8 k, the 4-bit tiles' low bits then their top bits) as the
 // rows of B that unpack4 makes of the two 4-bit tiles they hold: each tile built in a register
 // (the low bits where its nibbles have them, the top bits beside, as qmv_avx512.h's
-// group_dot3), then its nibbles spread to bytes. Byte sums of up to 8 values of at most 7
-// fit a byte.
+// group_dot3; the same tiles as qmv.h's widen_group, whose portable byte operations took
+// 1.1x the time here), then its nibbles spread to bytes (nibble_bytes). Byte sums of a
+// chunk's values (at most 64 k: 16 a byte, each at most 7) fit a byte.
 static inline __attribute__((always_inline)) __m512i unpack3(const uint8_t* wg, size_t kc, uint8_t* bt) {
-  const __m512i low = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1);
+  const __m512i ones = _mm512_set1_epi8(1);
   const __m256i lows = _mm256_set1_epi8(0x33), tops = _mm256_set1_epi8(0x44);
   __m512i sum = _mm512_setzero_si512();
   for (size_t k = 0; k < kc; k += 8, wg += 48, bt += 128) {
@@ -213,9 +220,7 @@ static inline __attribute__((always_inline)) __m512i unpack3(const uint8_t* wg, 
     const __m256i t0 = _mm256_ternarylogic_epi32(lo, _mm256_and_si256(top, tops), lows, SELECT);
     const __m256i t1 = _mm256_ternarylogic_epi32(_mm256_srli_epi16(lo, 2),
                                                  _mm256_and_si256(_mm256_srli_epi16(top, 1), tops), lows, SELECT);
-    const __m512i v0 = _mm512_cvtepu16_epi32(t0), v1 = _mm512_cvtepu16_epi32(t1);
-    const __m512i u0 = _mm512_ternarylogic_epi32(v0, _mm512_slli_epi32(v0, 12), low, 0xA8);
-    const __m512i u1 = _mm512_ternarylogic_epi32(v1, _mm512_slli_epi32(v1, 12), low, 0xA8);
+    const __m512i u0 = nibble_bytes(t0), u1 = nibble_bytes(t1);
     _mm512_store_si512(bt, u0);
     _mm512_store_si512(bt + 64, u1);
     sum = _mm512_add_epi8(sum, _mm512_add_epi8(u0, u1));
@@ -224,7 +229,8 @@ static inline __attribute__((always_inline)) __m512i unpack3(const uint8_t* wg, 
 }
 
 // 6-bit units (8 k: the 8-bit tiles' low nibbles, then their top 2 bits) as unpack8's rows of
-// B: each pair of 8-bit tiles built in registers, then interleaved.
+// B: each pair of 8-bit tiles built in one register (the tiles of qmv.h's widen_group, whose
+// portable byte operations took 1.15-1.2x the time here), then interleaved.
 static inline __attribute__((always_inline)) __m512i unpack6(const uint8_t* wg, size_t kc, uint8_t* bt) {
   const __m512i ones = _mm512_set1_epi8(1), nib = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
   __m512i sum = _mm512_setzero_si512();
