@@ -369,7 +369,7 @@ impl Layout {
                 }
                 // A stacked expert layer's shape is its experts' (`qmve` takes them stacked).
                 Form::GraphPacked(p) if kernels::cpu::supports(p.cpu_bits(), o, i, p.group_size) => {
-                    let (scale_elem, bias_elem) = if p.fp4 && p.e8m0 {
+                    let (scale_elem, bias_elem) = if p.e8m0 {
                         (ElementType::I8, ElementType::I8)
                     } else if p.scale_elem == ElementType::F16 {
                         (ElementType::F16, ElementType::F16)
@@ -844,7 +844,7 @@ fn graph_bytes<'a>(q: &Affine<'a>, packing: &Packing, role: Role, elem: ElementT
 fn kernel_bytes(q: &Affine<'_>, p: &Packing, role: Role) -> Result<Cow<'static, [u8]>> {
     let (o, i) = q.shape();
     let groups = i / p.group_size;
-    // `link_cpu_kernels` made the scale type f16 or f32.
+    // `link_cpu_kernels` made the scale type f16, f32 or (mxfp4's bytes) I8.
     let values = |v: Vec<f32>| encode_f32(kernels::cpu::repack_groups(&v, o, groups).into_iter(), p.scale_elem);
     Ok(Cow::Owned(match role {
         Role::PackedWeight => kernels::cpu::repack_weight(p.bits, o, i, q.weight()),

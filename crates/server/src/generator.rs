@@ -119,23 +119,14 @@ impl ModelText {
         messages: &[Message],
         effort: Option<ReasoningEffort>,
     ) -> Result<Vec<u32>, GenerateError> {
-        encode_chat(&self.chat, &self.tokenizer, messages, effort)
+        let chat = self.chat_template()?;
+        Ok(chat.encode_with(&self.tokenizer, messages, &template_vars(chat, effort)?)?)
     }
 
     /// The chat template, or why the folder has none.
     pub fn chat_template(&self) -> Result<&ChatTemplate, GenerateError> {
         self.chat.as_ref().map_err(|e| GenerateError::NoChatTemplate(e.to_string()))
     }
-}
-
-fn encode_chat(
-    chat: &Result<ChatTemplate, ChatError>,
-    tokenizer: &Tokenizer,
-    messages: &[Message],
-    effort: Option<ReasoningEffort>,
-) -> Result<Vec<u32>, GenerateError> {
-    let chat = chat.as_ref().map_err(|e| GenerateError::NoChatTemplate(e.to_string()))?;
-    Ok(chat.encode_with(tokenizer, messages, &template_vars(chat, effort)?)?)
 }
 
 /// How one answer is generated: plain values a front end fills from its flags or request
