@@ -2,6 +2,7 @@
 
 Usage: openai_check.py BASE_URL MODEL suite
        openai_check.py BASE_URL MODEL fanout PROMPT...   (all prompts at once, greedy)
+       openai_check.py BASE_URL MODEL tools   (a greedy answer with tools offered, plain and streamed)
 
 Run by crates/mlx-iree/tests/openai.rs with the venv target/client-venv (pinned openai).
 """
@@ -90,6 +91,47 @@ def logprobs(client, model):
     }
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def tools(client, model):
+    """The tool calls of a greedy answer (arguments parsed), plain and accumulated from streamed deltas."""
+    kwargs = dict(model=model, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER],
+                  tool_choice="auto", temperature=0)
+    plain = client.chat.completions.create(**kwargs).choices[0]
+    out = {"plain": {
+        "calls": [{"name": c.function.name, "arguments": json.loads(c.function.arguments)}
+                  for c in plain.message.tool_calls or []],
+        "ids": [c.id for c in plain.message.tool_calls or []],
+        "finish": plain.finish_reason,
+        "content": plain.message.content,
+    }}
+    calls, content, finish = {}, None, None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content = (content or "") + delta.content if delta.content else content
+        for c in delta.tool_calls or []:
+            entry = calls.setdefault(c.index, {"name": "", "arguments": ""})
+            entry["name"] += c.function.name or ""
+            entry["arguments"] += c.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    out["streamed"] = {
+        "calls": [{"name": c["name"], "arguments": json.loads(c["arguments"])} for _, c in sorted(calls.items())],
+        "finish": finish,
+        "content": content,
+    }
+    return out
+
+
 def fanout(client, model, prompts):
     def one(prompt):
         r = client.completions.create(model=model, prompt=prompt, max_tokens=16, temperature=0)
@@ -102,7 +144,12 @@ def fanout(client, model, prompts):
 def main():
     base_url, model, mode = sys.argv[1:4]
     client = openai.OpenAI(base_url=base_url, api_key="unused", timeout=300, max_retries=0)
-    result = suite(client, model) if mode == "suite" else fanout(client, model, sys.argv[4:])
+    if mode == "suite":
+        result = suite(client, model)
+    elif mode == "tools":
+        result = tools(client, model)
+    else:
+        result = fanout(client, model, sys.argv[4:])
     print(json.dumps(result))
 
 

@@ -251,6 +251,8 @@ pub fn answer(
                 out.flush()?;
                 text += &piece;
             }
+            // Only a request that offers tools gets calls apart, and the CLI offers none.
+            Piece::ToolCalls(_) => {}
             Piece::End(_) => break,
         }
     }

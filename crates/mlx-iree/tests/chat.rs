@@ -301,20 +301,11 @@ fn a_model_without_a_chat_template_is_refused_before_loading() {
     assert!(out.stdout.is_empty());
 }
 
-/// The gpt_oss fixture at f32 with the scripted harmony text side (tests/scripted/harmony),
-/// in a folder of its own: its greedy chat answer reads `<|channel|>analysis<|message|>I
-/// think<|end|>` then `<|message|>Paris<|return|>`.
+/// The gpt_oss fixture at f32 with the scripted harmony text side (tests/scripted/harmony):
+/// its greedy chat answer reads `<|channel|>analysis<|message|>I think<|end|>` then
+/// `<|message|>Paris<|return|>`.
 fn harmony_model() -> tempfile::TempDir {
-    let root = common::root();
-    let dir = tempfile::tempdir().unwrap();
-    let fixture = root.join("tests/fixtures/gpt_oss/f32");
-    for file in ["config.json", "model.safetensors", "model.safetensors.index.json"] {
-        std::fs::copy(fixture.join(file), dir.path().join(file)).unwrap();
-    }
-    for file in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(root.join("tests/scripted/harmony").join(file), dir.path().join(file)).unwrap();
-    }
-    dir
+    common::scripted("gpt_oss", "harmony")
 }
 
 /// `generate --chat` and `chat` on a harmony model: the answer alone on stdout, the reasoning

@@ -32,16 +32,39 @@ fn python() -> PathBuf {
 }
 
 fn client(base_url: &str, args: &[&str]) -> Value {
+    client_of(base_url, "smollm2", args)
+}
+
+fn client_of(base_url: &str, model: &str, args: &[&str]) -> Value {
     let out = Command::new(python())
         .arg(root().join("tests/clients/openai_check.py"))
         .arg(base_url)
-        .arg("smollm2")
+        .arg(model)
         .args(args)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
         .unwrap();
     assert!(out.status.success(), "openai client failed:\n{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The client reads a model's tool calls (a scripted Hermes model, tests/scripted/hermes,
+/// whose greedy answer is a call of `get_weather`) from the message and from streamed deltas
+/// as it reads OpenAI's.
+#[test]
+fn the_openai_client_reads_tool_calls() {
+    let model = common::scripted("qwen2", "hermes");
+    let mut command = mlx_iree();
+    command.args(["serve", "--port", "0", "--precision", "f32", "--max-context", "32", "--kv-cache", "f32"]);
+    let server = common::start(command.args(["--model-id", "hermes", "--model"]).arg(model.path()));
+    let got = client_of(&format!("http://{}/v1", server.addr), "hermes", &["tools"]);
+    let call = serde_json::json!({"name": "get_weather", "arguments": {"city": "Paris"}});
+    for key in ["plain", "streamed"] {
+        assert_eq!(got[key]["calls"], serde_json::json!([call]), "{got}");
+        assert_eq!(got[key]["finish"], "tool_calls", "{got}");
+        assert_eq!(got[key]["content"], Value::Null, "{got}");
+    }
+    assert!(got["plain"]["ids"][0].as_str().unwrap().starts_with("call-"), "{got}");
 }
 
 #[test]
@@ -86,7 +109,7 @@ fn the_openai_client_gets_what_generate_prints() {
     // Refused fields: the client raises BadRequestError with the field as `param`.
     for (name, message) in [
         ("response_format", "`response_format` is not supported yet (only {\"type\": \"text\"})"),
-        ("tools", "`tools` is not supported yet (only an empty list)"),
+        ("tools", "this model's chat template does not take tools"),
         ("frequency_penalty", "frequency_penalty must be between -2 and 2, got 3"),
         ("foo", "unknown field `foo`"),
     ] {

@@ -8,6 +8,7 @@ use crate::error::ApiError;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
+use text::chat::Arg;
 use text::sampler::{MAX_LOGIT_BIAS, MAX_PENALTY, MAX_TOP_LOGPROBS, SamplingParams};
 
 /// What the server does with a request field.
@@ -65,9 +66,10 @@ const CHAT_FIELDS: &[(&str, Use)] = &[
         "response_format",
         Use::NotYet { accepts: |v| *v == serde_json::json!({"type": "text"}), only: " (only {\"type\": \"text\"})" },
     ),
-    ("tools", Use::NotYet { accepts: |v| v.as_array().is_some_and(Vec::is_empty), only: " (only an empty list)" }),
-    ("tool_choice", Use::NotYet { accepts: |v| v == "none", only: " (only \"none\")" }),
-    ("parallel_tool_calls", not_yet()),
+    ("tools", Use::Read),
+    ("tool_choice", Use::Read),
+    // Every call the model writes is given; asking for at most one is not built yet.
+    ("parallel_tool_calls", Use::NotYet { accepts: |v| *v == Value::Bool(true), only: " (only true)" }),
     ("functions", Use::NotYet { accepts: |v| v.as_array().is_some_and(Vec::is_empty), only: " (only an empty list)" }),
     ("function_call", Use::NotYet { accepts: |v| v == "none", only: " (only \"none\")" }),
     ("modalities", Use::NotYet { accepts: |v| *v == serde_json::json!(["text"]), only: " (only [\"text\"])" }),
@@ -89,9 +91,9 @@ const COMPLETION_FIELDS: &[(&str, Use)] = &[
 const MESSAGE_FIELDS: &[(&str, Use)] = &[
     ("role", Use::Read),
     ("content", Use::Read),
-    ("name", not_yet()),
-    ("tool_calls", Use::NotYet { accepts: |v| v.as_array().is_some_and(Vec::is_empty), only: " (only an empty list)" }),
-    ("tool_call_id", not_yet()),
+    ("name", Use::Read),
+    ("tool_calls", Use::Read),
+    ("tool_call_id", Use::Read),
     ("function_call", not_yet()),
     ("audio", not_yet()),
     ("refusal", not_yet()),
@@ -299,6 +301,12 @@ pub struct ChatMessage {
     pub role: String,
     /// `null` for an assistant turn that only called tools; taken as empty.
     pub content: Option<Content>,
+    /// An assistant turn's calls: `{id, type: "function", function: {name, arguments}}`, the
+    /// arguments a string of JSON (as OpenAI gives them) or an object.
+    pub tool_calls: Option<Vec<Arg>>,
+    /// A `tool` turn's answer to this call.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -308,8 +316,28 @@ pub struct ChatBody {
     pub top_logprobs: Option<usize>,
     /// For a chat template that reads it (gpt-oss's): `low`, `medium` or `high`.
     pub reasoning_effort: Option<String>,
+    /// Functions the model may call: `{type: "function", function: {name, description,
+    /// parameters, strict}}`, handed to the chat template in the order written.
+    pub tools: Option<Vec<Arg>>,
+    /// `none`, `auto`, `required` or `{type: "function", function: {name}}`.
+    pub tool_choice: Option<Value>,
     #[serde(flatten)]
     pub common: Common,
+}
+
+/// What a chat request does with its tools.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolUse {
+    /// No tools offered (or `tool_choice: "none"`): the template sees none and the answer is
+    /// text.
+    None,
+    /// The tools go to the template, and the calls the model writes are read apart.
+    Auto {
+        /// The definitions as written (key order kept), for the template.
+        template: Arg,
+        /// The same, to read the calls by (Qwen3-Coder's argument types).
+        definitions: Vec<Value>,
+    },
 }
 
 /// OpenAI's default temperature.
@@ -344,26 +372,51 @@ fn several(n: usize) -> ApiError {
 
 impl ChatMessage {
     /// The message as the chat template sees it (message `i` of the request): its role
-    /// (`developer`, OpenAI's newer name for `system`, as `system`) and its text.
+    /// (`developer`, OpenAI's newer name for `system`, as `system`), its text, and its tool
+    /// calls (their arguments as JSON objects, as transformers' templates print them) or the
+    /// call it answers.
     pub fn message(&self, i: usize) -> Result<text::chat::Message, ApiError> {
+        let at = |field: &str| format!("messages[{i}].{field}");
         let role = match self.role.as_str() {
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => "assistant",
-            "tool" | "function" => {
+            "tool" => "tool",
+            "function" => {
                 return Err(ApiError::field(
-                    format!("messages[{i}].role"),
-                    format!("messages of role `{}` are not supported yet", self.role),
+                    at("role"),
+                    "messages of role `function` (deprecated by OpenAI) are not supported: use `tool`",
                 ));
             }
             other => {
                 return Err(ApiError::field(
-                    format!("messages[{i}].role"),
-                    format!("unknown role `{other}` (system, developer, user or assistant)"),
+                    at("role"),
+                    format!("unknown role `{other}` (system, developer, user, assistant or tool)"),
                 ));
             }
         };
-        Ok(text::chat::Message::new(role, self.text()))
+        if self.tool_calls.is_some() && role != "assistant" {
+            return Err(ApiError::field(at("tool_calls"), "only assistant messages have tool_calls"));
+        }
+        if role == "tool" && self.tool_call_id.is_none() {
+            return Err(ApiError::field(at("tool_call_id"), "a tool message needs the tool_call_id it answers"));
+        }
+        let tool_calls = match &self.tool_calls {
+            None => None,
+            Some(calls) => Some(
+                calls
+                    .iter()
+                    .enumerate()
+                    .map(|(j, call)| tool_call(call, &at(&format!("tool_calls[{j}]"))))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
+        Ok(text::chat::Message {
+            tool_calls,
+            tool_call_id: self.tool_call_id.clone(),
+            name: self.name.clone(),
+            ..text::chat::Message::new(role, self.text())
+        })
     }
 
     /// The message's text: a string, or its text parts joined (other parts were refused by
@@ -377,7 +430,135 @@ impl ChatMessage {
     }
 }
 
+/// An assistant message's tool call (at `at`) as templates take it: `{id, type, function:
+/// {name, arguments}}`, its arguments a JSON object in the order written.
+fn tool_call(call: &Arg, at: &str) -> Result<Arg, ApiError> {
+    let json = call.to_json();
+    let Some(fields) = json.as_object() else {
+        return Err(ApiError::field(at, format!("`{at}` must be an object")));
+    };
+    if let Some(key) = fields.keys().find(|k| !["id", "type", "function"].contains(&k.as_str())) {
+        return Err(ApiError::field(format!("{at}.{key}"), format!("unknown field `{at}.{key}`")));
+    }
+    if fields.get("type").is_some_and(|t| t != "function") {
+        return Err(ApiError::field(format!("{at}.type"), "tool calls are of type `function`"));
+    }
+    let function = fields.get("function").and_then(Value::as_object);
+    let name = function.and_then(|f| f.get("name")).and_then(Value::as_str).filter(|n| !n.is_empty());
+    let Some(name) = name else {
+        return Err(ApiError::field(format!("{at}.function.name"), "a tool call needs a function name"));
+    };
+    let arguments = match function.and_then(|f| f.get("arguments")) {
+        None | Some(Value::Null) => Arg::parse("{}"),
+        Some(Value::String(text)) => Arg::parse(text),
+        Some(Value::Object(_)) => Ok(call_arguments(call)),
+        Some(_) => Arg::parse("null"),
+    };
+    let arguments = arguments.ok().filter(|a| a.to_json().is_object()).ok_or_else(|| {
+        ApiError::field(format!("{at}.function.arguments"), "a tool call's arguments must be a JSON object")
+    })?;
+    let mut parts = vec![];
+    if let Some(id) = fields.get("id").and_then(Value::as_str) {
+        parts.push(("id", Arg::str(id)));
+    }
+    parts.push(("type", Arg::str("function")));
+    parts.push(("function", Arg::object([("name", Arg::str(name)), ("arguments", arguments)])));
+    Ok(Arg::object(parts))
+}
+
+/// `function.arguments` of a call given as an object, its key order kept.
+fn call_arguments(call: &Arg) -> Arg {
+    call.get("function").and_then(|f| f.get("arguments")).unwrap_or_else(|| Arg::str(""))
+}
+
 impl ChatBody {
+    /// The tools offered and what to do with them, each definition checked.
+    pub fn tool_use(&self) -> Result<ToolUse, ApiError> {
+        let tools = self.tools.as_deref().unwrap_or_default();
+        let mut names = Vec::new();
+        let mut definitions = Vec::new();
+        for (i, tool) in tools.iter().enumerate() {
+            let at = format!("tools[{i}]");
+            let json = tool.to_json();
+            let function = match json.as_object() {
+                Some(t) if t.get("type").and_then(Value::as_str) == Some("function") => {
+                    if let Some(key) = t.keys().find(|k| *k != "type" && *k != "function") {
+                        return Err(ApiError::field(format!("{at}.{key}"), format!("unknown field `{at}.{key}`")));
+                    }
+                    t.get("function").and_then(Value::as_object)
+                }
+                _ => return Err(ApiError::field(format!("{at}.type"), "tools must be of type `function`")),
+            };
+            let Some(function) = function else {
+                return Err(ApiError::field(format!("{at}.function"), "a tool needs a `function` object"));
+            };
+            if let Some(key) =
+                function.keys().find(|k| !["name", "description", "parameters", "strict"].contains(&k.as_str()))
+            {
+                let param = format!("{at}.function.{key}");
+                return Err(ApiError::field(param.clone(), format!("unknown field `{param}`")));
+            }
+            let name = function.get("name").and_then(Value::as_str).unwrap_or_default();
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+                return Err(ApiError::field(
+                    format!("{at}.function.name"),
+                    "a tool needs a name of letters, digits, `_` and `-`",
+                ));
+            }
+            if function.get("parameters").is_some_and(|p| !p.is_object()) {
+                return Err(ApiError::field(
+                    format!("{at}.function.parameters"),
+                    "a tool's parameters must be a JSON schema object",
+                ));
+            }
+            if names.iter().any(|n| n == name) {
+                return Err(ApiError::field(format!("{at}.function.name"), format!("two tools are named `{name}`")));
+            }
+            names.push(name.to_owned());
+            definitions.push(json.clone());
+        }
+        let choice = match &self.tool_choice {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.as_str()),
+            Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
+                let name = o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
+                match name {
+                    Some(name) if names.iter().any(|n| n == name) => Some("named"),
+                    Some(name) => {
+                        return Err(ApiError::field(
+                            "tool_choice",
+                            format!("tool_choice names `{name}`, not a tool given"),
+                        ));
+                    }
+                    None => return Err(ApiError::field("tool_choice", "tool_choice.function needs a name")),
+                }
+            }
+            Some(_) => {
+                return Err(ApiError::field(
+                    "tool_choice",
+                    "tool_choice must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\"}}",
+                ));
+            }
+        };
+        match choice {
+            Some("none") => Ok(ToolUse::None),
+            None | Some("auto") if tools.is_empty() => Ok(ToolUse::None),
+            None | Some("auto") => Ok(ToolUse::Auto { template: Arg::list(tools.iter().cloned()), definitions }),
+            Some("required" | "named") if tools.is_empty() => {
+                Err(ApiError::field("tool_choice", "tool_choice asks for a tool call, but no tools are given"))
+            }
+            Some("required" | "named") => Err(ApiError::field(
+                "tool_choice",
+                "tool_choice `required` or a named function is not supported yet (it needs constrained decoding); \
+                 use auto",
+            )),
+            Some(other) => Err(ApiError::field(
+                "tool_choice",
+                format!("tool_choice must be none, auto, required or a function, got `{other}`"),
+            )),
+        }
+    }
+
     /// How many alternatives per token `logprobs: true` asks for (`top_logprobs`, default
     /// 0); `None` without it.
     pub fn logprobs(&self) -> Result<Option<usize>, ApiError> {

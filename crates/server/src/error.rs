@@ -81,6 +81,7 @@ impl From<crate::GenerateError> for ApiError {
                 ApiError::bad_request("this model has no chat template: use /v1/completions")
             }
             e @ GenerateError::EffortUnread(_) => ApiError::field("reasoning_effort", e.to_string()),
+            GenerateError::NoToolCalls(why) => ApiError::field("tools", why),
             // Turning generated ids into text: the server's fault, not the request's.
             GenerateError::Tokenizer(e) => ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         }

@@ -4,17 +4,21 @@
 //! request built from prompt ids and plain options ([`Options`]: the stop tokens, the
 //! vocabulary limit and the sampler closure), and its token events turned back into text
 //! ([`TextStream`]: streaming detokenizer, the reasoning parted from the answer where the
-//! model's format marks it, and stop strings).
+//! model's format marks it, tool calls read apart where the request offered tools, and stop
+//! strings).
 
 use crate::stop::StopMatcher;
 use engine::EngineConfig;
 use engine::scheduler::{Event, FinishReason, Finished, Generation, Request, Sampling, Scheduler};
+use serde_json::Value as Json;
+use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use text::channels::{Channel, ChannelDecoder, Harmony};
-use text::chat::{ChatError, ChatTemplate, Message};
+use text::chat::{Arg, ChatError, ChatTemplate, Message};
 use text::sampler::{Sampler, SamplingError, SamplingParams, TokenLogprobs, logprobs};
 use text::tokenizer::{Tokenizer, TokenizerError, eos_ids};
+use text::tools::{ToolCall, ToolFormat, ToolMarkers};
 
 /// Why a model could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +49,9 @@ pub enum GenerateError {
     /// A reasoning effort for a chat template that does not read one.
     #[error("this model's chat template does not read reasoning_effort (got `{}`)", .0.name())]
     EffortUnread(ReasoningEffort),
+    /// Tools offered to a model whose tool calls cannot be read (why, as text).
+    #[error("{0}")]
+    NoToolCalls(String),
 }
 
 /// How long a reasoning model thinks before it answers: the `reasoning_effort` a chat
@@ -78,11 +85,33 @@ impl ReasoningEffort {
 pub fn template_vars(
     chat: &ChatTemplate,
     effort: Option<ReasoningEffort>,
-) -> Result<Vec<(&'static str, &'static str)>, GenerateError> {
+) -> Result<Vec<(&'static str, Arg)>, GenerateError> {
     match effort {
         None => Ok(Vec::new()),
         Some(e) if !chat.reads("reasoning_effort") => Err(GenerateError::EffortUnread(e)),
-        Some(e) => Ok(vec![("reasoning_effort", e.name())]),
+        Some(e) => Ok(vec![("reasoning_effort", Arg::str(e.name()))]),
+    }
+}
+
+/// How a model writes tool calls: its format and, in the plain formats, the marker tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToolSyntax {
+    pub format: ToolFormat,
+    pub markers: Option<ToolMarkers>,
+}
+
+impl ToolSyntax {
+    /// The syntax of a model with this template and tokenizer, decided once at load: the
+    /// template must take `tools` and write calls in a format we read, whose markers are
+    /// tokens of the vocabulary; else why not.
+    fn of(chat: &Result<ChatTemplate, ChatError>, tokenizer: &Tokenizer, harmony: bool) -> Result<ToolSyntax, String> {
+        let chat = chat.as_ref().map_err(|e| format!("this model has no chat template ({e})"))?;
+        if !chat.reads("tools") {
+            return Err("this model's chat template does not take tools".into());
+        }
+        let format = ToolFormat::detect(chat.source(), harmony)
+            .ok_or("this model's chat template writes tool calls in a format mlx-iree does not read")?;
+        Ok(ToolSyntax { format, markers: format.markers(tokenizer)? })
     }
 }
 
@@ -97,6 +126,8 @@ pub struct ModelText {
     /// The harmony format's tokens, where the vocabulary has them (gpt-oss): chat answers
     /// then come as reasoning and answer apart ([`Options::split_reasoning`]).
     pub harmony: Option<Harmony>,
+    /// How the model writes tool calls, or why they cannot be read.
+    pub tool_syntax: Result<ToolSyntax, String>,
 }
 
 impl ModelText {
@@ -105,7 +136,8 @@ impl ModelText {
         let eos = eos_ids(dir, &tokenizer)?;
         let chat = ChatTemplate::from_dir(dir);
         let harmony = Harmony::of(&tokenizer);
-        Ok(ModelText { tokenizer, chat, eos, harmony })
+        let tool_syntax = ToolSyntax::of(&chat, &tokenizer, harmony.is_some());
+        Ok(ModelText { tokenizer, chat, eos, harmony, tool_syntax })
     }
 
     /// `text` as prompt ids (with the tokenizer's special tokens, as mlx-lm encodes a prompt).
@@ -149,6 +181,9 @@ pub struct Options {
     /// to a chat prompt of a model whose format marks it ([`ModelText::harmony`]); else every
     /// token's text is answer text, special tokens left out.
     pub split_reasoning: bool,
+    /// The tool definitions the prompt offered (OpenAI's `tools`): the model's calls then
+    /// come apart as [`Piece::ToolCalls`], read by its [`ModelText::tool_syntax`].
+    pub tools: Option<Arc<Vec<Json>>>,
 }
 
 impl Options {
@@ -161,6 +196,7 @@ impl Options {
             ignore_eos: false,
             logprobs: None,
             split_reasoning: false,
+            tools: None,
         }
     }
 }
@@ -264,14 +300,25 @@ impl Generator {
 
     /// Submits `prompt` and returns its answer as a stream of text pieces.
     pub fn submit(&self, prompt: Vec<u32>, options: &Options) -> Result<TextStream, GenerateError> {
+        let tools = match &options.tools {
+            None => None,
+            Some(tools) => {
+                let syntax = self.tool_syntax.clone().map_err(GenerateError::NoToolCalls)?;
+                Some((syntax, Arc::clone(tools)))
+            }
+        };
         let (request, logprobs) = self.request_with_logprobs(prompt, options)?;
         let generation = self.scheduler.submit(request)?;
-        let decoder = match self.harmony {
-            Some(h) if options.split_reasoning => ChannelDecoder::harmony(h),
+        let mut decoder = match self.harmony {
+            Some(h) if options.split_reasoning || tools.is_some() => ChannelDecoder::harmony(h),
             _ => ChannelDecoder::plain(),
         };
+        if let Some((syntax, _)) = &tools {
+            decoder = decoder.tool_calls(syntax.markers);
+        }
         let mut stream = TextStream::new(generation, options.stop.clone(), decoder);
         stream.logprobs = logprobs;
+        stream.tools = tools.map(|(syntax, tools)| (syntax.format, tools));
         Ok(stream)
     }
 }
@@ -284,6 +331,9 @@ pub enum Piece {
     /// Reasoning text to give out now ([`Options::split_reasoning`]): never empty, and not
     /// searched for stop strings (they end the answer).
     Reasoning(String),
+    /// Calls the model made to the tools the request offered ([`Options::tools`]), each given
+    /// once it is whole; never empty. (A call that does not parse comes as its text.)
+    ToolCalls(Vec<ToolCall>),
     /// The end, after the last text; asked again, the same.
     End(FinishReason),
 }
@@ -298,8 +348,13 @@ pub struct TextStream {
     stop: StopMatcher,
     /// Set once the end is known (a stop string, or `Done`); given out after the last text.
     end: Option<FinishReason>,
-    /// Answer text given out before the end, where the last piece was reasoning.
-    held: Option<String>,
+    /// Pieces to give out before reading on (the last text at the end, after the reasoning
+    /// or the calls it held).
+    held: VecDeque<Piece>,
+    /// The model's tool-call format and the request's tools, where it offered some.
+    tools: Option<(ToolFormat, Arc<Vec<Json>>)>,
+    /// Whether a tool call was given out.
+    called: bool,
     finished: Option<Finished>,
     generated: usize,
     /// Where the chooser sends each token's logprobs, when asked for.
@@ -315,7 +370,9 @@ impl TextStream {
             decoder,
             stop: StopMatcher::new(stops),
             end: None,
-            held: None,
+            held: VecDeque::new(),
+            tools: None,
+            called: false,
             finished: None,
             generated: 0,
             logprobs: None,
@@ -332,8 +389,8 @@ impl TextStream {
 
     /// The next piece, waiting for the engine (from async code).
     pub async fn next(&mut self, tokenizer: &Tokenizer) -> Result<Piece, GenerateError> {
-        if let Some(text) = self.held.take() {
-            return Ok(Piece::Text(text));
+        if let Some(piece) = self.held.pop_front() {
+            return Ok(piece);
         }
         if let Some(end) = self.end {
             return Ok(Piece::End(end));
@@ -344,8 +401,8 @@ impl TextStream {
 
     /// The next piece, blocking this thread until the engine sends it.
     pub fn blocking_next(&mut self, tokenizer: &Tokenizer) -> Result<Piece, GenerateError> {
-        if let Some(text) = self.held.take() {
-            return Ok(Piece::Text(text));
+        if let Some(piece) = self.held.pop_front() {
+            return Ok(piece);
         }
         if let Some(end) = self.end {
             return Ok(Piece::End(end));
@@ -365,10 +422,45 @@ impl TextStream {
         self.generated
     }
 
+    /// Whether the answer made a tool call ([`Piece::ToolCalls`]) so far.
+    pub fn called(&self) -> bool {
+        self.called
+    }
+
+    /// A tool call's text as calls, where it parses; else (a call cut short or malformed) as
+    /// answer text, the format's markers around it, so nothing the model wrote is lost.
+    fn calls(&mut self, text: String) -> Piece {
+        let Some((format, tools)) = &self.tools else { return Piece::Text(text) };
+        match format.parse(&text, tools) {
+            Ok(calls) if !calls.is_empty() => {
+                self.called = true;
+                Piece::ToolCalls(calls)
+            }
+            Ok(_) => Piece::Text(String::new()),
+            Err(why) => {
+                tracing::warn!("a tool call that does not parse ({why}), given as text");
+                let (start, end) = format.marker_texts().unwrap_or_default();
+                Piece::Text(format!("{start}{text}{}", end.unwrap_or_default()))
+            }
+        }
+    }
+
     /// How the engine ended the generation, once it has said so (`None` before, and when a
     /// stop string ended the answer first).
     pub fn finished(&self) -> Option<&Finished> {
         self.finished.as_ref()
+    }
+
+    /// Answer text through the stop strings: what can be given out now (a stop string
+    /// cancels the generation, freeing its slot at once).
+    fn answer_text(&mut self, text: &str) -> Piece {
+        let (out, stopped) = self.stop.push(text);
+        if stopped {
+            // Nothing after the stop string is given out.
+            self.generation.cancel();
+            self.end = Some(FinishReason::Stop);
+        }
+        Piece::Text(out)
     }
 
     fn piece(&mut self, tokenizer: &Tokenizer, event: Option<engine::Result<Event>>) -> Result<Piece, GenerateError> {
@@ -383,32 +475,39 @@ impl TextStream {
                 if channel == Channel::Reasoning && !text.is_empty() {
                     return Ok(Piece::Reasoning(text));
                 }
-                let (out, stopped) = self.stop.push(&text);
-                if stopped {
-                    // Frees the slot now; nothing after the stop string is given out.
-                    self.generation.cancel();
-                    self.end = Some(FinishReason::Stop);
+                if channel == Channel::Tool {
+                    if text.is_empty() {
+                        return Ok(Piece::Text(text));
+                    }
+                    match self.calls(text) {
+                        Piece::Text(text) => return Ok(self.answer_text(&text)),
+                        calls => return Ok(calls),
+                    }
                 }
-                Ok(Piece::Text(out))
+                Ok(self.answer_text(&text))
             }
             Some(Ok(Event::Done(done))) => {
                 self.end = Some(done.reason);
                 self.finished = Some(done);
                 let (channel, text) = self.decoder.finish(tokenizer)?;
-                let (reasoning, text) =
-                    if channel == Channel::Reasoning { (text, String::new()) } else { (String::new(), text) };
+                let (last, text) = match channel {
+                    Channel::Reasoning if !text.is_empty() => (Some(Piece::Reasoning(text)), String::new()),
+                    Channel::Tool if !text.is_empty() => match self.calls(text) {
+                        Piece::Text(text) => (None, text),
+                        calls => (Some(calls), String::new()),
+                    },
+                    _ => (None, text),
+                };
                 let (mut out, stopped) = self.stop.push(&text);
                 if stopped {
                     self.end = Some(FinishReason::Stop);
                 } else {
                     out.push_str(&self.stop.finish());
                 }
-                if reasoning.is_empty() {
-                    return Ok(Piece::Text(out));
-                }
-                // The answer text held for a stop string comes at the next call, before the end.
-                self.held = Some(out);
-                Ok(Piece::Reasoning(reasoning))
+                // The answer text held for a stop string comes after the reasoning or calls,
+                // before the end.
+                self.held.push_back(Piece::Text(out));
+                Ok(last.unwrap_or_else(|| self.held.pop_front().unwrap_or(Piece::Text(String::new()))))
             }
             Some(Err(e)) => Err(e.into()),
             None => Err(engine::Error::Stopped.into()),

@@ -12,6 +12,7 @@ pub mod generator;
 mod metrics;
 pub mod stop;
 
+use crate::api::ToolUse;
 pub use crate::error::ApiError;
 pub use crate::generator::{
     GenerateError, Generator, LoadError, ModelText, Options, Piece, ReasoningEffort, TextStream, template_vars,
@@ -32,6 +33,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use text::channels::Channel;
 use text::sampler::TokenLogprobs;
 use text::tokenizer::Tokenizer;
+use text::tools::ToolCall;
 
 /// Settings of the HTTP side.
 #[derive(Debug, Clone)]
@@ -196,7 +198,7 @@ impl Server {
         }
         let bytes = self.body(body)?;
         let model = &self.0.model;
-        let (prompt, common, logprobs) = self.prompt(endpoint, &bytes)?;
+        let Asked { prompt, common, logprobs, tools } = self.prompt(endpoint, &bytes)?;
         if let Some(name) = &common.model
             && *name != self.0.config.model_id
         {
@@ -222,6 +224,7 @@ impl Server {
             logprobs,
             // A chat answer's reasoning goes apart (`reasoning`), where the model marks it.
             split_reasoning: endpoint == Endpoint::Chat,
+            tools,
         };
         let prompt_tokens = prompt.len();
         // Choice i draws with seed + i: the first is the answer of the same request with n 1.
@@ -229,7 +232,7 @@ impl Server {
             .map(|index| {
                 let mut options = options.clone();
                 options.sampling.seed = options.sampling.seed.wrapping_add(index as u64);
-                Ok(Choice { index, reader: model.submit(prompt.clone(), &options)?, text_offset: 0 })
+                Ok(Choice { index, reader: model.submit(prompt.clone(), &options)?, text_offset: 0, calls: 0 })
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
         let in_flight = self.enter();
@@ -258,8 +261,9 @@ impl Server {
     }
 
     /// The request's prompt ids (its text tokenized, or a chat rendered through the model's
-    /// template), its common fields and its logprobs setting, each checked.
-    fn prompt(&self, endpoint: Endpoint, bytes: &Bytes) -> Result<(Vec<u32>, api::Common, Option<usize>), ApiError> {
+    /// template with its tools), its common fields, its logprobs setting and its tools, each
+    /// checked.
+    fn prompt(&self, endpoint: Endpoint, bytes: &Bytes) -> Result<Asked, ApiError> {
         let model = &self.0.model;
         Ok(match endpoint {
             Endpoint::Completions => {
@@ -271,7 +275,7 @@ impl Server {
                     }
                     Err(ids) => ids,
                 };
-                (prompt, body.common, logprobs)
+                Asked { prompt, common: body.common, logprobs, tools: None }
             }
             Endpoint::Chat => {
                 let body = api::parse_chat(bytes)?;
@@ -299,11 +303,20 @@ impl Server {
                         )
                     })?),
                 };
-                let vars = template_vars(chat, effort)?;
+                let mut vars = template_vars(chat, effort)?;
+                let tools = match body.tool_use()? {
+                    ToolUse::None => None,
+                    ToolUse::Auto { template, definitions } => {
+                        // Refused before rendering where the calls could not be read.
+                        model.tool_syntax.as_ref().map_err(|why| ApiError::field("tools", why.clone()))?;
+                        vars.push(("tools", template));
+                        Some(Arc::new(definitions))
+                    }
+                };
                 let prompt = chat
                     .encode_with(&model.tokenizer, &messages, &vars)
                     .map_err(|e| ApiError::field("messages", e.to_string()))?;
-                (prompt, body.common, logprobs)
+                Asked { prompt, common: body.common, logprobs, tools }
             }
         })
     }
@@ -331,6 +344,15 @@ impl Server {
     }
 }
 
+/// What a request asks, read and checked.
+struct Asked {
+    prompt: Vec<u32>,
+    common: api::Common,
+    logprobs: Option<usize>,
+    /// The tool definitions offered, where the model's calls are to be read apart.
+    tools: Option<Arc<Vec<Value>>>,
+}
+
 /// A place among the requests being answered; given back when dropped.
 #[derive(Debug)]
 struct InFlight(Arc<Inner>);
@@ -341,8 +363,11 @@ impl Drop for InFlight {
     }
 }
 
-fn finish_reason(reason: FinishReason) -> &'static str {
+/// OpenAI's finish reason: `tool_calls` where the answer ended (by itself) after calling a
+/// tool.
+fn finish_reason(reason: FinishReason, called: bool) -> &'static str {
     match reason {
+        FinishReason::Stop if called => "tool_calls",
         FinishReason::Stop => "stop",
         FinishReason::Length | FinishReason::ContextFull | FinishReason::Cancelled => "length",
     }
@@ -369,6 +394,8 @@ struct Choice {
     /// Characters of the answer's tokens given out with logprobs so far (completions'
     /// `text_offset`).
     text_offset: usize,
+    /// Tool calls given out so far (a streamed call's `index`).
+    calls: usize,
 }
 
 /// A submitted request and how to answer it.
@@ -482,14 +509,35 @@ impl Choice {
         }
     }
 
+    /// `calls` in OpenAI's shape (`arguments` as a string of JSON), numbered on from the
+    /// calls given before (`index`, for streamed deltas), each with an id: the model's where
+    /// it wrote one, else one unique to this server.
+    fn tool_calls(&mut self, info: &JobInfo, calls: Vec<ToolCall>, streamed: bool) -> Vec<Value> {
+        calls
+            .into_iter()
+            .map(|call| {
+                let id = call.id.unwrap_or_else(|| format!("call-{}-{}-{}", info.id, self.index, self.calls));
+                let arguments = Value::Object(call.arguments).to_string();
+                let mut out =
+                    json!({"id": id, "type": "function", "function": {"name": call.name, "arguments": arguments}});
+                if streamed {
+                    out["index"] = json!(self.calls);
+                }
+                self.calls += 1;
+                out
+            })
+            .collect()
+    }
+
     /// The whole answer, as its entry of `choices`.
     async fn complete(&mut self, info: &JobInfo) -> Result<Value, ApiError> {
-        let (mut text, mut reasoning) = (String::new(), String::new());
+        let (mut text, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
         let reason = loop {
             match self.piece(info).await? {
                 Piece::Text(t) => text.push_str(&t),
                 Piece::Reasoning(t) => reasoning.push_str(&t),
-                Piece::End(reason) => break finish_reason(reason),
+                Piece::ToolCalls(c) => calls.extend(self.tool_calls(info, c, false)),
+                Piece::End(reason) => break finish_reason(reason, self.reader.called()),
             }
         };
         let logprobs = self.logprobs(info);
@@ -502,6 +550,13 @@ impl Choice {
                 // Only for a model that gave reasoning apart (vLLM's and mlx-lm's field).
                 if !reasoning.is_empty() {
                     message["reasoning"] = json!(reasoning);
+                }
+                if !calls.is_empty() {
+                    // OpenAI's content of a turn that only called tools is null.
+                    if text.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] = Value::Array(calls);
                 }
                 json!({"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": reason})
             }
@@ -520,13 +575,23 @@ impl Choice {
             Endpoint::Chat => {
                 let delta = match (first, text) {
                     (true, _) => json!({"role": "assistant", "content": ""}),
-                    (false, Some((Channel::Content, t))) => json!({"content": t}),
+                    // (Tool calls come whole, through `calls_chunk`.)
+                    (false, Some((Channel::Content | Channel::Tool, t))) => json!({"content": t}),
                     (false, Some((Channel::Reasoning, t))) => json!({"reasoning": t}),
                     (false, None) => json!({}),
                 };
                 json!({"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason})
             }
         };
+        info.envelope(info.chunk_object(), json!([choice]))
+    }
+
+    /// One SSE chunk of a chat answer with its tool calls, whole (as mlx-lm's server and
+    /// llama.cpp's give them).
+    fn calls_chunk(&mut self, info: &JobInfo, calls: Vec<ToolCall>) -> Value {
+        let logprobs = self.logprobs(info);
+        let delta = json!({"tool_calls": self.tool_calls(info, calls, true)});
+        let choice = json!({"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": null});
         info.envelope(info.chunk_object(), json!([choice]))
     }
 
@@ -540,8 +605,10 @@ impl Choice {
                 Ok(Piece::Text(t)) if t.is_empty() => continue,
                 Ok(Piece::Text(t)) => (self.chunk(&info, Some((Channel::Content, &t)), None, false), None),
                 Ok(Piece::Reasoning(t)) => (self.chunk(&info, Some((Channel::Reasoning, &t)), None, false), None),
+                Ok(Piece::ToolCalls(calls)) => (self.calls_chunk(&info, calls), None),
                 Ok(Piece::End(reason)) => {
-                    (self.chunk(&info, None, Some(finish_reason(reason)), false), Some(Streamed::Done))
+                    let reason = finish_reason(reason, self.reader.called());
+                    (self.chunk(&info, None, Some(reason), false), Some(Streamed::Done))
                 }
                 Err(e) => {
                     tracing::warn!("stream {} failed: {e}", info.id);

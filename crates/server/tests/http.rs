@@ -595,15 +595,18 @@ fn every_field_is_honoured_or_refused_by_name() {
     // Chat fields not implemented yet: named, "not supported yet"; their no-op values pass.
     for (extra, param) in [
         (json!({"response_format": {"type": "json_object"}}), "response_format"),
-        (json!({"tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
-        (json!({"tool_choice": "auto"}), "tool_choice"),
-        (json!({"parallel_tool_calls": true}), "parallel_tool_calls"),
+        (json!({"parallel_tool_calls": false}), "parallel_tool_calls"),
         (json!({"modalities": ["text", "audio"]}), "modalities"),
     ] {
         let (message, got) = refused(chat, extra);
         assert_eq!(got, param);
         assert!(message.starts_with(&format!("`{param}` is not supported yet")), "{message}");
     }
+    // SmolLM2's template takes no tools (and writes no calls).
+    assert_eq!(
+        refused(chat, json!({"tools": [{"type": "function", "function": {"name": "f"}}]})),
+        ("this model's chat template does not take tools".to_owned(), "tools".to_owned())
+    );
     // SmolLM2's template has no reasoning effort to set.
     assert_eq!(
         refused(chat, json!({"reasoning_effort": "low"})),
@@ -613,8 +616,11 @@ fn every_field_is_honoured_or_refused_by_name() {
         )
     );
     let (expected, _) = alone(chat_ids("hi"), 2);
-    let reply =
-        with(chat, json!({"response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "audio": null}));
+    let reply = with(
+        chat,
+        json!({"response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "audio": null,
+                          "parallel_tool_calls": true}),
+    );
     assert_eq!(reply.json()["choices"][0]["message"]["content"], expected.as_str());
     for (extra, param) in
         [(json!({"echo": true}), "echo"), (json!({"suffix": "!"}), "suffix"), (json!({"best_of": 2}), "best_of")]
@@ -636,13 +642,16 @@ fn every_field_is_honoured_or_refused_by_name() {
             "messages[0].content".to_owned()
         )
     );
+    // A name goes to the template (SmolLM2's does not print it).
     let named = json!({"messages": [{"role": "user", "content": "hi", "name": "ann"}]});
-    assert_eq!(
-        refused(chat, named),
-        ("`messages[0].name` is not supported yet".to_owned(), "messages[0].name".to_owned())
-    );
+    assert_eq!(with(chat, named).json()["choices"][0]["message"]["content"], expected.as_str());
     let tool = json!({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "1"}]});
-    assert_eq!(refused(chat, tool).1, "messages[1].role");
+    assert_eq!(
+        refused(chat, tool),
+        ("a tool message needs the tool_call_id it answers".to_owned(), "messages[1].tool_call_id".to_owned())
+    );
+    let function = json!({"messages": [{"role": "function", "content": "1", "name": "f"}]});
+    assert_eq!(refused(chat, function).1, "messages[0].role");
     let odd = json!({"messages": [{"role": "user", "content": "hi", "colour": "red"}]});
     assert_eq!(refused(chat, odd).1, "messages[0].colour");
     // Logprobs counts.
@@ -896,26 +905,24 @@ fn n_choices_are_distinct_and_reproducible() {
     assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"].as_u64().unwrap(), tokens);
 }
 
-/// The gpt_oss fixture at f32 with the scripted harmony text side (tests/scripted/harmony:
-/// a tokenizer that makes the greedy answer mlx-lm recorded for the prompt `[17]` read
-/// `<|channel|>analysis<|message|>I think<|end|>` then `<|message|>Paris<|return|>`, and a
-/// chat template that renders any conversation as `t17`, followed by `t1`, `t2` or `t3` for a
-/// `reasoning_effort` of low, medium or high).
-fn harmony_model() -> Arc<Generator> {
-    let fixture = root().join("tests/fixtures/gpt_oss/f32");
+/// A fixture at f32 with a scripted text side (tests/scripted/NAME: a word-level tokenizer
+/// that makes the greedy answer mlx-lm recorded for the prompt `[17]`, which starts with
+/// `ids`, read as the test needs, and a chat template that renders a conversation as `t17`).
+fn scripted_model(fixture: &str, name: &str, ids: &[u64]) -> Arc<Generator> {
+    let fixture = root().join("tests/fixtures").join(fixture).join("f32");
     let expected: Value =
         serde_json::from_str(&std::fs::read_to_string(fixture.join("expected.json")).unwrap()).unwrap();
-    let ids: Vec<u64> =
+    let got: Vec<u64> =
         expected["trajectories"][0]["token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
     assert_eq!(expected["trajectories"][0]["prompt_ids"], json!([17]));
-    assert_eq!(ids[..9], [142, 180, 48, 163, 161, 213, 48, 92, 2], "the fixture's trajectory changed");
-    let dir = root().join("target/test-harmony-model");
+    assert_eq!(got[..ids.len()], *ids, "the fixture's trajectory changed");
+    let dir = root().join(format!("target/test-{name}-model"));
     std::fs::create_dir_all(&dir).unwrap();
     for file in ["config.json", "model.safetensors", "model.safetensors.index.json"] {
         std::fs::copy(fixture.join(file), dir.join(file)).unwrap();
     }
     for file in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(root().join("tests/scripted/harmony").join(file), dir.join(file)).unwrap();
+        std::fs::copy(root().join("tests/scripted").join(name).join(file), dir.join(file)).unwrap();
     }
     let config = EngineConfig {
         max_context: Some(32),
@@ -923,6 +930,140 @@ fn harmony_model() -> Arc<Generator> {
         ..EngineConfig::new("local-task", Precision::F32, root().join("target/test-compile-cache"))
     };
     Arc::new(Generator::load(&dir, config).unwrap())
+}
+
+/// The gpt_oss fixture with the scripted harmony text side (tests/scripted/harmony): the
+/// greedy answer reads `<|channel|>analysis<|message|>I think<|end|>` then
+/// `<|message|>Paris<|return|>`, and the template adds `t1`, `t2` or `t3` for a
+/// `reasoning_effort` of low, medium or high.
+fn harmony_model() -> Arc<Generator> {
+    scripted_model("gpt_oss", "harmony", &[142, 180, 48, 163, 161, 213, 48, 92, 2])
+}
+
+/// The qwen2 fixture with the scripted Hermes text side (tests/scripted/hermes): the greedy
+/// answer reads `<tool_call> {"name": "get_weather", "arguments": {"city": "Paris"}}
+/// </tool_call>` then `<|im_end|>`; the template adds `t1` when no tools are given, and
+/// `t<n>` for each call in the history (its arguments' `n`) and `t<id>` for each tool result.
+fn hermes_model() -> Arc<Generator> {
+    scripted_model("qwen2", "hermes", &[325, 122, 306, 241, 150, 212, 89, 190])
+}
+
+/// A model's tool calls come apart from its answer as OpenAI's `tool_calls`, whole and as a
+/// streamed delta, ending with `tool_calls`; tools and the history's calls and results reach
+/// the template; without tools (or with `tool_choice: "none"`) the answer is text; bad tool
+/// fields are refused by name.
+#[test]
+fn tool_calls_come_apart_from_the_answer() {
+    let _turn = turn();
+    let server = serve_model(hermes_model(), ServerConfig::new("hermes-scripted"));
+    let chat = "/v1/chat/completions";
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "The weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let body =
+        json!({"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": tools, "temperature": 0});
+    let mut v = post(server.addr, chat, &body).json();
+    let id = v["choices"][0]["message"]["tool_calls"][0]["id"].take();
+    assert!(id.as_str().unwrap().starts_with("call-chatcmpl-"), "{id}");
+    let call = json!({"id": null, "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}});
+    assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "content": null, "tool_calls": [call]}));
+    assert_eq!(
+        (
+            v["choices"][0]["finish_reason"].clone(),
+            v["usage"]["prompt_tokens"].clone(),
+            v["usage"]["completion_tokens"].clone()
+        ),
+        (json!("tool_calls"), json!(1), json!(7))
+    );
+
+    let mut stream = body.clone();
+    stream["stream"] = json!(true);
+    let events = post(server.addr, chat, &stream).events();
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let mut chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let streamed_id = chunks[1]["choices"][0]["delta"]["tool_calls"][0]["id"].take();
+    assert!(streamed_id.as_str().unwrap().starts_with("call-chatcmpl-") && streamed_id != id, "{streamed_id}");
+    let mut indexed = call.clone();
+    indexed["index"] = json!(0);
+    let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
+    assert_eq!(deltas, [&json!({"role": "assistant", "content": ""}), &json!({"tool_calls": [indexed]}), &json!({})]);
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+
+    // Without tools, or with tool_choice none, the template sees none (one prompt token more)
+    // and the answer is text.
+    for extra in [json!({"tools": null}), json!({"tool_choice": "none"})] {
+        let mut plain = body.clone();
+        plain["max_tokens"] = json!(3);
+        for (k, v) in extra.as_object().unwrap() {
+            plain[k] = v.clone();
+        }
+        let v = post(server.addr, chat, &plain).json();
+        assert_eq!(v["usage"]["prompt_tokens"], 2, "{extra}");
+        let message = &v["choices"][0]["message"];
+        assert!(message["content"].as_str().is_some_and(|c| !c.is_empty()) && message.get("tool_calls").is_none());
+    }
+
+    // A history with a call (its arguments a string of JSON, read as an object) and its result.
+    let history = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"n\": 5}"}}]},
+        {"role": "tool", "tool_call_id": "9", "content": "18 C"}]);
+    let mut turn = body.clone();
+    turn["messages"] = history.clone();
+    turn["max_tokens"] = json!(1);
+    let reply = post(server.addr, chat, &turn);
+    assert_eq!(reply.json()["usage"]["prompt_tokens"], 3, "{}", reply.body);
+
+    // Refused, by name.
+    let refused = |extra: Value| {
+        let mut bad = body.clone();
+        for (k, v) in extra.as_object().unwrap() {
+            bad[k] = v.clone();
+        }
+        let reply = post(server.addr, chat, &bad);
+        assert_eq!(reply.status, 400, "{}", reply.body);
+        let error = &reply.json()["error"];
+        (error["message"].as_str().unwrap().to_owned(), error["param"].as_str().unwrap().to_owned())
+    };
+    let mut bad_args = history.clone();
+    bad_args[1]["tool_calls"][0]["function"]["arguments"] = json!("{\"n\": ");
+    for (extra, message, param) in [
+        (
+            json!({"tools": [{"type": "function", "function": {"description": "no name"}}]}),
+            "a tool needs a name of letters, digits, `_` and `-`",
+            "tools[0].function.name",
+        ),
+        (json!({"tools": [{"type": "web_search"}]}), "tools must be of type `function`", "tools[0].type"),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}),
+            "a tool's parameters must be a JSON schema object",
+            "tools[0].function.parameters",
+        ),
+        (
+            json!({"tool_choice": "required"}),
+            "tool_choice `required` or a named function is not supported yet (it needs constrained decoding); use auto",
+            "tool_choice",
+        ),
+        (
+            json!({"tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            "tool_choice names `nope`, not a tool given",
+            "tool_choice",
+        ),
+        (
+            json!({"tool_choice": "sometimes"}),
+            "tool_choice must be none, auto, required or a function, got `sometimes`",
+            "tool_choice",
+        ),
+        (
+            json!({"messages": bad_args}),
+            "a tool call's arguments must be a JSON object",
+            "messages[1].tool_calls[0].function.arguments",
+        ),
+    ] {
+        assert_eq!(refused(extra), (message.to_owned(), param.to_owned()));
+    }
+    // Still serving.
+    assert_eq!(post(server.addr, chat, &body).status, 200);
 }
 
 /// A harmony model's chat answer: its analysis channel as `reasoning`, its answer as

@@ -11,9 +11,15 @@
 //! split is made on the token ids: headers are read whole, and each message's text goes to
 //! its channel's own streaming decoder. `analysis` is reasoning; every other channel is
 //! answer text. A model that writes without headers gets all of its text as answer.
+//!
+//! Where a request offered tools ([`ChannelDecoder::tool_calls`]), each call comes whole as
+//! [`Channel::Tool`] text for [`crate::tools::ToolFormat::parse`]: in harmony, a message
+//! addressed `to=functions.NAME` (its recipient on the first line, then its text); in the
+//! plain formats, the ids between the format's marker tokens.
 
 use crate::stream::StreamDecoder;
 use crate::tokenizer::{Tokenizer, TokenizerError};
+use crate::tools::ToolMarkers;
 
 /// Where a piece of generated text belongs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +28,8 @@ pub enum Channel {
     Content,
     /// The model's reasoning before it (`reasoning`, as vLLM and mlx-lm's server name it).
     Reasoning,
+    /// One whole tool call's text, given when the call ends (empty while it is read).
+    Tool,
 }
 
 /// The harmony format's marker tokens in a vocabulary.
@@ -51,8 +59,11 @@ impl Harmony {
 enum State {
     /// Between messages: the header's ids so far (empty: none yet).
     Header(Vec<u32>),
-    /// Inside a message of this channel.
+    /// Inside a message of this channel (content or reasoning).
     Body(Channel),
+    /// Inside a tool call: its recipient (harmony's; empty in the plain formats) and its ids
+    /// so far.
+    Tool { recipient: String, ids: Vec<u32> },
 }
 
 /// Streaming detokenizer for one answer, by channel. Without a format it is one
@@ -60,6 +71,10 @@ enum State {
 #[derive(Debug, Clone)]
 pub struct ChannelDecoder {
     harmony: Option<Harmony>,
+    /// Whether tool calls are read apart ([`ChannelDecoder::tool_calls`]).
+    calls: bool,
+    /// The plain formats' call markers (with `calls`).
+    markers: Option<ToolMarkers>,
     state: State,
     content: StreamDecoder,
     reasoning: StreamDecoder,
@@ -70,6 +85,8 @@ impl ChannelDecoder {
     pub fn plain() -> ChannelDecoder {
         ChannelDecoder {
             harmony: None,
+            calls: false,
+            markers: None,
             state: State::Body(Channel::Content),
             content: StreamDecoder::new(true),
             reasoning: StreamDecoder::new(true),
@@ -82,23 +99,68 @@ impl ChannelDecoder {
         ChannelDecoder { harmony: Some(harmony), state: State::Header(Vec::new()), ..ChannelDecoder::plain() }
     }
 
+    /// Reads tool calls apart as [`Channel::Tool`] text: harmony's messages to a recipient,
+    /// or, in a plain format, what its `markers` enclose.
+    pub fn tool_calls(self, markers: Option<ToolMarkers>) -> ChannelDecoder {
+        ChannelDecoder { calls: true, markers, ..self }
+    }
+
     fn decoder(&mut self, channel: Channel) -> &mut StreamDecoder {
         match channel {
-            Channel::Content => &mut self.content,
             Channel::Reasoning => &mut self.reasoning,
+            Channel::Content | Channel::Tool => &mut self.content,
         }
+    }
+
+    /// The ids of a tool call whose `end` (or the next call's start) came, as its text.
+    fn tool_text(tokenizer: &Tokenizer, recipient: &str, ids: &[u32]) -> Result<String, TokenizerError> {
+        let body = tokenizer.decode(ids, true)?;
+        Ok(if recipient.is_empty() { body } else { format!("{recipient}\n{body}") })
     }
 
     /// Adds one token; returns the text it completes (possibly empty) and its channel.
     pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<(Channel, String), TokenizerError> {
+        if let Some(m) = self.markers {
+            match &mut self.state {
+                State::Body(Channel::Content) if id == m.start => {
+                    let text = self.content.finish(tokenizer)?;
+                    self.state = State::Tool { recipient: String::new(), ids: Vec::new() };
+                    return Ok((Channel::Content, text));
+                }
+                // A call ends at its end marker, or (a format without one) where the next starts.
+                State::Tool { recipient, ids } if Some(id) == m.end || (m.end.is_none() && id == m.start) => {
+                    let text = Self::tool_text(tokenizer, recipient, ids)?;
+                    self.state = if id == m.start {
+                        State::Tool { recipient: String::new(), ids: Vec::new() }
+                    } else {
+                        State::Body(Channel::Content)
+                    };
+                    return Ok((Channel::Tool, text));
+                }
+                _ => {}
+            }
+        }
         let Some(h) = self.harmony else {
+            if let State::Tool { ids, .. } = &mut self.state {
+                ids.push(id);
+                return Ok((Channel::Tool, String::new()));
+            }
             return Ok((Channel::Content, self.content.push(tokenizer, id)?));
         };
         match &mut self.state {
             State::Header(ids) if id == h.message => {
-                let channel = channel_of(&tokenizer.decode(ids, false)?);
-                self.state = State::Body(channel);
-                Ok((channel, String::new()))
+                let header = tokenizer.decode(ids, false)?;
+                match recipient_of(&header) {
+                    Some(recipient) if self.calls => {
+                        self.state = State::Tool { recipient: recipient.to_owned(), ids: Vec::new() };
+                        Ok((Channel::Tool, String::new()))
+                    }
+                    _ => {
+                        let channel = channel_of(&header);
+                        self.state = State::Body(channel);
+                        Ok((channel, String::new()))
+                    }
+                }
             }
             // A header starts with `<|start|>` or `<|channel|>`; anything else where one was
             // due is text without a header: the answer's.
@@ -109,6 +171,15 @@ impl ChannelDecoder {
             State::Header(ids) => {
                 ids.push(id);
                 Ok((Channel::Content, String::new()))
+            }
+            State::Tool { recipient, ids } if h.ends.contains(&id) => {
+                let text = Self::tool_text(tokenizer, recipient, ids)?;
+                self.state = State::Header(Vec::new());
+                Ok((Channel::Tool, text))
+            }
+            State::Tool { ids, .. } => {
+                ids.push(id);
+                Ok((Channel::Tool, String::new()))
             }
             State::Body(channel) if h.ends.contains(&id) => {
                 let channel = *channel;
@@ -128,8 +199,17 @@ impl ChannelDecoder {
         match std::mem::replace(&mut self.state, State::Header(Vec::new())) {
             State::Body(channel) => Ok((channel, self.decoder(channel).finish(tokenizer)?)),
             State::Header(ids) => Ok((Channel::Content, tokenizer.decode(&ids, true)?)),
+            State::Tool { recipient, ids } => Ok((Channel::Tool, Self::tool_text(tokenizer, &recipient, &ids)?)),
         }
     }
+}
+
+/// The recipient a harmony header addresses (`... to=functions.get_weather <|constrain|>json`):
+/// a tool call.
+fn recipient_of(header: &str) -> Option<&str> {
+    let (_, rest) = header.split_once("to=")?;
+    let name = rest.split(|c: char| c.is_whitespace() || c == '<').next().unwrap_or_default();
+    (!name.is_empty()).then_some(name)
 }
 
 /// The channel a harmony header names (`assistant<|channel|>analysis`, `<|channel|>commentary
@@ -147,15 +227,15 @@ mod tests {
 
     const MARKERS: [&str; 6] = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"];
 
-    /// SmolLM2's tokenizer with harmony's markers added as special tokens (ids from 49152).
-    fn harmony_tokenizer(tmp: &std::path::Path) -> Tokenizer {
+    /// SmolLM2's tokenizer with `markers` added (ids from 49152), special or not.
+    fn tokenizer_with(tmp: &std::path::Path, markers: &[&str], special: bool) -> Tokenizer {
         let text = std::fs::read_to_string(dir().join("tokenizer.json")).unwrap();
         let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
         let added = json["added_tokens"].as_array_mut().unwrap();
-        for (i, marker) in MARKERS.iter().enumerate() {
+        for (i, marker) in markers.iter().enumerate() {
             added.push(serde_json::json!({
                 "id": 49152 + i, "content": marker, "single_word": false, "lstrip": false,
-                "rstrip": false, "normalized": false, "special": true
+                "rstrip": false, "normalized": false, "special": special
             }));
         }
         let path = tmp.join("tokenizer.json");
@@ -163,9 +243,14 @@ mod tests {
         Tokenizer::from_file(&path).unwrap()
     }
 
-    /// Streams `text`'s ids one at a time: each channel's text, joined.
-    fn split(tok: &Tokenizer, dec: &mut ChannelDecoder, text: &str) -> (String, String) {
-        let (mut content, mut reasoning) = (String::new(), String::new());
+    /// SmolLM2's tokenizer with harmony's markers added as special tokens (ids from 49152).
+    fn harmony_tokenizer(tmp: &std::path::Path) -> Tokenizer {
+        tokenizer_with(tmp, &MARKERS, true)
+    }
+
+    /// Streams `text`'s ids one at a time: each channel's text, joined, and each tool call's.
+    fn split_calls(tok: &Tokenizer, dec: &mut ChannelDecoder, text: &str) -> (String, String, Vec<String>) {
+        let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
         let ids = tok.encode(text, false).unwrap();
         let mut pieces: Vec<(Channel, String)> = ids.iter().map(|&id| dec.push(tok, id).unwrap()).collect();
         pieces.push(dec.finish(tok).unwrap());
@@ -173,8 +258,17 @@ mod tests {
             match channel {
                 Channel::Content => content.push_str(&piece),
                 Channel::Reasoning => reasoning.push_str(&piece),
+                Channel::Tool if piece.is_empty() => {}
+                Channel::Tool => calls.push(piece),
             }
         }
+        (content, reasoning, calls)
+    }
+
+    /// [`split_calls`] of an answer without tool calls.
+    fn split(tok: &Tokenizer, dec: &mut ChannelDecoder, text: &str) -> (String, String) {
+        let (content, reasoning, calls) = split_calls(tok, dec, text);
+        assert_eq!(calls, Vec::<String>::new());
         (content, reasoning)
     }
 
@@ -212,6 +306,43 @@ mod tests {
     }
 
     #[test]
+    fn harmony_tool_calls_come_whole_with_their_recipient() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tok = harmony_tokenizer(tmp.path());
+        let h = Harmony::of(&tok).unwrap();
+        let answer = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary \
+                      to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>";
+        let (content, reasoning, calls) = split_calls(&tok, &mut ChannelDecoder::harmony(h).tool_calls(None), answer);
+        assert_eq!((content.as_str(), reasoning.as_str()), ("", "Need the weather."));
+        assert_eq!(calls, ["functions.get_weather\n{\"city\": \"Paris\"}"]);
+        // The recipient may come before the channel; a call cut short comes at the end.
+        let answer = "<|start|>assistant to=functions.f<|channel|>commentary json<|message|>{\"a\": 1";
+        let (_, _, calls) = split_calls(&tok, &mut ChannelDecoder::harmony(h).tool_calls(None), answer);
+        assert_eq!(calls, ["functions.f\n{\"a\": 1"]);
+    }
+
+    #[test]
+    fn plain_tool_calls_are_what_the_markers_enclose() {
+        let tmp = tempfile::tempdir().unwrap();
+        // Qwen's markers are not special tokens; Mistral's is, and has no end marker.
+        let tok = tokenizer_with(tmp.path(), &["<tool_call>", "</tool_call>", "[TOOL_CALLS]"], false);
+        let markers = ToolMarkers { start: 49152, end: Some(49153) };
+        let answer = "Let me look.<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\
+                      <tool_call>{\"name\": \"g\"}</tool_call>Done.";
+        let mut dec = ChannelDecoder::plain().tool_calls(Some(markers));
+        let (content, _, calls) = split_calls(&tok, &mut dec, answer);
+        assert_eq!(content, "Let me look.Done.");
+        assert_eq!(calls, ["\n{\"name\": \"f\", \"arguments\": {}}\n", "{\"name\": \"g\"}"]);
+        // Without the split, the markers are text like any other.
+        let (content, _) = split(&tok, &mut ChannelDecoder::plain(), "a<tool_call>b");
+        assert_eq!(content, "a<tool_call>b");
+        let mistral = ToolMarkers { start: 49154, end: None };
+        let mut dec = ChannelDecoder::plain().tool_calls(Some(mistral));
+        let (content, _, calls) = split_calls(&tok, &mut dec, "[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]g[ARGS]{}");
+        assert_eq!((content.as_str(), calls), ("", vec!["f[ARGS]{}".to_owned(), "g[ARGS]{}".to_owned()]));
+    }
+
+    #[test]
     fn the_format_is_found_only_where_every_marker_is() {
         let tok = Tokenizer::from_dir(&dir()).unwrap();
         assert_eq!(Harmony::of(&tok), None, "SmolLM2 has none of them");
@@ -219,5 +350,7 @@ mod tests {
         assert_eq!(channel_of("<|channel|>final"), Channel::Content);
         assert_eq!(channel_of("<|channel|> analysis"), Channel::Reasoning, "a decoder that joins with spaces");
         assert_eq!(channel_of("assistant"), Channel::Content);
+        assert_eq!(recipient_of("<|channel|>commentary to=functions.f <|constrain|>json"), Some("functions.f"));
+        assert_eq!(recipient_of("<|channel|>final"), None);
     }
 }

@@ -3,8 +3,9 @@
 //! `raise_exception`, `strftime_now`), so prompt ids match what mlx-lm feeds the model.
 
 use crate::tokenizer::{Tokenizer, TokenizerError, read_json_opt, special_token};
+use minijinja::value::Kwargs;
 use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
 
@@ -25,21 +26,68 @@ pub enum ChatError {
 
 type Result<T> = std::result::Result<T, ChatError>;
 
-/// One chat turn as templates see it: `message['role']`, `message['content']`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// One chat turn as templates see it: `message['role']`, `message['content']`, and for tool
+/// use (left undefined when unset, as templates test with `is defined`) an assistant turn's
+/// `tool_calls` (OpenAI's `{id, type, function: {name, arguments}}`, the arguments a JSON
+/// object as transformers' templates expect), a `tool` turn's `tool_call_id`, and `name`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Message {
     pub role: String,
     pub content: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Arg>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl Message {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self { role: role.into(), content: content.into() }
+        Self { role: role.into(), content: content.into(), tool_calls: None, tool_call_id: None, name: None }
     }
 
     /// A `user` turn.
     pub fn user(content: impl Into<String>) -> Self {
         Self::new("user", content)
+    }
+}
+
+/// A value handed to a template: a string, or JSON as a request wrote it, its objects' keys
+/// in their order (transformers passes the request's dicts, and `tojson` prints them in that
+/// order; a `serde_json::Value` would sort them).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Arg(Value);
+
+impl Arg {
+    pub fn str(s: &str) -> Arg {
+        Arg(Value::from(s))
+    }
+
+    /// JSON text, its keys kept in order.
+    pub fn parse(json: &str) -> serde_json::Result<Arg> {
+        serde_json::from_str(json)
+    }
+
+    /// An object of these keys and values, in this order.
+    pub fn object<'a>(pairs: impl IntoIterator<Item = (&'a str, Arg)>) -> Arg {
+        Arg(Value::from_pairs(pairs.into_iter().map(|(k, v)| (k, v.0))))
+    }
+
+    /// A list of these values.
+    pub fn list(items: impl IntoIterator<Item = Arg>) -> Arg {
+        Arg(Value::from_iter(items.into_iter().map(|a| a.0)))
+    }
+
+    /// The item at `key` of an object.
+    pub fn get(&self, key: &str) -> Option<Arg> {
+        self.0.get_attr(key).ok().filter(|v| !v.is_undefined()).map(Arg)
+    }
+
+    /// The value as `serde_json` has it (keys sorted), to check or read it.
+    pub fn to_json(&self) -> Json {
+        serde_json::to_value(&self.0).unwrap_or(Json::Null)
     }
 }
 
@@ -55,6 +103,7 @@ pub struct ChatTemplate {
     path: PathBuf,
     /// `bos_token`, `eos_token`, ... as strings, in the order of SPECIAL_TOKEN_KEYS.
     special_tokens: Vec<(&'static str, String)>,
+    source: String,
 }
 
 impl ChatTemplate {
@@ -100,9 +149,10 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
-        env.add_template_owned(TEMPLATE_NAME, source)
+        env.add_filter("tojson", tojson);
+        env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(|e| ChatError::Syntax { path: path.clone(), reason: one_line(&e) })?;
-        Ok(Self { env, path, special_tokens })
+        Ok(Self { env, path, special_tokens, source })
     }
 
     /// The file the template was read from.
@@ -115,19 +165,19 @@ impl ChatTemplate {
         self.render_with(messages, add_generation_prompt, &[])
     }
 
-    /// [`ChatTemplate::render`] with more variables for the template (`reasoning_effort`, as
-    /// transformers passes its keyword arguments).
+    /// [`ChatTemplate::render`] with more variables for the template (`reasoning_effort`,
+    /// `tools`, as transformers passes its keyword arguments).
     pub fn render_with(
         &self,
         messages: &[Message],
         add_generation_prompt: bool,
-        vars: &[(&str, &str)],
+        vars: &[(&str, Arg)],
     ) -> Result<String> {
         let mut ctx: Vec<(&str, Value)> = vec![
             ("messages", Value::from(minijinja::value::Serde(messages))),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
         ];
-        ctx.extend(vars.iter().map(|(k, v)| (*k, Value::from(*v))));
+        ctx.extend(vars.iter().map(|(k, v)| (*k, v.0.clone())));
         // Unset tokens stay undefined (rendering as ""), as in transformers; `none` would print.
         ctx.extend(self.special_tokens.iter().map(|(k, v)| (*k, Value::from(v.as_str()))));
         let ctx = Value::from_pairs(ctx);
@@ -146,7 +196,7 @@ impl ChatTemplate {
     }
 
     /// [`ChatTemplate::encode`] with more variables ([`ChatTemplate::render_with`]).
-    pub fn encode_with(&self, tokenizer: &Tokenizer, messages: &[Message], vars: &[(&str, &str)]) -> Result<Vec<u32>> {
+    pub fn encode_with(&self, tokenizer: &Tokenizer, messages: &[Message], vars: &[(&str, Arg)]) -> Result<Vec<u32>> {
         let text = self.render_with(messages, true, vars)?;
         Ok(tokenizer.encode(&text, false)?)
     }
@@ -154,6 +204,11 @@ impl ChatTemplate {
     /// Whether the template reads the variable `name` (gpt-oss's reads `reasoning_effort`).
     pub fn reads(&self, name: &str) -> bool {
         self.env.get_template(TEMPLATE_NAME).is_ok_and(|t| t.undeclared_variables(false).contains(name))
+    }
+
+    /// The template's source text.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 }
 
@@ -194,6 +249,65 @@ fn one_line(e: &JinjaError) -> String {
         source = cause.source();
     }
     text.replace('\n', " ")
+}
+
+/// `tojson` as transformers defines it for templates: Python's `json.dumps(value,
+/// ensure_ascii=False, indent=..., sort_keys=...)`, so `", "` and `": "` between items (`","`
+/// and newlines with an indent), keys in their order, non-ASCII as is. (minijinja's own is
+/// compact and escapes HTML characters, which would change the prompt.)
+fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<Value, JinjaError> {
+    let indent: Option<Value> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let fail = |e: serde_json::Error| JinjaError::new(ErrorKind::InvalidOperation, format!("tojson: {e}"));
+    let indent = match indent {
+        None => None,
+        Some(v) if v.is_none() => None,
+        Some(v) => Some(match v.as_usize() {
+            Some(n) => " ".repeat(n),
+            None => v.as_str().map(str::to_owned).ok_or_else(|| {
+                JinjaError::new(ErrorKind::InvalidOperation, "tojson: indent must be a number or a string")
+            })?,
+        }),
+    };
+    let text = if sort_keys == Some(true) {
+        // serde_json's own map sorts its keys.
+        dump(&serde_json::to_value(&value).map_err(fail)?, indent.as_deref())
+    } else {
+        dump(&value, indent.as_deref())
+    }
+    .map_err(fail)?;
+    Ok(Value::from_safe_string(text))
+}
+
+/// `value` as JSON text: Python's separators, or an indent of `unit` per level.
+fn dump<T: Serialize>(value: &T, unit: Option<&str>) -> serde_json::Result<String> {
+    let mut out = Vec::new();
+    match unit {
+        Some(unit) => value.serialize(&mut serde_json::Serializer::with_formatter(
+            &mut out,
+            serde_json::ser::PrettyFormatter::with_indent(unit.as_bytes()),
+        ))?,
+        None => value.serialize(&mut serde_json::Serializer::with_formatter(&mut out, PythonFormatter))?,
+    }
+    Ok(String::from_utf8(out).unwrap_or_default())
+}
+
+/// Python's default JSON separators: `", "` and `": "`.
+struct PythonFormatter;
+
+impl serde_json::ser::Formatter for PythonFormatter {
+    fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, first: bool) -> std::io::Result<()> {
+        if first { Ok(()) } else { writer.write_all(b", ") }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, first: bool) -> std::io::Result<()> {
+        if first { Ok(()) } else { writer.write_all(b", ") }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
 }
 
 /// Templates call `raise_exception('...')` to reject conversations they cannot format.
@@ -410,6 +524,96 @@ ASSISTANT:
         // Expected strings are jinja2 3.1.6's output with transformers' settings.
         assert_eq!(chat.render(&msgs, true).unwrap(), "  USER: hello world\nASSISTANT:\n");
         assert_eq!(chat.render(&msgs[..1], false).unwrap(), "  USER: hello world\n");
+    }
+
+    /// Tools and a tool-call turn, rendered as jinja2 3.1.6 with transformers' `tojson`
+    /// renders them (the expected string is its output for this template).
+    #[test]
+    fn tools_and_tool_turns_render_like_transformers() {
+        let template = r#"{% if tools %}
+<|im_start|>system
+# Tools
+<tools>
+{% for tool in tools %}
+{{ tool | tojson }}
+{% endfor %}
+</tools><|im_end|>
+{% endif %}
+{% for message in messages %}
+{% if message.role == 'assistant' and message.tool_calls is defined %}
+<|im_start|>assistant
+{% for tool_call in message.tool_calls %}
+{% set call = tool_call.function %}
+<tool_call>
+{"name": "{{ call.name }}", "arguments": {{ call.arguments | tojson }}}
+</tool_call>
+{% endfor %}
+<|im_end|>
+{% elif message.role == 'tool' %}
+<|im_start|>user
+<tool_response id="{{ message.tool_call_id }}">
+{{ message.content }}
+</tool_response><|im_end|>
+{% else %}
+<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{% endfor %}
+{% if add_generation_prompt %}
+<|im_start|>assistant
+{% endif %}
+"#;
+        let chat = ChatTemplate::from_source(template.into(), "t.jinja".into(), Vec::new()).unwrap();
+        assert!(chat.reads("tools"));
+        let tools = Arg::parse(
+            r#"[{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]"#,
+        )
+        .unwrap();
+        let call = Arg::parse(
+            r#"{"id": "call_1", "type": "function", "function": {"name": "get_weather",
+            "arguments": {"city": "Paris"}}}"#,
+        )
+        .unwrap();
+        let messages = [
+            Message::user("Weather in Paris?"),
+            Message { tool_calls: Some(vec![call]), ..Message::new("assistant", "") },
+            Message { tool_call_id: Some("call_1".into()), ..Message::new("tool", "18 C") },
+        ];
+        assert_eq!(
+            chat.render_with(&messages, true, &[("tools", tools)]).unwrap(),
+            "<|im_start|>system\n# Tools\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \
+             \"description\": \"Weather in a city\", \"parameters\": {\"type\": \"object\", \"properties\": \
+             {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}\n</tools><|im_end|>\n\
+             <|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n\
+             {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<|im_end|>\n\
+             <|im_start|>user\n<tool_response id=\"call_1\">\n18 C\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        );
+        // Without tools, the turns alone.
+        assert!(chat.render(&messages[..1], true).unwrap().starts_with("<|im_start|>user\n"));
+    }
+
+    /// `tojson` as Python's `json.dumps(ensure_ascii=False)` (expected strings from jinja2
+    /// with transformers' filter).
+    #[test]
+    fn tojson_is_pythons() {
+        let x = Arg::parse(r#"{"b": 1, "a": ["\u00e9<&>", 1.5, null, true, {}], "c": "q\"\n"}"#).unwrap();
+        let render = |t: &str| {
+            let chat = ChatTemplate::from_source(t.into(), "t.jinja".into(), Vec::new()).unwrap();
+            chat.render_with(&[], false, &[("x", x.clone())]).unwrap()
+        };
+        assert_eq!(
+            render("{{ x | tojson }}"),
+            "{\"b\": 1, \"a\": [\"\u{e9}<&>\", 1.5, null, true, {}], \"c\": \"q\\\"\\n\"}"
+        );
+        assert_eq!(
+            render("{{ x | tojson(indent=2) }}"),
+            "{\n  \"b\": 1,\n  \"a\": [\n    \"\u{e9}<&>\",\n    1.5,\n    null,\n    true,\n    {}\n  ],\n  \"c\": \"q\\\"\\n\"\n}"
+        );
+        assert_eq!(
+            render("{{ x | tojson(sort_keys=true) }}"),
+            "{\"a\": [\"\u{e9}<&>\", 1.5, null, true, {}], \"b\": 1, \"c\": \"q\\\"\\n\"}"
+        );
     }
 
     #[test]

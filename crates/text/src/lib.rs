@@ -7,3 +7,4 @@ pub mod chat;
 pub mod sampler;
 pub mod stream;
 pub mod tokenizer;
+pub mod tools;

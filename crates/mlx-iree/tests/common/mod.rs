@@ -26,6 +26,22 @@ pub fn smollm2() -> PathBuf {
     dir
 }
 
+/// A fixture's f32 weights beside a scripted text side (tests/scripted/NAME: a tokenizer
+/// and chat template that make the fixture's recorded greedy answer read as the test
+/// needs), in a folder of its own.
+#[allow(dead_code)] // not every test binary uses it
+pub fn scripted(fixture: &str, name: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = root().join("tests/fixtures").join(fixture).join("f32");
+    for file in ["config.json", "model.safetensors", "model.safetensors.index.json"] {
+        std::fs::copy(fixture.join(file), dir.path().join(file)).unwrap();
+    }
+    for file in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(root().join("tests/scripted").join(name).join(file), dir.path().join(file)).unwrap();
+    }
+    dir
+}
+
 /// The binary, with the tests' shared compile cache.
 pub fn mlx_iree() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_mlx-iree"));
