@@ -3,6 +3,7 @@
 Usage: openai_check.py BASE_URL MODEL suite
        openai_check.py BASE_URL MODEL fanout PROMPT...   (all prompts at once, greedy)
        openai_check.py BASE_URL MODEL tools   (a greedy answer with tools offered, plain and streamed)
+       openai_check.py BASE_URL MODEL structured   (chat.completions.parse with a pydantic model, 20 prompts)
 
 Run by crates/mlx-iree/tests/openai.rs with the venv target/client-venv (pinned openai).
 """
@@ -12,6 +13,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
+from typing import Literal
+
+import pydantic
 
 QUESTION = "What is the capital of France?"
 PROMPT = "The capital of France is"
@@ -56,7 +60,8 @@ def suite(client, model):
         errors["too_long"] = [e.status_code, e.body["message"] if isinstance(e.body, dict) else str(e.body)]
     # Fields the server does not implement, or values out of range: a 400 naming the field.
     refused = {
-        "response_format": {"response_format": {"type": "json_object"}},
+        "response_format": {"response_format": {"type": "json_schema",
+                                                "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
         "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
         "frequency_penalty": {"frequency_penalty": 3},
         "foo": {"extra_body": {"foo": 1}},
@@ -132,6 +137,41 @@ def tools(client, model):
     return out
 
 
+class Place(pydantic.BaseModel):
+    country: str = pydantic.Field(max_length=12)
+    coastal: bool
+
+
+class City(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=12)
+    kind: Literal["capital", "town", "village"]
+    place: Place
+    sights: list[pydantic.constr(max_length=10)] = pydantic.Field(max_length=2)
+
+
+CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Quito", "Hanoi", "Rome", "Dakar", "Perth", "Bergen", "Nice",
+          "Porto", "Kyoto", "Cork", "Split", "Bruges", "Tangier", "Hobart", "Goa"]
+
+
+def structured(client, model):
+    """`parse` with a pydantic model on 20 prompts, and streamed on 3: each parsed object (or the refusal/error)."""
+    def messages(city):
+        return [{"role": "system", "content": "Reply in JSON."}, {"role": "user", "content": f"Describe {city}."}]
+
+    out = {"parsed": [], "streamed": []}
+    for city in CITIES:
+        done = client.chat.completions.parse(model=model, messages=messages(city), response_format=City,
+                                             temperature=0)
+        parsed = done.choices[0].message.parsed
+        out["parsed"].append(parsed.model_dump() if parsed else None)
+    for city in CITIES[:3]:
+        with client.chat.completions.stream(model=model, messages=messages(city), response_format=City,
+                                            temperature=0) as stream:
+            parsed = stream.get_final_completion().choices[0].message.parsed
+        out["streamed"].append(parsed.model_dump() if parsed else None)
+    return out
+
+
 def fanout(client, model, prompts):
     def one(prompt):
         r = client.completions.create(model=model, prompt=prompt, max_tokens=16, temperature=0)
@@ -148,6 +188,8 @@ def main():
         result = suite(client, model)
     elif mode == "tools":
         result = tools(client, model)
+    elif mode == "structured":
+        result = structured(client, model)
     else:
         result = fanout(client, model, sys.argv[4:])
     print(json.dumps(result))

@@ -94,6 +94,9 @@ pub struct GenerateArgs {
     /// Apply the model's chat template to the prompt (as one user message).
     #[arg(long)]
     chat: bool,
+    /// A JSON schema file: the answer is JSON valid against it (constrained decoding).
+    #[arg(long, value_name = "FILE")]
+    json_schema: Option<PathBuf>,
     #[command(flatten)]
     sampling: SamplingArgs,
 }
@@ -221,7 +224,17 @@ pub fn answer(
     (out, notes): (&mut impl Write, &mut impl Write),
     stop: &dyn Fn() -> bool,
 ) -> Result<Answer> {
-    let options = server::Options { split_reasoning: chat, ..sampling.options() };
+    answer_with(generator, prompt, server::Options { split_reasoning: chat, ..sampling.options() }, (out, notes), stop)
+}
+
+/// [`answer`] with the generator's options as they are (a grammar among them).
+pub fn answer_with(
+    generator: &Generator,
+    prompt: Vec<u32>,
+    options: server::Options,
+    (out, notes): (&mut impl Write, &mut impl Write),
+    stop: &dyn Fn() -> bool,
+) -> Result<Answer> {
     let mut stream = generator.submit(prompt, &options)?;
     let mut text = String::new();
     let (mut stopped, mut thinking) = (false, false);
@@ -332,6 +345,16 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
     if args.sampling.reasoning_effort.is_some() && !args.chat {
         bail!("--reasoning-effort applies to a chat prompt: add --chat");
     }
+    // The schema is read and compiled before the model loads.
+    let constraint = match &args.json_schema {
+        None => None,
+        Some(path) => {
+            let text_of = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let schema: serde_json::Value =
+                serde_json::from_str(&text_of).with_context(|| format!("{}: not JSON", path.display()))?;
+            Some(text.json_schema(&schema).with_context(|| format!("{}: not a usable JSON schema", path.display()))?)
+        }
+    };
     let prompt = if args.chat {
         text.encode_chat(&[Message::user(&args.prompt)], args.sampling.effort(&text)?)?
     } else {
@@ -345,7 +368,8 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
     args.model.plan(&config, 1, prompt.len() + 1, &format!("the prompt ({} tokens)", prompt.len()))?;
     let generator = start(&args.model, text)?;
     let out = (&mut std::io::stdout().lock(), &mut std::io::stderr().lock());
-    let done = answer(&generator, prompt, &args.sampling, args.chat, out, &|| false)?.done;
+    let options = server::Options { split_reasoning: args.chat, constraint, ..args.sampling.options() };
+    let done = answer_with(&generator, prompt, options, out, &|| false)?.done;
     // The first generated token came from prefill; the rest from decode steps.
     let decode_steps = done.generated.saturating_sub(1);
     let info = generator.scheduler.info();

@@ -62,10 +62,7 @@ const CHAT_FIELDS: &[(&str, Use)] = &[
     ("messages", Use::Read),
     ("top_logprobs", Use::Read),
     ("prediction", Use::NoEffect),
-    (
-        "response_format",
-        Use::NotYet { accepts: |v| *v == serde_json::json!({"type": "text"}), only: " (only {\"type\": \"text\"})" },
-    ),
+    ("response_format", Use::Read),
     ("tools", Use::Read),
     ("tool_choice", Use::Read),
     // Every call the model writes is given; asking for at most one is not built yet.
@@ -321,6 +318,9 @@ pub struct ChatBody {
     pub tools: Option<Vec<Arg>>,
     /// `none`, `auto`, `required` or `{type: "function", function: {name}}`.
     pub tool_choice: Option<Value>,
+    /// `{type: "text"}`, `{type: "json_object"}` or `{type: "json_schema", json_schema:
+    /// {name, schema, strict, description}}`.
+    pub response_format: Option<Value>,
     #[serde(flatten)]
     pub common: Common,
 }
@@ -338,6 +338,9 @@ pub enum ToolUse {
         /// The same, to read the calls by (Qwen3-Coder's argument types).
         definitions: Vec<Value>,
     },
+    /// As `Auto`, and the answer must be a call (`required`), of the function named where
+    /// one is: decoding is constrained to the model's call format.
+    Forced { template: Arg, definitions: Vec<Value>, name: Option<String> },
 }
 
 /// OpenAI's default temperature.
@@ -517,13 +520,17 @@ impl ChatBody {
             names.push(name.to_owned());
             definitions.push(json.clone());
         }
+        let mut named = None;
         let choice = match &self.tool_choice {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s.as_str()),
             Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
                 let name = o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
                 match name {
-                    Some(name) if names.iter().any(|n| n == name) => Some("named"),
+                    Some(name) if names.iter().any(|n| n == name) => {
+                        named = Some(name.to_owned());
+                        Some("named")
+                    }
                     Some(name) => {
                         return Err(ApiError::field(
                             "tool_choice",
@@ -547,11 +554,9 @@ impl ChatBody {
             Some("required" | "named") if tools.is_empty() => {
                 Err(ApiError::field("tool_choice", "tool_choice asks for a tool call, but no tools are given"))
             }
-            Some("required" | "named") => Err(ApiError::field(
-                "tool_choice",
-                "tool_choice `required` or a named function is not supported yet (it needs constrained decoding); \
-                 use auto",
-            )),
+            Some("required" | "named") => {
+                Ok(ToolUse::Forced { template: Arg::list(tools.iter().cloned()), definitions, name: named })
+            }
             Some(other) => Err(ApiError::field(
                 "tool_choice",
                 format!("tool_choice must be none, auto, required or a function, got `{other}`"),
@@ -571,6 +576,68 @@ impl ChatBody {
             (true, n) => Ok(Some(n.unwrap_or(0))),
             (false, _) => Ok(None),
         }
+    }
+}
+
+impl ChatBody {
+    /// The JSON schema the answer must be valid against (`json_object`: any object), or
+    /// `None` for free text.
+    pub fn structure(&self) -> Result<Option<Value>, ApiError> {
+        let Some(format) = self.response_format.as_ref().filter(|f| !f.is_null()) else { return Ok(None) };
+        let bad = |param: &str, message: String| Err(ApiError::field(param, message));
+        let Some(fields) = format.as_object() else {
+            return bad("response_format", "response_format must be an object with a `type`".into());
+        };
+        let allowed: &[&str] = match fields.get("type").and_then(Value::as_str) {
+            Some("text") => &["type"],
+            Some("json_object") => &["type"],
+            Some("json_schema") => &["type", "json_schema"],
+            _ => {
+                return bad(
+                    "response_format.type",
+                    "response_format's type must be text, json_object or json_schema".into(),
+                );
+            }
+        };
+        if let Some(key) = fields.keys().find(|k| !allowed.contains(&k.as_str())) {
+            return bad(&format!("response_format.{key}"), format!("unknown field `response_format.{key}`"));
+        }
+        match fields["type"].as_str() {
+            Some("json_object") => return Ok(Some(serde_json::json!({"type": "object"}))),
+            Some("json_schema") => {}
+            _ => return Ok(None),
+        }
+        let Some(spec) = fields.get("json_schema").and_then(Value::as_object) else {
+            return bad("response_format.json_schema", "json_schema needs an object with `name` and `schema`".into());
+        };
+        for (key, value) in spec {
+            let param = format!("response_format.json_schema.{key}");
+            let fits = match key.as_str() {
+                "name" => value.as_str().is_some_and(|n| {
+                    !n.is_empty()
+                        && n.len() <= 64
+                        && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+                }),
+                "description" => value.is_string(),
+                "strict" => value.is_boolean() || value.is_null(),
+                "schema" => value.is_object() || value.is_boolean(),
+                _ => return bad(&param, format!("unknown field `{param}`")),
+            };
+            if !fits {
+                let what = match key.as_str() {
+                    "name" => "a name of at most 64 letters, digits, `_` and `-`",
+                    "schema" => "a JSON schema (an object)",
+                    "strict" => "a boolean",
+                    _ => "a string",
+                };
+                return bad(&param, format!("`{param}` must be {what}"));
+            }
+        }
+        if !spec.contains_key("name") {
+            return bad("response_format.json_schema.name", "json_schema needs a `name`".into());
+        }
+        // Without a schema, any JSON object (the schema is what strict would enforce).
+        Ok(Some(spec.get("schema").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"}))))
     }
 }
 

@@ -82,6 +82,11 @@ impl From<crate::GenerateError> for ApiError {
             }
             e @ GenerateError::EffortUnread(_) => ApiError::field("reasoning_effort", e.to_string()),
             GenerateError::NoToolCalls(why) => ApiError::field("tools", why),
+            e @ GenerateError::EosUnderGrammar => ApiError::field("ignore_eos", e.to_string()),
+            GenerateError::Constraint(text::constraint::ConstraintError::Grammar(why)) => {
+                ApiError::field("response_format", why)
+            }
+            GenerateError::Constraint(e) => ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
             // Turning generated ids into text: the server's fault, not the request's.
             GenerateError::Tokenizer(e) => ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         }

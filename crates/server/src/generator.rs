@@ -13,9 +13,10 @@ use engine::scheduler::{Event, FinishReason, Finished, Generation, Request, Samp
 use serde_json::Value as Json;
 use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, OnceLock, mpsc};
 use text::channels::{Channel, ChannelDecoder, Harmony};
 use text::chat::{Arg, ChatError, ChatTemplate, Message};
+use text::constraint::{Constraint, ConstraintError, Grammars};
 use text::sampler::{Sampler, SamplingError, SamplingParams, TokenLogprobs, logprobs};
 use text::tokenizer::{Tokenizer, TokenizerError, eos_ids};
 use text::tools::{ToolCall, ToolFormat, ToolMarkers};
@@ -52,6 +53,12 @@ pub enum GenerateError {
     /// Tools offered to a model whose tool calls cannot be read (why, as text).
     #[error("{0}")]
     NoToolCalls(String),
+    /// A grammar that could not be made for this model (why, as text), or followed.
+    #[error(transparent)]
+    Constraint(#[from] ConstraintError),
+    /// Generating past the end of sequence under a grammar, which ends there.
+    #[error("ignore_eos cannot be combined with structured output or a forced tool call (the grammar ends the answer)")]
+    EosUnderGrammar,
 }
 
 /// How long a reasoning model thinks before it answers: the `reasoning_effort` a chat
@@ -128,6 +135,8 @@ pub struct ModelText {
     pub harmony: Option<Harmony>,
     /// How the model writes tool calls, or why they cannot be read.
     pub tool_syntax: Result<ToolSyntax, String>,
+    /// The grammar compiler of the vocabulary, made at the first constrained request.
+    grammars: OnceLock<Result<Grammars, String>>,
 }
 
 impl ModelText {
@@ -137,7 +146,7 @@ impl ModelText {
         let chat = ChatTemplate::from_dir(dir);
         let harmony = Harmony::of(&tokenizer);
         let tool_syntax = ToolSyntax::of(&chat, &tokenizer, harmony.is_some());
-        Ok(ModelText { tokenizer, chat, eos, harmony, tool_syntax })
+        Ok(ModelText { tokenizer, chat, eos, harmony, tool_syntax, grammars: OnceLock::new() })
     }
 
     /// `text` as prompt ids (with the tokenizer's special tokens, as mlx-lm encodes a prompt).
@@ -153,6 +162,22 @@ impl ModelText {
     ) -> Result<Vec<u32>, GenerateError> {
         let chat = self.chat_template()?;
         Ok(chat.encode_with(&self.tokenizer, messages, &template_vars(chat, effort)?)?)
+    }
+
+    /// The grammar compiler of this model's vocabulary (a trie of every token's bytes, made at
+    /// first use); a grammar's end is the first end-of-sequence id.
+    pub fn grammars(&self) -> Result<&Grammars, GenerateError> {
+        let made = self.grammars.get_or_init(|| {
+            let eos =
+                self.eos.first().ok_or("this model declares no end-of-sequence token, which a grammar ends with")?;
+            Grammars::new(&self.tokenizer, *eos).map_err(|e| e.to_string())
+        });
+        made.as_ref().map_err(|why| GenerateError::Constraint(ConstraintError::Follow(why.clone())))
+    }
+
+    /// Answers valid against a JSON `schema` ([`Grammars::json_schema`]).
+    pub fn json_schema(&self, schema: &Json) -> Result<Constraint, GenerateError> {
+        Ok(self.grammars()?.json_schema(schema)?)
     }
 
     /// The chat template, or why the folder has none.
@@ -184,6 +209,9 @@ pub struct Options {
     /// The tool definitions the prompt offered (OpenAI's `tools`): the model's calls then
     /// come apart as [`Piece::ToolCalls`], read by its [`ModelText::tool_syntax`].
     pub tools: Option<Arc<Vec<Json>>>,
+    /// A grammar the answer must follow (structured output, a forced tool call): each
+    /// step's logits masked to the tokens it allows; each answer follows its own copy.
+    pub constraint: Option<Constraint>,
 }
 
 impl Options {
@@ -197,6 +225,7 @@ impl Options {
             logprobs: None,
             split_reasoning: false,
             tools: None,
+            constraint: None,
         }
     }
 }
@@ -205,23 +234,34 @@ impl Options {
 /// leave the device), else a [`Sampler`] closure (temperature, top-k, top-p, min-p,
 /// penalties, logit bias, seeded).
 pub fn sampling(params: SamplingParams) -> Result<Sampling, SamplingError> {
-    chooser(params, None)
+    chooser(params, None, None)
 }
 
-/// [`sampling`], and with `logprobs` (how many alternatives, where to send them) a closure
-/// even for greedy requests, which sends each chosen token's [`TokenLogprobs`] (from the
-/// logits as the engine gave them) before returning it.
+/// [`sampling`], and with `logprobs` (how many alternatives, where to send them) or a
+/// `constraint` a closure even for greedy requests: it masks the logits to what the grammar
+/// allows before choosing (and moves the grammar on past the choice), and sends each chosen
+/// token's [`TokenLogprobs`] (from the logits as the engine gave them) before returning it.
 fn chooser(
     params: SamplingParams,
     logprobs_to: Option<(usize, mpsc::Sender<TokenLogprobs>)>,
+    mut constraint: Option<Constraint>,
 ) -> Result<Sampling, SamplingError> {
-    if params.is_plain_greedy() && logprobs_to.is_none() {
+    if params.is_plain_greedy() && logprobs_to.is_none() && constraint.is_none() {
         params.check()?;
         return Ok(Sampling::Greedy);
     }
     let mut sampler = Sampler::new(params)?;
     Ok(Sampling::Custom(Box::new(move |logits: &[f32]| {
-        let token = sampler.sample(logits)?;
+        let token = match &mut constraint {
+            None => sampler.sample(logits)?,
+            Some(grammar) => {
+                let mut allowed = logits.to_vec();
+                grammar.mask(&mut allowed)?;
+                let token = sampler.sample(&allowed)?;
+                grammar.accept(token)?;
+                token
+            }
+        };
         if let Some((top, to)) = &logprobs_to {
             // The reader may have gone (a cancelled stream); the token still stands.
             let _ = to.send(logprobs(logits, token, *top)?);
@@ -281,6 +321,9 @@ impl Generator {
     ) -> Result<(Request, Option<mpsc::Receiver<TokenLogprobs>>), GenerateError> {
         let vocab = self.tokenizer.vocab_size();
         options.sampling.check_vocab(vocab)?;
+        if options.ignore_eos && options.constraint.is_some() {
+            return Err(GenerateError::EosUnderGrammar);
+        }
         let (to, from) = match options.logprobs {
             Some(top) => {
                 let (to, from) = mpsc::channel();
@@ -293,7 +336,7 @@ impl Generator {
             max_tokens: options.max_tokens,
             stop_tokens: if options.ignore_eos { Vec::new() } else { self.eos.clone() },
             vocab_limit: Some(vocab),
-            sampling: chooser(options.sampling.clone(), to)?,
+            sampling: chooser(options.sampling.clone(), to, options.constraint.clone())?,
         };
         Ok((request, from))
     }

@@ -198,7 +198,7 @@ impl Server {
         }
         let bytes = self.body(body)?;
         let model = &self.0.model;
-        let Asked { prompt, common, logprobs, tools } = self.prompt(endpoint, &bytes)?;
+        let Asked { prompt, common, logprobs, tools, constraint } = self.prompt(endpoint, &bytes)?;
         if let Some(name) = &common.model
             && *name != self.0.config.model_id
         {
@@ -225,6 +225,7 @@ impl Server {
             // A chat answer's reasoning goes apart (`reasoning`), where the model marks it.
             split_reasoning: endpoint == Endpoint::Chat,
             tools,
+            constraint,
         };
         let prompt_tokens = prompt.len();
         // Choice i draws with seed + i: the first is the answer of the same request with n 1.
@@ -275,7 +276,7 @@ impl Server {
                     }
                     Err(ids) => ids,
                 };
-                Asked { prompt, common: body.common, logprobs, tools: None }
+                Asked { prompt, common: body.common, logprobs, tools: None, constraint: None }
             }
             Endpoint::Chat => {
                 let body = api::parse_chat(bytes)?;
@@ -304,19 +305,54 @@ impl Server {
                     })?),
                 };
                 let mut vars = template_vars(chat, effort)?;
-                let tools = match body.tool_use()? {
-                    ToolUse::None => None,
+                let structure = body.structure()?;
+                let (tools, forced) = match body.tool_use()? {
+                    ToolUse::None => (None, None),
                     ToolUse::Auto { template, definitions } => {
                         // Refused before rendering where the calls could not be read.
                         model.tool_syntax.as_ref().map_err(|why| ApiError::field("tools", why.clone()))?;
                         vars.push(("tools", template));
-                        Some(Arc::new(definitions))
+                        (Some(Arc::new(definitions)), None)
                     }
+                    ToolUse::Forced { template, definitions, name } => {
+                        let syntax = model.tool_syntax.as_ref().map_err(|why| ApiError::field("tools", why.clone()))?;
+                        let grammar = syntax.format.forced_call(syntax.markers, &definitions, name.as_deref());
+                        let grammar = grammar.ok_or_else(|| {
+                            ApiError::field(
+                                "tool_choice",
+                                format!(
+                                    "tool_choice `required` or a named function is not supported yet for this \
+                                     model's tool-call format ({}); use auto",
+                                    syntax.format.name()
+                                ),
+                            )
+                        })?;
+                        vars.push(("tools", template));
+                        (Some(Arc::new(definitions)), Some(grammar))
+                    }
+                };
+                let constraint = match (structure, forced) {
+                    (Some(_), Some(_)) => {
+                        return Err(ApiError::field(
+                            "response_format",
+                            "a response_format schema and a forced tool call cannot both hold: choose one",
+                        ));
+                    }
+                    (Some(schema), None) => Some(model.json_schema(&schema).map_err(|e| match e {
+                        GenerateError::Constraint(text::constraint::ConstraintError::Grammar(why)) => {
+                            ApiError::field("response_format", format!("the schema cannot be used: {why}"))
+                        }
+                        e => e.into(),
+                    })?),
+                    (None, Some(grammar)) => {
+                        Some(model.grammars()?.lark(&grammar).map_err(|e| ApiError::field("tools", format!("{e}")))?)
+                    }
+                    (None, None) => None,
                 };
                 let prompt = chat
                     .encode_with(&model.tokenizer, &messages, &vars)
                     .map_err(|e| ApiError::field("messages", e.to_string()))?;
-                Asked { prompt, common: body.common, logprobs, tools }
+                Asked { prompt, common: body.common, logprobs, tools, constraint }
             }
         })
     }
@@ -351,6 +387,8 @@ struct Asked {
     logprobs: Option<usize>,
     /// The tool definitions offered, where the model's calls are to be read apart.
     tools: Option<Arc<Vec<Value>>>,
+    /// The grammar the answer must follow (structured output, a forced tool call).
+    constraint: Option<text::constraint::Constraint>,
 }
 
 /// A place among the requests being answered; given back when dropped.

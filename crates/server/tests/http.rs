@@ -594,7 +594,6 @@ fn every_field_is_honoured_or_refused_by_name() {
     }
     // Chat fields not implemented yet: named, "not supported yet"; their no-op values pass.
     for (extra, param) in [
-        (json!({"response_format": {"type": "json_object"}}), "response_format"),
         (json!({"parallel_tool_calls": false}), "parallel_tool_calls"),
         (json!({"modalities": ["text", "audio"]}), "modalities"),
     ] {
@@ -663,6 +662,127 @@ fn every_field_is_honoured_or_refused_by_name() {
     assert_eq!(refused(completions, json!({"logprobs": 21})).1, "logprobs");
     // Still serving.
     assert_eq!(with(completions, json!({})).status, 200);
+}
+
+/// A schema with an enum, a nested object, an array and required fields, small enough that
+/// a whole answer fits the test context.
+fn city_schema() -> Value {
+    json!({"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "kind": {"enum": ["capital", "town", "village"]},
+        "place": {"type": "object", "properties": {"country": {"type": "string", "maxLength": 12},
+                  "coastal": {"type": "boolean"}}, "required": ["country", "coastal"], "additionalProperties": false},
+        "sights": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 2}},
+        "required": ["city", "kind", "place", "sights"], "additionalProperties": false})
+}
+
+/// Whether `v` is valid against [`city_schema`].
+fn is_city(v: &Value) -> bool {
+    let short = |v: &Value, n: usize| v.as_str().is_some_and(|s| s.chars().count() <= n);
+    let keys = |v: &Value, want: &[&str]| {
+        v.as_object().is_some_and(|o| o.len() == want.len() && want.iter().all(|k| o.contains_key(*k)))
+    };
+    keys(v, &["city", "kind", "place", "sights"])
+        && short(&v["city"], 12)
+        && ["capital", "town", "village"].iter().any(|k| v["kind"] == *k)
+        && keys(&v["place"], &["country", "coastal"])
+        && short(&v["place"]["country"], 12)
+        && v["place"]["coastal"].is_boolean()
+        && v["sights"].as_array().is_some_and(|a| a.len() <= 2 && a.iter().all(|s| short(s, 10)))
+}
+
+/// `response_format`: answers to 20 prompts are JSON valid against a schema with enums, a
+/// nested object, an array and required fields (greedy, whole and streamed); `json_object`
+/// gives a JSON object; the same prompt unconstrained is not JSON; bad formats are refused
+/// by name, and the server keeps serving.
+#[test]
+fn structured_output_follows_the_schema() {
+    let _turn = turn();
+    let server = serve(config());
+    let chat = "/v1/chat/completions";
+    let cities = [
+        "Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Quito", "Hanoi", "Rome", "Dakar", "Perth", "Bergen", "Nice",
+        "Porto", "Kyoto", "Cork", "Split", "Bruges", "Tangier", "Hobart", "Goa",
+    ];
+    let format =
+        json!({"type": "json_schema", "json_schema": {"name": "city", "strict": true, "schema": city_schema()}});
+    let ask = |city: &str| {
+        json!({"messages": [{"role": "system", "content": "Reply in JSON."},
+                            {"role": "user", "content": format!("Describe {city}.")}],
+               "temperature": 0, "response_format": format})
+    };
+    for city in cities {
+        let v = post(server.addr, chat, &ask(city)).json();
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap().to_owned();
+        let answer: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{city}: {text:?}: {e}"));
+        assert!(is_city(&answer), "{city}: {answer}");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{city}: {text}");
+    }
+    // Streamed, the same text.
+    let mut streamed = ask("Oslo");
+    streamed["stream"] = json!(true);
+    let events = post(server.addr, chat, &streamed).events();
+    let text: String = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+        .collect();
+    let whole = post(server.addr, chat, &ask("Oslo")).json();
+    assert_eq!(whole["choices"][0]["message"]["content"], text.as_str());
+    // Any JSON object; and without a format, the same prompt is free text.
+    let mut object = ask("Lima");
+    object["response_format"] = json!({"type": "json_object"});
+    object["max_tokens"] = json!(60);
+    let v = post(server.addr, chat, &object).json();
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+    if v["choices"][0]["finish_reason"] == "stop" {
+        assert!(serde_json::from_str::<Value>(text).unwrap().is_object(), "{text}");
+    } else {
+        assert!(text.starts_with('{'), "{text}");
+    }
+    let mut free = ask("Lima");
+    free.as_object_mut().unwrap().remove("response_format");
+    free["max_tokens"] = json!(40);
+    let v = post(server.addr, chat, &free).json();
+    assert!(serde_json::from_str::<Value>(v["choices"][0]["message"]["content"].as_str().unwrap()).is_err(), "{v}");
+
+    for (format, message, param) in [
+        (
+            json!({"type": "xml"}),
+            "response_format's type must be text, json_object or json_schema",
+            "response_format.type",
+        ),
+        (
+            json!({"type": "json_schema", "json_schema": {"schema": {}}}),
+            "json_schema needs a `name`",
+            "response_format.json_schema.name",
+        ),
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": "object"}}),
+            "`response_format.json_schema.schema` must be a JSON schema (an object)",
+            "response_format.json_schema.schema",
+        ),
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "colour": 1}}),
+            "unknown field `response_format.json_schema.colour`",
+            "response_format.json_schema.colour",
+        ),
+    ] {
+        let mut bad = ask("Rome");
+        bad["response_format"] = format;
+        let reply = post(server.addr, chat, &bad);
+        assert_eq!(error_of(&reply), (400, message.to_owned(), json!(param)));
+    }
+    let mut bad = ask("Rome");
+    bad["response_format"] =
+        json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}});
+    let (status, message, param) = error_of(&post(server.addr, chat, &bad));
+    assert_eq!((status, param), (400, json!("response_format")));
+    assert!(message.starts_with("the schema cannot be used: "), "{message}");
+    let mut bad = ask("Rome");
+    bad["ignore_eos"] = json!(true);
+    assert_eq!(error_of(&post(server.addr, chat, &bad)).2, json!("ignore_eos"));
+    assert_eq!(post(server.addr, chat, &ask("Rome")).status, 200);
 }
 
 /// The engine's logits for each greedy step after `prompt` (ids past the vocabulary at
@@ -948,6 +1068,136 @@ fn hermes_model() -> Arc<Generator> {
     scripted_model("qwen2", "hermes", &[325, 122, 306, 241, 150, 212, 89, 190])
 }
 
+/// A chat template in the Hermes style for SmolLM2 with tools: the tools named in a system
+/// turn (their names only, so a prompt fits the tests' context), calls in the history
+/// written as `<tool_call>` JSON, tool results as `tool` turns.
+const TOOLS_TEMPLATE: &str = "\
+{% if tools %}<|im_start|>system\nTools: {% for t in tools %}{{ t.function.name }} {% endfor %}\
+Call one as <tool_call> JSON.<|im_end|>\n{% endif %}\
+{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}\
+{% for tool_call in m.tool_calls or [] %}{% set tool_call = tool_call.function %}<tool_call>\n\
+{\"name\": \"{{ tool_call.name }}\", \"arguments\": {{ tool_call.arguments | tojson }}}\n</tool_call>\
+{% endfor %}<|im_end|>\n{% endfor %}\
+{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// SmolLM2 (the server tests' model and shapes, so its compiled modules are shared) with two
+/// unused special tokens renamed `<tool_call>` and `</tool_call>` (ordinary added tokens, as
+/// in Qwen's vocabulary) and [`TOOLS_TEMPLATE`]: a real checkpoint that takes tools, for the
+/// forced calls of `tool_choice`.
+fn smollm2_tools_model() -> Arc<Generator> {
+    static MODEL: OnceLock<Arc<Generator>> = OnceLock::new();
+    Arc::clone(MODEL.get_or_init(|| {
+        let dir = root().join("target/test-smollm2-tools-model");
+        std::fs::create_dir_all(&dir).unwrap();
+        for file in ["config.json", "model.safetensors", "model.safetensors.index.json"] {
+            std::fs::copy(model_dir().join(file), dir.join(file)).unwrap();
+        }
+        let mut tokenizer: Value =
+            serde_json::from_str(&std::fs::read_to_string(model_dir().join("tokenizer.json")).unwrap()).unwrap();
+        for (id, old, new) in [(3, "<repo_name>", "<tool_call>"), (4, "<reponame>", "</tool_call>")] {
+            let added = &mut tokenizer["added_tokens"][id];
+            assert_eq!(added["content"], old);
+            added["content"] = json!(new);
+            added["special"] = json!(false);
+            let vocab = tokenizer["model"]["vocab"].as_object_mut().unwrap();
+            assert_eq!(vocab.remove(old), Some(json!(id)));
+            vocab.insert(new.to_owned(), json!(id));
+        }
+        std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+        let config = json!({"chat_template": TOOLS_TEMPLATE, "eos_token": "<|im_end|>"});
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+        let config = EngineConfig {
+            max_batch: MAX_BATCH,
+            max_context: Some(MAX_CONTEXT),
+            kv_elem: KvElem::F32,
+            ..EngineConfig::new(
+                "local-task",
+                engine::device::default_precision("local-task", &model_dir()),
+                root().join("target/test-compile-cache"),
+            )
+        };
+        Arc::new(Generator::load(&dir, config).unwrap())
+    }))
+}
+
+/// `tool_choice` `required` and a named function: 20 prompts each give one well-formed call
+/// of a tool given, its arguments valid against the tool's schema (decoding constrained to
+/// the model's call format), whole and streamed, ending with `tool_calls`.
+#[test]
+fn forced_tool_calls_are_well_formed() {
+    let _turn = turn();
+    let server = serve_model(smollm2_tools_model(), ServerConfig::new("smollm2-tools"));
+    let chat = "/v1/chat/completions";
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 1,
+            "maximum": 7}}, "required": ["city", "days"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET", "JST"]}}, "required": ["zone"], "additionalProperties": false}}}]);
+    let valid = |call: &Value| {
+        let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        match call["function"]["name"].as_str().unwrap() {
+            "get_weather" => {
+                args.as_object().unwrap().len() == 2
+                    && args["city"].as_str().is_some_and(|c| c.chars().count() <= 12)
+                    && args["days"].as_i64().is_some_and(|d| (1..=7).contains(&d))
+            }
+            "get_time" => {
+                args.as_object().unwrap().len() == 1 && ["UTC", "CET", "JST"].iter().any(|z| args["zone"] == *z)
+            }
+            _ => false,
+        }
+    };
+    let questions = [
+        "Weather in Paris?",
+        "What time is it in Tokyo?",
+        "Will it rain in Oslo tomorrow?",
+        "Time in Berlin?",
+        "Is it sunny in Rome?",
+        "Clock in London?",
+        "Forecast for Lima this week?",
+        "What hour is it now?",
+        "Snow in Quebec?",
+        "Temperature in Cairo?",
+        "Current time in Osaka?",
+        "Wind in Perth?",
+        "Hi!",
+        "Tell me a joke.",
+        "Weather for 3 days in Nice?",
+        "Time zone of Madrid?",
+        "Humidity in Hanoi?",
+        "What is 2+2?",
+        "Storms in Miami?",
+        "Sunrise in Reykjavik?",
+    ];
+    for question in questions {
+        let body = json!({"messages": [{"role": "user", "content": question}], "tools": tools,
+                          "tool_choice": "required", "temperature": 0});
+        let v = post(server.addr, chat, &body).json();
+        let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap_or_else(|| panic!("{question}: {v}"));
+        assert!(calls.len() == 1 && valid(&calls[0]), "{question}: {v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{question}: {v}");
+    }
+    // A named function: its call; streamed, the same call as one delta.
+    let named = json!({"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": tools,
+                       "tool_choice": {"type": "function", "function": {"name": "get_time"}}, "temperature": 0});
+    let v = post(server.addr, chat, &named).json();
+    let call = &v["choices"][0]["message"]["tool_calls"][0];
+    assert!(call["function"]["name"] == "get_time" && valid(call), "{v}");
+    let mut streamed = named.clone();
+    streamed["stream"] = json!(true);
+    let events = post(server.addr, chat, &streamed).events();
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let deltas: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0]["delta"].get("tool_calls")).collect();
+    assert_eq!(deltas.len(), 1, "{chunks:?}");
+    assert_eq!(deltas[0][0]["function"], call["function"]);
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+    // A schema and a forced call cannot both hold.
+    let mut both = named.clone();
+    both["response_format"] = json!({"type": "json_object"});
+    assert_eq!(error_of(&post(server.addr, chat, &both)).2, json!("response_format"));
+}
+
 /// A model's tool calls come apart from its answer as OpenAI's `tool_calls`, whole and as a
 /// streamed delta, ending with `tool_calls`; tools and the history's calls and results reach
 /// the template; without tools (or with `tool_choice: "none"`) the answer is text; bad tool
@@ -1038,11 +1288,6 @@ fn tool_calls_come_apart_from_the_answer() {
             json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}),
             "a tool's parameters must be a JSON schema object",
             "tools[0].function.parameters",
-        ),
-        (
-            json!({"tool_choice": "required"}),
-            "tool_choice `required` or a named function is not supported yet (it needs constrained decoding); use auto",
-            "tool_choice",
         ),
         (
             json!({"tool_choice": {"type": "function", "function": {"name": "nope"}}}),

@@ -4,6 +4,7 @@
 
 pub mod channels;
 pub mod chat;
+pub mod constraint;
 pub mod sampler;
 pub mod stream;
 pub mod tokenizer;

@@ -28,6 +28,7 @@ type Result<T> = std::result::Result<T, TokenizerError>;
 
 /// A loaded `tokenizer.json`. Added tokens (such as `<|im_start|>`) are matched as single
 /// tokens wherever they occur in the text, whether or not special tokens are added.
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
@@ -97,11 +98,62 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// Every id's text as the bytes the decoder writes for it, and whether it is a special
+    /// added token (which text never holds): what a grammar engine matches tokens by.
+    /// Byte-level vocabularies (GPT-2's byte-to-character map) and SentencePiece ones (`▁` for
+    /// a space, `<0xNN>` byte tokens) are read as their decoders read them; any other token is
+    /// its spelling. An id the vocabulary skips is empty.
+    pub fn token_bytes(&self) -> Vec<(Vec<u8>, bool)> {
+        let decoder = self.inner.get_decoder().and_then(|d| serde_json::to_string(d).ok()).unwrap_or_default();
+        let byte_level = decoder.contains("\"ByteLevel\"");
+        let unicode_to_byte = byte_level.then(gpt2_byte_map);
+        let added = self.inner.get_added_tokens_decoder();
+        (0..self.vocab_size() as u32)
+            .map(|id| {
+                if let Some(token) = added.get(&id) {
+                    return (token.content.as_bytes().to_vec(), token.special);
+                }
+                let Some(spelling) = self.inner.id_to_token(id) else { return (Vec::new(), false) };
+                if let Some(map) = &unicode_to_byte {
+                    if let Some(bytes) = spelling.chars().map(|c| map.get(&c).copied()).collect::<Option<Vec<u8>>>() {
+                        return (bytes, false);
+                    }
+                    return (spelling.into_bytes(), false);
+                }
+                if let Some(hex) = spelling.strip_prefix("<0x").and_then(|h| h.strip_suffix('>'))
+                    && hex.len() == 2
+                    && let Ok(byte) = u8::from_str_radix(hex, 16)
+                {
+                    return (vec![byte], false);
+                }
+                (spelling.replace('\u{2581}', " ").into_bytes(), false)
+            })
+            .collect()
+    }
+
     /// Number of tokens including added tokens. The model's embedding may have more rows
     /// (padding); ids at or beyond this are not decodable.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
+}
+
+/// GPT-2's byte-level alphabet, reversed: the printable bytes stand for themselves and the
+/// others (space, control bytes, ...) for the characters from U+0100 on, in byte order.
+fn gpt2_byte_map() -> std::collections::HashMap<char, u8> {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut next = 0x100u32;
+    (0..=255u8)
+        .map(|b| {
+            if printable(b) {
+                (char::from(b), b)
+            } else {
+                let c = char::from_u32(next).unwrap_or('\0');
+                next += 1;
+                (c, b)
+            }
+        })
+        .collect()
 }
 
 /// Reads a JSON file that a model folder may or may not have: `Ok(None)` when absent.

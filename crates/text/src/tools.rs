@@ -116,6 +116,52 @@ impl ToolFormat {
     }
 }
 
+impl ToolFormat {
+    /// A grammar (llguidance's Lark) for an answer that is one call of one of `tools` (only
+    /// the one named `name`, where given) in this format, its arguments valid against the
+    /// tool's parameter schema: how `tool_choice` `required` or a named function is kept.
+    /// `None` for a format this is not built for yet (Qwen3-Coder's, harmony's).
+    pub fn forced_call(self, markers: Option<ToolMarkers>, tools: &[Json], name: Option<&str>) -> Option<String> {
+        let markers = markers?;
+        let calls: Vec<Json> = tools
+            .iter()
+            .filter_map(|t| t.get("function"))
+            .filter(|f| name.is_none() || f.get("name").and_then(Json::as_str) == name)
+            .map(|f| {
+                // A function without parameters takes none (OpenAI's reading).
+                let parameters = f.get("parameters").cloned().unwrap_or_else(|| {
+                    serde_json::json!({"type": "object", "properties": {}, "additionalProperties": false})
+                });
+                serde_json::json!({
+                    "type": "object",
+                    "properties": {"name": {"const": f.get("name").cloned().unwrap_or_default()}, "arguments": parameters},
+                    "required": ["name", "arguments"],
+                    "additionalProperties": false,
+                })
+            })
+            .collect();
+        if calls.is_empty() {
+            return None;
+        }
+        let call = serde_json::json!({"anyOf": calls});
+        match self {
+            ToolFormat::Json => {
+                let end = markers.end?;
+                Some(format!(
+                    "start: <[{}]> \"\\n\" %json {} \"\\n\" <[{end}]>",
+                    markers.start,
+                    crate::constraint::compact(&call)
+                ))
+            }
+            ToolFormat::Mistral => {
+                let list = serde_json::json!({"type": "array", "items": call, "minItems": 1});
+                Some(format!("start: <[{}]> %json {}", markers.start, crate::constraint::compact(&list)))
+            }
+            ToolFormat::Qwen3Coder | ToolFormat::Harmony => None,
+        }
+    }
+}
+
 fn json_value(text: &str) -> Result<Json, String> {
     serde_json::from_str(text).map_err(|e| format!("a tool call that is not JSON ({e})"))
 }
