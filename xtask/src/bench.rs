@@ -94,6 +94,8 @@ usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
                    (-np STREAMS, the same context per slot, GGUF f16 or Q4_0/Q8_0 as
                    paired above) driven by the same client, with our ratio against it
   --streams LIST   concurrent streams for --serve (default 1,8,16)
+  --json-streams K with --serve, also a row per stream count N >= K where K of the N
+                   streams are chat requests constrained to a JSON schema
 ";
 
 /// `--precision`: `all`, or a comma list of PRECISIONS in the order given, each once.
@@ -167,6 +169,9 @@ pub struct Options {
     pub serve: bool,
     /// Concurrent streams per `--serve` row.
     pub streams: Vec<usize>,
+    /// Streams constrained to a JSON schema in a second `--serve` row per stream count (0:
+    /// no such row).
+    pub json_streams: usize,
 }
 
 /// Decode steps per repeat when `--steps` is not given. The 1B model's f32 decode step
@@ -198,6 +203,7 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
         peers: false,
         serve: false,
         streams: vec![1, 8, 16],
+        json_streams: 0,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -239,11 +245,18 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
             "--peers" => o.peers = true,
             "--serve" => o.serve = true,
             "--streams" => o.streams = list(flag, value()?)?,
+            "--json-streams" => {
+                o.json_streams =
+                    value()?.parse().map_err(|_| anyhow::anyhow!("bench: `--json-streams` needs a whole number"))?
+            }
             other => bail!("bench: unknown argument `{other}`\n{USAGE}"),
         }
     }
     if o.models.is_empty() {
         o.models = vec![ModelArg::SmolLm2, ModelArg::Llama1b];
+    }
+    if o.json_streams > 0 && !o.serve {
+        bail!("bench: `--json-streams` applies to --serve");
     }
     if o.serve && (o.batch != [1] || !o.context.is_empty()) {
         bail!("bench: `--serve` takes --streams, not --batch or --context");

@@ -3,7 +3,11 @@
 //! streams), then for each stream count the load generator `xtask/python/serve_bench.py`
 //! (the pinned `openai` client in target/client-venv, greedy, streamed) sends
 //! `REQUESTS_PER_STREAM` requests per stream: aggregate tok/s, p50/p99 time to first token
-//! and request latency, in one table (or one JSON line per row).
+//! and request latency, in one table (or one JSON line per row). With `--json-streams K`,
+//! each stream count N >= K has two more rows of chat requests (the prompt as the user's
+//! message): N plain streams, then N of which K ask for JSON valid against a schema
+//! (constrained decoding, a grammar that cannot complete within --steps, so every request
+//! generates as many tokens).
 //!
 //! With `--peers`, llama.cpp's `llama-server` (built by `peers::tools`) on the same weights
 //! as GGUF (f16 for our f16 rows, Q4_0 / Q8_0 for packed 4-bit / 8-bit) is driven by the
@@ -35,6 +39,12 @@ pub const LLAMA_SERVER: &str = "llama-server";
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct Load {
     pub streams: usize,
+    /// Of them, streams whose answers are constrained to a JSON schema.
+    #[serde(default)]
+    pub constrained: usize,
+    /// Chat requests (else completions).
+    #[serde(default)]
+    pub chat: bool,
     pub requests: usize,
     pub tokens: usize,
     pub wall_s: f64,
@@ -105,7 +115,9 @@ fn start(bin: &Path, case: &Case, o: &Options, slots: usize) -> Result<(Served, 
 
 /// The load generator against `server` at `addr` with `streams` concurrent streams (the
 /// server's CPU time and the client's are the row's own).
-fn drive(server: &Served, addr: &str, streams: usize, o: &Options) -> Result<Load> {
+/// `constrained`: `None` for completions, else chat requests of which that many streams are
+/// constrained to a JSON schema.
+fn drive(server: &Served, addr: &str, streams: usize, constrained: Option<usize>, o: &Options) -> Result<Load> {
     let window = cpu_share::Window::start(&[server.0.id()]);
     // Made by the set-up step (`prepare`), which runs before.
     let venv = util::target_dir().join("client-venv");
@@ -118,6 +130,7 @@ fn drive(server: &Served, addr: &str, streams: usize, o: &Options) -> Result<Loa
         .arg((streams * REQUESTS_PER_STREAM).to_string())
         .arg(steps.to_string())
         .arg(util::root().join("tests/clients/prompts.txt"))
+        .args(constrained.map(|k| k.to_string()))
         .stderr(Stdio::inherit())
         .output()?;
     if !out.status.success() {
@@ -133,18 +146,24 @@ pub fn measure(bin: &Path, case: &Case, o: &Options) -> Result<Vec<ServeRow>> {
     let slots = o.streams.iter().copied().max().unwrap_or(1);
     let (server, addr) = start(bin, case, o, slots)?;
     let name = case.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    o.streams
-        .iter()
-        .map(|&streams| {
-            Ok(ServeRow {
+    let mut rows = Vec::new();
+    for &streams in &o.streams {
+        let kinds = if (1..=streams).contains(&o.json_streams) {
+            vec![None, Some(0), Some(o.json_streams)]
+        } else {
+            vec![None]
+        };
+        for constrained in kinds {
+            rows.push(ServeRow {
                 // Told from `mlx-iree bench`'s rows by the engine; named as the JSON line's model.
                 source: Source { engine: OURS, name: name.clone(), ..Source::ours(case) },
                 streams,
                 model: name.clone(),
-                load: Ok(drive(&server, &addr, streams, o)?),
-            })
-        })
-        .collect()
+                load: Ok(drive(&server, &addr, streams, constrained, o)?),
+            });
+        }
+    }
+    Ok(rows)
 }
 
 /// The `llama-server` command line for `slots` streams of `context` positions each on
@@ -248,7 +267,7 @@ pub fn measure_llama_server(case: &Case, t: &'static str, o: &Options) -> Vec<Se
         .map(|&streams| {
             eprintln!("[bench] llama-server {t} on {} with {streams} slots", case.family);
             let load = start_llama_server(&gguf, streams, context(o))
-                .and_then(|(server, addr, _)| drive(&server, &addr, streams, o))
+                .and_then(|(server, addr, _)| drive(&server, &addr, streams, None, o))
                 .map_err(|e| format!("{e:#}"));
             ServeRow {
                 source: Source::peer(LLAMA_SERVER, &case.family, t),
@@ -271,6 +290,8 @@ pub fn json_line(row: &ServeRow, device: &str) -> String {
     match &row.load {
         Ok(l) => {
             for (k, x) in [
+                ("constrained_streams", serde_json::json!(l.constrained)),
+                ("chat", serde_json::json!(l.chat)),
                 ("requests", serde_json::json!(l.requests)),
                 ("tokens", serde_json::json!(l.tokens)),
                 ("wall_s", serde_json::json!(l.wall_s)),
@@ -299,7 +320,8 @@ pub fn table(rows: &[ServeRow]) -> String {
                 if p.source.engine == LLAMA_SERVER
                     && p.source.family == r.source.family
                     && p.source.pair == r.source.pair
-                    && p.streams == r.streams =>
+                    && p.streams == r.streams
+                    && r.load.as_ref().is_ok_and(|l| !l.chat) =>
             {
                 Some(l.tok_s)
             }
@@ -308,7 +330,7 @@ pub fn table(rows: &[ServeRow]) -> String {
     };
     let engine_col = |e: &str| if peers { format!("{e:<14} ") } else { String::new() };
     let mut out = format!(
-        "{}{:<34} {:<9} {:>7} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}{}\n",
+        "{}{:<34} {:<9} {:>11} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}{}\n",
         engine_col("engine"),
         "model",
         "precision",
@@ -324,8 +346,14 @@ pub fn table(rows: &[ServeRow]) -> String {
         if peers { "  vs llama-server" } else { "" }
     );
     for r in rows {
+        // `8 chat`: chat requests; `8 (4 json)`: of which 4 streams constrained to a schema.
+        let streams = match &r.load {
+            Ok(l) if l.constrained > 0 => format!("{} ({} json)", r.streams, l.constrained),
+            Ok(l) if l.chat => format!("{} chat", r.streams),
+            _ => r.streams.to_string(),
+        };
         let head =
-            format!("{}{:<34} {:<9} {:>7}", engine_col(r.source.engine), r.source.name, r.source.precision, r.streams);
+            format!("{}{:<34} {:<9} {:>11}", engine_col(r.source.engine), r.source.name, r.source.precision, streams);
         match &r.load {
             Ok(l) => {
                 let vs = match (peers, r.source.engine, theirs(r)) {
@@ -358,6 +386,8 @@ mod tests {
     fn load(streams: usize, tok_s: f64) -> Load {
         Load {
             streams,
+            constrained: 0,
+            chat: false,
             requests: streams * 4,
             tokens: streams * 128,
             wall_s: 2.0,
@@ -404,6 +434,13 @@ mod tests {
         assert_eq!(lines[3][..4], ["llama-server", "m", "q4_0", "1"]);
         assert_eq!(lines[3].last(), Some(&"-"));
         assert!(t.lines().nth(4).unwrap().ends_with("8 error: llama-server did not start"), "{t}");
+        // A constrained row says how many streams were.
+        let mixed = ServeRow {
+            load: Ok(Load { constrained: 4, chat: true, ..load(8, 70.0) }),
+            ..row(OURS, "packed", "q4_0", 8, 70.0)
+        };
+        let t = table(&[mixed]);
+        assert!(t.lines().nth(1).unwrap().contains("packed     8 (4 json)"), "{t}");
         // Without peers, the table is as before: no engine column, no ratio.
         let t = table(&rows[..1]);
         assert!(t.starts_with("model "), "{t}");
