@@ -96,6 +96,10 @@ usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
   --streams LIST   concurrent streams for --serve (default 1,8,16)
   --json-streams K with --serve, also a row per stream count N >= K where K of the N
                    streams are chat requests constrained to a JSON schema
+  --turns T        with --serve, also per stream count N: N conversations of T turns behind
+                   one ~1,500-token system prompt, each turn resending the conversation, on
+                   the server (prefix cache on) and on one started with --no-prefix-cache
+                   (--max-context default 2560)
 ";
 
 /// `--precision`: `all`, or a comma list of PRECISIONS in the order given, each once.
@@ -172,6 +176,8 @@ pub struct Options {
     /// Streams constrained to a JSON schema in a second `--serve` row per stream count (0:
     /// no such row).
     pub json_streams: usize,
+    /// Turns per conversation of the `--serve` multi-turn rows (0: none).
+    pub turns: usize,
 }
 
 /// Decode steps per repeat when `--steps` is not given. The 1B model's f32 decode step
@@ -204,6 +210,7 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
         serve: false,
         streams: vec![1, 8, 16],
         json_streams: 0,
+        turns: 0,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -245,6 +252,9 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
             "--peers" => o.peers = true,
             "--serve" => o.serve = true,
             "--streams" => o.streams = list(flag, value()?)?,
+            "--turns" => {
+                o.turns = value()?.parse().map_err(|_| anyhow::anyhow!("bench: `--turns` needs a whole number"))?
+            }
             "--json-streams" => {
                 o.json_streams =
                     value()?.parse().map_err(|_| anyhow::anyhow!("bench: `--json-streams` needs a whole number"))?
@@ -255,8 +265,8 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
     if o.models.is_empty() {
         o.models = vec![ModelArg::SmolLm2, ModelArg::Llama1b];
     }
-    if o.json_streams > 0 && !o.serve {
-        bail!("bench: `--json-streams` applies to --serve");
+    if (o.json_streams > 0 || o.turns > 0) && !o.serve {
+        bail!("bench: `--json-streams` and `--turns` apply to --serve");
     }
     if o.serve && (o.batch != [1] || !o.context.is_empty()) {
         bail!("bench: `--serve` takes --streams, not --batch or --context");
@@ -589,6 +599,9 @@ pub struct Measured {
     pub prefill_tok_s: f64,
     pub decode_tok_s: f64,
     pub ttft_ms: f64,
+    /// The first token of a 16-token next turn after the context (the prefix cache's case).
+    #[serde(default)]
+    pub next_turn_ms: Option<f64>,
     pub weight_bytes: u64,
     pub kv_bytes: u64,
     pub peak_rss_bytes: u64,
@@ -852,6 +865,23 @@ pub fn table(cases: &[Case], rows: &[Row]) -> String {
                 );
             }
             Row::Failed(e) => out += &format!("{name:<width$}  {:<9}  error: {e}\n", c.precision),
+        }
+    }
+    // The next turn after each row's context (the prefix cache's case), against the
+    // context's own time to first token.
+    for (c, r) in cases.iter().zip(rows) {
+        if let Row::Ok(_, m) = r
+            && let Some(next) = m.next_turn_ms
+        {
+            out += &format!(
+                "{} {} batch {} context {}: next turn (16 tokens) first token {next:.1} ms, {:.3}x the context's {:.1} ms\n",
+                display_name(&c.model),
+                c.precision,
+                m.batch,
+                m.context,
+                next / m.ttft_ms,
+                m.ttft_ms
+            );
         }
     }
     out + OTHER_CPU_NOTE + "\n"
@@ -1762,6 +1792,7 @@ mod tests {
 
     fn measured(decode: f64) -> Measured {
         Measured {
+            next_turn_ms: None,
             batch: 1,
             context: 128,
             max_context: 2048,

@@ -7,7 +7,10 @@
 //! each stream count N >= K has two more rows of chat requests (the prompt as the user's
 //! message): N plain streams, then N of which K ask for JSON valid against a schema
 //! (constrained decoding, a grammar that cannot complete within --steps, so every request
-//! generates as many tokens).
+//! generates as many tokens). With `--turns T`, per stream count N two more rows of N
+//! conversations of T turns behind one long shared system prompt (`serve_turns.py`): on the
+//! server as it is (prefix cache on) and on a second one started with `--no-prefix-cache`,
+//! with the median time to first token of first turns and of later turns.
 //!
 //! With `--peers`, llama.cpp's `llama-server` (built by `peers::tools`) on the same weights
 //! as GGUF (f16 for our f16 rows, Q4_0 / Q8_0 for packed 4-bit / 8-bit) is driven by the
@@ -45,6 +48,20 @@ pub struct Load {
     /// Chat requests (else completions).
     #[serde(default)]
     pub chat: bool,
+    /// Turns per conversation (0: single requests).
+    #[serde(default)]
+    pub turns: usize,
+    /// Median time to first token of first turns, and of the later ones.
+    #[serde(default)]
+    pub ttft_first_p50_s: Option<f64>,
+    #[serde(default)]
+    pub ttft_later_p50_s: Option<f64>,
+    /// The longest first-turn prompt, in tokens.
+    #[serde(default)]
+    pub prompt_tokens_first: Option<usize>,
+    /// Prompt tokens the server read from its prefix cache.
+    #[serde(default)]
+    pub cached_tokens: Option<u64>,
     pub requests: usize,
     pub tokens: usize,
     pub wall_s: f64,
@@ -64,6 +81,8 @@ pub struct Load {
 pub struct ServeRow {
     pub source: Source,
     pub streams: usize,
+    /// Whether the server ran with its prefix cache (off only for the `--turns` comparison).
+    pub prefix_cache: bool,
     /// The model file or folder, for the JSON line.
     pub model: String,
     pub load: std::result::Result<Load, String>,
@@ -80,11 +99,15 @@ impl Drop for Served {
     }
 }
 
+/// Context for `--turns` when `--max-context` is not given: the ~1,500-token system prompt
+/// and six turns of a one-line question and 64 answer tokens.
+const TURNS_CONTEXT: usize = 2560;
+
 fn context(o: &Options) -> usize {
-    o.max_context.unwrap_or(DEFAULT_CONTEXT)
+    o.max_context.unwrap_or(if o.turns > 0 { TURNS_CONTEXT } else { DEFAULT_CONTEXT })
 }
 
-fn start(bin: &Path, case: &Case, o: &Options, slots: usize) -> Result<(Served, String)> {
+fn start(bin: &Path, case: &Case, o: &Options, slots: usize, prefix_cache: bool) -> Result<(Served, String)> {
     let context = context(o).to_string();
     let mut cmd = Command::new(bin);
     cmd.args(["serve", "--port", "0", "--model-id", "bench", "--device", &o.device])
@@ -95,6 +118,9 @@ fn start(bin: &Path, case: &Case, o: &Options, slots: usize) -> Result<(Served, 
         .stderr(Stdio::piped());
     if let Some(kv) = o.kv_cache {
         cmd.args(["--kv-cache", kv]);
+    }
+    if !prefix_cache {
+        cmd.arg("--no-prefix-cache");
     }
     let mut child = util::dies_with_parent(&mut cmd).spawn().with_context(|| format!("starting {}", bin.display()))?;
     let stderr = child.stderr.take().context("no stderr pipe")?;
@@ -141,10 +167,34 @@ fn drive(server: &Served, addr: &str, streams: usize, constrained: Option<usize>
     Ok(Load { foreign_cpu_share: window.and_then(|w| w.foreign_share()), ..load })
 }
 
-/// One row per stream count for `case` on one `mlx-iree serve`.
+/// `conversations` multi-turn chats of `o.turns` turns each (`serve_turns.py`) against
+/// `server` at `addr`.
+fn drive_turns(server: &Served, addr: &str, conversations: usize, o: &Options) -> Result<Load> {
+    let window = cpu_share::Window::start(&[server.0.id()]);
+    let venv = util::target_dir().join("client-venv");
+    let mut client = fixtures::python(&venv, "serve_turns.py");
+    let out = util::dies_with_parent(&mut client)
+        .arg(format!("http://{addr}/v1"))
+        .arg("bench")
+        .arg(conversations.to_string())
+        .arg(o.turns.to_string())
+        .arg(o.steps.unwrap_or(64).to_string())
+        .arg(util::root().join("tests/clients/prompts.txt"))
+        .stderr(Stdio::inherit())
+        .output()?;
+    if !out.status.success() {
+        bail!("serve_turns.py with {conversations} conversations against http://{addr} failed");
+    }
+    let load: Load = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("serve_turns.py printed {:?}", String::from_utf8_lossy(&out.stdout)))?;
+    Ok(Load { foreign_cpu_share: window.and_then(|w| w.foreign_share()), ..load })
+}
+
+/// One row per stream count for `case` on one `mlx-iree serve` (and the `--json-streams`
+/// and `--turns` rows; the latter's cache-off twin on a second server).
 pub fn measure(bin: &Path, case: &Case, o: &Options) -> Result<Vec<ServeRow>> {
     let slots = o.streams.iter().copied().max().unwrap_or(1);
-    let (server, addr) = start(bin, case, o, slots)?;
+    let (server, addr) = start(bin, case, o, slots, true)?;
     let name = case.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let mut rows = Vec::new();
     for &streams in &o.streams {
@@ -158,9 +208,27 @@ pub fn measure(bin: &Path, case: &Case, o: &Options) -> Result<Vec<ServeRow>> {
                 // Told from `mlx-iree bench`'s rows by the engine; named as the JSON line's model.
                 source: Source { engine: OURS, name: name.clone(), ..Source::ours(case) },
                 streams,
+                prefix_cache: true,
                 model: name.clone(),
                 load: Ok(drive(&server, &addr, streams, constrained, o)?),
             });
+        }
+    }
+    if o.turns > 0 {
+        let row = |streams, prefix_cache, load| ServeRow {
+            source: Source { engine: OURS, name: name.clone(), ..Source::ours(case) },
+            streams,
+            prefix_cache,
+            model: name.clone(),
+            load: Ok(load),
+        };
+        for &streams in &o.streams {
+            rows.push(row(streams, true, drive_turns(&server, &addr, streams, o)?));
+        }
+        drop(server);
+        let (server, addr) = start(bin, case, o, slots, false)?;
+        for &streams in &o.streams {
+            rows.push(row(streams, false, drive_turns(&server, &addr, streams, o)?));
         }
     }
     Ok(rows)
@@ -272,6 +340,7 @@ pub fn measure_llama_server(case: &Case, t: &'static str, o: &Options) -> Vec<Se
             ServeRow {
                 source: Source::peer(LLAMA_SERVER, &case.family, t),
                 streams,
+                prefix_cache: false,
                 model: gguf.display().to_string(),
                 load,
             }
@@ -292,6 +361,12 @@ pub fn json_line(row: &ServeRow, device: &str) -> String {
             for (k, x) in [
                 ("constrained_streams", serde_json::json!(l.constrained)),
                 ("chat", serde_json::json!(l.chat)),
+                ("turns", serde_json::json!(l.turns)),
+                ("prefix_cache", serde_json::json!(row.prefix_cache)),
+                ("ttft_first_p50_s", serde_json::json!(l.ttft_first_p50_s)),
+                ("ttft_later_p50_s", serde_json::json!(l.ttft_later_p50_s)),
+                ("prompt_tokens_first", serde_json::json!(l.prompt_tokens_first)),
+                ("cached_tokens", serde_json::json!(l.cached_tokens)),
                 ("requests", serde_json::json!(l.requests)),
                 ("tokens", serde_json::json!(l.tokens)),
                 ("wall_s", serde_json::json!(l.wall_s)),
@@ -321,7 +396,7 @@ pub fn table(rows: &[ServeRow]) -> String {
                     && p.source.family == r.source.family
                     && p.source.pair == r.source.pair
                     && p.streams == r.streams
-                    && r.load.as_ref().is_ok_and(|l| !l.chat) =>
+                    && r.load.as_ref().is_ok_and(|l| !l.chat && l.turns == 0) =>
             {
                 Some(l.tok_s)
             }
@@ -348,6 +423,7 @@ pub fn table(rows: &[ServeRow]) -> String {
     for r in rows {
         // `8 chat`: chat requests; `8 (4 json)`: of which 4 streams constrained to a schema.
         let streams = match &r.load {
+            Ok(l) if l.turns > 0 => format!("{}x{}t{}", r.streams, l.turns, if r.prefix_cache { "" } else { " nc" }),
             Ok(l) if l.constrained > 0 => format!("{} ({} json)", r.streams, l.constrained),
             Ok(l) if l.chat => format!("{} chat", r.streams),
             _ => r.streams.to_string(),
@@ -376,6 +452,23 @@ pub fn table(rows: &[ServeRow]) -> String {
             Err(e) => out.push_str(&format!("{head} error: {e}\n")),
         }
     }
+    // The multi-turn rows' own numbers, each on a line of its own.
+    for r in rows {
+        let Ok(l) = &r.load else { continue };
+        if let (true, Some(first), Some(later)) = (l.turns > 0, l.ttft_first_p50_s, l.ttft_later_p50_s) {
+            out.push_str(&format!(
+                "{} {}x{}t {}: ttft p50 first turns {first:.2}s, later turns {later:.2}s ({:.2}x); first prompts {} \
+                 tokens; {} prompt tokens from the cache\n",
+                r.source.name,
+                r.streams,
+                l.turns,
+                if r.prefix_cache { "prefix cache" } else { "no prefix cache" },
+                later / first,
+                l.prompt_tokens_first.unwrap_or(0),
+                l.cached_tokens.unwrap_or(0),
+            ));
+        }
+    }
     out + crate::bench::OTHER_CPU_NOTE + "\n"
 }
 
@@ -388,6 +481,11 @@ mod tests {
             streams,
             constrained: 0,
             chat: false,
+            turns: 0,
+            ttft_first_p50_s: None,
+            ttft_later_p50_s: None,
+            prompt_tokens_first: None,
+            cached_tokens: None,
             requests: streams * 4,
             tokens: streams * 128,
             wall_s: 2.0,
@@ -410,6 +508,7 @@ mod tests {
                 pair: Some(pair),
             },
             streams,
+            prefix_cache: true,
             model: "x".into(),
             load: Ok(load(streams, tok_s)),
         }

@@ -36,6 +36,10 @@ pub struct EngineConfig {
     /// Most bytes the modules in `cache_dir` may take: after a load, the least recently used
     /// other entries go until the rest fits (`cache::evict`; `None`: no limit).
     pub cache_max_bytes: Option<u64>,
+    /// The scheduler's prefix cache: a finished sequence's tokens stay in its slot, and a
+    /// request whose prompt starts with them is given that slot and prefills only the rest
+    /// (`scheduler`). Off: every request prefills its whole prompt.
+    pub prefix_cache: bool,
 }
 
 /// Default KV budget: 4 GiB, a sixth of this project's 24 GiB machines, leaving room for the
@@ -62,6 +66,7 @@ impl EngineConfig {
             dump_mlir: false,
             store_parameters: true,
             cache_max_bytes: Some(crate::cache::DEFAULT_CACHE_MAX_BYTES),
+            prefix_cache: true,
         }
     }
 }

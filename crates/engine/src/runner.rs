@@ -327,6 +327,22 @@ impl Engine {
         }
     }
 
+    /// Keeps the first `len` positions of `slot`'s context (at most those it holds) and forgets
+    /// the rest: its next call starts at position `len`, reading the keys and values of the
+    /// tokens before it as they are. A model with recurrent layers holds the state after its
+    /// whole context only: it can keep all of it or none ([`Engine::has_state`]).
+    pub fn truncate(&mut self, slot: usize, len: usize) {
+        if let Some(held) = self.lens.get_mut(slot) {
+            *held = len.min(*held);
+        }
+    }
+
+    /// Whether the model has recurrent layers, whose state is that after a slot's whole
+    /// context (so a context can be kept whole, not cut).
+    pub fn has_state(&self) -> bool {
+        !self.states.is_empty()
+    }
+
     fn check_slot(&self, slot: usize) -> Result<()> {
         if slot >= self.lens.len() {
             return Err(Error::NoSuchSlot { slot, slots: self.lens.len() });

@@ -6,6 +6,14 @@
 //! never leave the thread. How many requests it holds at once (running plus queued) is its
 //! queue limit ([`Scheduler::set_queue_limit`]), enforced by [`Scheduler::submit`]
 //! ([`Error::QueueFull`], which a server answers with 429).
+//!
+//! The prefix cache ([`EngineConfig::prefix_cache`]): a finished sequence's tokens stay in
+//! its slot, and a request goes to the free slot holding the longest start of its prompt,
+//! prefilling only the rest: a chat's next turn, an agent's repeated system prompt. Where
+//! nothing matches, the slot holding nothing or whose sequence ended longest ago is taken
+//! (least recently used). The kept keys and values are those the earlier sequence wrote,
+//! prompt rows by prefill and answer rows by decode, so a reused prefix may differ from a
+//! fresh prefill of it by float rounding only.
 
 use crate::{BoxError, Engine, EngineConfig, Error, LoadReport, Result, Step};
 use models::ModelConfig;
@@ -86,6 +94,9 @@ pub enum FinishReason {
 pub struct Finished {
     pub reason: FinishReason,
     pub prompt_tokens: usize,
+    /// Of them, tokens the slot held already from an earlier sequence (the prefix cache),
+    /// not prefilled again.
+    pub cached_tokens: usize,
     /// Tokens sent (stop tokens not counted).
     pub generated: usize,
     /// Seconds waiting for a free slot.
@@ -164,11 +175,21 @@ pub struct Stats {
     running: AtomicUsize,
     /// Durations of the batched decode steps.
     steps: Histogram,
+    /// Requests that found part of their prompt in a slot (the prefix cache).
+    prefix_hits: AtomicU64,
+    /// Prompt tokens those requests did not prefill again.
+    cached_tokens: AtomicU64,
 }
 
 impl Default for Stats {
     fn default() -> Self {
-        Stats { queued: AtomicUsize::new(0), running: AtomicUsize::new(0), steps: Histogram::new(&STEP_BUCKETS) }
+        Stats {
+            queued: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
+            steps: Histogram::new(&STEP_BUCKETS),
+            prefix_hits: AtomicU64::new(0),
+            cached_tokens: AtomicU64::new(0),
+        }
     }
 }
 
@@ -186,6 +207,16 @@ impl Stats {
     /// Durations of the decode steps run so far.
     pub fn steps(&self) -> &Histogram {
         &self.steps
+    }
+
+    /// Requests that found part of their prompt in a slot so far.
+    pub fn prefix_hits(&self) -> u64 {
+        self.prefix_hits.load(Ordering::Relaxed)
+    }
+
+    /// Prompt tokens read from slots instead of prefilled so far.
+    pub fn cached_tokens(&self) -> u64 {
+        self.cached_tokens.load(Ordering::Relaxed)
     }
 }
 
@@ -350,7 +381,7 @@ impl Scheduler {
                     info.load.kv_bytes >> 20
                 );
                 if ready.send(Ok(info)).is_ok() {
-                    Loop::new(engine, inbox, shared).run();
+                    Loop::new(engine, inbox, shared, config.prefix_cache).run();
                 }
             })
             .map_err(Error::Spawn)?;
@@ -461,6 +492,11 @@ struct Running {
     pending: Pending,
     /// Prompt tokens already in the slot.
     prefilled: usize,
+    /// Of them, those the slot held from an earlier sequence when it was admitted.
+    cached: usize,
+    /// The tokens chosen so far (a stop token included): after the prompt, what the slot
+    /// holds as the sequence goes on.
+    chosen: Vec<u32>,
     /// The token to feed at the next decode step (`None` while prefilling).
     input: Option<u32>,
     generated: usize,
@@ -475,6 +511,7 @@ impl Running {
         Finished {
             reason,
             prompt_tokens: self.pending.request.prompt.len(),
+            cached_tokens: self.cached,
             generated: self.generated,
             queued_seconds: (self.admitted - self.pending.submitted).as_secs_f64(),
             prefill_seconds: (first - self.admitted).as_secs_f64(),
@@ -489,8 +526,17 @@ struct Loop {
     inbox: mpsc::Receiver<Pending>,
     queue: VecDeque<Pending>,
     running: Vec<Running>,
-    /// Free slots, lowest last (taken first).
+    /// Free slots, lowest last.
     free: Vec<usize>,
+    /// Whether finished sequences stay in their slots for later prompts that start with them.
+    prefix_cache: bool,
+    /// Per slot, the tokens whose keys and values (and state) it holds from a finished
+    /// sequence, in order from position 0 (`None`: nothing reusable).
+    held: Vec<Option<Vec<u32>>>,
+    /// Per slot, when a sequence last ended in it (a count of ends), to give a request with
+    /// nothing to reuse the slot whose tokens are least likely to be asked for again.
+    ended: Vec<u64>,
+    ends: u64,
     /// Most prompt tokens prefilled per loop turn (see [`prefills`]), so prompts do not stall
     /// the decode steps of the others for long.
     chunk: usize,
@@ -498,10 +544,23 @@ struct Loop {
 }
 
 impl Loop {
-    fn new(engine: Engine, inbox: mpsc::Receiver<Pending>, stats: Arc<Stats>) -> Loop {
-        let free = (0..engine.max_batch()).rev().collect();
+    fn new(engine: Engine, inbox: mpsc::Receiver<Pending>, stats: Arc<Stats>, prefix_cache: bool) -> Loop {
+        let slots = engine.max_batch();
+        let free = (0..slots).rev().collect();
         let chunk = engine.plan().chunks.iter().copied().max().unwrap_or(1);
-        Loop { engine, inbox, queue: VecDeque::new(), running: Vec::new(), free, chunk, stats }
+        Loop {
+            engine,
+            inbox,
+            queue: VecDeque::new(),
+            running: Vec::new(),
+            free,
+            prefix_cache,
+            held: vec![None; slots],
+            ended: vec![0; slots],
+            ends: 0,
+            chunk,
+            stats,
+        }
     }
 
     /// Publishes the queue and slot counts (queued counts from `submit` until admitted).
@@ -561,6 +620,7 @@ impl Loop {
                 let _ = p.events.send(Ok(Event::Done(Finished {
                     reason: FinishReason::Cancelled,
                     prompt_tokens: p.request.prompt.len(),
+                    cached_tokens: 0,
                     generated: 0,
                     queued_seconds: p.submitted.elapsed().as_secs_f64(),
                     prefill_seconds: 0.0,
@@ -582,17 +642,51 @@ impl Loop {
         }
     }
 
-    /// Gives queued requests free slots, oldest first.
+    /// How many of `prompt`'s first tokens `slot` holds and may keep: their common prefix,
+    /// less the prompt's last token (read again for its logits); for a model with recurrent
+    /// layers all the slot holds or nothing (its state is that after the whole).
+    fn reusable(&self, slot: usize, prompt: &[u32]) -> usize {
+        let Some(held) = self.held[slot].as_ref().filter(|_| self.prefix_cache) else { return 0 };
+        let common = held.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
+        if self.engine.has_state() && common != held.len() { 0 } else { common }
+    }
+
+    /// Gives queued requests free slots, oldest first: each the free slot holding the most of
+    /// its prompt's first tokens, else one holding nothing, else the one whose sequence ended
+    /// longest ago, else the lowest.
     fn admit(&mut self) {
         while !self.free.is_empty() && !self.queue.is_empty() {
-            let (Some(slot), Some(pending)) = (self.free.pop(), self.queue.pop_front()) else { break };
+            let Some(pending) = self.queue.pop_front() else { break };
+            let prompt = &pending.request.prompt;
+            let Some((at, reuse)) = self
+                .free
+                .iter()
+                .enumerate()
+                .map(|(at, &slot)| (at, slot, self.reusable(slot, prompt)))
+                .max_by_key(|&(_, slot, reuse)| {
+                    (reuse, self.held[slot].is_none(), std::cmp::Reverse(self.ended[slot]), std::cmp::Reverse(slot))
+                })
+                .map(|(at, _, reuse)| (at, reuse))
+            else {
+                break;
+            };
+            let slot = self.free.remove(at);
             self.stats.queued.fetch_sub(1, Ordering::Relaxed);
-            self.engine.reset(slot);
-            tracing::debug!("slot {slot}: {} prompt tokens", pending.request.prompt.len());
+            self.held[slot] = None;
+            if reuse > 0 {
+                self.engine.truncate(slot, reuse);
+                self.stats.prefix_hits.fetch_add(1, Ordering::Relaxed);
+                self.stats.cached_tokens.fetch_add(reuse as u64, Ordering::Relaxed);
+            } else {
+                self.engine.reset(slot);
+            }
+            tracing::debug!("slot {slot}: {} prompt tokens, {reuse} of them held", pending.request.prompt.len());
             self.running.push(Running {
                 slot,
                 pending,
-                prefilled: 0,
+                prefilled: reuse,
+                cached: reuse,
+                chosen: Vec::new(),
                 input: None,
                 generated: 0,
                 admitted: Instant::now(),
@@ -718,6 +812,7 @@ impl Loop {
         let r = &mut self.running[i];
         let now = Instant::now();
         r.first_token.get_or_insert(now);
+        r.chosen.push(token);
         if r.pending.request.stop_tokens.contains(&token) {
             return self.end(i, Ok(FinishReason::Stop));
         }
@@ -734,16 +829,30 @@ impl Loop {
         }
     }
 
-    /// Ends sequence `i` with `Done(reason)` or an error, and frees its slot.
+    /// Ends sequence `i` with `Done(reason)` or an error, and frees its slot, which keeps the
+    /// sequence's tokens for a later prompt that starts with them (with the prefix cache; not
+    /// after an error, which may have left the slot half written).
     fn end(&mut self, i: usize, how: Result<FinishReason>) {
         let mut r = self.running.swap_remove(i);
         r.pending.place.release();
+        let failed = how.is_err();
         let event = how.map(|reason| Event::Done(r.finished(reason)));
         tracing::debug!("slot {}: ended after {} tokens ({:?})", r.slot, r.generated, event.as_ref().err());
         let _ = r.pending.events.send(event);
-        self.engine.reset(r.slot);
+        // The slot holds the prompt and the chosen tokens fed back so far.
+        let position = self.engine.position(r.slot);
+        let mut tokens = std::mem::take(&mut r.pending.request.prompt);
+        tokens.extend(&r.chosen);
+        if self.prefix_cache && !failed && position > 0 && tokens.len() >= position {
+            tokens.truncate(position);
+            self.held[r.slot] = Some(tokens);
+        } else {
+            self.engine.reset(r.slot);
+            self.held[r.slot] = None;
+        }
+        self.ends += 1;
+        self.ended[r.slot] = self.ends;
         self.free.push(r.slot);
-        // Lowest slot first, so which slot a request gets does not depend on history.
         self.free.sort_unstable_by(|a, b| b.cmp(a));
     }
 }

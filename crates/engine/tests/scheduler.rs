@@ -38,8 +38,13 @@ fn start() -> (Scheduler, std::sync::MutexGuard<'static, ()>) {
 }
 
 fn start_on(dir: &Path, precision: Precision) -> (Scheduler, std::sync::MutexGuard<'static, ()>) {
+    start_with(dir, precision, true)
+}
+
+fn start_with(dir: &Path, precision: Precision, prefix_cache: bool) -> (Scheduler, std::sync::MutexGuard<'static, ()>) {
     let turn = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let config = EngineConfig {
+        prefix_cache,
         max_batch: MAX_BATCH,
         max_context: Some(MAX_CONTEXT),
         // The module crates/mlx-iree/tests/batch.rs compiles for this fixture (weights not
@@ -128,6 +133,49 @@ fn concurrent_requests(dir: &Path, precision: Precision) {
     assert!(steps >= STEPS as u64, "{steps}");
     assert_eq!(buckets.iter().sum::<u64>(), steps);
     assert_eq!(buckets.len(), stats.steps().bounds().len() + 1);
+}
+
+/// The prefix cache: a request whose prompt goes on from a finished sequence reads only its
+/// new tokens, one that stops inside it (no recurrent layers) reads from there, each gets
+/// mlx-lm's tokens, and the counts say so; with the cache off, the same tokens from a whole
+/// prefill.
+#[test]
+fn the_prefix_cache_reads_only_new_tokens() {
+    prefix_cache(&fixture(), true);
+}
+
+/// The same on a model with recurrent layers: a sequence is kept whole or not at all.
+#[test]
+fn the_prefix_cache_on_a_recurrent_model() {
+    prefix_cache(&root().join("tests/fixtures/qwen3_5/f32"), false);
+}
+
+fn prefix_cache(dir: &Path, cuts: bool) {
+    let refs = gate::references_from_json(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let (p, t) = (&refs[0].prompt_ids, &refs[0].token_ids);
+    let run = |scheduler: &Scheduler, prompt: Vec<u32>| {
+        let (tokens, done) = scheduler.submit(Request::greedy(prompt, STEPS)).unwrap().collect_blocking().unwrap();
+        (tokens, done.cached_tokens)
+    };
+    let goes_on: Vec<u32> = p.iter().chain(&t[..STEPS]).copied().collect();
+    let stops_inside: Vec<u32> = p.iter().chain(&t[..3]).copied().collect();
+    {
+        let (scheduler, _turn) = start_on(dir, Precision::F32);
+        assert_eq!(run(&scheduler, p.clone()), (t[..STEPS].to_vec(), 0));
+        // The slot holds the prompt and the tokens fed back (all but the last chosen).
+        assert_eq!(run(&scheduler, goes_on.clone()), (t[STEPS..2 * STEPS].to_vec(), p.len() + STEPS - 1));
+        let kept = if cuts { p.len() + 2 } else { 0 };
+        assert_eq!(run(&scheduler, stops_inside.clone()), (t[3..3 + STEPS].to_vec(), kept));
+        let stats = scheduler.stats();
+        assert_eq!(
+            (stats.prefix_hits(), stats.cached_tokens()),
+            (1 + u64::from(cuts), (p.len() + STEPS - 1 + kept) as u64)
+        );
+    }
+    let (scheduler, _turn) = start_with(dir, Precision::F32, false);
+    assert_eq!(run(&scheduler, p.clone()), (t[..STEPS].to_vec(), 0));
+    assert_eq!(run(&scheduler, goes_on), (t[STEPS..2 * STEPS].to_vec(), 0));
+    assert_eq!(scheduler.stats().prefix_hits(), 0);
 }
 
 #[test]

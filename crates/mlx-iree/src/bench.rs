@@ -57,6 +57,11 @@ pub struct Report {
     pub prefill_tok_s: f64,
     pub decode_tok_s: f64,
     pub ttft_ms: f64,
+    /// The first sequence's next turn: milliseconds to the first token of NEXT_TURN more
+    /// tokens after its context and decode steps, which the slot holds (what the prefix
+    /// cache makes of a chat's next turn).
+    #[serde(default)]
+    pub next_turn_ms: f64,
     pub weight_bytes: u64,
     /// Device bytes of the KV cache (k and v, every slot).
     pub kv_bytes: u64,
@@ -84,6 +89,9 @@ pub struct Report {
     #[serde(default)]
     pub foreign_cpu_share: Option<f64>,
 }
+
+/// Tokens of the next turn measured after each row's decode steps (a short user message).
+const NEXT_TURN: usize = 16;
 
 pub fn run(args: &Args) -> Result<()> {
     for report in measure(args)? {
@@ -134,7 +142,12 @@ fn measure(args: &Args) -> Result<Vec<Report>> {
     let contexts = contexts(args);
     let max_batch = args.batch.iter().copied().max().unwrap_or(1);
     let longest = contexts.iter().copied().max().unwrap_or(1);
-    args.m.plan(&cfg, max_batch, longest + args.steps, &format!("--context {longest} + --steps {}", args.steps))?;
+    args.m.plan(
+        &cfg,
+        max_batch,
+        longest + args.steps + NEXT_TURN,
+        &format!("--context {longest} + --steps {} + a {NEXT_TURN}-token next turn", args.steps),
+    )?;
     let loading = || format!("loading {}", args.m.model.display());
 
     let mut config = args.m.engine_config(max_batch)?;
@@ -196,7 +209,7 @@ fn measure(args: &Args) -> Result<Vec<Report>> {
     for &context in &contexts {
         for &batch in &args.batch {
             let window = cpu_share::Window::start(&[]);
-            let (prefill, decode) = run_batch(args, &mut engine, &cfg, batch, context)?;
+            let (prefill, decode, next_turn) = run_batch(args, &mut engine, &cfg, batch, context)?;
             let foreign_cpu_share = window.and_then(|w| w.foreign_share());
             reports.push(Report {
                 model: args.m.model.display().to_string(),
@@ -208,6 +221,7 @@ fn measure(args: &Args) -> Result<Vec<Report>> {
                 prefill_tok_s: context as f64 / prefill,
                 decode_tok_s: (batch * args.steps) as f64 / decode,
                 ttft_ms: prefill * 1e3,
+                next_turn_ms: next_turn * 1e3,
                 weight_bytes: load.weight_bytes as u64,
                 kv_bytes: load.kv_bytes as u64,
                 kv_bytes_per_token: models::CacheShape::bytes_per_position(engine.config(), engine.plan().cache.elem)
@@ -280,9 +294,18 @@ fn child_args(args: impl IntoIterator<Item = OsString>, model: &Path) -> Vec<OsS
 
 /// Median seconds of one sequence's prefill of `context` tokens and of `steps` decode steps
 /// of `batch` sequences together, each with that context (prompts differ per sequence).
-fn run_batch(args: &Args, engine: &mut Engine, cfg: &ModelConfig, batch: usize, context: usize) -> Result<(f64, f64)> {
+/// Median seconds of the first sequence's prefill, of the decode steps, and of the first
+/// sequence's next turn (NEXT_TURN tokens prefilled after what its slot holds).
+fn run_batch(
+    args: &Args,
+    engine: &mut Engine,
+    cfg: &ModelConfig,
+    batch: usize,
+    context: usize,
+) -> Result<(f64, f64, f64)> {
     let mut prefill_s = Vec::with_capacity(args.repeats);
     let mut decode_s = Vec::with_capacity(args.repeats);
+    let mut next_s = Vec::with_capacity(args.repeats);
     for r in 0..args.repeats {
         let mut rows = Vec::with_capacity(batch);
         let mut prefilled = 0.0;
@@ -303,16 +326,20 @@ fn run_batch(args: &Args, engine: &mut Engine, cfg: &ModelConfig, batch: usize, 
             rows.iter_mut().zip(steps).for_each(|(row, step)| row.1 = step.next);
         }
         let decoded = started.elapsed().as_secs_f64();
+        let started = Instant::now();
+        engine.prefill(0, &prompt_ids(NEXT_TURN, cfg.vocab))?;
+        let next = started.elapsed().as_secs_f64();
         eprintln!(
-            "bench: batch {batch}, context {context}, repeat {}/{}: prefill {prefilled:.3} s, {} decode steps {decoded:.3} s",
+            "bench: batch {batch}, context {context}, repeat {}/{}: prefill {prefilled:.3} s, {} decode steps {decoded:.3} s, next turn {next:.3} s",
             r + 1,
             args.repeats,
             args.steps
         );
         prefill_s.push(prefilled);
         decode_s.push(decoded);
+        next_s.push(next);
     }
-    Ok((median(&mut prefill_s), median(&mut decode_s)))
+    Ok((median(&mut prefill_s), median(&mut decode_s), median(&mut next_s)))
 }
 
 /// Cold: the engine's graphs compiled into the empty cache `config.cache_dir` (no weights
@@ -401,6 +428,7 @@ fn table(r: &Report) -> String {
          prompt / decode / repeats   {} tokens / {} steps / {} (medians)\n\
          prefill                     {:.1} tok/s\n\
          time to first token         {:.1} ms\n\
+         next turn's first token     {:.1} ms ({} tokens after the context and decode steps)\n\
          decode (all sequences)      {:.1} tok/s\n\
          weights on the device       {:.1} MiB\n\
          KV cache on the device      {:.1} MiB ({} bytes a token)\n\
@@ -420,6 +448,8 @@ fn table(r: &Report) -> String {
         r.repeats,
         r.prefill_tok_s,
         r.ttft_ms,
+        r.next_turn_ms,
+        NEXT_TURN,
         r.decode_tok_s,
         mib(r.weight_bytes),
         mib(r.kv_bytes),

@@ -23,6 +23,10 @@ pub struct ChatArgs {
     /// The system prompt to start with (as `/system TEXT` sets it).
     #[arg(long)]
     system: Option<String>,
+    /// After each answer, one line on stderr: its prompt tokens (and how many of them the
+    /// last turn left in the cache), tokens generated, time to the first token, decode rate.
+    #[arg(long)]
+    stats: bool,
 }
 
 /// Shown at the prompt when stdin is a terminal.
@@ -244,6 +248,18 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             FinishReason::Cancelled => eprintln!("chat: answer stopped (Ctrl-C); kept as far as it got"),
             FinishReason::ContextFull => eprintln!("chat: the answer filled the context ({context} positions)"),
             FinishReason::Stop | FinishReason::Length => {}
+        }
+        if args.stats {
+            let d = &answer.done;
+            let decode = d.generated.saturating_sub(1) as f64 / d.decode_seconds.max(1e-9);
+            eprintln!(
+                "chat: prompt {} tokens ({} from the cache), {} generated, first token in {:.0} ms, decode {:.1} tok/s",
+                d.prompt_tokens,
+                d.cached_tokens,
+                d.generated,
+                d.prefill_seconds * 1e3,
+                if d.generated > 1 { decode } else { 0.0 }
+            );
         }
         conversation.turns.push((text.to_owned(), answer.text));
     }

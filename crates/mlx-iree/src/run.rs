@@ -37,6 +37,10 @@ pub struct ModelArgs {
     /// Element type of the KV cache: f32 or f16.
     #[arg(long, default_value = "f32")]
     pub kv_cache: KvElem,
+    /// Prefill every prompt whole: no reading of a prompt's start from a slot that an earlier
+    /// sequence left it in (the prefix cache, on by default).
+    #[arg(long)]
+    pub no_prefix_cache: bool,
     #[command(flatten)]
     pub settings: Settings,
 }
@@ -69,6 +73,7 @@ impl ModelArgs {
             dump_mlir: self.settings.dump_mlir(),
             store_parameters: self.settings.store_parameters()?,
             cache_max_bytes: self.settings.cache_max_bytes()?,
+            prefix_cache: !self.no_prefix_cache,
             ..EngineConfig::new(&self.device, self.precision(), self.settings.cache_dir())
         })
     }

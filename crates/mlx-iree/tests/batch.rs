@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
 use engine::gate::{self, Reference};
-use engine::{Engine, EngineConfig, Precision};
+use engine::{Engine, EngineConfig, Precision, Step};
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -91,6 +91,40 @@ fn eight_rows_give_what_each_prompt_gives_alone(dir: &Path, precision: Precision
     let together = batched(&mut engine, &cases);
     for (got, c) in together.iter().zip(&cases) {
         assert_eq!(got, &c.token_ids, "{what}: in a batch of {MAX_BATCH}, prompt {:?}", c.prompt_ids);
+    }
+    a_kept_prefix_gives_mlx_lms_tokens(&mut engine, dir, &what);
+}
+
+/// The prefix cache's use of a slot (crates/engine's scheduler): after a sequence of
+/// mlx-lm's prompt and STEPS greedy tokens, the slot holds the prompt and the tokens fed
+/// back; a prompt that goes on from all of it prefills only its new token, and (a model
+/// without recurrent layers) one that stops inside it keeps the slot's first positions and
+/// prefills the rest. Each gives mlx-lm's next tokens.
+fn a_kept_prefix_gives_mlx_lms_tokens(engine: &mut Engine, dir: &Path, what: &str) {
+    let refs = gate::references_from_json(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let r = &refs[0];
+    let (prompt, t) = (&r.prompt_ids, &r.token_ids);
+    assert!(t.len() >= 2 * STEPS, "{what}: trajectory of {}", t.len());
+    let slot = MAX_BATCH - 1;
+    let run = |engine: &mut Engine, first: Step| {
+        let mut out = vec![first.next];
+        while out.len() < STEPS {
+            out.push(engine.decode_one(slot, out[out.len() - 1]).unwrap().next);
+        }
+        out
+    };
+    engine.reset(slot);
+    let first = engine.prefill(slot, prompt).unwrap();
+    assert_eq!(run(engine, first), t[..STEPS], "{what}: the sequence before");
+    assert_eq!(engine.position(slot), prompt.len() + STEPS - 1);
+    // Goes on from everything held: one new token to read.
+    let first = engine.prefill(slot, &t[STEPS - 1..STEPS]).unwrap();
+    assert_eq!(run(engine, first), t[STEPS..2 * STEPS], "{what}: going on from a kept sequence");
+    if !engine.has_state() {
+        // Stops inside it: the slot's first positions kept, the rest read again.
+        engine.truncate(slot, prompt.len() + 2);
+        let first = engine.prefill(slot, &t[2..3]).unwrap();
+        assert_eq!(run(engine, first), t[3..3 + STEPS], "{what}: from a kept prefix");
     }
 }
 

@@ -184,7 +184,8 @@ fn shown_since(shown: &str) -> String {
 /// `mlx-iree chat` on SmolLM2 in a terminal, at its first prompt.
 fn chat() -> Terminal {
     let mut command = mlx_iree();
-    command.args(["chat", "--max-context", SMOLLM2_CONTEXT, "--max-tokens", MAX_TOKENS]).arg("--model").arg(smollm2());
+    command.args(["chat", "--stats", "--max-context", SMOLLM2_CONTEXT, "--max-tokens", MAX_TOKENS]);
+    command.arg("--model").arg(smollm2());
     let mut terminal = Terminal::spawn(command);
     terminal.wait_for("the first prompt", LOAD_DEADLINE, |shown| shown == ">> ");
     terminal
@@ -204,12 +205,28 @@ fn a_conversation_in_a_terminal() {
     let q1 = "What is the capital of France?";
     let q2 = "And of Germany?";
 
-    // Two turns: the second answers with the first in its prompt.
+    // Two turns: the second answers with the first in its prompt, which it reads from the
+    // cache its first turn left (the prefix cache): only its new tokens are prefilled.
     let a1 = t.say(q1);
     assert_eq!(a1, generate(q1, true));
     assert!(a1.contains("Paris"), "{a1}");
     let a2 = t.say(q2);
     assert_eq!(a2, generate_conversation(&[user(q1), assistant(&a1), user(q2)]));
+    let turns: Vec<(usize, usize)> = t
+        .stderr_text()
+        .lines()
+        .filter_map(|l| l.strip_prefix("chat: prompt "))
+        .map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            (words[0].parse().unwrap(), words[2].trim_start_matches('(').parse().unwrap())
+        })
+        .collect();
+    assert_eq!(turns.len(), 2, "{}", t.stderr_text());
+    assert_eq!(turns[0].1, 0);
+    let first = ChatTemplate::from_dir(&smollm2()).unwrap();
+    let tok = text::tokenizer::Tokenizer::from_dir(&smollm2()).unwrap();
+    let first_prompt = first.encode(&tok, &[user(q1)]).unwrap().len();
+    assert!(turns[1].1 >= first_prompt && turns[1].1 < turns[1].0, "{turns:?}: the first prompt is {first_prompt}");
 
     // After /reset the same question is asked of an empty conversation.
     assert_eq!(t.say("/reset"), "");

@@ -461,11 +461,14 @@ fn frame(v: &Value) -> Result<Bytes, std::convert::Infallible> {
 }
 
 impl JobInfo {
-    fn usage(&self, completion: usize) -> Value {
+    /// OpenAI's usage: `cached` of the prompt tokens were read from a slot that held them
+    /// (the prefix cache; the first answer's count).
+    fn usage(&self, completion: usize, cached: usize) -> Value {
         json!({
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
         })
     }
 
@@ -633,10 +636,16 @@ impl Choice {
         info.envelope(info.chunk_object(), json!([choice]))
     }
 
-    /// Sends this answer's chunks to `tx`, the last with its finish reason.
-    async fn stream(mut self, info: Arc<JobInfo>, tx: Sender) -> (Streamed, usize) {
+    /// Prompt tokens this answer read from the prefix cache (once the engine said).
+    fn cached(&self) -> usize {
+        self.reader.finished().map_or(0, |f| f.cached_tokens)
+    }
+
+    /// Sends this answer's chunks to `tx`, the last with its finish reason; returns how it
+    /// ended, the tokens generated and the prompt tokens read from the prefix cache.
+    async fn stream(mut self, info: Arc<JobInfo>, tx: Sender) -> (Streamed, usize, usize) {
         if info.endpoint == Endpoint::Chat && tx.send(frame(&self.chunk(&info, None, None, true))).await.is_err() {
-            return (Streamed::Gone, self.reader.generated());
+            return (Streamed::Gone, self.reader.generated(), 0);
         }
         let ended = loop {
             let (event, ended) = match self.piece(&info).await {
@@ -661,7 +670,7 @@ impl Choice {
                 break ended;
             }
         };
-        (ended, self.reader.generated())
+        (ended, self.reader.generated(), self.cached())
     }
 }
 
@@ -680,7 +689,8 @@ impl Job {
             Endpoint::Chat => "chat.completion",
         };
         let mut body = info.envelope(object, Value::Array(choices));
-        body["usage"] = info.usage(self.choices.iter().map(|c| c.reader.generated()).sum());
+        let cached = self.choices.first().map_or(0, Choice::cached);
+        body["usage"] = info.usage(self.choices.iter().map(|c| c.reader.generated()).sum(), cached);
         Ok(axum::Json(body).into_response())
     }
 
@@ -695,19 +705,20 @@ impl Job {
             let _in_flight = in_flight;
             let writers: Vec<_> =
                 choices.into_iter().map(|c| tokio::spawn(c.stream(Arc::clone(&info), tx.clone()))).collect();
-            let (mut all_done, mut generated) = (true, 0);
+            let (mut all_done, mut generated, mut cached) = (true, 0, None);
             for writer in writers {
                 match writer.await {
-                    Ok((Streamed::Gone, _)) | Err(_) => return,
-                    Ok((ended, n)) => {
+                    Ok((Streamed::Gone, ..)) | Err(_) => return,
+                    Ok((ended, n, c)) => {
                         all_done &= ended == Streamed::Done;
                         generated += n;
+                        cached.get_or_insert(c);
                     }
                 }
             }
             if all_done && include_usage {
                 let mut usage = info.envelope(info.chunk_object(), json!([]));
-                usage["usage"] = info.usage(generated);
+                usage["usage"] = info.usage(generated, cached.unwrap_or(0));
                 if tx.send(frame(&usage)).await.is_err() {
                     return;
                 }

@@ -74,6 +74,18 @@ impl Metrics {
             "Tokens generated.",
             self.generated_tokens.load(Ordering::Relaxed),
         );
+        counter(
+            &mut out,
+            "mlx_iree_prefix_cache_hits_total",
+            "Requests that found the start of their prompt in a slot (prefix cache).",
+            stats.prefix_hits(),
+        );
+        counter(
+            &mut out,
+            "mlx_iree_prefix_cache_tokens_total",
+            "Prompt tokens read from the prefix cache instead of prefilled.",
+            stats.cached_tokens(),
+        );
         gauge(&mut out, "mlx_iree_queue_depth", "Requests waiting for a slot.", stats.queued());
         gauge(&mut out, "mlx_iree_active_slots", "Requests holding a KV slot.", stats.running());
         gauge(&mut out, "mlx_iree_slots", "KV slots (sequences decoded together).", slots);

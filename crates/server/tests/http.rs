@@ -30,24 +30,37 @@ fn model_dir() -> PathBuf {
     root().join("target/models/smollm2-135m-instruct-4bit")
 }
 
-/// One engine for every test of this file (loading compiles; the tests take turns).
+/// One engine for every test of this file (loading compiles; the tests take turns), with
+/// the prefix cache, so requests after the first read their shared prompt starts (the chat
+/// template's system prompt) from slots and every greedy answer below checks it too.
 fn model() -> Arc<Generator> {
     static MODEL: OnceLock<Arc<Generator>> = OnceLock::new();
-    Arc::clone(MODEL.get_or_init(|| {
-        let dir = model_dir();
-        assert!(dir.join("config.json").exists(), "{} is missing: run `cargo xtask model`", dir.display());
-        let config = EngineConfig {
-            max_batch: MAX_BATCH,
-            max_context: Some(MAX_CONTEXT),
-            kv_elem: KvElem::F32,
-            ..EngineConfig::new(
-                "local-task",
-                engine::device::default_precision("local-task", &dir),
-                root().join("target/test-compile-cache"),
-            )
-        };
-        Arc::new(Generator::load(&dir, config).unwrap())
-    }))
+    Arc::clone(MODEL.get_or_init(|| smollm2(true)))
+}
+
+/// The same engine without the prefix cache: logits compared across requests come from the
+/// same computation (a prefix read from a slot was computed by other calls, so its logits
+/// differ by rounding).
+fn uncached_model() -> Arc<Generator> {
+    static MODEL: OnceLock<Arc<Generator>> = OnceLock::new();
+    Arc::clone(MODEL.get_or_init(|| smollm2(false)))
+}
+
+fn smollm2(prefix_cache: bool) -> Arc<Generator> {
+    let dir = model_dir();
+    assert!(dir.join("config.json").exists(), "{} is missing: run `cargo xtask model`", dir.display());
+    let config = EngineConfig {
+        max_batch: MAX_BATCH,
+        max_context: Some(MAX_CONTEXT),
+        kv_elem: KvElem::F32,
+        prefix_cache,
+        ..EngineConfig::new(
+            "local-task",
+            engine::device::default_precision("local-task", &dir),
+            root().join("target/test-compile-cache"),
+        )
+    };
+    Arc::new(Generator::load(&dir, config).unwrap())
 }
 
 fn turn() -> MutexGuard<'static, ()> {
@@ -216,9 +229,11 @@ fn completions_match_the_engine_and_streams_match_bodies() {
     assert_eq!(v["choices"][0]["text"], expected.as_str());
     assert_eq!(v["choices"][0]["finish_reason"], if n == 12 { "length" } else { "stop" });
     let prompt_tokens = encode(prompt).len();
+    // `alone` ran the prompt just before: all but its last token came from that slot.
     assert_eq!(
         v["usage"],
-        json!({"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n})
+        json!({"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n,
+               "prompt_tokens_details": {"cached_tokens": prompt_tokens - 1}})
     );
 
     // The same as a stream: the pieces add up to the body's text, then [DONE].
@@ -785,11 +800,53 @@ fn structured_output_follows_the_schema() {
     assert_eq!(post(server.addr, chat, &ask("Rome")).status, 200);
 }
 
+/// A chat's next turn reads the conversation so far from the slot its last turn left: only
+/// its new tokens are prefilled (`usage.prompt_tokens_details.cached_tokens`, and the hits
+/// in /metrics), and its answer is the one a whole prefill gives (greedy, the engine without
+/// the prefix cache).
+#[test]
+fn a_chats_next_turn_reads_only_its_new_tokens() {
+    let _turn = turn();
+    let server = serve(config());
+    let chat = "/v1/chat/completions";
+    let ask = |messages: &Value| {
+        post(server.addr, chat, &json!({"messages": messages, "temperature": 0, "max_tokens": 12})).json()
+    };
+    let messages = |turns: &[(&str, &str)]| {
+        let ms: Vec<text::chat::Message> = turns.iter().map(|(r, c)| text::chat::Message::new(*r, *c)).collect();
+        let model = model();
+        model.chat.as_ref().unwrap().encode(&model.tokenizer, &ms).unwrap()
+    };
+    let hits = metric(server.addr, "mlx_iree_prefix_cache_hits_total");
+    let first = json!([{"role": "user", "content": "Name a colour."}]);
+    let v = ask(&first);
+    let answer = v["choices"][0]["message"]["content"].as_str().unwrap().to_owned();
+    let first_ids = messages(&[("user", "Name a colour.")]);
+    let second = json!([{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": answer},
+                        {"role": "user", "content": "And a fruit?"}]);
+    let v = ask(&second);
+    let second_ids = messages(&[("user", "Name a colour."), ("assistant", &answer), ("user", "And a fruit?")]);
+    assert_eq!(v["usage"]["prompt_tokens"], second_ids.len());
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() as usize;
+    assert!(cached >= first_ids.len() && cached < second_ids.len(), "{cached} of {}", second_ids.len());
+    let model = uncached_model();
+    let request = Request {
+        stop_tokens: model.eos.clone(),
+        vocab_limit: Some(model.tokenizer.vocab_size()),
+        ..Request::greedy(second_ids, 12)
+    };
+    let (tokens, done) = model.scheduler.submit(request).unwrap().collect_blocking().unwrap();
+    assert_eq!(done.cached_tokens, 0);
+    assert_eq!(v["choices"][0]["message"]["content"], model.tokenizer.decode(&tokens, true).unwrap().as_str());
+    assert!(metric(server.addr, "mlx_iree_prefix_cache_hits_total") > hits);
+    assert!(metric(server.addr, "mlx_iree_prefix_cache_tokens_total") >= cached as f64);
+}
+
 /// The engine's logits for each greedy step after `prompt` (ids past the vocabulary at
 /// -inf), and the tokens chosen.
 fn reference_logits(prompt: Vec<u32>, steps: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
     use engine::scheduler::Sampling;
-    let model = model();
+    let model = uncached_model();
     let seen: Arc<Mutex<Vec<Vec<f32>>>> = Arc::default();
     let record = Arc::clone(&seen);
     let request = Request {
@@ -821,7 +878,7 @@ fn token_text(id: u32) -> String {
 #[test]
 fn logprobs_are_the_log_softmax_of_the_steps_logits() {
     let _turn = turn();
-    let server = serve(config());
+    let server = serve_model(uncached_model(), config());
     let question = "What is the capital of France?";
     let (logits, tokens) = reference_logits(chat_ids(question), 8);
     assert_eq!(tokens.len(), 8);
