@@ -4,8 +4,9 @@
 //! request built from prompt ids and plain options ([`Options`]: the stop tokens, the
 //! vocabulary limit and the sampler closure), and its token events turned back into text
 //! ([`TextStream`]: streaming detokenizer, the reasoning parted from the answer where the
-//! model's format marks it, tool calls read apart where the request offered tools, and stop
-//! strings).
+//! model's format marks it, tool calls read apart where the request offered tools (between
+//! marker tokens, or, in Llama 3's format without markers, an answer that is JSON, held to
+//! its end), and stop strings).
 
 use crate::stop::StopMatcher;
 use engine::EngineConfig;
@@ -361,6 +362,9 @@ impl Generator {
         }
         let mut stream = TextStream::new(generation, options.stop.clone(), decoder);
         stream.logprobs = logprobs;
+        if tools.as_ref().is_some_and(|(syntax, _)| syntax.format == ToolFormat::Llama3Json) {
+            stream.bare = Bare::Undecided(String::new());
+        }
         stream.tools = tools.map(|(syntax, tools)| (syntax.format, tools));
         Ok(stream)
     }
@@ -381,6 +385,18 @@ pub enum Piece {
     End(FinishReason),
 }
 
+/// An answer's text in a tool-call format without markers (Llama 3's, where an answer that
+/// is JSON is the call).
+#[derive(Debug)]
+enum Bare {
+    /// Given out as it comes (no such format, or the answer did not start with `{`).
+    Passing,
+    /// Only whitespace so far, held.
+    Undecided(String),
+    /// Started with `{`: held to the end, then read as calls.
+    Holding(String),
+}
+
 /// A generation's token events as text: detokenized as a stream (by channel), the answer
 /// cut at the first stop string (which cancels the generation, freeing its slot at once).
 /// Dropping it cancels the generation.
@@ -398,6 +414,8 @@ pub struct TextStream {
     tools: Option<(ToolFormat, Arc<Vec<Json>>)>,
     /// Whether a tool call was given out.
     called: bool,
+    /// Where the answer's text stands in a tool-call format without markers.
+    bare: Bare,
     finished: Option<Finished>,
     generated: usize,
     /// Where the chooser sends each token's logprobs, when asked for.
@@ -416,6 +434,7 @@ impl TextStream {
             held: VecDeque::new(),
             tools: None,
             called: false,
+            bare: Bare::Passing,
             finished: None,
             generated: 0,
             logprobs: None,
@@ -494,6 +513,33 @@ impl TextStream {
         self.finished.as_ref()
     }
 
+    /// Answer text as it comes: through the stop strings, unless the model's tool calls have
+    /// no markers (Llama 3's), where an answer that starts with `{` is held to the end.
+    fn content(&mut self, text: String) -> Piece {
+        match &mut self.bare {
+            Bare::Passing => self.answer_text(&text),
+            Bare::Holding(held) => {
+                held.push_str(&text);
+                Piece::Text(String::new())
+            }
+            Bare::Undecided(held) => {
+                held.push_str(&text);
+                match held.trim_start().chars().next() {
+                    None => Piece::Text(String::new()),
+                    Some('{') => {
+                        self.bare = Bare::Holding(std::mem::take(held));
+                        Piece::Text(String::new())
+                    }
+                    Some(_) => {
+                        let held = std::mem::take(held);
+                        self.bare = Bare::Passing;
+                        self.answer_text(&held)
+                    }
+                }
+            }
+        }
+    }
+
     /// Answer text through the stop strings: what can be given out now (a stop string
     /// cancels the generation, freeing its slot at once).
     fn answer_text(&mut self, text: &str) -> Piece {
@@ -527,7 +573,7 @@ impl TextStream {
                         calls => return Ok(calls),
                     }
                 }
-                Ok(self.answer_text(&text))
+                Ok(self.content(text))
             }
             Some(Ok(Event::Done(done))) => {
                 self.end = Some(done.reason);
@@ -540,6 +586,24 @@ impl TextStream {
                         calls => (Some(calls), String::new()),
                     },
                     _ => (None, text),
+                };
+                // An answer held as a possible call in a format without markers: calls, or
+                // its text after all.
+                let (last, text) = match std::mem::replace(&mut self.bare, Bare::Passing) {
+                    Bare::Holding(held) | Bare::Undecided(held) if last.is_none() => {
+                        let held = held + &text;
+                        match held.trim_start().starts_with('{') {
+                            true => match self.calls(held) {
+                                Piece::Text(text) => (None, text),
+                                calls => (Some(calls), String::new()),
+                            },
+                            false => (None, held),
+                        }
+                    }
+                    bare => {
+                        self.bare = bare;
+                        (last, text)
+                    }
                 };
                 let (mut out, stopped) = self.stop.push(&text);
                 if stopped {

@@ -1255,6 +1255,41 @@ fn forced_tool_calls_are_well_formed() {
     assert_eq!(error_of(&post(server.addr, chat, &both)).2, json!("response_format"));
 }
 
+/// Llama 3's format has no markers: an answer that is JSON is held to its end and comes back
+/// as the call (whole and as one streamed delta); without tools the same answer is text (a
+/// scripted model, tests/scripted/llama3).
+#[test]
+fn llama3_calls_are_answers_that_are_json() {
+    let _turn = turn();
+    let model = scripted_model("llama_llama3_tied", "llama3", &[89, 68, 189, 56, 48, 66]);
+    assert_eq!(model.tool_syntax.as_ref().map(|s| s.format), Ok(text::tools::ToolFormat::Llama3Json));
+    let server = serve_model(model, ServerConfig::new("llama3-scripted"));
+    let chat = "/v1/chat/completions";
+    let tools = json!([{"type": "function", "function": {"name": "get_weather"}}]);
+    let body = json!({"messages": [{"role": "user", "content": "Weather?"}], "tools": tools, "temperature": 0});
+    let mut v = post(server.addr, chat, &body).json();
+    v["choices"][0]["message"]["tool_calls"][0]["id"].take();
+    let call = json!({"id": null, "type": "function",
+                      "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}});
+    assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "content": null, "tool_calls": [call]}));
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+    let mut stream = body.clone();
+    stream["stream"] = json!(true);
+    let events = post(server.addr, chat, &stream).events();
+    let mut chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    chunks[1]["choices"][0]["delta"]["tool_calls"][0]["id"].take();
+    let mut indexed = call.clone();
+    indexed["index"] = json!(0);
+    let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
+    assert_eq!(deltas, [&json!({"role": "assistant", "content": ""}), &json!({"tool_calls": [indexed]}), &json!({})]);
+    // No tools: the template adds ` t1`, and whatever the answer is, it is text.
+    let plain = json!({"messages": [{"role": "user", "content": "Weather?"}], "temperature": 0, "max_tokens": 3});
+    let v = post(server.addr, chat, &plain).json();
+    assert!(
+        v["choices"][0]["message"].get("tool_calls").is_none() && v["choices"][0]["message"]["content"].is_string()
+    );
+}
+
 /// A model's tool calls come apart from its answer as OpenAI's `tool_calls`, whole and as a
 /// streamed delta, ending with `tool_calls`; tools and the history's calls and results reach
 /// the template; without tools (or with `tool_choice: "none"`) the answer is text; bad tool

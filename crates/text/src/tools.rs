@@ -13,6 +13,8 @@
 //!   JSON list of `{"name", "arguments"}` or as `NAME[ARGS]{...}` repeated.
 //! - [`ToolFormat::Harmony`] (gpt-oss): a `commentary` message addressed
 //!   `to=functions.NAME` whose text is the JSON arguments, ended by `<|call|>`.
+//! - [`ToolFormat::Llama3Json`] (Llama 3.1-3.3): no markers; an answer that is JSON,
+//!   `{"name": ..., "parameters": {...}}` (several joined by `;`), is the call.
 
 use crate::tokenizer::Tokenizer;
 use serde_json::{Map, Value as Json};
@@ -24,6 +26,7 @@ pub enum ToolFormat {
     Qwen3Coder,
     Mistral,
     Harmony,
+    Llama3Json,
 }
 
 /// One call the model asked for.
@@ -51,6 +54,8 @@ impl ToolFormat {
     pub fn detect(template: &str, harmony: bool) -> Option<ToolFormat> {
         if harmony {
             Some(ToolFormat::Harmony)
+        } else if template.contains("\"parameters\": dictionary of argument name") {
+            Some(ToolFormat::Llama3Json)
         } else if template.contains("<tool_call>\\n<function=") || template.contains("<tool_call>\n<function=") {
             Some(ToolFormat::Qwen3Coder)
         } else if template.contains("[TOOL_CALLS]") {
@@ -68,6 +73,7 @@ impl ToolFormat {
             ToolFormat::Qwen3Coder => "qwen3_coder",
             ToolFormat::Mistral => "mistral",
             ToolFormat::Harmony => "harmony",
+            ToolFormat::Llama3Json => "llama3_json",
         }
     }
 
@@ -77,7 +83,7 @@ impl ToolFormat {
         match self {
             ToolFormat::Json | ToolFormat::Qwen3Coder => Some(("<tool_call>", Some("</tool_call>"))),
             ToolFormat::Mistral => Some(("[TOOL_CALLS]", None)),
-            ToolFormat::Harmony => None,
+            ToolFormat::Harmony | ToolFormat::Llama3Json => None,
         }
     }
 
@@ -104,6 +110,7 @@ impl ToolFormat {
             ToolFormat::Json => Ok(vec![json_call(&json_value(text.trim())?)?]),
             ToolFormat::Qwen3Coder => Ok(vec![xml_call(text, tools)?]),
             ToolFormat::Mistral => mistral_calls(text.trim()),
+            ToolFormat::Llama3Json => joined_calls(text.trim()),
             ToolFormat::Harmony => {
                 let (recipient, body) = text.split_once('\n').unwrap_or((text, ""));
                 let name = recipient.trim().strip_prefix("functions.").unwrap_or(recipient.trim());
@@ -122,20 +129,25 @@ impl ToolFormat {
     /// tool's parameter schema: how `tool_choice` `required` or a named function is kept.
     /// `None` for a format this is not built for yet (Qwen3-Coder's, harmony's).
     pub fn forced_call(self, markers: Option<ToolMarkers>, tools: &[Json], name: Option<&str>) -> Option<String> {
-        let markers = markers?;
+        // The key the format writes the arguments under.
+        let arguments = if self == ToolFormat::Llama3Json { "parameters" } else { "arguments" };
         let calls: Vec<Json> = tools
             .iter()
             .filter_map(|t| t.get("function"))
             .filter(|f| name.is_none() || f.get("name").and_then(Json::as_str) == name)
             .map(|f| {
                 // A function without parameters takes none (OpenAI's reading).
-                let parameters = f.get("parameters").cloned().unwrap_or_else(|| {
-                    serde_json::json!({"type": "object", "properties": {}, "additionalProperties": false})
-                });
+                let parameters = f.get("parameters").cloned().unwrap_or_else(
+                    || serde_json::json!({"type": "object", "properties": {}, "additionalProperties": false}),
+                );
+                let mut properties = serde_json::Map::new();
+                properties
+                    .insert("name".into(), serde_json::json!({"const": f.get("name").cloned().unwrap_or_default()}));
+                properties.insert(arguments.into(), parameters);
                 serde_json::json!({
                     "type": "object",
-                    "properties": {"name": {"const": f.get("name").cloned().unwrap_or_default()}, "arguments": parameters},
-                    "required": ["name", "arguments"],
+                    "properties": properties,
+                    "required": ["name", arguments],
                     "additionalProperties": false,
                 })
             })
@@ -144,6 +156,10 @@ impl ToolFormat {
             return None;
         }
         let call = serde_json::json!({"anyOf": calls});
+        if self == ToolFormat::Llama3Json {
+            return Some(format!("start: %json {}", crate::constraint::compact(&call)));
+        }
+        let markers = markers?;
         match self {
             ToolFormat::Json => {
                 let end = markers.end?;
@@ -157,7 +173,7 @@ impl ToolFormat {
                 let list = serde_json::json!({"type": "array", "items": call, "minItems": 1});
                 Some(format!("start: <[{}]> %json {}", markers.start, crate::constraint::compact(&list)))
             }
-            ToolFormat::Qwen3Coder | ToolFormat::Harmony => None,
+            ToolFormat::Qwen3Coder | ToolFormat::Harmony | ToolFormat::Llama3Json => None,
         }
     }
 }
@@ -182,6 +198,26 @@ fn json_call(value: &Json) -> Result<ToolCall, String> {
     let arguments = if arguments.is_null() { Map::new() } else { object(arguments)? };
     let id = value.get("id").and_then(Json::as_str).map(str::to_owned);
     Ok(ToolCall { id, name: name.to_owned(), arguments })
+}
+
+/// Llama 3's calls: JSON objects, joined by `;` where there are several.
+fn joined_calls(text: &str) -> Result<Vec<ToolCall>, String> {
+    let mut calls = Vec::new();
+    let mut rest = text;
+    loop {
+        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Json>();
+        match values.next() {
+            Some(Ok(value)) => calls.push(json_call(&value)?),
+            _ => return Err(format!("a tool call that is not JSON: `{rest}`")),
+        }
+        rest = rest[values.byte_offset()..].trim_start();
+        match rest.strip_prefix(';') {
+            Some(more) if !more.trim().is_empty() => rest = more,
+            Some(_) => return Ok(calls),
+            None if rest.is_empty() => return Ok(calls),
+            None => return Err(format!("text after a tool call: `{rest}`")),
+        }
+    }
 }
 
 /// Mistral's calls: a JSON list, or `NAME[ARGS]{...}` repeated.
@@ -285,6 +321,8 @@ mod tests {
         assert_eq!(ToolFormat::detect(coder, false), Some(ToolFormat::Qwen3Coder));
         assert_eq!(ToolFormat::detect("{{ '[TOOL_CALLS]' }}", false), Some(ToolFormat::Mistral));
         assert_eq!(ToolFormat::detect("{{ messages }}", true), Some(ToolFormat::Harmony));
+        let llama = "Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}.";
+        assert_eq!(ToolFormat::detect(llama, false), Some(ToolFormat::Llama3Json));
         assert_eq!(ToolFormat::detect("<|im_start|>{{ message.content }}", false), None);
     }
 
@@ -332,6 +370,20 @@ mod tests {
                           "other": {"a": 1}});
         assert_eq!(ToolFormat::Qwen3Coder.parse(text, &tools), Ok(vec![call("book", want)]));
         assert!(ToolFormat::Qwen3Coder.parse("<function=book>\n<parameter=city>\nPa", &tools).is_err());
+    }
+
+    #[test]
+    fn llama3_calls_are_the_answers_json() {
+        let text =
+            r#"{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {}}"#;
+        assert_eq!(
+            ToolFormat::Llama3Json.parse(text, &[]),
+            Ok(vec![call("get_weather", json!({"city": "Paris"})), call("get_time", json!({}))])
+        );
+        assert!(ToolFormat::Llama3Json.parse(r#"{"name": "f", "parameters": {}} and more"#, &[]).is_err());
+        assert!(ToolFormat::Llama3Json.parse("{\"name\": \"f\", \"param", &[]).is_err());
+        let grammar = ToolFormat::Llama3Json.forced_call(None, &[json!({"function": {"name": "f"}})], None).unwrap();
+        assert!(grammar.starts_with("start: %json {") && grammar.contains("\"parameters\""), "{grammar}");
     }
 
     #[test]
