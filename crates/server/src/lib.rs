@@ -316,7 +316,8 @@ impl Server {
                     }
                     ToolUse::Forced { template, definitions, name } => {
                         let syntax = model.tool_syntax.as_ref().map_err(|why| ApiError::field("tools", why.clone()))?;
-                        let grammar = syntax.format.forced_call(syntax.markers, &definitions, name.as_deref());
+                        let harmony = model.harmony.map(|h| h.call_ids());
+                        let grammar = syntax.format.forced_call(syntax.markers, harmony, &definitions, name.as_deref());
                         let grammar = grammar.ok_or_else(|| {
                             ApiError::field(
                                 "tool_choice",

@@ -43,6 +43,11 @@ pub struct Harmony {
 }
 
 impl Harmony {
+    /// `<|channel|>`, `<|message|>` and `<|call|>`: the tokens around a tool call.
+    pub fn call_ids(&self) -> [u32; 3] {
+        [self.channel, self.message, self.ends[2]]
+    }
+
     /// The format's tokens, where the tokenizer has every one of them (gpt-oss's o200k_harmony).
     pub fn of(tokenizer: &Tokenizer) -> Option<Harmony> {
         let id = |t: &str| tokenizer.token_to_id(t);
@@ -319,6 +324,44 @@ mod tests {
         let answer = "<|start|>assistant to=functions.f<|channel|>commentary json<|message|>{\"a\": 1";
         let (_, _, calls) = split_calls(&tok, &mut ChannelDecoder::harmony(h).tool_calls(None), answer);
         assert_eq!(calls, ["functions.f\n{\"a\": 1"]);
+    }
+
+    /// A forced harmony call (`tool_choice` `required`): the grammar writes a commentary
+    /// message to the tool with JSON arguments, which this decoder reads as the call.
+    #[test]
+    fn a_forced_harmony_call_reads_as_a_call() {
+        use crate::constraint::Grammars;
+        use crate::tools::ToolFormat;
+        let tmp = tempfile::tempdir().unwrap();
+        let tok = harmony_tokenizer(tmp.path());
+        let h = Harmony::of(&tok).unwrap();
+        let eos = tok.token_to_id("<|return|>").unwrap();
+        let tools = [serde_json::json!({"type": "function", "function": {"name": "get_time", "parameters": {
+            "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+            "additionalProperties": false}}})];
+        let grammar = ToolFormat::Harmony.forced_call(None, Some(h.call_ids()), &tools, None).unwrap();
+        let mut c = Grammars::new(&tok, eos).unwrap().lark(&grammar).unwrap();
+        let mut dec = ChannelDecoder::harmony(h).tool_calls(None);
+        let mut calls = Vec::new();
+        for _ in 0..48 {
+            // The lowest id the grammar allows: it alone decides what is written.
+            let mut logits: Vec<f32> = (0..tok.vocab_size()).map(|i| -(i as f32)).collect();
+            c.mask(&mut logits).unwrap();
+            let id = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap() as u32;
+            c.accept(id).unwrap();
+            if id == eos {
+                break;
+            }
+            if let (Channel::Tool, text) = dec.push(&tok, id).unwrap()
+                && !text.is_empty()
+            {
+                calls.push(text);
+            }
+        }
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        let parsed = ToolFormat::Harmony.parse(&calls[0], &tools).unwrap();
+        assert_eq!(parsed[0].name, "get_time");
+        assert!(["UTC", "CET"].iter().any(|z| parsed[0].arguments["zone"] == *z), "{calls:?}");
     }
 
     #[test]

@@ -55,7 +55,7 @@ impl Message {
 
 /// A value handed to a template: a string, or JSON as a request wrote it, its objects' keys
 /// in their order (transformers passes the request's dicts, and `tojson` prints them in that
-/// order; a `serde_json::Value` would sort them).
+/// order), whatever features `serde_json` was built with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Arg(Value);
@@ -85,7 +85,7 @@ impl Arg {
         self.0.get_attr(key).ok().filter(|v| !v.is_undefined()).map(Arg)
     }
 
-    /// The value as `serde_json` has it (keys sorted), to check or read it.
+    /// The value as `serde_json` has it, to check or read it.
     pub fn to_json(&self) -> Json {
         serde_json::to_value(&self.0).unwrap_or(Json::Null)
     }
@@ -271,13 +271,25 @@ fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<Value, JinjaError
         }),
     };
     let text = if sort_keys == Some(true) {
-        // serde_json's own map sorts its keys.
-        dump(&serde_json::to_value(&value).map_err(fail)?, indent.as_deref())
+        dump(&sorted(serde_json::to_value(&value).map_err(fail)?), indent.as_deref())
     } else {
         dump(&value, indent.as_deref())
     }
     .map_err(fail)?;
     Ok(Value::from_safe_string(text))
+}
+
+/// `value` with every object's keys in sorted order (serde_json keeps them as inserted).
+fn sorted(value: Json) -> Json {
+    match value {
+        Json::Object(map) => {
+            let mut entries: Vec<(String, Json)> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Json::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+        }
+        Json::Array(items) => Json::Array(items.into_iter().map(sorted).collect()),
+        other => other,
+    }
 }
 
 /// `value` as JSON text: Python's separators, or an indent of `unit` per level.

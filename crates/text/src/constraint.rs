@@ -228,7 +228,7 @@ mod tests {
         ];
         let markers = Some(ToolMarkers { start, end: Some(end) });
         for name in ["get_weather", "get_time"] {
-            let grammar = ToolFormat::Json.forced_call(markers, &tools, Some(name)).unwrap();
+            let grammar = ToolFormat::Json.forced_call(markers, None, &tools, Some(name)).unwrap();
             let mut c = grammars.lark(&grammar).unwrap_or_else(|e| panic!("{grammar}: {e}"));
             let text = run(&tok, &mut c, eos, 64);
             let body = text.strip_prefix("<|im_start|>").and_then(|t| t.strip_suffix("<|im_end|>"));
@@ -238,10 +238,22 @@ mod tests {
                 assert!((1..=3).contains(&calls[0].arguments["days"].as_i64().unwrap()), "{text}");
             }
         }
-        assert_eq!(ToolFormat::Json.forced_call(markers, &tools, Some("nope")), None);
-        assert_eq!(ToolFormat::Qwen3Coder.forced_call(markers, &tools, None), None);
+        assert_eq!(ToolFormat::Json.forced_call(markers, None, &tools, Some("nope")), None);
+        // Qwen3-Coder's: `<function=...>` and a `<parameter=...>` per argument, by type.
+        for name in ["get_weather", "get_time"] {
+            let grammar = ToolFormat::Qwen3Coder.forced_call(markers, None, &tools, Some(name)).unwrap();
+            let mut c = grammars.lark(&grammar).unwrap_or_else(|e| panic!("{grammar}: {e}"));
+            let text = run(&tok, &mut c, eos, 64);
+            let body = text.strip_prefix("<|im_start|>").and_then(|t| t.strip_suffix("<|im_end|>"));
+            let calls = ToolFormat::Qwen3Coder.parse(body.unwrap_or_else(|| panic!("{text:?}")), &tools).unwrap();
+            assert_eq!(calls[0].name, name, "{text}");
+            if name == "get_weather" {
+                assert!((1..=3).contains(&calls[0].arguments["days"].as_i64().unwrap()), "{text}");
+            }
+        }
         // Mistral's: a list of calls after its marker (this walk would list calls forever).
-        let mistral = ToolFormat::Mistral.forced_call(Some(ToolMarkers { start, end: None }), &tools, None).unwrap();
+        let mistral =
+            ToolFormat::Mistral.forced_call(Some(ToolMarkers { start, end: None }), None, &tools, None).unwrap();
         let mut c = grammars.lark(&mistral).unwrap();
         let text = run(&tok, &mut c, eos, 24);
         assert!(text.starts_with("<|im_start|>[{\"name\": \"get_time\", \"arguments\": {}}, {"), "{text}");

@@ -127,22 +127,59 @@ impl ToolFormat {
     /// A grammar (llguidance's Lark) for an answer that is one call of one of `tools` (only
     /// the one named `name`, where given) in this format, its arguments valid against the
     /// tool's parameter schema: how `tool_choice` `required` or a named function is kept.
-    /// `None` for a format this is not built for yet (Qwen3-Coder's, harmony's).
-    pub fn forced_call(self, markers: Option<ToolMarkers>, tools: &[Json], name: Option<&str>) -> Option<String> {
-        // The key the format writes the arguments under.
-        let arguments = if self == ToolFormat::Llama3Json { "parameters" } else { "arguments" };
-        let calls: Vec<Json> = tools
+    /// `harmony` holds harmony's `<|channel|>`, `<|message|>` and `<|call|>` ids for that
+    /// format. `None` where the format's tokens are missing or no tool is given.
+    pub fn forced_call(
+        self,
+        markers: Option<ToolMarkers>,
+        harmony: Option<[u32; 3]>,
+        tools: &[Json],
+        name: Option<&str>,
+    ) -> Option<String> {
+        let functions: Vec<&Json> = tools
             .iter()
             .filter_map(|t| t.get("function"))
             .filter(|f| name.is_none() || f.get("name").and_then(Json::as_str) == name)
+            .collect();
+        if functions.is_empty() {
+            return None;
+        }
+        let quote = |s: &str| serde_json::to_string(s).unwrap_or_default();
+        let no_parameters = serde_json::json!({"type": "object", "properties": {}, "additionalProperties": false});
+        let name_of = |f: &Json| f.get("name").and_then(Json::as_str).unwrap_or_default().to_owned();
+        match self {
+            ToolFormat::Qwen3Coder => {
+                let m = markers?;
+                let end = m.end?;
+                let calls: Vec<String> = functions.iter().map(|f| xml_call_rule(f, &quote)).collect();
+                return Some(format!("start: <[{}]> \"\\n\" ({}) \"\\n\" <[{end}]>", m.start, calls.join(" | ")));
+            }
+            ToolFormat::Harmony => {
+                let [channel, message, call] = harmony?;
+                let calls: Vec<String> = functions
+                    .iter()
+                    .map(|f| {
+                        let parameters = f.get("parameters").unwrap_or(&no_parameters);
+                        format!(
+                            "<[{channel}]> {} <[{message}]> %json {} <[{call}]>",
+                            quote(&format!("commentary to=functions.{} json", name_of(f))),
+                            crate::constraint::compact(parameters)
+                        )
+                    })
+                    .collect();
+                return Some(format!("start: {}", calls.join(" | ")));
+            }
+            _ => {}
+        }
+        // The key the format writes the arguments under.
+        let arguments = if self == ToolFormat::Llama3Json { "parameters" } else { "arguments" };
+        let calls: Vec<Json> = functions
+            .iter()
             .map(|f| {
                 // A function without parameters takes none (OpenAI's reading).
-                let parameters = f.get("parameters").cloned().unwrap_or_else(
-                    || serde_json::json!({"type": "object", "properties": {}, "additionalProperties": false}),
-                );
+                let parameters = f.get("parameters").cloned().unwrap_or_else(|| no_parameters.clone());
                 let mut properties = serde_json::Map::new();
-                properties
-                    .insert("name".into(), serde_json::json!({"const": f.get("name").cloned().unwrap_or_default()}));
+                properties.insert("name".into(), serde_json::json!({"const": name_of(f)}));
                 properties.insert(arguments.into(), parameters);
                 serde_json::json!({
                     "type": "object",
@@ -152,9 +189,6 @@ impl ToolFormat {
                 })
             })
             .collect();
-        if calls.is_empty() {
-            return None;
-        }
         let call = serde_json::json!({"anyOf": calls});
         if self == ToolFormat::Llama3Json {
             return Some(format!("start: %json {}", crate::constraint::compact(&call)));
@@ -176,6 +210,45 @@ impl ToolFormat {
             ToolFormat::Qwen3Coder | ToolFormat::Harmony | ToolFormat::Llama3Json => None,
         }
     }
+}
+
+/// One Qwen3-Coder call of function `f` as a Lark expression: `<function=NAME>`, then each
+/// required parameter in order and each other one optionally, `<parameter=P>`, its value
+/// and `</parameter>` on lines of their own, then `</function>`. A string is written as it
+/// is (no `<`), one of an enum's strings too; any other value as JSON valid against its
+/// schema (an integer, a number and a boolean are written so in this format too).
+fn xml_call_rule(f: &Json, quote: &dyn Fn(&str) -> String) -> String {
+    let name = f.get("name").and_then(Json::as_str).unwrap_or_default();
+    let properties = f.get("parameters").and_then(|p| p.get("properties")).and_then(Json::as_object);
+    let required: Vec<&str> = f
+        .get("parameters")
+        .and_then(|p| p.get("required"))
+        .and_then(Json::as_array)
+        .map(|r| r.iter().filter_map(Json::as_str).collect())
+        .unwrap_or_default();
+    let value = |schema: &Json| -> String {
+        if let Some(options) = schema.get("enum").and_then(Json::as_array)
+            && options.iter().all(Json::is_string)
+        {
+            let options: Vec<String> = options.iter().filter_map(Json::as_str).map(quote).collect();
+            return format!("({})", options.join(" | "));
+        }
+        match schema.get("type").and_then(Json::as_str) {
+            Some("string") => "/[^<]*/".to_owned(),
+            _ => format!("%json {}", crate::constraint::compact(schema)),
+        }
+    };
+    let mut out = vec![quote(&format!("<function={name}>\n"))];
+    let mut parameters: Vec<(&String, &Json)> = properties.map(|p| p.iter().collect()).unwrap_or_default();
+    // Required ones first, in the schema's order of `required`.
+    parameters.sort_by_key(|(p, _)| required.iter().position(|r| r == p).unwrap_or(usize::MAX));
+    for (parameter, schema) in parameters {
+        let one =
+            format!("{} {} {}", quote(&format!("<parameter={parameter}>\n")), value(schema), quote("\n</parameter>\n"));
+        out.push(if required.contains(&parameter.as_str()) { one } else { format!("({one})?") });
+    }
+    out.push(quote("</function>"));
+    format!("({})", out.join(" "))
 }
 
 fn json_value(text: &str) -> Result<Json, String> {
@@ -382,7 +455,8 @@ mod tests {
         );
         assert!(ToolFormat::Llama3Json.parse(r#"{"name": "f", "parameters": {}} and more"#, &[]).is_err());
         assert!(ToolFormat::Llama3Json.parse("{\"name\": \"f\", \"param", &[]).is_err());
-        let grammar = ToolFormat::Llama3Json.forced_call(None, &[json!({"function": {"name": "f"}})], None).unwrap();
+        let grammar =
+            ToolFormat::Llama3Json.forced_call(None, None, &[json!({"function": {"name": "f"}})], None).unwrap();
         assert!(grammar.starts_with("start: %json {") && grammar.contains("\"parameters\""), "{grammar}");
     }
 
