@@ -55,7 +55,19 @@ fn client_of(base_url: &str, model: &str, args: &[&str]) -> Value {
 fn the_openai_client_reads_tool_calls() {
     let model = common::scripted("qwen2", "hermes");
     let mut command = mlx_iree();
-    command.args(["serve", "--port", "0", "--precision", "f32", "--max-context", "32", "--kv-cache", "f32"]);
+    command.args([
+        "serve",
+        "--port",
+        "0",
+        "--max-batch",
+        "1",
+        "--precision",
+        "f32",
+        "--max-context",
+        "32",
+        "--kv-cache",
+        "f32",
+    ]);
     let server = common::start(command.args(["--model-id", "hermes", "--model"]).arg(model.path()));
     let got = client_of(&format!("http://{}/v1", server.addr), "hermes", &["tools"]);
     let call = serde_json::json!({"name": "get_weather", "arguments": {"city": "Paris"}});
