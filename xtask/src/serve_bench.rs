@@ -139,54 +139,43 @@ fn start(bin: &Path, case: &Case, o: &Options, slots: usize, prefix_cache: bool)
     bail!("mlx-iree serve exited before listening (its log is above)")
 }
 
-/// The load generator against `server` at `addr` with `streams` concurrent streams (the
-/// server's CPU time and the client's are the row's own).
-/// `constrained`: `None` for completions, else chat requests of which that many streams are
-/// constrained to a JSON schema.
+/// The load generator against `server` at `addr` with `streams` concurrent streams:
+/// completions (`constrained` `None`), or chat requests of which `constrained` streams ask
+/// for JSON valid against a schema.
 fn drive(server: &Served, addr: &str, streams: usize, constrained: Option<usize>, o: &Options) -> Result<Load> {
-    let window = cpu_share::Window::start(&[server.0.id()]);
-    // Made by the set-up step (`prepare`), which runs before.
-    let venv = util::target_dir().join("client-venv");
     let steps = o.steps.unwrap_or(64);
-    let mut client = fixtures::python(&venv, "serve_bench.py");
-    let out = util::dies_with_parent(&mut client)
-        .arg(format!("http://{addr}/v1"))
-        .arg("bench")
-        .arg(streams.to_string())
-        .arg((streams * REQUESTS_PER_STREAM).to_string())
-        .arg(steps.to_string())
-        .arg(util::root().join("tests/clients/prompts.txt"))
-        .args(constrained.map(|k| k.to_string()))
-        .stderr(Stdio::inherit())
-        .output()?;
-    if !out.status.success() {
-        bail!("serve_bench.py with {streams} streams against http://{addr} failed");
-    }
-    let load: Load = serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("serve_bench.py printed {:?}", String::from_utf8_lossy(&out.stdout)))?;
-    Ok(Load { foreign_cpu_share: window.and_then(|w| w.foreign_share()), ..load })
+    let mut args = vec![streams.to_string(), (streams * REQUESTS_PER_STREAM).to_string(), steps.to_string()];
+    args.push(util::root().join("tests/clients/prompts.txt").display().to_string());
+    args.extend(constrained.map(|k| k.to_string()));
+    client(server, addr, "serve_bench.py", &args).with_context(|| format!("{streams} streams"))
 }
 
 /// `conversations` multi-turn chats of `o.turns` turns each (`serve_turns.py`) against
 /// `server` at `addr`.
 fn drive_turns(server: &Served, addr: &str, conversations: usize, o: &Options) -> Result<Load> {
+    let mut args = vec![conversations.to_string(), o.turns.to_string(), o.steps.unwrap_or(64).to_string()];
+    args.push(util::root().join("tests/clients/prompts.txt").display().to_string());
+    client(server, addr, "serve_turns.py", &args).with_context(|| format!("{conversations} conversations"))
+}
+
+/// The load generator `script` (xtask/python, in the client venv the set-up step made)
+/// against `server` at `addr` with its model id and `args`: its JSON line, with the share
+/// of CPU other work took meanwhile.
+fn client(server: &Served, addr: &str, script: &str, args: &[String]) -> Result<Load> {
     let window = cpu_share::Window::start(&[server.0.id()]);
     let venv = util::target_dir().join("client-venv");
-    let mut client = fixtures::python(&venv, "serve_turns.py");
+    let mut client = fixtures::python(&venv, script);
     let out = util::dies_with_parent(&mut client)
         .arg(format!("http://{addr}/v1"))
         .arg("bench")
-        .arg(conversations.to_string())
-        .arg(o.turns.to_string())
-        .arg(o.steps.unwrap_or(64).to_string())
-        .arg(util::root().join("tests/clients/prompts.txt"))
+        .args(args)
         .stderr(Stdio::inherit())
         .output()?;
     if !out.status.success() {
-        bail!("serve_turns.py with {conversations} conversations against http://{addr} failed");
+        bail!("{script} against http://{addr} failed");
     }
     let load: Load = serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("serve_turns.py printed {:?}", String::from_utf8_lossy(&out.stdout)))?;
+        .with_context(|| format!("{script} printed {:?}", String::from_utf8_lossy(&out.stdout)))?;
     Ok(Load { foreign_cpu_share: window.and_then(|w| w.foreign_share()), ..load })
 }
 

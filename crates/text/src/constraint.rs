@@ -227,30 +227,21 @@ mod tests {
             json!({"type": "function", "function": {"name": "get_time"}}),
         ];
         let markers = Some(ToolMarkers { start, end: Some(end) });
-        for name in ["get_weather", "get_time"] {
-            let grammar = ToolFormat::Json.forced_call(markers, None, &tools, Some(name)).unwrap();
-            let mut c = grammars.lark(&grammar).unwrap_or_else(|e| panic!("{grammar}: {e}"));
-            let text = run(&tok, &mut c, eos, 64);
-            let body = text.strip_prefix("<|im_start|>").and_then(|t| t.strip_suffix("<|im_end|>"));
-            let calls = ToolFormat::Json.parse(body.unwrap_or_else(|| panic!("{text:?}")), &tools).unwrap();
-            assert_eq!(calls[0].name, name, "{text}");
-            if name == "get_weather" {
-                assert!((1..=3).contains(&calls[0].arguments["days"].as_i64().unwrap()), "{text}");
+        // Hermes JSON, and Qwen3-Coder's `<function=...>` with a `<parameter=...>` per argument.
+        for format in [ToolFormat::Json, ToolFormat::Qwen3Coder] {
+            for name in ["get_weather", "get_time"] {
+                let grammar = format.forced_call(markers, None, &tools, Some(name)).unwrap();
+                let mut c = grammars.lark(&grammar).unwrap_or_else(|e| panic!("{grammar}: {e}"));
+                let text = run(&tok, &mut c, eos, 64);
+                let body = text.strip_prefix("<|im_start|>").and_then(|t| t.strip_suffix("<|im_end|>"));
+                let calls = format.parse(body.unwrap_or_else(|| panic!("{text:?}")), &tools).unwrap();
+                assert_eq!(calls[0].name, name, "{text}");
+                if name == "get_weather" {
+                    assert!((1..=3).contains(&calls[0].arguments["days"].as_i64().unwrap()), "{text}");
+                }
             }
         }
         assert_eq!(ToolFormat::Json.forced_call(markers, None, &tools, Some("nope")), None);
-        // Qwen3-Coder's: `<function=...>` and a `<parameter=...>` per argument, by type.
-        for name in ["get_weather", "get_time"] {
-            let grammar = ToolFormat::Qwen3Coder.forced_call(markers, None, &tools, Some(name)).unwrap();
-            let mut c = grammars.lark(&grammar).unwrap_or_else(|e| panic!("{grammar}: {e}"));
-            let text = run(&tok, &mut c, eos, 64);
-            let body = text.strip_prefix("<|im_start|>").and_then(|t| t.strip_suffix("<|im_end|>"));
-            let calls = ToolFormat::Qwen3Coder.parse(body.unwrap_or_else(|| panic!("{text:?}")), &tools).unwrap();
-            assert_eq!(calls[0].name, name, "{text}");
-            if name == "get_weather" {
-                assert!((1..=3).contains(&calls[0].arguments["days"].as_i64().unwrap()), "{text}");
-            }
-        }
         // Mistral's: a list of calls after its marker (this walk would list calls forever).
         let mistral =
             ToolFormat::Mistral.forced_call(Some(ToolMarkers { start, end: None }), None, &tools, None).unwrap();
