@@ -73,6 +73,10 @@ pub enum Error {
     PromptTooLong { prompt: usize, max: usize },
     #[error("max_tokens must be at least 1")]
     ZeroMaxTokens,
+    /// A copy between slots the engine cannot make (the caller's bug: the scheduler asks
+    /// only for what a slot holds).
+    #[error("cannot copy {len} positions of slot {src} (holding {held}) to slot {dst}")]
+    BadCopy { src: usize, dst: usize, len: usize, held: usize },
     /// The request's sampler failed (e.g. logits that are not finite).
     #[error("sampling: {0}")]
     Sampling(BoxError),

@@ -41,6 +41,8 @@ pub struct Plan {
 const CHUNKS: [usize; 2] = [16, 128];
 /// The smallest attention window.
 const MIN_WINDOW: usize = 128;
+/// Positions one `copy_kv` call copies between slots (fewer where the context is shorter).
+pub(crate) const COPY_BLOCK: usize = 128;
 /// Rows per mixed call: a few new prompts beside the decode rows, and a burst of short
 /// prompts at once, in steps of 16 so a burst pads little (with only 16 and 64, SmolLM2's
 /// p99 time to first token at 8 streams was 0.20-0.27 s, with these 0.16-0.19 s:
@@ -141,12 +143,24 @@ impl Plan {
         // A prefill writes one sequence's state, a decode call its rows' (the batch sizes).
         let scatters = self.state_in_place.iter().any(|in_place| !in_place);
         let states = self.batches.iter().filter(|_| scatters).map(|&rows| Function::WriteState { rows });
+        // With several slots, a prompt's start can be copied from one to another (the
+        // scheduler's prefix cache), state and all.
+        let several = self.cache.slots > 1;
+        let copies = several.then_some(Function::CopyKv { positions: self.copy_block() });
+        let copy_state = (several && !self.state_parts.is_empty()).then_some(Function::CopyState);
         prefill
             .chain(decode)
             .chain(mixed)
             .chain(writes.into_iter().map(|rows| Function::WriteKv { rows }))
             .chain(states)
+            .chain(copies)
+            .chain(copy_state)
             .collect()
+    }
+
+    /// Positions one `copy_kv` call copies.
+    pub(crate) fn copy_block(&self) -> usize {
+        COPY_BLOCK.min(self.cache.positions)
     }
 
     /// The mixed call for `rows` rows, if the plan has one that large.

@@ -337,6 +337,45 @@ impl Engine {
         }
     }
 
+    /// Makes `dst`'s context the first `len` positions of `src`'s (which stays as it is): their
+    /// keys and values copied in blocks, and for a model with recurrent layers the state,
+    /// which is that after all of `src`'s context, so `len` must be all of it there. Needs
+    /// several slots (the copy functions are compiled only then).
+    pub fn copy(&mut self, src: usize, dst: usize, len: usize) -> Result<()> {
+        self.check_slot(src)?;
+        self.check_slot(dst)?;
+        let held = self.lens[src];
+        if src == dst || len > held || (self.has_state() && len != held) || self.lens.len() < 2 {
+            return Err(Error::BadCopy { src, dst, len, held });
+        }
+        let upload = |v: usize| self.device.upload(&[1], &[v as i32]);
+        let (from, to) = (upload(src)?, upload(dst)?);
+        let block = self.plan.copy_block();
+        let name = Function::CopyKv { positions: block }.name();
+        for start in (0..len).step_by(block) {
+            let at = upload(start)?;
+            let out = self.session.call(&name, &[&from, &to, &at, &self.k, &self.v])?;
+            let got = out.len();
+            let Ok([k, v]) = <[BufferView; 2]>::try_from(out) else {
+                return Err(Error::Abi { function: name, got, expected: 2 });
+            };
+            self.k = k;
+            self.v = v;
+        }
+        if self.has_state() {
+            let name = Function::CopyState.name();
+            let mut args = vec![&from, &to];
+            args.extend(&self.states);
+            let out = self.session.call(&name, &args)?;
+            if out.len() != self.states.len() {
+                return Err(Error::Abi { function: name, got: out.len(), expected: self.states.len() });
+            }
+            self.states = out;
+        }
+        self.lens[dst] = len;
+        Ok(())
+    }
+
     /// Whether the model has recurrent layers, whose state is that after a slot's whole
     /// context (so a context can be kept whole, not cut).
     pub fn has_state(&self) -> bool {

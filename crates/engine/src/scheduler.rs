@@ -165,6 +165,10 @@ impl Histogram {
     }
 }
 
+/// The fewest prompt tokens worth copying from another slot (about one prefill chunk's
+/// call; fewer are as soon read again).
+const MIN_COPY: usize = 16;
+
 /// Upper bounds, in seconds, of the decode-step duration histogram.
 pub const STEP_BUCKETS: [f64; 10] = [0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56];
 
@@ -642,27 +646,46 @@ impl Loop {
         }
     }
 
-    /// How many of `prompt`'s first tokens `slot` holds and may keep: their common prefix,
-    /// less the prompt's last token (read again for its logits); for a model with recurrent
-    /// layers all the slot holds or nothing (its state is that after the whole).
-    fn reusable(&self, slot: usize, prompt: &[u32]) -> usize {
-        let Some(held) = self.held[slot].as_ref().filter(|_| self.prefix_cache) else { return 0 };
+    /// How many of `prompt`'s first tokens a slot holding `held` may keep: their common
+    /// prefix, less the prompt's last token (read again for its logits); for a model with
+    /// recurrent layers all it holds or nothing (its state is that after the whole).
+    fn reusable(&self, held: &[u32], prompt: &[u32]) -> usize {
+        if !self.prefix_cache {
+            return 0;
+        }
         let common = held.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
         if self.engine.has_state() && common != held.len() { 0 } else { common }
     }
 
+    /// The tokens every slot holds now, from position 0: a finished sequence's, or a running
+    /// one's prompt and chosen tokens as far as they were read.
+    fn contents(&self) -> Vec<(usize, Vec<u32>)> {
+        let mut out: Vec<(usize, Vec<u32>)> =
+            self.free.iter().filter_map(|&slot| Some((slot, self.held[slot].clone()?))).collect();
+        for r in &self.running {
+            let position = self.engine.position(r.slot);
+            let tokens: Vec<u32> = r.pending.request.prompt.iter().chain(&r.chosen).copied().take(position).collect();
+            out.push((r.slot, tokens));
+        }
+        out
+    }
+
     /// Gives queued requests free slots, oldest first: each the free slot holding the most of
     /// its prompt's first tokens, else one holding nothing, else the one whose sequence ended
-    /// longest ago, else the lowest.
+    /// longest ago, else the lowest. Where another slot (running or not) holds more of the
+    /// prompt, by at least [`MIN_COPY`] tokens, that much is copied into the given slot; and
+    /// a request whose prompt's start another sequence is still prefilling waits for it (the
+    /// `n` answers of one request, conversations behind one system prompt), while later
+    /// requests go ahead.
     fn admit(&mut self) {
-        while !self.free.is_empty() && !self.queue.is_empty() {
-            let Some(pending) = self.queue.pop_front() else { break };
-            let prompt = &pending.request.prompt;
-            let Some((at, reuse)) = self
+        let mut i = 0;
+        while !self.free.is_empty() && i < self.queue.len() {
+            let prompt = &self.queue[i].request.prompt;
+            let Some((at, own)) = self
                 .free
                 .iter()
                 .enumerate()
-                .map(|(at, &slot)| (at, slot, self.reusable(slot, prompt)))
+                .map(|(at, &slot)| (at, slot, self.held[slot].as_deref().map_or(0, |h| self.reusable(h, prompt))))
                 .max_by_key(|&(_, slot, reuse)| {
                     (reuse, self.held[slot].is_none(), std::cmp::Reverse(self.ended[slot]), std::cmp::Reverse(slot))
                 })
@@ -670,11 +693,38 @@ impl Loop {
             else {
                 break;
             };
+            let contents = if self.prefix_cache { self.contents() } else { Vec::new() };
+            let (source, shared) = contents
+                .iter()
+                .map(|(slot, held)| (*slot, self.reusable(held, prompt)))
+                .max_by_key(|&(slot, reuse)| (reuse, std::cmp::Reverse(slot)))
+                .unwrap_or((0, 0));
+            let have = own.max(shared);
+            let coming = self.prefix_cache
+                && !self.engine.has_state()
+                && self.running.iter().any(|r| {
+                    let common = r.pending.request.prompt.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+                    r.input.is_none() && common.min(prompt.len() - 1) >= have + MIN_COPY
+                });
+            if coming {
+                i += 1;
+                continue;
+            }
+            let Some(pending) = self.queue.remove(i) else { break };
             let slot = self.free.remove(at);
             self.stats.queued.fetch_sub(1, Ordering::Relaxed);
             self.held[slot] = None;
+            let mut reuse = own;
+            if shared >= own + MIN_COPY && source != slot {
+                match self.engine.copy(source, slot, shared) {
+                    Ok(()) => reuse = shared,
+                    Err(e) => tracing::warn!("copying {shared} positions of slot {source} to {slot}: {e}"),
+                }
+            }
             if reuse > 0 {
-                self.engine.truncate(slot, reuse);
+                if reuse == own {
+                    self.engine.truncate(slot, reuse);
+                }
                 self.stats.prefix_hits.fetch_add(1, Ordering::Relaxed);
                 self.stats.cached_tokens.fetch_add(reuse as u64, Ordering::Relaxed);
             } else {

@@ -178,6 +178,28 @@ fn prefix_cache(dir: &Path, cuts: bool) {
     assert_eq!(scheduler.stats().prefix_hits(), 0);
 }
 
+/// Requests with one prompt at once (the `n` answers of a server request): the first
+/// prefills it, the others wait while the rest of it is worth waiting for (16 tokens or
+/// more) and copy what the first holds into their own slots; each gets mlx-lm's tokens.
+#[test]
+fn requests_sharing_a_prompt_prefill_it_once() {
+    let refs = gate::references_from_json(&std::fs::read_to_string(fixture().join("expected.json")).unwrap()).unwrap();
+    let (p, t) = (&refs[0].prompt_ids, &refs[0].token_ids);
+    let prompt: Vec<u32> = p.iter().chain(&t[..20]).copied().collect();
+    let (scheduler, _turn) = start();
+    let generations: Vec<_> =
+        (0..3).map(|_| scheduler.submit(Request::greedy(prompt.clone(), STEPS)).unwrap()).collect();
+    let mut cached = Vec::new();
+    for g in generations {
+        let (tokens, done) = g.collect_blocking().unwrap();
+        assert_eq!(tokens, t[20..20 + STEPS]);
+        cached.push(done.cached_tokens);
+    }
+    cached.sort_unstable();
+    assert!(cached[0] == 0 && cached[1..].iter().all(|&c| (16..prompt.len()).contains(&c)), "{cached:?}");
+    assert_eq!(scheduler.stats().prefix_hits(), 2);
+}
+
 #[test]
 fn stop_tokens_end_a_generation_and_are_not_sent() {
     let (scheduler, _turn) = start();

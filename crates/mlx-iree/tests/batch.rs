@@ -99,32 +99,44 @@ fn eight_rows_give_what_each_prompt_gives_alone(dir: &Path, precision: Precision
 /// mlx-lm's prompt and STEPS greedy tokens, the slot holds the prompt and the tokens fed
 /// back; a prompt that goes on from all of it prefills only its new token, and (a model
 /// without recurrent layers) one that stops inside it keeps the slot's first positions and
-/// prefills the rest. Each gives mlx-lm's next tokens.
+/// prefills the rest; and the same from a copy of the slot in another slot (a prompt's
+/// start shared between sequences). Each gives mlx-lm's next tokens.
 fn a_kept_prefix_gives_mlx_lms_tokens(engine: &mut Engine, dir: &Path, what: &str) {
     let refs = gate::references_from_json(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
     let r = &refs[0];
     let (prompt, t) = (&r.prompt_ids, &r.token_ids);
-    assert!(t.len() >= 2 * STEPS, "{what}: trajectory of {}", t.len());
-    let slot = MAX_BATCH - 1;
-    let run = |engine: &mut Engine, first: Step| {
+    assert!(t.len() > 2 * STEPS, "{what}: trajectory of {}", t.len());
+    let (slot, other) = (MAX_BATCH - 1, 0);
+    // `n` tokens decoded in `slot` after `first`.
+    let run = |engine: &mut Engine, slot: usize, first: Step, n: usize| {
         let mut out = vec![first.next];
-        while out.len() < STEPS {
+        while out.len() < n {
             out.push(engine.decode_one(slot, out[out.len() - 1]).unwrap().next);
         }
         out
     };
     engine.reset(slot);
     let first = engine.prefill(slot, prompt).unwrap();
-    assert_eq!(run(engine, first), t[..STEPS], "{what}: the sequence before");
+    assert_eq!(run(engine, slot, first, STEPS), t[..STEPS], "{what}: the sequence before");
     assert_eq!(engine.position(slot), prompt.len() + STEPS - 1);
     // Goes on from everything held: one new token to read.
     let first = engine.prefill(slot, &t[STEPS - 1..STEPS]).unwrap();
-    assert_eq!(run(engine, first), t[STEPS..2 * STEPS], "{what}: going on from a kept sequence");
+    assert_eq!(run(engine, slot, first, STEPS), t[STEPS..2 * STEPS], "{what}: going on from a kept sequence");
+    // All of it copied to another slot, which goes on as the first would.
+    let held = engine.position(slot);
+    engine.copy(slot, other, held).unwrap();
+    let first = engine.prefill(other, &t[2 * STEPS - 1..2 * STEPS]).unwrap();
+    let rest = t.len() - 2 * STEPS;
+    assert_eq!(run(engine, other, first, rest), t[2 * STEPS..], "{what}: going on from a copy");
     if !engine.has_state() {
-        // Stops inside it: the slot's first positions kept, the rest read again.
+        // Stops inside it: the slot's first positions kept, the rest read again; the same
+        // from a copy of those positions.
+        engine.copy(slot, other, prompt.len() + 2).unwrap();
         engine.truncate(slot, prompt.len() + 2);
-        let first = engine.prefill(slot, &t[2..3]).unwrap();
-        assert_eq!(run(engine, first), t[3..3 + STEPS], "{what}: from a kept prefix");
+        for s in [slot, other] {
+            let first = engine.prefill(s, &t[2..3]).unwrap();
+            assert_eq!(run(engine, s, first, STEPS), t[3..3 + STEPS], "{what}: from a kept prefix in slot {s}");
+        }
     }
 }
 

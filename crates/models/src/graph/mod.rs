@@ -154,6 +154,11 @@ pub enum Function {
     WriteKv { rows: usize },
     /// Writes `rows` sequences' recurrent state (a step's `new_state`) into their slots.
     WriteState { rows: usize },
+    /// Copies `positions` positions of keys and values, from a run-time start, from one
+    /// slot to another (a prompt's start shared between sequences).
+    CopyKv { positions: usize },
+    /// Copies one slot's recurrent state to another.
+    CopyState,
 }
 
 impl Function {
@@ -164,6 +169,8 @@ impl Function {
             Function::Mixed { rows, outs, window } => format!("mixed_r{rows}_o{outs}_w{window}"),
             Function::WriteKv { rows } => format!("write_kv_r{rows}"),
             Function::WriteState { rows } => format!("write_state_n{rows}"),
+            Function::CopyKv { positions } => format!("copy_kv_p{positions}"),
+            Function::CopyState => "copy_state".to_owned(),
         }
     }
 
@@ -176,6 +183,8 @@ impl Function {
             | Function::Mixed { rows, .. }
             | Function::WriteKv { rows }
             | Function::WriteState { rows } => (rows, 1),
+            Function::CopyKv { positions } => (1, positions),
+            Function::CopyState => (1, 1),
         }
     }
 
@@ -186,7 +195,7 @@ impl Function {
             Function::Prefill { .. } => 1,
             Function::Decode { rows, .. } => rows,
             Function::Mixed { outs, .. } => outs,
-            Function::WriteKv { .. } | Function::WriteState { .. } => 0,
+            Function::WriteKv { .. } | Function::WriteState { .. } | Function::CopyKv { .. } | Function::CopyState => 0,
         }
     }
 
@@ -196,7 +205,7 @@ impl Function {
             Function::Prefill { window, .. } | Function::Decode { window, .. } | Function::Mixed { window, .. } => {
                 window
             }
-            Function::WriteKv { .. } | Function::WriteState { .. } => 0,
+            Function::WriteKv { .. } | Function::WriteState { .. } | Function::CopyKv { .. } | Function::CopyState => 0,
         }
     }
 
@@ -315,6 +324,21 @@ pub fn emit_functions(
             })?;
             continue;
         }
+        if let Function::CopyKv { positions } = function {
+            // source slot, destination slot, first position; k, v
+            let inputs = [I32.tensor(&[1]), I32.tensor(&[1]), I32.tensor(&[1]), kv_k.clone(), kv_v.clone()];
+            m.func(&function.name(), &inputs, |f, a| copy_kv(f, [a[0], a[1], a[2]], positions as i64, a[3], a[4]))?;
+            continue;
+        }
+        if let Function::CopyState = function {
+            if parts.is_empty() {
+                return Err(crate::Error::Invalid(format!("{}: the model has no state to copy", function.name())));
+            }
+            let mut inputs = vec![I32.tensor(&[1]), I32.tensor(&[1])];
+            inputs.extend(states.iter().cloned());
+            m.func(&function.name(), &inputs, |f, a| copy_state(f, a[0], a[1], &a[2..]))?;
+            continue;
+        }
         if let Function::WriteKv { .. } = function {
             let inputs = [
                 I32.tensor(&[rows]),
@@ -374,7 +398,10 @@ pub fn emit_functions(
 /// positions, no slots) or, for a mixed call, has no outputs or no attention kernel.
 fn check_fits(cfg: &ModelConfig, layout: &Layout, cache: CacheShape, function: Function) -> Result<()> {
     let (rows, window) = (function.rows(), function.window());
-    let reads = !matches!(function, Function::WriteKv { .. } | Function::WriteState { .. });
+    let reads = !matches!(
+        function,
+        Function::WriteKv { .. } | Function::WriteState { .. } | Function::CopyKv { .. } | Function::CopyState
+    );
     if rows == 0 || (reads && window == 0) || window > cache.positions || cache.slots == 0 {
         return Err(crate::Error::Invalid(format!(
             "function {} does not fit a cache of {} slots x {} positions",
@@ -392,6 +419,45 @@ fn check_fits(cfg: &ModelConfig, layout: &Layout, cache: CacheShape, function: F
         )));
     }
     Ok(())
+}
+
+/// `copy_kv`: positions `[start, start + positions)` of slot `src` copied to slot `dst`, in
+/// both caches, every layer (a start past the last whole block is clamped by StableHLO, so
+/// the copy ends at the last position: the same rows again, and rows past the source's
+/// sequence, which are written before anything reads them). Each cache is read and written
+/// once here, so IREE updates it in place.
+fn copy_kv<'c, 'b>(
+    f: &Func<'c, 'b>,
+    [src, dst, start]: [V<'c, 'b>; 3],
+    positions: i64,
+    k: V<'c, 'b>,
+    v: V<'c, 'b>,
+) -> R<Vec<V<'c, 'b>>> {
+    let scalar = |x: V<'c, 'b>| f.reshape(x, &[]);
+    let (src, dst, start) = (scalar(src)?, scalar(dst)?, scalar(start)?);
+    let zero = f.constant_i32(&[0], &[])?;
+    [k, v]
+        .into_iter()
+        .map(|cache| {
+            let d = cache.shape();
+            let rows =
+                f.dynamic_slice(cache, &[zero, src, start, zero, zero], &[d[0], 1, positions.min(d[2]), d[3], d[4]])?;
+            f.dynamic_update_slice(cache, rows, &[zero, dst, start, zero, zero])
+        })
+        .collect()
+}
+
+/// `copy_state`: every state buffer's row `src` copied to row `dst`.
+fn copy_state<'c, 'b>(f: &Func<'c, 'b>, src: V<'c, 'b>, dst: V<'c, 'b>, states: &[V<'c, 'b>]) -> R<Vec<V<'c, 'b>>> {
+    let (src, dst) = (f.reshape(src, &[])?, f.reshape(dst, &[])?);
+    let zero = f.constant_i32(&[0], &[])?;
+    states
+        .iter()
+        .map(|&state| {
+            let row = f.dynamic_slice(state, &[src, zero], &[1, state.shape()[1]])?;
+            f.dynamic_update_slice(state, row, &[dst, zero])
+        })
+        .collect()
 }
 
 /// `write_kv`: every layer's new rows `[L, R, K, hd]` (f32) scattered into the cache at
