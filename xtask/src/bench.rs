@@ -100,6 +100,11 @@ usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
                    one ~1,500-token system prompt, each turn resending the conversation, on
                    the server (prefix cache on) and on one started with --no-prefix-cache
                    (--max-context default 2560)
+  --draft          measure speculative decoding instead: per (model, precision),
+                   `mlx-iree generate --chat` rewriting a ~390-token Python module with one
+                   change, greedy, --steps new tokens (default 256), without and with
+                   `--draft ngram`, --repeats times each in turn: decode tok/s of both, their
+                   ratio, drafts accepted, tokens per model call (--max-context default 1024)
 ";
 
 /// `--precision`: `all`, or a comma list of PRECISIONS in the order given, each once.
@@ -178,6 +183,8 @@ pub struct Options {
     pub json_streams: usize,
     /// Turns per conversation of the `--serve` multi-turn rows (0: none).
     pub turns: usize,
+    /// Measure speculative decoding instead (`draft_bench.rs`).
+    pub draft: bool,
 }
 
 /// Decode steps per repeat when `--steps` is not given. The 1B model's f32 decode step
@@ -211,6 +218,7 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
         streams: vec![1, 8, 16],
         json_streams: 0,
         turns: 0,
+        draft: false,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -251,6 +259,7 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
             "--prepare-only" => o.prepare_only = true,
             "--peers" => o.peers = true,
             "--serve" => o.serve = true,
+            "--draft" => o.draft = true,
             "--streams" => o.streams = list(flag, value()?)?,
             "--turns" => {
                 o.turns = value()?.parse().map_err(|_| anyhow::anyhow!("bench: `--turns` needs a whole number"))?
@@ -270,6 +279,9 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
     }
     if o.serve && (o.batch != [1] || !o.context.is_empty()) {
         bail!("bench: `--serve` takes --streams, not --batch or --context");
+    }
+    if o.draft {
+        crate::draft_bench::check(&o)?;
     }
     Ok(o)
 }
@@ -375,6 +387,9 @@ pub fn run(args: &[String]) -> Result<()> {
     let cases = cases(&opts, &crate::model::models_dir());
     if opts.serve {
         return serve(&bin, &cases, &opts, started);
+    }
+    if opts.draft {
+        return drafts(&bin, &cases, &opts, started);
     }
     // Measured first, so that with --json every row can carry its bound as it is printed.
     let bandwidth = if opts.peers && !opts.batched_peers() {
@@ -486,6 +501,34 @@ fn serve(bin: &Path, cases: &[Case], opts: &Options, started: Instant) -> Result
         .iter()
         .filter_map(|r| {
             r.load.as_ref().err().map(|e| format!("{} {} {} streams: {e}", r.source.engine, r.source.name, r.streams))
+        })
+        .collect();
+    note(format!("{} rows in {:.0} s", rows.len(), started.elapsed().as_secs_f64()));
+    if !failed.is_empty() {
+        bail!("{} row(s) failed:\n  {}", failed.len(), failed.join("\n  "));
+    }
+    Ok(())
+}
+
+/// `--draft`: every case without and with drafts; one table (or JSON lines).
+fn drafts(bin: &Path, cases: &[Case], opts: &Options, started: Instant) -> Result<()> {
+    let mut rows = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        let case = Case { steps: opts.steps.unwrap_or(crate::draft_bench::DEFAULT_STEPS), ..case.clone() };
+        note(format!("{}/{}: drafts on {} at {}", i + 1, cases.len(), display_name(&case.model), case.precision));
+        let row = crate::draft_bench::measure(bin, &case, opts)?;
+        if opts.json {
+            println!("{}", crate::draft_bench::json_line(&row, &opts.device));
+        }
+        rows.push(row);
+    }
+    if !opts.json {
+        print!("{}", crate::draft_bench::table(&rows));
+    }
+    let failed: Vec<String> = rows
+        .iter()
+        .filter_map(|r| {
+            r.result.as_ref().err().map(|e| format!("{} {}: {e}", display_name(&r.case.model), r.case.precision))
         })
         .collect();
     note(format!("{} rows in {:.0} s", rows.len(), started.elapsed().as_secs_f64()));
@@ -1582,6 +1625,21 @@ mod tests {
         assert_eq!((c[1].family.as_str(), c[1].model.as_path()), ("my-model", Path::new("/x/my-model")));
         assert!(!parse_args(&args(&["--precision", "all"])).unwrap().prepare_only);
         assert!(parse_args(&args(&["--prepare-only"])).unwrap().prepare_only);
+    }
+
+    #[test]
+    fn draft_takes_only_what_it_measures() {
+        let o =
+            parse_args(&args(&["--draft", "--model", "smollm2", "--precision", "packed", "--steps", "64"])).unwrap();
+        assert!(o.draft && !o.serve);
+        let err = |a: &[&str]| parse_args(&args(a)).unwrap_err().to_string();
+        for bad in [&["--draft", "--serve"][..], &["--draft", "--batch", "4"], &["--draft", "--peers"]] {
+            assert_eq!(
+                err(bad),
+                "bench: `--draft` takes --model, --precision, --device, --steps, --repeats, --max-context and --json only",
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

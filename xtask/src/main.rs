@@ -5,6 +5,7 @@
 
 mod bench;
 mod build_iree;
+mod draft_bench;
 mod fixtures;
 mod iree_patches;
 mod model;

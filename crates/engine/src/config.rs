@@ -40,6 +40,49 @@ pub struct EngineConfig {
     /// request whose prompt starts with them is given that slot and prefills only the rest
     /// (`scheduler`). Off: every request prefills its whole prompt.
     pub prefix_cache: bool,
+    /// Speculative decoding: where draft tokens come from, and how many one call checks.
+    pub draft: Draft,
+}
+
+/// Where a sequence's draft tokens come from (speculative decoding: the model checks a
+/// decode row and the drafts after it in one call, `Engine::verify`, and keeps the drafts
+/// its own choices agree with).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Draft {
+    /// No drafts: one token per decode call.
+    Off,
+    /// Prompt lookup: up to `tokens` tokens that followed the latest earlier occurrence of
+    /// the sequence's last few tokens (`scheduler::ngram_draft`).
+    Ngram { tokens: usize },
+    /// A second, smaller model with the same vocabulary, loaded beside the first (one slot,
+    /// the same context, at `precision`): its `tokens` greedy next tokens.
+    Model { dir: std::path::PathBuf, precision: Precision, tokens: usize },
+}
+
+impl Draft {
+    /// Refuses a draft model `model` cannot take: one with recurrent layers (its state cannot
+    /// go back to the last accepted token) or another vocabulary size. Reads only the
+    /// draft's config and tensor headers.
+    pub fn check(&self, model: &models::ModelConfig) -> crate::Result<()> {
+        if let Draft::Model { dir, .. } = self {
+            let draft = models::ModelConfig::for_checkpoint(&mut weights::Checkpoint::open(dir)?)?;
+            if draft.state_len() > 0 {
+                return Err(crate::Error::DraftWithState { model_type: draft.model_type });
+            }
+            if draft.vocab != model.vocab {
+                return Err(crate::Error::DraftVocab { draft: draft.vocab, model: model.vocab });
+            }
+        }
+        Ok(())
+    }
+
+    /// Most draft tokens one call checks (0: off).
+    pub fn tokens(&self) -> usize {
+        match self {
+            Draft::Off => 0,
+            Draft::Ngram { tokens } | Draft::Model { tokens, .. } => *tokens,
+        }
+    }
 }
 
 /// Default KV budget: 4 GiB, a sixth of this project's 24 GiB machines, leaving room for the
@@ -67,6 +110,7 @@ impl EngineConfig {
             store_parameters: true,
             cache_max_bytes: Some(crate::cache::DEFAULT_CACHE_MAX_BYTES),
             prefix_cache: true,
+            draft: Draft::Off,
         }
     }
 }

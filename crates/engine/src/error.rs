@@ -30,6 +30,17 @@ pub enum Error {
     ZeroBatch,
     #[error("max context must be at least 1")]
     ZeroContext,
+    #[error("--draft-tokens must be at least 1")]
+    ZeroDraftTokens,
+    /// Speculative decoding on a model whose recurrent state cannot be rolled back to the
+    /// last accepted draft token.
+    #[error(
+        "speculative decoding (--draft) needs a model without recurrent layers; {model_type} has them (its state is that after every checked token, accepted or not)"
+    )]
+    DraftWithState { model_type: String },
+    /// A draft model whose token ids are not the model's.
+    #[error("the draft model's vocabulary ({draft} ids) is not the model's ({model} ids)")]
+    DraftVocab { draft: usize, model: usize },
     #[error(
         "a KV budget of {budget} bytes holds no position for {slots} sequences ({per_position} bytes per position)"
     )]

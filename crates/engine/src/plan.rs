@@ -35,6 +35,9 @@ pub struct Plan {
     /// instead of returning rows for `write_state` (`models::graph::state_in_place`; none
     /// until [`Plan::for_layout`]).
     pub state_in_place: Vec<bool>,
+    /// Rows per verify call (`Function::Verify`: a decode row and the draft tokens after it,
+    /// speculative decoding), `None` without drafts.
+    pub verify: Option<usize>,
 }
 
 /// Prompt chunk sizes: short prompts in 16-token calls, long ones in 128-token calls.
@@ -87,6 +90,14 @@ impl Plan {
         let mut windows: Vec<usize> = (0..).map(|i| MIN_WINDOW << i).take_while(|w| *w < positions).collect();
         windows.push(positions);
         let call_rows = crate::CompileTarget::for_device(&config.device)?.call_overhead_rows();
+        config.draft.check(cfg)?;
+        let verify = match config.draft.tokens() {
+            0 if config.draft != crate::Draft::Off => return Err(Error::ZeroDraftTokens),
+            0 => None,
+            _ if cfg.state_len() > 0 => return Err(Error::DraftWithState { model_type: cfg.model_type.clone() }),
+            // Never more rows than the context.
+            tokens => Some((tokens + 1).min(positions)),
+        };
         Ok(Plan {
             cache,
             batches,
@@ -97,6 +108,7 @@ impl Plan {
             mixed: Vec::new(),
             state_parts: cfg.state_parts(),
             state_in_place: vec![false; cfg.state_parts().len()],
+            verify,
         })
     }
 
@@ -137,7 +149,11 @@ impl Plan {
             .flat_map(|&rows| self.decode_windows.iter().map(move |&window| Function::Decode { rows, window }));
         let (outs, window) = (self.cache.slots, self.cache.positions);
         let mixed = self.mixed.iter().map(move |&rows| Function::Mixed { rows, outs, window });
-        let mut writes: Vec<usize> = self.batches.iter().chain(&self.chunks).chain(&self.mixed).copied().collect();
+        let verify = self.verify.into_iter().flat_map(|tokens| {
+            self.windows.iter().filter(move |w| **w >= tokens).map(move |&window| Function::Verify { tokens, window })
+        });
+        let mut writes: Vec<usize> =
+            self.batches.iter().chain(&self.chunks).chain(&self.mixed).chain(&self.verify).copied().collect();
         writes.sort_unstable();
         writes.dedup();
         // A prefill writes one sequence's state, a decode call its rows' (the batch sizes).
@@ -151,6 +167,7 @@ impl Plan {
         prefill
             .chain(decode)
             .chain(mixed)
+            .chain(verify)
             .chain(writes.into_iter().map(|rows| Function::WriteKv { rows }))
             .chain(states)
             .chain(copies)
@@ -167,6 +184,16 @@ impl Plan {
     pub(crate) fn mixed(&self, rows: usize) -> Option<Function> {
         let rows = self.mixed.iter().copied().find(|r| *r >= rows)?;
         Some(Function::Mixed { rows, outs: self.cache.slots, window: self.cache.positions })
+    }
+
+    /// The verify call for a sequence whose next row is at position `start`: `None` without
+    /// drafts, or where its rows would pass the end of the slot.
+    pub(crate) fn verify(&self, start: usize) -> Option<Function> {
+        let tokens = self.verify?;
+        if start + tokens > self.cache.positions {
+            return None;
+        }
+        Some(Function::Verify { tokens, window: self.window(start + tokens)? })
     }
 
     /// The smallest window holding positions `[0, end)`.
@@ -397,5 +424,33 @@ pub(crate) mod tests {
                 assert!(all.contains(&p.decode(rows, start).unwrap()));
             }
         }
+    }
+
+    /// With drafts, one verify call of the draft tokens plus one per window that holds them,
+    /// and its cache write; none for a model with recurrent layers, which is refused.
+    #[test]
+    fn drafts_add_a_verify_call_per_window() {
+        let drafts = |tokens: usize| EngineConfig { draft: crate::Draft::Ngram { tokens }, ..config(2, Some(300)) };
+        let p = Plan::new(&cfg(), &drafts(4)).unwrap();
+        assert_eq!(p.verify, Some(5));
+        let all = p.functions();
+        let verify: Vec<Function> = all.iter().copied().filter(|f| matches!(f, Function::Verify { .. })).collect();
+        assert_eq!(verify, [128, 256, 300].map(|window| Function::Verify { tokens: 5, window }));
+        assert!(all.contains(&Function::WriteKv { rows: 5 }));
+        assert_eq!(p.verify(0), Some(verify[0]));
+        assert_eq!(p.verify(124), Some(verify[1]));
+        assert_eq!(p.verify(295), Some(verify[2]));
+        assert_eq!(p.verify(296), None, "its rows would pass the end of the slot");
+        let off = Plan::new(&cfg(), &config(2, Some(300))).unwrap();
+        assert_eq!((off.verify, off.verify(0)), (None, None));
+        assert!(!off.functions().iter().any(|f| matches!(f, Function::Verify { .. })));
+        assert!(matches!(Plan::new(&cfg(), &drafts(0)), Err(Error::ZeroDraftTokens)));
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_5/f32");
+        let recurrent = ModelConfig::for_checkpoint(&mut Checkpoint::open(&dir).unwrap()).unwrap();
+        let err = Plan::new(&recurrent, &drafts(4)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "speculative decoding (--draft) needs a model without recurrent layers; qwen3_5 has them (its state is that after every checked token, accepted or not)"
+        );
     }
 }

@@ -138,6 +138,9 @@ enum Reads {
     /// A prefill call: every row belongs to the sequence in `slot`; the logits of row `last`
     /// (the chunk's last real token) come back.
     Prefill { slot: usize, last: usize },
+    /// A verify call: every row belongs to the sequence in `slot`, and every row's logits
+    /// come back.
+    Verify { slot: usize },
     /// A mixed call: rows of several sequences (each row's slot its own); the logits of the
     /// rows `outs` (each sequence's last row, padded to the function's outputs) come back.
     Mixed { outs: Vec<usize> },
@@ -425,6 +428,7 @@ impl Engine {
         let (slot, last) = match &reads {
             Reads::Decode => (None, None),
             Reads::Prefill { slot, last } => (Some(upload(&[*slot as i32])?), Some(upload(&[*last as i32])?)),
+            Reads::Verify { slot } => (Some(upload(&[*slot as i32])?), None),
             Reads::Mixed { outs } => {
                 let outs: Vec<i32> = outs.iter().map(|&row| row as i32).collect();
                 (None, Some(upload(&outs)?))
@@ -458,7 +462,7 @@ impl Engine {
             }
         }
         if !scattered.is_empty() {
-            let sequences = if let Reads::Prefill { .. } = reads { 1 } else { rows.len() };
+            let sequences = if let Reads::Prefill { .. } | Reads::Verify { .. } = reads { 1 } else { rows.len() };
             let write = Function::WriteState { rows: sequences }.name();
             let mut args = vec![seq_slots];
             args.extend(scattered.iter().map(|(_, view)| view));
@@ -543,6 +547,38 @@ impl Engine {
             self.lens[slot] += 1;
         }
         Ok((0..rows.len()).map(|row| Step { next: next[row] as u32, logits: Rc::clone(&logits), row }).collect())
+    }
+
+    /// Most tokens one [`Engine::verify`] call takes for `slot` at its position now (0: the
+    /// plan has no verify call, or its rows would pass the end of the slot).
+    pub fn verify_rows(&self, slot: usize) -> usize {
+        match self.plan.verify(self.position(slot)) {
+            Some(function) => function.rows(),
+            None => 0,
+        }
+    }
+
+    /// Feeds `tokens` to `slot` in one call (a decode row and the draft tokens after it,
+    /// at most [`Engine::verify_rows`]) and returns the step after each of them, in order:
+    /// the results of feeding them one at a time. The slot then holds them all; the caller
+    /// keeps those it accepts with [`Engine::truncate`].
+    pub fn verify(&mut self, slot: usize, tokens: &[u32]) -> Result<Vec<Step>> {
+        self.check_entries([(slot, tokens)])?;
+        let start = self.lens[slot];
+        let function = self.plan.verify(start).ok_or_else(|| self.context_full(slot, tokens.len()))?;
+        let width = function.rows();
+        if tokens.len() > width {
+            return Err(Error::TooManyRows { rows: tokens.len(), max: width });
+        }
+        // Padding rows: token 0 at the positions after the real ones (inside the slot, and
+        // overwritten before any query can see them).
+        let mut rows = Rows::with_capacity(width);
+        for (i, &token) in tokens.iter().chain(std::iter::repeat(&0)).take(width).enumerate() {
+            rows.push(token, start + i, slot);
+        }
+        let (next, logits) = self.call(function, &rows, Reads::Verify { slot })?;
+        self.lens[slot] += tokens.len();
+        Ok((0..tokens.len()).map(|row| Step { next: next[row] as u32, logits: Rc::clone(&logits), row }).collect())
     }
 
     /// Feeds one token to `slot`.

@@ -14,8 +14,19 @@
 //! (least recently used). The kept keys and values are those the earlier sequence wrote,
 //! prompt rows by prefill and answer rows by decode, so a reused prefix may differ from a
 //! fresh prefill of it by float rounding only.
+//!
+//! Speculative decoding ([`EngineConfig::draft`]): where one sequence decodes alone, its
+//! next row goes to the model with draft tokens, all in one call ([`Engine::verify`]): those
+//! that followed the latest earlier occurrence of its last few tokens ([`ngram_draft`],
+//! prompt lookup), or a draft model's greedy next tokens (`Draft::Model`, an engine of one
+//! slot on this thread that keeps the sequence's start between drafts). The request's own chooser then picks from each row's logits in
+//! turn, exactly as it would one step at a time, and the run stops at the first pick that
+//! differs from the draft: every pick is sent, so the output is that of plain decoding
+//! (token for token when greedy, and in distribution when sampled, as a draft that is one
+//! token for sure is accepted with the probability the model gives it), and the slot keeps
+//! the rows of the accepted drafts only (`Engine::truncate`).
 
-use crate::{BoxError, Engine, EngineConfig, Error, LoadReport, Result, Step};
+use crate::{BoxError, Draft, Engine, EngineConfig, Error, LoadReport, Result, Step};
 use models::ModelConfig;
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -106,6 +117,12 @@ pub struct Finished {
     pub prefill_seconds: f64,
     /// Seconds from the first token to the last.
     pub decode_seconds: f64,
+    /// Model calls after the first token (decode rows and verify calls): with speculative
+    /// decoding fewer than the tokens after the first.
+    pub decode_calls: usize,
+    /// Draft tokens checked, and of them those accepted (speculative decoding).
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 /// What the engine loaded, for callers that must not touch it.
@@ -183,6 +200,10 @@ pub struct Stats {
     prefix_hits: AtomicU64,
     /// Prompt tokens those requests did not prefill again.
     cached_tokens: AtomicU64,
+    /// Verify calls (speculative decoding), the draft tokens they checked and those accepted.
+    verify_calls: AtomicU64,
+    drafted: AtomicU64,
+    accepted: AtomicU64,
 }
 
 impl Default for Stats {
@@ -193,6 +214,9 @@ impl Default for Stats {
             steps: Histogram::new(&STEP_BUCKETS),
             prefix_hits: AtomicU64::new(0),
             cached_tokens: AtomicU64::new(0),
+            verify_calls: AtomicU64::new(0),
+            drafted: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
         }
     }
 }
@@ -221,6 +245,21 @@ impl Stats {
     /// Prompt tokens read from slots instead of prefilled so far.
     pub fn cached_tokens(&self) -> u64 {
         self.cached_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Verify calls so far (speculative decoding).
+    pub fn verify_calls(&self) -> u64 {
+        self.verify_calls.load(Ordering::Relaxed)
+    }
+
+    /// Draft tokens checked so far.
+    pub fn drafted(&self) -> u64 {
+        self.drafted.load(Ordering::Relaxed)
+    }
+
+    /// Draft tokens accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
     }
 }
 
@@ -384,8 +423,35 @@ impl Scheduler {
                     info.load.weight_bytes >> 20,
                     info.load.kv_bytes >> 20
                 );
+                let drafter = match &config.draft {
+                    Draft::Model { dir, precision, .. } => {
+                        let draft = EngineConfig {
+                            max_batch: 1,
+                            max_context: Some(info.max_context),
+                            precision: *precision,
+                            prefix_cache: false,
+                            draft: Draft::Off,
+                            ..config.clone()
+                        };
+                        match Engine::load(dir, &draft) {
+                            Ok(engine) => {
+                                tracing::info!(
+                                    "draft model ready: weights {} MiB, KV cache {} MiB",
+                                    engine.load_report().weight_bytes >> 20,
+                                    engine.load_report().kv_bytes >> 20
+                                );
+                                Some(Drafter { engine, held: Vec::new() })
+                            }
+                            Err(e) => {
+                                let _ = ready.send(Err(e));
+                                return;
+                            }
+                        }
+                    }
+                    Draft::Off | Draft::Ngram { .. } => None,
+                };
                 if ready.send(Ok(info)).is_ok() {
-                    Loop::new(engine, inbox, shared, config.prefix_cache).run();
+                    Loop::new(engine, inbox, shared, config.prefix_cache, config.draft, drafter).run();
                 }
             })
             .map_err(Error::Spawn)?;
@@ -506,6 +572,10 @@ struct Running {
     generated: usize,
     admitted: Instant,
     first_token: Option<Instant>,
+    /// Model calls after the first token, draft tokens checked and accepted.
+    decode_calls: usize,
+    drafted: usize,
+    accepted: usize,
 }
 
 impl Running {
@@ -520,6 +590,9 @@ impl Running {
             queued_seconds: (self.admitted - self.pending.submitted).as_secs_f64(),
             prefill_seconds: (first - self.admitted).as_secs_f64(),
             decode_seconds: (now - first).as_secs_f64(),
+            decode_calls: self.decode_calls,
+            drafted: self.drafted,
+            accepted: self.accepted,
         }
     }
 }
@@ -544,11 +617,70 @@ struct Loop {
     /// Most prompt tokens prefilled per loop turn (see [`prefills`]), so prompts do not stall
     /// the decode steps of the others for long.
     chunk: usize,
+    /// Where draft tokens come from (speculative decoding).
+    draft: Draft,
+    /// The draft model, with `Draft::Model`.
+    drafter: Option<Drafter>,
     stats: Arc<Stats>,
 }
 
+/// A draft model on the engine thread: one slot, holding `held` (the start of the last
+/// sequence it drafted for), so each draft feeds it only what that sequence added since.
+struct Drafter {
+    engine: Engine,
+    held: Vec<u32>,
+}
+
+impl Drafter {
+    /// The draft model's `k` greedy tokens after `history` (at least one token; its slot
+    /// must have room for `history.len() + k - 1` positions).
+    fn propose(&mut self, history: &[u32], k: usize) -> Result<Vec<u32>> {
+        // Keep what it holds of `history`, less the last token, fed again for its logits.
+        let common = self.held.iter().zip(history).take_while(|(a, b)| a == b).count().min(history.len() - 1);
+        self.engine.truncate(0, common);
+        self.held.truncate(common);
+        let fed = self.engine.prefill(0, &history[common..]);
+        let mut next = match fed {
+            Ok(step) => step.next,
+            Err(e) => {
+                self.forget();
+                return Err(e);
+            }
+        };
+        self.held.extend(&history[common..]);
+        let mut out = vec![next];
+        while out.len() < k {
+            match self.engine.decode_one(0, next) {
+                Ok(step) => {
+                    self.held.push(next);
+                    next = step.next;
+                    out.push(next);
+                }
+                Err(e) => {
+                    self.forget();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Forgets what the slot holds (after a failed call, which may have written part of it).
+    fn forget(&mut self) {
+        self.engine.reset(0);
+        self.held.clear();
+    }
+}
+
 impl Loop {
-    fn new(engine: Engine, inbox: mpsc::Receiver<Pending>, stats: Arc<Stats>, prefix_cache: bool) -> Loop {
+    fn new(
+        engine: Engine,
+        inbox: mpsc::Receiver<Pending>,
+        stats: Arc<Stats>,
+        prefix_cache: bool,
+        draft: Draft,
+        drafter: Option<Drafter>,
+    ) -> Loop {
         let slots = engine.max_batch();
         let free = (0..slots).rev().collect();
         let chunk = engine.plan().chunks.iter().copied().max().unwrap_or(1);
@@ -563,6 +695,8 @@ impl Loop {
             ended: vec![0; slots],
             ends: 0,
             chunk,
+            draft,
+            drafter,
             stats,
         }
     }
@@ -629,6 +763,9 @@ impl Loop {
                     queued_seconds: p.submitted.elapsed().as_secs_f64(),
                     prefill_seconds: 0.0,
                     decode_seconds: 0.0,
+                    decode_calls: 0,
+                    drafted: 0,
+                    accepted: 0,
                 })));
             }
             if cancelled {
@@ -741,6 +878,9 @@ impl Loop {
                 generated: 0,
                 admitted: Instant::now(),
                 first_token: None,
+                decode_calls: 0,
+                drafted: 0,
+                accepted: 0,
             });
         }
     }
@@ -815,11 +955,20 @@ impl Loop {
         }
     }
 
-    /// One decode step for every sequence past its prompt.
+    /// One decode step for every sequence past its prompt (a verify call instead, where one
+    /// sequence decodes alone and has draft tokens).
     fn decode(&mut self) {
         let rows: Vec<(usize, u32)> = self.running.iter().filter_map(|r| Some((r.slot, r.input?))).collect();
         if rows.is_empty() {
             return;
+        }
+        if let [(slot, input)] = rows[..]
+            && self.speculate(slot, input)
+        {
+            return;
+        }
+        for r in self.running.iter_mut().filter(|r| r.input.is_some()) {
+            r.decode_calls += 1;
         }
         let started = Instant::now();
         let result = self.engine.decode(&rows);
@@ -840,6 +989,84 @@ impl Loop {
         }
     }
 
+    /// One verify call for the sequence in `slot`, whose next row is `input`, with the draft
+    /// tokens of its history ([`ngram_draft`]); false (nothing done) where it has none or
+    /// its slot has no room for them.
+    fn speculate(&mut self, slot: usize, input: u32) -> bool {
+        let room = self.engine.verify_rows(slot);
+        let Some(i) = self.running.iter().position(|r| r.slot == slot) else { return false };
+        let r = &self.running[i];
+        // Never draft past what the request may still generate.
+        let left = r.pending.request.max_tokens.saturating_sub(r.generated + 1);
+        let want = self.draft.tokens().min(room.saturating_sub(1)).min(left);
+        if want == 0 {
+            return false;
+        }
+        let history: Vec<u32> = r.pending.request.prompt.iter().chain(&r.chosen).copied().collect();
+        let draft = match &mut self.drafter {
+            None => ngram_draft(&history, want),
+            Some(drafter) => drafter.propose(&history, want).unwrap_or_else(|e| {
+                tracing::warn!("the draft model failed, decoding without drafts this step: {e}");
+                Vec::new()
+            }),
+        };
+        if draft.is_empty() {
+            return false;
+        }
+        let start = self.engine.position(slot);
+        let mut fed = Vec::with_capacity(draft.len() + 1);
+        fed.push(input);
+        fed.extend(&draft);
+        let started = Instant::now();
+        let result = self.engine.verify(slot, &fed);
+        self.stats.steps.observe(started.elapsed().as_secs_f64());
+        let steps = match result {
+            Ok(steps) => steps,
+            Err(e) => {
+                tracing::error!("verify call of {} rows failed: {e}", fed.len());
+                self.fail([slot], fed.len(), &e);
+                return true;
+            }
+        };
+        // The request's picks from each row in turn, up to the first that is not the draft's
+        // next token (or that ends the sequence).
+        let r = &mut self.running[i];
+        let limit = r.pending.request.vocab_limit.unwrap_or(usize::MAX);
+        let mut picks = Vec::with_capacity(steps.len());
+        for (j, step) in steps.iter().enumerate() {
+            match choose(&mut r.pending.request.sampling, limit, step) {
+                Ok(token) => picks.push(token),
+                Err(e) => {
+                    if picks.is_empty() {
+                        self.engine.truncate(slot, start + 1);
+                        self.end(i, Err(e));
+                        return true;
+                    }
+                    break;
+                }
+            }
+            let token = picks[j];
+            let ends = r.pending.request.stop_tokens.contains(&token);
+            if ends || draft.get(j) != Some(&token) {
+                break;
+            }
+        }
+        let accepted = picks.len() - 1;
+        r.decode_calls += 1;
+        r.drafted += draft.len();
+        r.accepted += accepted;
+        self.stats.verify_calls.fetch_add(1, Ordering::Relaxed);
+        self.stats.drafted.fetch_add(draft.len() as u64, Ordering::Relaxed);
+        self.stats.accepted.fetch_add(accepted as u64, Ordering::Relaxed);
+        // The slot keeps the row fed and the accepted drafts; the last pick is the next row.
+        self.engine.truncate(slot, start + 1 + accepted);
+        for (j, token) in picks.into_iter().enumerate() {
+            let Some(i) = self.running.iter().position(|r| r.slot == slot) else { break };
+            self.emit(i, token, start + 1 + j);
+        }
+        true
+    }
+
     /// Ends the sequences in `slots` (those still running) with the failure `e` of a call of
     /// `rows` rows.
     fn fail(&mut self, slots: impl IntoIterator<Item = usize>, rows: usize, e: &Error) {
@@ -858,6 +1085,13 @@ impl Loop {
             Ok(token) => token,
             Err(e) => return self.end(i, Err(e)),
         };
+        let position = self.engine.position(self.running[i].slot);
+        self.emit(i, token, position);
+    }
+
+    /// Sends sequence `i`'s next token `token`, chosen when its slot held `position`
+    /// positions, and ends the sequence when it is done.
+    fn emit(&mut self, i: usize, token: u32, position: usize) {
         let max_context = self.engine.max_context();
         let r = &mut self.running[i];
         let now = Instant::now();
@@ -872,7 +1106,7 @@ impl Loop {
         }
         if r.generated >= r.pending.request.max_tokens {
             self.end(i, Ok(FinishReason::Length))
-        } else if self.engine.position(r.slot) >= max_context {
+        } else if position >= max_context {
             self.end(i, Ok(FinishReason::ContextFull))
         } else {
             r.input = Some(token);
@@ -936,6 +1170,28 @@ fn prefills(waiting: &[(usize, usize)], budget: usize) -> Vec<(usize, usize)> {
     out
 }
 
+/// Shortest and longest suffix of a sequence that [`ngram_draft`] looks up.
+const NGRAM: std::ops::RangeInclusive<usize> = 2..=4;
+
+/// Up to `k` draft tokens for the sequence `history` (prompt lookup, as llama.cpp's and
+/// vLLM's n-gram drafting): the tokens that followed the latest earlier occurrence of its
+/// last `n` tokens, the longest `n` in [`NGRAM`] that has one; none where no suffix recurs.
+pub fn ngram_draft(history: &[u32], k: usize) -> Vec<u32> {
+    for n in NGRAM.rev() {
+        if history.len() <= n || k == 0 {
+            continue;
+        }
+        let suffix = &history[history.len() - n..];
+        // Occurrences ending before the suffix itself, latest first.
+        let found = (0..history.len() - n).rev().find(|&at| &history[at..at + n] == suffix);
+        if let Some(at) = found {
+            let from = at + n;
+            return history[from..(from + k).min(history.len())].to_vec();
+        }
+    }
+    Vec::new()
+}
+
 /// The next token of a row by `sampling`, never one at or above `limit`.
 fn choose(sampling: &mut Sampling, limit: usize, step: &Step) -> Result<u32> {
     if let Sampling::Greedy = sampling
@@ -965,7 +1221,24 @@ fn choose(sampling: &mut Sampling, limit: usize, step: &Step) -> Result<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::prefills;
+    use super::{ngram_draft, prefills};
+
+    #[test]
+    fn drafts_follow_the_latest_earlier_occurrence_of_the_longest_suffix() {
+        // The last 4 tokens (1 2 3 4) occurred before, followed by 9 8.
+        assert_eq!(ngram_draft(&[1, 2, 3, 4, 9, 8, 7, 1, 2, 3, 4], 2), [9, 8]);
+        // At most what follows the occurrence.
+        assert_eq!(ngram_draft(&[5, 6, 7, 5, 6], 4), [7, 5, 6]);
+        // The latest occurrence wins: 5 6 was followed by 1, later by 2.
+        assert_eq!(ngram_draft(&[5, 6, 1, 5, 6, 2, 0, 5, 6], 1), [2]);
+        // A longer suffix wins over a later shorter one: 4 5 6 -> 7, not 6 -> 8.
+        assert_eq!(ngram_draft(&[4, 5, 6, 7, 0, 5, 6, 8, 4, 5, 6], 1), [7]);
+        // No suffix of two or more tokens recurs: no draft (one token alone is too weak a cue).
+        assert_eq!(ngram_draft(&[1, 2, 3, 1], 4), Vec::<u32>::new());
+        assert_eq!(ngram_draft(&[1, 2, 3, 4], 4), Vec::<u32>::new());
+        assert_eq!(ngram_draft(&[], 4), Vec::<u32>::new());
+        assert_eq!(ngram_draft(&[1, 2, 1, 2], 0), Vec::<u32>::new());
+    }
 
     #[test]
     fn one_turn_reads_prompts_up_to_one_chunk() {

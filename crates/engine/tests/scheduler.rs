@@ -1,13 +1,14 @@
 //! The engine thread's request API: requests from many callers at once get, each, the
 //! tokens mlx-lm gives their prompt alone; stop tokens, cancellation, the context's end and
-//! shutdown end a generation with the right event; bad requests are refused at submit; and
-//! nothing is compiled once the engine has started.
+//! shutdown end a generation with the right event; bad requests are refused at submit;
+//! speculative decoding changes no token; and nothing is compiled once the engine has
+//! started.
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
 use engine::gate::{self, Reference};
 use engine::scheduler::{Event, FinishReason, Request, Sampling, Scheduler};
-use engine::{EngineConfig, Error, Precision};
+use engine::{Draft, Engine, EngineConfig, Error, Precision};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -19,6 +20,7 @@ fn root() -> PathBuf {
 const MAX_BATCH: usize = 8;
 const MAX_CONTEXT: usize = 64;
 const STEPS: usize = 16;
+const DRAFT: usize = 4;
 
 fn fixture() -> PathBuf {
     root().join("tests/fixtures-trained/qwen3/f32")
@@ -43,16 +45,25 @@ fn start_on(dir: &Path, precision: Precision) -> (Scheduler, std::sync::MutexGua
 
 fn start_with(dir: &Path, precision: Precision, prefix_cache: bool) -> (Scheduler, std::sync::MutexGuard<'static, ()>) {
     let turn = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let config = EngineConfig {
-        prefix_cache,
+    let config = EngineConfig { prefix_cache, ..config(precision) };
+    let scheduler = match Scheduler::start(dir, config.clone()) {
+        // A model with recurrent layers takes no drafts.
+        Err(Error::DraftWithState { .. }) => Scheduler::start(dir, EngineConfig { draft: Draft::Off, ..config }),
+        started => started,
+    };
+    (scheduler.unwrap(), turn)
+}
+
+/// The settings of crates/mlx-iree/tests/batch.rs's engines, so both use the same compiled
+/// modules (weights not stored: stored_parameters.rs tests that), drafts included.
+fn config(precision: Precision) -> EngineConfig {
+    EngineConfig {
         max_batch: MAX_BATCH,
         max_context: Some(MAX_CONTEXT),
-        // The module crates/mlx-iree/tests/batch.rs compiles for this fixture (weights not
-        // stored: stored_parameters.rs tests that).
         store_parameters: false,
+        draft: Draft::Ngram { tokens: DRAFT },
         ..EngineConfig::new("local-task", precision, root().join("target/test-compile-cache"))
-    };
-    (Scheduler::start(dir, config).unwrap(), turn)
+    }
 }
 
 /// mlx-lm's trajectories cut into prompts (a reference prompt plus the first k tokens
@@ -198,6 +209,121 @@ fn requests_sharing_a_prompt_prefill_it_once() {
     cached.sort_unstable();
     assert!(cached[0] == 0 && cached[1..].iter().all(|&c| (16..prompt.len()).contains(&c)), "{cached:?}");
     assert_eq!(scheduler.stats().prefix_hits(), 2);
+}
+
+/// The trained fixture's cycle (what its mlx-lm trajectories follow).
+fn cycle() -> Vec<u32> {
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture().join("expected.json")).unwrap()).unwrap();
+    json["training"]["cycle"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+}
+
+/// A seeded sampler at temperature 3 (xorshift, inverse CDF), as a request's chooser.
+fn seeded(seed: u64) -> impl FnMut(&[f32]) -> Result<u32, engine::BoxError> + Send {
+    let mut state = seed;
+    move |logits: &[f32]| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let u = (state >> 11) as f64 / (1u64 << 53) as f64;
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let weights: Vec<f64> = logits.iter().map(|&l| (f64::from(l - max) / 3.0).exp()).collect();
+        let total: f64 = weights.iter().sum();
+        let mut sum = 0.0;
+        for (i, w) in weights.iter().enumerate() {
+            sum += w / total;
+            if u < sum {
+                return Ok(i as u32);
+            }
+        }
+        Ok((weights.len() - 1) as u32)
+    }
+}
+
+/// Speculative decoding: a prompt that goes through the trained cycle and starts it again
+/// has its next tokens drafted from its own first part (prompt lookup); the model accepts
+/// them, so the answer (the cycle's next tokens, as mlx-lm's trajectories follow it) comes
+/// in fewer calls than tokens, and the counts say so. A seeded sampler picks, draft run by
+/// draft run, the tokens it picks one decode step at a time on the same compiled model.
+#[test]
+fn drafts_are_checked_in_one_call_and_change_no_token() {
+    let cycle = cycle();
+    let refs = gate::references_from_json(&std::fs::read_to_string(fixture().join("expected.json")).unwrap()).unwrap();
+    assert_eq!(refs[0].token_ids, cycle[1..=refs[0].token_ids.len()], "mlx-lm's first trajectory is the cycle");
+    let prompt: Vec<u32> = cycle[..40].iter().chain(&cycle[..6]).copied().collect();
+    let (scheduler, _turn) = start();
+    let (tokens, done) = scheduler.submit(Request::greedy(prompt.clone(), STEPS)).unwrap().collect_blocking().unwrap();
+    assert_eq!(tokens, cycle[6..6 + STEPS]);
+    assert!(done.accepted > 0 && done.accepted <= done.drafted, "{done:?}");
+    // Every call after the first token gave one token plus its accepted drafts.
+    assert_eq!(done.decode_calls + done.accepted, STEPS - 1, "{done:?}");
+    let stats = scheduler.stats();
+    assert_eq!((stats.drafted(), stats.accepted()), (done.drafted as u64, done.accepted as u64));
+    assert!(stats.verify_calls() > 0 && stats.verify_calls() <= done.decode_calls as u64);
+
+    // Sampled: the same tokens as one decode step at a time, seed for seed.
+    let mut engine = Engine::load(&fixture(), &config(Precision::F32)).unwrap();
+    let mut rejected = 0;
+    for seed in 1..=4u64 {
+        let mut pick = seeded(seed);
+        engine.reset(0);
+        let mut want = vec![pick(&engine.prefill(0, &prompt).unwrap().logits().unwrap()).unwrap()];
+        while want.len() < STEPS {
+            let step = engine.decode_one(0, want[want.len() - 1]).unwrap();
+            want.push(pick(&step.logits().unwrap()).unwrap());
+        }
+        let request =
+            Request { sampling: Sampling::Custom(Box::new(seeded(seed))), ..Request::greedy(prompt.clone(), STEPS) };
+        let (tokens, done) = scheduler.submit(request).unwrap().collect_blocking().unwrap();
+        assert_eq!(tokens, want, "seed {seed}");
+        rejected += done.drafted - done.accepted;
+    }
+    assert!(rejected > 0, "no draft token was rejected at temperature 3");
+}
+
+/// A draft model: the trained model's 4-bit twin agrees with it, so most drafts are
+/// accepted; a random model of its vocabulary does not, so most are rejected; either way
+/// the tokens are mlx-lm's. One of another vocabulary, or with recurrent layers, is refused
+/// at start.
+#[test]
+fn a_draft_model_changes_no_token() {
+    let with = |dir: PathBuf| EngineConfig {
+        draft: Draft::Model { precision: engine::device::default_precision("local-task", &dir), dir, tokens: DRAFT },
+        ..config(Precision::F32)
+    };
+    let _turn = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    for (draft, agrees) in [(packed_fixture(), true), (root().join("tests/fixtures/qwen3/f32"), false)] {
+        let scheduler = Scheduler::start(fixture(), with(draft.clone())).unwrap();
+        let (mut drafted, mut accepted) = (0, 0);
+        for c in cases().iter().take(3) {
+            let (tokens, done) =
+                scheduler.submit(Request::greedy(c.prompt_ids.clone(), STEPS)).unwrap().collect_blocking().unwrap();
+            assert_eq!(tokens, c.token_ids, "draft {}, prompt {:?}", draft.display(), c.prompt_ids);
+            assert_eq!(done.decode_calls + done.accepted, STEPS - 1, "{done:?}");
+            (drafted, accepted) = (drafted + done.drafted, accepted + done.accepted);
+        }
+        assert!(drafted >= 3 * DRAFT, "{drafted}");
+        if agrees {
+            assert!(accepted * 10 >= drafted * 9, "the 4-bit twin: {accepted} of {drafted} accepted");
+        } else {
+            assert!(accepted * 4 < drafted, "a random draft: {accepted} of {drafted} accepted");
+        }
+    }
+    for (draft, expected) in [
+        (
+            "tests/fixtures-trained/llama_llama3_tied/f32",
+            "the draft model's vocabulary (256 ids) is not the model's (448 ids)",
+        ),
+        (
+            "tests/fixtures/qwen3_5/f32",
+            "speculative decoding (--draft) needs a model without recurrent layers; qwen3_5 has them (its state is that after every checked token, accepted or not)",
+        ),
+    ] {
+        let compiles = engine::cache::compiles();
+        let err = Scheduler::start(fixture(), with(root().join(draft))).unwrap_err();
+        assert_eq!(err.to_string(), expected);
+        assert_eq!(engine::cache::compiles(), compiles, "compiled before refusing {draft}");
+    }
 }
 
 #[test]

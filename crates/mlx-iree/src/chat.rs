@@ -20,6 +20,8 @@ pub struct ChatArgs {
     pub(crate) model: ModelArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    pub(crate) draft: crate::run::DraftArgs,
     /// The system prompt to start with (as `/system TEXT` sets it).
     #[arg(long)]
     system: Option<String>,
@@ -162,6 +164,7 @@ fn count_interrupts(tx: mpsc::Sender<Input>) -> Result<Arc<AtomicU64>> {
 pub fn run(args: &ChatArgs) -> Result<()> {
     let dir = &args.model.model;
     let config = check_model_dir(dir)?;
+    args.model.check_draft(&config)?;
     args.sampling.check()?;
     let text = ModelText::load(dir)?;
     args.sampling.check_vocab(text.tokenizer.vocab_size())?;
@@ -253,12 +256,13 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             let d = &answer.done;
             let decode = d.generated.saturating_sub(1) as f64 / d.decode_seconds.max(1e-9);
             eprintln!(
-                "chat: prompt {} tokens ({} from the cache), {} generated, first token in {:.0} ms, decode {:.1} tok/s",
+                "chat: prompt {} tokens ({} from the cache), {} generated, first token in {:.0} ms, decode {:.1} tok/s{}",
                 d.prompt_tokens,
                 d.cached_tokens,
                 d.generated,
                 d.prefill_seconds * 1e3,
-                if d.generated > 1 { decode } else { 0.0 }
+                if d.generated > 1 { decode } else { 0.0 },
+                crate::run::draft_summary(d, args.model.draft != engine::Draft::Off)
             );
         }
         conversation.turns.push((text.to_owned(), answer.text));

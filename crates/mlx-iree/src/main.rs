@@ -104,11 +104,24 @@ fn main() -> ExitCode {
         }
     };
     init_logging(cli.log.as_deref());
+
     // A hub repo id becomes its cached snapshot folder before any subcommand looks at it.
     let resolved = match cli.command.model_args() {
         Some(model) => model.resolve(),
         None => Ok(()),
     };
+    // `--draft` and `--draft-model` belong to the commands that decode through the scheduler.
+    let resolved = resolved.and_then(|()| {
+        let (model, draft) = match &mut cli.command {
+            Command::Generate(args) => (&mut args.model, &mut args.draft),
+            Command::Chat(args) => (&mut args.model, &mut args.draft),
+            Command::Serve(args) => (&mut args.model, &mut args.draft),
+            _ => return Ok(()),
+        };
+        draft.resolve(model.settings.offline)?;
+        model.draft = draft.draft(&model.device)?;
+        Ok(())
+    });
     let result = match cli.command {
         _ if resolved.is_err() => resolved,
         Command::Bench(args) => bench::run(&args),

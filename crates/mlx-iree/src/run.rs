@@ -4,7 +4,7 @@
 use crate::settings::Settings;
 use anyhow::{Context, Result, bail};
 use engine::scheduler::{FinishReason, Finished};
-use engine::{Engine, EngineConfig, KvElem, Plan, Precision};
+use engine::{Draft, Engine, EngineConfig, KvElem, Plan, Precision};
 use server::{Generator, ModelText, Piece, ReasoningEffort};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -41,8 +41,63 @@ pub struct ModelArgs {
     /// sequence left it in (the prefix cache, on by default).
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// Speculative decoding, for the commands that take `--draft` ([`DraftArgs`]; off for
+    /// the others, which time or record plain steps).
+    #[arg(skip = Draft::Off)]
+    pub draft: Draft,
     #[command(flatten)]
     pub settings: Settings,
+}
+
+/// Where `--draft` takes draft tokens from.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DraftKind {
+    /// Prompt lookup: n-grams of the prompt and the answer so far.
+    Ngram,
+}
+
+/// Speculative decoding's flags (`generate`, `chat`, `serve`).
+#[derive(clap::Args, Debug, Clone)]
+#[group(skip)]
+pub struct DraftArgs {
+    /// Speculative decoding: `ngram` drafts tokens from the sequence itself (the tokens that
+    /// followed the latest earlier occurrence of its last few), and the model checks them in
+    /// one call; the output is that of plain decoding. Not for models with recurrent layers.
+    #[arg(long, value_enum, group = "drafting")]
+    pub draft: Option<DraftKind>,
+    /// Speculative decoding with a second, smaller model of the same tokenizer (a folder or
+    /// a hub repo id, at its default precision) drafting greedy tokens.
+    #[arg(long, value_name = "DIR", group = "drafting")]
+    pub draft_model: Option<PathBuf>,
+    /// Most draft tokens one call checks (with --draft or --draft-model; default 4).
+    #[arg(long)]
+    pub draft_tokens: Option<usize>,
+}
+
+/// Draft tokens per call when `--draft-tokens` is not given.
+const DRAFT_TOKENS: usize = 4;
+
+impl DraftArgs {
+    /// The engine setting these flags ask for on `device`.
+    pub fn draft(&self, device: &str) -> Result<Draft> {
+        let tokens = self.draft_tokens.unwrap_or(DRAFT_TOKENS);
+        Ok(match (self.draft, &self.draft_model) {
+            (Some(DraftKind::Ngram), _) => Draft::Ngram { tokens },
+            (None, Some(dir)) => {
+                Draft::Model { dir: dir.clone(), precision: engine::device::default_precision(device, dir), tokens }
+            }
+            (None, None) if self.draft_tokens.is_some() => bail!("--draft-tokens needs --draft ngram or --draft-model"),
+            (None, None) => Draft::Off,
+        })
+    }
+
+    /// Turns a hub repo id in `--draft-model` into its snapshot folder, as `--model`.
+    pub fn resolve(&mut self, offline: bool) -> Result<()> {
+        if let Some(model) = &self.draft_model {
+            self.draft_model = Some(crate::download::resolve(model, offline)?.0);
+        }
+        Ok(())
+    }
 }
 
 impl ModelArgs {
@@ -74,8 +129,41 @@ impl ModelArgs {
             store_parameters: self.settings.store_parameters()?,
             cache_max_bytes: self.settings.cache_max_bytes()?,
             prefix_cache: !self.no_prefix_cache,
+            draft: self.draft.clone(),
             ..EngineConfig::new(&self.device, self.precision(), self.settings.cache_dir())
         })
+    }
+
+    /// Refuses drafts the model cannot take (recurrent layers, `--draft-tokens 0`), before
+    /// the tokenizer or anything else is read.
+    pub fn check_draft(&self, config: &models::ModelConfig) -> Result<()> {
+        if self.draft == Draft::Off {
+            return Ok(());
+        }
+        Plan::new(config, &self.engine_config(1)?)?;
+        // A draft model's ids must mean the same tokens (where the model has a tokenizer:
+        // the commands that need one say so themselves).
+        if let Draft::Model { dir, .. } = &self.draft
+            && let Ok(ours) = Tokenizer::from_dir(&self.model)
+        {
+            let theirs = Tokenizer::from_dir(dir).context("--draft-model")?;
+            if theirs.vocab_size() != ours.vocab_size() {
+                bail!(
+                    "--draft-model: its tokenizer has {} tokens, the model's {}",
+                    theirs.vocab_size(),
+                    ours.vocab_size()
+                );
+            }
+            let size = u32::try_from(ours.vocab_size())?;
+            if let Some(id) = (0..size).find(|&id| ours.id_to_token(id) != theirs.id_to_token(id)) {
+                bail!(
+                    "--draft-model: its tokenizer is not the model's (id {id} is {:?} there, {:?} here)",
+                    theirs.id_to_token(id).unwrap_or_default(),
+                    ours.id_to_token(id).unwrap_or_default()
+                );
+            }
+        }
+        Ok(())
     }
 
     /// The shapes an engine for these flags compiles, checked before anything is compiled:
@@ -104,6 +192,8 @@ pub struct GenerateArgs {
     json_schema: Option<PathBuf>,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    pub(crate) draft: DraftArgs,
 }
 
 /// How answers are generated: the flags `generate` and `chat` share.
@@ -344,6 +434,7 @@ fn load(model: &ModelArgs) -> Result<Engine> {
 pub fn generate(args: &GenerateArgs) -> Result<()> {
     let dir = &args.model.model;
     let config = check_model_dir(dir)?;
+    args.model.check_draft(&config)?;
     args.sampling.check()?;
     let text = ModelText::load(dir)?;
     args.sampling.check_vocab(text.tokenizer.vocab_size())?;
@@ -379,17 +470,30 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
     let decode_steps = done.generated.saturating_sub(1);
     let info = generator.scheduler.info();
     eprintln!(
-        "prompt tokens: {}, generated tokens: {}, prefill: {:.1} tok/s, decode: {:.1} tok/s, {}, weights loaded in {:.1} s ({}, {})",
+        "prompt tokens: {}, generated tokens: {}, prefill: {:.1} tok/s, decode: {:.1} tok/s{}, {}, weights loaded in {:.1} s ({}, {})",
         done.prompt_tokens,
         done.generated,
         done.prompt_tokens as f64 / done.prefill_seconds,
         if decode_steps > 0 { decode_steps as f64 / done.decode_seconds } else { 0.0 },
+        draft_summary(&done, args.model.draft != Draft::Off),
         info.load.compile,
         info.load.load_seconds,
         args.model.device,
         args.model.precision(),
     );
     Ok(())
+}
+
+/// The speculative decoding part of a summary line (empty without `--draft`): draft tokens
+/// accepted of those checked, and tokens per model call after the first token.
+pub(crate) fn draft_summary(done: &Finished, draft: bool) -> String {
+    if !draft {
+        return String::new();
+    }
+    let after_first = done.generated.saturating_sub(1);
+    let per_call = if done.decode_calls > 0 { after_first as f64 / done.decode_calls as f64 } else { 0.0 };
+    let rate = if done.drafted > 0 { 100.0 * done.accepted as f64 / done.drafted as f64 } else { 0.0 };
+    format!(", draft: {}/{} accepted ({rate:.0}%), {per_call:.2} tokens per call", done.accepted, done.drafted)
 }
 
 pub fn trajectory(args: &TrajectoryArgs) -> Result<()> {

@@ -10,6 +10,8 @@ use std::time::Duration;
 pub struct ServeArgs {
     #[command(flatten)]
     pub(crate) model: ModelArgs,
+    #[command(flatten)]
+    pub(crate) draft: crate::run::DraftArgs,
     /// Address to listen on (loopback by default; 0.0.0.0 exposes the server to the network).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -55,6 +57,7 @@ async fn shutdown_signal() {
 pub fn run(args: &ServeArgs) -> Result<()> {
     let dir = &args.model.model;
     let config = crate::run::check_model_dir(dir)?;
+    args.model.check_draft(&config)?;
     if args.max_batch == 0 {
         bail!("--max-batch must be at least 1");
     }

@@ -1,12 +1,13 @@
 //! Many sequences in one engine: batched decode gives every row the tokens its prompt gives
 //! alone (mlx-lm's own: every fixture family at f32, a trained fixture at each other
 //! precision), a row's logits do not depend on the other rows (bit for bit), and nothing is
-//! compiled once the engine has started, whatever the mix of requests.
+//! compiled once the engine has started, whatever the mix of requests; and a verify call
+//! (speculative decoding) gives every row what decoding the rows one at a time gives.
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
 use engine::gate::{self, Reference};
-use engine::{Engine, EngineConfig, Precision, Step};
+use engine::{Draft, Engine, EngineConfig, Error, Precision, Step};
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -29,17 +30,25 @@ const MAX_BATCH: usize = 8;
 /// Decode steps checked per row.
 const STEPS: usize = 16;
 
+/// Draft tokens per verify call.
+const DRAFT: usize = 4;
+
 /// An engine of MAX_BATCH slots at the host's default CPU kernel (the other objects: see
-/// a_rows_logits_do_not_depend_on_the_other_rows).
+/// a_rows_logits_do_not_depend_on_the_other_rows), with verify calls of DRAFT draft tokens
+/// where the model has no recurrent layers (which refuse them).
 fn engine(dir: &Path, precision: Precision) -> Engine {
     let config = EngineConfig {
         max_batch: MAX_BATCH,
         max_context: Some(64),
         // Shared with crates/engine/tests/scheduler.rs; storing is stored_parameters.rs's.
         store_parameters: false,
+        draft: Draft::Ngram { tokens: DRAFT },
         ..EngineConfig::new("local-task", precision, root().join("target/test-compile-cache"))
     };
-    Engine::load(dir, &config).unwrap()
+    match Engine::load(dir, &config) {
+        Err(Error::DraftWithState { .. }) => Engine::load(dir, &EngineConfig { draft: Draft::Off, ..config }).unwrap(),
+        loaded => loaded.unwrap(),
+    }
 }
 
 /// Eight different prompts on mlx-lm's recorded trajectories (a reference prompt plus the
@@ -93,6 +102,42 @@ fn eight_rows_give_what_each_prompt_gives_alone(dir: &Path, precision: Precision
         assert_eq!(got, &c.token_ids, "{what}: in a batch of {MAX_BATCH}, prompt {:?}", c.prompt_ids);
     }
     a_kept_prefix_gives_mlx_lms_tokens(&mut engine, dir, &what);
+    if engine.has_state() {
+        assert_eq!(engine.verify_rows(0), 0, "{what}: a recurrent model has no verify call");
+    } else {
+        drafts_give_mlx_lms_tokens(&mut engine, dir, &what);
+    }
+}
+
+/// Speculative decoding's engine side (crates/engine's scheduler): after mlx-lm's prompt, a
+/// verify call of the next row and DRAFT drafts that are mlx-lm's next tokens gives mlx-lm's
+/// token at every row; one whose drafts are wrong gives mlx-lm's token at its first row, and
+/// with only that row kept (`truncate`) the sequence goes on as mlx-lm's.
+fn drafts_give_mlx_lms_tokens(engine: &mut Engine, dir: &Path, what: &str) {
+    let refs = gate::references_from_json(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let (prompt, t) = (&refs[0].prompt_ids, &refs[0].token_ids);
+    let vocab = engine.config().vocab as u32;
+    let slot = 1;
+    engine.reset(slot);
+    assert_eq!(engine.prefill(slot, prompt).unwrap().next, t[0], "{what}: prefill");
+    assert_eq!(engine.verify_rows(slot), DRAFT + 1, "{what}");
+    let right: Vec<u32> = t[..=DRAFT].to_vec();
+    let got: Vec<u32> = engine.verify(slot, &right).unwrap().iter().map(|s| s.next).collect();
+    assert_eq!(got, t[1..=DRAFT + 1], "{what}: a verify call of right drafts");
+    let at = engine.position(slot);
+    assert_eq!(at, prompt.len() + DRAFT + 1, "{what}");
+    // Row t[DRAFT + 1], drafts that are not the next tokens (nor one another).
+    let mut wrong = vec![t[DRAFT + 1]];
+    wrong.extend(t[DRAFT + 2..2 * DRAFT + 1].iter().map(|&x| (x + 1 + x % 7) % vocab));
+    let steps = engine.verify(slot, &wrong).unwrap();
+    assert_eq!(steps.len(), DRAFT);
+    assert_eq!(steps[0].next, t[DRAFT + 2], "{what}: the first row of a verify call of wrong drafts");
+    engine.truncate(slot, at + 1);
+    let mut out = vec![steps[0].next];
+    while out.len() < STEPS {
+        out.push(engine.decode_one(slot, out[out.len() - 1]).unwrap().next);
+    }
+    assert_eq!(out, t[DRAFT + 2..DRAFT + 2 + STEPS], "{what}: decoding on after the accepted rows");
 }
 
 /// The prefix cache's use of a slot (crates/engine's scheduler): after a sequence of

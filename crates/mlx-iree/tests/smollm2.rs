@@ -109,6 +109,82 @@ fn generate_chat_answers_paris() {
     assert!(stderr.contains(&format!("(local-task, {default})")), "{default} is the CPU default: {stderr}");
 }
 
+/// Speculative decoding from the command line: prompt lookup and the f16 twin as draft
+/// model give the answer plain decoding gives, with drafts accepted (the summary line's
+/// count), on a prompt whose answer repeats it.
+#[test]
+fn generate_with_drafts_answers_as_without() {
+    let dir = model("smollm2-135m-instruct-4bit");
+    let twin = model("smollm2-135m-instruct-f16");
+    let (dir, twin) = (dir.to_str().unwrap(), twin.to_str().unwrap());
+    let prompt = "Copy this line exactly: the quick brown fox jumps over the lazy dog, and the lazy dog sleeps.";
+    let run = |extra: &[&str]| {
+        let args =
+            [
+                &[
+                    "generate",
+                    "--model",
+                    dir,
+                    "--chat",
+                    "--prompt",
+                    prompt,
+                    "--max-tokens",
+                    "40",
+                    "--max-context",
+                    "128",
+                ][..],
+                extra,
+            ]
+            .concat();
+        let (code, stdout, stderr) = cli(&args);
+        assert_eq!(code, 0, "{extra:?}: {stderr}");
+        (stdout, stderr)
+    };
+    let (plain, summary) = run(&[]);
+    assert!(!summary.contains("draft:"), "{summary}");
+    for extra in [&["--draft", "ngram"][..], &["--draft-model", twin, "--draft-tokens", "3"]] {
+        let (answer, summary) = run(extra);
+        assert_eq!(answer, plain, "{extra:?}");
+        let counts = summary.split("draft: ").nth(1).unwrap_or_else(|| panic!("{extra:?}: {summary}"));
+        let accepted: usize = counts.split('/').next().unwrap().parse().unwrap();
+        assert!(accepted > 0, "{extra:?}: {summary}");
+        assert!(counts.contains("accepted") && counts.contains("tokens per call"), "{summary}");
+    }
+}
+
+/// A draft model whose tokenizer gives an id another token is refused before anything is
+/// compiled, in one line naming the id.
+#[test]
+fn a_draft_model_with_another_tokenizer_is_refused() {
+    let twin = model("smollm2-135m-instruct-f16");
+    let draft = tempfile::tempdir().unwrap();
+    for file in ["config.json", "model.safetensors", "model.safetensors.index.json"] {
+        std::os::unix::fs::symlink(twin.join(file), draft.path().join(file)).unwrap();
+    }
+    let mut tokenizer: Value =
+        serde_json::from_str(&std::fs::read_to_string(twin.join("tokenizer.json")).unwrap()).unwrap();
+    // Two tokens' ids swapped.
+    let vocab = tokenizer["model"]["vocab"].as_object_mut().unwrap();
+    assert_eq!(vocab.insert("ĠMama".into(), 49151.into()), Some(Value::from(49150)));
+    assert_eq!(vocab.insert("ectable".into(), 49150.into()), Some(Value::from(49151)));
+    std::fs::write(draft.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let dir = model("smollm2-135m-instruct-4bit");
+    let cache = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
+        .args(["generate", "--model", dir.to_str().unwrap(), "--prompt", "hi", "--draft-model"])
+        .arg(draft.path())
+        .env("MLX_IREE_CACHE_DIR", cache.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        "mlx-iree: error: --draft-model: its tokenizer is not the model's (id 49150 is \"ectable\" there, \"ĠMama\" here)"
+    );
+    assert_eq!(std::fs::read_dir(cache.path()).map_or(0, |d| d.count()), 0, "compiled before refusing");
+}
+
 /// The sampling flags reach the sampler: `--logit-bias ID=100` makes every token ID, greedy
 /// or sampled.
 #[test]

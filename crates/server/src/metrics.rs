@@ -86,6 +86,14 @@ impl Metrics {
             "Prompt tokens read from the prefix cache instead of prefilled.",
             stats.cached_tokens(),
         );
+        counter(
+            &mut out,
+            "mlx_iree_verify_calls_total",
+            "Calls that checked draft tokens (speculative decoding).",
+            stats.verify_calls(),
+        );
+        counter(&mut out, "mlx_iree_draft_tokens_total", "Draft tokens checked.", stats.drafted());
+        counter(&mut out, "mlx_iree_draft_accepted_tokens_total", "Draft tokens accepted.", stats.accepted());
         gauge(&mut out, "mlx_iree_queue_depth", "Requests waiting for a slot.", stats.queued());
         gauge(&mut out, "mlx_iree_active_slots", "Requests holding a KV slot.", stats.running());
         gauge(&mut out, "mlx_iree_slots", "KV slots (sequences decoded together).", slots);

@@ -648,7 +648,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         let x = self.norm(x, FINAL_NORM)?;
         // The rows whose logits are returned: the `last` row of a prompt chunk or a mixed
         // call's chosen rows (indices as data, not slice offsets), or every row of a decode
-        // step.
+        // step or a verify call.
         let rows = match last {
             Some(last) => f.gather_rows(x, last)?,
             None => x,

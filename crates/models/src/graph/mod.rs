@@ -150,6 +150,11 @@ pub enum Function {
     /// ([`attention_in_kernel`]), which tells a row's own sequence's earlier rows by slot;
     /// attention reads positions `[0, window)`.
     Mixed { rows: usize, outs: usize, window: usize },
+    /// `tokens` consecutive tokens of one sequence, as a prefill, with the logits of every
+    /// row (no `last` input): a decode row and the draft tokens after it, checked in one call (speculative
+    /// decoding). Not for a model with recurrent layers, whose state after the call is that
+    /// after all of its rows, accepted or not. Attention reads positions `[0, window)`.
+    Verify { tokens: usize, window: usize },
     /// Writes `rows` rows of keys and values (a step's `new_k`, `new_v`) into the cache.
     WriteKv { rows: usize },
     /// Writes `rows` sequences' recurrent state (a step's `new_state`) into their slots.
@@ -167,6 +172,7 @@ impl Function {
             Function::Prefill { tokens, window } => format!("prefill_t{tokens}_w{window}"),
             Function::Decode { rows, window } => format!("decode_b{rows}_w{window}"),
             Function::Mixed { rows, outs, window } => format!("mixed_r{rows}_o{outs}_w{window}"),
+            Function::Verify { tokens, window } => format!("verify_t{tokens}_w{window}"),
             Function::WriteKv { rows } => format!("write_kv_r{rows}"),
             Function::WriteState { rows } => format!("write_state_n{rows}"),
             Function::CopyKv { positions } => format!("copy_kv_p{positions}"),
@@ -178,7 +184,7 @@ impl Function {
     /// sequences are told apart by slot, in the attention kernel).
     fn split(self) -> (usize, usize) {
         match self {
-            Function::Prefill { tokens, .. } => (1, tokens),
+            Function::Prefill { tokens, .. } | Function::Verify { tokens, .. } => (1, tokens),
             Function::Decode { rows, .. }
             | Function::Mixed { rows, .. }
             | Function::WriteKv { rows }
@@ -195,6 +201,7 @@ impl Function {
             Function::Prefill { .. } => 1,
             Function::Decode { rows, .. } => rows,
             Function::Mixed { outs, .. } => outs,
+            Function::Verify { tokens, .. } => tokens,
             Function::WriteKv { .. } | Function::WriteState { .. } | Function::CopyKv { .. } | Function::CopyState => 0,
         }
     }
@@ -202,9 +209,10 @@ impl Function {
     /// Positions attention reads (none for the writes).
     pub fn window(self) -> usize {
         match self {
-            Function::Prefill { window, .. } | Function::Decode { window, .. } | Function::Mixed { window, .. } => {
-                window
-            }
+            Function::Prefill { window, .. }
+            | Function::Decode { window, .. }
+            | Function::Mixed { window, .. }
+            | Function::Verify { window, .. } => window,
             Function::WriteKv { .. } | Function::WriteState { .. } | Function::CopyKv { .. } | Function::CopyState => 0,
         }
     }
@@ -415,6 +423,14 @@ fn check_fits(cfg: &ModelConfig, layout: &Layout, cache: CacheShape, function: F
     {
         return Err(crate::Error::Invalid(format!(
             "function {} needs 1 to {rows} outputs, attention in the CPU kernel and no recurrent layers",
+            function.name()
+        )));
+    }
+    if let Function::Verify { .. } = function
+        && cfg.state_len() > 0
+    {
+        return Err(crate::Error::Invalid(format!(
+            "function {}: a model with recurrent layers cannot check draft tokens in one call",
             function.name()
         )));
     }
