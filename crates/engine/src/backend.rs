@@ -71,6 +71,16 @@ impl CompileTarget {
     pub fn call_overhead_rows(&self) -> usize {
         if self.is_cpu() { 8 } else { 4096 }
     }
+
+    /// Whether the copies between slots (`copy_kv`, `copy_state`: the prefix cache sharing a
+    /// prompt's start) are planned for this target: on the CPU, where they run in the
+    /// suite. Not on CUDA, where IREE 3.13 turns the copy into a `slow_memcpy` dispatch at a
+    /// run-time offset whose translation to LLVM fails ("LLVM Translation failed for
+    /// operation: builtin.unrealized_conversion_cast"), nor on the other GPU targets until
+    /// they are compiled and run with them; there a slot reuses only what it holds itself.
+    pub fn copies_between_slots(&self) -> bool {
+        self.is_cpu()
+    }
 }
 
 impl std::fmt::Display for CompileTarget {

@@ -38,6 +38,9 @@ pub struct Plan {
     /// Rows per verify call (`Function::Verify`: a decode row and the draft tokens after it,
     /// speculative decoding), `None` without drafts.
     pub verify: Option<usize>,
+    /// Whether the copies between slots are compiled: several slots, on a target where they
+    /// compile (`CompileTarget::copies_between_slots`).
+    pub copies: bool,
 }
 
 /// Prompt chunk sizes: short prompts in 16-token calls, long ones in 128-token calls.
@@ -89,7 +92,8 @@ impl Plan {
         }
         let mut windows: Vec<usize> = (0..).map(|i| MIN_WINDOW << i).take_while(|w| *w < positions).collect();
         windows.push(positions);
-        let call_rows = crate::CompileTarget::for_device(&config.device)?.call_overhead_rows();
+        let target = crate::CompileTarget::for_device(&config.device)?;
+        let call_rows = target.call_overhead_rows();
         config.draft.check(cfg)?;
         let verify = match config.draft.tokens() {
             0 if config.draft != crate::Draft::Off => return Err(Error::ZeroDraftTokens),
@@ -109,6 +113,7 @@ impl Plan {
             state_parts: cfg.state_parts(),
             state_in_place: vec![false; cfg.state_parts().len()],
             verify,
+            copies: config.max_batch > 1 && target.copies_between_slots(),
         })
     }
 
@@ -159,11 +164,10 @@ impl Plan {
         // A prefill writes one sequence's state, a decode call its rows' (the batch sizes).
         let scatters = self.state_in_place.iter().any(|in_place| !in_place);
         let states = self.batches.iter().filter(|_| scatters).map(|&rows| Function::WriteState { rows });
-        // With several slots, a prompt's start can be copied from one to another (the
+        // Where copies are planned, a prompt's start can be copied from one slot to another (the
         // scheduler's prefix cache), state and all.
-        let several = self.cache.slots > 1;
-        let copies = several.then_some(Function::CopyKv { positions: self.copy_block() });
-        let copy_state = (several && !self.state_parts.is_empty()).then_some(Function::CopyState);
+        let copies = self.copies.then_some(Function::CopyKv { positions: self.copy_block() });
+        let copy_state = (self.copies && !self.state_parts.is_empty()).then_some(Function::CopyState);
         prefill
             .chain(decode)
             .chain(mixed)

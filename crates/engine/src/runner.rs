@@ -343,12 +343,12 @@ impl Engine {
     /// Makes `dst`'s context the first `len` positions of `src`'s (which stays as it is): their
     /// keys and values copied in blocks, and for a model with recurrent layers the state,
     /// which is that after all of `src`'s context, so `len` must be all of it there. Needs
-    /// several slots (the copy functions are compiled only then).
+    /// several slots on a target that compiles the copies ([`Engine::can_copy`]).
     pub fn copy(&mut self, src: usize, dst: usize, len: usize) -> Result<()> {
         self.check_slot(src)?;
         self.check_slot(dst)?;
         let held = self.lens[src];
-        if src == dst || len > held || (self.has_state() && len != held) || self.lens.len() < 2 {
+        if src == dst || len > held || (self.has_state() && len != held) || !self.can_copy() {
             return Err(Error::BadCopy { src, dst, len, held });
         }
         let upload = |v: usize| self.device.upload(&[1], &[v as i32]);
@@ -377,6 +377,12 @@ impl Engine {
         }
         self.lens[dst] = len;
         Ok(())
+    }
+
+    /// Whether [`Engine::copy`] is there: the plan compiled the copies between slots (several
+    /// slots, not on CUDA: `CompileTarget::copies_between_slots`).
+    pub fn can_copy(&self) -> bool {
+        self.plan.copies
     }
 
     /// Whether the model has recurrent layers, whose state is that after a slot's whole

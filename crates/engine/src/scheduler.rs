@@ -830,7 +830,7 @@ impl Loop {
             else {
                 break;
             };
-            let contents = if self.prefix_cache { self.contents() } else { Vec::new() };
+            let contents = if self.prefix_cache && self.engine.can_copy() { self.contents() } else { Vec::new() };
             let (source, shared) = contents
                 .iter()
                 .map(|(slot, held)| (*slot, self.reusable(held, prompt)))
@@ -838,6 +838,7 @@ impl Loop {
                 .unwrap_or((0, 0));
             let have = own.max(shared);
             let coming = self.prefix_cache
+                && self.engine.can_copy()
                 && !self.engine.has_state()
                 && self.running.iter().any(|r| {
                     let common = r.pending.request.prompt.iter().zip(prompt).take_while(|(a, b)| a == b).count();

@@ -42,7 +42,8 @@ pub fn planned(
     let cfg = ModelConfig::for_checkpoint(&mut ckpt).unwrap();
     let backend = Backend::new(target.clone(), kernels, &compile_cache()).unwrap();
     let layout = backend.layout(&cfg, precision, &ckpt).unwrap();
-    // The device only sets the plan's call cost, which picks among its functions, not them.
+    // The device sets the plan's call cost, which picks among its functions, not them, and
+    // whether the copies between slots are planned (the CPU's only): the same for every GPU.
     let device = if target.is_cpu() { "local-task" } else { "cuda" };
     let config = EngineConfig {
         max_batch: slots,
