@@ -497,13 +497,17 @@ fn serve(bin: &Path, cases: &[Case], opts: &Options, started: Instant) -> Result
     if !opts.json {
         print!("{}", crate::serve_bench::table(&rows));
     }
-    let failed: Vec<String> = rows
-        .iter()
-        .filter_map(|r| {
-            r.load.as_ref().err().map(|e| format!("{} {} {} streams: {e}", r.source.engine, r.source.name, r.streams))
-        })
-        .collect();
-    note(format!("{} rows in {:.0} s", rows.len(), started.elapsed().as_secs_f64()));
+    let failed = rows.iter().filter_map(|r| {
+        r.load.as_ref().err().map(|e| format!("{} {} {} streams: {e}", r.source.engine, r.source.name, r.streams))
+    });
+    finish(rows.len(), failed, started)
+}
+
+/// The closing progress line of a `--serve` or `--draft` run, and its error naming each
+/// failed row, if any.
+fn finish(rows: usize, failed: impl Iterator<Item = String>, started: Instant) -> Result<()> {
+    let failed: Vec<String> = failed.collect();
+    note(format!("{rows} rows in {:.0} s", started.elapsed().as_secs_f64()));
     if !failed.is_empty() {
         bail!("{} row(s) failed:\n  {}", failed.len(), failed.join("\n  "));
     }
@@ -525,17 +529,10 @@ fn drafts(bin: &Path, cases: &[Case], opts: &Options, started: Instant) -> Resul
     if !opts.json {
         print!("{}", crate::draft_bench::table(&rows));
     }
-    let failed: Vec<String> = rows
-        .iter()
-        .filter_map(|r| {
-            r.result.as_ref().err().map(|e| format!("{} {}: {e}", display_name(&r.case.model), r.case.precision))
-        })
-        .collect();
-    note(format!("{} rows in {:.0} s", rows.len(), started.elapsed().as_secs_f64()));
-    if !failed.is_empty() {
-        bail!("{} row(s) failed:\n  {}", failed.len(), failed.join("\n  "));
-    }
-    Ok(())
+    let failed = rows.iter().filter_map(|r| {
+        r.result.as_ref().err().map(|e| format!("{} {}: {e}", display_name(&r.case.model), r.case.precision))
+    });
+    finish(rows.len(), failed, started)
 }
 
 /// A progress line on stderr (stdout is the result).
