@@ -113,6 +113,14 @@ pub fn compact(schema: &Json) -> Json {
     schema
 }
 
+/// The grammar allows no token of the vocabulary next.
+fn no_token() -> ConstraintError {
+    ConstraintError::Follow(
+        "no token of this model's vocabulary can come next under the grammar (the model cannot write what the format needs)"
+            .into(),
+    )
+}
+
 fn one_line(e: &impl fmt::Display) -> String {
     e.to_string().replace('\n', " ")
 }
@@ -140,12 +148,24 @@ impl Constraint {
     /// token once the grammar is complete); ids past the vocabulary are left as they are
     /// (the engine's vocabulary limit masks them).
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError> {
-        let allowed = self.matcher.compute_mask_or_eos().map_err(|e| ConstraintError::Follow(one_line(&e)))?;
+        let allowed = match self.matcher.compute_mask_or_eos() {
+            Ok(allowed) => allowed,
+            // llguidance stops with `NoExtensionBias` where no token extends the text (the
+            // matcher is then in its error state, so the reason is only in the message).
+            Err(e) if e.to_string().starts_with("NoExtensionBias") => return Err(no_token()),
+            Err(e) => return Err(ConstraintError::Follow(one_line(&e))),
+        };
         let n = allowed.len().min(logits.len());
+        let mut any = false;
         for (id, logit) in logits[..n].iter_mut().enumerate() {
-            if !allowed.is_allowed(id as u32) {
+            if allowed.is_allowed(id as u32) {
+                any = true;
+            } else {
                 *logit = f32::NEG_INFINITY;
             }
+        }
+        if !any {
+            return Err(no_token());
         }
         Ok(())
     }
@@ -190,6 +210,23 @@ mod tests {
             out.push(best);
         }
         tok.decode(&out, false).unwrap()
+    }
+
+    /// A grammar that needs bytes no token of the vocabulary writes (a newline, for a
+    /// word-level vocabulary split on whitespace) is one clear error, not a pick the grammar
+    /// then refuses.
+    #[test]
+    fn a_grammar_the_vocabulary_cannot_write_is_a_clear_error() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/scripted/hermes/tokenizer.json");
+        let tok = Tokenizer::from_file(&path).unwrap();
+        let grammars = Grammars::new(&tok, 0).unwrap();
+        let mut c = grammars.lark("start: \"\\n\"").unwrap();
+        let mut logits = vec![0.0; tok.vocab_size()];
+        let err = c.mask(&mut logits).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "constrained decoding failed: no token of this model's vocabulary can come next under the grammar (the model cannot write what the format needs)"
+        );
     }
 
     #[test]
