@@ -31,6 +31,11 @@ pub struct Step {
 }
 
 impl Step {
+    /// The steps of a call's first `n` output rows: each row's next id, the call's logits.
+    fn rows(next: &[i32], logits: &Rc<Logits>, n: usize) -> Vec<Step> {
+        (0..n).map(|row| Step { next: next[row] as u32, logits: Rc::clone(logits), row }).collect()
+    }
+
     /// This row's `[vocab]` logits (the call's logits are downloaded on the first ask).
     pub fn logits(&self) -> Result<Vec<f32>> {
         let all = match self.logits.host.get() {
@@ -112,6 +117,17 @@ impl Rows {
         self.tokens.push(token as i32);
         self.positions.push(position as i32);
         self.slots.push(slot as i32);
+    }
+
+    /// `tokens` of the sequence in `slot` from position `start`, padded to `width` rows with
+    /// token 0 at the positions after them (inside the slot, and overwritten before any
+    /// query can see them).
+    fn sequence(tokens: &[u32], start: usize, slot: usize, width: usize) -> Rows {
+        let mut rows = Rows::with_capacity(width);
+        for (i, &token) in tokens.iter().chain(std::iter::repeat(&0)).take(width).enumerate() {
+            rows.push(token, start + i, slot);
+        }
+        rows
     }
 
     fn len(&self) -> usize {
@@ -515,13 +531,7 @@ impl Engine {
                 continue;
             };
             let take = tokens.min(rest.len());
-            // Padding rows: token 0 at the positions after the prompt's (inside the slot, and
-            // overwritten before any query can see them).
-            let mut rows = Rows::with_capacity(tokens);
-            let ids = rest[..take].iter().copied().chain(std::iter::repeat(0));
-            for (i, token) in ids.take(tokens).enumerate() {
-                rows.push(token, start + i, slot);
-            }
+            let rows = Rows::sequence(&rest[..take], start, slot, tokens);
             let (next, logits) = self.call(function, &rows, Reads::Prefill { slot, last: take - 1 })?;
             self.lens[slot] += take;
             last = Some(Step { next: next[0] as u32, logits, row: 0 });
@@ -552,7 +562,7 @@ impl Engine {
         for &(slot, _) in rows {
             self.lens[slot] += 1;
         }
-        Ok((0..rows.len()).map(|row| Step { next: next[row] as u32, logits: Rc::clone(&logits), row }).collect())
+        Ok(Step::rows(&next, &logits, rows.len()))
     }
 
     /// Most tokens one [`Engine::verify`] call takes for `slot` at its position now (0: the
@@ -576,15 +586,10 @@ impl Engine {
         if tokens.len() > width {
             return Err(Error::TooManyRows { rows: tokens.len(), max: width });
         }
-        // Padding rows: token 0 at the positions after the real ones (inside the slot, and
-        // overwritten before any query can see them).
-        let mut rows = Rows::with_capacity(width);
-        for (i, &token) in tokens.iter().chain(std::iter::repeat(&0)).take(width).enumerate() {
-            rows.push(token, start + i, slot);
-        }
+        let rows = Rows::sequence(tokens, start, slot, width);
         let (next, logits) = self.call(function, &rows, Reads::Verify { slot })?;
         self.lens[slot] += tokens.len();
-        Ok((0..tokens.len()).map(|row| Step { next: next[row] as u32, logits: Rc::clone(&logits), row }).collect())
+        Ok(Step::rows(&next, &logits, tokens.len()))
     }
 
     /// Feeds one token to `slot`.
@@ -632,7 +637,7 @@ impl Engine {
         for &(slot, tokens) in batch {
             self.lens[slot] += tokens.len();
         }
-        Ok((0..batch.len()).map(|row| Step { next: next[row] as u32, logits: Rc::clone(&logits), row }).collect())
+        Ok(Step::rows(&next, &logits, batch.len()))
     }
 
     /// [`Engine::step`] without a mixed call: the single tokens in one decode call, then each

@@ -451,7 +451,7 @@ impl Scheduler {
                     Draft::Off | Draft::Ngram { .. } => None,
                 };
                 if ready.send(Ok(info)).is_ok() {
-                    Loop::new(engine, inbox, shared, config.prefix_cache, config.draft, drafter).run();
+                    Loop::new(engine, inbox, shared, config.prefix_cache, config.draft.tokens(), drafter).run();
                 }
             })
             .map_err(Error::Spawn)?;
@@ -617,9 +617,9 @@ struct Loop {
     /// Most prompt tokens prefilled per loop turn (see [`prefills`]), so prompts do not stall
     /// the decode steps of the others for long.
     chunk: usize,
-    /// Where draft tokens come from (speculative decoding).
-    draft: Draft,
-    /// The draft model, with `Draft::Model`.
+    /// Most draft tokens per verify call (0: no speculative decoding).
+    draft_tokens: usize,
+    /// The draft model, with `Draft::Model` (else drafts come from [`ngram_draft`]).
     drafter: Option<Drafter>,
     stats: Arc<Stats>,
 }
@@ -633,42 +633,32 @@ struct Drafter {
 
 impl Drafter {
     /// The draft model's `k` greedy tokens after `history` (at least one token; its slot
-    /// must have room for `history.len() + k - 1` positions).
+    /// must have room for `history.len() + k - 1` positions). After a failed call, which may
+    /// have written part of the slot, it forgets what the slot holds.
     fn propose(&mut self, history: &[u32], k: usize) -> Result<Vec<u32>> {
+        let out = self.feed(history, k);
+        if out.is_err() {
+            self.engine.reset(0);
+            self.held.clear();
+        }
+        out
+    }
+
+    fn feed(&mut self, history: &[u32], k: usize) -> Result<Vec<u32>> {
         // Keep what it holds of `history`, less the last token, fed again for its logits.
         let common = self.held.iter().zip(history).take_while(|(a, b)| a == b).count().min(history.len() - 1);
         self.engine.truncate(0, common);
         self.held.truncate(common);
-        let fed = self.engine.prefill(0, &history[common..]);
-        let mut next = match fed {
-            Ok(step) => step.next,
-            Err(e) => {
-                self.forget();
-                return Err(e);
-            }
-        };
+        let mut next = self.engine.prefill(0, &history[common..])?.next;
         self.held.extend(&history[common..]);
         let mut out = vec![next];
         while out.len() < k {
-            match self.engine.decode_one(0, next) {
-                Ok(step) => {
-                    self.held.push(next);
-                    next = step.next;
-                    out.push(next);
-                }
-                Err(e) => {
-                    self.forget();
-                    return Err(e);
-                }
-            }
+            let step = self.engine.decode_one(0, next)?;
+            self.held.push(next);
+            next = step.next;
+            out.push(next);
         }
         Ok(out)
-    }
-
-    /// Forgets what the slot holds (after a failed call, which may have written part of it).
-    fn forget(&mut self) {
-        self.engine.reset(0);
-        self.held.clear();
     }
 }
 
@@ -678,7 +668,7 @@ impl Loop {
         inbox: mpsc::Receiver<Pending>,
         stats: Arc<Stats>,
         prefix_cache: bool,
-        draft: Draft,
+        draft_tokens: usize,
         drafter: Option<Drafter>,
     ) -> Loop {
         let slots = engine.max_batch();
@@ -695,7 +685,7 @@ impl Loop {
             ended: vec![0; slots],
             ends: 0,
             chunk,
-            draft,
+            draft_tokens,
             drafter,
             stats,
         }
@@ -999,7 +989,7 @@ impl Loop {
         let r = &self.running[i];
         // Never draft past what the request may still generate.
         let left = r.pending.request.max_tokens.saturating_sub(r.generated + 1);
-        let want = self.draft.tokens().min(room.saturating_sub(1)).min(left);
+        let want = self.draft_tokens.min(room.saturating_sub(1)).min(left);
         if want == 0 {
             return false;
         }
@@ -1035,20 +1025,18 @@ impl Loop {
         let limit = r.pending.request.vocab_limit.unwrap_or(usize::MAX);
         let mut picks = Vec::with_capacity(steps.len());
         for (j, step) in steps.iter().enumerate() {
-            match choose(&mut r.pending.request.sampling, limit, step) {
-                Ok(token) => picks.push(token),
-                Err(e) => {
-                    if picks.is_empty() {
-                        self.engine.truncate(slot, start + 1);
-                        self.end(i, Err(e));
-                        return true;
-                    }
-                    break;
+            let token = match choose(&mut r.pending.request.sampling, limit, step) {
+                Ok(token) => token,
+                Err(e) if picks.is_empty() => {
+                    self.engine.truncate(slot, start + 1);
+                    self.end(i, Err(e));
+                    return true;
                 }
-            }
-            let token = picks[j];
-            let ends = r.pending.request.stop_tokens.contains(&token);
-            if ends || draft.get(j) != Some(&token) {
+                // The picks so far go out; the next step meets the error again.
+                Err(_) => break,
+            };
+            picks.push(token);
+            if r.pending.request.stop_tokens.contains(&token) || draft.get(j) != Some(&token) {
                 break;
             }
         }

@@ -104,7 +104,6 @@ fn main() -> ExitCode {
         }
     };
     init_logging(cli.log.as_deref());
-
     // A hub repo id becomes its cached snapshot folder before any subcommand looks at it.
     let resolved = match cli.command.model_args() {
         Some(model) => model.resolve(),

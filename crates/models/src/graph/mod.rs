@@ -151,9 +151,10 @@ pub enum Function {
     /// attention reads positions `[0, window)`.
     Mixed { rows: usize, outs: usize, window: usize },
     /// `tokens` consecutive tokens of one sequence, as a prefill, with the logits of every
-    /// row (no `last` input): a decode row and the draft tokens after it, checked in one call (speculative
-    /// decoding). Not for a model with recurrent layers, whose state after the call is that
-    /// after all of its rows, accepted or not. Attention reads positions `[0, window)`.
+    /// row (no `last` input): a decode row and the draft tokens after it, checked in one call
+    /// (speculative decoding). Not for a model with recurrent layers, whose state after the
+    /// call is that after all of its rows, accepted or not. Attention reads positions
+    /// `[0, window)`.
     Verify { tokens: usize, window: usize },
     /// Writes `rows` rows of keys and values (a step's `new_k`, `new_v`) into the cache.
     WriteKv { rows: usize },
