@@ -258,6 +258,30 @@ fn remove_stale(path: &Path) {
     }
 }
 
+/// Those of `keys` that the compiled module `vmfb` names, in their order. A module compiled
+/// with the parameter encoder reads what the encoder wrote from
+/// [`iree_compiler::ENCODED_SCOPE`], under the encoder's own names (`parameter0`, ...), and
+/// reads whatever the encoder left out from the source scope, by key: IREE 3.13's encoder
+/// leaves in the module every repacking that would grow its parameter by more than 1.2x
+/// (data tiling pads a matrix of few rows, as Qwen3.5's `in_proj_b`), so that parameter is
+/// read as the checkpoint has it at every load. The module holds each key it reads verbatim
+/// in its read-only data; a key found elsewhere in its bytes only costs binding one more
+/// tensor, a key not found is one the module cannot read.
+pub(crate) fn named_keys<'k>(vmfb: &[u8], keys: impl IntoIterator<Item = &'k str>) -> Vec<&'k str> {
+    let keys: Vec<&str> = keys.into_iter().collect();
+    // Only runs of bytes that occur in some key can hold one: a few short strings of the
+    // module's bytes (its code aside), searched per key.
+    let mut in_key = [false; 256];
+    for &b in keys.iter().flat_map(|k| k.as_bytes()) {
+        in_key[usize::from(b)] = true;
+    }
+    let shortest = keys.iter().map(|k| k.len()).min().unwrap_or(0).max(1);
+    let runs: Vec<&[u8]> = vmfb.split(|&b| !in_key[usize::from(b)]).filter(|r| r.len() >= shortest).collect();
+    let joined = runs.join(&0u8);
+    let text = String::from_utf8_lossy(&joined);
+    keys.into_iter().filter(|k| text.contains(k)).collect()
+}
+
 /// Default for [`crate::EngineConfig::cache_max_bytes`], 32 GB: a handful of models and shapes (the
 /// 1B shape's f16 module and stored weights take 3 GB, SmolLM2's packed ones 0.3 GB).
 pub const DEFAULT_CACHE_MAX_BYTES: u64 = 32_000_000_000;
@@ -345,8 +369,23 @@ fn dump(what: &str, vmfb_path: &Path, mlir: &str, target: &Target, opts: &Compil
 #[cfg(test)]
 mod tests {
     use super::CompileReport::{self, CacheHit, Compiled};
-    use super::evict;
+    use super::{evict, named_keys};
     use std::time::{Duration, SystemTime};
+
+    /// Keys as a module holds them: one after another in its data, between other bytes. A
+    /// key only the start of which is there (`model.norm`), or one another key's name does
+    /// not hold (layer 1 beside layer 10), is not named.
+    #[test]
+    fn finds_the_keys_a_module_names() {
+        let mut vmfb = b"\x00\x7fELF\x02model\x01encoded\x00".to_vec();
+        vmfb.extend_from_slice(b"model.layers.0.b.weightmodel.layers.10.a.weight\xff\xfe");
+        vmfb.extend_from_slice(b"parameter0\x00model.norm");
+        let keys =
+            ["model.layers.0.b.weight", "model.layers.1.a.weight", "model.layers.10.a.weight", "model.norm.weight"];
+        assert_eq!(named_keys(&vmfb, keys), ["model.layers.0.b.weight", "model.layers.10.a.weight"]);
+        assert!(named_keys(&[], keys).is_empty());
+        assert!(named_keys(&vmfb, []).is_empty());
+    }
 
     #[test]
     fn reports_add_up() {

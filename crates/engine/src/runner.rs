@@ -261,19 +261,24 @@ impl Engine {
             }
             _ => return Err(Error::EncodedModules { modules: encoded.len() }),
         };
-        // IREE 3.13's encoder leaves some small parameters read from the source scope (seen:
-        // gpt-oss's sinks, 16 bytes a layer in its fixture), so beside stored parameters the
-        // vectors (norms, sinks, biases: small) are bound from the checkpoint in that scope too.
-        let vectors = if encoded.is_empty() {
+        // IREE 3.13's encoder leaves some parameters read from the source scope (any whose
+        // repacking would grow it past 1.2x, as Qwen3.5's `in_proj_b`; gpt-oss's sinks), so
+        // beside stored parameters those the module names (`cache::named_keys`) are bound
+        // from the checkpoint in that scope too.
+        let unencoded = if encoded.is_empty() {
             None
         } else {
-            let mut vectors = Parameters::new(SCOPE)?;
-            for param in params.iter().filter(|p| p.role == models::Role::Vector) {
-                vectors.add_tensor(&param.key, &layout.load(&ckpt, param)?)?;
+            let keys = params.iter().map(|p| p.key.as_str());
+            let named: std::collections::HashSet<&str> =
+                encoded.iter().flat_map(|(_, m)| cache::named_keys(&m.vmfb, keys.clone())).collect();
+            let mut unencoded = Parameters::new(SCOPE)?;
+            for param in params.iter().filter(|p| named.contains(p.key.as_str())) {
+                unencoded.add_tensor(&param.key, &layout.load(&ckpt, param)?)?;
             }
-            Some(vectors)
+            tracing::debug!("{} parameters bound from the checkpoint beside the stored ones", named.len());
+            Some(unencoded)
         };
-        let providers: Vec<&Parameters> = std::iter::once(&bound).chain(vectors.as_ref()).collect();
+        let providers: Vec<&Parameters> = std::iter::once(&bound).chain(unencoded.as_ref()).collect();
         session.append_parameters(&providers)?;
         for (_, module) in &modules {
             session.load_vmfb(&module.vmfb)?;

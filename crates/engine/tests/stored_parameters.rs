@@ -96,3 +96,46 @@ fn second_load_maps_the_stored_weights_and_gives_the_same_logits() {
     drop(third);
     std::fs::remove_file(restored).unwrap();
 }
+
+/// A recurrent family at a dense precision stores its weights, and the first load (writing
+/// them) and the second (mapping them) give the tokens a load without stored weights gives.
+/// IREE's encoder leaves Qwen3.5's `in_proj_b` and `in_proj_a` (4 rows in the fixture: their
+/// data-tiled form would grow past its limit) read from the checkpoint's scope, which a load
+/// binds beside the stored weights (`cache::named_keys`); without them the module failed to
+/// load (`no parameter found in index with key 'model.layers.0.linear_attn.in_proj_b.weight'`).
+#[test]
+fn a_recurrent_family_loads_its_stored_weights_and_gives_the_same_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = root().join("tests/fixtures/qwen3_5/f32");
+    for name in ["config.json", "model.safetensors", "model.safetensors.index.json"] {
+        std::fs::copy(src.join(name), dir.path().join(name)).unwrap();
+    }
+    let stored = EngineConfig {
+        max_context: Some(64),
+        ..EngineConfig::new("local-task", Precision::F32, root().join("target/test-compile-cache"))
+    };
+    let unstored = EngineConfig { store_parameters: false, ..stored.clone() };
+    let tokens = |config: &EngineConfig| {
+        let mut engine = Engine::load(dir.path(), config).unwrap();
+        let mut step = engine.prefill(0, &[1, 2, 3, 4, 5]).unwrap();
+        let mut tokens = vec![step.next];
+        for _ in 0..4 {
+            step = engine.decode_one(0, step.next).unwrap();
+            tokens.push(step.next);
+        }
+        (tokens, engine.load_report().stored_parameters.clone())
+    };
+
+    let (want, none) = tokens(&unstored);
+    assert_eq!(none, None);
+    let (first, written) = tokens(&stored);
+    let written = written.expect("a data-tiled CPU module stores its weights");
+    let modified = || std::fs::metadata(&written).unwrap().modified().unwrap();
+    let at = modified();
+    let (second, mapped) = tokens(&stored);
+    assert_eq!(mapped.as_ref(), Some(&written));
+    assert_eq!(modified(), at, "the stored weights were written again");
+    assert_eq!(first, want);
+    assert_eq!(second, want);
+    std::fs::remove_file(written).unwrap();
+}
