@@ -146,10 +146,13 @@ fn attention_module(source: &str) -> String {
     let m = Module::new(&ctx);
     for (i, case) in ATTN_CASES.iter().enumerate() {
         let n = case.positions.len() as i64;
-        let [l, s, p] = case.cache_dims.map(|d| d as i64);
         let (kv, hd, heads) = (case.kv as i64, case.hd as i64, case.heads as i64);
-        let cache_elem = if case.cache == cpu::CacheElem::F16 { ElementType::F16 } else { ElementType::F32 };
-        let cache = cache_elem.tensor(&[l, s, p, kv, hd]);
+        let cache_elem = match case.cache {
+            cpu::CacheElem::F32 => ElementType::F32,
+            cpu::CacheElem::F16 => ElementType::F16,
+            cpu::CacheElem::Q8 => ElementType::I8,
+        };
+        let cache = cache_elem.tensor(&case.cache_shape().map(|d| d as i64));
         let f32 = ElementType::F32;
         let args = [
             f32.tensor(&[n, heads * hd]),
@@ -174,7 +177,8 @@ fn attention_module(source: &str) -> String {
 
 /// The attention kernel of every object this host runs equals the Rust model
 /// (`kernels::cpu::attention_model`) bit for bit, so every object equals every other, and
-/// is within 2e-6 of attention in f64.
+/// is within 2e-6 of attention in f64 over the values the cache holds (an 8-bit cache's
+/// decoded).
 #[test]
 fn every_attention_object_computes_the_same_bits() {
     let attention: Vec<cpu::Attention> =
@@ -191,14 +195,12 @@ fn every_attention_object_computes_the_same_bits() {
             let inputs = case.inputs(1000 + 10 * i as u64);
             let [q, k_new, v_new, kc, vc] = &inputs;
             let n = case.positions.len();
-            let [l, s, p] = case.cache_dims;
-            let cache_shape = [l, s, p, case.kv, case.hd];
-            let upload_cache = |v: &[f32]| match case.cache {
-                cpu::CacheElem::F16 => {
-                    device.upload(&cache_shape, &v.iter().map(|x| f16::from_f32(*x)).collect::<Vec<_>>())
-                }
-                cpu::CacheElem::F32 => device.upload(&cache_shape, v),
+            let cache_elem = match case.cache {
+                cpu::CacheElem::F32 => iree_hal::ElementType::F32,
+                cpu::CacheElem::F16 => iree_hal::ElementType::F16,
+                cpu::CacheElem::Q8 => iree_hal::ElementType::I8,
             };
+            let upload_cache = |v: &[f32]| device.upload_bytes(cache_elem, &case.cache_shape(), &case.cache_bytes(v));
             let args = [
                 device.upload(&[n, case.heads * case.hd], q).unwrap(),
                 device.upload(&[n, case.kv * case.hd], k_new).unwrap(),
@@ -213,7 +215,8 @@ fn every_attention_object_computes_the_same_bits() {
             let model = case.model(&inputs);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&model), "{isa} attention case {i}: the object differs from the model");
-            // The f64 reference takes the new rows as the kernel rounds them itself.
+            // The f64 reference takes the caches' values and the new rows as the kernel reads
+            // them (rounded through the cache's type).
             let exact = attention_f64(case, &case.model_inputs(&inputs));
             let err = got.iter().zip(&exact).map(|(a, b)| (f64::from(*a) - b).abs()).fold(0.0, f64::max);
             assert!(err < 2e-6, "{isa} attention case {i}: {err:e} from attention in f64");

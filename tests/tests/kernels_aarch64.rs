@@ -217,9 +217,13 @@ fn the_aarch64_attention_computes_the_models_bits() {
         let inputs = case.inputs(1000 + 10 * i as u64);
         let [q, k_new, v_new, kc, vc] = &inputs;
         let [layer, s, p, kv, g, hd, w, sliding] = case.constants();
-        let f16_cache = u32::from(case.cache == cpu::CacheElem::F16);
+        let cache_elem = match case.cache {
+            cpu::CacheElem::F32 => 0,
+            cpu::CacheElem::F16 => 1,
+            cpu::CacheElem::Q8 => 2,
+        };
         let n = case.positions.len();
-        let header = [2, f16_cache, case.cache_dims[0] as u32, s as u32, p as u32, kv as u32, g as u32, hd as u32]
+        let header = [2, cache_elem, case.cache_dims[0] as u32, s as u32, p as u32, kv as u32, g as u32, hd as u32]
             .into_iter()
             .chain([
                 w as u32,
@@ -231,11 +235,7 @@ fn the_aarch64_attention_computes_the_models_bits() {
             ]);
         push_part(&mut stdin, &header.flat_map(u32::to_le_bytes).collect::<Vec<u8>>());
         let floats = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        let cache = |v: &[f32]| match case.cache {
-            cpu::CacheElem::F16 => v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect(),
-            cpu::CacheElem::F32 => floats(v),
-        };
-        for part in [floats(q), floats(k_new), floats(v_new), cache(kc), cache(vc)] {
+        for part in [floats(q), floats(k_new), floats(v_new), case.cache_bytes(kc), case.cache_bytes(vc)] {
             push_part(&mut stdin, &part);
         }
         for ints in [case.positions, case.slots] {

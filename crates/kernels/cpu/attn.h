@@ -27,15 +27,21 @@
 //! - out = acc * (1 / l).
 //! - exp is `attn_exp` below (Cephes' single-precision polynomial, fused multiply-adds), a
 //!   block's 16 at once in `vf_attn_exp` (the same operations in every lane).
+//! - an 8-bit cache's value is its int8 times its block's scale (one multiply); a new row's
+//!   16-lane chunk is rounded through that format as `kernels::cpu::q8_block` encodes it:
+//!   a = the largest magnitude, inv = a > 0 ? 127 / a : 0, s = a / 127, q = round to nearest
+//!   even of x * inv, then q * s.
 //!
 //! Bindings: q [n, K * G * hd] f32, k_new and v_new [n, K * hd] f32 (the kernel rounds them
 //! through the cache's type, as write_kv stores them, so attention sees what later steps
-//! read back), the k and v caches [L, S, P, K, hd] (f32, or f16 as its bits), positions
-//! and slots [n] i32, out [n, K * G * hd] f32. Push constants: layer, S, P, K, G, hd, W (the
-//! positions the graph form would read: keys at W or after are not read), sliding (the
-//! sliding window, 0 for none), the f32 bits of the scale, n. A workgroup computes units
-//! [u0, u1), unit u being row u / K and kv head u % K. Slots past the cache clamp to its last
-//! (as a StableHLO gather does); positions past the cache read none of it.
+//! read back), the k and v caches [L, S, P, K, row] (f32 or f16 as its bits, row = hd; or
+//! 8-bit as its bytes, row = hd / 16 * 20: per 16-lane chunk of the head, its scale's f32
+//! bits little-endian, then its 16 values as int8), positions and slots [n] i32, out
+//! [n, K * G * hd] f32. Push constants: layer, S, P, K, G, hd, W (the positions the graph
+//! form would read: keys at W or after are not read), sliding (the sliding window, 0 for
+//! none), the f32 bits of the scale, n. A workgroup computes units [u0, u1), unit u being
+//! row u / K and kv head u % K. Slots past the cache clamp to its last (as a StableHLO
+//! gather does); positions past the cache read none of it.
 
 #include <stddef.h>
 #include <stdint.h>
@@ -55,6 +61,25 @@ static inline float attn_bits_to_f32(uint32_t u) {
   float f;
   __builtin_memcpy(&f, &u, 4);
   return f;
+}
+
+// An 8-bit cache's 16-lane chunk at p: the f32 scale (4-aligned only: read by bytes), then
+// 16 int8, each read back as q * s.
+static inline vf vf_load_q8(const int8_t* p) {
+  float s;
+  __builtin_memcpy(&s, p, 4);
+  return vf_mul(vf_load_i8(p + 4), vf_set1(s));
+}
+
+// 16 new values rounded through the 8-bit cache, as `kernels::cpu::q8_block` encodes them
+// and vf_load_q8 reads them back: the bits write_kv stores.
+static inline vf vf_load_round_q8(const float* p) {
+  const vf x = vf_load(p);
+  const float a = vf_max_lane(vf_abs(x));
+  const float inv = a > 0.0f ? 127.0f / a : 0.0f;
+  // + 0 turns a rounded -0 into the 0 an int8 holds (0 * s is +0, -0 * s is not).
+  const vf q = vf_add(vf_round_even(vf_mul(x, vf_set1(inv))), vf_zero());
+  return vf_mul(q, vf_set1(a / 127.0f));
 }
 
 // e^x for x <= 0 (scores less their maximum), 0 below -87.
@@ -103,7 +128,7 @@ static inline vf vf_attn_exp(vf x) {
       for (int k = 0; k < CN; ++k) a[i][k] = vf_load(acc_h + (g0 + i) * HD + 16 * (c + k));         \
     for (size_t jj = 0; jj < nb; ++jj) {                                                          \
       for (int k = 0; k < CN; ++k) {                                                              \
-        const vf v = LOAD((const CTYPE*)vblock + jj * stride + 16 * (c + k));                     \
+        const vf v = LOAD((const CTYPE*)vblock + jj * stride + chunk_w * (c + k));                \
         for (int i = 0; i < GN; ++i) a[i][k] = vf_fma(vf_set1(e[g0 + i][jj]), v, a[i][k]);       \
       }                                                                                           \
     }                                                                                             \
@@ -125,29 +150,34 @@ static inline vf vf_attn_exp(vf x) {
   } while (0)
 
 // The softmax update of the current rows' heads over key rows [FROM, TO) of KROWS and VROWS
-// (ETYPE, read by ELOAD, rows `stride` apart), in blocks of ATTN_BLOCK: the cache's positions
-// or the call's earlier rows of the sequence.
-#define ATTN_SPAN(ETYPE, ELOAD, KROWS, VROWS, FROM, TO)                                           \
+// (ETYPE, read by ELOAD), in blocks of ATTN_BLOCK: the cache's positions or the call's
+// earlier rows of the sequence. A kv head's row is ROW ETYPEs, a position's K rows
+// contiguous; its 16-lane chunk c starts CHUNK * c in.
+#define ATTN_SPAN(ETYPE, ELOAD, KROWS, VROWS, FROM, TO, ROW, CHUNK)                              \
   do {                                                                                            \
     const ETYPE* krows = (KROWS);                                                                 \
     const ETYPE* vrows = (VROWS);                                                                 \
+    const size_t row_w = (ROW), stride = K * row_w, chunk_w = (CHUNK);                            \
     const int64_t span_hi = (TO);                                                                 \
     for (int64_t j0 = (FROM); j0 < span_hi; j0 += ATTN_BLOCK) {                                   \
       const size_t nb = (size_t)(span_hi - j0 < ATTN_BLOCK ? span_hi - j0 : ATTN_BLOCK);          \
       for (size_t h = 0; h < nh; ++h) {                                                           \
         /* Head h's rows ATTN_AHEAD blocks on (the prefetchers do not follow rows stride */      \
         /* apart far enough), asked for head by head rather than all at once, which stalled */  \
-        /* on the outstanding requests. */                                                         \
+        /* on the outstanding requests: each line a row touches (an 8-bit row, hd * 5 / 4 */     \
+        /* bytes, need not start on one). */                                                       \
         if (j0 + ATTN_AHEAD * ATTN_BLOCK < span_hi)                                               \
           for (size_t jj = 0; jj < ATTN_BLOCK; ++jj) {                                            \
-            const size_t row = ((size_t)j0 + ATTN_AHEAD * ATTN_BLOCK + jj) * stride + h * HD;     \
-            for (size_t b = 0; b < HD * sizeof(ETYPE); b += 64) {                                 \
-              __builtin_prefetch((const char*)(krows + row) + b);                                 \
-              __builtin_prefetch((const char*)(vrows + row) + b);                                 \
-            }                                                                                     \
+            const size_t row = ((size_t)j0 + ATTN_AHEAD * ATTN_BLOCK + jj) * stride + h * row_w;  \
+            const uintptr_t kr = (uintptr_t)(krows + row), vr = (uintptr_t)(vrows + row);         \
+            const size_t bytes = row_w * sizeof(ETYPE);                                           \
+            for (size_t b = 0; b < bytes + (kr & 63); b += 64)                                    \
+              __builtin_prefetch((const char*)((kr & ~(uintptr_t)63) + b));                       \
+            for (size_t b = 0; b < bytes + (vr & 63); b += 64)                                    \
+              __builtin_prefetch((const char*)((vr & ~(uintptr_t)63) + b));                       \
           }                                                                                       \
-        const ETYPE* kblock = krows + (size_t)j0 * stride + h * HD;                               \
-        const ETYPE* vblock = vrows + (size_t)j0 * stride + h * HD;                               \
+        const ETYPE* kblock = krows + (size_t)j0 * stride + h * row_w;                            \
+        const ETYPE* vblock = vrows + (size_t)j0 * stride + h * row_w;                            \
         float* acc_h = acc + h * GHD;                                                             \
         float e[ATTN_MAX_G][ATTN_BLOCK] __attribute__((aligned(64)));                             \
         for (size_t g = 0; g < G; ++g) {                                                          \
@@ -158,13 +188,14 @@ static inline vf vf_attn_exp(vf x) {
             for (size_t c = 0; c < C; ++c) {                                                      \
               const vf qv = vf_load(qg + 16 * c);                                                 \
               for (size_t jj = 0; jj < ATTN_BLOCK; ++jj)                                          \
-                s[jj] = vf_fma(qv, ELOAD(kblock + jj * stride + 16 * c), s[jj]);                  \
+                s[jj] = vf_fma(qv, ELOAD(kblock + jj * stride + chunk_w * c), s[jj]);             \
             }                                                                                     \
             vf_sum16(s, e[g]);                                                                    \
           } else {                                                                                \
             for (size_t jj = 0; jj < nb; ++jj) {                                                  \
               vf s = vf_zero();                                                                   \
-              for (size_t c = 0; c < C; ++c) s = vf_fma(vf_load(qg + 16 * c), ELOAD(kblock + jj * stride + 16 * c), s); \
+              for (size_t c = 0; c < C; ++c)                                                      \
+                s = vf_fma(vf_load(qg + 16 * c), ELOAD(kblock + jj * stride + chunk_w * c), s);   \
               e[g][jj] = vf_sum(s);                                                               \
             }                                                                                     \
             /* Past the context: e^-inf = 0, so a short block is a full one. */                   \
@@ -191,9 +222,10 @@ static inline vf vf_attn_exp(vf x) {
 
 static inline vf vf_load_round_f16(const float* p) { return vf_round_f16(vf_load(p)); }
 
-// LOAD reads 16 cache values as f32; NLOAD reads 16 f32 values of the call's new keys and
-// values rounded through CTYPE (as the cache will hold them).
-#define ATTN(NAME, CTYPE, LOAD, NLOAD)                                                            \
+// LOAD reads a cache's 16-lane chunk as f32; NLOAD reads 16 f32 values of the call's new
+// keys and values rounded through the cache's type (as the cache will hold them). A kv
+// head's cache row is ROW CTYPEs (an expression in HD), its chunk c CHUNK * c in.
+#define ATTN(NAME, CTYPE, LOAD, NLOAD, ROW, CHUNK)                                                \
   void NAME(const float* q, size_t q_off, const float* kn, size_t kn_off, const float* vn,        \
             size_t vn_off, const CTYPE* kc, size_t kc_off, const CTYPE* vc, size_t vc_off,        \
             const int32_t* pos, size_t pos_off, const int32_t* slots, size_t slots_off,           \
@@ -249,12 +281,11 @@ static inline vf vf_load_round_f16(const float* p) { return vf_round_f16(vf_load
           for (size_t c = 0; c < C; ++c) vf_store(acc + h * GHD + g * HD + 16 * c, NLOAD(vr + 16 * c)); \
         }                                                                                         \
       }                                                                                           \
-      /* Position j, kv head kh: row ((layer * S + slot) * P + j) * K + kh of hd values; the */  \
-      /* call's row j: row j * K + kh of the new keys and values, the same stride apart. */      \
-      const size_t stride = K * HD;                                                               \
-      const size_t at = ((layer * S + slot) * P * K + kh0) * HD;                                  \
-      ATTN_SPAN(CTYPE, LOAD, kc + at, vc + at, lo, hi);                                           \
-      ATTN_SPAN(float, NLOAD, kn + kh0 * HD, vn + kh0 * HD, (int64_t)ja, (int64_t)jb);            \
+      /* Position j, kv head kh: row ((layer * S + slot) * P + j) * K + kh of the cache; the */ \
+      /* call's row j: row j * K + kh of the new keys and values (hd f32 each). */               \
+      const size_t at = ((layer * S + slot) * P * K + kh0) * (ROW);                               \
+      ATTN_SPAN(CTYPE, LOAD, kc + at, vc + at, lo, hi, ROW, CHUNK);                               \
+      ATTN_SPAN(float, NLOAD, kn + kh0 * HD, vn + kh0 * HD, (int64_t)ja, (int64_t)jb, HD, 16);    \
       for (size_t h = 0; h < nh; ++h) {                                                           \
         float* o = out + r * K * GHD + (kh0 + h) * GHD;                                           \
         for (size_t g = 0; g < G; ++g) {                                                          \
@@ -266,5 +297,7 @@ static inline vf vf_load_round_f16(const float* p) { return vf_round_f16(vf_load
     }                                                                                             \
   }
 
-ATTN(mlx_iree_attn_f32, float, vf_load, vf_load)
-ATTN(mlx_iree_attn_f16, uint16_t, vf_load_f16, vf_load_round_f16)
+ATTN(mlx_iree_attn_f32, float, vf_load, vf_load, HD, 16)
+ATTN(mlx_iree_attn_f16, uint16_t, vf_load_f16, vf_load_round_f16, HD, 16)
+// 8-bit: a chunk is 20 bytes (scale, then 16 int8), offsets are bytes.
+ATTN(mlx_iree_attn_q8, int8_t, vf_load_q8, vf_load_round_q8, HD / 16 * 20, 20)

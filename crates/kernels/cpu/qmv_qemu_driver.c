@@ -11,9 +11,10 @@
 //! `qmv`, `qmvr` and `qmve`, T i32 ids for `qrows`), for `qmvr` the residual (T x O f32),
 //! weights (kernel layout), scales and biases ([O / 16][K / group size][16]), each part
 //! padded with zeros to a multiple of 64 bytes (the alignment IREE gives its bindings); or an attention case (`attn`,
-//! attn.h): 14 u32 (2; 1 for an f16 cache, 0 for f32; L; S; P; K; G; hd; W; sliding; the
-//! scale's f32 bits; n; kv heads per workgroup; layer), then q, k_new, v_new, the k and v
-//! caches, positions and slots, each padded the same way; or a dense case (hmv.h): 5 u32 (5
+//! attn.h): 14 u32 (2; 0 for an f32 cache, 1 for f16, 2 for 8-bit; L; S; P; K; G; hd; W;
+//! sliding; the scale's f32 bits; n; kv heads per workgroup; layer), then q, k_new, v_new,
+//! the k and v caches (as attn.h lays them out), positions and slots, each padded the same
+//! way; or a dense case (hmv.h): 5 u32 (5
 //! for `hmv`, 6 for `hmvr`, 7 for `hrows`; T; K; O; 1 for bf16, 0 for f16), then x (T x K
 //! f32, or T i32 ids), for `hmvr` the residual, and the weights in hmv.h's blocks (O x K
 //! 16-bit values), padded the same way; or a delta case (delta.h): 7 u32 (8; n; m; H; dk;
@@ -70,7 +71,7 @@ static const int32_t expert_ids[64];
 typedef void attn_fn(const float*, size_t, const float*, size_t, const float*, size_t, const void*, size_t,
                      const void*, size_t, const int32_t*, size_t, const int32_t*, size_t, float*, size_t, size_t,
                      size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
-attn_fn mlx_iree_attn_f16, mlx_iree_attn_f32;
+attn_fn mlx_iree_attn_f16, mlx_iree_attn_f32, mlx_iree_attn_q8;
 typedef void hmv_fn(const float*, size_t, const uint16_t*, size_t, float*, size_t, size_t, size_t, size_t, size_t,
                     size_t);
 typedef void hmvr_fn(const float*, size_t, const uint16_t*, size_t, const float*, size_t, float*, size_t, size_t,
@@ -124,10 +125,12 @@ static size_t padded(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
 // Runs the attention case at p (header h) and returns its size.
 static size_t run_attention(const uint8_t* p, size_t len, const uint32_t* h) {
-  const size_t f16 = h[1], L = h[2], S = h[3], P = h[4], K = h[5], G = h[6], HD = h[7], W = h[8];
+  const size_t elem = h[1], L = h[2], S = h[3], P = h[4], K = h[5], G = h[6], HD = h[7], W = h[8];
   const size_t sliding = h[9], scale_bits = h[10], n = h[11], units = h[12];
   const size_t q_bytes = n * K * G * HD * 4, new_bytes = n * K * HD * 4;
-  const size_t cache_bytes = L * S * P * K * HD * (f16 ? 2 : 4), rows_bytes = n * 4;
+  // An 8-bit row: per 16 values, a 4-byte scale and 16 bytes.
+  const size_t row_bytes = elem == 2 ? HD / 16 * 20 : HD * (elem ? 2 : 4);
+  const size_t cache_bytes = L * S * P * K * row_bytes, rows_bytes = n * 4;
   const size_t size = 64 + padded(q_bytes) + 2 * padded(new_bytes) + 2 * padded(cache_bytes) + 2 * padded(rows_bytes);
   if (size > len) fail("qmv_qemu_driver: truncated case\n");
   if (n * K * G * HD > sizeof output / sizeof output[0]) fail("qmv_qemu_driver: output too large\n");
@@ -140,7 +143,7 @@ static size_t run_attention(const uint8_t* p, size_t len, const uint32_t* h) {
   const uint8_t* pos = vc + padded(cache_bytes);
   const uint8_t* slots = pos + padded(rows_bytes);
   for (size_t i = 0; i < n * K * G * HD; ++i) output[i] = __builtin_nanf("");
-  attn_fn* fn = f16 ? mlx_iree_attn_f16 : mlx_iree_attn_f32;
+  attn_fn* fn = elem == 2 ? mlx_iree_attn_q8 : elem ? mlx_iree_attn_f16 : mlx_iree_attn_f32;
   for (size_t u = 0; u < n * K; u += units)
     fn((const float*)q, 0, (const float*)kn, 0, (const float*)vn, 0, kc, 0, vc, 0, (const int32_t*)pos, 0,
        (const int32_t*)slots, 0, output, 0, h[13], S, P, K, G, HD, W, sliding, scale_bits, n, u, u + units);

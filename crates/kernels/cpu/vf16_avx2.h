@@ -20,11 +20,26 @@ static inline __m256 load8_bf16(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
 }
 static inline vf vf_load_bf16(const uint16_t* p) { return (vf){load8_bf16(p), load8_bf16(p + 8)}; }
-// Each lane rounded to f16 (nearest, ties to even) and back.
+// 16 int8 widened to f32 (exact).
+static inline __m256 load8_i8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+static inline vf vf_load_i8(const int8_t* p) { return (vf){load8_i8(p), load8_i8(p + 8)}; }
+// Round to nearest, ties to even, whatever MXCSR says.
 // (The mode is a literal: clang takes only a constant expression as the immediate.)
-#define VF_F16_MODE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define VF_NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+// Each lane rounded to f16 and back.
 static inline vf vf_round_f16(vf v) {
-  return (vf){_mm256_cvtph_ps(_mm256_cvtps_ph(v.lo, VF_F16_MODE)), _mm256_cvtph_ps(_mm256_cvtps_ph(v.hi, VF_F16_MODE))};
+  return (vf){_mm256_cvtph_ps(_mm256_cvtps_ph(v.lo, VF_NEAREST)), _mm256_cvtph_ps(_mm256_cvtps_ph(v.hi, VF_NEAREST))};
+}
+// Each lane to the nearest integer, ties to even (-0 stays -0).
+static inline vf vf_round_even(vf v) {
+  return (vf){_mm256_round_ps(v.lo, VF_NEAREST), _mm256_round_ps(v.hi, VF_NEAREST)};
+}
+// Each lane's magnitude (its sign bit cleared).
+static inline vf vf_abs(vf v) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  return (vf){_mm256_andnot_ps(sign, v.lo), _mm256_andnot_ps(sign, v.hi)};
 }
 static inline void vf_store(float* p, vf v) {
   _mm256_storeu_ps(p, v.lo);

@@ -15,11 +15,19 @@ static inline vf vf_load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_
 static inline vf vf_load_bf16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
+// 16 int8 widened to f32 (exact).
+static inline vf vf_load_i8(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+}
 static inline void vf_store(float* p, vf v) { _mm512_storeu_ps(p, v); }
 // Each lane rounded to f16 (nearest, ties to even) and back.
 static inline vf vf_round_f16(vf v) {
   return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
+// Each lane to the nearest integer, ties to even (-0 stays -0).
+static inline vf vf_round_even(vf v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+// Each lane's magnitude (its sign bit cleared).
+static inline vf vf_abs(vf v) { return _mm512_abs_ps(v); }
 static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 // a * b + c, one rounding.
 static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }

@@ -30,6 +30,13 @@ static inline vf vf_load_bf16(const uint16_t* p) {
   for (int i = 0; i < 4; ++i) r.v[i] = vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p + 4 * i), 16));
   return r;
 }
+// 16 int8 widened to f32 (exact).
+static inline vf vf_load_i8(const int8_t* p) {
+  const int8x16_t b = vld1q_s8(p);
+  const int16x8_t lo = vmovl_s8(vget_low_s8(b)), hi = vmovl_high_s8(b);
+  return (vf){{vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo))), vcvtq_f32_s32(vmovl_high_s16(lo)),
+               vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi))), vcvtq_f32_s32(vmovl_high_s16(hi))}};
+}
 // Each lane rounded to f16 (nearest, ties to even: FPCR's default mode) and back.
 static inline vf vf_round_f16(vf a) {
   vf r;
@@ -38,6 +45,18 @@ static inline vf vf_round_f16(vf a) {
 }
 static inline void vf_store(float* p, vf a) {
   for (int i = 0; i < 4; ++i) vst1q_f32(p + 4 * i, a.v[i]);
+}
+// Each lane to the nearest integer, ties to even whatever FPCR says (-0 stays -0).
+static inline vf vf_round_even(vf a) {
+  vf r;
+  for (int i = 0; i < 4; ++i) r.v[i] = vrndnq_f32(a.v[i]);
+  return r;
+}
+// Each lane's magnitude (its sign bit cleared).
+static inline vf vf_abs(vf a) {
+  vf r;
+  for (int i = 0; i < 4; ++i) r.v[i] = vabsq_f32(a.v[i]);
+  return r;
 }
 static inline vf vf_mul(vf a, vf b) {
   vf r;

@@ -13,7 +13,8 @@
 //! byte `2r + p` holds `k0 + p`); scales and biases `[O/16][G][16]`; group sizes of 16 to
 //! 128; the four push constants are `T, K, O, group_size`; bindings are (input, weight,
 //! scales, biases, output); a matvec workgroup computes at most 4 blocks. Attention's
-//! bindings, constants and numerics are in `cpu/attn.h`; [`attention_model`] is its
+//! bindings, constants and numerics are in `cpu/attn.h`, over an f32, f16 or 8-bit KV cache
+//! ([`CacheElem`]; the 8-bit rows' format is [`q8_encode`]'s); [`attention_model`] is its
 //! arithmetic in Rust.
 //!
 //! The delta rule ([`DELTA_EXPORT`], `cpu/delta.h`; Qwen3.5 / Qwen3-Next linear attention,
@@ -524,6 +525,64 @@ fn executable_target(arch: &str) -> String {
 pub enum CacheElem {
     F32,
     F16,
+    /// 8-bit rows in blocks of [`Q8_BLOCK`] values with an f32 scale each ([`q8_encode`]).
+    Q8,
+}
+
+/// Values per block of an 8-bit cache row: one 16-lane chunk, so the kernel rounds a new
+/// row's chunk through the format on its own.
+pub const Q8_BLOCK: usize = 16;
+/// Bytes of a block: its scale's 4 (f32, little-endian), then its 16 values (i8).
+pub const Q8_BLOCK_BYTES: usize = 4 + Q8_BLOCK;
+
+/// Bytes of an 8-bit cache row of `width` values (a multiple of [`Q8_BLOCK`]).
+pub fn q8_row_bytes(width: usize) -> usize {
+    width / Q8_BLOCK * Q8_BLOCK_BYTES
+}
+
+/// One block's scale and values as the 8-bit cache stores them, symmetric: `a` the largest
+/// magnitude, `s = a / 127`, `q_i = round_ties_even(x_i * (127 / a))` (0 for an all-zero
+/// block), so `|q_i| <= 127` and a value reads back as `q_i as f32 * s`. The graph form
+/// (models' `write_kv`) and `cpu/attn.h` compute exactly these operations.
+pub fn q8_block(x: &[f32]) -> (f32, [i8; Q8_BLOCK]) {
+    assert_eq!(x.len(), Q8_BLOCK, "a q8 block has {Q8_BLOCK} values");
+    let a = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let (inv, s) = if a > 0.0 { (127.0 / a, a / 127.0) } else { (0.0, 0.0) };
+    let mut q = [0i8; Q8_BLOCK];
+    for (qi, xi) in q.iter_mut().zip(x) {
+        *qi = (xi * inv).round_ties_even() as i8;
+    }
+    (s, q)
+}
+
+/// Rows of values (`x.len()` a multiple of [`Q8_BLOCK`]) in the 8-bit cache's bytes: per
+/// block, the scale's f32 bits little-endian, then the 16 values.
+pub fn q8_encode(x: &[f32]) -> Vec<u8> {
+    assert!(x.len().is_multiple_of(Q8_BLOCK), "q8 rows are whole blocks of {Q8_BLOCK}");
+    let mut out = Vec::with_capacity(q8_row_bytes(x.len()));
+    for block in x.chunks(Q8_BLOCK) {
+        let (s, q) = q8_block(block);
+        out.extend(s.to_le_bytes());
+        out.extend(q.map(|v| v as u8));
+    }
+    out
+}
+
+/// The values an 8-bit cache's bytes hold (exact: each is `q as f32 * s`).
+pub fn q8_decode(bytes: &[u8]) -> Vec<f32> {
+    assert!(bytes.len().is_multiple_of(Q8_BLOCK_BYTES), "q8 rows are whole blocks of {Q8_BLOCK_BYTES} bytes");
+    bytes
+        .chunks(Q8_BLOCK_BYTES)
+        .flat_map(|b| {
+            let s = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            b[4..].iter().map(move |&q| f32::from(q as i8) * s)
+        })
+        .collect()
+}
+
+/// `x` rounded through the 8-bit cache: what a later step reads back.
+pub fn q8_round(x: &[f32]) -> Vec<f32> {
+    q8_decode(&q8_encode(x))
 }
 
 /// Heads a query head shares its kv head with at most, and floats of per-head state a
@@ -549,6 +608,7 @@ impl Attention {
         match self.cache {
             CacheElem::F32 => "f32",
             CacheElem::F16 => "f16",
+            CacheElem::Q8 => "q8",
         }
     }
 
@@ -584,8 +644,9 @@ pub fn attention_units(heads: usize, kv_heads: usize, head_dim: usize) -> usize 
 
 /// `cpu/attn.h`'s arithmetic in Rust, for tests to hold the objects to, bit for bit: every
 /// row's attention output `[n, heads * head_dim]`. Arguments as the kernel's bindings and
-/// constants, but in f32: `k_cache`, `v_cache` an f16 cache widened (exact), and `k_new`,
-/// `v_new` rounded through the cache's type as the kernel rounds them.
+/// constants, but in f32: `k_cache`, `v_cache` an f16 cache widened (exact) or an 8-bit one
+/// decoded ([`q8_decode`], exact), and `k_new`, `v_new` rounded through the cache's type as
+/// the kernel rounds them (an 8-bit cache's: [`q8_round`]).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_model(
     q: &[f32],
@@ -872,8 +933,12 @@ impl ExportSpec {
     }
 
     fn attention(a: Attention) -> ExportSpec {
-        // f16 travels as its bits, as the scales do.
-        let c = if a.cache == CacheElem::F16 { "i16" } else { "f32" };
+        // f16 travels as its bits, as the scales do; an 8-bit cache as its bytes.
+        let c = match a.cache {
+            CacheElem::F32 => "f32",
+            CacheElem::F16 => "i16",
+            CacheElem::Q8 => "i8",
+        };
         ExportSpec {
             name: a.export(),
             c_name: format!("mlx_iree_attn_{}", a.cache_name()),
@@ -1240,6 +1305,52 @@ mod tests {
         assert_eq!(&y[..2], [0.375, 1.265625]);
         assert_eq!(state[0], 2.53125);
         assert!(state[1..16].iter().all(|x| *x == 0.0), "{state:?}");
+    }
+
+    /// The 8-bit cache's blocks: the scale is the largest magnitude / 127, values round to
+    /// the nearest step (ties to even) and read back as `q * s`; zeros stay zeros, +0.
+    #[test]
+    fn q8_blocks_round_to_the_nearest_step() {
+        // Largest magnitude 127: s = 1 and q = x rounded, ties to even.
+        let mut x = [0f32; Q8_BLOCK];
+        x[..8].copy_from_slice(&[0.5, 1.5, 2.5, -0.5, -1.5, -127.0, 126.5, 0.25]);
+        let (s, q) = q8_block(&x);
+        assert_eq!(s, 1.0);
+        assert_eq!(q[..8], [0, 2, 2, 0, -2, -127, 126, 0]);
+        assert!(q[8..].iter().all(|v| *v == 0));
+        // Largest 254: s = 2, x / 2 rounded (ties to even), read back doubled.
+        let mut x = [0f32; Q8_BLOCK];
+        x[..5].copy_from_slice(&[254.0, 3.0, 5.0, -7.0, 1.0]);
+        let (s, q) = q8_block(&x);
+        assert_eq!((s, &q[..5]), (2.0, &[127, 2, 2, -4, 0][..]));
+        assert_eq!(q8_round(&x)[..5], [254.0, 4.0, 4.0, -8.0, 0.0]);
+        // The largest magnitude is q = +-127 whatever the scale; s is a / 127 divided.
+        for a in [2.54f32, 1e-3, 3.0e4, 0.7] {
+            let x: Vec<f32> = (0..Q8_BLOCK).map(|i| a * (i as f32 - 8.0) / 8.0).collect();
+            let (s, q) = q8_block(&x);
+            assert_eq!((s, q[0], q[8]), (a / 127.0, -127, 0), "largest {a}");
+        }
+        // All zeros, of either sign: s = 0, q = 0, read back as +0.
+        let x = [-0.0f32; Q8_BLOCK];
+        assert_eq!(q8_block(&x), (0.0, [0; Q8_BLOCK]));
+        assert!(q8_round(&x).iter().all(|v| v.to_bits() == 0));
+        // The bytes: per block the scale's f32 bits little-endian, then the 16 int8; read
+        // back as q * s, one multiply.
+        let x: Vec<f32> = (0..3 * Q8_BLOCK).map(|i| ((i * 37 % 23) as f32 - 11.0) * [0.3, 0.0, 41.0][i / 16]).collect();
+        let bytes = q8_encode(&x);
+        assert_eq!(bytes.len(), q8_row_bytes(x.len()));
+        assert_eq!(q8_row_bytes(64), 80);
+        let decoded = q8_decode(&bytes);
+        for (b, block) in x.chunks(Q8_BLOCK).enumerate() {
+            let (s, q) = q8_block(block);
+            let at = &bytes[b * Q8_BLOCK_BYTES..][..Q8_BLOCK_BYTES];
+            assert_eq!(at[..4], s.to_le_bytes());
+            assert_eq!(at[4..], q.map(|v| v as u8));
+            for (i, qi) in q.iter().enumerate() {
+                assert_eq!(decoded[b * Q8_BLOCK + i].to_bits(), (f32::from(*qi) * s).to_bits());
+            }
+        }
+        assert_eq!(q8_round(&x), decoded);
     }
 
     /// Objects are keyed by the generic target of their architecture (IREE's format name for

@@ -457,8 +457,9 @@ pub struct AttnCase {
 /// Rows at position 0 (only their own key), mid-block, past the window (read up to it), a
 /// slot past the cache (clamped to the last), sliding windows, a block boundary; one query
 /// head per kv head up to the kernel's most (16); head dims of one to four 16-lane chunks;
-/// several kv heads per workgroup (`attention_units` 4 for 8 kv heads).
-pub const ATTN_CASES: [AttnCase; 6] = [
+/// several kv heads per workgroup (`attention_units` 4 for 8 kv heads); f32, f16 and 8-bit
+/// caches.
+pub const ATTN_CASES: [AttnCase; 8] = [
     AttnCase {
         heads: 8,
         kv: 2,
@@ -535,6 +536,35 @@ pub const ATTN_CASES: [AttnCase; 6] = [
         positions: &[3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
         slots: &[1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
     },
+    // 8-bit: a decode row over a block and a part of the cache in its sliding window of 20,
+    // a prompt chunk of 8 rows (its last ones see the cache from 8 on and the chunk's
+    // earlier rows), a padding row repeating the chunk's last, a decode row at 5.
+    AttnCase {
+        heads: 8,
+        kv: 2,
+        hd: 32,
+        cache: cpu::CacheElem::Q8,
+        cache_dims: [2, 3, 48],
+        layer: 1,
+        window: 48,
+        sliding: 20,
+        positions: &[40, 20, 21, 22, 23, 24, 25, 26, 27, 27, 5],
+        slots: &[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+    },
+    // 8-bit, 80-byte rows, 4 kv heads per workgroup: past the window (two blocks and a part
+    // read), position 0, a slot past the cache.
+    AttnCase {
+        heads: 16,
+        kv: 8,
+        hd: 64,
+        cache: cpu::CacheElem::Q8,
+        cache_dims: [2, 2, 40],
+        layer: 1,
+        window: 36,
+        sliding: 0,
+        positions: &[17, 39, 0, 33],
+        slots: &[1, 0, 5, 1],
+    },
 ];
 
 impl AttnCase {
@@ -556,31 +586,60 @@ impl AttnCase {
         [self.layer, s, p, self.kv, self.heads / self.kv, self.hd, self.window, sliding]
     }
 
-    /// Values rounded through the cache's element type.
+    /// Values rounded through the cache's element type (an 8-bit cache's rows: whole kv
+    /// head rows, so whole blocks).
     pub fn as_cached(&self, v: &[f32]) -> Vec<f32> {
         match self.cache {
             cpu::CacheElem::F16 => v.iter().map(|x| f16::from_f32(*x).to_f32()).collect(),
             cpu::CacheElem::F32 => v.to_vec(),
+            cpu::CacheElem::Q8 => cpu::q8_round(v),
         }
     }
 
-    /// q, k_new, v_new, k_cache, v_cache: the cache's values in its type, the new rows in
-    /// f32 (the kernel rounds them).
+    /// The cache's shape in its element type: [L, S, P, K, a kv head's row] (an 8-bit row
+    /// is its bytes).
+    pub fn cache_shape(&self) -> [usize; 5] {
+        let [l, s, p] = self.cache_dims;
+        let row = if self.cache == cpu::CacheElem::Q8 { cpu::q8_row_bytes(self.hd) } else { self.hd };
+        [l, s, p, self.kv, row]
+    }
+
+    /// Cache values as the kernel reads them: f32 or f16 bits, or 8-bit rows, little-endian.
+    pub fn cache_bytes(&self, v: &[f32]) -> Vec<u8> {
+        match self.cache {
+            cpu::CacheElem::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            cpu::CacheElem::F16 => v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect(),
+            cpu::CacheElem::Q8 => cpu::q8_encode(v),
+        }
+    }
+
+    /// q, k_new, v_new, k_cache, v_cache in f32, the caches' values and the new rows before
+    /// the cache's type rounds them ([`AttnCase::cache_bytes`] for the upload, the kernel
+    /// itself for the new rows, [`AttnCase::model_inputs`] for the models). For an 8-bit
+    /// cache, its blocks and the new rows' at several magnitudes, every seventh all zero:
+    /// each block its own scale.
     pub fn inputs(&self, seed: u64) -> [Vec<f32>; 5] {
         let n = self.positions.len();
+        let blocks = |v: Vec<f32>| -> Vec<f32> {
+            if self.cache != cpu::CacheElem::Q8 {
+                return v;
+            }
+            let at = |i: usize| if i / 16 % 7 == 3 { 0.0 } else { [1.0, 0.05, 0.5, 0.3, 0.002][i / 16 % 5] };
+            v.iter().enumerate().map(|(i, x)| x * at(i)).collect()
+        };
         // Scores of a few units: the softmax's maxima move from block to block.
         let q = values(seed, n * self.heads * self.hd).iter().map(|x| 3.0 * x).collect();
-        let k_new = values(seed + 1, n * self.kv * self.hd).iter().map(|x| 2.0 * x).collect();
-        let v_new = values(seed + 2, n * self.kv * self.hd);
-        let k_cache = self.as_cached(&values(seed + 3, self.cache_len()).iter().map(|x| 2.0 * x).collect::<Vec<_>>());
-        let v_cache = self.as_cached(&values(seed + 4, self.cache_len()));
+        let k_new = blocks(values(seed + 1, n * self.kv * self.hd).iter().map(|x| 2.0 * x).collect());
+        let v_new = blocks(values(seed + 2, n * self.kv * self.hd));
+        let k_cache = blocks(values(seed + 3, self.cache_len()).iter().map(|x| 2.0 * x).collect());
+        let v_cache = blocks(values(seed + 4, self.cache_len()));
         [q, k_new, v_new, k_cache, v_cache]
     }
 
-    /// [`AttnCase::inputs`] as the model reads them: the new rows rounded as the kernel
-    /// rounds them.
+    /// [`AttnCase::inputs`] as the model reads them: the caches' values as their type holds
+    /// them, the new rows rounded as the kernel rounds them.
     pub fn model_inputs(&self, [q, k_new, v_new, kc, vc]: &[Vec<f32>; 5]) -> [Vec<f32>; 5] {
-        [q.clone(), self.as_cached(k_new), self.as_cached(v_new), kc.clone(), vc.clone()]
+        [q.clone(), self.as_cached(k_new), self.as_cached(v_new), self.as_cached(kc), self.as_cached(vc)]
     }
 
     /// What `kernels::cpu::attention_model` says the kernel gives for `inputs`.
