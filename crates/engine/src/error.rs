@@ -38,6 +38,9 @@ pub enum Error {
         "speculative decoding (--draft) needs a model without recurrent layers; {model_type} has them (its state is that after every checked token, accepted or not)"
     )]
     DraftWithState { model_type: String },
+    /// A KV cache type that cannot hold this model's rows (an 8-bit cache's blocks of 16).
+    #[error("{0}")]
+    KvCache(String),
     /// A draft model whose token ids are not the model's.
     #[error("the draft model's vocabulary ({draft} ids) is not the model's ({model} ids)")]
     DraftVocab { draft: usize, model: usize },

@@ -63,6 +63,7 @@ impl Plan {
         if config.max_batch == 0 {
             return Err(Error::ZeroBatch);
         }
+        config.kv_elem.check(cfg).map_err(Error::KvCache)?;
         let per_position = CacheShape::bytes_per_position(cfg, config.kv_elem);
         let positions = match config.max_context {
             Some(0) => return Err(Error::ZeroContext),
@@ -281,6 +282,27 @@ pub(crate) mod tests {
                 assert!(tokens <= window, "{f:?}");
             }
         }
+    }
+
+    /// An 8-bit cache takes 5/16 of f32's bytes (16 values and an f32 scale in 20 bytes), so
+    /// a budget holds 3.2 times the positions; rows that are not whole blocks are refused.
+    #[test]
+    fn an_8_bit_cache_is_whole_blocks_of_16_in_5_16ths_of_the_bytes() {
+        let c = cfg();
+        let per = |kv| CacheShape::bytes_per_position(&c, kv);
+        assert_eq!(per(KvElem::Q8) * 16, per(KvElem::F32) * 5);
+        let q8 = EngineConfig { kv_elem: KvElem::Q8, ..config(2, Some(64)) };
+        let p = Plan::new(&c, &q8).unwrap();
+        assert_eq!(p.cache.dims(&c)[0], [c.kv_layers(), 2, 64, c.kv_heads, c.head_dim / 16 * 20]);
+        assert_eq!(p.cache.bytes(&c), 2 * 64 * per(KvElem::Q8));
+        let mut odd = cfg();
+        odd.head_dim = 24;
+        odd.layers.iter_mut().for_each(|l| l.head_dim = 24);
+        assert_eq!(
+            Plan::new(&odd, &q8).unwrap_err().to_string(),
+            "--kv-cache q8 stores blocks of 16 values of a cache row, and this model's rows have 24"
+        );
+        assert!(Plan::new(&odd, &config(2, Some(64))).is_ok());
     }
 
     #[test]

@@ -291,10 +291,11 @@ impl Engine {
         let elem = match plan.cache.elem {
             KvElem::F32 => iree_hal::ElementType::F32,
             KvElem::F16 => iree_hal::ElementType::F16,
+            KvElem::Q8 => iree_hal::ElementType::I8,
         };
         // Zeros, not garbage: a masked position still multiplies its value by 0 in attention.
         // One buffer for both caches (the same size unless a latent attention's differ).
-        let bytes = |dims: &[usize; 5]| dims.iter().product::<usize>() * plan.cache.elem.bytes();
+        let bytes = |dims: &[usize; 5]| dims.iter().product::<usize>() * plan.cache.elem.elem_bytes();
         let zeros = vec![0u8; bytes(&k_dims).max(bytes(&v_dims))];
         let k = device.upload_bytes(elem, &k_dims, &zeros[..bytes(&k_dims)])?;
         let v = device.upload_bytes(elem, &v_dims, &zeros[..bytes(&v_dims)])?;

@@ -10,8 +10,8 @@
 
 mod common;
 
-use common::{compile_cache, planned};
-use engine::{CompileTarget, KernelSetting, Precision};
+use common::{compile_cache, planned_kv};
+use engine::{CompileTarget, KernelSetting, KvElem, Precision};
 
 use iree_compiler::check_vmfb;
 
@@ -23,7 +23,12 @@ fn compiles_for_cuda(family: &str, variant: &str, precision: Precision) -> Strin
 
 /// The same for `target`, in the layout the engine gives it.
 fn compiles_for(family: &str, variant: &str, precision: Precision, target: CompileTarget) -> String {
-    let (backend, modules) = planned(family, variant, precision, &target, KernelSetting::Auto, 2);
+    compiles_with(family, variant, precision, target, KvElem::F32)
+}
+
+/// The same with a KV cache of element type `kv`.
+fn compiles_with(family: &str, variant: &str, precision: Precision, target: CompileTarget, kv: KvElem) -> String {
+    let (backend, modules) = planned_kv(family, variant, precision, &target, KernelSetting::Auto, 2, kv);
     assert!(!modules.is_empty());
     let text = modules.iter().map(|m| m.mlir.as_str()).collect();
     for m in modules {
@@ -117,4 +122,14 @@ fn qwen2_packed_compiles_for_metal() {
 #[test]
 fn qwen3_moe_packed_compiles_for_metal() {
     compiles_for("qwen3_moe", "q4", Precision::Packed, CompileTarget::Metal);
+}
+
+/// An 8-bit KV cache (`--kv-cache q8`) in the graph form: the blocks' scales taken apart
+/// into bytes and put together again with shifts, i8 buffers, for CUDA and SPIR-V (Vulkan).
+#[test]
+fn q8_kv_cache_compiles_for_cuda_and_vulkan() {
+    for target in [CompileTarget::Cuda("sm_80".into()), CompileTarget::Vulkan] {
+        let mlir = compiles_with("llama_llama3_tied", "q4", Precision::Packed, target.clone(), KvElem::Q8);
+        assert!(mlir.contains("tensor<2x2x64x2x20xi8>"), "{target}: no i8 cache of 16-value rows (20 bytes)");
+    }
 }

@@ -63,6 +63,9 @@ pub struct Report {
     #[serde(default)]
     pub next_turn_ms: f64,
     pub weight_bytes: u64,
+    /// The KV cache's element type (`--kv-cache`: f32, f16 or q8).
+    #[serde(default)]
+    pub kv_cache: String,
     /// Device bytes of the KV cache (k and v, every slot).
     pub kv_bytes: u64,
     /// Bytes the KV cache holds per token of one sequence, every layer: keys and values,
@@ -223,6 +226,7 @@ fn measure(args: &Args) -> Result<Vec<Report>> {
                 ttft_ms: prefill * 1e3,
                 next_turn_ms: next_turn * 1e3,
                 weight_bytes: load.weight_bytes as u64,
+                kv_cache: engine.plan().cache.elem.to_string(),
                 kv_bytes: load.kv_bytes as u64,
                 kv_bytes_per_token: models::CacheShape::bytes_per_position(engine.config(), engine.plan().cache.elem)
                     as u64,

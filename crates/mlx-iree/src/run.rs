@@ -34,7 +34,8 @@ pub struct ModelArgs {
     /// max_position_embeddings, capped so the KV cache fits its budget (4 GiB).
     #[arg(long)]
     pub max_context: Option<usize>,
-    /// Element type of the KV cache: f32 or f16.
+    /// Element type of the KV cache: f32, f16 or q8 (8-bit values in blocks of 16 with an
+    /// f32 scale each: 5/16 of f32's bytes).
     #[arg(long, default_value = "f32")]
     pub kv_cache: KvElem,
     /// Prefill every prompt whole: no reading of a prompt's start from a slot that an earlier

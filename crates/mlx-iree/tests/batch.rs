@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
 use engine::gate::{self, Reference};
-use engine::{Draft, Engine, EngineConfig, Error, Precision, Step};
+use engine::{Draft, Engine, EngineConfig, Error, KvElem, Precision, Step};
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -37,7 +37,13 @@ const DRAFT: usize = 4;
 /// a_rows_logits_do_not_depend_on_the_other_rows), with verify calls of DRAFT draft tokens
 /// where the model has no recurrent layers (which refuse them).
 fn engine(dir: &Path, precision: Precision) -> Engine {
+    engine_kv(dir, precision, KvElem::F32)
+}
+
+/// [`engine`] with a KV cache of element type `kv`.
+fn engine_kv(dir: &Path, precision: Precision, kv: KvElem) -> Engine {
     let config = EngineConfig {
+        kv_elem: kv,
         max_batch: MAX_BATCH,
         max_context: Some(64),
         // Shared with crates/engine/tests/scheduler.rs; storing is stored_parameters.rs's.
@@ -89,10 +95,15 @@ fn batched(engine: &mut Engine, cases: &[Reference]) -> Vec<Vec<u32>> {
 /// Each of 8 rows decoded together gives the tokens its prompt gives alone, and both are
 /// mlx-lm's, on `dir` at `precision`.
 fn eight_rows_give_what_each_prompt_gives_alone(dir: &Path, precision: Precision) {
+    eight_rows_with(dir, precision, KvElem::F32);
+}
+
+/// [`eight_rows_give_what_each_prompt_gives_alone`] with a KV cache of element type `kv`.
+fn eight_rows_with(dir: &Path, precision: Precision, kv: KvElem) {
     let _turn = beside();
     let cases = cases(dir);
-    let mut engine = engine(dir, precision);
-    let what = format!("{} {precision}", dir.display());
+    let mut engine = engine_kv(dir, precision, kv);
+    let what = format!("{} {precision} {kv} KV", dir.display());
     for c in &cases {
         let alone = gate::trajectory(&mut engine, &c.prompt_ids, STEPS).unwrap();
         assert_eq!(alone, c.token_ids, "{what}: alone, prompt {:?}", c.prompt_ids);
@@ -270,6 +281,15 @@ fn eight_rows_at_bf16() {
 #[test]
 fn eight_rows_packed() {
     eight_rows_give_what_each_prompt_gives_alone(&root().join("tests/fixtures-trained/qwen3/q4"), Precision::Packed);
+}
+
+/// An 8-bit KV cache through the CPU kernel's q8 attention (packed weights): prompts in
+/// chunks, eight rows, a kept prefix copied between slots and verify calls all give
+/// mlx-lm's tokens (the trained fixture is confident; the cache's blocks and their rounding
+/// are the kernel's and write_kv's alike, tests/tests/kernels.rs holds the kernel's bits).
+#[test]
+fn eight_rows_packed_q8_kv_cache() {
+    eight_rows_with(&root().join("tests/fixtures-trained/qwen3/q4"), Precision::Packed, KvElem::Q8);
 }
 
 /// A DeltaNet model packed, where its update runs in the CPU kernel on this host: the

@@ -5,7 +5,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const FIELDS: [&str; 15] = [
+const FIELDS: [&str; 16] = [
     "model",
     "device",
     "precision",
@@ -18,6 +18,7 @@ const FIELDS: [&str; 15] = [
     "batch",
     "context",
     "max_context",
+    "kv_cache",
     "kv_bytes",
     "kv_bytes_per_token",
     "foreign_cpu_share",
@@ -93,6 +94,7 @@ fn json_line(precision: &str) -> Value {
     assert_eq!(v["model"], model);
     assert_eq!(v["device"], "local-sync");
     assert_eq!(v["precision"], precision);
+    assert_eq!(v["kv_cache"], "f32");
     let num = |f: &str| v[f].as_f64().unwrap_or_else(|| panic!("{f} is not a number in {v}"));
     for f in ["prefill_tok_s", "decode_tok_s", "ttft_ms", "compile_cold_s", "compile_cached_s"] {
         let x = num(f);
@@ -188,6 +190,42 @@ fn packed_decode_on_cuda_takes_no_more_dispatches_than_f16() {
     let graph = cuda_dispatches(&dir.join("q4"), "packed", Some("0"));
     assert!(kernel <= f16, "packed through the CUDA kernel: {kernel} dispatches a step, f16 {f16}");
     assert!(kernel < graph, "the kernel ({kernel}) should take fewer dispatches than the graph form ({graph})");
+}
+
+/// `--kv-cache q8`: 16 values and an f32 scale in 20 bytes, so 5/16 of the f32 cache's bytes
+/// a token, said in the JSON line.
+#[test]
+fn an_8_bit_kv_cache_takes_5_16ths_of_the_f32_bytes() {
+    let model = fixture();
+    let args =
+        [
+            &[
+                "--model",
+                model.to_str().expect("a UTF-8 path"),
+                "--device",
+                "local-sync",
+                "--precision",
+                "f32",
+                "--json",
+            ][..],
+            &["--prompt-len", "4", "--steps", "2", "--repeats", "1", "--max-context", "32", "--batch", "1"],
+        ]
+        .concat();
+    let (out, out_q8) = (bench(&args), bench(&[&args[..], &["--kv-cache", "q8"]].concat()));
+    let line = |out: &std::process::Output| -> Value {
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "stdout: {stdout}\nstderr: {stderr}");
+        serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("a JSON object")
+    };
+    let (f32, q8) = (line(&out), line(&out_q8));
+    assert_eq!((f32["kv_cache"].as_str(), q8["kv_cache"].as_str()), (Some("f32"), Some("q8")));
+    let cfg = models::ModelConfig::from_file(&fixture().join("config.json")).expect("fixture config");
+    let per_token = |bytes_per_value_x16: usize| {
+        (2 * cfg.num_layers() * cfg.kv_heads * cfg.head_dim * bytes_per_value_x16 / 16) as u64
+    };
+    assert_eq!(f32["kv_bytes_per_token"].as_u64(), Some(per_token(64)), "{f32}");
+    assert_eq!(q8["kv_bytes_per_token"].as_u64(), Some(per_token(20)), "{q8}");
+    assert_eq!(q8["kv_bytes"].as_u64(), Some(per_token(20) * 32), "{q8}");
 }
 
 /// DeepSeek-V3's latent attention caches one latent and one rotated key a position, shared by

@@ -127,7 +127,7 @@ fn bad_requests_are_one_line_errors() {
         "3 prompt tokens + 70 steps needs 72 positions, more than the maximum context 64",
     );
     bad_trajectory(model, "1", &["--max-context", "0"], "max context must be at least 1");
-    bad_trajectory(model, "1", &["--kv-cache", "bf16"], "unknown KV cache type `bf16` (expected f32 or f16)");
+    bad_trajectory(model, "1", &["--kv-cache", "bf16"], "unknown KV cache type `bf16` (expected f32, f16 or q8)");
     check(&["generate", "--model", model, "--prompt", "hi"], 2, "", "tokenizer.json");
     check(
         &["generate", "--model", model, "--prompt", "hi", "--temperature", "-1"],

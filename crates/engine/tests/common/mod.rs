@@ -37,6 +37,19 @@ pub fn planned(
     kernels: KernelSetting,
     slots: usize,
 ) -> (Backend, Vec<GraphModule>) {
+    planned_kv(family, variant, precision, target, kernels, slots, engine::KvElem::F32)
+}
+
+/// [`planned`] with a KV cache of element type `kv`.
+pub fn planned_kv(
+    family: &str,
+    variant: &str,
+    precision: Precision,
+    target: &CompileTarget,
+    kernels: KernelSetting,
+    slots: usize,
+    kv: engine::KvElem,
+) -> (Backend, Vec<GraphModule>) {
     let dir = root().join("tests/fixtures").join(family).join(variant);
     let mut ckpt = weights::Checkpoint::open(&dir).unwrap();
     let cfg = ModelConfig::for_checkpoint(&mut ckpt).unwrap();
@@ -48,6 +61,7 @@ pub fn planned(
     let config = EngineConfig {
         max_batch: slots,
         max_context: Some(64),
+        kv_elem: kv,
         ..EngineConfig::new(device, precision, "/nonexistent")
     };
     let plan = Plan::new(&cfg, &config).unwrap().for_layout(&cfg, &layout);

@@ -2,9 +2,10 @@
 //! form (one row per sequence against its window, or a prompt chunk by contractions), with
 //! causal and sliding-window masks and Gemma 2's soft cap.
 
-use super::{R, Step, V};
+use super::{KvElem, R, Step, V, kvq8};
 use crate::backend::SlotRead;
 use hlo_emit::{Cmp, DotDims, ElementType::*, GatherDims, ScatterDims};
+use kernels::cpu::{Q8_BLOCK, Q8_BLOCK_BYTES};
 
 impl<'c, 'b> Step<'_, 'c, 'b> {
     /// Positions `[0, window)` of layer `l` of each sequence's slot as f32 `[n, W, heads, width]`
@@ -27,7 +28,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         // scatter made IREE 3.13 fuse them into one dispatch that keeps the whole window on
         // the stack ("exceeded stack allocation limit of 32768 bytes") for an f16 cache.
         let read = self.raw_window(cache, l, slots)?;
-        let x = if x.elem() == self.kv_elem { x } else { f.convert(x, self.kv_elem)? };
+        let x = self.as_stored(x)?;
         let dims = ScatterDims {
             update_window_dims: vec![1, 2],
             inserted_window_dims: vec![0, 1],
@@ -35,14 +36,44 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             index_vector_dim: 1,
             ..ScatterDims::default()
         };
-        let window = f.scatter(read, at, x, dims)?;
-        if window.elem() == F32 { Ok(window) } else { f.convert(window, F32) }
+        self.stored_values(f.scatter(read, at, x, dims)?)
     }
 
     /// `x` rounded through the cache's element type, so attention sees exactly what later
     /// steps will read back.
     fn as_cached(&self, x: V<'c, 'b>) -> R<V<'c, 'b>> {
-        if self.kv_elem == F32 { Ok(x) } else { self.f.convert(self.f.convert(x, self.kv_elem)?, F32) }
+        match self.kv_elem {
+            KvElem::F32 => Ok(x),
+            KvElem::F16 => self.f.convert(self.f.convert(x, F16)?, F32),
+            KvElem::Q8 => kvq8::round(self.f, x),
+        }
+    }
+
+    /// Rows of f32 values `[.., width]` as the cache stores them.
+    pub(super) fn as_stored(&self, x: V<'c, 'b>) -> R<V<'c, 'b>> {
+        match self.kv_elem {
+            KvElem::F32 => Ok(x),
+            KvElem::F16 => self.f.convert(x, F16),
+            KvElem::Q8 => kvq8::encode(self.f, x),
+        }
+    }
+
+    /// The cache's rows `[.., stored width]` as f32 values `[.., width]`.
+    fn stored_values(&self, x: V<'c, 'b>) -> R<V<'c, 'b>> {
+        match self.kv_elem {
+            KvElem::F32 => Ok(x),
+            KvElem::F16 => self.f.convert(x, F32),
+            KvElem::Q8 => kvq8::decode(self.f, x),
+        }
+    }
+
+    /// Values in a row of `cache` (`[.., heads, stored width]`).
+    pub(super) fn cache_width(&self, cache: V<'c, 'b>) -> i64 {
+        let stored = cache.shape()[4];
+        match self.kv_elem {
+            KvElem::F32 | KvElem::F16 => stored,
+            KvElem::Q8 => stored / Q8_BLOCK_BYTES as i64 * Q8_BLOCK as i64,
+        }
     }
 
     /// Positions `[0, window)` of layer `l` of each sequence's slot, as f32 `[n, W, kv_heads, hd]`,
@@ -86,7 +117,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
                 f.gather(layer, f.reshape(slots, &[n, 1])?, dims, &[1, w, k, hd])?
             }
         };
-        if read.elem() == F32 { Ok(read) } else { f.convert(read, F32) }
+        self.stored_values(read)
     }
 
     /// Positions `[0, window)` of layer `l` of each sequence's slot in the cache's element type,
@@ -199,7 +230,11 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         if !super::attention_in_kernel(cfg, self.layout) {
             return Ok(None);
         }
-        let cache = if self.kv_elem == F16 { kernels::cpu::CacheElem::F16 } else { kernels::cpu::CacheElem::F32 };
+        let cache = match self.kv_elem {
+            KvElem::F32 => kernels::cpu::CacheElem::F32,
+            KvElem::F16 => kernels::cpu::CacheElem::F16,
+            KvElem::Q8 => kernels::cpu::CacheElem::Q8,
+        };
         let entry = kernels::cpu::Attention { cache, units: kernels::cpu::attention_units(h, k, hd) };
         self.linked.borrow_mut().attention.insert(entry);
         let n = q.shape()[0];

@@ -40,6 +40,7 @@
 
 mod attention;
 mod ffn;
+mod kvq8;
 mod latent;
 mod layer;
 mod linear;
@@ -65,20 +66,47 @@ pub enum KvElem {
     #[default]
     F32,
     F16,
+    /// 8 bits a value, in blocks of 16 with an f32 scale each, stored as bytes
+    /// (`kernels::cpu::q8_encode`: per block the scale's 4 bytes, then the 16 values).
+    Q8,
 }
 
 impl KvElem {
-    pub fn bytes(self) -> usize {
-        match self {
-            KvElem::F32 => 4,
-            KvElem::F16 => 2,
-        }
-    }
-
+    /// The element type of the cache's buffers.
     fn elem(self) -> ElementType {
         match self {
             KvElem::F32 => F32,
             KvElem::F16 => F16,
+            KvElem::Q8 => I8,
+        }
+    }
+
+    /// Elements of the cache's buffers a row of `width` values takes.
+    pub fn stored_width(self, width: usize) -> usize {
+        match self {
+            KvElem::F32 | KvElem::F16 => width,
+            KvElem::Q8 => kernels::cpu::q8_row_bytes(width),
+        }
+    }
+
+    /// Bytes of one element of the cache's buffers.
+    pub fn elem_bytes(self) -> usize {
+        match self {
+            KvElem::F32 => 4,
+            KvElem::F16 => 2,
+            KvElem::Q8 => 1,
+        }
+    }
+
+    /// Why this cache type cannot hold rows of these widths (`ModelConfig::cache_rows`), if
+    /// it cannot: an 8-bit cache's blocks are 16 values of one row.
+    pub fn check(self, cfg: &ModelConfig) -> std::result::Result<(), String> {
+        let block = kernels::cpu::Q8_BLOCK;
+        match cfg.cache_rows().iter().find(|(_, width)| !width.is_multiple_of(block)) {
+            Some((_, width)) if self == KvElem::Q8 => Err(format!(
+                "--kv-cache q8 stores blocks of {block} values of a cache row, and this model's rows have {width}"
+            )),
+            _ => Ok(()),
         }
     }
 }
@@ -88,6 +116,7 @@ impl std::fmt::Display for KvElem {
         f.write_str(match self {
             KvElem::F32 => "f32",
             KvElem::F16 => "f16",
+            KvElem::Q8 => "q8",
         })
     }
 }
@@ -98,7 +127,8 @@ impl std::str::FromStr for KvElem {
         match s {
             "f32" => Ok(KvElem::F32),
             "f16" => Ok(KvElem::F16),
-            other => Err(format!("unknown KV cache type `{other}` (expected f32 or f16)")),
+            "q8" => Ok(KvElem::Q8),
+            other => Err(format!("unknown KV cache type `{other}` (expected f32, f16 or q8)")),
         }
     }
 }
@@ -116,9 +146,10 @@ pub struct CacheShape {
 impl CacheShape {
     /// `[layers, slots, positions, heads, features]` of the two caches (k, then v):
     /// `kv_heads, head_dim` both, or a latent attention's latents and rotated keys
-    /// ([`ModelConfig::cache_rows`]).
+    /// ([`ModelConfig::cache_rows`]); the features as stored ([`KvElem::stored_width`]).
     pub fn dims(&self, cfg: &ModelConfig) -> [[usize; 5]; 2] {
-        cfg.cache_rows().map(|(heads, width)| [cfg.kv_layers(), self.slots, self.positions, heads, width])
+        cfg.cache_rows()
+            .map(|(heads, width)| [cfg.kv_layers(), self.slots, self.positions, heads, self.elem.stored_width(width)])
     }
 
     /// Device bytes of every slot's recurrent state (0 without recurrent layers).
@@ -128,12 +159,13 @@ impl CacheShape {
 
     /// Device bytes of the k and v caches together.
     pub fn bytes(&self, cfg: &ModelConfig) -> usize {
-        self.dims(cfg).iter().map(|d| d.iter().product::<usize>()).sum::<usize>() * self.elem.bytes()
+        self.dims(cfg).iter().map(|d| d.iter().product::<usize>()).sum::<usize>() * self.elem.elem_bytes()
     }
 
     /// Device bytes the k and v caches take per position of one slot.
     pub fn bytes_per_position(cfg: &ModelConfig, elem: KvElem) -> usize {
-        cfg.cache_rows().iter().map(|(heads, width)| heads * width).sum::<usize>() * cfg.kv_layers() * elem.bytes()
+        let row = |&(heads, width): &(usize, usize)| heads * elem.stored_width(width);
+        cfg.cache_rows().iter().map(row).sum::<usize>() * cfg.kv_layers() * elem.elem_bytes()
     }
 }
 
@@ -312,7 +344,10 @@ pub fn emit_functions(
         (cache.elem.elem().tensor(&k_dims.map(|d| d as i64)), cache.elem.elem().tensor(&v_dims.map(|d| d as i64)));
     let linked = RefCell::new(Linked::default());
     // A step's new rows travel in f32; `write_kv` converts them to the cache's type.
-    let rows_kv = |dims: [usize; 5], r: usize| F32.tensor(&[dims[0] as i64, r as i64, dims[3] as i64, dims[4] as i64]);
+    let rows_kv = |(heads, width): (usize, usize), r: usize| {
+        F32.tensor(&[cfg.kv_layers() as i64, r as i64, heads as i64, width as i64])
+    };
+    let [k_rows, v_rows] = cfg.cache_rows();
     let parts = cfg.state_parts();
     let states: Vec<_> = parts.iter().map(|&len| F32.tensor(&[cache.slots as i64, len as i64])).collect();
     // The parts `write_state` scatters: those the steps do not update in place.
@@ -352,12 +387,12 @@ pub fn emit_functions(
             let inputs = [
                 I32.tensor(&[rows]),
                 I32.tensor(&[rows]),
-                rows_kv(k_dims, rows as usize),
-                rows_kv(v_dims, rows as usize),
+                rows_kv(k_rows, rows as usize),
+                rows_kv(v_rows, rows as usize),
                 kv_k.clone(),
                 kv_v.clone(),
             ];
-            m.func(&function.name(), &inputs, |f, a| write_kv(f, a[0], a[1], a[2], a[3], a[4], a[5]))?;
+            m.func(&function.name(), &inputs, |f, a| write_kv(f, cache.elem, a[0], a[1], a[2], a[3], a[4], a[5]))?;
             continue;
         }
         let mut inputs = vec![I32.tensor(&[rows]), I32.tensor(&[rows]), I32.tensor(&[n])];
@@ -376,7 +411,7 @@ pub fn emit_functions(
                 merged_out: RefCell::new(HashMap::new()),
                 normed: RefCell::new(Vec::new()),
                 function,
-                kv_elem: cache.elem.elem(),
+                kv_elem: cache.elem,
                 options: layout.emit_options(),
             };
             // tokens, positions, slots[, last], k, v[, state_0..]
@@ -480,8 +515,10 @@ fn copy_state<'c, 'b>(f: &Func<'c, 'b>, src: V<'c, 'b>, dst: V<'c, 'b>, states: 
 /// `write_kv`: every layer's new rows `[L, R, K, hd]` (f32) scattered into the cache at
 /// (layer, slot, position) in the cache's type, one scatter per cache; nothing else touches
 /// the cache here, so IREE updates it in place.
+#[allow(clippy::too_many_arguments)]
 fn write_kv<'c, 'b>(
     f: &Func<'c, 'b>,
+    elem: KvElem,
     positions: V<'c, 'b>,
     slots: V<'c, 'b>,
     new_k: V<'c, 'b>,
@@ -501,8 +538,12 @@ fn write_kv<'c, 'b>(
         ..ScatterDims::default()
     };
     let flat = |x: V<'c, 'b>| -> R<V<'c, 'b>> {
+        let x = match elem {
+            KvElem::F32 => x,
+            KvElem::F16 => f.convert(x, F16)?,
+            KvElem::Q8 => kvq8::encode(f, x)?,
+        };
         let dims = x.shape();
-        let x = if x.elem() == k.elem() { x } else { f.convert(x, k.elem())? };
         f.reshape(x, &[l * r, dims[2], dims[3]])
     };
     Ok(vec![
@@ -541,7 +582,7 @@ struct Step<'a, 'c, 'b> {
     /// takes its input and weight instead and norms in its prologue.
     normed: RefCell<Vec<(V<'c, 'b>, V<'c, 'b>, V<'c, 'b>)>>,
     function: Function,
-    kv_elem: ElementType,
+    kv_elem: KvElem,
     options: EmitOptions,
 }
 
