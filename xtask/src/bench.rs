@@ -37,12 +37,12 @@ const PACKED_FORMATS: [&str; 5] = ["4bit", "8bit", "3bit", "6bit", "mxfp4"];
 const QWEN3_MOE_1B: &str = "qwen3-moe-1b-random";
 const QWEN3_5_08B: &str = "qwen3.5-0.8b-random";
 const GPT_OSS_2L: &str = "gpt-oss-2l-random";
-const KV_CACHE: [&str; 2] = ["f32", "f16"];
+const KV_CACHE: [&str; 3] = ["f32", "f16", "q8"];
 
 pub const USAGE: &str = "\
 usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
                          [--prompt-len N] [--steps N] [--repeats N] [--batch LIST]
-                         [--context LIST] [--max-context N] [--kv-cache T] [--formats LIST]
+                         [--context LIST] [--max-context N] [--kv-cache LIST] [--formats LIST]
                          [--prepare-only] [--peers]
   --model M        smollm2 (SmolLM2-135M-Instruct 4-bit), llama-1b (Llama-3.2-1B shape,
                    random weights: the f16 folder for f32/f16/bf16, the 4-bit and 8-bit
@@ -70,7 +70,9 @@ usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
                    (default: --prompt-len)
   --max-context N  positions per sequence the engine is built for (default: mlx-iree's,
                    the model's maximum capped by the KV cache budget)
-  --kv-cache T     KV cache element type: f32 (mlx-iree's default) or f16
+  --kv-cache LIST  KV cache element types: f32 (mlx-iree's default), f16 or q8; a comma
+                   list (f32,q8) runs each case once per type, with its decode speed
+                   against the f32 cache's in a `vs f32 KV` column
   --formats LIST   the random shapes' quantized folders `packed` runs on: 4bit, 8bit, 3bit,
                    6bit, mxfp4, comma-separated (default 4bit,8bit)
   --prepare-only   only the set-up steps (runtime, models, release build)
@@ -167,8 +169,8 @@ pub struct Options {
     pub context: Vec<usize>,
     /// None: mlx-iree's default.
     pub max_context: Option<usize>,
-    /// None: mlx-iree's default (f32).
-    pub kv_cache: Option<&'static str>,
+    /// KV cache element types, a case each (empty: mlx-iree's default, f32).
+    pub kv_cache: Vec<&'static str>,
     /// The random shapes' quantized folders for `packed` (`PACKED_FORMATS`).
     pub formats: Vec<&'static str>,
     pub prepare_only: bool,
@@ -210,7 +212,7 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
         batch: vec![1],
         context: Vec::new(),
         max_context: None,
-        kv_cache: None,
+        kv_cache: Vec::new(),
         formats: vec!["4bit", "8bit"],
         prepare_only: false,
         peers: false,
@@ -241,11 +243,13 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
             "--context" => o.context = list(flag, value()?)?,
             "--max-context" => o.max_context = Some(count(flag, value()?)?),
             "--kv-cache" => {
-                let t = value()?;
-                o.kv_cache = match KV_CACHE.iter().find(|x| *x == t) {
-                    Some(x) => Some(*x),
-                    None => bail!("bench: unknown KV cache type `{t}` (expected f32 or f16)"),
-                };
+                o.kv_cache = value()?
+                    .split(',')
+                    .map(|t| match KV_CACHE.iter().find(|x| **x == t) {
+                        Some(x) => Ok(*x),
+                        None => bail!("bench: unknown KV cache type `{t}` (expected f32, f16 or q8)"),
+                    })
+                    .collect::<Result<_>>()?;
             }
             "--formats" => {
                 let v = value()?;
@@ -322,10 +326,33 @@ pub struct Case {
     pub model: PathBuf,
     pub precision: &'static str,
     pub steps: usize,
+    /// `--kv-cache`, None for mlx-iree's default.
+    pub kv_cache: Option<&'static str>,
+}
+
+impl Case {
+    /// The precision, and the KV cache's type where one was asked for (`packed/q8`).
+    pub fn label(&self) -> String {
+        match self.kv_cache {
+            Some(kv) => format!("{}/{kv}", self.precision),
+            None => self.precision.to_owned(),
+        }
+    }
 }
 
 /// The rows to measure, f32 first in each family (it is the baseline of the ratios).
 pub fn cases(o: &Options, models_dir: &Path) -> Vec<Case> {
+    let kvs: Vec<Option<&'static str>> =
+        if o.kv_cache.is_empty() { vec![None] } else { o.kv_cache.iter().copied().map(Some).collect() };
+    let mut out = Vec::new();
+    for case in model_cases(o, models_dir) {
+        out.extend(kvs.iter().map(|&kv_cache| Case { kv_cache, ..case.clone() }));
+    }
+    out
+}
+
+/// [`cases`] before the KV cache types.
+fn model_cases(o: &Options, models_dir: &Path) -> Vec<Case> {
     let mut out = Vec::new();
     for m in &o.models {
         let steps = o.steps.unwrap_or_else(|| default_steps(m));
@@ -336,6 +363,7 @@ pub fn cases(o: &Options, models_dir: &Path) -> Vec<Case> {
                     model: models_dir.join(SMOLLM2),
                     precision,
                     steps,
+                    kv_cache: None,
                 }),
                 // Float precisions read the f16 folder; packed keeps MLX's quantized words,
                 // so it runs on the quantized folders.
@@ -348,6 +376,7 @@ pub fn cases(o: &Options, models_dir: &Path) -> Vec<Case> {
                             model: random_dir(models_dir, name, v),
                             precision,
                             steps,
+                            kv_cache: None,
                         });
                     }
                 }
@@ -358,6 +387,7 @@ pub fn cases(o: &Options, models_dir: &Path) -> Vec<Case> {
                     model: dir.clone(),
                     precision,
                     steps,
+                    kv_cache: None,
                 }),
             }
         }
@@ -418,7 +448,7 @@ pub fn run(args: &[String]) -> Result<()> {
             i + 1,
             cases.len(),
             display_name(&case.model),
-            case.precision,
+            case.label(),
             opts.device
         ));
         for row in measure(&bin, case, &opts)? {
@@ -441,7 +471,7 @@ pub fn run(args: &[String]) -> Result<()> {
         .iter()
         .zip(&rows)
         .filter_map(|(c, r)| match r {
-            Row::Failed(e) => Some(format!("{} {}: {e}", display_name(&c.model), c.precision)),
+            Row::Failed(e) => Some(format!("{} {}: {e}", display_name(&c.model), c.label())),
             Row::Ok(..) => None,
         })
         .collect();
@@ -672,6 +702,7 @@ impl Row {
                 "model": case.model.display().to_string(),
                 "device": device,
                 "precision": case.precision,
+                "kv_cache": case.kv_cache,
                 "error": error,
             })
             .to_string(),
@@ -743,7 +774,7 @@ fn bench_command(bin: &Path, case: &Case, o: &Options) -> Command {
     if let Some(n) = o.max_context {
         cmd.args(["--max-context", &n.to_string()]);
     }
-    if let Some(t) = o.kv_cache {
+    if let Some(t) = case.kv_cache {
         cmd.args(["--kv-cache", t]);
     }
     cmd
@@ -836,25 +867,39 @@ pub fn parse_rows(stdout: &str) -> Result<Vec<Row>> {
 /// (and the f16 row, when one succeeded) of the same family, batch and context (a
 /// different batch or context is different work).
 pub fn table(cases: &[Case], rows: &[Row]) -> String {
-    let baseline = |family: &str, precision: &str, of: &Measured| {
+    let baseline = |family: &str, precision: &str, kv: Option<&str>, of: &Measured| {
         cases.iter().zip(rows).find_map(|(c, r)| match r {
             Row::Ok(_, m)
-                if c.family == family && c.precision == precision && (m.batch, m.context) == (of.batch, of.context) =>
+                if c.family == family
+                    && c.precision == precision
+                    && c.kv_cache == kv
+                    && (m.batch, m.context) == (of.batch, of.context) =>
             {
                 Some(m.decode_tok_s)
             }
             _ => None,
         })
     };
-    let any_f16 = cases.iter().zip(rows).any(|(c, r)| match r {
-        Row::Ok(_, m) => baseline(&c.family, "f16", m).is_some(),
-        Row::Failed(_) => false,
-    });
+    let any = |base: &dyn Fn(&Case, &Measured) -> Option<f64>| {
+        cases.iter().zip(rows).any(|(c, r)| match r {
+            Row::Ok(_, m) => base(c, m).is_some(),
+            Row::Failed(_) => false,
+        })
+    };
+    let f16_base = |c: &Case, m: &Measured| baseline(&c.family, "f16", c.kv_cache, m);
+    // The same precision with the f32 cache, where KV cache types were asked for.
+    let kv_base = |c: &Case, m: &Measured| match c.kv_cache {
+        Some(_) => baseline(&c.family, c.precision, Some("f32"), m),
+        None => None,
+    };
+    let (any_f16, any_kv) = (any(&f16_base), any(&kv_base));
+    let optional = |on: bool, text: String| if on { format!("  {text:>9}") } else { String::new() };
     let mib = |b: u64| format!("{:.0}", b as f64 / (1024.0 * 1024.0));
     let ratio = |x: f64, base: Option<f64>| base.map_or_else(|| "-".to_owned(), |b| format!("{:.2}x", x / b));
     let width = cases.iter().map(|c| display_name(&c.model).len()).max().unwrap_or(5).max(5);
+    let pw = cases.iter().map(|c| c.label().len()).max().unwrap_or(9).max(9);
     let mut out = format!(
-        "{:<width$}  {:<9}  {:>5}  {:>7}  {:>5}  {:>9}  {:>9}  {:>7}{}  {:>9}  {:>8}  {:>7}  {:>8}  {:>13}  {:>10}  {:>9}\n",
+        "{:<width$}  {:<pw$}  {:>5}  {:>7}  {:>5}  {:>9}  {:>9}  {:>7}{}{}  {:>9}  {:>8}  {:>7}  {:>8}  {:>13}  {:>10}  {:>9}\n",
         "model",
         "precision",
         "batch",
@@ -864,6 +909,7 @@ pub fn table(cases: &[Case], rows: &[Row]) -> String {
         "decode/s",
         "vs f32",
         if any_f16 { format!("  {:>7}", "vs f16") } else { String::new() },
+        optional(any_kv, "vs f32 KV".into()),
         "ttft ms",
         "wts MiB",
         "KV MiB",
@@ -877,20 +923,17 @@ pub fn table(cases: &[Case], rows: &[Row]) -> String {
         match r {
             Row::Ok(_, m) => {
                 out += &format!(
-                    "{name:<width$}  {:<9}  {:>5}  {:>7}  {:>5}  {:>9.1}  {:>9.2}  {:>7}{}  {:>9.1}  {:>8}  {:>7}  {:>8}  \
-                     {:>13}  {:>10}  {:>9}\n",
-                    c.precision,
+                    "{name:<width$}  {:<pw$}  {:>5}  {:>7}  {:>5}  {:>9.1}  {:>9.2}  {:>7}{}{}  {:>9.1}  {:>8}  {:>7}  \
+                     {:>8}  {:>13}  {:>10}  {:>9}\n",
+                    c.label(),
                     m.batch,
                     m.context,
                     c.steps,
                     m.prefill_tok_s,
                     m.decode_tok_s,
-                    ratio(m.decode_tok_s, baseline(&c.family, "f32", m)),
-                    if any_f16 {
-                        format!("  {:>7}", ratio(m.decode_tok_s, baseline(&c.family, "f16", m)))
-                    } else {
-                        String::new()
-                    },
+                    ratio(m.decode_tok_s, baseline(&c.family, "f32", c.kv_cache, m)),
+                    if any_f16 { format!("  {:>7}", ratio(m.decode_tok_s, f16_base(c, m))) } else { String::new() },
+                    optional(any_kv, ratio(m.decode_tok_s, kv_base(c, m))),
                     m.ttft_ms,
                     mib(m.weight_bytes),
                     mib(m.kv_bytes),
@@ -904,7 +947,7 @@ pub fn table(cases: &[Case], rows: &[Row]) -> String {
                     other_cpu(m.foreign_cpu_share),
                 );
             }
-            Row::Failed(e) => out += &format!("{name:<width$}  {:<9}  error: {e}\n", c.precision),
+            Row::Failed(e) => out += &format!("{name:<width$}  {:<pw$}  error: {e}\n", c.label()),
         }
     }
     // The next turn after each row's context (the prefix cache's case), against the
@@ -1572,8 +1615,8 @@ mod tests {
         assert_eq!(o.precisions, vec!["f32", "f16", "bf16", "packed"]);
         assert_eq!((o.device.as_str(), o.json, o.prompt_len, o.steps, o.repeats), ("local-task", false, 128, None, 3));
         assert_eq!(
-            (o.batch.as_slice(), o.context.as_slice(), o.max_context, o.kv_cache),
-            (&[1][..], &[][..], None, None)
+            (o.batch.as_slice(), o.context.as_slice(), o.max_context, o.kv_cache.clone()),
+            (&[1][..], &[][..], None, Vec::<&str>::new())
         );
         let m = Path::new("/m");
         let got: Vec<(String, &str, usize)> =
@@ -1721,7 +1764,7 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!((o.batch.as_slice(), o.context.as_slice()), (&[1, 4, 8][..], &[100, 2000][..]));
-        assert_eq!((o.max_context, o.kv_cache), (Some(4096), Some("f16")));
+        assert_eq!((o.max_context, o.kv_cache.clone()), (Some(4096), vec!["f16"]));
         let shown = |o: &Options| {
             let cmd = bench_command(Path::new("/b/mlx-iree"), &cases(o, Path::new("/m"))[0], o);
             cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
@@ -1738,6 +1781,34 @@ mod tests {
             "bench --model /m/smollm2-135m-instruct-4bit --precision f32 --device local-task --json --prompt-len 128 \
              --steps 4 --repeats 3 --batch 1"
         );
+    }
+
+    /// `--kv-cache f32,q8`: each case once per type, in that order, the flag on each command,
+    /// and each row's decode speed against the f32 cache's at the same batch and context.
+    #[test]
+    fn a_kv_cache_list_runs_each_case_per_type_against_the_f32_cache() {
+        let o = parse_args(&args(&["--model", "smollm2", "--precision", "packed", "--kv-cache", "f32,q8"])).unwrap();
+        let cs = cases(&o, Path::new("/m"));
+        assert_eq!(cs.iter().map(Case::label).collect::<Vec<_>>(), ["packed/f32", "packed/q8"]);
+        let flag = |c: &Case| {
+            let cmd = bench_command(Path::new("/b/mlx-iree"), c, &o);
+            cmd.get_args().map(|a| a.to_string_lossy().into_owned()).skip_while(|a| a != "--kv-cache").nth(1)
+        };
+        assert_eq!((flag(&cs[0]), flag(&cs[1])), (Some("f32".into()), Some("q8".into())));
+        let at = |batch, decode| Row::Ok(String::new(), Measured { batch, context: 2000, ..measured(decode) });
+        let t = table(
+            &[cs[0].clone(), cs[0].clone(), cs[1].clone(), cs[1].clone()],
+            &[at(1, 40.0), at(8, 100.0), at(1, 46.0), at(8, 170.0)],
+        );
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].contains("vs f32 KV"), "{t}");
+        let kv_ratio = |line: &str| line.split_whitespace().nth(8).unwrap().to_owned();
+        assert_eq!(
+            lines[1..5].iter().map(|l| kv_ratio(l)).collect::<Vec<_>>(),
+            ["1.00x", "1.00x", "1.15x", "1.70x"],
+            "{t}"
+        );
+        assert!(lines[3].starts_with("smollm2-135m-instruct-4bit  packed/q8 "), "{t}");
     }
 
     #[test]
@@ -1758,7 +1829,7 @@ mod tests {
             );
         }
         assert_eq!(err(&["--max-context", "0"]), "bench: `--max-context` needs a whole number of at least 1 (got `0`)");
-        assert_eq!(err(&["--kv-cache", "bf16"]), "bench: unknown KV cache type `bf16` (expected f32 or f16)");
+        assert_eq!(err(&["--kv-cache", "bf16"]), "bench: unknown KV cache type `bf16` (expected f32, f16 or q8)");
         assert!(err(&["--batch"]).starts_with("bench: `--batch` needs a value"));
         // With --peers, --batch or --context switch the peers to llama-batched-bench.
         let o = parse_args(&args(&["--peers", "--batch", "1,4"])).unwrap();
@@ -1808,7 +1879,7 @@ mod tests {
 
         // With --json, each row is one line tagged with the engine, carrying its batch,
         // context and KV bytes beside the weight bytes.
-        let case = Case { family: "a".into(), model: "/m/a".into(), precision: "f16", steps: 16 };
+        let case = Case { family: "a".into(), model: "/m/a".into(), precision: "f16", steps: 16, kv_cache: None };
         let printed: Vec<serde_json::Value> =
             rows.iter().map(|r| serde_json::from_str(&r.json_line(&case, "local-task", None)).unwrap()).collect();
         let fields: Vec<(&str, u64, u64, u64, u64)> = printed
@@ -1871,7 +1942,7 @@ mod tests {
         assert_eq!(rows, [Row::Ok(line.to_owned(), measured(20.0))]);
         let row = rows[0].clone();
         assert_eq!(parse_rows("no json here\n").unwrap_err().to_string(), "no JSON line");
-        let case = Case { family: "f".into(), model: "/m/x".into(), precision: "packed", steps: 1 };
+        let case = Case { family: "f".into(), model: "/m/x".into(), precision: "packed", steps: 1, kv_cache: None };
         let null_cached = line.replace("\"compile_cached_s\":0.03", "\"compile_cached_s\":null");
         match &parse_rows(&null_cached).unwrap()[..] {
             [Row::Ok(_, m)] => assert_eq!(m.compile_cached_s, None),
@@ -1896,8 +1967,13 @@ mod tests {
 
     #[test]
     fn table_shows_ratios_within_a_family() {
-        let case =
-            |family: &str, dir: &str, precision| Case { family: family.into(), model: dir.into(), precision, steps: 1 };
+        let case = |family: &str, dir: &str, precision| Case {
+            family: family.into(),
+            model: dir.into(),
+            precision,
+            steps: 1,
+            kv_cache: None,
+        };
         let cases = [
             case("a", "/m/a-4bit", "f32"),
             case("a", "/m/a-4bit", "f16"),
@@ -1984,6 +2060,7 @@ mod tests {
             model: format!("/m/{family}").into(),
             precision,
             steps: 1,
+            kv_cache: None,
         };
         let at = |batch, context, decode| {
             Row::Ok(String::new(), Measured { batch, context, kv_bytes: (batch as u64) << 20, ..measured(decode) })
@@ -2117,7 +2194,8 @@ mod tests {
 
     #[test]
     fn peers_table_shows_ratios_and_the_bound() {
-        let case = |dir: &str, precision| Case { family: "a".into(), model: dir.into(), precision, steps: 16 };
+        let case =
+            |dir: &str, precision| Case { family: "a".into(), model: dir.into(), precision, steps: 16, kv_cache: None };
         let ours = [
             (case("/m/a-f16", "f16"), Row::Ok(String::new(), measured(20.0))),
             (case("/m/a-f16", "bf16"), Row::Ok(String::new(), measured(10.0))),

@@ -191,7 +191,7 @@ pub fn table(rows: &[Row]) -> String {
 
 /// Refuses what `--draft` cannot measure.
 pub fn check(o: &Options) -> Result<()> {
-    if o.serve || o.peers || o.batch != [1] || !o.context.is_empty() || o.kv_cache.is_some() {
+    if o.serve || o.peers || o.batch != [1] || !o.context.is_empty() || !o.kv_cache.is_empty() {
         bail!(
             "bench: `--draft` takes --model, --precision, --device, --steps, --repeats, --max-context and --json only"
         );

@@ -116,7 +116,7 @@ fn start(bin: &Path, case: &Case, o: &Options, slots: usize, prefix_cache: bool)
         .arg(&case.model)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    if let Some(kv) = o.kv_cache {
+    if let Some(kv) = case.kv_cache {
         cmd.args(["--kv-cache", kv]);
     }
     if !prefix_cache {
