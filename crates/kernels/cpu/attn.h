@@ -128,7 +128,7 @@ static inline vf vf_attn_exp(vf x) {
       for (int k = 0; k < CN; ++k) a[i][k] = vf_load(acc_h + (g0 + i) * HD + 16 * (c + k));         \
     for (size_t jj = 0; jj < nb; ++jj) {                                                          \
       for (int k = 0; k < CN; ++k) {                                                              \
-        const vf v = LOAD((const CTYPE*)vblock + jj * stride + chunk_w * (c + k));                \
+        const vf v = LOAD((const CTYPE*)vblock + jj * vstride + vchunk * (c + k));                \
         for (int i = 0; i < GN; ++i) a[i][k] = vf_fma(vf_set1(e[g0 + i][jj]), v, a[i][k]);       \
       }                                                                                           \
     }                                                                                             \
@@ -149,15 +149,69 @@ static inline vf vf_attn_exp(vf x) {
     }                                                                                             \
   } while (0)
 
+// The softmax update of the current rows' heads over the ATTN_BLOCK (nb of them real) keys
+// at KB (KTYPE, read by KLOAD, rows KSTRIDE KTYPEs apart, 16-lane chunk c KCHUNK * c in) and
+// values at VB (likewise): each head's scores, its running maximum, sum and accumulator.
+#define ATTN_UPDATE(KTYPE, KLOAD, KB, KSTRIDE, KCHUNK, VTYPE, VLOAD, VB, VSTRIDE, VCHUNK)          \
+  do {                                                                                            \
+    const KTYPE* kblock = (KB);                                                                   \
+    const VTYPE* vblock = (VB);                                                                   \
+    const size_t kstride = (KSTRIDE), kchunk = (KCHUNK), vstride = (VSTRIDE), vchunk = (VCHUNK);  \
+    float* acc_h = acc + h * GHD;                                                                 \
+    float e[ATTN_MAX_G][ATTN_BLOCK] __attribute__((aligned(64)));                                 \
+    for (size_t g = 0; g < G; ++g) {                                                              \
+      const float* qg = qs + h * GHD + g * HD;                                                    \
+      if (nb == ATTN_BLOCK) {                                                                     \
+        vf s[ATTN_BLOCK];                                                                         \
+        for (size_t jj = 0; jj < ATTN_BLOCK; ++jj) s[jj] = vf_zero();                             \
+        for (size_t c = 0; c < C; ++c) {                                                          \
+          const vf qv = vf_load(qg + 16 * c);                                                     \
+          for (size_t jj = 0; jj < ATTN_BLOCK; ++jj)                                              \
+            s[jj] = vf_fma(qv, KLOAD(kblock + jj * kstride + kchunk * c), s[jj]);                 \
+        }                                                                                         \
+        vf_sum16(s, e[g]);                                                                        \
+      } else {                                                                                    \
+        for (size_t jj = 0; jj < nb; ++jj) {                                                      \
+          vf s = vf_zero();                                                                       \
+          for (size_t c = 0; c < C; ++c)                                                          \
+            s = vf_fma(vf_load(qg + 16 * c), KLOAD(kblock + jj * kstride + kchunk * c), s);       \
+          e[g][jj] = vf_sum(s);                                                                   \
+        }                                                                                         \
+        /* Past the context: e^-inf = 0, so a short block is a full one. */                       \
+        for (size_t jj = nb; jj < ATTN_BLOCK; ++jj) e[g][jj] = -__builtin_inff();                 \
+      }                                                                                           \
+      float* mg = m + h * G + g;                                                                  \
+      const float block_top = vf_max_lane(vf_load(e[g]));                                         \
+      const float top = block_top > *mg ? block_top : *mg;                                        \
+      const float alpha = attn_exp(*mg - top);                                                    \
+      vf_store(e[g], vf_attn_exp(vf_add(vf_load(e[g]), vf_set1(-top))));                          \
+      l[h * G + g] = __builtin_fmaf(l[h * G + g], alpha, vf_sum(vf_load(e[g])));                  \
+      *mg = top;                                                                                  \
+      if (alpha != 1.0f)                                                                          \
+        for (size_t c = 0; c < C; ++c)                                                            \
+          vf_store(acc_h + g * HD + 16 * c, vf_mul(vf_load(acc_h + g * HD + 16 * c), vf_set1(alpha))); \
+    }                                                                                             \
+    size_t c = 0;                                                                                 \
+    for (; c + 2 <= C; c += 2) ATTN_ACCUMULATE_HEADS(2, VTYPE, VLOAD);                            \
+    if (c < C) ATTN_ACCUMULATE_HEADS(1, VTYPE, VLOAD);                                            \
+  } while (0)
+
+// Keys of a block staged as f32 (ATTN_BLOCK rows of HD) where ELOAD does more than load: the
+// scores read each key once per query head, so a dequantized or rounded block is made once
+// for all G of them (the values, read once per four heads, are read where they lie). Up to
+// this head dim (8 KiB of stack); wider heads read in place.
+#define ATTN_STAGE_MAX_HD 128
+
 // The softmax update of the current rows' heads over key rows [FROM, TO) of KROWS and VROWS
 // (ETYPE, read by ELOAD), in blocks of ATTN_BLOCK: the cache's positions or the call's
 // earlier rows of the sequence. A kv head's row is ROW ETYPEs, a position's K rows
-// contiguous; its 16-lane chunk c starts CHUNK * c in.
-#define ATTN_SPAN(ETYPE, ELOAD, KROWS, VROWS, FROM, TO, ROW, CHUNK)                              \
+// contiguous; its 16-lane chunk c starts CHUNK * c in. STAGED: the keys go through
+// ATTN_STAGE_MAX_HD's buffer (the same values, so the same bits).
+#define ATTN_SPAN(ETYPE, ELOAD, KROWS, VROWS, FROM, TO, ROW, CHUNK, STAGED)                      \
   do {                                                                                            \
     const ETYPE* krows = (KROWS);                                                                 \
     const ETYPE* vrows = (VROWS);                                                                 \
-    const size_t row_w = (ROW), stride = K * row_w, chunk_w = (CHUNK);                            \
+    const size_t row_w = (ROW), row_stride = K * row_w;                                           \
     const int64_t span_hi = (TO);                                                                 \
     for (int64_t j0 = (FROM); j0 < span_hi; j0 += ATTN_BLOCK) {                                   \
       const size_t nb = (size_t)(span_hi - j0 < ATTN_BLOCK ? span_hi - j0 : ATTN_BLOCK);          \
@@ -168,7 +222,7 @@ static inline vf vf_attn_exp(vf x) {
         /* bytes, need not start on one). */                                                       \
         if (j0 + ATTN_AHEAD * ATTN_BLOCK < span_hi)                                               \
           for (size_t jj = 0; jj < ATTN_BLOCK; ++jj) {                                            \
-            const size_t row = ((size_t)j0 + ATTN_AHEAD * ATTN_BLOCK + jj) * stride + h * row_w;  \
+            const size_t row = ((size_t)j0 + ATTN_AHEAD * ATTN_BLOCK + jj) * row_stride + h * row_w; \
             const uintptr_t kr = (uintptr_t)(krows + row), vr = (uintptr_t)(vrows + row);         \
             const size_t bytes = row_w * sizeof(ETYPE);                                           \
             for (size_t b = 0; b < bytes + (kr & 63); b += 64)                                    \
@@ -176,45 +230,17 @@ static inline vf vf_attn_exp(vf x) {
             for (size_t b = 0; b < bytes + (vr & 63); b += 64)                                    \
               __builtin_prefetch((const char*)((vr & ~(uintptr_t)63) + b));                       \
           }                                                                                       \
-        const ETYPE* kblock = krows + (size_t)j0 * stride + h * row_w;                            \
-        const ETYPE* vblock = vrows + (size_t)j0 * stride + h * row_w;                            \
-        float* acc_h = acc + h * GHD;                                                             \
-        float e[ATTN_MAX_G][ATTN_BLOCK] __attribute__((aligned(64)));                             \
-        for (size_t g = 0; g < G; ++g) {                                                          \
-          const float* qg = qs + h * GHD + g * HD;                                                \
-          if (nb == ATTN_BLOCK) {                                                                 \
-            vf s[ATTN_BLOCK];                                                                     \
-            for (size_t jj = 0; jj < ATTN_BLOCK; ++jj) s[jj] = vf_zero();                         \
-            for (size_t c = 0; c < C; ++c) {                                                      \
-              const vf qv = vf_load(qg + 16 * c);                                                 \
-              for (size_t jj = 0; jj < ATTN_BLOCK; ++jj)                                          \
-                s[jj] = vf_fma(qv, ELOAD(kblock + jj * stride + chunk_w * c), s[jj]);             \
-            }                                                                                     \
-            vf_sum16(s, e[g]);                                                                    \
-          } else {                                                                                \
-            for (size_t jj = 0; jj < nb; ++jj) {                                                  \
-              vf s = vf_zero();                                                                   \
-              for (size_t c = 0; c < C; ++c)                                                      \
-                s = vf_fma(vf_load(qg + 16 * c), ELOAD(kblock + jj * stride + chunk_w * c), s);   \
-              e[g][jj] = vf_sum(s);                                                               \
-            }                                                                                     \
-            /* Past the context: e^-inf = 0, so a short block is a full one. */                   \
-            for (size_t jj = nb; jj < ATTN_BLOCK; ++jj) e[g][jj] = -__builtin_inff();             \
-          }                                                                                       \
-          float* mg = m + h * G + g;                                                              \
-          const float block_top = vf_max_lane(vf_load(e[g]));                                     \
-          const float top = block_top > *mg ? block_top : *mg;                                    \
-          const float alpha = attn_exp(*mg - top);                                                \
-          vf_store(e[g], vf_attn_exp(vf_add(vf_load(e[g]), vf_set1(-top))));                      \
-          l[h * G + g] = __builtin_fmaf(l[h * G + g], alpha, vf_sum(vf_load(e[g])));              \
-          *mg = top;                                                                              \
-          if (alpha != 1.0f)                                                                      \
+        const ETYPE* kraw = krows + (size_t)j0 * row_stride + h * row_w;                          \
+        const ETYPE* vraw = vrows + (size_t)j0 * row_stride + h * row_w;                          \
+        if ((STAGED) && HD <= ATTN_STAGE_MAX_HD) {                                                \
+          float kst[ATTN_BLOCK * ATTN_STAGE_MAX_HD] __attribute__((aligned(64)));                 \
+          for (size_t jj = 0; jj < nb; ++jj)                                                      \
             for (size_t c = 0; c < C; ++c)                                                        \
-              vf_store(acc_h + g * HD + 16 * c, vf_mul(vf_load(acc_h + g * HD + 16 * c), vf_set1(alpha))); \
+              vf_store(kst + jj * HD + 16 * c, ELOAD(kraw + jj * row_stride + (CHUNK) * c));      \
+          ATTN_UPDATE(float, vf_load, kst, HD, 16, ETYPE, ELOAD, vraw, row_stride, (CHUNK));       \
+        } else {                                                                                  \
+          ATTN_UPDATE(ETYPE, ELOAD, kraw, row_stride, (CHUNK), ETYPE, ELOAD, vraw, row_stride, (CHUNK)); \
         }                                                                                         \
-        size_t c = 0;                                                                             \
-        for (; c + 2 <= C; c += 2) ATTN_ACCUMULATE_HEADS(2, ETYPE, ELOAD);                        \
-        if (c < C) ATTN_ACCUMULATE_HEADS(1, ETYPE, ELOAD);                                        \
       }                                                                                           \
     }                                                                                             \
   } while (0)
@@ -225,7 +251,7 @@ static inline vf vf_load_round_f16(const float* p) { return vf_round_f16(vf_load
 // LOAD reads a cache's 16-lane chunk as f32; NLOAD reads 16 f32 values of the call's new
 // keys and values rounded through the cache's type (as the cache will hold them). A kv
 // head's cache row is ROW CTYPEs (an expression in HD), its chunk c CHUNK * c in.
-#define ATTN(NAME, CTYPE, LOAD, NLOAD, ROW, CHUNK)                                                \
+#define ATTN(NAME, CTYPE, LOAD, NLOAD, ROW, CHUNK, STAGED)                                        \
   void NAME(const float* q, size_t q_off, const float* kn, size_t kn_off, const float* vn,        \
             size_t vn_off, const CTYPE* kc, size_t kc_off, const CTYPE* vc, size_t vc_off,        \
             const int32_t* pos, size_t pos_off, const int32_t* slots, size_t slots_off,           \
@@ -284,8 +310,8 @@ static inline vf vf_load_round_f16(const float* p) { return vf_round_f16(vf_load
       /* Position j, kv head kh: row ((layer * S + slot) * P + j) * K + kh of the cache; the */ \
       /* call's row j: row j * K + kh of the new keys and values (hd f32 each). */               \
       const size_t at = ((layer * S + slot) * P * K + kh0) * (ROW);                               \
-      ATTN_SPAN(CTYPE, LOAD, kc + at, vc + at, lo, hi, ROW, CHUNK);                               \
-      ATTN_SPAN(float, NLOAD, kn + kh0 * HD, vn + kh0 * HD, (int64_t)ja, (int64_t)jb, HD, 16);    \
+      ATTN_SPAN(CTYPE, LOAD, kc + at, vc + at, lo, hi, ROW, CHUNK, STAGED);                       \
+      ATTN_SPAN(float, NLOAD, kn + kh0 * HD, vn + kh0 * HD, (int64_t)ja, (int64_t)jb, HD, 16, STAGED); \
       for (size_t h = 0; h < nh; ++h) {                                                           \
         float* o = out + r * K * GHD + (kh0 + h) * GHD;                                           \
         for (size_t g = 0; g < G; ++g) {                                                          \
@@ -297,7 +323,7 @@ static inline vf vf_load_round_f16(const float* p) { return vf_round_f16(vf_load
     }                                                                                             \
   }
 
-ATTN(mlx_iree_attn_f32, float, vf_load, vf_load, HD, 16)
-ATTN(mlx_iree_attn_f16, uint16_t, vf_load_f16, vf_load_round_f16, HD, 16)
-// 8-bit: a chunk is 20 bytes (scale, then 16 int8), offsets are bytes.
-ATTN(mlx_iree_attn_q8, int8_t, vf_load_q8, vf_load_round_q8, HD / 16 * 20, 20)
+ATTN(mlx_iree_attn_f32, float, vf_load, vf_load, HD, 16, 0)
+ATTN(mlx_iree_attn_f16, uint16_t, vf_load_f16, vf_load_round_f16, HD, 16, 0)
+// 8-bit: a chunk is 20 bytes (scale, then 16 int8), offsets are bytes; its keys staged.
+ATTN(mlx_iree_attn_q8, int8_t, vf_load_q8, vf_load_round_q8, HD / 16 * 20, 20, 1)
