@@ -303,10 +303,14 @@ fn a_draft_model_changes_no_token() {
             (drafted, accepted) = (drafted + done.drafted, accepted + done.accepted);
         }
         assert!(drafted >= 3 * DRAFT, "{drafted}");
+        let calls = scheduler.stats().verify_calls();
         if agrees {
             assert!(accepted * 10 >= drafted * 9, "the 4-bit twin: {accepted} of {drafted} accepted");
         } else {
             assert!(accepted * 4 < drafted, "a random draft: {accepted} of {drafted} accepted");
+            // After a call that accepts nothing, 2, 4, then 8 plain steps before the next
+            // try: at most 4 verify calls in a prompt's 15 calls after its first token.
+            assert!(calls <= 3 * 4, "a random draft checked in {calls} verify calls over 3 prompts");
         }
     }
     for (draft, expected) in [
