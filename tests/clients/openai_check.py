@@ -4,6 +4,7 @@ Usage: openai_check.py BASE_URL MODEL suite
        openai_check.py BASE_URL MODEL fanout PROMPT...   (all prompts at once, greedy)
        openai_check.py BASE_URL MODEL tools   (a greedy answer with tools offered, plain and streamed)
        openai_check.py BASE_URL MODEL structured   (chat.completions.parse with a pydantic model, 20 prompts)
+       openai_check.py BASE_URL MODEL forced   (tool_choice required on 20 questions; a named function, streamed too)
 
 Run by crates/mlx-iree/tests/openai.rs with the venv target/client-venv (pinned openai).
 """
@@ -106,18 +107,19 @@ WEATHER = {
 }
 
 
-def tools(client, model):
-    """The tool calls of a greedy answer (arguments parsed), plain and accumulated from streamed deltas."""
-    kwargs = dict(model=model, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER],
-                  tool_choice="auto", temperature=0)
-    plain = client.chat.completions.create(**kwargs).choices[0]
-    out = {"plain": {
+def answer(choice):
+    """A non-streamed choice's tool calls (arguments parsed), their ids, finish reason and content."""
+    return {
         "calls": [{"name": c.function.name, "arguments": json.loads(c.function.arguments)}
-                  for c in plain.message.tool_calls or []],
-        "ids": [c.id for c in plain.message.tool_calls or []],
-        "finish": plain.finish_reason,
-        "content": plain.message.content,
-    }}
+                  for c in choice.message.tool_calls or []],
+        "ids": [c.id for c in choice.message.tool_calls or []],
+        "finish": choice.finish_reason,
+        "content": choice.message.content,
+    }
+
+
+def streamed(client, kwargs):
+    """The tool calls, finish reason and content accumulated from a streamed answer's deltas."""
     calls, content, finish = {}, None, None
     for chunk in client.chat.completions.create(stream=True, **kwargs):
         if not chunk.choices:
@@ -129,12 +131,52 @@ def tools(client, model):
             entry["name"] += c.function.name or ""
             entry["arguments"] += c.function.arguments or ""
         finish = chunk.choices[0].finish_reason or finish
-    out["streamed"] = {
+    return {
         "calls": [{"name": c["name"], "arguments": json.loads(c["arguments"])} for _, c in sorted(calls.items())],
         "finish": finish,
         "content": content,
     }
-    return out
+
+
+def tools(client, model):
+    """The tool calls of a greedy answer (arguments parsed), plain and accumulated from streamed deltas."""
+    kwargs = dict(model=model, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER],
+                  tool_choice="auto", temperature=0)
+    return {"plain": answer(client.chat.completions.create(**kwargs).choices[0]), "streamed": streamed(client, kwargs)}
+
+
+FORCED_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                         "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["UTC", "CET", "JST"]}},
+        "required": ["zone"], "additionalProperties": False}}},
+]
+
+FORCED_QUESTIONS = [
+    "Weather in Paris?", "What time is it in Tokyo?", "Will it rain in Oslo tomorrow?", "Time in Berlin?",
+    "Is it sunny in Rome?", "Clock in London?", "Forecast for Lima this week?", "What hour is it now?",
+    "Snow in Quebec?", "Temperature in Cairo?", "Current time in Osaka?", "Wind in Perth?", "Hi!",
+    "Tell me a joke.", "Weather for 3 days in Nice?", "Time zone of Madrid?", "Humidity in Hanoi?",
+    "What is 2+2?", "Storms in Miami?", "Sunrise in Reykjavik?",
+]
+
+
+def forced(client, model):
+    """`tool_choice` "required" on 20 questions, and a named function plain and streamed: each answer."""
+    def kwargs(question, choice):
+        return dict(model=model, messages=[{"role": "user", "content": question}], tools=FORCED_TOOLS,
+                    tool_choice=choice, temperature=0)
+
+    named = kwargs("Weather in Paris?", {"type": "function", "function": {"name": "get_time"}})
+    return {
+        "required": [answer(client.chat.completions.create(**kwargs(q, "required")).choices[0])
+                     for q in FORCED_QUESTIONS],
+        "named": answer(client.chat.completions.create(**named).choices[0]),
+        "named_streamed": streamed(client, named),
+    }
 
 
 class Place(pydantic.BaseModel):
@@ -188,6 +230,8 @@ def main():
         result = suite(client, model)
     elif mode == "tools":
         result = tools(client, model)
+    elif mode == "forced":
+        result = forced(client, model)
     elif mode == "structured":
         result = structured(client, model)
     else:

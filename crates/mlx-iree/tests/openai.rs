@@ -15,6 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "../../../tests/scripted/smollm2_tools.rs"]
+mod smollm2_tools;
+
 /// The server's context: the shapes of crates/server/tests/http.rs (shared compiled modules).
 const MAX_CONTEXT: &str = "128";
 /// Starts a server (the shapes of crates/server/tests/http.rs, so the compiled modules are
@@ -77,6 +80,45 @@ fn the_openai_client_reads_tool_calls() {
         assert_eq!(got[key]["content"], Value::Null, "{got}");
     }
     assert!(got["plain"]["ids"][0].as_str().unwrap().starts_with("call-"), "{got}");
+}
+
+/// `tool_choice` through the client on a real checkpoint (SmolLM2 that takes tools,
+/// tests/scripted/smollm2_tools.rs; its weights and shapes are [`serve`]'s, so it shares the
+/// compiled modules): "required" gives one well-formed call of a given tool for each of 20
+/// questions (arguments valid against the tool's schema, finish `tool_calls`, no content),
+/// and a named function gives its call, streamed as the same call.
+#[test]
+fn the_openai_client_gets_forced_tool_calls() {
+    let dir = root().join("target/test-smollm2-tools-client");
+    smollm2_tools::write(&common::smollm2(), &dir);
+    let mut command = mlx_iree();
+    command.args(["serve", "--port", "0", "--max-context", MAX_CONTEXT, "--max-batch", "8"]);
+    let server = common::start(command.args(["--model-id", "smollm2-tools", "--model"]).arg(&dir));
+    let got = client_of(&format!("http://{}/v1", server.addr), "smollm2-tools", &["forced"]);
+    let valid = |call: &Value| {
+        let args = call["arguments"].as_object().unwrap();
+        match call["name"].as_str().unwrap() {
+            "get_weather" => {
+                args.len() == 2
+                    && args["city"].as_str().is_some_and(|c| c.chars().count() <= 12)
+                    && args["days"].as_i64().is_some_and(|d| (1..=7).contains(&d))
+            }
+            "get_time" => args.len() == 1 && ["UTC", "CET", "JST"].iter().any(|z| args["zone"] == *z),
+            _ => false,
+        }
+    };
+    let required = got["required"].as_array().unwrap();
+    assert_eq!(required.len(), 20, "{got}");
+    for answer in required {
+        let calls = answer["calls"].as_array().unwrap();
+        assert!(calls.len() == 1 && valid(&calls[0]), "{answer}");
+        assert_eq!((&answer["finish"], &answer["content"]), (&Value::from("tool_calls"), &Value::Null), "{answer}");
+    }
+    let named = &got["named"];
+    assert!(named["calls"].as_array().unwrap().len() == 1 && named["calls"][0]["name"] == "get_time", "{got}");
+    assert!(valid(&named["calls"][0]), "{got}");
+    assert_eq!(got["named_streamed"]["calls"], named["calls"], "{got}");
+    assert_eq!(got["named_streamed"]["finish"], "tool_calls", "{got}");
 }
 
 /// `chat.completions.parse` with a pydantic model (an enum, a nested model, a list, length

@@ -17,6 +17,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+#[path = "../../../tests/scripted/smollm2_tools.rs"]
+mod smollm2_tools;
+
 const MAX_BATCH: usize = 8;
 /// Small, so the test compiles few shapes (one attention window); prompts here are short.
 const MAX_CONTEXT: usize = 128;
@@ -1125,44 +1128,13 @@ fn hermes_model() -> Arc<Generator> {
     scripted_model("qwen2", "hermes", &[325, 122, 306, 241, 150, 212, 89, 190])
 }
 
-/// A chat template in the Hermes style for SmolLM2 with tools: the tools named in a system
-/// turn (their names only, so a prompt fits the tests' context), calls in the history
-/// written as `<tool_call>` JSON, tool results as `tool` turns.
-const TOOLS_TEMPLATE: &str = "\
-{% if tools %}<|im_start|>system\nTools: {% for t in tools %}{{ t.function.name }} {% endfor %}\
-Call one as <tool_call> JSON.<|im_end|>\n{% endif %}\
-{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}\
-{% for tool_call in m.tool_calls or [] %}{% set tool_call = tool_call.function %}<tool_call>\n\
-{\"name\": \"{{ tool_call.name }}\", \"arguments\": {{ tool_call.arguments | tojson }}}\n</tool_call>\
-{% endfor %}<|im_end|>\n{% endfor %}\
-{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
-
-/// SmolLM2 (the server tests' model and shapes, so its compiled modules are shared) with two
-/// unused special tokens renamed `<tool_call>` and `</tool_call>` (ordinary added tokens, as
-/// in Qwen's vocabulary) and [`TOOLS_TEMPLATE`]: a real checkpoint that takes tools, for the
-/// forced calls of `tool_choice`.
+/// SmolLM2 (the server tests' model and shapes, so its compiled modules are shared) that takes
+/// tools (tests/scripted/smollm2_tools.rs), for the forced calls of `tool_choice`.
 fn smollm2_tools_model() -> Arc<Generator> {
     static MODEL: OnceLock<Arc<Generator>> = OnceLock::new();
     Arc::clone(MODEL.get_or_init(|| {
         let dir = root().join("target/test-smollm2-tools-model");
-        std::fs::create_dir_all(&dir).unwrap();
-        for file in ["config.json", "model.safetensors", "model.safetensors.index.json"] {
-            std::fs::copy(model_dir().join(file), dir.join(file)).unwrap();
-        }
-        let mut tokenizer: Value =
-            serde_json::from_str(&std::fs::read_to_string(model_dir().join("tokenizer.json")).unwrap()).unwrap();
-        for (id, old, new) in [(3, "<repo_name>", "<tool_call>"), (4, "<reponame>", "</tool_call>")] {
-            let added = &mut tokenizer["added_tokens"][id];
-            assert_eq!(added["content"], old);
-            added["content"] = json!(new);
-            added["special"] = json!(false);
-            let vocab = tokenizer["model"]["vocab"].as_object_mut().unwrap();
-            assert_eq!(vocab.remove(old), Some(json!(id)));
-            vocab.insert(new.to_owned(), json!(id));
-        }
-        std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-        let config = json!({"chat_template": TOOLS_TEMPLATE, "eos_token": "<|im_end|>"});
-        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+        smollm2_tools::write(&model_dir(), &dir);
         let config = EngineConfig {
             max_batch: MAX_BATCH,
             max_context: Some(MAX_CONTEXT),
