@@ -459,7 +459,7 @@ pub struct AttnCase {
 /// head per kv head up to the kernel's most (16); head dims of one to four 16-lane chunks;
 /// several kv heads per workgroup (`attention_units` 4 for 8 kv heads); f32, f16 and 8-bit
 /// caches.
-pub const ATTN_CASES: [AttnCase; 8] = [
+pub const ATTN_CASES: [AttnCase; 9] = [
     AttnCase {
         heads: 8,
         kv: 2,
@@ -564,6 +564,20 @@ pub const ATTN_CASES: [AttnCase; 8] = [
         sliding: 0,
         positions: &[17, 39, 0, 33],
         slots: &[1, 0, 5, 1],
+    },
+    // 8-bit with a head dim past ATTN_STAGE_MAX_HD (Gemma's 256): the keys read where they
+    // lie, not staged; a chunk of 18 rows after cached positions.
+    AttnCase {
+        heads: 2,
+        kv: 1,
+        hd: 256,
+        cache: cpu::CacheElem::Q8,
+        cache_dims: [1, 2, 40],
+        layer: 0,
+        window: 40,
+        sliding: 0,
+        positions: &[3, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37],
+        slots: &[0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
     },
 ];
 
