@@ -8,7 +8,7 @@
 mod common;
 
 use common::planned;
-use engine::{CompileTarget, KernelSetting, Precision};
+use engine::{CompileTarget, KernelSetting, KvElem, Precision};
 
 use iree_compiler::recorded_per_call;
 
@@ -18,7 +18,8 @@ use iree_compiler::recorded_per_call;
 /// it records on each call, which is once per 128 positions of a prompt start the prefix
 /// cache copies, not once per step.
 fn recorded_per_call_for(variant: &str, precision: Precision, target: CompileTarget) -> Vec<String> {
-    let (backend, modules) = planned("llama_llama3_tied", variant, precision, &target, KernelSetting::Auto, 2);
+    let (backend, modules) =
+        planned("llama_llama3_tied", variant, precision, &target, KernelSetting::Auto, 2, KvElem::F32);
     let mut found = Vec::new();
     let mut copies = 0;
     for m in modules {

@@ -16,7 +16,7 @@
 mod common;
 
 use common::{compile_cache, families, planned, root};
-use engine::{CompileTarget, KernelSetting, Precision};
+use engine::{CompileTarget, KernelSetting, KvElem, Precision};
 
 use iree_compiler::check_vmfb;
 use serde_json::{Map, Value, json};
@@ -48,7 +48,8 @@ fn variant(precision: Precision) -> &'static str {
 
 /// One cell: "compiles", or "fails: <the compiler's error>" (which fails the test).
 fn outcome(family: &str, precision: Precision, target: &CompileTarget) -> String {
-    let (backend, modules) = planned(family, variant(precision), precision, target, KernelSetting::Auto, 1);
+    let (backend, modules) =
+        planned(family, variant(precision), precision, target, KernelSetting::Auto, 1, KvElem::F32);
     for m in modules {
         let vmfb = match backend.compile(&m, &compile_cache()) {
             Ok(vmfb) => vmfb,

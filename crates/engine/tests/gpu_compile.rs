@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{compile_cache, planned_kv};
+use common::{compile_cache, planned};
 use engine::{CompileTarget, KernelSetting, KvElem, Precision};
 
 use iree_compiler::check_vmfb;
@@ -28,7 +28,7 @@ fn compiles_for(family: &str, variant: &str, precision: Precision, target: Compi
 
 /// The same with a KV cache of element type `kv`.
 fn compiles_with(family: &str, variant: &str, precision: Precision, target: CompileTarget, kv: KvElem) -> String {
-    let (backend, modules) = planned_kv(family, variant, precision, &target, KernelSetting::Auto, 2, kv);
+    let (backend, modules) = planned(family, variant, precision, &target, KernelSetting::Auto, 2, kv);
     assert!(!modules.is_empty());
     let text = modules.iter().map(|m| m.mlir.as_str()).collect();
     for m in modules {

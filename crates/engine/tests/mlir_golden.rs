@@ -17,7 +17,7 @@
 mod common;
 
 use common::{families, planned};
-use engine::{CompileTarget, KernelSetting, Precision};
+use engine::{CompileTarget, KernelSetting, KvElem, Precision};
 
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -78,7 +78,7 @@ fn neutral(text: &str) -> String {
 }
 
 fn cell(family: &str, precision: Precision, variant: &str, target: &CompileTarget, kernels: KernelSetting) -> String {
-    let (_, modules) = planned(family, variant, precision, target, kernels, 4);
+    let (_, modules) = planned(family, variant, precision, target, kernels, 4, KvElem::F32);
     let mut hash = Sha256::new();
     for m in modules {
         hash.update(neutral(&m.mlir).as_bytes());

@@ -28,20 +28,9 @@ pub fn compile_cache() -> PathBuf {
 }
 
 /// What the engine plans for fixture `family`'s `variant` at `precision` on `target` with
-/// `kernels`: its backend and the modules of a plan of `slots` slots x 64 positions.
+/// `kernels` and a KV cache of element type `kv`: its backend and the modules of a plan of
+/// `slots` slots x 64 positions.
 pub fn planned(
-    family: &str,
-    variant: &str,
-    precision: Precision,
-    target: &CompileTarget,
-    kernels: KernelSetting,
-    slots: usize,
-) -> (Backend, Vec<GraphModule>) {
-    planned_kv(family, variant, precision, target, kernels, slots, engine::KvElem::F32)
-}
-
-/// [`planned`] with a KV cache of element type `kv`.
-pub fn planned_kv(
     family: &str,
     variant: &str,
     precision: Precision,
