@@ -816,6 +816,8 @@ impl Loop {
     /// `n` answers of one request, conversations behind one system prompt), while later
     /// requests go ahead.
     fn admit(&mut self) {
+        // Whether a prompt's start can come from another slot (the copies are compiled).
+        let across = self.prefix_cache && self.engine.can_copy();
         let mut i = 0;
         while !self.free.is_empty() && i < self.queue.len() {
             let prompt = &self.queue[i].request.prompt;
@@ -831,15 +833,14 @@ impl Loop {
             else {
                 break;
             };
-            let contents = if self.prefix_cache && self.engine.can_copy() { self.contents() } else { Vec::new() };
+            let contents = if across { self.contents() } else { Vec::new() };
             let (source, shared) = contents
                 .iter()
                 .map(|(slot, held)| (*slot, self.reusable(held, prompt)))
                 .max_by_key(|&(slot, reuse)| (reuse, std::cmp::Reverse(slot)))
                 .unwrap_or((0, 0));
             let have = own.max(shared);
-            let coming = self.prefix_cache
-                && self.engine.can_copy()
+            let coming = across
                 && !self.engine.has_state()
                 && self.running.iter().any(|r| {
                     let common = r.pending.request.prompt.iter().zip(prompt).take_while(|(a, b)| a == b).count();
@@ -997,12 +998,12 @@ impl Loop {
     /// tokens of its history ([`ngram_draft`]); false (nothing done) where it has none or
     /// its slot has no room for them.
     fn speculate(&mut self, slot: usize, input: u32) -> bool {
-        let room = self.engine.verify_rows(slot);
         let Some(i) = self.running.iter().position(|r| r.slot == slot) else { return false };
         if self.running[i].draft_pause > 0 {
             self.running[i].draft_pause -= 1;
             return false;
         }
+        let room = self.engine.verify_rows(slot);
         let r = &self.running[i];
         // Never draft past what the request may still generate.
         let left = r.pending.request.max_tokens.saturating_sub(r.generated + 1);

@@ -2,10 +2,9 @@
 //! form (one row per sequence against its window, or a prompt chunk by contractions), with
 //! causal and sliding-window masks and Gemma 2's soft cap.
 
-use super::{KvElem, R, Step, V, kvq8};
+use super::{KvElem, R, Step, V};
 use crate::backend::SlotRead;
 use hlo_emit::{Cmp, DotDims, ElementType::*, GatherDims, ScatterDims};
-use kernels::cpu::{Q8_BLOCK, Q8_BLOCK_BYTES};
 
 impl<'c, 'b> Step<'_, 'c, 'b> {
     /// Positions `[0, window)` of layer `l` of each sequence's slot as f32 `[n, W, heads, width]`
@@ -28,7 +27,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         // scatter made IREE 3.13 fuse them into one dispatch that keeps the whole window on
         // the stack ("exceeded stack allocation limit of 32768 bytes") for an f16 cache.
         let read = self.raw_window(cache, l, slots)?;
-        let x = self.as_stored(x)?;
+        let x = self.kv_elem.store(f, x)?;
         let dims = ScatterDims {
             update_window_dims: vec![1, 2],
             inserted_window_dims: vec![0, 1],
@@ -36,44 +35,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             index_vector_dim: 1,
             ..ScatterDims::default()
         };
-        self.stored_values(f.scatter(read, at, x, dims)?)
-    }
-
-    /// `x` rounded through the cache's element type, so attention sees exactly what later
-    /// steps will read back.
-    fn as_cached(&self, x: V<'c, 'b>) -> R<V<'c, 'b>> {
-        match self.kv_elem {
-            KvElem::F32 => Ok(x),
-            KvElem::F16 => self.f.convert(self.f.convert(x, F16)?, F32),
-            KvElem::Q8 => kvq8::round(self.f, x),
-        }
-    }
-
-    /// Rows of f32 values `[.., width]` as the cache stores them.
-    pub(super) fn as_stored(&self, x: V<'c, 'b>) -> R<V<'c, 'b>> {
-        match self.kv_elem {
-            KvElem::F32 => Ok(x),
-            KvElem::F16 => self.f.convert(x, F16),
-            KvElem::Q8 => kvq8::encode(self.f, x),
-        }
-    }
-
-    /// The cache's rows `[.., stored width]` as f32 values `[.., width]`.
-    fn stored_values(&self, x: V<'c, 'b>) -> R<V<'c, 'b>> {
-        match self.kv_elem {
-            KvElem::F32 => Ok(x),
-            KvElem::F16 => self.f.convert(x, F32),
-            KvElem::Q8 => kvq8::decode(self.f, x),
-        }
-    }
-
-    /// Values in a row of `cache` (`[.., heads, stored width]`).
-    pub(super) fn cache_width(&self, cache: V<'c, 'b>) -> i64 {
-        let stored = cache.shape()[4];
-        match self.kv_elem {
-            KvElem::F32 | KvElem::F16 => stored,
-            KvElem::Q8 => stored / Q8_BLOCK_BYTES as i64 * Q8_BLOCK as i64,
-        }
+        self.kv_elem.load(f, f.scatter(read, at, x, dims)?)
     }
 
     /// Positions `[0, window)` of layer `l` of each sequence's slot, as f32 `[n, W, kv_heads, hd]`,
@@ -117,7 +79,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
                 f.gather(layer, f.reshape(slots, &[n, 1])?, dims, &[1, w, k, hd])?
             }
         };
-        self.stored_values(read)
+        self.kv_elem.load(f, read)
     }
 
     /// Positions `[0, window)` of layer `l` of each sequence's slot in the cache's element type,
@@ -284,7 +246,8 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         // products).
         let (full, scores) = ([n, k, g, w, hd], [n, k, g, w]);
         let q = f.reshape(q, &[n, k, g, hd])?;
-        let (kk, vv) = (self.as_cached(kk)?, self.as_cached(vv)?);
+        // Rounded through the cache's type, so attention sees exactly what later steps read.
+        let (kk, vv) = (self.kv_elem.round(f, kk)?, self.kv_elem.round(f, vv)?);
 
         let old = f.mul(f.broadcast_in_dim(q, &full, &[0, 1, 2, 4])?, f.broadcast_in_dim(kl, &full, &[0, 3, 1, 4])?)?;
         let old = self.scaled(f.reduce_sum(old, &[4])?)?;

@@ -842,7 +842,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         // The cache's rows: a layer's own heads, or flat and padded to the widest layer's
         // (Gemma 4, [`ModelConfig::uniform_heads`]).
         let Cache { k: kc, v: vc, slots, row_slots, positions } = *cache;
-        let (cache_heads, width) = (kc.shape()[3], self.cache_width(kc));
+        let (cache_heads, width) = (kc.shape()[3], self.kv_elem.width(kc.shape()[4] as usize) as i64);
         let flat = (cache_heads, width) != (k, hd);
         let as_cached = |x: V<'c, 'b>| -> R<V<'c, 'b>> {
             if !flat {

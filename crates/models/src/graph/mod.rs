@@ -89,6 +89,42 @@ impl KvElem {
         }
     }
 
+    /// Values in a row the cache's buffers store in `stored` elements (the inverse of
+    /// [`KvElem::stored_width`]).
+    pub fn width(self, stored: usize) -> usize {
+        match self {
+            KvElem::F32 | KvElem::F16 => stored,
+            KvElem::Q8 => stored / kernels::cpu::Q8_BLOCK_BYTES * kernels::cpu::Q8_BLOCK,
+        }
+    }
+
+    /// Rows of f32 values `[.., width]` as the cache stores them.
+    fn store<'c, 'b>(self, f: &Func<'c, 'b>, x: V<'c, 'b>) -> R<V<'c, 'b>> {
+        match self {
+            KvElem::F32 => Ok(x),
+            KvElem::F16 => f.convert(x, F16),
+            KvElem::Q8 => kvq8::encode(f, x),
+        }
+    }
+
+    /// The cache's rows `[.., stored width]` as f32 values `[.., width]`.
+    fn load<'c, 'b>(self, f: &Func<'c, 'b>, x: V<'c, 'b>) -> R<V<'c, 'b>> {
+        match self {
+            KvElem::F32 => Ok(x),
+            KvElem::F16 => f.convert(x, F32),
+            KvElem::Q8 => kvq8::decode(f, x),
+        }
+    }
+
+    /// f32 values rounded through the cache's element type: what a later step reads back.
+    fn round<'c, 'b>(self, f: &Func<'c, 'b>, x: V<'c, 'b>) -> R<V<'c, 'b>> {
+        match self {
+            KvElem::F32 => Ok(x),
+            KvElem::F16 => f.convert(f.convert(x, F16)?, F32),
+            KvElem::Q8 => kvq8::round(f, x),
+        }
+    }
+
     /// Bytes of one element of the cache's buffers.
     pub fn elem_bytes(self) -> usize {
         match self {
@@ -102,11 +138,14 @@ impl KvElem {
     /// it cannot: an 8-bit cache's blocks are 16 values of one row.
     pub fn check(self, cfg: &ModelConfig) -> std::result::Result<(), String> {
         let block = kernels::cpu::Q8_BLOCK;
+        if self != KvElem::Q8 {
+            return Ok(());
+        }
         match cfg.cache_rows().iter().find(|(_, width)| !width.is_multiple_of(block)) {
-            Some((_, width)) if self == KvElem::Q8 => Err(format!(
+            Some((_, width)) => Err(format!(
                 "--kv-cache q8 stores blocks of {block} values of a cache row, and this model's rows have {width}"
             )),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 }
@@ -538,11 +577,7 @@ fn write_kv<'c, 'b>(
         ..ScatterDims::default()
     };
     let flat = |x: V<'c, 'b>| -> R<V<'c, 'b>> {
-        let x = match elem {
-            KvElem::F32 => x,
-            KvElem::F16 => f.convert(x, F16)?,
-            KvElem::Q8 => kvq8::encode(f, x)?,
-        };
+        let x = elem.store(f, x)?;
         let dims = x.shape();
         f.reshape(x, &[l * r, dims[2], dims[3]])
     };
