@@ -162,7 +162,7 @@ fn the_aarch64_object_computes_the_models_bits() {
         let scales: &[Scale] = if fp4 { &[Scale::F16, Scale::F32, Scale::E8m0] } else { &[Scale::F16, Scale::F32] };
         for &scale in scales {
             for gs in GROUP_SIZES {
-                let entry = |op| cpu::Entry { op, bits, scale, fp4 };
+                let entry = |op| cpu::Entry { op, bits, scale, fp4, x8: false };
                 let m = Matrix::of(&entry(Op::Matvec), O, K, gs, 10 * matrices.len() as u64);
                 for t in ROWS {
                     let x = input(t, K, 100 + t as u64);

@@ -3,8 +3,11 @@
 //! the arithmetic to the two functions each instruction set's file defines after including
 //! this header:
 //!
-//! - `quantize_group(xg, gs, q, scale, sum)`: one group of x to i16 against its largest
-//!   magnitude (`scale` = that / 32767), and its f32 sum;
+//! - `quantize_group(xg, gs, levels, q, b, scale, sum)`: one group of x to integers of at most
+//!   `levels` (32767, or 127 for the `_x8` exports) against its largest magnitude (`scale` =
+//!   that / levels), held as i16 at `q`, and its f32 sum; with `b` (x8 only, may be ignored by
+//!   an instruction set whose `group_rows` does not read it) the same values as bytes in
+//!   `X8_ORDER`;
 //! - `group_rows(bits, fp4, f16, wg, xp, i, n, gs, s, b, y, stride)`: for panel rows i..i+n
 //!   and one 16-row block, the group's exact integer dots against the tiles at `wg`, then
 //!   `y = fma(bias, sum, fma(scale, dot * x_scale, y))` in f32 for each of the 16 outputs at
@@ -14,9 +17,16 @@
 //! An instruction set that computes a whole panel at once (AMX tiles) also defines, before
 //! including this header, `WHOLE_PANEL_ROWS` (the fewest rows of a panel worth it; smaller
 //! panels go through the functions above) and, after, `whole_panel(bits, fp4, f16, x, K, w,
-//! block_bytes, s, b, np, gs, y, stride, nb)`: the panel's np rows of x (K apart; np not a
-//! constant) times nb consecutive blocks (weights block_bytes apart, scales and biases from
-//! their first block's), every group, added to y (rows `stride` apart, zero on entry).
+//! block_bytes, s, b, np, gs, y, stride, nb, levels)`: the panel's np rows of x (K apart; np
+//! not a constant) times nb consecutive blocks (weights block_bytes apart, scales and biases
+//! from their first block's), every group, x quantized to `levels`, added to y (rows `stride`
+//! apart, zero on entry).
+//!
+//! The `_x8` exports (`kernels::cpu::Entry::x8`) quantize each group of x to 8 bits (127
+//! levels) instead of 16: llama.cpp's int8 activations, so that an instruction set with a
+//! byte dot product (AVX-512 VNNI's `vpdpbusd`) takes 4 k a lane per instruction, twice the
+//! i16 products'. The dots stay exact integers and the epilogue the same, so every object
+//! still computes the same bits, whatever instructions it uses for them.
 //!
 //! Layouts (written by crates/kernels/src/cpu.rs, `repack_*`), per block of 16 rows,
 //! consecutive along k, in 32-byte tiles:
@@ -58,6 +68,9 @@
 
 // Largest group size (kernels::cpu::supports); group sizes are multiples of 16.
 #define MAX_GROUP 128
+// The integer range x is quantized to: the exact exports' 15 bits, the `_x8` exports' 7.
+#define LEVELS_I16 32767.0f
+#define LEVELS_I8 127.0f
 // Row blocks per workgroup (kernels::cpu::BLOCKS_PER_WORKGROUP).
 #define BLOCKS 4
 // Rows of x quantized together (2 KB of i16 on the stack, which IREE's worker threads keep
@@ -79,14 +92,24 @@
 
 typedef struct {
   int16_t q[PANEL][MAX_GROUP] __attribute__((aligned(64)));
+  // The x8 exports' values again as bytes, each 4 k in X8_ORDER (for `vpdpbusd`).
+  int8_t b[PANEL][MAX_GROUP] __attribute__((aligned(64)));
   float scale[PANEL];
   float sum[PANEL];
 } xpanel_t;
 
+// The order of each 4 k in the byte copy of x (k0, k0 + 2, k0 + 1, k0 + 3): the order a 4-bit
+// tile's lane holds a row's values in once its nibbles are spread to bytes (and two 8-bit
+// tiles' once interleaved).
+#define X8_ORDER 0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15
+
 // The rows of x `group_rows` reads: row j's group values at q[j] (MAX_GROUP apart), its scale
-// and sum at scale[j] and sum[j]. A view of a panel, or of one row's whole quantized x.
+// and sum at scale[j] and sum[j]; `b`: the same values as bytes (b[j], in X8_ORDER) where x
+// is quantized to 8 bits and the panel path has them written, else NULL. A view of a panel,
+// or of one row's whole quantized x.
 typedef struct {
   const int16_t (*q)[MAX_GROUP];
+  const int8_t (*b)[MAX_GROUP];
   const float* scale;
   const float* sum;
 } xview_t;
@@ -165,14 +188,15 @@ static inline int32_t pair_of(const int16_t* q, size_t k) {
   return v;
 }
 
-static inline void quantize_group(const float* xg, size_t gs, int16_t* q, float* scale, float* sum);
+static inline void quantize_group(const float* xg, size_t gs, float levels, int16_t* q, int8_t* b, float* scale,
+                                  float* sum);
 static inline __attribute__((always_inline)) void group_rows(int bits, int fp4, int f16, const uint8_t* wg,
                                                              const xview_t* xp, size_t i, size_t n, size_t gs,
                                                              const void* s, const void* b, float* y, size_t stride);
 #ifdef WHOLE_PANEL_ROWS
 static inline void whole_panel(int bits, int fp4, int f16, const float* x, size_t K, const uint8_t* w, size_t block_bytes,
                                const void* s, const void* b, size_t np, size_t gs, float* y, size_t stride,
-                               size_t nb);
+                               size_t nb, float levels);
 #define WHOLE_PANEL(np) ((np) >= WHOLE_PANEL_ROWS)
 #else
 #define WHOLE_PANEL(np) 0
@@ -202,12 +226,15 @@ static inline __attribute__((always_inline)) void prefetch_group(const uint8_t* 
 // `r` (same shape as y), each finished row block becomes y + r: the same f32 add as the
 // graph's residual connection after the product, so the fused export gives its bits.
 // `sc`, `bi` point at elements of `f16 ? 2 : 4` bytes (with `fp4`, `bi` is `sc`: no biases).
-static inline __attribute__((always_inline)) void qmv_body(int bits, int fp4, int f16, const float* x, const uint8_t* w,
+// `x8`: x quantized to 8 bits (the `_x8` exports), else 16.
+static inline __attribute__((always_inline)) void qmv_body(int bits, int fp4, int f16, int x8, const float* x,
+                                                           const uint8_t* w,
                                                            const char* sc, const char* bi, const float* r,
                                                            float* y, size_t T, size_t K, size_t O, size_t GS,
                                                            size_t rb0, size_t rb1) {
   const size_t G = K / GS, blocks = O / 16, block_bytes = K * bits * 16 / 8;
   const size_t group_bytes = GS * bits * 16 / 8, sbytes = scale_bytes(f16);
+  const float levels = x8 ? LEVELS_I8 : LEVELS_I16;
   if (rb1 > blocks) rb1 = blocks;
   if (rb1 > rb0 + BLOCKS) rb1 = rb0 + BLOCKS;
   if (rb1 <= rb0) return;
@@ -232,14 +259,14 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int fp4, in
       prefetch_span(w + rb0 * block_bytes, ahead * group_bytes);
       prefetch_span(sc + rb0 * G * sgroup, ahead * sgroup);
       prefetch_span(bi + rb0 * G * sgroup, ahead * sgroup);
-      for (size_t g = 0; g < G; ++g) quantize_group(x + g * GS, GS, xq + g * GS, &xscale[g], &xsum[g]);
+      for (size_t g = 0; g < G; ++g) quantize_group(x + g * GS, GS, levels, xq + g * GS, 0, &xscale[g], &xsum[g]);
       for (size_t rb = rb0; rb < rb1; ++rb) {
         for (size_t g = 0; g < G; ++g) {
           const size_t next = rb * G + g + ahead;
           prefetch_group(w + next * group_bytes, sc + next * sgroup, bi + next * sgroup, group_bytes, sgroup);
           // The group's values where they lie (only row 0 is read; copying them into a panel
           // first cost 4-10% of a decode matvec, measured with cpu/qmv_bench.c).
-          const xview_t row = {(const int16_t (*)[MAX_GROUP])(xq + g * GS), &xscale[g], &xsum[g]};
+          const xview_t row = {(const int16_t (*)[MAX_GROUP])(xq + g * GS), 0, &xscale[g], &xsum[g]};
           const size_t gi = (rb * G + g) * 16 * sbytes;
           const uint8_t* wg = rows_widen(bits, w + rb * block_bytes + g * group_bytes, GS, wide);
           group_rows(rows_bits(bits), fp4, f16, wg, &row, 0, 1, GS, sc + gi, bi + gi, y + rb * 16, O);
@@ -247,16 +274,16 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int fp4, in
       }
     } else if (WHOLE_PANEL(np)) {
       whole_panel(bits, fp4, f16, x + t0 * K, K, w + rb0 * block_bytes, block_bytes, sc + rb0 * G * 16 * sbytes,
-                  bi + rb0 * G * 16 * sbytes, np, GS, y + t0 * O + rb0 * 16, O, rb1 - rb0);
+                  bi + rb0 * G * 16 * sbytes, np, GS, y + t0 * O + rb0 * 16, O, rb1 - rb0, levels);
     } else {
       // The blocks are read side by side here, group by group, so each block's stream asks
       // for its share of PREFETCH_AHEAD; later panels find the workgroup's weights cached.
       const size_t ahead = PREFETCH_AHEAD / (group_bytes * (rb1 - rb0)) + 1, sgroup = 16 * sbytes;
-      const xview_t panel = {xp.q, xp.scale, xp.sum};
+      const xview_t panel = {xp.q, x8 ? xp.b : 0, xp.scale, xp.sum};
       uint8_t wide[MAX_GROUP * 16] __attribute__((aligned(64)));
       for (size_t g = 0; g < G; ++g) {
         for (size_t i = 0; i < np; ++i)
-          quantize_group(x + (t0 + i) * K + g * GS, GS, xp.q[i], &xp.scale[i], &xp.sum[i]);
+          quantize_group(x + (t0 + i) * K + g * GS, GS, levels, xp.q[i], x8 ? xp.b[i] : 0, &xp.scale[i], &xp.sum[i]);
         for (size_t rb = rb0; rb < rb1; ++rb) {
           const size_t gi = (rb * G + g) * 16 * sbytes;
           const uint8_t* wp = w + rb * block_bytes + g * group_bytes;
@@ -290,33 +317,38 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int fp4, in
 }
 
 // One exported matvec per (bits, scale type): `y = x . W^T`; and its residual twin
-// (`mlx_iree_qmvr*`): `y = x . W^T + r`. Offsets count elements of the pointer's type.
-#define QMV(NAME, BITS, F16, STYPE)                                                                      \
+// (`mlx_iree_qmvr*`): `y = x . W^T + r`. Offsets count elements of the pointer's type. Each
+// macro defines the exact export NAME and its 8-bit-activation twin NAME_x8.
+#define QMV(NAME, BITS, F16, STYPE) QMV_X(NAME, BITS, F16, STYPE, 0) QMV_X(NAME##_x8, BITS, F16, STYPE, 1)
+#define QMV_X(NAME, BITS, F16, STYPE, X8)                                                                \
   void NAME(const float* x, size_t x_off, const uint8_t* w, size_t w_off, const STYPE* sc, size_t s_off, \
             const STYPE* bi, size_t b_off, float* y, size_t y_off, size_t T, size_t K, size_t O, size_t GS, \
             size_t rb0, size_t rb1) {                                                                    \
-    qmv_body(BITS, 0, F16, x + x_off, w + w_off, (const char*)(sc + s_off), (const char*)(bi + b_off), 0,\
-             y + y_off, T, K, O, GS, rb0, rb1);                                                          \
+    qmv_body(BITS, 0, F16, X8, x + x_off, w + w_off, (const char*)(sc + s_off), (const char*)(bi + b_off), \
+             0, y + y_off, T, K, O, GS, rb0, rb1);                                                       \
   }
 // The FP4 twins: no biases.
-#define QMV_FP4(NAME, F16, STYPE)                                                                     \
+#define QMV_FP4(NAME, F16, STYPE) QMV_FP4_X(NAME, F16, STYPE, 0) QMV_FP4_X(NAME##_x8, F16, STYPE, 1)
+#define QMV_FP4_X(NAME, F16, STYPE, X8)                                                               \
   void NAME(const float* x, size_t x_off, const uint8_t* w, size_t w_off, const STYPE* sc, size_t s_off, \
             float* y, size_t y_off, size_t T, size_t K, size_t O, size_t GS, size_t rb0, size_t rb1) {     \
-    qmv_body(4, 1, F16, x + x_off, w + w_off, (const char*)(sc + s_off), (const char*)(sc + s_off), 0,    \
+    qmv_body(4, 1, F16, X8, x + x_off, w + w_off, (const char*)(sc + s_off), (const char*)(sc + s_off), 0, \
              y + y_off, T, K, O, GS, rb0, rb1);                                                          \
   }
-#define QMVR(NAME, BITS, F16, STYPE)                                                                     \
+#define QMVR(NAME, BITS, F16, STYPE) QMVR_X(NAME, BITS, F16, STYPE, 0) QMVR_X(NAME##_x8, BITS, F16, STYPE, 1)
+#define QMVR_X(NAME, BITS, F16, STYPE, X8)                                                               \
   void NAME(const float* x, size_t x_off, const uint8_t* w, size_t w_off, const STYPE* sc, size_t s_off, \
             const STYPE* bi, size_t b_off, const float* r, size_t r_off, float* y, size_t y_off, size_t T, \
             size_t K, size_t O, size_t GS, size_t rb0, size_t rb1) {                                     \
-    qmv_body(BITS, 0, F16, x + x_off, w + w_off, (const char*)(sc + s_off), (const char*)(bi + b_off),    \
+    qmv_body(BITS, 0, F16, X8, x + x_off, w + w_off, (const char*)(sc + s_off), (const char*)(bi + b_off), \
              r + r_off, y + y_off, T, K, O, GS, rb0, rb1);                                               \
   }
-#define QMVR_FP4(NAME, F16, STYPE)                                                                    \
+#define QMVR_FP4(NAME, F16, STYPE) QMVR_FP4_X(NAME, F16, STYPE, 0) QMVR_FP4_X(NAME##_x8, F16, STYPE, 1)
+#define QMVR_FP4_X(NAME, F16, STYPE, X8)                                                              \
   void NAME(const float* x, size_t x_off, const uint8_t* w, size_t w_off, const STYPE* sc, size_t s_off, \
             const float* r, size_t r_off, float* y, size_t y_off, size_t T, size_t K, size_t O, size_t GS, \
             size_t rb0, size_t rb1) {                                                                    \
-    qmv_body(4, 1, F16, x + x_off, w + w_off, (const char*)(sc + s_off), (const char*)(sc + s_off),       \
+    qmv_body(4, 1, F16, X8, x + x_off, w + w_off, (const char*)(sc + s_off), (const char*)(sc + s_off),   \
              r + r_off, y + y_off, T, K, O, GS, rb0, rb1);                                               \
   }
 
@@ -368,7 +400,7 @@ static inline __attribute__((always_inline)) void qmve_body(int bits, int fp4, i
       const int32_t id = ids[n];
       const size_t e = id < 0 ? 0 : ((size_t)id >= E ? E - 1 : (size_t)id);
       if (by_expert && e != major) continue;
-      qmv_body(bits, fp4, f16, x + n * K, w + e * expert_bytes, sc + e * expert_groups, bi + e * expert_groups, 0,
+      qmv_body(bits, fp4, f16, 0, x + n * K, w + e * expert_bytes, sc + e * expert_groups, bi + e * expert_groups, 0,
                y + n * O, 1, K, O, GS, rb0, rb1);
     }
     u += rb1 - rb0;

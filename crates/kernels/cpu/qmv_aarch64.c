@@ -23,7 +23,10 @@
 
 #include "qmv.h"
 
-static inline void quantize_group(const float* xg, size_t gs, int16_t* q, float* scale, float* sum) {
+// `b` (x8's bytes) is not read here: this object's products take the i16 values.
+static inline void quantize_group(const float* xg, size_t gs, float levels, int16_t* q, int8_t* b, float* scale,
+                                  float* sum) {
+  (void)b;
   float32x4_t amax = vdupq_n_f32(0.0f);
   // Lanes 0-3, 4-7, 8-11 and 12-15 of the AVX-512 file's 16 lanes.
   float32x4_t l0 = amax, l1 = amax, l2 = amax, l3 = amax;
@@ -42,8 +45,8 @@ static inline void quantize_group(const float* xg, size_t gs, int16_t* q, float*
   const float32x2_t s2 = vadd_f32(vget_low_f32(s4), vget_high_f32(s4));
   *sum = vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);
   const float m = vmaxvq_f32(amax);
-  *scale = m / 32767.0f;
-  const float32x4_t inv = vdupq_n_f32(m > 0.0f ? 32767.0f / m : 0.0f);
+  *scale = m / levels;
+  const float32x4_t inv = vdupq_n_f32(m > 0.0f ? levels / m : 0.0f);
   for (size_t k = 0; k < gs; k += 8) {
     // Round to nearest even (`fcvtns`, as the x86 files' default MXCSR mode); |value| <= 32767.
     const int32x4_t r0 = vcvtnq_s32_f32(vmulq_f32(vld1q_f32(xg + k), inv));

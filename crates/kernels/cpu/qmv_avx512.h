@@ -4,7 +4,8 @@
 //! Include after qmv.h, with GROUP_ROWS_3_6 defined as 1 before it: `group_rows` reads 3-bit
 //! and 6-bit groups as stored.
 //!
-//! Each group of x is quantized to i16 against its largest magnitude, the integer dot
+//! Each group of x is quantized to i16 against its largest magnitude (to 8 bits for the x8
+//! exports, whose 4-bit and 8-bit panels take `vpdpbusd` on x's bytes), the integer dot
 //! products are exact, and scale, bias and x's scale apply in f32 once per group. One zmm
 //! register holds a block's 16 rows; each tile is unpacked once for up to 8 rows of x.
 
@@ -28,7 +29,8 @@ static inline __m512i quantize16(const float* x, __m512 inv) {
   return _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), inv));
 }
 
-static inline void quantize_group(const float* xg, size_t gs, int16_t* q, float* scale, float* sum) {
+static inline void quantize_group(const float* xg, size_t gs, float levels, int16_t* q, int8_t* b, float* scale,
+                                  float* sum) {
   __m512 amax = _mm512_setzero_ps(), s = _mm512_setzero_ps();
   for (size_t k = 0; k < gs; k += 16) {
     const __m512 v = _mm512_loadu_ps(xg + k);
@@ -37,9 +39,65 @@ static inline void quantize_group(const float* xg, size_t gs, int16_t* q, float*
   }
   const float m = _mm512_reduce_max_ps(amax);
   *sum = _mm512_reduce_add_ps(s);
-  *scale = m / 32767.0f;
-  const __m512 inv = _mm512_set1_ps(m > 0.0f ? 32767.0f / m : 0.0f);
-  for (size_t k = 0; k < gs; k += 16) _mm256_store_si256((__m256i*)(q + k), _mm512_cvtepi32_epi16(quantize16(xg + k, inv)));
+  *scale = m / levels;
+  const __m512 inv = _mm512_set1_ps(m > 0.0f ? levels / m : 0.0f);
+  const __m128i order = _mm_setr_epi8(X8_ORDER);
+  for (size_t k = 0; k < gs; k += 16) {
+    const __m512i v = quantize16(xg + k, inv);
+    _mm256_store_si256((__m256i*)(q + k), _mm512_cvtepi32_epi16(v));
+    // |value| <= 127 where bytes are asked for: exact.
+    if (b) _mm_store_si128((__m128i*)(b + k), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(v), order));
+  }
+}
+
+// The x8 products (`vpdpbusd`, unsigned weight bytes times signed bytes of x, 4 k a lane):
+// sum_k q[r, k] * xb[i][k] over one group for a block's 16 rows and n rows of x, exact in i32
+// (|x| <= 127, q <= 255, k <= 128). Each 32-bit lane r of the weights holds row r's values of
+// 4 k in X8_ORDER, the order of x's bytes. Two accumulators per row of x (even and odd steps
+// of 4 k). 4-bit tiles: a tile's bytes zero-extended to 16 bits, each lane's high nibble
+// moved to its high byte (lane 2r + p: q[r, k0 + p], q[r, k0 + 2 + p]).
+static inline __attribute__((always_inline)) void group_dot4_x8(const uint8_t* wg, const int8_t (*xb)[MAX_GROUP],
+                                                                size_t n, size_t gs, __m512i acc[PANEL]) {
+  const __m512i nibbles = _mm512_set1_epi16(0x0F0F);
+  __m512i a0[PANEL], a1[PANEL];
+  for (size_t i = 0; i < n; ++i) a0[i] = a1[i] = _mm512_setzero_si512();
+  for (size_t k = 0; k < gs; k += 8, wg += 64) {
+    const __m512i v0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)wg));
+    const __m512i v1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(wg + 32)));
+    // (v | v << 4) & 0x0F0F: (a | b) & c is vpternlog's 0xA8.
+    const __m512i w0 = _mm512_ternarylogic_epi32(v0, _mm512_slli_epi16(v0, 4), nibbles, 0xA8);
+    const __m512i w1 = _mm512_ternarylogic_epi32(v1, _mm512_slli_epi16(v1, 4), nibbles, 0xA8);
+    for (size_t i = 0; i < n; ++i) {
+      int32_t x0, x1;
+      __builtin_memcpy(&x0, xb[i] + k, 4);
+      __builtin_memcpy(&x1, xb[i] + k + 4, 4);
+      a0[i] = _mm512_dpbusd_epi32(a0[i], w0, _mm512_set1_epi32(x0));
+      a1[i] = _mm512_dpbusd_epi32(a1[i], w1, _mm512_set1_epi32(x1));
+    }
+  }
+  for (size_t i = 0; i < n; ++i) acc[i] = _mm512_add_epi32(a0[i], a1[i]);
+}
+
+// 8-bit tiles: two tiles (k0, k0 + 1 and k0 + 2, k0 + 3) interleaved by 16-bit lanes' bytes
+// into X8_ORDER; two such steps per iteration.
+static inline __attribute__((always_inline)) void group_dot8_x8(const uint8_t* wg, const int8_t (*xb)[MAX_GROUP],
+                                                                size_t n, size_t gs, __m512i acc[PANEL]) {
+  __m512i a0[PANEL], a1[PANEL];
+  for (size_t i = 0; i < n; ++i) a0[i] = a1[i] = _mm512_setzero_si512();
+  for (size_t k = 0; k < gs; k += 8, wg += 128) {
+#define X8_PAIR(p) _mm512_or_si512(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(p))), \
+                                   _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)((p) + 32))), 8))
+    const __m512i w0 = X8_PAIR(wg), w1 = X8_PAIR(wg + 64);
+#undef X8_PAIR
+    for (size_t i = 0; i < n; ++i) {
+      int32_t x0, x1;
+      __builtin_memcpy(&x0, xb[i] + k, 4);
+      __builtin_memcpy(&x1, xb[i] + k + 4, 4);
+      a0[i] = _mm512_dpbusd_epi32(a0[i], w0, _mm512_set1_epi32(x0));
+      a1[i] = _mm512_dpbusd_epi32(a1[i], w1, _mm512_set1_epi32(x1));
+    }
+  }
+  for (size_t i = 0; i < n; ++i) acc[i] = _mm512_add_epi32(a0[i], a1[i]);
 }
 
 // sum_k q[r, k] * xq[i][k] over one group for a block's 16 rows and n rows of x, exact in
@@ -162,7 +220,11 @@ static inline __attribute__((always_inline)) void group_rows(int bits, int fp4, 
                                                              const xview_t* xp, size_t i, size_t n, size_t gs,
                                                              const void* s, const void* b, float* y, size_t stride) {
   __m512i a[PANEL];
-  if (bits == 4) {
+  if (xp->b && !fp4 && bits == 4) {
+    group_dot4_x8(wg, xp->b + i, n, gs, a);
+  } else if (xp->b && bits == 8) {
+    group_dot8_x8(wg, xp->b + i, n, gs, a);
+  } else if (bits == 4) {
     group_dot4(fp4, wg, xp->q + i, n, gs, a);
   } else if (bits == 3) {
     group_dot3(wg, xp->q + i, n, gs, a);

@@ -61,9 +61,10 @@ typedef struct {
   } while (0)
 
 // One group of the panel's np rows (K apart) as bytes: the i16 values quantize_group gives
-// each row, as hi + 128 and lo, with the same scales and sums. One pass for every row's
-// maximum and sum (reduced together), then one for the values.
-static inline void quantize_panel(const float* xg, size_t K, size_t gs, tpanel_t* tp, size_t np) {
+// each row for `levels`, as hi + 128 and lo, with the same scales and sums (the x8 exports'
+// values too: their hi is 0 or -1). One pass for every row's maximum and sum (reduced
+// together), then one for the values.
+static inline void quantize_panel(const float* xg, size_t K, size_t gs, float levels, tpanel_t* tp, size_t np) {
   // Rows past the panel repeat its last (unused); rows inner: 16 independent chains.
   const float* row[PANEL];
   for (size_t i = 0; i < PANEL; ++i) row[i] = xg + (i < np ? i : np - 1) * K;
@@ -81,10 +82,10 @@ static inline void quantize_panel(const float* xg, size_t K, size_t gs, tpanel_t
   REDUCE8(_mm512_max_ps, m0, m1, m2, m3, m4, m5, m6, m7, m);
   REDUCE8(_mm512_add_ps, s0, s1, s2, s3, s4, s5, s6, s7, sum);
   _mm256_store_ps(tp->sum, sum);
-  _mm256_store_ps(tp->scale, _mm256_div_ps(m, _mm256_set1_ps(32767.0f)));
+  _mm256_store_ps(tp->scale, _mm256_div_ps(m, _mm256_set1_ps(levels)));
   float inv[PANEL] __attribute__((aligned(32)));
   _mm256_store_ps(inv, _mm256_maskz_div_ps(_mm256_cmp_ps_mask(m, _mm256_setzero_ps(), _CMP_GT_OQ),
-                                           _mm256_set1_ps(32767.0f), m));
+                                           _mm256_set1_ps(levels), m));
   // Byte 0 (lo) of each of the 32 i32 values of k..k+31 in k order, then byte 1 (hi; exact:
   // |value| <= 32767).
   const __m512i order = _mm512_set_epi8(  // byte 63 first
@@ -337,11 +338,11 @@ static inline __attribute__((always_inline)) void panel_group(int bits, int fp4,
 // panels of bytes, alternating), then its blocks go through the tiles.
 static inline void whole_panel(int bits, int fp4, int f16, const float* x, size_t K, const uint8_t* w, size_t block_bytes,
                                const void* s, const void* b, size_t np, size_t gs, float* y, size_t stride,
-                               size_t nb) {
+                               size_t nb, float levels) {
   tpanel_t tp[2];
   const size_t G = K / gs, group_bytes = gs * bits * 16 / 8, elem = scale_bytes(f16);
   configure_tiles(np, gs);
-  quantize_panel(x, K, gs, &tp[0], np);
+  quantize_panel(x, K, gs, levels, &tp[0], np);
   // The blocks are read side by side, group by group: each block's stream asks for its
   // share of qmv.h's PREFETCH_AHEAD.
   const size_t ahead = PREFETCH_AHEAD / (group_bytes * nb) + 1;
@@ -351,7 +352,7 @@ static inline void whole_panel(int bits, int fp4, int f16, const float* x, size_
       prefetch_group(w + j * block_bytes + (g + ahead) * group_bytes, (const char*)s + at, (const char*)b + at,
                      group_bytes, 16 * elem);
     }
-    if (g + 1 < G) quantize_panel(x + (g + 1) * gs, K, gs, &tp[(g + 1) & 1], np);
+    if (g + 1 < G) quantize_panel(x + (g + 1) * gs, K, gs, levels, &tp[(g + 1) & 1], np);
     panel_group(bits, fp4, f16, w + g * group_bytes, block_bytes, (const char*)s + g * 16 * elem,
                 (const char*)b + g * 16 * elem, G * 16 * elem, &tp[g & 1], np, gs, y, stride, nb);
   }

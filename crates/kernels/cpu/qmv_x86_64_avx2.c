@@ -29,7 +29,10 @@ static inline __m256 load8_scale(int f16, const void* p, size_t h) {
   return f16 ? load8_f16((const uint16_t*)p + 8 * h) : load8_f32((const float*)p + 8 * h);
 }
 
-static inline void quantize_group(const float* xg, size_t gs, int16_t* q, float* scale, float* sum) {
+// `b` (x8's bytes) is not read here: this object's products take the i16 values.
+static inline void quantize_group(const float* xg, size_t gs, float levels, int16_t* q, int8_t* b, float* scale,
+                                  float* sum) {
+  (void)b;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 amax = _mm256_setzero_ps(), lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
   for (size_t k = 0; k < gs; k += 16) {
@@ -47,8 +50,8 @@ static inline void quantize_group(const float* xg, size_t gs, int16_t* q, float*
   __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(amax, 1), _mm256_castps256_ps128(amax));
   m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
   const float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
-  *scale = m / 32767.0f;
-  const __m256 inv = _mm256_set1_ps(m > 0.0f ? 32767.0f / m : 0.0f);
+  *scale = m / levels;
+  const __m256 inv = _mm256_set1_ps(m > 0.0f ? levels / m : 0.0f);
   for (size_t k = 0; k < gs; k += 16) {
     // Round to nearest even (the default MXCSR mode); |value| <= 32767, so the saturating
     // pack is exact. packs interleaves 128-bit lanes; the permute puts k back in order.

@@ -293,7 +293,7 @@ impl Scale {
 /// The export name of an affine entry point, e.g. `qmv4_f16` ([`Entry::export`] names
 /// every entry).
 pub fn export(op: Op, bits: u32, scale: Scale) -> String {
-    Entry { op, bits, scale, fp4: false }.export()
+    Entry { op, bits, scale, fp4: false, x8: false }.export()
 }
 
 /// Workgroups per unit of the dispatch's workload (row blocks for a matvec, rows for a
@@ -399,10 +399,16 @@ pub struct Entry {
     /// the bias, `-12 * scale`, is computed. The exact 8-bit affine copy's values, at half
     /// its bytes and with its results' bits.
     pub fp4: bool,
+    /// Products only ([`Op::Matvec`], [`Op::MatvecAdd`]): each group of x is quantized to 8
+    /// bits (127 levels) instead of 16, llama.cpp's int8 activations: AVX-512 VNNI multiplies
+    /// 4-bit and 8-bit tiles by x's bytes (`vpdpbusd`, twice the i16 products' k per
+    /// instruction). The dots are exact either way, so every object computes the same bits;
+    /// what changes is x's rounding (`Activations::I8` in `models`).
+    pub x8: bool,
 }
 
 impl Entry {
-    /// The export name, e.g. `qmv4_f16`, `qmvfp4_f16`.
+    /// The export name, e.g. `qmv4_f16`, `qmvfp4_f16`, `qmvr8_f32_x8`.
     pub fn export(&self) -> String {
         let op = match self.op {
             Op::Matvec => "qmv",
@@ -411,7 +417,8 @@ impl Entry {
             Op::Experts => "qmve",
         };
         let values = if self.fp4 { "fp4".to_owned() } else { self.bits.to_string() };
-        format!("{op}{values}_{}", self.scale.name())
+        let x8 = if self.x8 { "_x8" } else { "" };
+        format!("{op}{values}_{}{x8}", self.scale.name())
     }
 }
 
@@ -1162,7 +1169,7 @@ mod tests {
             .into_iter()
             .flat_map(|op| [4, 8].into_iter().map(move |bits| (op, bits)))
             .flat_map(|(op, bits)| {
-                [Scale::F16, Scale::F32].into_iter().map(move |scale| Entry { op, bits, scale, fp4: false })
+                [Scale::F16, Scale::F32].into_iter().map(move |scale| Entry { op, bits, scale, fp4: false, x8: false })
             })
             .collect();
         let used = [all[0], all[5], all[9]];
@@ -1187,7 +1194,7 @@ mod tests {
     /// The residual matvec's C function takes the residual between the biases and the result.
     #[test]
     fn the_residual_matvec_takes_one_binding_more() {
-        let e = |op| Entry { op, bits: 8, scale: Scale::F32, fp4: false };
+        let e = |op| Entry { op, bits: 8, scale: Scale::F32, fp4: false, x8: false };
         let text = executable_source(Path::new("/k/qmv.o"), &[e(Op::Matvec), e(Op::MatvecAdd)], &[], &[], false);
         let decl = |name: &str| text.lines().find(|l| l.contains(&format!("private @mlx_iree_{name}("))).unwrap();
         let plain = "memref<f32>, index, memref<i8>, index, memref<f32>, index, memref<f32>, index, memref<f32>, index";
@@ -1199,10 +1206,30 @@ mod tests {
         assert!(text.contains(&bindings), "{text}");
     }
 
+    /// An 8-bit-activation entry is its exact twin's C function under another name, with the
+    /// same bindings.
+    #[test]
+    fn x8_entries_are_their_exact_twins_renamed() {
+        for (bits, fp4) in [(4, false), (8, false), (4, true), (3, false), (6, false)] {
+            for op in [Op::Matvec, Op::MatvecAdd] {
+                let exact = Entry { op, bits, scale: Scale::F16, fp4, x8: false };
+                let x8 = Entry { x8: true, ..exact };
+                assert_eq!(x8.export(), format!("{}_x8", exact.export()));
+                let text = |e: Entry| {
+                    let t = executable_source(Path::new("/k/qmv.o"), &[e], &[], &[], false);
+                    t.replace(&format!("{}_x8", exact.export()), &exact.export())
+                };
+                assert_eq!(text(x8), text(exact), "{}", x8.export());
+            }
+        }
+        let e = Entry { op: Op::MatvecAdd, bits: 8, scale: Scale::F32, fp4: false, x8: true };
+        assert_eq!(e.export(), "qmvr8_f32_x8");
+    }
+
     /// An FP4 entry's C function takes no biases: x, weights, scales (then the residual), y.
     #[test]
     fn fp4_entries_take_no_biases() {
-        let e = |op| Entry { op, bits: 4, scale: Scale::F16, fp4: true };
+        let e = |op| Entry { op, bits: 4, scale: Scale::F16, fp4: true, x8: false };
         assert_eq!(e(Op::Matvec).export(), "qmvfp4_f16");
         assert_eq!(e(Op::Experts).export(), "qmvefp4_f16");
         let text = executable_source(Path::new("/k/qmv.o"), &[e(Op::Matvec), e(Op::MatvecAdd)], &[], &[], false);
@@ -1357,7 +1384,7 @@ mod tests {
     /// aarch64 is `arm_64`), the host's for the objects this build installs.
     #[test]
     fn the_source_names_the_objects_architecture() {
-        let entries = [Entry { op: Op::Matvec, bits: 4, scale: Scale::F16, fp4: false }];
+        let entries = [Entry { op: Op::Matvec, bits: 4, scale: Scale::F16, fp4: false, x8: false }];
         let object = Path::new("/k/qmv.o");
         let x86 = executable_source_for("x86_64", object, &entries, &[], &[], false);
         assert!(x86.contains(r#""embedded-elf-x86_64", {target_triple = "x86_64-unknown-unknown-eabi-elf"}"#), "{x86}");

@@ -76,9 +76,9 @@ impl Packing {
         }
     }
 
-    /// The CPU kernel's entry computing `op` for this packing.
+    /// The CPU kernel's entry computing `op` for this packing, with x quantized to i16.
     pub fn kernel_entry(&self, op: kernels::cpu::Op) -> kernels::cpu::Entry {
-        kernels::cpu::Entry { op, bits: self.bits, scale: self.kernel_scale(), fp4: self.fp4 }
+        kernels::cpu::Entry { op, bits: self.bits, scale: self.kernel_scale(), fp4: self.fp4, x8: false }
     }
 
     /// The bits the CPU kernel reads the values at: as stored where it has tiles of that
