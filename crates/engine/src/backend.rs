@@ -129,9 +129,34 @@ impl Backend {
             slot_read: if cpu { SlotRead::Slice } else { SlotRead::Gather },
             expert_products: if cpu { ExpertProducts::Contraction } else { ExpertProducts::Reduction },
             packed_products: if iree.is_spirv() { PackedProducts::Dequantized } else { PackedProducts::IntegerGroups },
+            activations: models::Activations::I16,
         };
         let model = models::Backend { kernels: link, spirv: iree.is_spirv(), emit };
         Ok(Backend { target, iree, model })
+    }
+
+    /// This backend with the CPU kernel's packed products quantizing their input as
+    /// `activations` says (the user's setting, [`models::Activations`]).
+    ///
+    /// # Errors
+    /// `Error::Activations` for i8 where no packed matrix would go through the CPU kernel
+    /// (no kernel object linked, or another precision than packed): a setting never passes
+    /// silently.
+    pub fn with_activations(mut self, activations: models::Activations, precision: Precision) -> Result<Backend> {
+        if activations == models::Activations::I8 {
+            let reason = if !matches!(self.model.kernels, KernelLink::Cpu(_)) {
+                Some(format!("no CPU kernels link for {}", self.target))
+            } else if precision != Precision::Packed {
+                Some(format!("precision {precision}"))
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                return Err(Error::Activations { reason });
+            }
+        }
+        self.model.emit.activations = activations;
+        Ok(self)
     }
 
     /// The backend of a device URI ([`CompileTarget::for_device`], then [`Backend::new`]).
@@ -226,6 +251,32 @@ mod tests {
         Backend::new(target, kernels, &dir).unwrap()
     }
 
+    /// `--activations i8` is taken only where packed matrices go through the CPU kernel, and
+    /// refused by name elsewhere; i16 everywhere.
+    #[test]
+    fn eight_bit_activations_need_packed_cpu_kernels() {
+        use models::Activations::{I8, I16};
+        let refused = |b: Backend, precision| match b.with_activations(I8, precision) {
+            Err(e @ Error::Activations { .. }) => e.to_string(),
+            other => panic!("{other:?}"),
+        };
+        let off = refused(backend(CompileTarget::HostCpu, KernelSetting::Off), Precision::Packed);
+        assert!(
+            off.starts_with("--activations i8 quantizes") && off.contains("no CPU kernels link for llvm-cpu"),
+            "{off}"
+        );
+        let cuda = refused(backend(CompileTarget::Cuda("sm_80".into()), KernelSetting::Auto), Precision::Packed);
+        assert!(cuda.contains("no CPU kernels link for cuda"), "{cuda}");
+        if kernels::cpu::host_isa().is_some() {
+            let f16 = refused(backend(CompileTarget::HostCpu, KernelSetting::Auto), Precision::F16);
+            assert!(f16.contains("(precision f16)"), "{f16}");
+            let i8 = backend(CompileTarget::HostCpu, KernelSetting::Auto).with_activations(I8, Precision::Packed);
+            assert_eq!(i8.unwrap().model().emit.activations, I8);
+        }
+        let i16 = backend(CompileTarget::Vulkan, KernelSetting::Auto).with_activations(I16, Precision::F16);
+        assert_eq!(i16.unwrap().model().emit.activations, I16);
+    }
+
     /// Each target's one decision: what links, SPIR-V's forms, the graph settings, the cost
     /// of a call.
     #[test]
@@ -235,6 +286,7 @@ mod tests {
             slot_read: SlotRead::Slice,
             expert_products: ExpertProducts::Contraction,
             packed_products: PackedProducts::IntegerGroups,
+            activations: models::Activations::I16,
         };
         assert_eq!(*cpu.model(), models::Backend { kernels: KernelLink::None, spirv: false, emit: cpu_emit });
         assert_eq!(cpu.target().call_overhead_rows(), 8);

@@ -19,6 +19,10 @@ pub struct EngineConfig {
     pub kv_budget_bytes: usize,
     /// Element type of the KV cache.
     pub kv_elem: KvElem,
+    /// How the CPU kernel's packed products quantize their input rows: i16 (exact to 15 bits)
+    /// or i8 (llama.cpp's int8 activations, faster prompts); i8 only where packed matrices go
+    /// through the CPU kernel (`Error::Activations` elsewhere).
+    pub activations: models::Activations,
     /// Which hand-written kernels the graphs link (else the graph form everywhere); forcing
     /// an instruction set the host lacks fails the load before compiling.
     pub kernels: KernelSetting,
@@ -104,6 +108,7 @@ impl EngineConfig {
             max_context: None,
             kv_budget_bytes: DEFAULT_KV_BUDGET,
             kv_elem: KvElem::F32,
+            activations: models::Activations::I16,
             kernels: KernelSetting::Auto,
             cache_dir: cache_dir.into(),
             dump_mlir: false,

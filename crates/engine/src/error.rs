@@ -41,6 +41,11 @@ pub enum Error {
     /// A KV cache type that cannot hold this model's rows (an 8-bit cache's blocks of 16).
     #[error("{0}")]
     KvCache(String),
+    /// 8-bit activations asked for where no packed matrix goes through the CPU kernel.
+    #[error(
+        "--activations i8 quantizes the CPU kernel's packed products' input; this load has none ({reason}): use precision packed on a CPU with the kernels"
+    )]
+    Activations { reason: String },
     /// A draft model whose token ids are not the model's.
     #[error("the draft model's vocabulary ({draft} ids) is not the model's ({model} ids)")]
     DraftVocab { draft: usize, model: usize },

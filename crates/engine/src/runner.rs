@@ -177,7 +177,8 @@ impl Planned {
         let target = CompileTarget::for_device(&config.device)?;
         let mut ckpt = Checkpoint::open(dir)?;
         let cfg = ModelConfig::for_checkpoint(&mut ckpt)?;
-        let backend = Backend::new(target, config.kernels, &config.cache_dir)?;
+        let backend = Backend::new(target, config.kernels, &config.cache_dir)?
+            .with_activations(config.activations, config.precision)?;
         let layout = backend.layout(&cfg, config.precision, &ckpt)?;
         let plan = Plan::new(&cfg, config)?.for_layout(&cfg, &layout);
         Ok(Planned { backend, ckpt, cfg, layout, plan })

@@ -431,6 +431,8 @@ impl Scheduler {
                             precision: *precision,
                             prefix_cache: false,
                             draft: Draft::Off,
+                            // Whatever the draft's precision: its products keep i16.
+                            activations: models::Activations::I16,
                             ..config.clone()
                         };
                         match Engine::load(dir, &draft) {

@@ -66,6 +66,9 @@ pub struct Report {
     /// The KV cache's element type (`--kv-cache`: f32, f16 or q8).
     #[serde(default)]
     pub kv_cache: String,
+    /// How the CPU kernel's packed products quantize their input (`--activations`: i16 or i8).
+    #[serde(default)]
+    pub activations: String,
     /// Device bytes of the KV cache (k and v, every slot).
     pub kv_bytes: u64,
     /// Bytes the KV cache holds per token of one sequence, every layer: keys and values,
@@ -227,6 +230,7 @@ fn measure(args: &Args) -> Result<Vec<Report>> {
                 next_turn_ms: next_turn * 1e3,
                 weight_bytes: load.weight_bytes as u64,
                 kv_cache: engine.plan().cache.elem.to_string(),
+                activations: args.m.activations.name().to_owned(),
                 kv_bytes: load.kv_bytes as u64,
                 kv_bytes_per_token: models::CacheShape::bytes_per_position(engine.config(), engine.plan().cache.elem)
                     as u64,

@@ -38,6 +38,12 @@ pub struct ModelArgs {
     /// f32 scale each: 5/16 of f32's bytes).
     #[arg(long, default_value = "f32")]
     pub kv_cache: KvElem,
+    /// How the CPU kernel's packed products quantize their input: i16 (15 bits a group,
+    /// token-exact with MLX) or i8 (8 bits a group, llama.cpp's int8 activations: faster
+    /// prompts on CPUs with AVX-512 VNNI; check a model with `mlx-iree gate`). Precision
+    /// packed only.
+    #[arg(long, default_value = "i16")]
+    pub activations: models::Activations,
     /// Prefill every prompt whole: no reading of a prompt's start from a slot that an earlier
     /// sequence left it in (the prefix cache, on by default).
     #[arg(long)]
@@ -125,6 +131,7 @@ impl ModelArgs {
             max_batch,
             max_context: self.max_context,
             kv_elem: self.kv_cache,
+            activations: self.activations,
             kernels: self.settings.kernels()?,
             dump_mlir: self.settings.dump_mlir(),
             store_parameters: self.settings.store_parameters()?,
@@ -601,8 +608,14 @@ pub fn gate(args: &GateArgs) -> Result<bool> {
         &format!("the longest prompt ({longest} tokens) + {} steps", args.steps),
     )?;
     if !from_file {
-        // The reference is the f32 path with an f32 cache, so `--kv-cache f16` is gated too.
-        let f32_args = ModelArgs { precision: Some(Precision::F32), kv_cache: KvElem::F32, ..args.model.clone() };
+        // The reference is the f32 path with an f32 cache and i16 products, so `--kv-cache`
+        // and `--activations` are gated too.
+        let f32_args = ModelArgs {
+            precision: Some(Precision::F32),
+            kv_cache: KvElem::F32,
+            activations: models::Activations::I16,
+            ..args.model.clone()
+        };
         let mut reference = load(&f32_args)?;
         for r in &mut references {
             r.token_ids = gate::trajectory(&mut reference, &r.prompt_ids, args.steps)?;

@@ -8,6 +8,7 @@
 
 use engine::gate::{self, Reference};
 use engine::{Draft, Engine, EngineConfig, Error, KvElem, Precision, Step};
+use models::Activations;
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -37,13 +38,14 @@ const DRAFT: usize = 4;
 /// a_rows_logits_do_not_depend_on_the_other_rows), with verify calls of DRAFT draft tokens
 /// where the model has no recurrent layers (which refuse them).
 fn engine(dir: &Path, precision: Precision) -> Engine {
-    engine_kv(dir, precision, KvElem::F32)
+    engine_with(dir, precision, KvElem::F32, Activations::I16)
 }
 
-/// [`engine`] with a KV cache of element type `kv`.
-fn engine_kv(dir: &Path, precision: Precision, kv: KvElem) -> Engine {
+/// [`engine`] with a KV cache of element type `kv` and the packed products' `activations`.
+fn engine_with(dir: &Path, precision: Precision, kv: KvElem, activations: Activations) -> Engine {
     let config = EngineConfig {
         kv_elem: kv,
+        activations,
         max_batch: MAX_BATCH,
         max_context: Some(64),
         // Shared with crates/engine/tests/scheduler.rs; storing is stored_parameters.rs's.
@@ -95,15 +97,16 @@ fn batched(engine: &mut Engine, cases: &[Reference]) -> Vec<Vec<u32>> {
 /// Each of 8 rows decoded together gives the tokens its prompt gives alone, and both are
 /// mlx-lm's, on `dir` at `precision`.
 fn eight_rows_give_what_each_prompt_gives_alone(dir: &Path, precision: Precision) {
-    eight_rows_with(dir, precision, KvElem::F32);
+    eight_rows_with(dir, precision, KvElem::F32, Activations::I16);
 }
 
-/// [`eight_rows_give_what_each_prompt_gives_alone`] with a KV cache of element type `kv`.
-fn eight_rows_with(dir: &Path, precision: Precision, kv: KvElem) {
+/// [`eight_rows_give_what_each_prompt_gives_alone`] with a KV cache of element type `kv`
+/// and the packed products' `activations`.
+fn eight_rows_with(dir: &Path, precision: Precision, kv: KvElem, activations: Activations) {
     let _turn = beside();
     let cases = cases(dir);
-    let mut engine = engine_kv(dir, precision, kv);
-    let what = format!("{} {precision} {kv} KV", dir.display());
+    let mut engine = engine_with(dir, precision, kv, activations);
+    let what = format!("{} {precision} {kv} KV, {} activations", dir.display(), activations.name());
     for c in &cases {
         let alone = gate::trajectory(&mut engine, &c.prompt_ids, STEPS).unwrap();
         assert_eq!(alone, c.token_ids, "{what}: alone, prompt {:?}", c.prompt_ids);
@@ -289,7 +292,16 @@ fn eight_rows_packed() {
 /// are the kernel's and write_kv's alike, tests/tests/kernels.rs holds the kernel's bits).
 #[test]
 fn eight_rows_packed_q8_kv_cache() {
-    eight_rows_with(&root().join("tests/fixtures-trained/qwen3/q4"), Precision::Packed, KvElem::Q8);
+    eight_rows_with(&root().join("tests/fixtures-trained/qwen3/q4"), Precision::Packed, KvElem::Q8, Activations::I16);
+}
+
+/// 8-bit activations in the CPU kernel's packed products (`vpdpbusd` for a prompt's rows on
+/// AVX-512 VNNI): prompts in chunks, eight rows, a kept prefix and verify calls still give
+/// mlx-lm's tokens on the confident trained fixture, and rows stay independent (each row's
+/// x is quantized on its own; tests/tests/kernels.rs holds every object to the model's bits).
+#[test]
+fn eight_rows_packed_i8_activations() {
+    eight_rows_with(&root().join("tests/fixtures-trained/qwen3/q4"), Precision::Packed, KvElem::F32, Activations::I8);
 }
 
 /// A DeltaNet model packed, where its update runs in the CPU kernel on this host: the

@@ -128,6 +128,13 @@ fn bad_requests_are_one_line_errors() {
     );
     bad_trajectory(model, "1", &["--max-context", "0"], "max context must be at least 1");
     bad_trajectory(model, "1", &["--kv-cache", "bf16"], "unknown KV cache type `bf16` (expected f32, f16 or q8)");
+    bad_trajectory(model, "1", &["--activations", "i4"], "unknown activations `i4` (expected i16 or i8)");
+    // 8-bit activations are the CPU kernel's packed products': refused where there are none.
+    let no_products = "--activations i8 quantizes the CPU kernel's packed products' input; this load has none";
+    bad_trajectory(model, "1", &["--activations", "i8", "--precision", "f32"], no_products);
+    let q4 = fixture.parent().unwrap().join("q4");
+    let q4 = q4.to_str().unwrap();
+    bad_trajectory(q4, "1", &["--activations", "i8", "--precision", "packed", "--kernels", "0"], no_products);
     check(&["generate", "--model", model, "--prompt", "hi"], 2, "", "tokenizer.json");
     check(
         &["generate", "--model", model, "--prompt", "hi", "--temperature", "-1"],

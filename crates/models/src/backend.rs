@@ -64,13 +64,51 @@ pub enum PackedProducts {
     Dequantized,
 }
 
-/// Settings of the emitted graphs that depend on the target; the defaults suit every target
-/// but SPIR-V ones (see [`PackedProducts`]).
+/// How the CPU kernel's packed products (`Matvec`, `MatvecAdd`) quantize each group of a row
+/// of their input before the exact integer dots (`kernels::cpu::Entry::x8`). The user's
+/// choice (`--activations`), not the target's: it changes the numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Activations {
+    /// To i16 (15 bits of the group's largest magnitude): within about 3e-5 of the exact
+    /// product, token-exact with MLX wherever MLX's own products are.
+    #[default]
+    I16,
+    /// To 8 bits (127 levels), llama.cpp's int8 activations: AVX-512 VNNI multiplies twice the
+    /// k per instruction for the 4-bit and 8-bit weights of a prompt's rows. Rows stay
+    /// independent (a row's result does not depend on the others in its call); the gate
+    /// decides whether a model keeps its answers. The expert products (`qmve`) keep i16.
+    I8,
+}
+
+impl Activations {
+    /// The setting's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Activations::I16 => "i16",
+            Activations::I8 => "i8",
+        }
+    }
+}
+
+impl std::str::FromStr for Activations {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "i16" => Ok(Activations::I16),
+            "i8" => Ok(Activations::I8),
+            other => Err(format!("unknown activations `{other}` (expected i16 or i8)")),
+        }
+    }
+}
+
+/// Settings of the emitted graphs; the defaults suit every target but SPIR-V ones (see
+/// [`PackedProducts`]). All but `activations` follow from the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct EmitOptions {
     pub slot_read: SlotRead,
     pub expert_products: ExpertProducts,
     pub packed_products: PackedProducts,
+    pub activations: Activations,
 }
 
 /// What one target can do, for the layout and the graph. The default is a target with no

@@ -23,7 +23,7 @@ mod params;
 mod precision;
 mod rope;
 
-pub use backend::{Backend, EmitOptions, ExpertProducts, KernelLink, PackedProducts, SlotRead};
+pub use backend::{Activations, Backend, EmitOptions, ExpertProducts, KernelLink, PackedProducts, SlotRead};
 pub use config::{
     Activation, Family, LayerConfig, LayerMixer, LinearAttention, ModelConfig, Moe, NormPlacement, PerLayerInput,
     QueryPositionScale, RopeScaling, Routing, SUPPORTED, SharedExpert, ShortConv,

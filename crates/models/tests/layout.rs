@@ -5,7 +5,8 @@
 
 use hlo_emit::ElementType;
 use models::{
-    Backend, CacheShape, Form, Function, KernelLink, KvElem, Layout, ModelConfig, Precision, Role, emit_functions,
+    Activations, Backend, CacheShape, Form, Function, KernelLink, KvElem, Layout, ModelConfig, Precision, Role,
+    emit_functions,
 };
 use std::path::{Path, PathBuf};
 use weights::{Checkpoint, Linear};
@@ -550,4 +551,34 @@ fn per_head_matrices_dense_and_grouped_experts_in_the_kernel() {
         assert!(matches!(layout.form(&prefix), Some(Form::CpuPacked(_))), "{prefix}");
     }
     assert_eq!(layout.form("model.layers.2.mlp.gate"), Some(Form::Narrow), "mlx-lm leaves the router dense");
+}
+
+/// `Activations::I8`: every packed product in the kernel dispatches its `_x8` twin (the
+/// residual ones too), while the embedding's row lookup reads no x and the experts' `qmve`
+/// keeps i16; the default emits no `_x8` export at all.
+#[test]
+fn eight_bit_activations_take_the_x8_products() {
+    let (ckpt, cfg) = open("qwen3_moe", "q4");
+    let emit = |activations| {
+        let mut backend = cpu();
+        backend.emit.activations = activations;
+        let layout = Layout::new(&cfg, Precision::Packed, &ckpt, &backend).unwrap();
+        let cache = CacheShape { slots: 1, positions: 64, elem: KvElem::F32 };
+        let functions = [Function::Decode { rows: 1, window: 32 }, Function::Prefill { tokens: 16, window: 32 }];
+        emit_functions(&cfg, &layout, cache, &functions, None).unwrap()
+    };
+    let exports = |mlir: &str| -> std::collections::BTreeSet<String> {
+        mlir.split("hal.executable.export public @").skip(1).map(|s| s.split(' ').next().unwrap().to_owned()).collect()
+    };
+    let i16 = exports(&emit(Activations::I16));
+    let i8 = exports(&emit(Activations::I8));
+    assert!(i16.iter().all(|e| !e.ends_with("_x8")), "{i16:?}");
+    let products: Vec<&String> = i16.iter().filter(|e| e.starts_with("qmv4") || e.starts_with("qmvr4")).collect();
+    assert!(!products.is_empty(), "{i16:?}");
+    for e in products {
+        assert!(i8.contains(&format!("{e}_x8")) && !i8.contains(e), "{e}: {i8:?}");
+    }
+    for e in i16.iter().filter(|e| e.starts_with("qrows") || e.starts_with("qmve")) {
+        assert!(i8.contains(e), "{e} is the same with 8-bit activations: {i8:?}");
+    }
 }

@@ -4,7 +4,7 @@
 //! integer-group contraction or its dequantized form, a router's reduction).
 
 use super::{R, Step, V};
-use crate::backend::PackedProducts;
+use crate::backend::{Activations, PackedProducts};
 use crate::layout::{Form, Packing, cuda_bits};
 use crate::names::EMBEDDING;
 use hlo_emit::{DotDims, ElementType, ElementType::*, Global};
@@ -297,7 +297,9 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
             }
         };
         let dims = [t, inp, out, p.group_size as i64].map(|d| d as i32);
-        let entry = p.kernel_entry(op);
+        // `Rows` reads no x: the activations setting is the products'.
+        let x8 = self.options.activations == Activations::I8 && op != kernels::cpu::Op::Rows;
+        let entry = kernels::cpu::Entry { x8, ..p.kernel_entry(op) };
         self.linked.borrow_mut().packed.insert(entry);
         let mut args = vec![x, w, s];
         args.extend(self.kernel_biases(prefix, &entry)?);
