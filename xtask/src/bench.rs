@@ -38,12 +38,14 @@ const QWEN3_MOE_1B: &str = "qwen3-moe-1b-random";
 const QWEN3_5_08B: &str = "qwen3.5-0.8b-random";
 const GPT_OSS_2L: &str = "gpt-oss-2l-random";
 const KV_CACHE: [&str; 3] = ["f32", "f16", "q8"];
+/// `--activations` values: how the CPU kernel's packed products quantize their input.
+const ACTIVATIONS: [&str; 2] = ["i16", "i8"];
 
 pub const USAGE: &str = "\
 usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
                          [--prompt-len N] [--steps N] [--repeats N] [--batch LIST]
                          [--context LIST] [--max-context N] [--kv-cache LIST] [--formats LIST]
-                         [--prepare-only] [--peers]
+                         [--activations LIST] [--prepare-only] [--peers]
   --model M        smollm2 (SmolLM2-135M-Instruct 4-bit), llama-1b (Llama-3.2-1B shape,
                    random weights: the f16 folder for f32/f16/bf16, the 4-bit and 8-bit
                    folders for packed), qwen3-moe-1b (a random Qwen3-MoE, 8 experts, 2 a
@@ -75,6 +77,9 @@ usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
                    against the f32 cache's in a `vs f32 KV` column
   --formats LIST   the random shapes' quantized folders `packed` runs on: 4bit, 8bit, 3bit,
                    6bit, mxfp4, comma-separated (default 4bit,8bit)
+  --activations LIST  how the CPU kernel's packed products quantize their input: i16
+                   (mlx-iree's default) or i8; a comma list (i16,i8) runs each case once per
+                   setting, with its prefill speed against i16's in a `prefill vs i16` column
   --prepare-only   only the set-up steps (runtime, models, release build)
   --peers          also llama.cpp's CPU build on the same weights as GGUF f16, Q8_0 and
                    Q4_0 (our f16 vs f16, packed 4-bit vs Q4_0, packed 8-bit vs Q8_0):
@@ -171,6 +176,8 @@ pub struct Options {
     pub max_context: Option<usize>,
     /// KV cache element types, a case each (empty: mlx-iree's default, f32).
     pub kv_cache: Vec<&'static str>,
+    /// Packed products' activations (`ACTIVATIONS`), a case each (empty: mlx-iree's default).
+    pub activations: Vec<&'static str>,
     /// The random shapes' quantized folders for `packed` (`PACKED_FORMATS`).
     pub formats: Vec<&'static str>,
     pub prepare_only: bool,
@@ -213,6 +220,7 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
         context: Vec::new(),
         max_context: None,
         kv_cache: Vec::new(),
+        activations: Vec::new(),
         formats: vec!["4bit", "8bit"],
         prepare_only: false,
         peers: false,
@@ -242,15 +250,8 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
             "--batch" => o.batch = list(flag, value()?)?,
             "--context" => o.context = list(flag, value()?)?,
             "--max-context" => o.max_context = Some(count(flag, value()?)?),
-            "--kv-cache" => {
-                o.kv_cache = value()?
-                    .split(',')
-                    .map(|t| match KV_CACHE.iter().find(|x| **x == t) {
-                        Some(x) => Ok(*x),
-                        None => bail!("bench: unknown KV cache type `{t}` (expected f32, f16 or q8)"),
-                    })
-                    .collect::<Result<_>>()?;
-            }
+            "--kv-cache" => o.kv_cache = one_of(value()?, &KV_CACHE, "KV cache type", "f32, f16 or q8")?,
+            "--activations" => o.activations = one_of(value()?, &ACTIVATIONS, "activations", "i16 or i8")?,
             "--formats" => {
                 let v = value()?;
                 o.formats = v
@@ -328,27 +329,42 @@ pub struct Case {
     pub steps: usize,
     /// `--kv-cache`, None for mlx-iree's default.
     pub kv_cache: Option<&'static str>,
+    /// `--activations`, None for mlx-iree's default.
+    pub activations: Option<&'static str>,
 }
 
 impl Case {
-    /// The precision, and the KV cache's type where one was asked for (`packed/q8`).
+    /// The precision, then the KV cache's type and the activations where they were asked
+    /// for (`packed/q8`, `packed/i8`, `packed/q8/i8`).
     pub fn label(&self) -> String {
-        match self.kv_cache {
-            Some(kv) => format!("{}/{kv}", self.precision),
-            None => self.precision.to_owned(),
-        }
+        [Some(self.precision), self.kv_cache, self.activations].into_iter().flatten().collect::<Vec<_>>().join("/")
     }
 }
 
-/// The rows to measure, f32 first in each family (it is the baseline of the ratios).
+/// The rows to measure, f32 first in each family (it is the baseline of the ratios), each
+/// once per KV cache type and activations setting asked for.
 pub fn cases(o: &Options, models_dir: &Path) -> Vec<Case> {
-    let kvs: Vec<Option<&'static str>> =
-        if o.kv_cache.is_empty() { vec![None] } else { o.kv_cache.iter().copied().map(Some).collect() };
+    let each = |v: &[&'static str]| -> Vec<Option<&'static str>> {
+        if v.is_empty() { vec![None] } else { v.iter().copied().map(Some).collect() }
+    };
+    let (kvs, acts) = (each(&o.kv_cache), each(&o.activations));
     let mut out = Vec::new();
     for case in model_cases(o, models_dir) {
-        out.extend(kvs.iter().map(|&kv_cache| Case { kv_cache, ..case.clone() }));
+        for &kv_cache in &kvs {
+            out.extend(acts.iter().map(|&activations| Case { kv_cache, activations, ..case.clone() }));
+        }
     }
     out
+}
+
+/// A comma list of `allowed` values (`what` names them in the error, `expected` lists them).
+fn one_of(list: &str, allowed: &[&'static str], what: &str, expected: &str) -> Result<Vec<&'static str>> {
+    list.split(',')
+        .map(|t| match allowed.iter().find(|x| **x == t) {
+            Some(x) => Ok(*x),
+            None => bail!("bench: unknown {what} `{t}` (expected {expected})"),
+        })
+        .collect()
 }
 
 /// [`cases`] before the KV cache types.
@@ -364,6 +380,7 @@ fn model_cases(o: &Options, models_dir: &Path) -> Vec<Case> {
                     precision,
                     steps,
                     kv_cache: None,
+                    activations: None,
                 }),
                 // Float precisions read the f16 folder; packed keeps MLX's quantized words,
                 // so it runs on the quantized folders.
@@ -377,6 +394,7 @@ fn model_cases(o: &Options, models_dir: &Path) -> Vec<Case> {
                             precision,
                             steps,
                             kv_cache: None,
+                            activations: None,
                         });
                     }
                 }
@@ -388,6 +406,7 @@ fn model_cases(o: &Options, models_dir: &Path) -> Vec<Case> {
                     precision,
                     steps,
                     kv_cache: None,
+                    activations: None,
                 }),
             }
         }
@@ -703,6 +722,7 @@ impl Row {
                 "device": device,
                 "precision": case.precision,
                 "kv_cache": case.kv_cache,
+                "activations": case.activations,
                 "error": error,
             })
             .to_string(),
@@ -776,6 +796,9 @@ fn bench_command(bin: &Path, case: &Case, o: &Options) -> Command {
     }
     if let Some(t) = case.kv_cache {
         cmd.args(["--kv-cache", t]);
+    }
+    if let Some(a) = case.activations {
+        cmd.args(["--activations", a]);
     }
     cmd
 }
@@ -867,12 +890,15 @@ pub fn parse_rows(stdout: &str) -> Result<Vec<Row>> {
 /// (and the f16 row, when one succeeded) of the same family, batch and context (a
 /// different batch or context is different work).
 pub fn table(cases: &[Case], rows: &[Row]) -> String {
-    let baseline = |family: &str, precision: &str, kv: Option<&str>, of: &Measured| {
-        cases.iter().zip(rows).find_map(|(c, r)| match r {
+    // The decode speed of `c`'s family at `precision` with the KV cache `kv` and `c`'s
+    // activations, at `of`'s batch and context.
+    let row_like = |c: &Case, precision: &str, kv: Option<&str>, of: &Measured| {
+        cases.iter().zip(rows).find_map(|(b, r)| match r {
             Row::Ok(_, m)
-                if c.family == family
-                    && c.precision == precision
-                    && c.kv_cache == kv
+                if b.family == c.family
+                    && b.precision == precision
+                    && b.kv_cache == kv
+                    && b.activations == c.activations
                     && (m.batch, m.context) == (of.batch, of.context) =>
             {
                 Some(m.decode_tok_s)
@@ -880,26 +906,44 @@ pub fn table(cases: &[Case], rows: &[Row]) -> String {
             _ => None,
         })
     };
+    let f16_base = |c: &Case, m: &Measured| row_like(c, "f16", c.kv_cache, m);
+    // The same precision with the f32 cache, where KV cache types were asked for.
+    let kv_base = |c: &Case, m: &Measured| match c.kv_cache {
+        Some(_) => row_like(c, c.precision, Some("f32"), m),
+        None => None,
+    };
+    // Prefill against the same case (the same folder) with i16 activations, where
+    // activations were asked for.
+    let i16_prefill = |c: &Case, of: &Measured| match c.activations {
+        Some(_) => cases.iter().zip(rows).find_map(|(b, r)| match r {
+            Row::Ok(_, m)
+                if b.model == c.model
+                    && b.precision == c.precision
+                    && b.kv_cache == c.kv_cache
+                    && b.activations == Some("i16")
+                    && (m.batch, m.context) == (of.batch, of.context) =>
+            {
+                Some(m.prefill_tok_s)
+            }
+            _ => None,
+        }),
+        None => None,
+    };
     let any = |base: &dyn Fn(&Case, &Measured) -> Option<f64>| {
         cases.iter().zip(rows).any(|(c, r)| match r {
             Row::Ok(_, m) => base(c, m).is_some(),
             Row::Failed(_) => false,
         })
     };
-    let f16_base = |c: &Case, m: &Measured| baseline(&c.family, "f16", c.kv_cache, m);
-    // The same precision with the f32 cache, where KV cache types were asked for.
-    let kv_base = |c: &Case, m: &Measured| match c.kv_cache {
-        Some(_) => baseline(&c.family, c.precision, Some("f32"), m),
-        None => None,
-    };
-    let (any_f16, any_kv) = (any(&f16_base), any(&kv_base));
-    let optional = |on: bool, text: String| if on { format!("  {text:>9}") } else { String::new() };
+    let (any_f16, any_kv, any_act) = (any(&f16_base), any(&kv_base), any(&i16_prefill));
+    // An optional column of `width`, when `on`.
+    let optional = |on: bool, width: usize, text: String| if on { format!("  {text:>width$}") } else { String::new() };
     let mib = |b: u64| format!("{:.0}", b as f64 / (1024.0 * 1024.0));
     let ratio = |x: f64, base: Option<f64>| base.map_or_else(|| "-".to_owned(), |b| format!("{:.2}x", x / b));
     let width = cases.iter().map(|c| display_name(&c.model).len()).max().unwrap_or(5).max(5);
     let pw = cases.iter().map(|c| c.label().len()).max().unwrap_or(9).max(9);
     let mut out = format!(
-        "{:<width$}  {:<pw$}  {:>5}  {:>7}  {:>5}  {:>9}  {:>9}  {:>7}{}{}  {:>9}  {:>8}  {:>7}  {:>8}  {:>13}  {:>10}  {:>9}\n",
+        "{:<width$}  {:<pw$}  {:>5}  {:>7}  {:>5}  {:>9}  {:>9}  {:>7}{}{}{}  {:>9}  {:>8}  {:>7}  {:>8}  {:>13}  {:>10}  {:>9}\n",
         "model",
         "precision",
         "batch",
@@ -909,7 +953,8 @@ pub fn table(cases: &[Case], rows: &[Row]) -> String {
         "decode/s",
         "vs f32",
         if any_f16 { format!("  {:>7}", "vs f16") } else { String::new() },
-        optional(any_kv, "vs f32 KV".into()),
+        optional(any_kv, 9, "vs f32 KV".into()),
+        optional(any_act, 14, "prefill vs i16".into()),
         "ttft ms",
         "wts MiB",
         "KV MiB",
@@ -923,7 +968,7 @@ pub fn table(cases: &[Case], rows: &[Row]) -> String {
         match r {
             Row::Ok(_, m) => {
                 out += &format!(
-                    "{name:<width$}  {:<pw$}  {:>5}  {:>7}  {:>5}  {:>9.1}  {:>9.2}  {:>7}{}{}  {:>9.1}  {:>8}  {:>7}  \
+                    "{name:<width$}  {:<pw$}  {:>5}  {:>7}  {:>5}  {:>9.1}  {:>9.2}  {:>7}{}{}{}  {:>9.1}  {:>8}  {:>7}  \
                      {:>8}  {:>13}  {:>10}  {:>9}\n",
                     c.label(),
                     m.batch,
@@ -931,9 +976,10 @@ pub fn table(cases: &[Case], rows: &[Row]) -> String {
                     c.steps,
                     m.prefill_tok_s,
                     m.decode_tok_s,
-                    ratio(m.decode_tok_s, baseline(&c.family, "f32", c.kv_cache, m)),
+                    ratio(m.decode_tok_s, row_like(c, "f32", c.kv_cache, m)),
                     if any_f16 { format!("  {:>7}", ratio(m.decode_tok_s, f16_base(c, m))) } else { String::new() },
-                    optional(any_kv, ratio(m.decode_tok_s, kv_base(c, m))),
+                    optional(any_kv, 9, ratio(m.decode_tok_s, kv_base(c, m))),
+                    optional(any_act, 14, ratio(m.prefill_tok_s, i16_prefill(c, m))),
                     m.ttft_ms,
                     mib(m.weight_bytes),
                     mib(m.kv_bytes),
@@ -1811,6 +1857,36 @@ mod tests {
         assert!(lines[3].starts_with("smollm2-135m-instruct-4bit  packed/q8 "), "{t}");
     }
 
+    /// `--activations i16,i8` beside `--kv-cache f32,q8`: each case once per (cache, setting),
+    /// the flag on each command, and each row's prefill against the same case with i16.
+    #[test]
+    fn an_activations_list_runs_each_case_per_setting_against_i16_prefill() {
+        let a = ["--model", "smollm2", "--precision", "packed", "--kv-cache", "f32,q8", "--activations", "i16,i8"];
+        let o = parse_args(&args(&a)).unwrap();
+        let cs = cases(&o, Path::new("/m"));
+        let labels: Vec<String> = cs.iter().map(Case::label).collect();
+        assert_eq!(labels, ["packed/f32/i16", "packed/f32/i8", "packed/q8/i16", "packed/q8/i8"]);
+        let flag = |c: &Case| {
+            let cmd = bench_command(Path::new("/b/mlx-iree"), c, &o);
+            cmd.get_args().map(|a| a.to_string_lossy().into_owned()).skip_while(|a| a != "--activations").nth(1)
+        };
+        assert_eq!(cs.iter().map(flag).collect::<Vec<_>>(), ["i16", "i8", "i16", "i8"].map(|s| Some(s.to_owned())));
+        let at = |prefill| Row::Ok(String::new(), Measured { prefill_tok_s: prefill, ..measured(40.0) });
+        // A second folder of the family (another format) is its own baseline.
+        let other = |c: &Case| Case { model: "/m/other-8bit".into(), ..c.clone() };
+        let all = [cs.clone(), vec![other(&cs[0]), other(&cs[1])]].concat();
+        let t = table(&all, &[at(100.0), at(134.0), at(90.0), at(99.0), at(50.0), at(60.0)]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].contains("prefill vs i16") && lines[0].contains("vs f32 KV"), "{t}");
+        let act_ratio = |line: &str| line.split_whitespace().nth(9).unwrap().to_owned();
+        let ratios: Vec<String> = lines[1..7].iter().map(|l| act_ratio(l)).collect();
+        assert_eq!(ratios, ["1.00x", "1.34x", "1.00x", "1.10x", "1.00x", "1.20x"], "{t}");
+        assert_eq!(
+            parse_args(&args(&["--activations", "i4"])).unwrap_err().to_string(),
+            "bench: unknown activations `i4` (expected i16 or i8)"
+        );
+    }
+
     #[test]
     fn bad_batch_context_and_kv_cache_values() {
         let err = |a: &[&str]| parse_args(&args(a)).unwrap_err().to_string();
@@ -1879,7 +1955,14 @@ mod tests {
 
         // With --json, each row is one line tagged with the engine, carrying its batch,
         // context and KV bytes beside the weight bytes.
-        let case = Case { family: "a".into(), model: "/m/a".into(), precision: "f16", steps: 16, kv_cache: None };
+        let case = Case {
+            family: "a".into(),
+            model: "/m/a".into(),
+            precision: "f16",
+            steps: 16,
+            kv_cache: None,
+            activations: None,
+        };
         let printed: Vec<serde_json::Value> =
             rows.iter().map(|r| serde_json::from_str(&r.json_line(&case, "local-task", None)).unwrap()).collect();
         let fields: Vec<(&str, u64, u64, u64, u64)> = printed
@@ -1942,7 +2025,14 @@ mod tests {
         assert_eq!(rows, [Row::Ok(line.to_owned(), measured(20.0))]);
         let row = rows[0].clone();
         assert_eq!(parse_rows("no json here\n").unwrap_err().to_string(), "no JSON line");
-        let case = Case { family: "f".into(), model: "/m/x".into(), precision: "packed", steps: 1, kv_cache: None };
+        let case = Case {
+            family: "f".into(),
+            model: "/m/x".into(),
+            precision: "packed",
+            steps: 1,
+            kv_cache: None,
+            activations: None,
+        };
         let null_cached = line.replace("\"compile_cached_s\":0.03", "\"compile_cached_s\":null");
         match &parse_rows(&null_cached).unwrap()[..] {
             [Row::Ok(_, m)] => assert_eq!(m.compile_cached_s, None),
@@ -1973,6 +2063,7 @@ mod tests {
             precision,
             steps: 1,
             kv_cache: None,
+            activations: None,
         };
         let cases = [
             case("a", "/m/a-4bit", "f32"),
@@ -2061,6 +2152,7 @@ mod tests {
             precision,
             steps: 1,
             kv_cache: None,
+            activations: None,
         };
         let at = |batch, context, decode| {
             Row::Ok(String::new(), Measured { batch, context, kv_bytes: (batch as u64) << 20, ..measured(decode) })
@@ -2194,8 +2286,14 @@ mod tests {
 
     #[test]
     fn peers_table_shows_ratios_and_the_bound() {
-        let case =
-            |dir: &str, precision| Case { family: "a".into(), model: dir.into(), precision, steps: 16, kv_cache: None };
+        let case = |dir: &str, precision| Case {
+            family: "a".into(),
+            model: dir.into(),
+            precision,
+            steps: 16,
+            kv_cache: None,
+            activations: None,
+        };
         let ours = [
             (case("/m/a-f16", "f16"), Row::Ok(String::new(), measured(20.0))),
             (case("/m/a-f16", "bf16"), Row::Ok(String::new(), measured(10.0))),
