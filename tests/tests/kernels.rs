@@ -17,7 +17,7 @@ use kernels::cpu::{self, Isa, Op, Scale};
 
 mod kernel_cases;
 use kernel_cases::{
-    ATTN_CASES, AttnCase, DELTA_CASES, DENSE_ROWS, DenseMatrix, EXPERTS, IDS, K, Matrix, O, PAIRS, ROWS, attention_f64,
+    ATTN_CASES, DELTA_CASES, DENSE_ROWS, DenseMatrix, EXPERTS, IDS, K, Matrix, O, PAIRS, ROWS, attention_f64,
     check_delta, check_dense, check_dense_rows, check_qmv, check_rows, dense_function_name, dense_module, entries,
     expert_of, experts_function_name, function_name, group_size, input, module,
 };
@@ -140,11 +140,12 @@ fn every_kernel_object_computes_the_same_bits() {
     }
 }
 
-/// Each case as a function dispatching its attention export once.
+/// Each case as two functions dispatching its attention export once: a row's kv heads a
+/// workgroup, and whole rows a workgroup (the tiled entry of prompt chunks).
 fn attention_module(source: &str) -> String {
     let ctx = Context::new();
     let m = Module::new(&ctx);
-    for (i, case) in ATTN_CASES.iter().enumerate() {
+    for ((name, entry), case) in ATTN_CASES.iter().enumerate().flat_map(|(i, c)| c.entries(i).map(|e| (e, c))) {
         let n = case.positions.len() as i64;
         let (kv, hd, heads) = (case.kv as i64, case.hd as i64, case.heads as i64);
         let cache_elem = match case.cache {
@@ -163,11 +164,11 @@ fn attention_module(source: &str) -> String {
             ElementType::I32.tensor(&[n]),
             ElementType::I32.tensor(&[n]),
         ];
-        m.func(&format!("attn_{i}"), &args, |f, a| {
+        m.func(&name, &args, |f, a| {
             let mut constants = case.constants().map(|c| c as i32).to_vec();
             constants.extend([case.scale().to_bits() as i32, n as i32]);
             let result = f32.tensor(&[n, heads * hd]);
-            Ok(vec![f.dispatch(cpu::EXECUTABLE, &case.entry().export(), n * kv, &constants, a, result)?])
+            Ok(vec![f.dispatch(cpu::EXECUTABLE, &entry.export(), n * kv, &constants, a, result)?])
         })
         .unwrap();
     }
@@ -181,8 +182,12 @@ fn attention_module(source: &str) -> String {
 /// decoded).
 #[test]
 fn every_attention_object_computes_the_same_bits() {
-    let attention: Vec<cpu::Attention> =
-        ATTN_CASES.iter().map(AttnCase::entry).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    let attention: Vec<cpu::Attention> = ATTN_CASES
+        .iter()
+        .flat_map(|c| [c.entry(), c.tiled_entry()])
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
     for isa in cpu::host_isas() {
         let dir = tempfile::tempdir().unwrap();
         let object = cpu::install(dir.path(), isa).unwrap().unwrap();
@@ -211,15 +216,18 @@ fn every_attention_object_computes_the_same_bits() {
                 device.upload(&[n], case.slots).unwrap(),
             ];
             let refs: Vec<&iree_hal::BufferView> = args.iter().collect();
-            let got: Vec<f32> = session.call(&format!("attn_{i}"), &refs).unwrap()[0].to_vec().unwrap();
             let model = case.model(&inputs);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&model), "{isa} attention case {i}: the object differs from the model");
             // The f64 reference takes the caches' values and the new rows as the kernel reads
             // them (rounded through the cache's type).
             let exact = attention_f64(case, &case.model_inputs(&inputs));
-            let err = got.iter().zip(&exact).map(|(a, b)| (f64::from(*a) - b).abs()).fold(0.0, f64::max);
-            assert!(err < 2e-6, "{isa} attention case {i}: {err:e} from attention in f64");
+            for (name, entry) in case.entries(i) {
+                let what = format!("{isa} attention case {i} ({})", entry.export());
+                let got: Vec<f32> = session.call(&name, &refs).unwrap()[0].to_vec().unwrap();
+                assert_eq!(bits(&got), bits(&model), "{what}: the object differs from the model");
+                let err = got.iter().zip(&exact).map(|(a, b)| (f64::from(*a) - b).abs()).fold(0.0, f64::max);
+                assert!(err < 2e-6, "{what}: {err:e} from attention in f64");
+            }
         }
     }
 }

@@ -206,14 +206,16 @@ fn the_aarch64_object_computes_the_models_bits() {
 }
 
 /// The attention entry points (cpu/attn.h) of the aarch64 object give kernel_cases' cases
-/// the Rust model's bits, as the host's objects do through IREE (kernels.rs).
+/// the Rust model's bits, as the host's objects do through IREE (kernels.rs): each case with
+/// a row's kv heads a workgroup and with whole rows a workgroup (a prompt chunk's tiles).
 #[test]
 fn the_aarch64_attention_computes_the_models_bits() {
     let dir = tempfile::tempdir().unwrap();
     let exe = executable(dir.path(), &object(dir.path()));
     let mut stdin = Vec::new();
     let mut expected = Vec::new();
-    for (i, case) in ATTN_CASES.iter().enumerate() {
+    let both = ATTN_CASES.iter().enumerate().flat_map(|(i, c)| [(i, c, c.entry()), (i, c, c.tiled_entry())]);
+    for (i, case, entry) in both {
         let inputs = case.inputs(1000 + 10 * i as u64);
         let [q, k_new, v_new, kc, vc] = &inputs;
         let [layer, s, p, kv, g, hd, w, sliding] = case.constants();
@@ -225,14 +227,7 @@ fn the_aarch64_attention_computes_the_models_bits() {
         let n = case.positions.len();
         let header = [2, cache_elem, case.cache_dims[0] as u32, s as u32, p as u32, kv as u32, g as u32, hd as u32]
             .into_iter()
-            .chain([
-                w as u32,
-                sliding as u32,
-                case.scale().to_bits(),
-                n as u32,
-                case.entry().units as u32,
-                layer as u32,
-            ]);
+            .chain([w as u32, sliding as u32, case.scale().to_bits(), n as u32, entry.units as u32, layer as u32]);
         push_part(&mut stdin, &header.flat_map(u32::to_le_bytes).collect::<Vec<u8>>());
         let floats = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         for part in [floats(q), floats(k_new), floats(v_new), case.cache_bytes(kc), case.cache_bytes(vc)] {
@@ -241,19 +236,15 @@ fn the_aarch64_attention_computes_the_models_bits() {
         for ints in [case.positions, case.slots] {
             push_part(&mut stdin, &ints.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
         }
-        expected.push(case.model(&inputs));
+        expected.push((format!("case {i} ({})", entry.export()), case.model(&inputs)));
     }
     let out = run(&exe, &stdin);
     let got: Vec<u32> = out.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
     let mut at = 0;
-    for (i, model) in expected.iter().enumerate() {
-        assert!(got.len() >= at + model.len(), "attention case {i}: the driver wrote too few values");
+    for (what, model) in &expected {
+        assert!(got.len() >= at + model.len(), "attention {what}: the driver wrote too few values");
         let bits: Vec<u32> = model.iter().map(|x| x.to_bits()).collect();
-        assert_eq!(
-            got[at..at + model.len()],
-            bits[..],
-            "neondot attention case {i}: the object differs from the model"
-        );
+        assert_eq!(got[at..at + model.len()], bits[..], "neondot attention {what}: the object differs from the model");
         at += model.len();
     }
     assert_eq!(at, got.len(), "the driver wrote more than was asked for");

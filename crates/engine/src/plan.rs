@@ -371,10 +371,14 @@ pub(crate) mod tests {
             // has no use for them.
             let slots = |n: usize| Plan::new(&c, &config(n, Some(300))).unwrap().for_layout(&c, &packed).mixed;
             assert_eq!((slots(48), slots(49), slots(1)), (vec![16, 32, 48, 64], vec![16, 32, 48, 64, 128], vec![]));
-            // One attention dispatch per layer per function.
+            // One attention dispatch per layer per function: a prompt chunk's in whole rows a
+            // workgroup (its tiles share the cache's reads), the others' a row's kv heads.
             let mlir = text(&packed, &kernel);
-            let per_call = c.num_layers() * (one_each.len() + chunk_each.len() + mixed.len());
-            assert_eq!(mlir.matches("entry_points = [@mlx_iree_kernels::@attn_f32_u1]").count(), per_call, "{mlir}");
+            let entry = |units: usize| format!("entry_points = [@mlx_iree_kernels::@attn_f32_u{units}]");
+            let per_call = c.num_layers() * (one_each.len() + mixed.len());
+            assert_eq!(mlir.matches(&entry(1)).count(), per_call, "{mlir}");
+            let tiled = entry(kernels::cpu::attention_tile_units(c.kv_heads));
+            assert_eq!(mlir.matches(&tiled).count(), c.num_layers() * chunk_each.len(), "{mlir}");
         }
         let _ = std::fs::remove_dir_all(&cache_dir);
     }

@@ -51,6 +51,10 @@
 // Blocks ahead of the one being scored whose rows are prefetched (1: 7.2 ms, 2: 6.2 ms for
 // one thread's half of the 1B shape's 16 layers at 2,000 positions; docs/PERFORMANCE.md).
 #define ATTN_AHEAD 2
+// Rows of one sequence whose cache reads one workgroup shares (kernels::cpu::ATTN_TILE_ROWS):
+// a prompt chunk's rows read the same cache positions, so each block is read once for up to
+// this many of them, not once per row.
+#define ATTN_TILE_ROWS 8
 // Floats of per-head state a workgroup keeps (qs and acc: G * hd per kv head; at most this
 // for one kv head, kernels::cpu::supports_attention) and the most heads per kv head: with
 // the block's scores, 17 KiB of stack, which IREE's worker threads keep small.
@@ -149,18 +153,19 @@ static inline vf vf_attn_exp(vf x) {
     }                                                                                             \
   } while (0)
 
-// The softmax update of the current rows' heads over the ATTN_BLOCK (nb of them real) keys
-// at KB (KTYPE, read by KLOAD, rows KSTRIDE KTYPEs apart, 16-lane chunk c KCHUNK * c in) and
-// values at VB (likewise): each head's scores, its running maximum, sum and accumulator.
+// The softmax update of one row's heads of kv head `h` (their state at index `sh`: qs, acc,
+// m and l) over the ATTN_BLOCK (nb of them real) keys at KB (KTYPE, read by KLOAD, rows
+// KSTRIDE KTYPEs apart, 16-lane chunk c KCHUNK * c in) and values at VB (likewise): each
+// head's scores, its running maximum, sum and accumulator.
 #define ATTN_UPDATE(KTYPE, KLOAD, KB, KSTRIDE, KCHUNK, VTYPE, VLOAD, VB, VSTRIDE, VCHUNK)          \
   do {                                                                                            \
     const KTYPE* kblock = (KB);                                                                   \
     const VTYPE* vblock = (VB);                                                                   \
     const size_t kstride = (KSTRIDE), kchunk = (KCHUNK), vstride = (VSTRIDE), vchunk = (VCHUNK);  \
-    float* acc_h = acc + h * GHD;                                                                 \
+    float* acc_h = acc + sh * GHD;                                                                \
     float e[ATTN_MAX_G][ATTN_BLOCK] __attribute__((aligned(64)));                                 \
     for (size_t g = 0; g < G; ++g) {                                                              \
-      const float* qg = qs + h * GHD + g * HD;                                                    \
+      const float* qg = qs + sh * GHD + g * HD;                                                   \
       if (nb == ATTN_BLOCK) {                                                                     \
         vf s[ATTN_BLOCK];                                                                         \
         for (size_t jj = 0; jj < ATTN_BLOCK; ++jj) s[jj] = vf_zero();                             \
@@ -180,12 +185,12 @@ static inline vf vf_attn_exp(vf x) {
         /* Past the context: e^-inf = 0, so a short block is a full one. */                       \
         for (size_t jj = nb; jj < ATTN_BLOCK; ++jj) e[g][jj] = -__builtin_inff();                 \
       }                                                                                           \
-      float* mg = m + h * G + g;                                                                  \
+      float* mg = m + sh * G + g;                                                                 \
       const float block_top = vf_max_lane(vf_load(e[g]));                                         \
       const float top = block_top > *mg ? block_top : *mg;                                        \
       const float alpha = attn_exp(*mg - top);                                                    \
       vf_store(e[g], vf_attn_exp(vf_add(vf_load(e[g]), vf_set1(-top))));                          \
-      l[h * G + g] = __builtin_fmaf(l[h * G + g], alpha, vf_sum(vf_load(e[g])));                  \
+      l[sh * G + g] = __builtin_fmaf(l[sh * G + g], alpha, vf_sum(vf_load(e[g])));                \
       *mg = top;                                                                                  \
       if (alpha != 1.0f)                                                                          \
         for (size_t c = 0; c < C; ++c)                                                            \
@@ -202,12 +207,15 @@ static inline vf vf_attn_exp(vf x) {
 // this head dim (8 KiB of stack); wider heads read in place.
 #define ATTN_STAGE_MAX_HD 128
 
-// The softmax update of the current rows' heads over key rows [FROM, TO) of KROWS and VROWS
-// (ETYPE, read by ELOAD), in blocks of ATTN_BLOCK: the cache's positions or the call's
-// earlier rows of the sequence. A kv head's row is ROW ETYPEs, a position's K rows
-// contiguous; its 16-lane chunk c starts CHUNK * c in. STAGED: the keys go through
-// ATTN_STAGE_MAX_HD's buffer (the same values, so the same bits).
-#define ATTN_SPAN(ETYPE, ELOAD, KROWS, VROWS, FROM, TO, ROW, CHUNK, STAGED)                      \
+// The softmax update of NR rows' heads over key rows [FROM, TO) of KROWS and VROWS (ETYPE,
+// read by ELOAD), in blocks of ATTN_BLOCK: the cache's positions, which a tile's rows share,
+// or the call's earlier rows of one row's sequence (NR 1). A kv head's row is ROW ETYPEs, a
+// position's K rows contiguous; its 16-lane chunk c starts CHUNK * c in. Row i's kv head h
+// keeps its state at index SBASE + i * nh + h. Each block of each kv head is read (and, with
+// STAGED, its keys go through ATTN_STAGE_MAX_HD's buffer: the same values, so the same bits)
+// once for the NR rows, which take it in turn: every row sees the same blocks in the same
+// order as alone.
+#define ATTN_SPAN(ETYPE, ELOAD, KROWS, VROWS, FROM, TO, ROW, CHUNK, STAGED, NR, SBASE)             \
   do {                                                                                            \
     const ETYPE* krows = (KROWS);                                                                 \
     const ETYPE* vrows = (VROWS);                                                                 \
@@ -237,14 +245,50 @@ static inline vf vf_attn_exp(vf x) {
           for (size_t jj = 0; jj < nb; ++jj)                                                      \
             for (size_t c = 0; c < C; ++c)                                                        \
               vf_store(kst + jj * HD + 16 * c, ELOAD(kraw + jj * row_stride + (CHUNK) * c));      \
-          ATTN_UPDATE(float, vf_load, kst, HD, 16, ETYPE, ELOAD, vraw, row_stride, (CHUNK));       \
+          for (size_t span_i = 0; span_i < (NR); ++span_i) {                                      \
+            const size_t sh = (SBASE) + span_i * nh + h;                                          \
+            ATTN_UPDATE(float, vf_load, kst, HD, 16, ETYPE, ELOAD, vraw, row_stride, (CHUNK));     \
+          }                                                                                       \
         } else {                                                                                  \
-          ATTN_UPDATE(ETYPE, ELOAD, kraw, row_stride, (CHUNK), ETYPE, ELOAD, vraw, row_stride, (CHUNK)); \
+          for (size_t span_i = 0; span_i < (NR); ++span_i) {                                      \
+            const size_t sh = (SBASE) + span_i * nh + h;                                          \
+            ATTN_UPDATE(ETYPE, ELOAD, kraw, row_stride, (CHUNK), ETYPE, ELOAD, vraw, row_stride, (CHUNK)); \
+          }                                                                                       \
         }                                                                                         \
       }                                                                                           \
     }                                                                                             \
   } while (0)
 
+// What a row attends to: its slot (clamped into the cache), its position p, the cache's
+// positions [lo, hi) it reads (those before its sequence's first row in this call, within its
+// sliding window and the window W), and the call's rows [ja, jb) of its sequence at positions
+// in [lo, p) (the rows just before it with its slot: a sequence's rows of one call are
+// consecutive and in position order).
+typedef struct {
+  size_t slot, ja, jb;
+  int64_t p, lo, hi;
+} attn_row_t;
+
+static inline attn_row_t attn_row(const int32_t* pos, const int32_t* slots, size_t r, size_t S, size_t P, size_t W,
+                                  size_t sliding) {
+  attn_row_t a;
+  a.slot = (size_t)(uint32_t)slots[r];
+  if (a.slot >= S) a.slot = S - 1;
+  a.p = pos[r];
+  size_t r0 = r;
+  while (r0 > 0 && slots[r0 - 1] == slots[r]) --r0;
+  const int64_t first = r0 < r && pos[r0] < a.p ? pos[r0] : a.p;
+  a.hi = first < (int64_t)W ? first : (int64_t)W;
+  if (a.hi > (int64_t)P) a.hi = (int64_t)P;
+  a.lo = sliding ? a.p - (int64_t)sliding + 1 : 0;
+  if (a.lo < 0) a.lo = 0;
+  a.ja = a.jb = r0;
+  for (size_t j = r0; j < r; ++j) {
+    if (pos[j] < a.lo) a.ja = j + 1;
+    if (pos[j] < a.p) a.jb = j + 1;
+  }
+  return a;
+}
 
 static inline vf vf_load_round_f16(const float* p) { return vf_round_f16(vf_load(p)); }
 
@@ -268,58 +312,62 @@ static inline vf vf_load_round_f16(const float* p) { return vf_round_f16(vf_load
     float acc[ATTN_MAX_STATE] __attribute__((aligned(64)));                                       \
     float m[ATTN_MAX_STATE / 16], l[ATTN_MAX_STATE / 16];                                         \
     while (u0 < u1) {                                                                             \
-      /* The kv heads kh0.. of row r this workgroup has, as many as the state holds, in */        \
-      /* lockstep over the positions: their rows of one position are contiguous. */               \
-      const size_t r = u0 / K, kh0 = u0 % K;                                                      \
-      size_t nh = K - kh0;                                                                        \
-      if (nh > u1 - u0) nh = u1 - u0;                                                             \
-      if (nh > ATTN_MAX_STATE / GHD) nh = ATTN_MAX_STATE / GHD;                                   \
-      u0 += nh;                                                                                   \
-      size_t slot = (size_t)(uint32_t)slots[r];                                                   \
-      if (slot >= S) slot = S - 1;                                                                \
-      const int64_t p = pos[r];                                                                   \
-      /* The rows just before r with its slot: its sequence's earlier rows in this call; the */ \
-      /* cache holds the positions before the first of them. */                                  \
-      size_t r0 = r;                                                                              \
-      while (r0 > 0 && slots[r0 - 1] == slots[r]) --r0;                                           \
-      const int64_t first = r0 < r && pos[r0] < p ? pos[r0] : p;                                  \
-      int64_t hi = first < (int64_t)W ? first : (int64_t)W;                                       \
-      if (hi > (int64_t)P) hi = (int64_t)P;                                                       \
-      int64_t lo = sliding ? p - (int64_t)sliding + 1 : 0;                                        \
-      if (lo < 0) lo = 0;                                                                         \
-      /* Of those rows, the ones at positions [lo, p): rows [ja, jb). */                          \
-      size_t ja = r0, jb = r0;                                                                    \
-      for (size_t j = r0; j < r; ++j) {                                                           \
-        if (pos[j] < lo) ja = j + 1;                                                              \
-        if (pos[j] < p) jb = j + 1;                                                               \
-      }                                                                                           \
-      for (size_t h = 0; h < nh; ++h) {                                                           \
-        const float* qr = q + r * K * GHD + (kh0 + h) * GHD;                                      \
-        const float* kr = kn + (r * K + kh0 + h) * HD;                                            \
-        const float* vr = vn + (r * K + kh0 + h) * HD;                                            \
-        for (size_t g = 0; g < G; ++g) {                                                          \
-          float* qg = qs + h * GHD + g * HD;                                                      \
-          for (size_t c = 0; c < C; ++c) vf_store(qg + 16 * c, vf_mul(vf_load(qr + g * HD + 16 * c), vf_set1(scale))); \
-          vf s = vf_zero();                                                                       \
-          for (size_t c = 0; c < C; ++c) s = vf_fma(vf_load(qg + 16 * c), NLOAD(kr + 16 * c), s); \
-          m[h * G + g] = vf_sum(s);                                                               \
-          l[h * G + g] = 1.0f;                                                                    \
-          for (size_t c = 0; c < C; ++c) vf_store(acc + h * GHD + g * HD + 16 * c, NLOAD(vr + 16 * c)); \
+      /* Row r's kv heads kh0.. this workgroup has; or, where it has row r whole, a tile of */    \
+      /* rows r.. of one sequence that read the same cache positions (a prompt chunk's), */      \
+      /* whole, up to ATTN_TILE_ROWS and what the state holds: each cache block is then read */  \
+      /* once for the tile. The kv heads go in lockstep over the positions (their rows of one */ \
+      /* position are contiguous), as many at a time as the state holds for the tile's rows. */  \
+      const size_t r = u0 / K, kh_first = u0 % K;                                                 \
+      const attn_row_t a0 = attn_row(pos, slots, r, S, P, W, sliding);                            \
+      size_t nr = 1;                                                                              \
+      if (kh_first == 0)                                                                          \
+        while (nr < ATTN_TILE_ROWS && (r + nr + 1) * K <= u1 && (nr + 1) * GHD <= ATTN_MAX_STATE && \
+               slots[r + nr] == slots[r]) {                                                       \
+          const attn_row_t an = attn_row(pos, slots, r + nr, S, P, W, sliding);                   \
+          if (an.lo != a0.lo || an.hi != a0.hi) break;                                            \
+          ++nr;                                                                                   \
+        }                                                                                         \
+      const size_t kh_end = nr > 1 ? K : (u1 - u0 < K - kh_first ? kh_first + (u1 - u0) : K);     \
+      const size_t per_pass = ATTN_MAX_STATE / (nr * GHD);                                        \
+      for (size_t kh0 = kh_first; kh0 < kh_end; kh0 += per_pass) {                               \
+        const size_t nh = kh_end - kh0 < per_pass ? kh_end - kh0 : per_pass;                      \
+        for (size_t i = 0; i < nr; ++i) {                                                         \
+          const size_t ri = r + i;                                                                \
+          for (size_t h = 0; h < nh; ++h) {                                                       \
+            const size_t sh = i * nh + h;                                                         \
+            const float* qr = q + ri * K * GHD + (kh0 + h) * GHD;                                 \
+            const float* kr = kn + (ri * K + kh0 + h) * HD;                                       \
+            const float* vr = vn + (ri * K + kh0 + h) * HD;                                       \
+            for (size_t g = 0; g < G; ++g) {                                                      \
+              float* qg = qs + sh * GHD + g * HD;                                                 \
+              for (size_t c = 0; c < C; ++c) vf_store(qg + 16 * c, vf_mul(vf_load(qr + g * HD + 16 * c), vf_set1(scale))); \
+              vf s = vf_zero();                                                                   \
+              for (size_t c = 0; c < C; ++c) s = vf_fma(vf_load(qg + 16 * c), NLOAD(kr + 16 * c), s); \
+              m[sh * G + g] = vf_sum(s);                                                          \
+              l[sh * G + g] = 1.0f;                                                               \
+              for (size_t c = 0; c < C; ++c) vf_store(acc + sh * GHD + g * HD + 16 * c, NLOAD(vr + 16 * c)); \
+            }                                                                                     \
+          }                                                                                       \
+        }                                                                                         \
+        /* Position j, kv head kh: row ((layer * S + slot) * P + j) * K + kh of the cache; the */ \
+        /* call's row j: row j * K + kh of the new keys and values (hd f32 each). */             \
+        const size_t at = ((layer * S + a0.slot) * P * K + kh0) * (ROW);                          \
+        ATTN_SPAN(CTYPE, LOAD, kc + at, vc + at, a0.lo, a0.hi, ROW, CHUNK, STAGED, nr, 0);         \
+        for (size_t i = 0; i < nr; ++i) {                                                         \
+          const attn_row_t ai = i ? attn_row(pos, slots, r + i, S, P, W, sliding) : a0;           \
+          ATTN_SPAN(float, NLOAD, kn + kh0 * HD, vn + kh0 * HD, (int64_t)ai.ja, (int64_t)ai.jb, HD, 16, STAGED, 1, i * nh); \
+          for (size_t h = 0; h < nh; ++h) {                                                       \
+            const size_t sh = i * nh + h;                                                         \
+            float* o = out + (r + i) * K * GHD + (kh0 + h) * GHD;                                 \
+            for (size_t g = 0; g < G; ++g) {                                                      \
+              const vf inv = vf_set1(1.0f / l[sh * G + g]);                                       \
+              for (size_t c = 0; c < C; ++c)                                                      \
+                vf_store(o + g * HD + 16 * c, vf_mul(vf_load(acc + sh * GHD + g * HD + 16 * c), inv)); \
+            }                                                                                     \
+          }                                                                                       \
         }                                                                                         \
       }                                                                                           \
-      /* Position j, kv head kh: row ((layer * S + slot) * P + j) * K + kh of the cache; the */ \
-      /* call's row j: row j * K + kh of the new keys and values (hd f32 each). */               \
-      const size_t at = ((layer * S + slot) * P * K + kh0) * (ROW);                               \
-      ATTN_SPAN(CTYPE, LOAD, kc + at, vc + at, lo, hi, ROW, CHUNK, STAGED);                       \
-      ATTN_SPAN(float, NLOAD, kn + kh0 * HD, vn + kh0 * HD, (int64_t)ja, (int64_t)jb, HD, 16, STAGED); \
-      for (size_t h = 0; h < nh; ++h) {                                                           \
-        float* o = out + r * K * GHD + (kh0 + h) * GHD;                                           \
-        for (size_t g = 0; g < G; ++g) {                                                          \
-          const vf inv = vf_set1(1.0f / l[h * G + g]);                                            \
-          for (size_t c = 0; c < C; ++c)                                                          \
-            vf_store(o + g * HD + 16 * c, vf_mul(vf_load(acc + h * GHD + g * HD + 16 * c), inv)); \
-        }                                                                                         \
-      }                                                                                           \
+      u0 = nr > 1 ? (r + nr) * K : r * K + kh_end;                                                \
     }                                                                                             \
   }
 

@@ -649,6 +649,19 @@ pub fn attention_units(heads: usize, kv_heads: usize, head_dim: usize) -> usize 
         .unwrap_or(1)
 }
 
+/// Rows of one sequence an attention workgroup takes together where it is given whole rows
+/// (`ATTN_TILE_ROWS` in `cpu/attn.h`): a prompt chunk's rows read the same cache positions,
+/// so each block of keys and values is read once for up to this many of them.
+pub const ATTN_TILE_ROWS: usize = 8;
+
+/// The units (kv heads of rows) an attention workgroup takes for a prompt chunk: whole rows,
+/// [`ATTN_TILE_ROWS`] of them, which the kernel takes as tiles that share their cache reads.
+/// Each row's result is the same bits as with [`attention_units`] (the same blocks in the
+/// same order per row).
+pub fn attention_tile_units(kv_heads: usize) -> usize {
+    ATTN_TILE_ROWS * kv_heads
+}
+
 /// `cpu/attn.h`'s arithmetic in Rust, for tests to hold the objects to, bit for bit: every
 /// row's attention output `[n, heads * head_dim]`. Arguments as the kernel's bindings and
 /// constants, but in f32: `k_cache`, `v_cache` an f16 cache widened (exact) or an 8-bit one

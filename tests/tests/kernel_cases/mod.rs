@@ -470,7 +470,7 @@ pub struct AttnCase {
 /// head per kv head up to the kernel's most (16); head dims of one to four 16-lane chunks;
 /// several kv heads per workgroup (`attention_units` 4 for 8 kv heads); f32, f16 and 8-bit
 /// caches.
-pub const ATTN_CASES: [AttnCase; 9] = [
+pub const ATTN_CASES: [AttnCase; 10] = [
     AttnCase {
         heads: 8,
         kv: 2,
@@ -590,11 +590,37 @@ pub const ATTN_CASES: [AttnCase; 9] = [
         positions: &[3, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37],
         slots: &[0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
     },
+    // A prompt chunk of 19 rows after 20 cached positions, then a padding row: with whole
+    // rows a workgroup (the tiled entry), tiles of 8, 8 and 4 rows share each cache block,
+    // one kv head at a time (8 rows x 4 heads x 64 fill the state).
+    AttnCase {
+        heads: 16,
+        kv: 4,
+        hd: 64,
+        cache: cpu::CacheElem::F32,
+        cache_dims: [1, 2, 48],
+        layer: 0,
+        window: 48,
+        sliding: 0,
+        positions: &[20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 38],
+        slots: &[1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+    },
 ];
 
 impl AttnCase {
     pub fn entry(&self) -> cpu::Attention {
         cpu::Attention { cache: self.cache, units: cpu::attention_units(self.heads, self.kv, self.hd) }
+    }
+
+    /// The entry a prompt chunk takes: whole rows a workgroup, in tiles that share their
+    /// cache reads (the same bits per row).
+    pub fn tiled_entry(&self) -> cpu::Attention {
+        cpu::Attention { cache: self.cache, units: cpu::attention_tile_units(self.kv) }
+    }
+
+    /// Both entries, the function name of each.
+    pub fn entries(&self, i: usize) -> [(String, cpu::Attention); 2] {
+        [(format!("attn_{i}"), self.entry()), (format!("attn_{i}_tiled"), self.tiled_entry())]
     }
 
     pub fn cache_len(&self) -> usize {

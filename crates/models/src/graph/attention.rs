@@ -2,7 +2,7 @@
 //! form (one row per sequence against its window, or a prompt chunk by contractions), with
 //! causal and sliding-window masks and Gemma 2's soft cap.
 
-use super::{KvElem, R, Step, V};
+use super::{Function, KvElem, R, Step, V};
 use crate::backend::SlotRead;
 use hlo_emit::{Cmp, DotDims, ElementType::*, GatherDims, ScatterDims};
 
@@ -197,7 +197,15 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
             KvElem::F16 => kernels::cpu::CacheElem::F16,
             KvElem::Q8 => kernels::cpu::CacheElem::Q8,
         };
-        let entry = kernels::cpu::Attention { cache, units: kernels::cpu::attention_units(h, k, hd) };
+        // A prompt chunk of two tiles or more in whole rows, whose tiles share their cache reads
+        // (the same bits per row); other calls in a row's kv heads, two workgroups or more a row.
+        let units = match self.function {
+            Function::Prefill { tokens, .. } if tokens >= 2 * kernels::cpu::ATTN_TILE_ROWS => {
+                kernels::cpu::attention_tile_units(k)
+            }
+            _ => kernels::cpu::attention_units(h, k, hd),
+        };
+        let entry = kernels::cpu::Attention { cache, units };
         self.linked.borrow_mut().attention.insert(entry);
         let n = q.shape()[0];
         let (dims, window) = (kc.shape(), self.function.window());
