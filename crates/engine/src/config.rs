@@ -71,7 +71,7 @@ impl Draft {
         if let Draft::Model { dir, .. } = self {
             let draft = models::ModelConfig::for_checkpoint(&mut weights::Checkpoint::open(dir)?)?;
             if draft.state_len() > 0 {
-                return Err(crate::Error::DraftWithState { model_type: draft.model_type });
+                return Err(crate::Error::DraftModelWithState { model_type: draft.model_type });
             }
             if draft.vocab != model.vocab {
                 return Err(crate::Error::DraftVocab { draft: draft.vocab, model: model.vocab });

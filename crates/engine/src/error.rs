@@ -32,12 +32,22 @@ pub enum Error {
     ZeroContext,
     #[error("--draft-tokens must be at least 1")]
     ZeroDraftTokens,
-    /// Speculative decoding on a model whose recurrent state cannot be rolled back to the
-    /// last accepted draft token.
+    /// Speculative decoding on a model with recurrent layers where its state cannot be
+    /// rolled back to the last accepted draft token: a target without copies between slots.
     #[error(
-        "speculative decoding (--draft) needs a model without recurrent layers; {model_type} has them (its state is that after every checked token, accepted or not)"
+        "speculative decoding (--draft) of a model with recurrent layers ({model_type}) keeps its state from before each check in a spare slot, which {target} does not copy between slots; use a CPU device"
     )]
-    DraftWithState { model_type: String },
+    DraftWithState { model_type: String, target: String },
+    /// A draft model with recurrent layers, whose own state cannot go back to the last
+    /// accepted token.
+    #[error("the draft model has recurrent layers ({model_type}); use one without")]
+    DraftModelWithState { model_type: String },
+    /// `Engine::truncate` of a model with recurrent layers to a length it cannot go back to:
+    /// only into the rows of its last verify call.
+    #[error(
+        "slot {slot} holds {held} positions of a model with recurrent layers; it can go back to {len} only into its last verify call's rows"
+    )]
+    BadTruncate { slot: usize, len: usize, held: usize },
     /// A KV cache type that cannot hold this model's rows (an 8-bit cache's blocks of 16).
     #[error("{0}")]
     KvCache(String),

@@ -41,6 +41,10 @@ pub struct Plan {
     /// Whether the copies between slots are compiled: several slots, on a target where they
     /// compile (`CompileTarget::copies_between_slots`).
     pub copies: bool,
+    /// A model with recurrent layers and drafts: the slot past the sequences' (the cache's
+    /// last) that holds a copy of a sequence's state from before its verify call, which
+    /// `Engine::truncate` restores when drafts are rejected. Never a sequence's.
+    pub scratch: Option<usize>,
 }
 
 /// Prompt chunk sizes: short prompts in 16-token calls, long ones in 128-token calls.
@@ -63,6 +67,20 @@ impl Plan {
         if config.max_batch == 0 {
             return Err(Error::ZeroBatch);
         }
+        let target = crate::CompileTarget::for_device(&config.device)?;
+        config.draft.check(cfg)?;
+        let verify = match config.draft.tokens() {
+            0 if config.draft != crate::Draft::Off => return Err(Error::ZeroDraftTokens),
+            0 => None,
+            tokens => Some(tokens + 1),
+        };
+        // Drafts on a model with recurrent layers: its state before each verify call is kept in
+        // a scratch slot (copies between slots, which only some targets compile).
+        let scratch = verify.is_some() && cfg.state_len() > 0;
+        if scratch && !target.copies_between_slots() {
+            return Err(Error::DraftWithState { model_type: cfg.model_type.clone(), target: target.to_string() });
+        }
+        let slots = config.max_batch + usize::from(scratch);
         config.kv_elem.check(cfg).map_err(Error::KvCache)?;
         let per_position = CacheShape::bytes_per_position(cfg, config.kv_elem);
         let positions = match config.max_context {
@@ -70,18 +88,14 @@ impl Plan {
             Some(n) => n,
             None => {
                 let model = cfg.max_position_embeddings.unwrap_or(FALLBACK_CONTEXT);
-                let fits = config.kv_budget_bytes / (per_position * config.max_batch);
+                let fits = config.kv_budget_bytes / (per_position * slots);
                 if fits == 0 {
-                    return Err(Error::BudgetTooSmall {
-                        budget: config.kv_budget_bytes,
-                        slots: config.max_batch,
-                        per_position,
-                    });
+                    return Err(Error::BudgetTooSmall { budget: config.kv_budget_bytes, slots, per_position });
                 }
                 model.min(fits)
             }
         };
-        let cache = CacheShape { slots: config.max_batch, positions, elem: config.kv_elem };
+        let cache = CacheShape { slots, positions, elem: config.kv_elem };
         let mut batches: Vec<usize> = (0..).map(|i| 1 << i).take_while(|b| *b < config.max_batch).collect();
         batches.push(config.max_batch);
         // Only chunks smaller than the context: a chunk the size of the whole context (128 at
@@ -93,16 +107,9 @@ impl Plan {
         }
         let mut windows: Vec<usize> = (0..).map(|i| MIN_WINDOW << i).take_while(|w| *w < positions).collect();
         windows.push(positions);
-        let target = crate::CompileTarget::for_device(&config.device)?;
         let call_rows = target.call_overhead_rows();
-        config.draft.check(cfg)?;
-        let verify = match config.draft.tokens() {
-            0 if config.draft != crate::Draft::Off => return Err(Error::ZeroDraftTokens),
-            0 => None,
-            _ if cfg.state_len() > 0 => return Err(Error::DraftWithState { model_type: cfg.model_type.clone() }),
-            // Never more rows than the context.
-            tokens => Some((tokens + 1).min(positions)),
-        };
+        // Never more rows than the context.
+        let verify = verify.map(|rows| rows.min(positions));
         Ok(Plan {
             cache,
             batches,
@@ -114,7 +121,8 @@ impl Plan {
             state_parts: cfg.state_parts(),
             state_in_place: vec![false; cfg.state_parts().len()],
             verify,
-            copies: config.max_batch > 1 && target.copies_between_slots(),
+            copies: slots > 1 && target.copies_between_slots(),
+            scratch: scratch.then_some(config.max_batch),
         })
     }
 
@@ -178,6 +186,11 @@ impl Plan {
             .chain(copies)
             .chain(copy_state)
             .collect()
+    }
+
+    /// Slots for sequences: the cache's, less the scratch slot.
+    pub fn slots(&self) -> usize {
+        self.cache.slots - usize::from(self.scratch.is_some())
     }
 
     /// Positions one `copy_kv` call copies.
@@ -457,7 +470,8 @@ pub(crate) mod tests {
     }
 
     /// With drafts, one verify call of the draft tokens plus one per window that holds them,
-    /// and its cache write; none for a model with recurrent layers, which is refused.
+    /// and its cache write; for a model with recurrent layers, a scratch slot and the copies
+    /// too, or a refusal where those do not compile.
     #[test]
     fn drafts_add_a_verify_call_per_window() {
         let drafts = |tokens: usize| EngineConfig { draft: crate::Draft::Ngram { tokens }, ..config(2, Some(300)) };
@@ -475,12 +489,25 @@ pub(crate) mod tests {
         assert_eq!((off.verify, off.verify(0)), (None, None));
         assert!(!off.functions().iter().any(|f| matches!(f, Function::Verify { .. })));
         assert!(matches!(Plan::new(&cfg(), &drafts(0)), Err(Error::ZeroDraftTokens)));
+        assert_eq!((p.scratch, p.slots(), p.cache.slots), (None, 2, 2));
+        // A model with recurrent layers: a scratch slot past the sequences' for the state
+        // from before a verify call, and the copies; refused where copies do not compile.
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_5/f32");
         let recurrent = ModelConfig::for_checkpoint(&mut Checkpoint::open(&dir).unwrap()).unwrap();
-        let err = Plan::new(&recurrent, &drafts(4)).unwrap_err();
+        for max_batch in [1, 2] {
+            let config = EngineConfig { max_batch, ..drafts(4) };
+            let r = Plan::new(&recurrent, &config).unwrap();
+            assert_eq!((r.scratch, r.slots(), r.cache.slots), (Some(max_batch), max_batch, max_batch + 1));
+            let functions = r.functions();
+            assert!(functions.contains(&Function::CopyState) && functions.contains(&verify[0]), "{functions:?}");
+            assert!(!functions.iter().any(|f| matches!(f, Function::Decode { rows, .. } if *rows > max_batch)));
+        }
+        let no_drafts = Plan::new(&recurrent, &config(2, Some(300))).unwrap();
+        assert_eq!((no_drafts.scratch, no_drafts.cache.slots), (None, 2));
+        let err = Plan::new(&recurrent, &EngineConfig { device: "cuda".into(), ..drafts(4) }).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "speculative decoding (--draft) needs a model without recurrent layers; qwen3_5 has them (its state is that after every checked token, accepted or not)"
+            "speculative decoding (--draft) of a model with recurrent layers (qwen3_5) keeps its state from before each check in a spare slot, which cuda (sm_80) does not copy between slots; use a CPU device"
         );
     }
 }

@@ -72,7 +72,19 @@ pub struct Engine {
     states: Vec<BufferView>,
     /// Positions in use per slot.
     lens: Vec<usize>,
+    /// A recurrent model's last verify call, whose slot's state from before it is in the plan's
+    /// scratch slot, until the slot is truncated, reset or copied into.
+    rollback: Option<Rollback>,
     report: LoadReport,
+}
+
+/// A verify call of a model with recurrent layers: its slot, the position its rows started
+/// at and its tokens, to go back into them (`Engine::truncate`).
+#[derive(Debug)]
+struct Rollback {
+    slot: usize,
+    start: usize,
+    tokens: Vec<u32>,
 }
 
 /// What a load did, in plain values (nothing of IREE): what a caller prints after loading
@@ -155,8 +167,8 @@ enum Reads {
     /// (the chunk's last real token) come back.
     Prefill { slot: usize, last: usize },
     /// A verify call: every row belongs to the sequence in `slot`, and every row's logits
-    /// come back.
-    Verify { slot: usize },
+    /// come back; a model with recurrent layers reads `last` too (its last real row).
+    Verify { slot: usize, last: Option<usize> },
     /// A mixed call: rows of several sequences (each row's slot its own); the logits of the
     /// rows `outs` (each sequence's last row, padded to the function's outputs) come back.
     Mixed { outs: Vec<usize> },
@@ -314,7 +326,7 @@ impl Engine {
         let lens = vec![0; plan.cache.slots];
         let state_bytes = plan.cache.state_bytes(&cfg);
         let report = LoadReport { compile, load_seconds, weight_bytes, kv_bytes, state_bytes, stored_parameters };
-        Ok(Engine { cfg, plan, device, session, k, v, states, lens, report })
+        Ok(Engine { cfg, plan, device, session, k, v, states, lens, rollback: None, report })
     }
 
     /// What the load did: compile, load time, device bytes, the stored-weights file.
@@ -332,7 +344,7 @@ impl Engine {
 
     /// Sequences that can be decoded together (KV slots).
     pub fn max_batch(&self) -> usize {
-        self.plan.cache.slots
+        self.plan.slots()
     }
 
     /// Positions per sequence.
@@ -351,16 +363,48 @@ impl Engine {
         if let Some(len) = self.lens.get_mut(slot) {
             *len = 0;
         }
+        self.forget_rollback(slot);
+    }
+
+    /// Drops the last verify call's rollback if it was `slot`'s (whose rows now change).
+    fn forget_rollback(&mut self, slot: usize) {
+        if self.rollback.as_ref().is_some_and(|r| r.slot == slot) {
+            self.rollback = None;
+        }
     }
 
     /// Keeps the first `len` positions of `slot`'s context (at most those it holds) and forgets
     /// the rest: its next call starts at position `len`, reading the keys and values of the
     /// tokens before it as they are. A model with recurrent layers holds the state after its
-    /// whole context only: it can keep all of it or none ([`Engine::has_state`]).
-    pub fn truncate(&mut self, slot: usize, len: usize) {
-        if let Some(held) = self.lens.get_mut(slot) {
-            *held = len.min(*held);
+    /// whole context only ([`Engine::has_state`]): it keeps all of it, goes back to none
+    /// ([`Engine::reset`]), or, right after a verify call, to a length within that call's
+    /// rows: the state from before the call is copied back from the scratch slot and the kept
+    /// rows are read again (a prefill), as if only they had been fed.
+    ///
+    /// # Errors
+    /// `Error::BadTruncate` for any other length of a model with recurrent layers; a failed
+    /// copy or prefill.
+    pub fn truncate(&mut self, slot: usize, len: usize) -> Result<()> {
+        self.check_slot(slot)?;
+        let held = self.lens[slot];
+        let len = len.min(held);
+        if len == held {
+            return Ok(());
         }
+        if !self.has_state() {
+            self.lens[slot] = len;
+            return Ok(());
+        }
+        let rollback = self.rollback.take_if(|r| r.slot == slot && r.start <= len && r.start + r.tokens.len() == held);
+        let (Some(r), Some(scratch)) = (rollback, self.plan.scratch) else {
+            return Err(Error::BadTruncate { slot, len, held });
+        };
+        self.copy_state(scratch, slot)?;
+        self.lens[slot] = r.start;
+        if len > r.start {
+            self.prefill(slot, &r.tokens[..len - r.start])?;
+        }
+        Ok(())
     }
 
     /// Makes `dst`'s context the first `len` positions of `src`'s (which stays as it is): their
@@ -374,6 +418,7 @@ impl Engine {
         if src == dst || len > held || (self.has_state() && len != held) || !self.can_copy() {
             return Err(Error::BadCopy { src, dst, len, held });
         }
+        self.forget_rollback(dst);
         let upload = |v: usize| self.device.upload(&[1], &[v as i32]);
         let (from, to) = (upload(src)?, upload(dst)?);
         let block = self.plan.copy_block();
@@ -389,16 +434,24 @@ impl Engine {
             self.v = v;
         }
         if self.has_state() {
-            let name = Function::CopyState.name();
-            let mut args = vec![&from, &to];
-            args.extend(&self.states);
-            let out = self.session.call(&name, &args)?;
-            if out.len() != self.states.len() {
-                return Err(Error::Abi { function: name, got: out.len(), expected: self.states.len() });
-            }
-            self.states = out;
+            self.copy_state(src, dst)?;
         }
         self.lens[dst] = len;
+        Ok(())
+    }
+
+    /// Slot `src`'s recurrent state copied into slot `dst`'s (`copy_state`).
+    fn copy_state(&mut self, src: usize, dst: usize) -> Result<()> {
+        let upload = |v: usize| self.device.upload(&[1], &[v as i32]);
+        let (from, to) = (upload(src)?, upload(dst)?);
+        let name = Function::CopyState.name();
+        let mut args = vec![&from, &to];
+        args.extend(&self.states);
+        let out = self.session.call(&name, &args)?;
+        if out.len() != self.states.len() {
+            return Err(Error::Abi { function: name, got: out.len(), expected: self.states.len() });
+        }
+        self.states = out;
         Ok(())
     }
 
@@ -415,8 +468,8 @@ impl Engine {
     }
 
     fn check_slot(&self, slot: usize) -> Result<()> {
-        if slot >= self.lens.len() {
-            return Err(Error::NoSuchSlot { slot, slots: self.lens.len() });
+        if slot >= self.max_batch() {
+            return Err(Error::NoSuchSlot { slot, slots: self.max_batch() });
         }
         Ok(())
     }
@@ -457,7 +510,9 @@ impl Engine {
         let (slot, last) = match &reads {
             Reads::Decode => (None, None),
             Reads::Prefill { slot, last } => (Some(upload(&[*slot as i32])?), Some(upload(&[*last as i32])?)),
-            Reads::Verify { slot } => (Some(upload(&[*slot as i32])?), None),
+            Reads::Verify { slot, last } => {
+                (Some(upload(&[*slot as i32])?), last.map(|last| upload(&[last as i32])).transpose()?)
+            }
             Reads::Mixed { outs } => {
                 let outs: Vec<i32> = outs.iter().map(|&row| row as i32).collect();
                 (None, Some(upload(&outs)?))
@@ -584,7 +639,9 @@ impl Engine {
     /// Feeds `tokens` to `slot` in one call (a decode row and the draft tokens after it,
     /// at most [`Engine::verify_rows`]) and returns the step after each of them, in order:
     /// the results of feeding them one at a time. The slot then holds them all; the caller
-    /// keeps those it accepts with [`Engine::truncate`].
+    /// keeps those it accepts with [`Engine::truncate`] (for a model with recurrent layers,
+    /// whose state before the call is first copied to the scratch slot, right after the
+    /// call).
     pub fn verify(&mut self, slot: usize, tokens: &[u32]) -> Result<Vec<Step>> {
         self.check_entries([(slot, tokens)])?;
         let start = self.lens[slot];
@@ -593,8 +650,16 @@ impl Engine {
         if tokens.len() > width {
             return Err(Error::TooManyRows { rows: tokens.len(), max: width });
         }
+        let last = if self.has_state() {
+            let scratch = self.plan.scratch.ok_or(Error::NoRows)?;
+            self.copy_state(slot, scratch)?;
+            self.rollback = Some(Rollback { slot, start, tokens: tokens.to_vec() });
+            Some(tokens.len() - 1)
+        } else {
+            None
+        };
         let rows = Rows::sequence(tokens, start, slot, width);
-        let (next, logits) = self.call(function, &rows, Reads::Verify { slot })?;
+        let (next, logits) = self.call(function, &rows, Reads::Verify { slot, last })?;
         self.lens[slot] += tokens.len();
         Ok(Step::rows(&next, &logits, tokens.len()))
     }

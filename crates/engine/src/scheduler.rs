@@ -24,7 +24,8 @@
 //! differs from the draft: every pick is sent, so the output is that of plain decoding
 //! (token for token when greedy, and in distribution when sampled, as a draft that is one
 //! token for sure is accepted with the probability the model gives it), and the slot keeps
-//! the rows of the accepted drafts only (`Engine::truncate`).
+//! the rows of the accepted drafts only (`Engine::truncate`; a model with recurrent layers
+//! gets its state from before the call back and reads the accepted rows again).
 
 use crate::{BoxError, Draft, Engine, EngineConfig, Error, LoadReport, Result, Step};
 use models::ModelConfig;
@@ -660,7 +661,7 @@ impl Drafter {
     fn feed(&mut self, history: &[u32], k: usize) -> Result<Vec<u32>> {
         // Keep what it holds of `history`, less the last token, fed again for its logits.
         let common = self.held.iter().zip(history).take_while(|(a, b)| a == b).count().min(history.len() - 1);
-        self.engine.truncate(0, common);
+        self.engine.truncate(0, common)?;
         self.held.truncate(common);
         let mut next = self.engine.prefill(0, &history[common..])?.next;
         self.held.extend(&history[common..]);
@@ -863,10 +864,16 @@ impl Loop {
                     Err(e) => tracing::warn!("copying {shared} positions of slot {source} to {slot}: {e}"),
                 }
             }
+            // A prompt start it cannot keep (a recurrent state: `reusable` keeps all or none)
+            // is read again.
+            if reuse == own
+                && reuse > 0
+                && let Err(e) = self.engine.truncate(slot, reuse)
+            {
+                tracing::warn!("keeping {reuse} positions of slot {slot}: {e}");
+                reuse = 0;
+            }
             if reuse > 0 {
-                if reuse == own {
-                    self.engine.truncate(slot, reuse);
-                }
                 self.stats.prefix_hits.fetch_add(1, Ordering::Relaxed);
                 self.stats.cached_tokens.fetch_add(reuse as u64, Ordering::Relaxed);
             } else {
@@ -1048,7 +1055,12 @@ impl Loop {
             let token = match choose(&mut r.pending.request.sampling, limit, step) {
                 Ok(token) => token,
                 Err(e) if picks.is_empty() => {
-                    self.engine.truncate(slot, start + 1);
+                    // The sequence ends here: what its slot keeps matters only to the prefix
+                    // cache, which reads a sequence's tokens back only where they are held.
+                    if let Err(cut) = self.engine.truncate(slot, start + 1) {
+                        tracing::warn!("slot {slot} after a failed pick: {cut}");
+                        self.engine.reset(slot);
+                    }
                     self.end(i, Err(e));
                     return true;
                 }
@@ -1074,7 +1086,11 @@ impl Loop {
         self.stats.drafted.fetch_add(draft.len() as u64, Ordering::Relaxed);
         self.stats.accepted.fetch_add(accepted as u64, Ordering::Relaxed);
         // The slot keeps the row fed and the accepted drafts; the last pick is the next row.
-        self.engine.truncate(slot, start + 1 + accepted);
+        if let Err(e) = self.engine.truncate(slot, start + 1 + accepted) {
+            tracing::error!("going back to the {accepted} accepted drafts of slot {slot} failed: {e}");
+            self.fail([slot], fed.len(), &e);
+            return true;
+        }
         for (j, token) in picks.into_iter().enumerate() {
             let Some(i) = self.running.iter().position(|r| r.slot == slot) else { break };
             self.emit(i, token, start + 1 + j);

@@ -45,12 +45,8 @@ fn start_on(dir: &Path, precision: Precision) -> (Scheduler, std::sync::MutexGua
 
 fn start_with(dir: &Path, precision: Precision, prefix_cache: bool) -> (Scheduler, std::sync::MutexGuard<'static, ()>) {
     let turn = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let config = EngineConfig { prefix_cache, ..config(precision) };
-    let scheduler = match Scheduler::start(dir, config.clone()) {
-        // A model with recurrent layers takes no drafts.
-        Err(Error::DraftWithState { .. }) => Scheduler::start(dir, EngineConfig { draft: Draft::Off, ..config }),
-        started => started,
-    };
+    // Drafts for every model, recurrent layers included (their state rolled back from a copy).
+    let scheduler = Scheduler::start(dir, EngineConfig { prefix_cache, ..config(precision) });
     (scheduler.unwrap(), turn)
 }
 
@@ -211,10 +207,10 @@ fn requests_sharing_a_prompt_prefill_it_once() {
     assert_eq!(scheduler.stats().prefix_hits(), 2);
 }
 
-/// The trained fixture's cycle (what its mlx-lm trajectories follow).
-fn cycle() -> Vec<u32> {
+/// The token cycle a trained fixture was trained on (what its mlx-lm trajectories follow).
+fn cycle_of(dir: &Path) -> Vec<u32> {
     let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture().join("expected.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
     json["training"]["cycle"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
 }
 
@@ -247,11 +243,23 @@ fn seeded(seed: u64) -> impl FnMut(&[f32]) -> Result<u32, engine::BoxError> + Se
 /// draft run, the tokens it picks one decode step at a time on the same compiled model.
 #[test]
 fn drafts_are_checked_in_one_call_and_change_no_token() {
-    let cycle = cycle();
-    let refs = gate::references_from_json(&std::fs::read_to_string(fixture().join("expected.json")).unwrap()).unwrap();
+    drafts_change_no_token(&fixture());
+}
+
+/// The same on a model with recurrent layers (the trained Qwen3.5): a verify call's state is
+/// rolled back to the accepted rows (restored from before the call, the rows read again),
+/// so the tokens are still those of one decode step at a time, greedy and sampled.
+#[test]
+fn drafts_on_recurrent_layers_change_no_token() {
+    drafts_change_no_token(&root().join("tests/fixtures-trained/qwen3_5/f32"));
+}
+
+fn drafts_change_no_token(dir: &Path) {
+    let cycle = cycle_of(dir);
+    let refs = gate::references_from_json(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
     assert_eq!(refs[0].token_ids, cycle[1..=refs[0].token_ids.len()], "mlx-lm's first trajectory is the cycle");
     let prompt: Vec<u32> = cycle[..40].iter().chain(&cycle[..6]).copied().collect();
-    let (scheduler, _turn) = start();
+    let (scheduler, _turn) = start_on(dir, Precision::F32);
     let (tokens, done) = scheduler.submit(Request::greedy(prompt.clone(), STEPS)).unwrap().collect_blocking().unwrap();
     assert_eq!(tokens, cycle[6..6 + STEPS]);
     assert!(done.accepted > 0 && done.accepted <= done.drafted, "{done:?}");
@@ -262,7 +270,7 @@ fn drafts_are_checked_in_one_call_and_change_no_token() {
     assert!(stats.verify_calls() > 0 && stats.verify_calls() <= done.decode_calls as u64);
 
     // Sampled: the same tokens as one decode step at a time, seed for seed.
-    let mut engine = Engine::load(&fixture(), &config(Precision::F32)).unwrap();
+    let mut engine = Engine::load(dir, &config(Precision::F32)).unwrap();
     let mut rejected = 0;
     for seed in 1..=4u64 {
         let mut pick = seeded(seed);
@@ -318,10 +326,7 @@ fn a_draft_model_changes_no_token() {
             "tests/fixtures-trained/llama_llama3_tied/f32",
             "the draft model's vocabulary (256 ids) is not the model's (448 ids)",
         ),
-        (
-            "tests/fixtures/qwen3_5/f32",
-            "speculative decoding (--draft) needs a model without recurrent layers; qwen3_5 has them (its state is that after every checked token, accepted or not)",
-        ),
+        ("tests/fixtures/qwen3_5/f32", "the draft model has recurrent layers (qwen3_5); use one without"),
     ] {
         let compiles = engine::cache::compiles();
         let err = Scheduler::start(fixture(), with(root().join(draft))).unwrap_err();

@@ -69,7 +69,8 @@ pub enum DraftKind {
 pub struct DraftArgs {
     /// Speculative decoding: `ngram` drafts tokens from the sequence itself (the tokens that
     /// followed the latest earlier occurrence of its last few), and the model checks them in
-    /// one call; the output is that of plain decoding. Not for models with recurrent layers.
+    /// one call; the output is that of plain decoding. Models with recurrent layers take it
+    /// on CPU devices only.
     #[arg(long, value_enum, group = "drafting")]
     pub draft: Option<DraftKind>,
     /// Speculative decoding with a second, smaller model of the same tokenizer (a folder or
@@ -142,7 +143,8 @@ impl ModelArgs {
         })
     }
 
-    /// Refuses drafts the model cannot take (recurrent layers, `--draft-tokens 0`), before
+    /// Refuses drafts the model cannot take (recurrent layers off CPU, a draft model with
+    /// them, `--draft-tokens 0`), before
     /// the tokenizer or anything else is read.
     pub fn check_draft(&self, config: &models::ModelConfig) -> Result<()> {
         if self.draft == Draft::Off {

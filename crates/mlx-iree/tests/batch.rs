@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
 use engine::gate::{self, Reference};
-use engine::{Draft, Engine, EngineConfig, Error, KvElem, Precision, Step};
+use engine::{Draft, Engine, EngineConfig, KvElem, Precision, Step};
 use models::Activations;
 use std::path::{Path, PathBuf};
 
@@ -36,7 +36,7 @@ const DRAFT: usize = 4;
 
 /// An engine of MAX_BATCH slots at the host's default CPU kernel (the other objects: see
 /// a_rows_logits_do_not_depend_on_the_other_rows), with verify calls of DRAFT draft tokens
-/// where the model has no recurrent layers (which refuse them).
+/// (a model with recurrent layers keeps a scratch slot for its state from before them).
 fn engine(dir: &Path, precision: Precision) -> Engine {
     engine_with(dir, precision, KvElem::F32, Activations::I16)
 }
@@ -53,10 +53,7 @@ fn engine_with(dir: &Path, precision: Precision, kv: KvElem, activations: Activa
         draft: Draft::Ngram { tokens: DRAFT },
         ..EngineConfig::new("local-task", precision, root().join("target/test-compile-cache"))
     };
-    match Engine::load(dir, &config) {
-        Err(Error::DraftWithState { .. }) => Engine::load(dir, &EngineConfig { draft: Draft::Off, ..config }).unwrap(),
-        loaded => loaded.unwrap(),
-    }
+    Engine::load(dir, &config).unwrap()
 }
 
 /// Eight different prompts on mlx-lm's recorded trajectories (a reference prompt plus the
@@ -116,17 +113,15 @@ fn eight_rows_with(dir: &Path, precision: Precision, kv: KvElem, activations: Ac
         assert_eq!(got, &c.token_ids, "{what}: in a batch of {MAX_BATCH}, prompt {:?}", c.prompt_ids);
     }
     a_kept_prefix_gives_mlx_lms_tokens(&mut engine, dir, &what);
-    if engine.has_state() {
-        assert_eq!(engine.verify_rows(0), 0, "{what}: a recurrent model has no verify call");
-    } else {
-        drafts_give_mlx_lms_tokens(&mut engine, dir, &what);
-    }
+    drafts_give_mlx_lms_tokens(&mut engine, dir, &what);
 }
 
 /// Speculative decoding's engine side (crates/engine's scheduler): after mlx-lm's prompt, a
 /// verify call of the next row and DRAFT drafts that are mlx-lm's next tokens gives mlx-lm's
 /// token at every row; one whose drafts are wrong gives mlx-lm's token at its first row, and
-/// with only that row kept (`truncate`) the sequence goes on as mlx-lm's.
+/// with only that row kept (`truncate`) the sequence goes on as mlx-lm's. A model with
+/// recurrent layers too: its state goes back to that after the kept row (restored from
+/// before the call, the row read again), where a cut anywhere else is refused.
 fn drafts_give_mlx_lms_tokens(engine: &mut Engine, dir: &Path, what: &str) {
     let refs = gate::references_from_json(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
     let (prompt, t) = (&refs[0].prompt_ids, &refs[0].token_ids);
@@ -146,7 +141,12 @@ fn drafts_give_mlx_lms_tokens(engine: &mut Engine, dir: &Path, what: &str) {
     let steps = engine.verify(slot, &wrong).unwrap();
     assert_eq!(steps.len(), DRAFT);
     assert_eq!(steps[0].next, t[DRAFT + 2], "{what}: the first row of a verify call of wrong drafts");
-    engine.truncate(slot, at + 1);
+    if engine.has_state() {
+        let err = engine.truncate(slot, at - 1).unwrap_err().to_string();
+        assert!(err.contains("only into its last verify call's rows"), "{what}: {err}");
+    }
+    engine.truncate(slot, at + 1).unwrap();
+    assert_eq!(engine.position(slot), at + 1, "{what}");
     let mut out = vec![steps[0].next];
     while out.len() < STEPS {
         out.push(engine.decode_one(slot, out[out.len() - 1]).unwrap().next);
@@ -191,7 +191,7 @@ fn a_kept_prefix_gives_mlx_lms_tokens(engine: &mut Engine, dir: &Path, what: &st
         // Stops inside it: the slot's first positions kept, the rest read again; the same
         // from a copy of those positions.
         engine.copy(slot, other, prompt.len() + 2).unwrap();
-        engine.truncate(slot, prompt.len() + 2);
+        engine.truncate(slot, prompt.len() + 2).unwrap();
         for s in [slot, other] {
             let first = engine.prefill(s, &t[2..3]).unwrap();
             assert_eq!(run(engine, s, first, STEPS), t[3..3 + STEPS], "{what}: from a kept prefix in slot {s}");

@@ -152,18 +152,20 @@ fn bad_requests_are_one_line_errors() {
     generate(&["--logit-bias", "5=-101"], "--logit-bias of token 5 must be between -100 and 100, got -101");
     generate(&["--logit-bias", "5"], "expected ID=BIAS, got `5`");
     // Drafts: a count of at least 1, with --draft, on generate, chat and serve only, and on a
-    // model without recurrent layers, refused before the tokenizer is read.
+    // model with recurrent layers only on a device that copies between slots (its state is
+    // rolled back from a copy), refused before the tokenizer is read.
     generate(&["--draft", "ngram", "--draft-tokens", "0"], "--draft-tokens must be at least 1");
     generate(&["--draft-tokens", "3"], "--draft-tokens needs --draft ngram or --draft-model");
     generate(&["--draft", "medusa"], "invalid value 'medusa' for '--draft <DRAFT>'");
     let recurrent = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_5/f32");
     let recurrent = recurrent.to_str().unwrap();
     for args in [
-        &["generate", "--model", recurrent, "--prompt", "hi", "--draft", "ngram"][..],
-        &["chat", "--model", recurrent, "--draft", "ngram"],
-        &["serve", "--model", recurrent, "--draft", "ngram", "--port", "0"],
+        &["generate", "--model", recurrent, "--prompt", "hi", "--draft", "ngram", "--device", "cuda"][..],
+        &["chat", "--model", recurrent, "--draft", "ngram", "--device", "cuda"],
+        &["serve", "--model", recurrent, "--draft", "ngram", "--port", "0", "--device", "cuda"],
     ] {
-        check(args, 2, "", "speculative decoding (--draft) needs a model without recurrent layers; qwen3_5 has them");
+        let expected = "speculative decoding (--draft) of a model with recurrent layers (qwen3_5) keeps its state from before each check in a spare slot, which cuda (sm_80) does not copy between slots";
+        check(args, 2, "", expected);
     }
     bad_trajectory(model, "1", &["--draft", "ngram"], "unexpected argument '--draft' found");
     generate(&["--draft", "ngram", "--draft-model", model], "cannot be used with");

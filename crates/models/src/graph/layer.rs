@@ -7,7 +7,7 @@
 //! graph would read and no parameter has fails when the plan is built, before any compile,
 //! instead of as "no global for ..." halfway through emission.
 
-use super::{R, Step, V};
+use super::{Function, R, Step, V};
 use crate::config::{
     LatentAttention, LayerMixer, LinearAttention, ModelConfig, Moe, NormPlacement, Routing, ShortConv,
 };
@@ -648,10 +648,10 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
         let x = self.norm(x, FINAL_NORM)?;
         // The rows whose logits are returned: the `last` row of a prompt chunk or a mixed
         // call's chosen rows (indices as data, not slice offsets), or every row of a decode
-        // step or a verify call.
-        let rows = match last {
-            Some(last) => f.gather_rows(x, last)?,
-            None => x,
+        // step or a verify call (whose `last`, a recurrent model's, is its layers' alone).
+        let rows = match (last, self.function) {
+            (_, Function::Verify { .. }) | (None, _) => x,
+            (Some(last), _) => f.gather_rows(x, last)?,
         };
         let mut logits = self.linear(rows, head(cfg), false)?;
         if let Some(divisor) = cfg.logits_divisor {

@@ -34,7 +34,8 @@
 //! back was copied whole by IREE on every call (docs/PERFORMANCE.md); positions and slots
 //! are data, never slice offsets (a run-time slice offset costs a host round trip on a GPU,
 //! docs/ARCHITECTURE.md, "Toolchain facts"). `last` picks the row of the prompt chunk whose
-//! logits are returned. Callers keep every position below `W` and the cache's capacity, and
+//! logits are returned (and where recurrent layers stop; a verify call of such a model takes
+//! it for that alone and returns every row's logits). Callers keep every position below `W` and the cache's capacity, and
 //! never put two rows of one call on one slot and position unless the rows are identical
 //! (padding): they then write the same bytes.
 
@@ -222,10 +223,11 @@ pub enum Function {
     /// attention reads positions `[0, window)`.
     Mixed { rows: usize, outs: usize, window: usize },
     /// `tokens` consecutive tokens of one sequence, as a prefill, with the logits of every
-    /// row (no `last` input): a decode row and the draft tokens after it, checked in one call
-    /// (speculative decoding). Not for a model with recurrent layers, whose state after the
-    /// call is that after all of its rows, accepted or not. Attention reads positions
-    /// `[0, window)`.
+    /// row: a decode row and the draft tokens after it, checked in one call (speculative
+    /// decoding). A model with recurrent layers also takes `last` (the last real row: its
+    /// recurrent layers stop there, as a prefill's, so padding rows leave the state alone);
+    /// its state after the call is that after every real row, accepted or not, which the
+    /// engine rolls back from a copy. Attention reads positions `[0, window)`.
     Verify { tokens: usize, window: usize },
     /// Writes `rows` rows of keys and values (a step's `new_k`, `new_v`) into the cache.
     WriteKv { rows: usize },
@@ -438,6 +440,12 @@ pub fn emit_functions(
         if let Function::Prefill { .. } | Function::Mixed { .. } = function {
             inputs.push(I32.tensor(&[function.outs() as i64]));
         }
+        // A verify call's recurrent layers stop at its last real row.
+        if let Function::Verify { .. } = function
+            && !parts.is_empty()
+        {
+            inputs.push(I32.tensor(&[1]));
+        }
         inputs.extend([kv_k.clone(), kv_v.clone()]);
         inputs.extend(states.iter().cloned());
         m.func(&function.name(), &inputs, |f, a| {
@@ -498,14 +506,6 @@ fn check_fits(cfg: &ModelConfig, layout: &Layout, cache: CacheShape, function: F
     {
         return Err(crate::Error::Invalid(format!(
             "function {} needs 1 to {rows} outputs, attention in the CPU kernel and no recurrent layers",
-            function.name()
-        )));
-    }
-    if let Function::Verify { .. } = function
-        && cfg.state_len() > 0
-    {
-        return Err(crate::Error::Invalid(format!(
-            "function {}: a model with recurrent layers cannot check draft tokens in one call",
             function.name()
         )));
     }
