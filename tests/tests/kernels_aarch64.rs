@@ -5,7 +5,8 @@
 //!   aarch64 Linux executable, run natively on an aarch64 host, elsewhere under qemu-user as
 //!   a Cortex-A76 (ARMv8.2-A with the dot-product extension, so an instruction beyond what
 //!   the object is built for would fault): every entry point, at 3, 4, 6 and 8 bits and FP4, f16 and f32
-//!   scales, group sizes 16 to 128 and 1, 3, 8 and 13 rows of x, gives the bits of the Rust
+//!   scales, group sizes 16 to 128 and 1, 3, 8 and 13 rows of x (the products with x at 16
+//!   bits and, their `_x8` twins, at 8), gives the bits of the Rust
 //!   model the x86-64 objects are held to (kernel_cases, kernels.rs), so all objects compute
 //!   the same bits; its attention (`attn`) gives `kernels::cpu::attention_model`'s bits on
 //!   kernel_cases' attention cases, and its delta rule's step (`delta`) gives
@@ -124,7 +125,8 @@ fn push_case(stdin: &mut Vec<u8>, op: Op, m: &Matrix, scale: Scale, t: usize, in
         Scale::F16 => 1,
         Scale::E8m0 => 2,
     };
-    let header = [code, m.bits, f16, t as u32, K as u32, O as u32, m.group_size as u32, u32::from(m.fp4)];
+    let x8 = u32::from(m.x_levels < 32767.0);
+    let header = [code, m.bits, f16, t as u32, K as u32, O as u32, m.group_size as u32, u32::from(m.fp4), x8];
     push_part(stdin, &header.into_iter().flat_map(u32::to_le_bytes).collect::<Vec<u8>>());
     push_part(stdin, input);
     if op == Op::MatvecAdd {
@@ -163,7 +165,8 @@ fn the_aarch64_object_computes_the_models_bits() {
         for &scale in scales {
             for gs in GROUP_SIZES {
                 let entry = |op| cpu::Entry { op, bits, scale, fp4, x8: false };
-                let m = Matrix::of(&entry(Op::Matvec), O, K, gs, 10 * matrices.len() as u64);
+                let seed = 10 * matrices.len() as u64;
+                let m = Matrix::of(&entry(Op::Matvec), O, K, gs, seed);
                 for t in ROWS {
                     let x = input(t, K, 100 + t as u64);
                     let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -179,6 +182,20 @@ fn the_aarch64_object_computes_the_models_bits() {
                 push_case(&mut stdin, Op::Rows, &m, scale, IDS.len(), &ids, &[]);
                 let what = format!("neondot {} group size {gs}", entry(Op::Rows).export());
                 cases.push(Case { what, matrix: matrices.len(), t: IDS.len(), x: None, residual: None });
+                matrices.push(m);
+                // The products' 8-bit-activation twins on the same matrix.
+                let x8 = |op| cpu::Entry { x8: true, ..entry(op) };
+                let m = Matrix::of(&x8(Op::Matvec), O, K, gs, seed);
+                for t in ROWS {
+                    let x = input(t, K, 100 + t as u64);
+                    let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    for op in [Op::Matvec, Op::MatvecAdd] {
+                        let residual = (op == Op::MatvecAdd).then(|| input(t, O, 200 + t as u64));
+                        push_case(&mut stdin, op, &m, scale, t, &bytes, residual.as_deref().unwrap_or_default());
+                        let what = format!("neondot {} group size {gs}", x8(op).export());
+                        cases.push(Case { what, matrix: matrices.len(), t, x: Some(x.clone()), residual });
+                    }
+                }
                 matrices.push(m);
             }
         }

@@ -4,10 +4,11 @@
 //! the crate). No libc: its own `_start` and Linux system calls, so no cross C library is
 //! needed, only clang and lld.
 //!
-//! stdin: cases one after the other until its end. A case is 8 little-endian u32 (op: 0 for
+//! stdin: cases one after the other until its end. A case is 9 little-endian u32 (op: 0 for
 //! `qmv`, 1 for `qrows`, 3 for `qmvr`, 4 for `qmve` with one expert that every row chose;
 //! bits; 1 for f16 scales, 0 for f32, 2 for E8M0 bytes (FP4); T; K; O; group size; 1 for FP4 codes, whose entries
-//! take no biases (the case still carries them), 0 for affine), then its input (T x K f32 for
+//! take no biases (the case still carries them), 0 for affine; 1 for `qmv` and `qmvr`'s
+//! `_x8` twins, x quantized to 8 bits), then its input (T x K f32 for
 //! `qmv`, `qmvr` and `qmve`, T i32 ids for `qrows`), for `qmvr` the residual (T x O f32),
 //! weights (kernel layout), scales and biases ([O / 16][K / group size][16]), each part
 //! padded with zeros to a multiple of 64 bytes (the alignment IREE gives its bindings); or an attention case (`attn`,
@@ -34,10 +35,14 @@ typedef void qrows_fn(const int32_t*, size_t, const uint8_t*, size_t, const void
                       float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
 qmv_fn mlx_iree_qmv4_f16, mlx_iree_qmv4_f32, mlx_iree_qmv8_f16, mlx_iree_qmv8_f32, mlx_iree_qmv3_f16, mlx_iree_qmv3_f32,
     mlx_iree_qmv6_f16, mlx_iree_qmv6_f32;
+qmv_fn mlx_iree_qmv4_f16_x8, mlx_iree_qmv4_f32_x8, mlx_iree_qmv8_f16_x8, mlx_iree_qmv8_f32_x8, mlx_iree_qmv3_f16_x8,
+    mlx_iree_qmv3_f32_x8, mlx_iree_qmv6_f16_x8, mlx_iree_qmv6_f32_x8;
 typedef void qmvr_fn(const float*, size_t, const uint8_t*, size_t, const void*, size_t, const void*, size_t,
                      const float*, size_t, float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
 qmvr_fn mlx_iree_qmvr4_f16, mlx_iree_qmvr4_f32, mlx_iree_qmvr8_f16, mlx_iree_qmvr8_f32, mlx_iree_qmvr3_f16,
     mlx_iree_qmvr3_f32, mlx_iree_qmvr6_f16, mlx_iree_qmvr6_f32;
+qmvr_fn mlx_iree_qmvr4_f16_x8, mlx_iree_qmvr4_f32_x8, mlx_iree_qmvr8_f16_x8, mlx_iree_qmvr8_f32_x8,
+    mlx_iree_qmvr3_f16_x8, mlx_iree_qmvr3_f32_x8, mlx_iree_qmvr6_f16_x8, mlx_iree_qmvr6_f32_x8;
 qrows_fn mlx_iree_qrows4_f16, mlx_iree_qrows4_f32, mlx_iree_qrows8_f16, mlx_iree_qrows8_f32, mlx_iree_qrows3_f16,
     mlx_iree_qrows3_f32, mlx_iree_qrows6_f16, mlx_iree_qrows6_f32;
 typedef void qmve_fn(const float*, size_t, const int32_t*, size_t, const uint8_t*, size_t, const void*, size_t,
@@ -45,12 +50,16 @@ typedef void qmve_fn(const float*, size_t, const int32_t*, size_t, const uint8_t
                      size_t);
 qmve_fn mlx_iree_qmve4_f16, mlx_iree_qmve4_f32, mlx_iree_qmve8_f16, mlx_iree_qmve8_f32, mlx_iree_qmve3_f16,
     mlx_iree_qmve3_f32, mlx_iree_qmve6_f16, mlx_iree_qmve6_f32;
-// The affine entry `op` for the case's bits (3, 4, 6 or 8) and scale type.
-#define BY_BITS(op)                                                                        \
-  (bits == 3   ? (f16 ? mlx_iree_##op##3_f16 : mlx_iree_##op##3_f32)                       \
-   : bits == 4 ? (f16 ? mlx_iree_##op##4_f16 : mlx_iree_##op##4_f32)                       \
-   : bits == 6 ? (f16 ? mlx_iree_##op##6_f16 : mlx_iree_##op##6_f32)                       \
-               : (f16 ? mlx_iree_##op##8_f16 : mlx_iree_##op##8_f32))
+// The affine entry `op` for the case's bits (3, 4, 6 or 8) and scale type, its name ending
+// in `sfx` (nothing, or `_x8`).
+#define BY_BITS_SFX(op, sfx)                                                                     \
+  (bits == 3   ? (f16 ? mlx_iree_##op##3_f16##sfx : mlx_iree_##op##3_f32##sfx)                   \
+   : bits == 4 ? (f16 ? mlx_iree_##op##4_f16##sfx : mlx_iree_##op##4_f32##sfx)                   \
+   : bits == 6 ? (f16 ? mlx_iree_##op##6_f16##sfx : mlx_iree_##op##6_f32##sfx)                   \
+               : (f16 ? mlx_iree_##op##8_f16##sfx : mlx_iree_##op##8_f32##sfx))
+#define BY_BITS(op) BY_BITS_SFX(op, )
+// `qmv` and `qmvr` with x at 8 bits or 16 (x8).
+#define BY_BITS_X8(op) (x8 ? BY_BITS_SFX(op, _x8) : BY_BITS(op))
 // The FP4 entries: no biases.
 typedef void qmv_fp4_fn(const float*, size_t, const uint8_t*, size_t, const void*, size_t, float*, size_t, size_t,
                         size_t, size_t, size_t, size_t, size_t);
@@ -63,9 +72,14 @@ typedef void qmve_fp4_fn(const float*, size_t, const int32_t*, size_t, const uin
 qmv_fp4_fn mlx_iree_qmvfp4_f16, mlx_iree_qmvfp4_f32, mlx_iree_qmvfp4_e8m0;
 qrows_fp4_fn mlx_iree_qrowsfp4_f16, mlx_iree_qrowsfp4_f32, mlx_iree_qrowsfp4_e8m0;
 qmvr_fp4_fn mlx_iree_qmvrfp4_f16, mlx_iree_qmvrfp4_f32, mlx_iree_qmvrfp4_e8m0;
+qmv_fp4_fn mlx_iree_qmvfp4_f16_x8, mlx_iree_qmvfp4_f32_x8, mlx_iree_qmvfp4_e8m0_x8;
+qmvr_fp4_fn mlx_iree_qmvrfp4_f16_x8, mlx_iree_qmvrfp4_f32_x8, mlx_iree_qmvrfp4_e8m0_x8;
 qmve_fp4_fn mlx_iree_qmvefp4_f16, mlx_iree_qmvefp4_f32, mlx_iree_qmvefp4_e8m0;
 // The FP4 entry `op` for the case's scale type (0 f32, 1 f16, 2 E8M0).
-#define BY_SCALE(op) (f16 == 2 ? mlx_iree_##op##fp4_e8m0 : f16 ? mlx_iree_##op##fp4_f16 : mlx_iree_##op##fp4_f32)
+#define BY_SCALE_SFX(op, sfx) \
+  (f16 == 2 ? mlx_iree_##op##fp4_e8m0##sfx : f16 ? mlx_iree_##op##fp4_f16##sfx : mlx_iree_##op##fp4_f32##sfx)
+#define BY_SCALE(op) BY_SCALE_SFX(op, )
+#define BY_SCALE_X8(op) (x8 ? BY_SCALE_SFX(op, _x8) : BY_SCALE(op))
 // Each row's expert in a `qmve` case: the one expert there is.
 static const int32_t expert_ids[64];
 typedef void attn_fn(const float*, size_t, const float*, size_t, const float*, size_t, const void*, size_t,
@@ -118,7 +132,7 @@ static void write_all(const uint8_t* p, size_t n) {
   }
 }
 
-static uint8_t input[32 << 20] __attribute__((aligned(64)));
+static uint8_t input[64 << 20] __attribute__((aligned(64)));
 static float output[1 << 20] __attribute__((aligned(64)));
 
 static size_t padded(size_t bytes) { return (bytes + 63) / 64 * 64; }
@@ -219,7 +233,7 @@ static size_t run_case(const uint8_t* p, size_t len) {
   if (h[0] == 2) return run_attention(p, len, h);
   if (h[0] == 8) return run_delta(p, len, h);
   if (h[0] >= 5) return run_dense(p, len, h);
-  const uint32_t op = h[0], bits = h[1], f16 = h[2], fp4 = h[7];
+  const uint32_t op = h[0], bits = h[1], f16 = h[2], fp4 = h[7], x8 = h[8];
   const size_t T = h[3], K = h[4], O = h[5], GS = h[6];
   const size_t in_bytes = op == 1 ? T * 4 : T * K * 4, r_bytes = op == 3 ? T * O * 4 : 0;
   const size_t w_bytes = O * K * bits / 8;
@@ -234,10 +248,10 @@ static size_t run_case(const uint8_t* p, size_t len) {
   const uint8_t* b = s + padded(s_bytes);
   for (size_t i = 0; i < out_len; ++i) output[i] = __builtin_nanf("");
   if (fp4 && op == 0) {
-    qmv_fp4_fn* fn = BY_SCALE(qmv);
+    qmv_fp4_fn* fn = BY_SCALE_X8(qmv);
     for (size_t rb = 0; rb < O / 16; rb += 4) fn((const float*)x, 0, w, 0, s, 0, output, 0, T, K, O, GS, rb, rb + 4);
   } else if (fp4 && op == 3) {
-    qmvr_fp4_fn* fn = BY_SCALE(qmvr);
+    qmvr_fp4_fn* fn = BY_SCALE_X8(qmvr);
     for (size_t rb = 0; rb < O / 16; rb += 4)
       fn((const float*)x, 0, w, 0, s, 0, (const float*)r, 0, output, 0, T, K, O, GS, rb, rb + 4);
   } else if (fp4 && op == 4) {
@@ -250,10 +264,10 @@ static size_t run_case(const uint8_t* p, size_t len) {
     qrows_fp4_fn* fn = BY_SCALE(qrows);
     for (size_t t = 0; t < T; ++t) fn((const int32_t*)x, 0, w, 0, s, 0, output, 0, T, K, O, GS, t, t + 1);
   } else if (op == 0) {
-    qmv_fn* fn = BY_BITS(qmv);
+    qmv_fn* fn = BY_BITS_X8(qmv);
     for (size_t rb = 0; rb < O / 16; rb += 4) fn((const float*)x, 0, w, 0, s, 0, b, 0, output, 0, T, K, O, GS, rb, rb + 4);
   } else if (op == 3) {
-    qmvr_fn* fn = BY_BITS(qmvr);
+    qmvr_fn* fn = BY_BITS_X8(qmvr);
     for (size_t rb = 0; rb < O / 16; rb += 4)
       fn((const float*)x, 0, w, 0, s, 0, b, 0, (const float*)r, 0, output, 0, T, K, O, GS, rb, rb + 4);
   } else if (op == 4) {
