@@ -52,43 +52,31 @@ static inline void quantize_group(const float* xg, size_t gs, float levels, int1
 
 // The x8 products (`vpdpbusd`, unsigned weight bytes times signed bytes of x, 4 k a lane):
 // sum_k q[r, k] * xb[i][k] over one group for a block's 16 rows and n rows of x, exact in i32
-// (|x| <= 127, q <= 255, k <= 128). Each 32-bit lane r of the weights holds row r's values of
-// 4 k in X8_ORDER, the order of x's bytes. Two accumulators per row of x (even and odd steps
-// of 4 k). 4-bit tiles: a tile's bytes zero-extended to 16 bits, each lane's high nibble
-// moved to its high byte (lane 2r + p: q[r, k0 + p], q[r, k0 + 2 + p]).
-static inline __attribute__((always_inline)) void group_dot4_x8(const uint8_t* wg, const int8_t (*xb)[MAX_GROUP],
-                                                                size_t n, size_t gs, __m512i acc[PANEL]) {
+// (|x| <= 127, q <= 255, k <= 128), for 4-bit or 8-bit tiles (`bits`). Each 32-bit lane r of
+// the weights holds row r's values of 4 k in X8_ORDER, the order of x's bytes: a 4-bit
+// tile's bytes zero-extended to 16 bits with each lane's high nibble moved to its high byte
+// (lane 2r + p: q[r, k0 + p], q[r, k0 + 2 + p]); two 8-bit tiles (k0, k0 + 1 and k0 + 2,
+// k0 + 3) interleaved by the bytes of their 16-bit lanes. Two accumulators per row of x (even
+// and odd steps of 4 k), 8 k an iteration.
+static inline __attribute__((always_inline)) void group_dot_x8(int bits, const uint8_t* wg,
+                                                               const int8_t (*xb)[MAX_GROUP], size_t n, size_t gs,
+                                                               __m512i acc[PANEL]) {
   const __m512i nibbles = _mm512_set1_epi16(0x0F0F);
   __m512i a0[PANEL], a1[PANEL];
   for (size_t i = 0; i < n; ++i) a0[i] = a1[i] = _mm512_setzero_si512();
-  for (size_t k = 0; k < gs; k += 8, wg += 64) {
-    const __m512i v0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)wg));
-    const __m512i v1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(wg + 32)));
-    // (v | v << 4) & 0x0F0F: (a | b) & c is vpternlog's 0xA8.
-    const __m512i w0 = _mm512_ternarylogic_epi32(v0, _mm512_slli_epi16(v0, 4), nibbles, 0xA8);
-    const __m512i w1 = _mm512_ternarylogic_epi32(v1, _mm512_slli_epi16(v1, 4), nibbles, 0xA8);
-    for (size_t i = 0; i < n; ++i) {
-      int32_t x0, x1;
-      __builtin_memcpy(&x0, xb[i] + k, 4);
-      __builtin_memcpy(&x1, xb[i] + k + 4, 4);
-      a0[i] = _mm512_dpbusd_epi32(a0[i], w0, _mm512_set1_epi32(x0));
-      a1[i] = _mm512_dpbusd_epi32(a1[i], w1, _mm512_set1_epi32(x1));
+  for (size_t k = 0; k < gs; k += 8, wg += 16 * bits) {
+#define X8_WIDEN(p) _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(p)))
+    __m512i w0, w1;
+    if (bits == 4) {
+      // (v | v << 4) & 0x0F0F: (a | b) & c is vpternlog's 0xA8.
+      const __m512i v0 = X8_WIDEN(wg), v1 = X8_WIDEN(wg + 32);
+      w0 = _mm512_ternarylogic_epi32(v0, _mm512_slli_epi16(v0, 4), nibbles, 0xA8);
+      w1 = _mm512_ternarylogic_epi32(v1, _mm512_slli_epi16(v1, 4), nibbles, 0xA8);
+    } else {
+      w0 = _mm512_or_si512(X8_WIDEN(wg), _mm512_slli_epi16(X8_WIDEN(wg + 32), 8));
+      w1 = _mm512_or_si512(X8_WIDEN(wg + 64), _mm512_slli_epi16(X8_WIDEN(wg + 96), 8));
     }
-  }
-  for (size_t i = 0; i < n; ++i) acc[i] = _mm512_add_epi32(a0[i], a1[i]);
-}
-
-// 8-bit tiles: two tiles (k0, k0 + 1 and k0 + 2, k0 + 3) interleaved by 16-bit lanes' bytes
-// into X8_ORDER; two such steps per iteration.
-static inline __attribute__((always_inline)) void group_dot8_x8(const uint8_t* wg, const int8_t (*xb)[MAX_GROUP],
-                                                                size_t n, size_t gs, __m512i acc[PANEL]) {
-  __m512i a0[PANEL], a1[PANEL];
-  for (size_t i = 0; i < n; ++i) a0[i] = a1[i] = _mm512_setzero_si512();
-  for (size_t k = 0; k < gs; k += 8, wg += 128) {
-#define X8_PAIR(p) _mm512_or_si512(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(p))), \
-                                   _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)((p) + 32))), 8))
-    const __m512i w0 = X8_PAIR(wg), w1 = X8_PAIR(wg + 64);
-#undef X8_PAIR
+#undef X8_WIDEN
     for (size_t i = 0; i < n; ++i) {
       int32_t x0, x1;
       __builtin_memcpy(&x0, xb[i] + k, 4);
@@ -220,10 +208,8 @@ static inline __attribute__((always_inline)) void group_rows(int bits, int fp4, 
                                                              const xview_t* xp, size_t i, size_t n, size_t gs,
                                                              const void* s, const void* b, float* y, size_t stride) {
   __m512i a[PANEL];
-  if (xp->b && !fp4 && bits == 4) {
-    group_dot4_x8(wg, xp->b + i, n, gs, a);
-  } else if (xp->b && bits == 8) {
-    group_dot8_x8(wg, xp->b + i, n, gs, a);
+  if (xp->b && !fp4 && (bits == 4 || bits == 8)) {
+    group_dot_x8(bits, wg, xp->b + i, n, gs, a);
   } else if (bits == 4) {
     group_dot4(fp4, wg, xp->q + i, n, gs, a);
   } else if (bits == 3) {
