@@ -890,21 +890,21 @@ pub fn parse_rows(stdout: &str) -> Result<Vec<Row>> {
 /// (and the f16 row, when one succeeded) of the same family, batch and context (a
 /// different batch or context is different work).
 pub fn table(cases: &[Case], rows: &[Row]) -> String {
-    // The decode speed of `c`'s family at `precision` with the KV cache `kv` and `c`'s
-    // activations, at `of`'s batch and context.
-    let row_like = |c: &Case, precision: &str, kv: Option<&str>, of: &Measured| {
+    // The measurement of the first case `matches` takes, at `of`'s batch and context (a
+    // different batch or context is different work).
+    let row = |of: &Measured, matches: &dyn Fn(&Case) -> bool| {
         cases.iter().zip(rows).find_map(|(b, r)| match r {
-            Row::Ok(_, m)
-                if b.family == c.family
-                    && b.precision == precision
-                    && b.kv_cache == kv
-                    && b.activations == c.activations
-                    && (m.batch, m.context) == (of.batch, of.context) =>
-            {
-                Some(m.decode_tok_s)
-            }
+            Row::Ok(_, m) if matches(b) && (m.batch, m.context) == (of.batch, of.context) => Some(m),
             _ => None,
         })
+    };
+    // The decode speed of `c`'s family at `precision` with the KV cache `kv` and `c`'s
+    // activations.
+    let row_like = |c: &Case, precision: &str, kv: Option<&str>, of: &Measured| {
+        let like = |b: &Case| {
+            b.family == c.family && b.precision == precision && b.kv_cache == kv && b.activations == c.activations
+        };
+        row(of, &like).map(|m| m.decode_tok_s)
     };
     let f16_base = |c: &Case, m: &Measured| row_like(c, "f16", c.kv_cache, m);
     // The same precision with the f32 cache, where KV cache types were asked for.
@@ -915,18 +915,15 @@ pub fn table(cases: &[Case], rows: &[Row]) -> String {
     // Prefill against the same case (the same folder) with i16 activations, where
     // activations were asked for.
     let i16_prefill = |c: &Case, of: &Measured| match c.activations {
-        Some(_) => cases.iter().zip(rows).find_map(|(b, r)| match r {
-            Row::Ok(_, m)
-                if b.model == c.model
+        Some(_) => {
+            let twin = |b: &Case| {
+                b.model == c.model
                     && b.precision == c.precision
                     && b.kv_cache == c.kv_cache
                     && b.activations == Some("i16")
-                    && (m.batch, m.context) == (of.batch, of.context) =>
-            {
-                Some(m.prefill_tok_s)
-            }
-            _ => None,
-        }),
+            };
+            row(of, &twin).map(|m| m.prefill_tok_s)
+        }
         None => None,
     };
     let any = |base: &dyn Fn(&Case, &Measured) -> Option<f64>| {

@@ -399,7 +399,7 @@ impl Engine {
         let (Some(r), Some(scratch)) = (rollback, self.plan.scratch) else {
             return Err(Error::BadTruncate { slot, len, held });
         };
-        self.copy_state(scratch, slot)?;
+        self.copy_state(&self.index_view(scratch)?, &self.index_view(slot)?)?;
         self.lens[slot] = r.start;
         if len > r.start {
             self.prefill(slot, &r.tokens[..len - r.start])?;
@@ -419,12 +419,11 @@ impl Engine {
             return Err(Error::BadCopy { src, dst, len, held });
         }
         self.forget_rollback(dst);
-        let upload = |v: usize| self.device.upload(&[1], &[v as i32]);
-        let (from, to) = (upload(src)?, upload(dst)?);
+        let (from, to) = (self.index_view(src)?, self.index_view(dst)?);
         let block = self.plan.copy_block();
         let name = Function::CopyKv { positions: block }.name();
         for start in (0..len).step_by(block) {
-            let at = upload(start)?;
+            let at = self.index_view(start)?;
             let out = self.session.call(&name, &[&from, &to, &at, &self.k, &self.v])?;
             let got = out.len();
             let Ok([k, v]) = <[BufferView; 2]>::try_from(out) else {
@@ -434,18 +433,22 @@ impl Engine {
             self.v = v;
         }
         if self.has_state() {
-            self.copy_state(src, dst)?;
+            self.copy_state(&from, &to)?;
         }
         self.lens[dst] = len;
         Ok(())
     }
 
-    /// Slot `src`'s recurrent state copied into slot `dst`'s (`copy_state`).
-    fn copy_state(&mut self, src: usize, dst: usize) -> Result<()> {
-        let upload = |v: usize| self.device.upload(&[1], &[v as i32]);
-        let (from, to) = (upload(src)?, upload(dst)?);
+    /// A slot or a position as a call's `[1]` i32 argument.
+    fn index_view(&self, slot: usize) -> Result<BufferView> {
+        Ok(self.device.upload(&[1], &[slot as i32])?)
+    }
+
+    /// The recurrent state of the slot `from` names copied into that of the slot `to` names
+    /// (`copy_state`; both from [`Engine::index_view`]).
+    fn copy_state(&mut self, from: &BufferView, to: &BufferView) -> Result<()> {
         let name = Function::CopyState.name();
-        let mut args = vec![&from, &to];
+        let mut args = vec![from, to];
         args.extend(&self.states);
         let out = self.session.call(&name, &args)?;
         if out.len() != self.states.len() {
@@ -650,13 +653,14 @@ impl Engine {
         if tokens.len() > width {
             return Err(Error::TooManyRows { rows: tokens.len(), max: width });
         }
-        let last = if self.has_state() {
-            let scratch = self.plan.scratch.ok_or(Error::NoRows)?;
-            self.copy_state(slot, scratch)?;
-            self.rollback = Some(Rollback { slot, start, tokens: tokens.to_vec() });
-            Some(tokens.len() - 1)
-        } else {
-            None
+        // The plan keeps a scratch slot exactly for a model with recurrent layers and drafts.
+        let last = match self.plan.scratch {
+            Some(scratch) => {
+                self.copy_state(&self.index_view(slot)?, &self.index_view(scratch)?)?;
+                self.rollback = Some(Rollback { slot, start, tokens: tokens.to_vec() });
+                Some(tokens.len() - 1)
+            }
+            None => None,
         };
         let rows = Rows::sequence(tokens, start, slot, width);
         let (next, logits) = self.call(function, &rows, Reads::Verify { slot, last })?;

@@ -1054,13 +1054,8 @@ impl Loop {
         for (j, step) in steps.iter().enumerate() {
             let token = match choose(&mut r.pending.request.sampling, limit, step) {
                 Ok(token) => token,
+                // The sequence ends here, failed: `end` resets its slot.
                 Err(e) if picks.is_empty() => {
-                    // The sequence ends here: what its slot keeps matters only to the prefix
-                    // cache, which reads a sequence's tokens back only where they are held.
-                    if let Err(cut) = self.engine.truncate(slot, start + 1) {
-                        tracing::warn!("slot {slot} after a failed pick: {cut}");
-                        self.engine.reset(slot);
-                    }
                     self.end(i, Err(e));
                     return true;
                 }

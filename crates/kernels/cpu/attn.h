@@ -318,13 +318,15 @@ static inline vf vf_load_round_f16(const float* p) { return vf_round_f16(vf_load
       /* once for the tile. The kv heads go in lockstep over the positions (their rows of one */ \
       /* position are contiguous), as many at a time as the state holds for the tile's rows. */  \
       const size_t r = u0 / K, kh_first = u0 % K;                                                 \
-      const attn_row_t a0 = attn_row(pos, slots, r, S, P, W, sliding);                            \
+      attn_row_t tile[ATTN_TILE_ROWS];                                                            \
+      tile[0] = attn_row(pos, slots, r, S, P, W, sliding);                                        \
+      const attn_row_t a0 = tile[0];                                                              \
       size_t nr = 1;                                                                              \
       if (kh_first == 0)                                                                          \
         while (nr < ATTN_TILE_ROWS && (r + nr + 1) * K <= u1 && (nr + 1) * GHD <= ATTN_MAX_STATE && \
                slots[r + nr] == slots[r]) {                                                       \
-          const attn_row_t an = attn_row(pos, slots, r + nr, S, P, W, sliding);                   \
-          if (an.lo != a0.lo || an.hi != a0.hi) break;                                            \
+          tile[nr] = attn_row(pos, slots, r + nr, S, P, W, sliding);                              \
+          if (tile[nr].lo != a0.lo || tile[nr].hi != a0.hi) break;                                \
           ++nr;                                                                                   \
         }                                                                                         \
       const size_t kh_end = nr > 1 ? K : (u1 - u0 < K - kh_first ? kh_first + (u1 - u0) : K);     \
@@ -354,8 +356,7 @@ static inline vf vf_load_round_f16(const float* p) { return vf_round_f16(vf_load
         const size_t at = ((layer * S + a0.slot) * P * K + kh0) * (ROW);                          \
         ATTN_SPAN(CTYPE, LOAD, kc + at, vc + at, a0.lo, a0.hi, ROW, CHUNK, STAGED, nr, 0);         \
         for (size_t i = 0; i < nr; ++i) {                                                         \
-          const attn_row_t ai = i ? attn_row(pos, slots, r + i, S, P, W, sliding) : a0;           \
-          ATTN_SPAN(float, NLOAD, kn + kh0 * HD, vn + kh0 * HD, (int64_t)ai.ja, (int64_t)ai.jb, HD, 16, STAGED, 1, i * nh); \
+          ATTN_SPAN(float, NLOAD, kn + kh0 * HD, vn + kh0 * HD, (int64_t)tile[i].ja, (int64_t)tile[i].jb, HD, 16, STAGED, 1, i * nh); \
           for (size_t h = 0; h < nh; ++h) {                                                       \
             const size_t sh = i * nh + h;                                                         \
             float* o = out + (r + i) * K * GHD + (kh0 + h) * GHD;                                 \
