@@ -232,7 +232,7 @@ fn every_attention_object_computes_the_same_bits() {
     }
 }
 
-/// The dense product and lookup (`cpu/hmv.h`, f16 and bf16) of every object this host runs
+/// The dense product and lookup (`cpu/hmv.h`, f16, bf16 and mxfp8) of every object this host runs
 /// equal the Rust model (`kernels::cpu::dense_model`) bit for bit at row counts that take
 /// every path (one row; tiles of each size), so every object equals every other; the lookup
 /// gives the rows' values exactly.
@@ -246,13 +246,21 @@ fn every_dense_object_computes_the_same_bits() {
         let device = instance.device("local-task").unwrap();
         let mut session = Session::new(&instance, &device).unwrap();
         session.load_vmfb(&vmfb).unwrap();
-        for elem in [cpu::Half::F16, cpu::Half::BF16] {
+        for elem in [cpu::DenseElem::F16, cpu::DenseElem::BF16, cpu::DenseElem::Mxfp8] {
             let m = DenseMatrix::random(elem, 77);
-            let w = device.upload_bytes(iree_hal::ElementType::I16, &[O / 16, K * 16], &m.kernel_bytes()).unwrap();
+            let weights: Vec<_> = m
+                .args()
+                .into_iter()
+                .map(|(e, dims, bytes)| {
+                    let e = if e == ElementType::I8 { iree_hal::ElementType::I8 } else { iree_hal::ElementType::I16 };
+                    device.upload_bytes(e, &dims, bytes).unwrap()
+                })
+                .collect();
             let ids = device.upload(&[IDS.len()], &IDS).unwrap();
             let rows = cpu::Dense { op: cpu::DenseOp::Rows, elem };
-            let got: Vec<f32> =
-                session.call(&dense_function_name(rows, IDS.len()), &[&ids, &w]).unwrap()[0].to_vec().unwrap();
+            let mut args = vec![&ids];
+            args.extend(&weights);
+            let got: Vec<f32> = session.call(&dense_function_name(rows, IDS.len()), &args).unwrap()[0].to_vec().unwrap();
             check_dense_rows(&format!("{isa} {}", rows.export()), &m, &IDS, &got);
             for op in [cpu::DenseOp::Matvec, cpu::DenseOp::MatvecAdd] {
                 let entry = cpu::Dense { op, elem };
@@ -261,7 +269,8 @@ fn every_dense_object_computes_the_same_bits() {
                     let xs = device.upload(&[t, K], &x).unwrap();
                     let residual = (op == cpu::DenseOp::MatvecAdd).then(|| input(t, O, 400 + t as u64));
                     let r = residual.as_ref().map(|r| device.upload(&[t, O], r).unwrap());
-                    let mut args = vec![&xs, &w];
+                    let mut args = vec![&xs];
+                    args.extend(&weights);
                     args.extend(r.as_ref());
                     let got: Vec<f32> =
                         session.call(&dense_function_name(entry, t), &args).unwrap()[0].to_vec().unwrap();

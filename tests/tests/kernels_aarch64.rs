@@ -303,7 +303,7 @@ fn the_aarch64_delta_rule_computes_the_models_bits() {
     assert_eq!(at, got.len(), "the driver wrote more than was asked for");
 }
 
-/// The dense product and lookup (cpu/hmv.h, f16 and bf16) of the aarch64 object give
+/// The dense product and lookup (cpu/hmv.h, f16, bf16 and mxfp8) of the aarch64 object give
 /// kernel_cases' cases the Rust model's bits (`kernels::cpu::dense_model`), as the host's
 /// objects do through IREE (kernels.rs).
 #[test]
@@ -311,7 +311,7 @@ fn the_aarch64_dense_product_computes_the_models_bits() {
     let dir = tempfile::tempdir().unwrap();
     let exe = executable(dir.path(), &object(dir.path()));
     let floats = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    for elem in [cpu::Half::F16, cpu::Half::BF16] {
+    for elem in [cpu::DenseElem::F16, cpu::DenseElem::BF16, cpu::DenseElem::Mxfp8] {
         let m = DenseMatrix::random(elem, 77);
         let mut stdin = Vec::new();
         let mut cases = Vec::new();
@@ -321,13 +321,21 @@ fn the_aarch64_dense_product_computes_the_models_bits() {
                 cpu::DenseOp::MatvecAdd => 6,
                 cpu::DenseOp::Rows => 7,
             };
-            let header = [code, t as u32, K as u32, O as u32, u32::from(elem == cpu::Half::BF16)];
+            let kind = match elem {
+                cpu::DenseElem::F16 => 0,
+                cpu::DenseElem::BF16 => 1,
+                cpu::DenseElem::Mxfp8 => 2,
+            };
+            let header = [code, t as u32, K as u32, O as u32, kind];
             push_part(stdin, &header.into_iter().flat_map(u32::to_le_bytes).collect::<Vec<u8>>());
             push_part(stdin, input);
             if let Some(r) = residual {
                 push_part(stdin, &floats(r));
             }
-            push_part(stdin, &m.kernel_bytes());
+            push_part(stdin, &m.weight);
+            if let Some(s) = &m.scales {
+                push_part(stdin, s);
+            }
         };
         let ids: Vec<u8> = IDS.iter().flat_map(|v| v.to_le_bytes()).collect();
         push(&mut stdin, cpu::DenseOp::Rows, IDS.len(), &ids, None);

@@ -16,9 +16,9 @@
 //! sliding; the scale's f32 bits; n; kv heads per workgroup; layer), then q, k_new, v_new,
 //! the k and v caches (as attn.h lays them out), positions and slots, each padded the same
 //! way; or a dense case (hmv.h): 5 u32 (5
-//! for `hmv`, 6 for `hmvr`, 7 for `hrows`; T; K; O; 1 for bf16, 0 for f16), then x (T x K
-//! f32, or T i32 ids), for `hmvr` the residual, and the weights in hmv.h's blocks (O x K
-//! 16-bit values), padded the same way; or a delta case (delta.h): 7 u32 (8; n; m; H; dk;
+//! for `hmv`, 6 for `hmvr`, 7 for `hrows`; T; K; O; 1 for bf16, 0 for f16, 2 for mxfp8), then
+//! x (T x K f32, or T i32 ids), for `hmvr` the residual, and the weights in hmv.h's blocks (O
+//! x K 16-bit values, or mxfp8's bytes, then its O x K / 32 scale bytes), padded the same way; or a delta case (delta.h): 7 u32 (8; n; m; H; dk;
 //! dv; S), then q, k, v, g, beta, positions, slots, last and the state, padded the same way.
 //! stdout: each case's output (T x O
 //! or T x K f32; n x K x G x hd f32; for a delta case y, n * m x H x dv f32, then the state
@@ -95,6 +95,12 @@ typedef void hrows_fn(const int32_t*, size_t, const uint16_t*, size_t, float*, s
 hmv_fn mlx_iree_hmv_f16, mlx_iree_hmv_bf16;
 hmvr_fn mlx_iree_hmvr_f16, mlx_iree_hmvr_bf16;
 hrows_fn mlx_iree_hrows_f16, mlx_iree_hrows_bf16;
+void mlx_iree_hmv_mxfp8(const float*, size_t, const uint8_t*, size_t, const uint8_t*, size_t, float*, size_t, size_t,
+                        size_t, size_t, size_t, size_t);
+void mlx_iree_hmvr_mxfp8(const float*, size_t, const uint8_t*, size_t, const uint8_t*, size_t, const float*, size_t,
+                         float*, size_t, size_t, size_t, size_t, size_t, size_t);
+void mlx_iree_hrows_mxfp8(const int32_t*, size_t, const uint8_t*, size_t, const uint8_t*, size_t, float*, size_t,
+                          size_t, size_t, size_t, size_t, size_t);
 typedef void delta_fn(const float*, size_t, const float*, size_t, const float*, size_t, const float*, size_t,
                       const float*, size_t, const int32_t*, size_t, const int32_t*, size_t, const int32_t*, size_t,
                       float*, size_t, float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
@@ -197,18 +203,30 @@ static size_t run_delta(const uint8_t* p, size_t len, const uint32_t* h) {
 
 // Runs the dense case at p (header h) and returns its size.
 static size_t run_dense(const uint8_t* p, size_t len, const uint32_t* h) {
-  const uint32_t op = h[0], bf16 = h[4];
+  const uint32_t op = h[0], bf16 = h[4] == 1, mxfp8 = h[4] == 2;
   const size_t T = h[1], K = h[2], O = h[3];
-  const size_t in_bytes = op == 7 ? T * 4 : T * K * 4, r_bytes = op == 6 ? T * O * 4 : 0, w_bytes = O * K * 2;
+  const size_t in_bytes = op == 7 ? T * 4 : T * K * 4, r_bytes = op == 6 ? T * O * 4 : 0;
+  const size_t w_bytes = O * K * (mxfp8 ? 1 : 2), s_bytes = mxfp8 ? O * K / 32 : 0;
   const size_t out_len = T * (op == 7 ? K : O);
-  const size_t size = 64 + padded(in_bytes) + padded(r_bytes) + padded(w_bytes);
+  const size_t size = 64 + padded(in_bytes) + padded(r_bytes) + padded(w_bytes) + padded(s_bytes);
   if (size > len) fail("qmv_qemu_driver: truncated case\n");
   if (out_len > sizeof output / sizeof output[0]) fail("qmv_qemu_driver: output too large\n");
   const uint8_t* x = p + 64;
   const float* r = (const float*)(x + padded(in_bytes));
   const uint16_t* w = (const uint16_t*)(x + padded(in_bytes) + padded(r_bytes));
+  const uint8_t* w8 = (const uint8_t*)w;
+  const uint8_t* sc = w8 + padded(w_bytes);
   for (size_t i = 0; i < out_len; ++i) output[i] = __builtin_nanf("");
-  if (op == 7) {
+  if (mxfp8) {
+    if (op == 7)
+      for (size_t t = 0; t < T; ++t) mlx_iree_hrows_mxfp8((const int32_t*)x, 0, w8, 0, sc, 0, output, 0, T, K, O, t, t + 1);
+    for (size_t rb = 0; op != 7 && rb < O / 16; rb += 4) {
+      if (op == 6)
+        mlx_iree_hmvr_mxfp8((const float*)x, 0, w8, 0, sc, 0, r, 0, output, 0, T, K, O, rb, rb + 4);
+      else
+        mlx_iree_hmv_mxfp8((const float*)x, 0, w8, 0, sc, 0, output, 0, T, K, O, rb, rb + 4);
+    }
+  } else if (op == 7) {
     hrows_fn* fn = bf16 ? mlx_iree_hrows_bf16 : mlx_iree_hrows_f16;
     for (size_t t = 0; t < T; ++t) fn((const int32_t*)x, 0, w, 0, output, 0, T, K, O, t, t + 1);
   } else {

@@ -25,6 +25,19 @@ static inline __m256 load8_i8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
 }
 static inline vf vf_load_i8(const int8_t* p) { return (vf){load8_i8(p), load8_i8(p + 8)}; }
+// 16 FP8 E4M3 codes (mxfp8's values) as f32, each its value v times 2^-8, exactly (as
+// vf16_avx512.h's).
+static inline __m256 load8_e4m3(const uint8_t* p) {
+  const __m128i s = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)p));
+  return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(s, 7), _mm_set1_epi16((short)0xBF80)));
+}
+static inline vf vf_load_e4m3(const uint8_t* p) { return (vf){load8_e4m3(p), load8_e4m3(p + 8)}; }
+// 16 E8M0 scale bytes e as 2^(e - 119) (e <= 246).
+static inline __m256 load8_e8m0(const uint8_t* p) {
+  const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(8)), 23));
+}
+static inline vf vf_load_e8m0(const uint8_t* p) { return (vf){load8_e8m0(p), load8_e8m0(p + 8)}; }
 // Round to nearest, ties to even, whatever MXCSR says.
 // (The mode is a literal: clang takes only a constant expression as the immediate.)
 #define VF_NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)

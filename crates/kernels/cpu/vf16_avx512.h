@@ -20,6 +20,19 @@ static inline vf vf_load_i8(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
 }
 static inline void vf_store(float* p, vf v) { _mm512_storeu_ps(p, v); }
+// 16 FP8 E4M3 codes (mxfp8's values) as f32, each its value v times 2^-8, exactly: the
+// code's sign-extended bits shifted into an f16's sign, exponent and mantissa (E4M3's bias
+// is 7, f16's 15; E4M3's subnormals land on f16's).
+static inline vf vf_load_e4m3(const uint8_t* p) {
+  const __m256i s = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
+  return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(s, 7), _mm256_set1_epi16((short)0xBF80)));
+}
+// 16 E8M0 scale bytes e as 2^(e - 119) (e <= 246): the scale 2^(e - 127) times the 2^8
+// vf_load_e4m3 leaves out.
+static inline vf vf_load_e8m0(const uint8_t* p) {
+  const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(8)), 23));
+}
 // Each lane rounded to f16 (nearest, ties to even) and back.
 static inline vf vf_round_f16(vf v) {
   return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));

@@ -37,6 +37,25 @@ static inline vf vf_load_i8(const int8_t* p) {
   return (vf){{vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo))), vcvtq_f32_s32(vmovl_high_s16(lo)),
                vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi))), vcvtq_f32_s32(vmovl_high_s16(hi))}};
 }
+// 16 FP8 E4M3 codes (mxfp8's values) as f32, each its value v times 2^-8, exactly (as
+// vf16_avx512.h's).
+static inline vf vf_load_e4m3(const uint8_t* p) {
+  const int8x16_t b = vld1q_s8((const int8_t*)p);
+  const uint16x8_t mask = vdupq_n_u16(0xBF80);
+  const uint16x8_t lo = vandq_u16(vreinterpretq_u16_s16(vshlq_n_s16(vmovl_s8(vget_low_s8(b)), 7)), mask);
+  const uint16x8_t hi = vandq_u16(vreinterpretq_u16_s16(vshlq_n_s16(vmovl_high_s8(b), 7)), mask);
+  return (vf){{vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(lo))), vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(lo))),
+               vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(hi))), vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(hi)))}};
+}
+// 16 E8M0 scale bytes e as 2^(e - 119) (e <= 246).
+static inline vf vf_load_e8m0(const uint8_t* p) {
+  const uint8x16_t b = vld1q_u8(p);
+  const uint16x8_t lo = vmovl_u8(vget_low_u8(b)), hi = vmovl_high_u8(b);
+  const uint32x4_t e[4] = {vmovl_u16(vget_low_u16(lo)), vmovl_high_u16(lo), vmovl_u16(vget_low_u16(hi)), vmovl_high_u16(hi)};
+  vf r;
+  for (int i = 0; i < 4; ++i) r.v[i] = vreinterpretq_f32_u32(vshlq_n_u32(vaddq_u32(e[i], vdupq_n_u32(8)), 23));
+  return r;
+}
 // Each lane rounded to f16 (nearest, ties to even: FPCR's default mode) and back.
 static inline vf vf_round_f16(vf a) {
   vf r;

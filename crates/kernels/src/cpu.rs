@@ -422,8 +422,8 @@ impl Entry {
     }
 }
 
-/// What an entry point over a half-precision matrix in the blocks of [`repack_dense`]
-/// computes (`cpu/hmv.h`); x, y and the lookup's rows are f32. Push constants T, K, O; units
+/// What an entry point over a dense matrix (f16, bf16, or mxfp8's FP8 codes and scales) in
+/// the blocks of [`repack_dense`] computes (`cpu/hmv.h`); x, y and the lookup's rows are f32. Push constants T, K, O; units
 /// are row blocks ([`BLOCKS_PER_WORKGROUP`] a workgroup) for the products, rows (one a
 /// workgroup) for the lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -436,33 +436,89 @@ pub enum DenseOp {
     Rows,
 }
 
-/// The element type of a dense matrix the kernels take: both travel as their 16 bits.
+/// The element type of a dense matrix the kernels take: f16 and bf16 travel as their 16
+/// bits, mxfp8 as its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Half {
+pub enum DenseElem {
     F16,
     BF16,
+    /// MLX's mxfp8: FP8 E4M3 codes with an E8M0 scale byte `e` (2^(e - 127)) per
+    /// [`MXFP8_GROUP`] inputs, the scales in [`repack_groups`]' blocks (`[out / 16][in /
+    /// 32][16]`, a binding after the weight's). Each weight is MLX's dequantized value
+    /// ([`mxfp8_value`]), so the products' arithmetic is the f16 one's. Scales outside
+    /// [`MXFP8_MIN_SCALE`]..=[`MXFP8_MAX_SCALE`] and E4M3's NaN are not taken
+    /// ([`mxfp8_check`]).
+    Mxfp8,
+}
+
+/// Inputs per scale of mxfp8 (MLX allows no other group size for it).
+pub const MXFP8_GROUP: usize = 32;
+/// The largest E8M0 scale byte the mxfp8 products take: the kernels multiply each code's
+/// value times 2^-8 by 2^(e - 119), an f32 only up to e = 246 (2^127); a larger scale
+/// (2^120 and up) turns every code of magnitude 2 or more into infinity anyway.
+pub const MXFP8_MAX_SCALE: u8 = 246;
+/// The smallest E8M0 scale byte the mxfp8 products take for a group with a nonzero code:
+/// from it up every weight is zero or a normal f32 (the smallest code, 2^-9, times 2^-117
+/// is 2^-126). Below it a weight could be subnormal, which IREE's CPU workers flush to zero
+/// (they run with x86's FTZ and DAZ set) where the Rust model and the aarch64 object under
+/// test would not. MLX writes such a scale only for a group of zeros, which the products
+/// take whatever its scale.
+pub const MXFP8_MIN_SCALE: u8 = 10;
+
+/// One mxfp8 weight as the kernels compute it: the FP8 E4M3 `code`'s value times 2^-8 (its
+/// bits made an f16's, exact) times 2^(`e` - 119), which is MLX's `e4m3(code) * 2^(e -
+/// 127)` exactly (a normal f32 for the scales [`mxfp8_check`] takes). The codes 0x7F and
+/// 0xFF (E4M3's NaN) are not taken (they read as 480 and -480).
+pub fn mxfp8_value(code: u8, e: u8) -> f32 {
+    let bits = ((code as i8 as i16 as u16) << 7) & 0xBF80;
+    half::f16::from_bits(bits).to_f32() * f32::from_bits((u32::from(e) + 8) << 23)
+}
+
+/// Whether the mxfp8 products take a matrix's codes (row-major `[out, inp]`) and scale bytes
+/// (`[out, inp / 32]`): no NaN code (0x7F, 0xFF), no scale above [`MXFP8_MAX_SCALE`], none
+/// below [`MXFP8_MIN_SCALE`] but for a group of zeros. `Err` says what was found, and
+/// where.
+pub fn mxfp8_check(codes: &[u8], scales: &[u8], inp: usize) -> Result<(), String> {
+    if let Some(i) = codes.iter().position(|&c| c & 0x7F == 0x7F) {
+        return Err(format!("an E4M3 NaN code ({:#04x}) at row {}, input {}", codes[i], i / inp, i % inp));
+    }
+    let groups = inp / MXFP8_GROUP;
+    for (g, &e) in scales.iter().enumerate() {
+        let (row, k0) = (g / groups, g % groups * MXFP8_GROUP);
+        let zeros = || codes[row * inp + k0..][..MXFP8_GROUP].iter().all(|&c| c & 0x7F == 0);
+        if e > MXFP8_MAX_SCALE || (e < MXFP8_MIN_SCALE && !zeros()) {
+            return Err(format!(
+                "the E8M0 scale byte {e} (2^{}) at row {row}, inputs {k0}.. is outside the {MXFP8_MIN_SCALE}..={MXFP8_MAX_SCALE} the kernels take",
+                i32::from(e) - 127
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// An entry point over a dense matrix: what it computes, for which element type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Dense {
     pub op: DenseOp,
-    pub elem: Half,
+    pub elem: DenseElem,
 }
 
 impl Dense {
     /// Every entry point.
-    pub const ALL: [Dense; 6] = {
-        const fn d(op: DenseOp, elem: Half) -> Dense {
+    pub const ALL: [Dense; 9] = {
+        const fn d(op: DenseOp, elem: DenseElem) -> Dense {
             Dense { op, elem }
         }
         [
-            d(DenseOp::Matvec, Half::F16),
-            d(DenseOp::MatvecAdd, Half::F16),
-            d(DenseOp::Rows, Half::F16),
-            d(DenseOp::Matvec, Half::BF16),
-            d(DenseOp::MatvecAdd, Half::BF16),
-            d(DenseOp::Rows, Half::BF16),
+            d(DenseOp::Matvec, DenseElem::F16),
+            d(DenseOp::MatvecAdd, DenseElem::F16),
+            d(DenseOp::Rows, DenseElem::F16),
+            d(DenseOp::Matvec, DenseElem::BF16),
+            d(DenseOp::MatvecAdd, DenseElem::BF16),
+            d(DenseOp::Rows, DenseElem::BF16),
+            d(DenseOp::Matvec, DenseElem::Mxfp8),
+            d(DenseOp::MatvecAdd, DenseElem::Mxfp8),
+            d(DenseOp::Rows, DenseElem::Mxfp8),
         ]
     };
 
@@ -474,8 +530,9 @@ impl Dense {
             DenseOp::Rows => "hrows",
         };
         let elem = match self.elem {
-            Half::F16 => "f16",
-            Half::BF16 => "bf16",
+            DenseElem::F16 => "f16",
+            DenseElem::BF16 => "bf16",
+            DenseElem::Mxfp8 => "mxfp8",
         };
         format!("{op}_{elem}")
     }
@@ -492,6 +549,12 @@ impl Dense {
 /// Whether the dense product takes a matrix `[out, in]`: whole 16-row blocks.
 pub fn supports_dense(out: usize, inp: usize) -> bool {
     out > 0 && out.is_multiple_of(BLOCK_ROWS) && inp > 0
+}
+
+/// Whether the mxfp8 product takes a matrix `[out, in]`: whole 16-row blocks and whole
+/// groups of [`MXFP8_GROUP`] inputs.
+pub fn supports_mxfp8(out: usize, inp: usize) -> bool {
+    supports_dense(out, inp) && inp.is_multiple_of(MXFP8_GROUP)
 }
 
 /// A row-major `[out, in]` matrix (f16 or bf16 bits, or any element) as the dense product
@@ -982,12 +1045,16 @@ impl ExportSpec {
     }
 
     fn dense(d: Dense) -> ExportSpec {
-        // f16 and bf16 travel as their bits; the residual before the result.
-        let bindings = match d.op {
-            DenseOp::Matvec => vec!["f32", "i16", "f32"],
-            DenseOp::MatvecAdd => vec!["f32", "i16", "f32", "f32"],
-            DenseOp::Rows => vec!["i32", "i16", "f32"],
+        // f16 and bf16 travel as their bits, mxfp8 as its codes then its scale bytes; the
+        // residual before the result.
+        let input = if d.op == DenseOp::Rows { "i32" } else { "f32" };
+        let mut bindings = match d.elem {
+            DenseElem::F16 | DenseElem::BF16 => vec![input, "i16", "f32"],
+            DenseElem::Mxfp8 => vec![input, "i8", "i8", "f32"],
         };
+        if d.op == DenseOp::MatvecAdd {
+            bindings.insert(bindings.len() - 1, "f32");
+        }
         ExportSpec {
             name: d.export(),
             c_name: format!("mlx_iree_{}", d.export()),
@@ -1292,6 +1359,53 @@ mod tests {
         // Their results are the model's: one fused chain per output, then the residual.
         let y = dense_model(&[1.0, 2.0], 1, 2, 1, &[0.5, 0.25], Some(&[10.0]));
         assert_eq!(y, vec![11.0]);
+    }
+
+    /// mxfp8's exports take the scale bytes after the codes (and before a residual).
+    #[test]
+    fn the_mxfp8_exports_take_their_scales() {
+        let mxfp8: Vec<Dense> = Dense::ALL.into_iter().filter(|d| d.elem == DenseElem::Mxfp8).collect();
+        let text = executable_source(Path::new("/k/qmv.o"), &[], &[], &mxfp8, false);
+        let decl = |name: &str| text.lines().find(|l| l.contains(&format!("private @mlx_iree_{name}("))).unwrap();
+        let with = |bindings: &str| format!("({bindings}, index, index, index, index, index) attributes");
+        let (x, w, s, y) = ("memref<f32>, index", "memref<i8>, index", "memref<i8>, index", "memref<f32>, index");
+        assert!(decl("hmv_mxfp8").contains(&with(&format!("{x}, {w}, {s}, {y}"))), "{text}");
+        assert!(decl("hmvr_mxfp8").contains(&with(&format!("{x}, {w}, {s}, memref<f32>, index, {y}"))), "{text}");
+        assert!(decl("hrows_mxfp8").contains(&with(&format!("memref<i32>, index, {w}, {s}, {y}"))), "{text}");
+        assert!(supports_mxfp8(2048, 8192) && !supports_mxfp8(2048, 48) && !supports_mxfp8(40, 64));
+    }
+
+    /// An mxfp8 weight as the kernels compute it is MLX's value, E4M3 (bias 7, subnormals,
+    /// signed zeros) times 2^(e - 127), for every code and scale byte they take; the codes'
+    /// NaN and scales past the largest are refused by name.
+    #[test]
+    fn mxfp8_values_are_mlxs() {
+        let e4m3 = |c: u8| -> f64 {
+            let (exp, mant) = (i32::from((c >> 3) & 0xF), f64::from(c & 7));
+            let v = if exp == 0 { mant / 8.0 * 2f64.powi(-6) } else { (1.0 + mant / 8.0) * 2f64.powi(exp - 7) };
+            if c & 0x80 != 0 { -v } else { v }
+        };
+        for e in MXFP8_MIN_SCALE..=MXFP8_MAX_SCALE {
+            for c in (0..=255u8).filter(|c| c & 0x7F != 0x7F) {
+                let want = (e4m3(c) * 2f64.powi(i32::from(e) - 127)) as f32;
+                let got = mxfp8_value(c, e);
+                assert_eq!(got.to_bits(), want.to_bits(), "code {c:#04x} scale {e}: {got} vs {want}");
+            }
+        }
+        assert_eq!(mxfp8_value(0x38, 127), 1.0);
+        assert_eq!(mxfp8_value(0xC4, 127), -3.0);
+        // Two rows of 64 inputs: a group of zeros (and negative zeros) takes any scale.
+        let mut codes = vec![0x38u8; 128];
+        codes[..32].iter_mut().enumerate().for_each(|(i, c)| *c = if i % 2 == 0 { 0 } else { 0x80 });
+        assert_eq!(mxfp8_check(&codes, &[0, MXFP8_MIN_SCALE, 127, MXFP8_MAX_SCALE], 64), Ok(()));
+        codes[70] = 0xFF;
+        let nan = mxfp8_check(&codes, &[0, 127, 127, 127], 64).unwrap_err();
+        assert_eq!(nan, "an E4M3 NaN code (0xff) at row 1, input 6");
+        codes[70] = 0x38;
+        let big = mxfp8_check(&codes, &[0, 127, 127, 247], 64).unwrap_err();
+        assert!(big.starts_with("the E8M0 scale byte 247 (2^120) at row 1, inputs 32.. is outside the 10..=246"), "{big}");
+        let small = mxfp8_check(&codes, &[0, 9, 127, 127], 64).unwrap_err();
+        assert!(small.contains("byte 9 (2^-118) at row 0, inputs 32.."), "{small}");
     }
 
     #[test]

@@ -349,33 +349,94 @@ pub fn check_rows(what: &str, m: &Matrix, ids: &[i32], got: &[f32]) {
 /// 27 (the AVX-512 objects' tiles of 12 rows twice, then 2 and 1; others' tiles of 2).
 pub const DENSE_ROWS: [usize; 5] = [1, 3, 8, 13, 27];
 
-/// A random f16 or bf16 matrix `[O, K]` for the dense product (`kernels::cpu::Dense`): its
-/// bits and their values, with magnitudes from subnormal (f16) to large, a zero and a
-/// negative zero.
+/// A random f16, bf16 or mxfp8 matrix `[O, K]` for the dense product (`kernels::cpu::Dense`):
+/// its bytes in the kernel's layout and their values. f16 and bf16 with magnitudes from
+/// subnormal (f16) to large, a zero and a negative zero; mxfp8 with every code but E4M3's
+/// NaN (subnormals, both zeros) and scale bytes from the smallest the kernels take (values
+/// down to 2^-126) to 2^23, its values computed apart from
+/// `kernels::cpu::mxfp8_value` (in f64, from E4M3's definition).
 pub struct DenseMatrix {
-    pub bits: Vec<u16>,
+    pub elem: cpu::DenseElem,
+    /// The weight in the kernel's blocks.
+    pub weight: Vec<u8>,
+    /// mxfp8's scale bytes in the kernel's blocks.
+    pub scales: Option<Vec<u8>>,
     pub values: Vec<f32>,
 }
 
+/// An FP8 E4M3 code's value (E4M3FN: bias 7, subnormals below exponent 1, 0x7F/0xFF NaN).
+fn e4m3(code: u8) -> f64 {
+    let (sign, exp, mant) = (if code & 0x80 != 0 { -1.0 } else { 1.0 }, (code >> 3) & 0xF, code & 7);
+    let v = if exp == 0 { f64::from(mant) / 8.0 * 2f64.powi(-6) } else { (1.0 + f64::from(mant) / 8.0) * 2f64.powi(i32::from(exp) - 7) };
+    sign * v
+}
+
 impl DenseMatrix {
-    pub fn random(elem: cpu::Half, seed: u64) -> DenseMatrix {
+    pub fn random(elem: cpu::DenseElem, seed: u64) -> DenseMatrix {
+        if elem == cpu::DenseElem::Mxfp8 {
+            return Self::random_mxfp8(seed);
+        }
         let scaled = values(seed, O * K).into_iter().enumerate().map(|(i, v)| v * [1.0, 8.0, 1e-5][i % 3]);
         let mut bits: Vec<u16> = match elem {
-            cpu::Half::F16 => scaled.map(|v| f16::from_f32(v).to_bits()).collect(),
-            cpu::Half::BF16 => scaled.map(|v| half::bf16::from_f32(v).to_bits()).collect(),
+            cpu::DenseElem::F16 => scaled.map(|v| f16::from_f32(v).to_bits()).collect(),
+            _ => scaled.map(|v| half::bf16::from_f32(v).to_bits()).collect(),
         };
         bits[1] = 0;
         bits[2] = 0x8000;
         let values = match elem {
-            cpu::Half::F16 => bits.iter().map(|b| f16::from_bits(*b).to_f32()).collect(),
-            cpu::Half::BF16 => bits.iter().map(|b| half::bf16::from_bits(*b).to_f32()).collect(),
+            cpu::DenseElem::F16 => bits.iter().map(|b| f16::from_bits(*b).to_f32()).collect(),
+            _ => bits.iter().map(|b| half::bf16::from_bits(*b).to_f32()).collect(),
         };
-        DenseMatrix { bits, values }
+        let weight = cpu::repack_dense(&bits, O, K).iter().flat_map(|b| b.to_le_bytes()).collect();
+        DenseMatrix { elem, weight, scales: None, values }
     }
 
-    /// The matrix in the kernel's blocks, as bytes.
-    pub fn kernel_bytes(&self) -> Vec<u8> {
-        cpu::repack_dense(&self.bits, O, K).iter().flat_map(|b| b.to_le_bytes()).collect()
+    fn random_mxfp8(seed: u64) -> DenseMatrix {
+        let groups = K / cpu::MXFP8_GROUP;
+        // Every code in row 1; row 0's first group zeros (with scale 0, as MLX writes one).
+        let codes: Vec<u8> = values(seed, O * K)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match i {
+                0..32 => 0,
+                _ if (K..K + 256).contains(&i) => (i - K) as u8,
+                _ => ((v.abs() * 1e4) as u32 % 256) as u8,
+            })
+            .map(|c| if c & 0x7F == 0x7F { c - 1 } else { c })
+            .collect();
+        // Most scales near MLX's (2^-10 .. 2^3), some far out (small, and large; the largest scale the kernels take would overflow the f64 check's sums).
+        let scales: Vec<u8> = values(seed + 1, O * groups)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match i % 17 {
+                _ if i == 0 => 0,
+                0 => cpu::MXFP8_MIN_SCALE,
+                1 => 150,
+                2 => cpu::MXFP8_MIN_SCALE + 1,
+                _ => 117 + ((v.abs() * 1e3) as u32 % 13) as u8,
+            })
+            .collect();
+        let values = (0..O * K)
+            .map(|i| (e4m3(codes[i]) * 2f64.powi(i32::from(scales[i / cpu::MXFP8_GROUP]) - 127)) as f32)
+            .collect();
+        DenseMatrix {
+            elem: cpu::DenseElem::Mxfp8,
+            weight: cpu::repack_dense(&codes, O, K),
+            scales: Some(cpu::repack_groups(&scales, O, groups)),
+            values,
+        }
+    }
+
+    /// The kernel's weight and (mxfp8) scales arguments' element type and shape.
+    pub fn args(&self) -> Vec<(ElementType, [usize; 2], &[u8])> {
+        let blocks = O / 16;
+        match &self.scales {
+            None => vec![(ElementType::I16, [blocks, K * 16], &self.weight[..])],
+            Some(s) => vec![
+                (ElementType::I8, [blocks, K * 16], &self.weight[..]),
+                (ElementType::I8, [blocks, K / cpu::MXFP8_GROUP * 16], &s[..]),
+            ],
+        }
     }
 }
 
@@ -390,20 +451,26 @@ pub fn dense_module(source: &str) -> String {
     let ctx = Context::new();
     let m = Module::new(&ctx);
     let (blocks, f32) = ((O / 16) as i64, ElementType::F32);
-    let weight = ElementType::I16.tensor(&[blocks, (K * 16) as i64]);
     for op in cpu::Dense::ALL {
+        let weight = match op.elem {
+            cpu::DenseElem::Mxfp8 => vec![
+                ElementType::I8.tensor(&[blocks, (K * 16) as i64]),
+                ElementType::I8.tensor(&[blocks, (K / cpu::MXFP8_GROUP * 16) as i64]),
+            ],
+            _ => vec![ElementType::I16.tensor(&[blocks, (K * 16) as i64])],
+        };
         let rows: &[usize] = if op.op == cpu::DenseOp::Rows { &[IDS.len()] } else { &DENSE_ROWS };
         for &t in rows {
             let t64 = t as i64;
-            let (args, workload, result) = match op.op {
-                cpu::DenseOp::Rows => (vec![ElementType::I32.tensor(&[t64]), weight.clone()], t64, [t64, K as i64]),
-                cpu::DenseOp::Matvec => (vec![f32.tensor(&[t64, K as i64]), weight.clone()], blocks, [t64, O as i64]),
-                cpu::DenseOp::MatvecAdd => (
-                    vec![f32.tensor(&[t64, K as i64]), weight.clone(), f32.tensor(&[t64, O as i64])],
-                    blocks,
-                    [t64, O as i64],
-                ),
+            let (input, workload, result) = match op.op {
+                cpu::DenseOp::Rows => (ElementType::I32.tensor(&[t64]), t64, [t64, K as i64]),
+                _ => (f32.tensor(&[t64, K as i64]), blocks, [t64, O as i64]),
             };
+            let mut args = vec![input];
+            args.extend(weight.iter().cloned());
+            if op.op == cpu::DenseOp::MatvecAdd {
+                args.push(f32.tensor(&[t64, O as i64]));
+            }
             m.func(&dense_function_name(op, t), &args, |f, a| {
                 let dims = [t, K, O].map(|d| d as i32);
                 Ok(vec![f.dispatch(cpu::EXECUTABLE, &op.export(), workload, &dims, a, f32.tensor(&result))?])

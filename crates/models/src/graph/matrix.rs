@@ -323,7 +323,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let blocks = w.shape()[0];
         let (t, inp, out) =
             (x.shape()[0], w.shape()[1] / kernels::cpu::BLOCK_ROWS as i64, blocks * kernels::cpu::BLOCK_ROWS as i64);
-        let elem = if w.elem() == ElementType::BF16 { kernels::cpu::Half::BF16 } else { kernels::cpu::Half::F16 };
+        let elem = if w.elem() == ElementType::BF16 { kernels::cpu::DenseElem::BF16 } else { kernels::cpu::DenseElem::F16 };
         let entry = kernels::cpu::Dense { op, elem };
         self.linked.borrow_mut().dense.insert(entry);
         let mut args = vec![x, w];
