@@ -260,7 +260,8 @@ fn every_dense_object_computes_the_same_bits() {
             let rows = cpu::Dense { op: cpu::DenseOp::Rows, elem };
             let mut args = vec![&ids];
             args.extend(&weights);
-            let got: Vec<f32> = session.call(&dense_function_name(rows, IDS.len()), &args).unwrap()[0].to_vec().unwrap();
+            let got: Vec<f32> =
+                session.call(&dense_function_name(rows, IDS.len()), &args).unwrap()[0].to_vec().unwrap();
             check_dense_rows(&format!("{isa} {}", rows.export()), &m, &IDS, &got);
             for op in [cpu::DenseOp::Matvec, cpu::DenseOp::MatvecAdd] {
                 let entry = cpu::Dense { op, elem };

@@ -154,7 +154,7 @@ NORM_STD = 0.02
 SEED = 0
 GROUP_SIZE = 64
 # Variant -> (bits, mode, group size) of `quantize_model`, None for f16 (mlx_lm.convert's
-# -q --q-bits B, or --q-mode mxfp4, which fixes its group size of 32).
+# -q --q-bits B, or --q-mode mxfp4 / mxfp8, which fix their group size of 32).
 VARIANTS = {
     "f16": None,
     "3bit": (3, "affine", GROUP_SIZE),
@@ -162,6 +162,7 @@ VARIANTS = {
     "6bit": (6, "affine", GROUP_SIZE),
     "8bit": (8, "affine", GROUP_SIZE),
     "mxfp4": (4, "mxfp4", 32),
+    "mxfp8": (8, "mxfp8", 32),
 }
 
 

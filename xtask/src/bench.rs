@@ -32,8 +32,8 @@ const PRECISIONS: [&str; 4] = ["f32", "f16", "bf16", "packed"];
 const SMOLLM2: &str = "smollm2-135m-instruct-4bit";
 const LLAMA_1B: &str = "llama-1b-random";
 /// The quantized folders `--formats` picks from for `packed` (make_random_llama.py's
-/// variants): MLX affine 3, 4, 6 and 8 bits and mxfp4.
-const PACKED_FORMATS: [&str; 5] = ["4bit", "8bit", "3bit", "6bit", "mxfp4"];
+/// variants): MLX affine 3, 4, 6 and 8 bits, mxfp4 and mxfp8.
+const PACKED_FORMATS: [&str; 6] = ["4bit", "8bit", "3bit", "6bit", "mxfp4", "mxfp8"];
 const QWEN3_MOE_1B: &str = "qwen3-moe-1b-random";
 const QWEN3_5_08B: &str = "qwen3.5-0.8b-random";
 const GPT_OSS_2L: &str = "gpt-oss-2l-random";
@@ -76,7 +76,7 @@ usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
                    list (f32,q8) runs each case once per type, with its decode speed
                    against the f32 cache's in a `vs f32 KV` column
   --formats LIST   the random shapes' quantized folders `packed` runs on: 4bit, 8bit, 3bit,
-                   6bit, mxfp4, comma-separated (default 4bit,8bit)
+                   6bit, mxfp4, mxfp8, comma-separated (default 4bit,8bit)
   --activations LIST  how the CPU kernel's packed products quantize their input: i16
                    (mlx-iree's default) or i8; a comma list (i16,i8) runs each case once per
                    setting, with its prefill speed against i16's in a `prefill vs i16` column

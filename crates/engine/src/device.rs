@@ -64,9 +64,9 @@ pub const PACKED_BY_DEFAULT: &[kernels::cpu::Isa] = &[kernels::cpu::Isa::Amx, ke
 /// The precision a device runs when `--precision` is not given, chosen by measurement
 /// (`cargo xtask bench`, docs/PERFORMANCE.md). On a CPU whose fastest packed kernel
 /// (`kernels::cpu::host_isa`) is in [`PACKED_BY_DEFAULT`]: `packed` for an MLX-quantized
-/// checkpoint other than mxfp8 (AVX-512 on the 1B shape: 2.81x f16's decode at 4-bit, 1.88x
-/// at 8-bit; 2- and 3-bit run as 4, 5- and 6-bit and FP4 as 8, exactly; token-exact with
-/// mlx-lm on every quantized fixture and on SmolLM2). Otherwise f16: 1.78x
+/// checkpoint of any mode (AVX-512 on the 1B shape: 2.81x f16's decode at 4-bit, 1.88x at
+/// 8-bit, mxfp8 in docs/PERFORMANCE.md; token-exact with mlx-lm on every quantized fixture
+/// and on SmolLM2). Otherwise f16: 1.78x
 /// f32 on the 1B shape on CPU; on CUDA (H200) f16 decoded 1.08x f32 and 1.84x packed's
 /// graph-level form.
 pub fn default_precision(device: &str, model: &std::path::Path) -> models::Precision {
@@ -76,15 +76,14 @@ pub fn default_precision(device: &str, model: &std::path::Path) -> models::Preci
     if kernels && quantized_for_packed(model) { models::Precision::Packed } else { models::Precision::F16 }
 }
 
-/// Whether `model/config.json` declares MLX quantization that `packed` holds: affine of any
-/// width, mxfp4 or nvfp4 (mxfp8's E4M3 values have no exact affine copy).
+/// Whether `model/config.json` declares MLX quantization (`packed` holds every mode and
+/// width).
 fn quantized_for_packed(model: &std::path::Path) -> bool {
     let path = model.join("config.json");
     let Ok(text) = std::fs::read_to_string(&path) else { return false };
     let Ok(config) = serde_json::from_str::<serde_json::Value>(&text) else { return false };
     // The block as the loader reads it; a malformed one is the loader's error to report.
-    let Ok(Some(quant)) = weights::QuantConfig::from_config(&config, &path) else { return false };
-    quant.global().mode != weights::QuantMode::Mxfp8
+    matches!(weights::QuantConfig::from_config(&config, &path), Ok(Some(_)))
 }
 
 #[cfg(test)]
@@ -103,12 +102,11 @@ mod tests {
         assert_eq!(default_precision("local-task", &fixtures.join("q4")), packed);
         assert_eq!(default_precision("local-sync", &fixtures.join("q8")), packed);
         assert_eq!(default_precision("local-task", &fixtures.join("f32")), Precision::F16);
-        // Every MLX format `packed` holds; not mxfp8.
+        // Every MLX format `packed` holds.
         let llama = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama_llama3_tied");
-        for variant in ["mxfp4", "nvfp4", "q3", "q6"] {
+        for variant in ["mxfp4", "nvfp4", "mxfp8", "q3", "q6"] {
             assert_eq!(default_precision("local-task", &llama.join(variant)), packed, "{variant}");
         }
-        assert_eq!(default_precision("local-task", &llama.join("mxfp8")), Precision::F16);
         assert_eq!(default_precision("cuda", &fixtures.join("q4")), Precision::F16);
         assert_eq!(default_precision("local-task", Path::new("/nonexistent")), Precision::F16);
     }

@@ -133,3 +133,14 @@ fn q8_kv_cache_compiles_for_cuda_and_vulkan() {
         assert!(mlir.contains("tensor<2x2x64x2x20xi8>"), "{target}: no i8 cache of 16-value rows (20 bytes)");
     }
 }
+
+/// mxfp8 held as stored in the graph form (E4M3 codes and E8M0 scale bytes as i8, widened to
+/// f32 by integer operations and a bitcast where they are used) on CUDA and SPIR-V.
+#[test]
+fn mxfp8_packed_compiles_for_cuda_and_vulkan() {
+    for target in [CompileTarget::Cuda("sm_80".into()), CompileTarget::Vulkan] {
+        let mlir = compiles_for("llama_llama3_tied", "mxfp8", Precision::Packed, target.clone());
+        assert!(mlir.contains("tensor<64x128xi8>"), "{target}: down_proj's codes not held as bytes");
+        assert!(mlir.contains("tensor<64x4xi8>"), "{target}: down_proj's scales not held as bytes");
+    }
+}

@@ -1403,7 +1403,10 @@ mod tests {
         assert_eq!(nan, "an E4M3 NaN code (0xff) at row 1, input 6");
         codes[70] = 0x38;
         let big = mxfp8_check(&codes, &[0, 127, 127, 247], 64).unwrap_err();
-        assert!(big.starts_with("the E8M0 scale byte 247 (2^120) at row 1, inputs 32.. is outside the 10..=246"), "{big}");
+        assert!(
+            big.starts_with("the E8M0 scale byte 247 (2^120) at row 1, inputs 32.. is outside the 10..=246"),
+            "{big}"
+        );
         let small = mxfp8_check(&codes, &[0, 9, 127, 127], 64).unwrap_err();
         assert!(small.contains("byte 9 (2^-118) at row 0, inputs 32.."), "{small}");
     }

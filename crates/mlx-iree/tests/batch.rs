@@ -286,6 +286,14 @@ fn eight_rows_packed() {
     eight_rows_give_what_each_prompt_gives_alone(&root().join("tests/fixtures-trained/qwen3/q4"), Precision::Packed);
 }
 
+/// mxfp8 packed through the CPU kernel's `hmv_mxfp8` (its rows' chains never meet): eight
+/// rows, prompts in chunks, a kept prefix and verify calls give mlx-lm's own mxfp8 tokens.
+#[test]
+fn eight_rows_packed_mxfp8() {
+    let dir = root().join("tests/fixtures/llama_llama3_tied/mxfp8");
+    eight_rows_give_what_each_prompt_gives_alone(&dir, Precision::Packed);
+}
+
 /// An 8-bit KV cache through the CPU kernel's q8 attention (packed weights): prompts in
 /// chunks, eight rows, a kept prefix copied between slots and verify calls all give
 /// mlx-lm's tokens (the trained fixture is confident; the cache's blocks and their rounding

@@ -433,24 +433,28 @@ fn a_checkpoint_that_disagrees_with_its_config_is_refused_before_compiling() {
     }
 }
 
-/// An mxfp8 checkpoint (E4M3 values: no exact affine copy to multiply packed) runs at the
-/// dense precisions; `packed` refuses it in one line naming the layer and the mode, exit 2,
-/// nothing compiled.
+/// An mxfp8 checkpoint `packed` cannot hold: an E4M3 NaN code, or a scale past the largest
+/// the products take (its weights would overflow f32's normal range). One line naming the
+/// tensor, what was found where and what to use instead, exit 2, nothing compiled.
 #[test]
-fn packed_refuses_mxfp8() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama_llama3_tied/mxfp8");
-    let cache = tempfile::tempdir().unwrap();
-    let args = ["trajectory", "--model", dir.to_str().unwrap(), "--prompt-ids", "1", "--steps", "1"];
-    let out = mlx_iree(&[&args[..], &["--precision", "packed", "--out", "/tmp/x.json"]].concat(), cache.path());
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
-    assert!(
-        stderr.contains("precision `packed` holds MLX affine, mxfp4 and nvfp4 weights; model.embed_tokens in "),
-        "{stderr}"
-    );
-    assert!(stderr.contains(" is mxfp8 (use f16 or bf16)"), "{stderr}");
-    assert!(walk(cache.path()).iter().all(|p| p.extension().is_none_or(|e| e != "vmfb")), "compiled before refusing");
+fn packed_refuses_mxfp8_it_cannot_hold() {
+    let run = |dir: &tempfile::TempDir, expected: &str| {
+        let cache = tempfile::tempdir().unwrap();
+        let args = ["trajectory", "--model", dir.path().to_str().unwrap(), "--prompt-ids", "1", "--steps", "1"];
+        let out = mlx_iree(&[&args[..], &["--precision", "packed", "--out", "/tmp/x.json"]].concat(), cache.path());
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains(expected), "{expected}: {stderr}");
+        assert!(stderr.contains("precision `packed` cannot hold it (use f16 or bf16)"), "{stderr}");
+        assert!(walk(cache.path()).iter().all(|p| p.extension().is_none_or(|e| e != "vmfb")), "compiled: {stderr}");
+    };
+    let (weight, scales) = ("model.layers.0.mlp.down_proj.weight", "model.layers.0.mlp.down_proj.scales");
+    // Row 0's third code made E4M3's NaN; row 1's second scale made 2^123.
+    let nan = quantized_with("mxfp8", |_| {}, None, Some((weight, 2, 0x7F)));
+    run(&nan, &format!("{weight}: an E4M3 NaN code (0x7f) at row 0, input 2;"));
+    let big = quantized_with("mxfp8", |_| {}, None, Some((scales, 128 / 32 + 1, 250)));
+    run(&big, &format!("{weight}: the E8M0 scale byte 250 (2^123) at row 1, inputs 32.. is outside the 10..=246"));
 }
 
 /// Every file under `dir`.
@@ -628,7 +632,20 @@ fn mxfp4_with(
     edit: impl Fn(&mut serde_json::Value),
     tensor: Option<(&str, weights::Dtype, &[usize])>,
 ) -> tempfile::TempDir {
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama_llama3_tied/mxfp4");
+    quantized_with("mxfp4", edit, tensor, None)
+}
+
+/// The llama fixture's `variant` with `edit` applied to its config, `tensor` (name, then the
+/// dtype and shape to store it as, its bytes cut or padded to fit) rewritten and `patch`
+/// (name, byte offset, value) setting one byte of a tensor.
+fn quantized_with(
+    variant: &str,
+    edit: impl Fn(&mut serde_json::Value),
+    tensor: Option<(&str, weights::Dtype, &[usize])>,
+    patch: Option<(&str, usize, u8)>,
+) -> tempfile::TempDir {
+    let src =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama_llama3_tied").join(variant);
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(src.join("model.safetensors.index.json"), dir.path().join("model.safetensors.index.json")).unwrap();
     let mut config: serde_json::Value =
@@ -641,14 +658,19 @@ fn mxfp4_with(
         w.metadata(k, v);
     }
     for t in file.tensors() {
+        let mut bytes = t.bytes().to_vec();
+        if let Some((name, at, value)) = patch
+            && name == t.name()
+        {
+            bytes[at] = value;
+        }
         match tensor {
             Some((name, dtype, shape)) if name == t.name() => {
-                let mut bytes = t.bytes().to_vec();
                 bytes.resize(shape.iter().product::<usize>() * dtype.size_bytes(), 0);
                 w.add(name, dtype, shape, bytes).unwrap();
             }
             _ => {
-                w.add(t.name(), t.dtype(), t.shape(), t.bytes().to_vec()).unwrap();
+                w.add(t.name(), t.dtype(), t.shape(), bytes).unwrap();
             }
         }
     }

@@ -152,6 +152,15 @@ fn trained_all_others() {
     }
 }
 
+/// mxfp8 held as stored in the graph form on SPIR-V (codes and scale bytes as i8, widened
+/// by integer operations and a bitcast): token-exact with mlx-lm's trajectories.
+#[test]
+fn mxfp8_packed_matches_mlx_lm() {
+    let dir = root().join("tests/fixtures/llama_llama3_tied/mxfp8");
+    let report = check(&dir, Precision::Packed, &references(&dir, "expected.json"));
+    assert!(report.all_exact(), "mxfp8 packed on vulkan: agreement {:.3}", report.agreement());
+}
+
 #[test]
 fn every_family_is_listed() {
     let mut listed: Vec<&str> = CI.iter().chain(OTHERS).copied().collect();

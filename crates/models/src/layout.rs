@@ -113,6 +113,12 @@ pub enum Form {
     CpuPacked(Packing),
     /// MLX-packed in the graph form, multiplied by the CUDA kernel.
     CudaPacked(Packing),
+    /// mxfp8 as stored (FP8 E4M3 codes, an E8M0 scale byte per 32 inputs: no affine copy
+    /// holds them), widened to f32 in the graph where they are used.
+    GraphMxfp8,
+    /// mxfp8 codes and scale bytes in the CPU kernel's 16-row blocks, through its dense
+    /// product (`kernels::cpu::DenseElem::Mxfp8`).
+    CpuMxfp8,
 }
 
 impl Form {
@@ -120,13 +126,18 @@ impl Form {
     pub fn packing(&self) -> Option<&Packing> {
         match self {
             Form::GraphPacked(p) | Form::CpuPacked(p) | Form::CudaPacked(p) => Some(p),
-            Form::Dense | Form::Bf16Bits | Form::Narrow | Form::CpuDense => None,
+            Form::Dense | Form::Bf16Bits | Form::Narrow | Form::CpuDense | Form::GraphMxfp8 | Form::CpuMxfp8 => None,
         }
     }
 
     /// Whether the CPU kernel object computes it.
     pub fn in_cpu_kernel(&self) -> bool {
-        matches!(self, Form::CpuDense | Form::CpuPacked(_))
+        matches!(self, Form::CpuDense | Form::CpuPacked(_) | Form::CpuMxfp8)
+    }
+
+    /// Whether the device holds it quantized (an MLX packing, or mxfp8's codes).
+    pub fn quantized(&self) -> bool {
+        self.packing().is_some() || matches!(self, Form::GraphMxfp8 | Form::CpuMxfp8)
     }
 }
 
@@ -163,6 +174,12 @@ pub enum Role {
     /// A dense f16 or bf16 matrix `[out, in]` in the CPU kernel's 16-row blocks
     /// (`kernels::cpu::repack_dense`), held as `[out / 16, in * 16]`.
     DenseBlocks,
+    /// mxfp8's codes, one byte each: `[out, in]` as stored ([`Form::GraphMxfp8`]), or in the
+    /// CPU kernel's blocks `[out / 16, in * 16]` ([`Form::CpuMxfp8`]).
+    Mxfp8Codes,
+    /// mxfp8's E8M0 scale bytes: `[out, in / 32]` as stored, or `[out / 16, in / 32 * 16]`
+    /// in the CPU kernel's blocks.
+    Mxfp8Scales,
 }
 
 /// One global of the graph: the parameter key it is bound to, its shape and element type.
@@ -282,12 +299,17 @@ impl Layout {
             // Stacked experts are one tensor quantized alike: expert 0 tells.
             let layer = if experts { spec.expert(ckpt, 0)? } else { spec.linear(ckpt)? };
             let Linear::Quantized(q) = layer else { continue };
+            if q.mode() == weights::QuantMode::Mxfp8 {
+                self.pack_mxfp8(prefix, experts, &q, ckpt)?;
+                any = true;
+                continue;
+            }
             // Widths and modes the products have no code of their own for are held as an
             // exact affine copy of 4 or 8 bits (`QuantizedLinear::affine_width`); stacked
             // experts are one tensor, but their scales may differ: every expert tells.
             let Some(mut width) = q.affine_width() else {
                 return Err(Error::Invalid(format!(
-                    "precision `packed` holds MLX affine, mxfp4 and nvfp4 weights; {prefix} in {} is {} (use f16 or bf16)",
+                    "precision `packed` holds MLX affine, mxfp4, nvfp4 and mxfp8 weights; {prefix} in {} is {} (use f16 or bf16)",
                     ckpt.dir().display(),
                     q.mode().name()
                 )));
@@ -335,6 +357,37 @@ impl Layout {
         Ok(())
     }
 
+    /// An mxfp8 matrix held as stored ([`Form::GraphMxfp8`]), after checking that its codes
+    /// and scales are ones the products take (`kernels::cpu::mxfp8_check`: every weight zero
+    /// or a normal f32, no NaN), which every real checkpoint's are.
+    fn pack_mxfp8(
+        &mut self,
+        prefix: &str,
+        experts: bool,
+        q: &weights::QuantizedLinear<'_>,
+        ckpt: &Checkpoint,
+    ) -> Result<()> {
+        if experts {
+            return Err(Error::Invalid(format!(
+                "precision `packed` does not hold stacked mxfp8 experts; {prefix} in {} is mxfp8 (use f16 or bf16)",
+                ckpt.dir().display()
+            )));
+        }
+        let (scales, inp) = (q.scales(), q.in_features());
+        if scales.dtype() != Dtype::U8 {
+            return Err(Error::Invalid(format!(
+                "{}: dtype {} (mxfp8's scales are E8M0 bytes, U8)",
+                scales.name(),
+                scales.dtype().name()
+            )));
+        }
+        kernels::cpu::mxfp8_check(q.weight().bytes(), scales.bytes(), inp).map_err(|e| {
+            Error::Invalid(format!("{}: {e}; precision `packed` cannot hold it (use f16 or bf16)", q.weight().name()))
+        })?;
+        self.forms.insert(prefix.to_owned(), Form::GraphMxfp8);
+        Ok(())
+    }
+
     /// SPIR-V's packed forms: 4-bit matrices one value a byte (`Packing::wide`, twice the
     /// bytes) and bf16 scales and biases as f32 (bf16 dense matrices are already bits).
     fn narrow_for_spirv(&mut self) {
@@ -352,9 +405,10 @@ impl Layout {
     }
 
     /// Moves every packed matrix the CPU kernels take (`kernels::cpu::supports`) to
-    /// [`Form::CpuPacked`], and every dense f16 or bf16 matrix they take
+    /// [`Form::CpuPacked`], every dense f16 or bf16 matrix they take
     /// (`kernels::cpu::supports_dense`; routers and stacked experts aside) to
-    /// [`Form::CpuDense`], linking `object`; then stacks q/k/v and gate/up where their parts
+    /// [`Form::CpuDense`] and every mxfp8 one (`kernels::cpu::supports_mxfp8`) to
+    /// [`Form::CpuMxfp8`], linking `object`; then stacks q/k/v and gate/up where their parts
     /// share one CPU form (one dispatch each instead of 3 and 2).
     fn link_cpu_kernels(&mut self, cfg: &ModelConfig, object: &Path) {
         let half = matches!(self.precision.matrix_elem(), ElementType::F16 | ElementType::BF16);
@@ -377,6 +431,9 @@ impl Layout {
                         (ElementType::F32, ElementType::F32)
                     };
                     *form = Form::CpuPacked(Packing { bits: p.cpu_bits(), scale_elem, bias_elem, wide: false, ..*p });
+                }
+                Form::GraphMxfp8 if spec.kind == Kind::Matrix && !spec.narrow && kernels::cpu::supports_mxfp8(o, i) => {
+                    *form = Form::CpuMxfp8;
                 }
                 _ => continue,
             }
@@ -405,9 +462,9 @@ impl Layout {
         });
     }
 
-    /// True when some packed matrix uses the graph-level form (not the CPU kernels).
+    /// True when some quantized matrix uses the graph-level form (not the CPU kernels).
     pub fn has_graph_packing(&self) -> bool {
-        self.forms.values().any(|f| matches!(f, Form::GraphPacked(_) | Form::CudaPacked(_)))
+        self.forms.values().any(|f| matches!(f, Form::GraphPacked(_) | Form::CudaPacked(_) | Form::GraphMxfp8))
     }
 
     /// The merged matrix a projection is part of: (merged prefix, first row, rows).
@@ -518,6 +575,16 @@ impl Layout {
                 (_, Form::Bf16Bits) => {
                     out.push(param(spec.key.clone(), spec.shape.clone(), ElementType::I16, Role::Dense))
                 }
+                (_, Form::GraphMxfp8 | Form::CpuMxfp8) => {
+                    let groups = i / kernels::cpu::MXFP8_GROUP;
+                    let (codes, scales) = if form == Form::CpuMxfp8 {
+                        (vec![o / rows, i * rows], vec![o / rows, groups * rows])
+                    } else {
+                        (vec![o, i], vec![o, groups])
+                    };
+                    out.push(param(format!("{prefix}.weight"), codes, ElementType::I8, Role::Mxfp8Codes));
+                    out.push(param(format!("{prefix}.scales"), scales, ElementType::I8, Role::Mxfp8Scales));
+                }
                 (Kind::Experts, Form::CpuPacked(p) | Form::GraphPacked(p) | Form::CudaPacked(p)) => {
                     let (e, o, i) = (spec.shape[0], spec.shape[1], spec.shape[2]);
                     let (weight, groups) = if form.in_cpu_kernel() {
@@ -585,6 +652,40 @@ impl Layout {
                     let blocks = kernels::cpu::repack_dense(&bits, part.shape[0], part.shape[1]);
                     out.extend(blocks.iter().flat_map(|b| b.to_le_bytes()));
                 }
+                Ok(Cow::Owned(out))
+            }
+            Role::Mxfp8Codes | Role::Mxfp8Scales => {
+                // The stored bytes, or each part's in the kernel's blocks (stacked: whole blocks).
+                let blocks = self.form(param.spec.prefix()) == Some(Form::CpuMxfp8);
+                let mut out = Vec::with_capacity(param.bytes());
+                for part in &param.parts {
+                    let Linear::Quantized(q) = part.linear(ckpt)? else {
+                        return Err(Error::Invalid(format!("{}: expected an mxfp8 layer", part.prefix())));
+                    };
+                    let (o, i) = (q.out_features(), q.in_features());
+                    if [o, i] != part.shape[..] {
+                        return Err(Error::Invalid(format!(
+                            "{}: expected shape {:?} from config.json, got {:?}",
+                            part.prefix(),
+                            part.shape,
+                            [o, i]
+                        )));
+                    }
+                    let (bytes, cols) = if param.role == Role::Mxfp8Codes {
+                        (q.weight().bytes(), i)
+                    } else {
+                        (q.scales().bytes(), i / kernels::cpu::MXFP8_GROUP)
+                    };
+                    if param.parts.len() == 1 && !blocks {
+                        return Ok(Cow::Borrowed(bytes));
+                    }
+                    if blocks {
+                        out.extend(kernels::cpu::repack_dense(bytes, o, cols));
+                    } else {
+                        out.extend_from_slice(bytes);
+                    }
+                }
+                debug_assert_eq!(out.len(), param.bytes(), "{}", param.key);
                 Ok(Cow::Owned(out))
             }
             Role::Widened => {
@@ -805,7 +906,7 @@ fn packed_bytes<'a>(q: &Affine<'a>, form: &Form, role: Role, elem: ElementType) 
     match form {
         Form::CpuPacked(p) => kernel_bytes(q, p, role),
         Form::GraphPacked(p) | Form::CudaPacked(p) => graph_bytes(q, p, role, elem),
-        Form::Dense | Form::Bf16Bits | Form::Narrow | Form::CpuDense => {
+        Form::Dense | Form::Bf16Bits | Form::Narrow | Form::CpuDense | Form::GraphMxfp8 | Form::CpuMxfp8 => {
             Err(Error::Invalid(format!("packed bytes asked of a {form:?} matrix")))
         }
     }

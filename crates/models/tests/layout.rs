@@ -243,6 +243,55 @@ fn fp4_codes_stay_four_bits_in_the_kernel() {
     }
 }
 
+/// mxfp8 in the CPU kernel's form: its codes and E8M0 scale bytes as stored, one byte each,
+/// in the dense product's 16-row blocks, q/k/v and gate/up stacked, dispatched to the mxfp8
+/// exports (the embedding table's rows too, which the tied head reads); the graph form holds
+/// the stored bytes in their own order. Either way the device holds the file's bytes.
+#[test]
+fn mxfp8_stays_one_byte_a_weight() {
+    let (ckpt, cfg) = open("llama_llama3_tied", "mxfp8");
+    let layout = Layout::new(&cfg, Precision::Packed, &ckpt, &cpu()).unwrap();
+    let prefix = "model.layers.0.mlp.down_proj";
+    assert_eq!(layout.form(prefix), Some(Form::CpuMxfp8));
+    assert_eq!(layout.form("model.embed_tokens"), Some(Form::CpuMxfp8));
+    assert_eq!(layout.merged("model.layers.0.mlp.up_proj"), Some(("model.layers.0.mlp.gate_up_proj", 128, 128)));
+    let params: Vec<_> = layout.device_params(&cfg).into_iter().filter(|p| p.key.starts_with(prefix)).collect();
+    let got: Vec<_> = params.iter().map(|p| (p.key.as_str(), p.dims.clone(), p.elem)).collect();
+    let key = |s: &str| format!("{prefix}.{s}");
+    // down_proj [64, 128]: 4 blocks of 16 rows, 128 codes and 4 scales a row.
+    assert_eq!(
+        got,
+        [
+            (key("weight").as_str(), vec![4, 128 * 16], ElementType::I8),
+            (key("scales").as_str(), vec![4, 4 * 16], ElementType::I8)
+        ]
+    );
+    let Linear::Quantized(q) = ckpt.linear(prefix).unwrap() else { panic!("quantized") };
+    assert_eq!(
+        layout.load(&ckpt, &params[0]).unwrap()[..],
+        kernels::cpu::repack_dense(q.weight().bytes(), 64, 128)[..]
+    );
+    assert_eq!(layout.load(&ckpt, &params[1]).unwrap()[..], kernels::cpu::repack_dense(q.scales().bytes(), 64, 4)[..]);
+    // Every matrix's bytes are the file's (the norms aside, f32 as stored).
+    let all = layout.device_params(&cfg);
+    let stacked = all.iter().find(|p| p.key == "model.layers.0.mlp.gate_up_proj.weight").unwrap();
+    assert_eq!(layout.load(&ckpt, stacked).unwrap().len(), 256 * 64);
+    let cache = CacheShape { slots: 1, positions: 64, elem: KvElem::F32 };
+    let functions = [Function::Decode { rows: 1, window: 32 }];
+    let text = emit_functions(&cfg, &layout, cache, &functions, None).unwrap();
+    for export in ["@hmv_mxfp8", "@hmvr_mxfp8", "@hrows_mxfp8"] {
+        assert!(text.contains(export), "{export}");
+    }
+    let graph = Layout::new(&cfg, Precision::Packed, &ckpt, &Backend::default()).unwrap();
+    assert_eq!(graph.form(prefix), Some(Form::GraphMxfp8));
+    assert!(graph.has_graph_packing() && graph.kernel_object().is_none());
+    let params: Vec<_> = graph.device_params(&cfg).into_iter().filter(|p| p.key.starts_with(prefix)).collect();
+    assert_eq!(params.iter().map(|p| p.dims.clone()).collect::<Vec<_>>(), [vec![64, 128], vec![64, 4]]);
+    assert_eq!(graph.load(&ckpt, &params[0]).unwrap()[..], q.weight().bytes()[..]);
+    let text = emit_functions(&cfg, &graph, cache, &functions, None).unwrap();
+    assert!(!text.contains("mxfp8"), "the graph form dispatches no kernel");
+}
+
 /// Affine 3-bit and 6-bit weights in the CPU kernel's form: MLX's values as stored (3/4 of
 /// the 4-bit and 8-bit tiles' bytes), MLX's scales and biases, dispatched to the `qmv3`/`qmv6`
 /// exports; 2 and 5 bits are held as the exact 4-bit and 8-bit copies; the graph form holds

@@ -367,7 +367,11 @@ pub struct DenseMatrix {
 /// An FP8 E4M3 code's value (E4M3FN: bias 7, subnormals below exponent 1, 0x7F/0xFF NaN).
 fn e4m3(code: u8) -> f64 {
     let (sign, exp, mant) = (if code & 0x80 != 0 { -1.0 } else { 1.0 }, (code >> 3) & 0xF, code & 7);
-    let v = if exp == 0 { f64::from(mant) / 8.0 * 2f64.powi(-6) } else { (1.0 + f64::from(mant) / 8.0) * 2f64.powi(i32::from(exp) - 7) };
+    let v = if exp == 0 {
+        f64::from(mant) / 8.0 * 2f64.powi(-6)
+    } else {
+        (1.0 + f64::from(mant) / 8.0) * 2f64.powi(i32::from(exp) - 7)
+    };
     sign * v
 }
 

@@ -122,9 +122,13 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
                 let op = if residual.is_some() { Op::MatvecAdd } else { Op::Matvec };
                 return self.kernel_dispatch(op, x, prefix, &p, residual);
             }
-            Form::CpuDense => {
+            Form::CpuDense | Form::CpuMxfp8 => {
                 let op = if residual.is_some() { DenseOp::MatvecAdd } else { DenseOp::Matvec };
                 return self.dense_dispatch(op, x, prefix, residual);
+            }
+            Form::GraphMxfp8 => {
+                let w = self.mxfp8_values(prefix, None)?;
+                f.transpose(f.dot_general(w, x, DotDims::contract(&[1], &[1]))?, &[1, 0])?
             }
             Form::CudaPacked(p) => {
                 let op = if residual.is_some() { kernels::cuda::Op::MatvecAdd } else { kernels::cuda::Op::Matvec };
@@ -308,10 +312,11 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         f.dispatch(kernels::cpu::EXECUTABLE, &export, workload, &dims, &args, F32.tensor(&result))
     }
 
-    /// A dense f16 or bf16 matrix in the CPU kernel's blocks through its product: `x [T, in] ->
-    /// [T, out]`, plus `residual [T, out]` after it when given (the graph's f32 add); or, for
-    /// `DenseOp::Rows`, the rows `x` (i32 ids `[T]`) of the table -> `[T, in]`. The entry is
-    /// the global's element type's (f16 or bf16).
+    /// A dense f16 or bf16 matrix, or an mxfp8 one, in the CPU kernel's blocks through its
+    /// product: `x [T, in] -> [T, out]`, plus `residual [T, out]` after it when given (the
+    /// graph's f32 add); or, for `DenseOp::Rows`, the rows `x` (i32 ids `[T]`) of the table ->
+    /// `[T, in]`. The entry is the form's (mxfp8, with its scales) or the global's element
+    /// type's (f16 or bf16).
     fn dense_dispatch(
         &self,
         op: kernels::cpu::DenseOp,
@@ -323,10 +328,18 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let blocks = w.shape()[0];
         let (t, inp, out) =
             (x.shape()[0], w.shape()[1] / kernels::cpu::BLOCK_ROWS as i64, blocks * kernels::cpu::BLOCK_ROWS as i64);
-        let elem = if w.elem() == ElementType::BF16 { kernels::cpu::DenseElem::BF16 } else { kernels::cpu::DenseElem::F16 };
+        let mxfp8 = self.form(prefix)? == Form::CpuMxfp8;
+        let elem = match w.elem() {
+            _ if mxfp8 => kernels::cpu::DenseElem::Mxfp8,
+            ElementType::BF16 => kernels::cpu::DenseElem::BF16,
+            _ => kernels::cpu::DenseElem::F16,
+        };
         let entry = kernels::cpu::Dense { op, elem };
         self.linked.borrow_mut().dense.insert(entry);
         let mut args = vec![x, w];
+        if mxfp8 {
+            args.push(self.f.load(self.global(&format!("{prefix}.scales"))?)?);
+        }
         args.extend(residual);
         let dims = [t, inp, out].map(|d| d as i32);
         let (workload, result) = if op == kernels::cpu::DenseOp::Rows { (t, [t, inp]) } else { (blocks, [t, out]) };
@@ -363,7 +376,10 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let f = self.f;
         let load = |name: &str| f.load(self.global(&format!("{prefix}.{name}"))?);
         let p = match self.form(prefix)? {
-            Form::CpuDense => return self.dense_dispatch(kernels::cpu::DenseOp::Rows, tokens, prefix, None),
+            Form::CpuDense | Form::CpuMxfp8 => {
+                return self.dense_dispatch(kernels::cpu::DenseOp::Rows, tokens, prefix, None);
+            }
+            Form::GraphMxfp8 => return self.mxfp8_values(prefix, Some(tokens)),
             Form::Dense | Form::Bf16Bits | Form::Narrow => return self.widen(f.gather_rows(load("weight")?, tokens)?),
             Form::CpuPacked(p) => return self.kernel_dispatch(kernels::cpu::Op::Rows, tokens, prefix, &p, None),
             Form::CudaPacked(p) => {
@@ -395,6 +411,47 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let gather = |name: &str| f.gather_rows(load(name)?, tokens);
         let rows = self.dequantize(q, gather("scales")?, gather("biases")?, &[t, d / gs, gs])?;
         f.reshape(rows, &[t, d])
+    }
+
+    /// The mxfp8 matrix `prefix` (or its rows `rows`, i32 ids `[T]`) as f32 `[out or T, in]`:
+    /// MLX's values exactly. Each code's magnitude `m * 2^(x - 10)` (x the exponent field, m
+    /// the mantissa with its implicit 8; a subnormal's x counted as 1 and no implicit bit)
+    /// times its group's scale 2^(e - 127) is one power of two times an integer below 16,
+    /// exactly an f32: the layout takes only scales that keep it normal
+    /// (`kernels::cpu::mxfp8_check`), and groups of zeros (any scale) give 0 or -0.
+    fn mxfp8_values(&self, prefix: &str, rows: Option<V<'c, 'b>>) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let load = |name: &str| -> R<V<'c, 'b>> {
+            let v = f.load(self.global(&format!("{prefix}.{name}"))?)?;
+            match rows {
+                Some(ids) => f.gather_rows(v, ids),
+                None => Ok(v),
+            }
+        };
+        let (codes, scales) = (load("weight")?, load("scales")?);
+        let (n, k) = (codes.shape()[0], codes.shape()[1]);
+        let group = kernels::cpu::MXFP8_GROUP as i64;
+        let grouped = [n, k / group, group];
+        let c = f.reshape(f.convert(codes, I32)?, &grouped)?;
+        let int = |v: f64| f.splat(v, &I32.tensor(&grouped));
+        let magnitude = f.and(c, int(127.0)?)?;
+        let field = f.shift_right_arithmetic(magnitude, int(3.0)?)?;
+        let mantissa = f.and(magnitude, int(7.0)?)?;
+        let subnormal = f.compare(field, int(0.0)?, hlo_emit::Cmp::Eq)?;
+        let m = f.select(subnormal, mantissa, f.add(mantissa, int(8.0)?)?)?;
+        let x = f.select(subnormal, int(1.0)?, field)?;
+        // The scale byte as unsigned, beside each of its group's codes.
+        let e = f.and(f.convert(scales, I32)?, f.splat(255.0, &I32.tensor(&[n, k / group]))?)?;
+        let e = f.broadcast_in_dim(e, &grouped, &[0, 1])?;
+        // 2^(x - 10 + e - 127) as an f32's bits, clamped to the normal range (only groups of
+        // zeros reach past it).
+        let exponent = f.add(f.add(x, e)?, int(-137.0)?)?;
+        let exponent = f.min(f.max(exponent, int(-126.0)?)?, int(127.0)?)?;
+        let pow2 = f.bitcast_convert(f.shift_left(f.add(exponent, int(127.0)?)?, int(23.0)?)?, F32)?;
+        let v = f.mul(f.convert(m, F32)?, pow2)?;
+        let negative = f.compare(c, int(0.0)?, hlo_emit::Cmp::Lt)?;
+        let v = f.select(negative, f.neg(v)?, v)?;
+        f.reshape(v, &[n, k])
     }
 
     /// Packed values `q` (integers, any shape of `grouped`'s elements) as f32 `grouped`
