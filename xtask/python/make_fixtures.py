@@ -383,6 +383,7 @@ FIXTURES = [
         "group_size": 64,
         "min_margin": 0.01,
         "seed": 25,
+        "modes": ["mxfp8"],
         "config": {
             "architectures": ["Qwen3MoeForCausalLM"],
             "model_type": "qwen3_moe",

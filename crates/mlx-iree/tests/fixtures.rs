@@ -117,8 +117,8 @@ fixture_tests!(
 );
 
 /// MLX's other formats: the floating-point modes (`mlx_lm.convert --q-mode`),
-/// llama_llama3_tied's mxfp4, nvfp4 and mxfp8 variants and gpt_oss's mxfp4 one (its experts
-/// too); affine 2, 3, 5 and 6 bits; mlx-lm's mixed_3_6 recipe (per-layer widths): dequantized
+/// llama_llama3_tied's mxfp4, nvfp4 and mxfp8 variants, qwen3_moe's mxfp8 one and gpt_oss's
+/// mxfp4 one (their experts too); affine 2, 3, 5 and 6 bits; mlx-lm's mixed_3_6 recipe (per-layer widths): dequantized
 /// exactly at f32, token-exact with mlx-lm.
 mod quant_modes {
     use engine::Precision::F32;
@@ -133,6 +133,7 @@ mod quant_modes {
     #[test]
     fn mxfp8() {
         super::check("llama_llama3_tied", "mxfp8", F32, "expected.json");
+        super::check("qwen3_moe", "mxfp8", F32, "expected.json");
     }
     #[test]
     fn affine_2_3_5_6_bit_and_mixed_3_6() {

@@ -216,14 +216,19 @@ fn packed_holds_every_mlx_format() {
 /// mxfp8 held as stored (one byte a weight), in both its forms: the CPU kernel's product
 /// (`hmv_mxfp8`) and the graph's (codes widened where they are used, the portable form):
 /// MLX's dequantized values multiplied in f32, token-exact with mlx-lm's own trajectories of
-/// llama_llama3_tied's mxfp8 variant.
+/// llama_llama3_tied's mxfp8 variant; and qwen3_moe's, whose stacked experts the graph
+/// widens as a step picks them (its routers affine 8-bit, as mlx-lm keeps them).
 #[test]
 fn packed_mxfp8_matches_mlx_lm_in_both_forms() {
-    let dir = root().join("tests/fixtures/llama_llama3_tied/mxfp8");
-    let refs = references(&dir, "expected.json");
-    for setting in [KernelSetting::Auto, KernelSetting::Off] {
-        let report = check_with(&dir, Precision::Packed, KvElem::F32, setting, &refs);
-        assert!(report.all_exact(), "{setting:?}: packed agreement {:.3}", report.agreement());
+    let runs = [
+        ("llama_llama3_tied", KernelSetting::Auto),
+        ("llama_llama3_tied", KernelSetting::Off),
+        ("qwen3_moe", KernelSetting::Auto),
+    ];
+    for (family, setting) in runs {
+        let dir = root().join("tests/fixtures").join(family).join("mxfp8");
+        let report = check_with(&dir, Precision::Packed, KvElem::F32, setting, &references(&dir, "expected.json"));
+        assert!(report.all_exact(), "{family} {setting:?}: packed agreement {:.3}", report.agreement());
     }
 }
 

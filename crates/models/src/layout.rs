@@ -114,7 +114,8 @@ pub enum Form {
     /// MLX-packed in the graph form, multiplied by the CUDA kernel.
     CudaPacked(Packing),
     /// mxfp8 as stored (FP8 E4M3 codes, an E8M0 scale byte per 32 inputs: no affine copy
-    /// holds them), widened to f32 in the graph where they are used.
+    /// holds them), widened to f32 in the graph where they are used (stacked experts: those
+    /// a step picks).
     GraphMxfp8,
     /// mxfp8 codes and scale bytes in the CPU kernel's 16-row blocks, through its dense
     /// product (`kernels::cpu::DenseElem::Mxfp8`).
@@ -300,7 +301,7 @@ impl Layout {
             let layer = if experts { spec.expert(ckpt, 0)? } else { spec.linear(ckpt)? };
             let Linear::Quantized(q) = layer else { continue };
             if q.mode() == weights::QuantMode::Mxfp8 {
-                self.pack_mxfp8(prefix, experts, &q, ckpt)?;
+                self.pack_mxfp8(&spec, ckpt)?;
                 any = true;
                 continue;
             }
@@ -357,34 +358,41 @@ impl Layout {
         Ok(())
     }
 
-    /// An mxfp8 matrix held as stored ([`Form::GraphMxfp8`]), after checking that its codes
-    /// and scales are ones the products take (`kernels::cpu::mxfp8_check`: every weight zero
-    /// or a normal f32, no NaN), which every real checkpoint's are.
-    fn pack_mxfp8(
-        &mut self,
-        prefix: &str,
-        experts: bool,
-        q: &weights::QuantizedLinear<'_>,
-        ckpt: &Checkpoint,
-    ) -> Result<()> {
-        if experts {
-            return Err(Error::Invalid(format!(
-                "precision `packed` does not hold stacked mxfp8 experts; {prefix} in {} is mxfp8 (use f16 or bf16)",
-                ckpt.dir().display()
-            )));
+    /// An mxfp8 matrix (or a layer's stacked experts) held as stored ([`Form::GraphMxfp8`]),
+    /// after checking that its codes and scales are ones the products take
+    /// (`kernels::cpu::mxfp8_check`: every weight zero or a normal f32, no NaN), which every
+    /// real checkpoint's are; stacked experts expert by expert.
+    fn pack_mxfp8(&mut self, spec: &ParamSpec, ckpt: &Checkpoint) -> Result<()> {
+        let experts = spec.kind == Kind::Experts;
+        for e in 0..if experts { spec.shape[0] } else { 1 } {
+            let layer = if experts { spec.expert(ckpt, e)? } else { spec.linear(ckpt)? };
+            let Linear::Quantized(q) = layer else {
+                return Err(Error::Invalid(format!("{}: expert {e} is not quantized", spec.prefix())));
+            };
+            if q.mode() != weights::QuantMode::Mxfp8 {
+                return Err(Error::Invalid(format!(
+                    "{}: expert {e} is {}, expert 0 mxfp8 (stacked experts are quantized alike)",
+                    spec.prefix(),
+                    q.mode().name()
+                )));
+            }
+            let (scales, inp) = (q.scales(), q.in_features());
+            if scales.dtype() != Dtype::U8 {
+                return Err(Error::Invalid(format!(
+                    "{}: dtype {} (mxfp8's scales are E8M0 bytes, U8)",
+                    scales.name(),
+                    scales.dtype().name()
+                )));
+            }
+            kernels::cpu::mxfp8_check(q.weight().bytes(), scales.bytes(), inp).map_err(|err| {
+                let which = if experts { format!(" (expert {e})") } else { String::new() };
+                Error::Invalid(format!(
+                    "{}{which}: {err}; precision `packed` cannot hold it (use f16 or bf16)",
+                    q.weight().name()
+                ))
+            })?;
         }
-        let (scales, inp) = (q.scales(), q.in_features());
-        if scales.dtype() != Dtype::U8 {
-            return Err(Error::Invalid(format!(
-                "{}: dtype {} (mxfp8's scales are E8M0 bytes, U8)",
-                scales.name(),
-                scales.dtype().name()
-            )));
-        }
-        kernels::cpu::mxfp8_check(q.weight().bytes(), scales.bytes(), inp).map_err(|e| {
-            Error::Invalid(format!("{}: {e}; precision `packed` cannot hold it (use f16 or bf16)", q.weight().name()))
-        })?;
-        self.forms.insert(prefix.to_owned(), Form::GraphMxfp8);
+        self.forms.insert(spec.prefix().to_owned(), Form::GraphMxfp8);
         Ok(())
     }
 
@@ -575,6 +583,13 @@ impl Layout {
                 (_, Form::Bf16Bits) => {
                     out.push(param(spec.key.clone(), spec.shape.clone(), ElementType::I16, Role::Dense))
                 }
+                (Kind::Experts, Form::GraphMxfp8) => {
+                    // The stacked tensors as stored: [E, O, I] codes, [E, O, I / 32] scales.
+                    let (e, o, i) = (spec.shape[0], spec.shape[1], spec.shape[2]);
+                    let groups = i / kernels::cpu::MXFP8_GROUP;
+                    out.push(param(format!("{prefix}.weight"), vec![e, o, i], ElementType::I8, Role::Mxfp8Codes));
+                    out.push(param(format!("{prefix}.scales"), vec![e, o, groups], ElementType::I8, Role::Mxfp8Scales));
+                }
                 (_, Form::GraphMxfp8 | Form::CpuMxfp8) => {
                     let groups = i / kernels::cpu::MXFP8_GROUP;
                     let (codes, scales) = if form == Form::CpuMxfp8 {
@@ -653,6 +668,21 @@ impl Layout {
                     out.extend(blocks.iter().flat_map(|b| b.to_le_bytes()));
                 }
                 Ok(Cow::Owned(out))
+            }
+            Role::Mxfp8Codes | Role::Mxfp8Scales if param.spec.kind == Kind::Experts => {
+                // Stacked experts: the tensors as stored (`pack_mxfp8` checked every expert).
+                let name = if param.role == Role::Mxfp8Codes { "weight" } else { "scales" };
+                let bytes = ckpt.tensor(&format!("{}.{name}", param.spec.prefix()))?.bytes();
+                if bytes.len() != param.bytes() {
+                    return Err(Error::Invalid(format!(
+                        "{}: {} bytes stored, {} expected for {:?}",
+                        param.key,
+                        bytes.len(),
+                        param.bytes(),
+                        param.dims
+                    )));
+                }
+                Ok(Cow::Borrowed(bytes))
             }
             Role::Mxfp8Codes | Role::Mxfp8Scales => {
                 // The stored bytes, or each part's in the kernel's blocks (stacked: whole blocks).

@@ -290,6 +290,16 @@ fn mxfp8_stays_one_byte_a_weight() {
     assert_eq!(graph.load(&ckpt, &params[0]).unwrap()[..], q.weight().bytes()[..]);
     let text = emit_functions(&cfg, &graph, cache, &functions, None).unwrap();
     assert!(!text.contains("mxfp8"), "the graph form dispatches no kernel");
+    // Stacked experts stay as stored in the graph form, beside the kernel's other matrices.
+    let (ckpt, cfg) = open("qwen3_moe", "mxfp8");
+    let layout = Layout::new(&cfg, Precision::Packed, &ckpt, &cpu()).unwrap();
+    let experts = "model.layers.0.mlp.switch_mlp.gate_proj";
+    assert_eq!(layout.form(experts), Some(Form::GraphMxfp8));
+    assert_eq!(layout.form("model.layers.0.self_attn.o_proj"), Some(Form::CpuMxfp8));
+    let params: Vec<_> = layout.device_params(&cfg).into_iter().filter(|p| p.key.starts_with(experts)).collect();
+    assert_eq!(params.iter().map(|p| p.dims.clone()).collect::<Vec<_>>(), [vec![8, 64, 64], vec![8, 64, 2]]);
+    let stored = ckpt.tensor(&format!("{experts}.weight")).unwrap();
+    assert_eq!(layout.load(&ckpt, &params[0]).unwrap()[..], stored.bytes()[..]);
 }
 
 /// Affine 3-bit and 6-bit weights in the CPU kernel's form: MLX's values as stored (3/4 of

@@ -234,8 +234,9 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
 
     /// Stacked expert weights `prefix` as f32 `[N, out, in]`: the experts `chosen` (i32
     /// `[N]`) gathered first, else all of them; widened (dense) or dequantized (packed:
-    /// MLX's values from the low bits of each byte up, `q * scale + bias` per group) after
-    /// the gather, so only the gathered experts are converted.
+    /// MLX's values from the low bits of each byte up, `q * scale + bias` per group; mxfp8's
+    /// codes as `Step::mxfp8_decode` widens them) after the gather, so only the gathered
+    /// experts are converted.
     fn expert_weights(&self, prefix: &str, chosen: Option<V<'c, 'b>>) -> R<V<'c, 'b>> {
         let f = self.f;
         let pick = |name: &str| -> R<V<'c, 'b>> {
@@ -245,6 +246,9 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
                 None => Ok(v),
             }
         };
+        if self.layout.form(prefix) == Some(Form::GraphMxfp8) {
+            return self.mxfp8_decode(pick("weight")?, pick("scales")?);
+        }
         let Some(p) = self.layout.packing(prefix) else {
             return self.widen(pick("weight")?);
         };

@@ -413,12 +413,8 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         f.reshape(rows, &[t, d])
     }
 
-    /// The mxfp8 matrix `prefix` (or its rows `rows`, i32 ids `[T]`) as f32 `[out or T, in]`:
-    /// MLX's values exactly. Each code's magnitude `m * 2^(x - 10)` (x the exponent field, m
-    /// the mantissa with its implicit 8; a subnormal's x counted as 1 and no implicit bit)
-    /// times its group's scale 2^(e - 127) is one power of two times an integer below 16,
-    /// exactly an f32: the layout takes only scales that keep it normal
-    /// (`kernels::cpu::mxfp8_check`), and groups of zeros (any scale) give 0 or -0.
+    /// The mxfp8 matrix `prefix` (or its rows `rows`, i32 ids `[T]`) as f32 `[out or T, in]`
+    /// ([`Step::mxfp8_decode`]).
     fn mxfp8_values(&self, prefix: &str, rows: Option<V<'c, 'b>>) -> R<V<'c, 'b>> {
         let f = self.f;
         let load = |name: &str| -> R<V<'c, 'b>> {
@@ -428,10 +424,21 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
                 None => Ok(v),
             }
         };
-        let (codes, scales) = (load("weight")?, load("scales")?);
-        let (n, k) = (codes.shape()[0], codes.shape()[1]);
+        self.mxfp8_decode(load("weight")?, load("scales")?)
+    }
+
+    /// mxfp8 codes `[..., in]` (i8, E4M3) and their scale bytes `[..., in / 32]` (i8, E8M0)
+    /// as f32 `[..., in]`: MLX's values exactly. Each code's magnitude `m * 2^(x - 10)` (x the
+    /// exponent field, m the mantissa with its implicit 8; a subnormal's x counted as 1 and
+    /// no implicit bit) times its group's scale 2^(e - 127) is one power of two times an
+    /// integer below 16, exactly an f32: the layout takes only scales that keep it normal
+    /// (`kernels::cpu::mxfp8_check`), and groups of zeros (any scale) give 0 or -0.
+    pub(super) fn mxfp8_decode(&self, codes: V<'c, 'b>, scales: V<'c, 'b>) -> R<V<'c, 'b>> {
+        let f = self.f;
+        let shape = codes.shape();
+        let (lead, k) = (&shape[..shape.len() - 1], shape[shape.len() - 1]);
         let group = kernels::cpu::MXFP8_GROUP as i64;
-        let grouped = [n, k / group, group];
+        let grouped: Vec<i64> = lead.iter().copied().chain([k / group, group]).collect();
         let c = f.reshape(f.convert(codes, I32)?, &grouped)?;
         let int = |v: f64| f.splat(v, &I32.tensor(&grouped));
         let magnitude = f.and(c, int(127.0)?)?;
@@ -441,8 +448,10 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let m = f.select(subnormal, mantissa, f.add(mantissa, int(8.0)?)?)?;
         let x = f.select(subnormal, int(1.0)?, field)?;
         // The scale byte as unsigned, beside each of its group's codes.
-        let e = f.and(f.convert(scales, I32)?, f.splat(255.0, &I32.tensor(&[n, k / group]))?)?;
-        let e = f.broadcast_in_dim(e, &grouped, &[0, 1])?;
+        let e = f.convert(scales, I32)?;
+        let e = f.and(e, f.splat_like(e, 255.0)?)?;
+        let dims: Vec<i64> = (0..grouped.len() as i64 - 1).collect();
+        let e = f.broadcast_in_dim(e, &grouped, &dims)?;
         // 2^(x - 10 + e - 127) as an f32's bits, clamped to the normal range (only groups of
         // zeros reach past it).
         let exponent = f.add(f.add(x, e)?, int(-137.0)?)?;
@@ -451,7 +460,7 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
         let v = f.mul(f.convert(m, F32)?, pow2)?;
         let negative = f.compare(c, int(0.0)?, hlo_emit::Cmp::Lt)?;
         let v = f.select(negative, f.neg(v)?, v)?;
-        f.reshape(v, &[n, k])
+        f.reshape(v, &shape)
     }
 
     /// Packed values `q` (integers, any shape of `grouped`'s elements) as f32 `grouped`
