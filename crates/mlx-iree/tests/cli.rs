@@ -439,15 +439,9 @@ fn a_checkpoint_that_disagrees_with_its_config_is_refused_before_compiling() {
 #[test]
 fn packed_refuses_mxfp8_it_cannot_hold() {
     let run = |dir: &tempfile::TempDir, expected: &str| {
-        let cache = tempfile::tempdir().unwrap();
-        let args = ["trajectory", "--model", dir.path().to_str().unwrap(), "--prompt-ids", "1", "--steps", "1"];
-        let out = mlx_iree(&[&args[..], &["--precision", "packed", "--out", "/tmp/x.json"]].concat(), cache.path());
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert_eq!(out.status.code(), Some(2), "{stderr}");
-        assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+        let stderr = refused_in_one_line(dir.path(), "packed");
         assert!(stderr.contains(expected), "{expected}: {stderr}");
         assert!(stderr.contains("precision `packed` cannot hold it (use f16 or bf16)"), "{stderr}");
-        assert!(walk(cache.path()).iter().all(|p| p.extension().is_none_or(|e| e != "vmfb")), "compiled: {stderr}");
     };
     let (weight, scales) = ("model.layers.0.mlp.down_proj.weight", "model.layers.0.mlp.down_proj.scales");
     // Row 0's third code made E4M3's NaN; row 1's second scale made 2^123.
@@ -455,6 +449,19 @@ fn packed_refuses_mxfp8_it_cannot_hold() {
     run(&nan, &format!("{weight}: an E4M3 NaN code (0x7f) at row 0, input 2;"));
     let big = quantized_with("mxfp8", |_| {}, None, Some((scales, 128 / 32 + 1, 250)));
     run(&big, &format!("{weight}: the E8M0 scale byte 250 (2^123) at row 1, inputs 32.. is outside the 10..=246"));
+}
+
+/// A one-step trajectory of `model` at `precision` that must be refused: exit 2, one line,
+/// nothing compiled. Its stderr.
+fn refused_in_one_line(model: &std::path::Path, precision: &str) -> String {
+    let cache = tempfile::tempdir().unwrap();
+    let args = ["trajectory", "--model", model.to_str().unwrap(), "--prompt-ids", "1", "--steps", "1"];
+    let out = mlx_iree(&[&args[..], &["--precision", precision, "--out", "/tmp/x.json"]].concat(), cache.path());
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    assert!(walk(cache.path()).iter().all(|p| p.extension().is_none_or(|e| e != "vmfb")), "compiled: {stderr}");
+    stderr
 }
 
 /// Every file under `dir`.
@@ -684,14 +691,8 @@ fn quantized_with(
 #[test]
 fn malformed_quantization_is_one_line() {
     let run = |dir: &tempfile::TempDir, expected: &[&str]| {
-        let cache = tempfile::tempdir().unwrap();
-        let args = ["trajectory", "--model", dir.path().to_str().unwrap(), "--prompt-ids", "1", "--steps", "1"];
-        let out = mlx_iree(&[&args[..], &["--precision", "f32", "--out", "/tmp/x.json"]].concat(), cache.path());
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert_eq!(out.status.code(), Some(2), "{stderr}");
-        assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+        let stderr = refused_in_one_line(dir.path(), "f32");
         assert!(expected.iter().all(|e| stderr.contains(e)), "{expected:?}: {stderr}");
-        assert!(walk(cache.path()).iter().all(|p| p.extension().is_none_or(|e| e != "vmfb")), "compiled: {stderr}");
     };
     let both = |key: &'static str, value: serde_json::Value| {
         move |c: &mut serde_json::Value| {

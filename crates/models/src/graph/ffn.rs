@@ -239,13 +239,7 @@ impl<'c, 'b> Step<'_, 'c, 'b> {
     /// experts are converted.
     fn expert_weights(&self, prefix: &str, chosen: Option<V<'c, 'b>>) -> R<V<'c, 'b>> {
         let f = self.f;
-        let pick = |name: &str| -> R<V<'c, 'b>> {
-            let v = f.load(self.global(&format!("{prefix}.{name}"))?)?;
-            match chosen {
-                Some(i) => f.gather_rows(v, i),
-                None => Ok(v),
-            }
-        };
+        let pick = |name: &str| self.global_rows(&format!("{prefix}.{name}"), chosen);
         if self.layout.form(prefix) == Some(Form::GraphMxfp8) {
             return self.mxfp8_decode(pick("weight")?, pick("scales")?);
         }

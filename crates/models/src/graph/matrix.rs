@@ -416,15 +416,17 @@ impl<'a, 'c, 'b> Step<'a, 'c, 'b> {
     /// The mxfp8 matrix `prefix` (or its rows `rows`, i32 ids `[T]`) as f32 `[out or T, in]`
     /// ([`Step::mxfp8_decode`]).
     fn mxfp8_values(&self, prefix: &str, rows: Option<V<'c, 'b>>) -> R<V<'c, 'b>> {
-        let f = self.f;
-        let load = |name: &str| -> R<V<'c, 'b>> {
-            let v = f.load(self.global(&format!("{prefix}.{name}"))?)?;
-            match rows {
-                Some(ids) => f.gather_rows(v, ids),
-                None => Ok(v),
-            }
-        };
+        let load = |name: &str| self.global_rows(&format!("{prefix}.{name}"), rows);
         self.mxfp8_decode(load("weight")?, load("scales")?)
+    }
+
+    /// The global `key`, or its rows `rows` (i32 ids) when given.
+    pub(super) fn global_rows(&self, key: &str, rows: Option<V<'c, 'b>>) -> R<V<'c, 'b>> {
+        let v = self.f.load(self.global(key)?)?;
+        match rows {
+            Some(ids) => self.f.gather_rows(v, ids),
+            None => Ok(v),
+        }
     }
 
     /// mxfp8 codes `[..., in]` (i8, E4M3) and their scale bytes `[..., in / 32]` (i8, E8M0)
