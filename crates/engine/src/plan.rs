@@ -38,6 +38,12 @@ pub struct Plan {
     /// Rows per verify call (`Function::Verify`: a decode row and the draft tokens after it,
     /// speculative decoding), `None` without drafts.
     pub verify: Option<usize>,
+    /// Rows of a call that verifies several decoding sequences' drafts at once (a mixed call
+    /// returning every row's logits, `Function::Mixed` with as many outputs as rows): as many
+    /// as a verify call's, so it costs what one sequence's check costs (on a CPU a row of a
+    /// call costs its arithmetic, padding included), the sequences sharing its rows; where
+    /// the plan has mixed calls and drafts ([`Plan::for_layout`]).
+    pub verify_mixed: Option<usize>,
     /// Whether the copies between slots are compiled: several slots, on a target where they
     /// compile (`CompileTarget::copies_between_slots`).
     pub copies: bool,
@@ -121,6 +127,7 @@ impl Plan {
             state_parts: cfg.state_parts(),
             state_in_place: vec![false; cfg.state_parts().len()],
             verify,
+            verify_mixed: None,
             copies: slots > 1 && target.copies_between_slots(),
             scratch: scratch.then_some(config.max_batch),
         })
@@ -135,7 +142,8 @@ impl Plan {
     /// chunks and decode rows) in one call per step, as the kernel tells sequences apart by
     /// slot, where prompts otherwise take a call each (docs/PERFORMANCE.md, "Prompts beside
     /// decode rows"); not for a model with recurrent layers, whose scan takes one sequence's
-    /// rows at a time.
+    /// rows at a time. With drafts, one more mixed call: every sequence's drafts verified
+    /// together ([`Plan::verify_mixed`]).
     pub fn for_layout(mut self, cfg: &ModelConfig, layout: &Layout) -> Plan {
         self.state_in_place = models::graph::state_in_place(cfg, layout);
         if models::graph::attention_in_kernel(cfg, layout) {
@@ -147,6 +155,9 @@ impl Plan {
                 if most > MIXED_ROWS[MIXED_ROWS.len() - 1] {
                     self.mixed.push(most);
                 }
+                // Drafts of several sequences checked in one call (mixed calls exclude the
+                // recurrent layers, the only ones a rejected draft needs a scratch slot for).
+                self.verify_mixed = self.verify;
             }
         }
         self
@@ -163,11 +174,15 @@ impl Plan {
             .flat_map(|&rows| self.decode_windows.iter().map(move |&window| Function::Decode { rows, window }));
         let (outs, window) = (self.cache.slots, self.cache.positions);
         let mixed = self.mixed.iter().map(move |&rows| Function::Mixed { rows, outs, window });
+        let verify_mixed = self.verify_mixed.map(|rows| Function::Mixed { rows, outs: rows, window });
         let verify = self.verify.into_iter().flat_map(|tokens| {
             self.windows.iter().filter(move |w| **w >= tokens).map(move |&window| Function::Verify { tokens, window })
         });
-        let mut writes: Vec<usize> =
-            self.batches.iter().chain(&self.chunks).chain(&self.mixed).chain(&self.verify).copied().collect();
+        let mut writes: Vec<usize> = (self.batches.iter().chain(&self.chunks).chain(&self.mixed))
+            .chain(&self.verify)
+            .chain(&self.verify_mixed)
+            .copied()
+            .collect();
         writes.sort_unstable();
         writes.dedup();
         // A prefill writes one sequence's state, a decode call its rows' (the batch sizes).
@@ -181,6 +196,7 @@ impl Plan {
             .chain(decode)
             .chain(mixed)
             .chain(verify)
+            .chain(verify_mixed)
             .chain(writes.into_iter().map(|rows| Function::WriteKv { rows }))
             .chain(states)
             .chain(copies)
@@ -196,6 +212,13 @@ impl Plan {
     /// Positions one `copy_kv` call copies.
     pub(crate) fn copy_block(&self) -> usize {
         COPY_BLOCK.min(self.cache.positions)
+    }
+
+    /// The call verifying several sequences' drafts at once, for `rows` rows in all: `None`
+    /// without one, or where they are more than it takes.
+    pub(crate) fn verify_mixed(&self, rows: usize) -> Option<Function> {
+        let width = self.verify_mixed.filter(|w| *w >= rows)?;
+        Some(Function::Mixed { rows: width, outs: width, window: self.cache.positions })
     }
 
     /// The mixed call for `rows` rows, if the plan has one that large.
@@ -384,6 +407,18 @@ pub(crate) mod tests {
             // has no use for them.
             let slots = |n: usize| Plan::new(&c, &config(n, Some(300))).unwrap().for_layout(&c, &packed).mixed;
             assert_eq!((slots(48), slots(49), slots(1)), (vec![16, 32, 48, 64], vec![16, 32, 48, 64, 128], vec![]));
+            assert_eq!(kernel.verify_mixed, None, "no drafts, no call verifying several sequences");
+            // With 4 drafts a sequence, one call of a verify call's 5 rows checks several
+            // sequences' drafts, every row's logits out.
+            let drafts = EngineConfig { draft: crate::Draft::Ngram { tokens: 4 }, ..config(4, Some(300)) };
+            let drafting = Plan::new(&c, &drafts).unwrap().for_layout(&c, &packed);
+            let together = Function::Mixed { rows: 5, outs: 5, window: 300 };
+            assert_eq!(drafting.verify_mixed, Some(5));
+            assert!(drafting.functions().contains(&together));
+            assert_eq!(
+                (drafting.verify_mixed(2), drafting.verify_mixed(5), drafting.verify_mixed(6)),
+                (Some(together), Some(together), None)
+            );
             // One attention dispatch per layer per function: a prompt chunk's in whole rows a
             // workgroup (its tiles share the cache's reads), the others' a row's kv heads.
             let mlir = text(&packed, &kernel);

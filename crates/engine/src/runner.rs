@@ -668,6 +668,47 @@ impl Engine {
         Ok(Step::rows(&next, &logits, tokens.len()))
     }
 
+    /// Most rows one [`Engine::verify_many`] call takes in all (0: the plan verifies one
+    /// sequence at a time: no drafts, no mixed calls, or recurrent layers).
+    pub fn verify_many_rows(&self) -> usize {
+        self.plan.verify_mixed.unwrap_or(0)
+    }
+
+    /// [`Engine::verify`] for several sequences in one call: each `(slot, tokens)` entry
+    /// (slots distinct; a decode row and the draft tokens after it, at most
+    /// [`Engine::verify_many_rows`] in all) is
+    /// appended to its slot, and the result is, per entry in order, the step after each of
+    /// its tokens: what [`Engine::verify`] gives the entry alone (each row's attention reads
+    /// its own sequence only). The caller keeps what it accepts with [`Engine::truncate`].
+    pub fn verify_many(&mut self, batch: &[(usize, &[u32])]) -> Result<Vec<Vec<Step>>> {
+        if batch.is_empty() {
+            return Err(Error::NoRows);
+        }
+        self.check_entries(batch.iter().copied())?;
+        let total: usize = batch.iter().map(|(_, tokens)| tokens.len()).sum();
+        let function =
+            self.plan.verify_mixed(total).ok_or(Error::TooManyRows { rows: total, max: self.verify_many_rows() })?;
+        let width = function.rows();
+        let mut rows = Rows::with_capacity(width);
+        for &(slot, tokens) in batch {
+            let start = self.lens[slot];
+            for (i, &token) in tokens.iter().enumerate() {
+                rows.push(token, start + i, slot);
+            }
+        }
+        // Padding rows repeat the last row (the same bits, the same bytes to the same place);
+        // every real row's logits come back.
+        rows.pad(width, total - 1);
+        let mut outs: Vec<usize> = (0..total).collect();
+        outs.resize(width, 0);
+        let (next, logits) = self.call(function, &rows, Reads::Mixed { outs })?;
+        for &(slot, tokens) in batch {
+            self.lens[slot] += tokens.len();
+        }
+        let mut steps = Step::rows(&next, &logits, total).into_iter();
+        Ok(batch.iter().map(|(_, tokens)| steps.by_ref().take(tokens.len()).collect()).collect())
+    }
+
     /// Feeds one token to `slot`.
     pub fn decode_one(&mut self, slot: usize, token: u32) -> Result<Step> {
         Ok(self.decode(&[(slot, token)])?.remove(0))

@@ -15,8 +15,9 @@
 //! prompt rows by prefill and answer rows by decode, so a reused prefix may differ from a
 //! fresh prefill of it by float rounding only.
 //!
-//! Speculative decoding ([`EngineConfig::draft`]): where one sequence decodes alone, its
-//! next row goes to the model with draft tokens, all in one call ([`Engine::verify`]): those
+//! Speculative decoding ([`EngineConfig::draft`]): a decoding sequence's next row goes to
+//! the model with draft tokens, all in one call ([`Engine::verify`]; every sequence's rows in
+//! one call where the engine verifies several, [`Engine::verify_many`]): those
 //! that followed the latest earlier occurrence of its last few tokens ([`ngram_draft`],
 //! prompt lookup), or a draft model's greedy next tokens (`Draft::Model`, an engine of one
 //! slot on this thread that keeps the sequence's start between drafts). The request's own chooser then picks from each row's logits in
@@ -969,8 +970,10 @@ impl Loop {
         }
     }
 
-    /// One decode step for every sequence past its prompt (a verify call instead, where one
-    /// sequence decodes alone and has draft tokens).
+    /// One decode step for every sequence past its prompt; a verify call instead where they
+    /// have draft tokens: one sequence's where it decodes alone ([`Loop::speculate`]), every
+    /// sequence's at once where the engine verifies several in one call
+    /// ([`Loop::speculate_many`]; prompt-lookup drafts: a draft model holds one sequence).
     fn decode(&mut self) {
         let rows: Vec<(usize, u32)> = self.running.iter().filter_map(|r| Some((r.slot, r.input?))).collect();
         if rows.is_empty() {
@@ -979,6 +982,9 @@ impl Loop {
         if let [(slot, input)] = rows[..]
             && self.speculate(slot, input)
         {
+            return;
+        }
+        if rows.len() > 1 && self.drafter.is_none() && self.speculate_many(&rows) {
             return;
         }
         for r in self.running.iter_mut().filter(|r| r.input.is_some()) {
@@ -1003,51 +1009,119 @@ impl Loop {
         }
     }
 
-    /// One verify call for the sequence in `slot`, whose next row is `input`, with the draft
-    /// tokens of its history ([`ngram_draft`]); false (nothing done) where it has none or
-    /// its slot has no room for them.
-    fn speculate(&mut self, slot: usize, input: u32) -> bool {
-        let Some(i) = self.running.iter().position(|r| r.slot == slot) else { return false };
+    /// At most `most` draft tokens for the sequence in `slot` this step ([`ngram_draft`], or
+    /// the draft model's): none while it backs off after rejected drafts, where its slot has
+    /// no room for a verify call, or where the request may generate no more after the next
+    /// token.
+    fn draft_for(&mut self, slot: usize, most: usize) -> Vec<u32> {
+        let Some(i) = self.running.iter().position(|r| r.slot == slot) else { return Vec::new() };
         if self.running[i].draft_pause > 0 {
             self.running[i].draft_pause -= 1;
-            return false;
+            return Vec::new();
         }
         let room = self.engine.verify_rows(slot);
         let r = &self.running[i];
         // Never draft past what the request may still generate.
         let left = r.pending.request.max_tokens.saturating_sub(r.generated + 1);
-        let want = self.draft_tokens.min(room.saturating_sub(1)).min(left);
+        let want = most.min(room.saturating_sub(1)).min(left);
         if want == 0 {
-            return false;
+            return Vec::new();
         }
         let history: Vec<u32> = r.pending.request.prompt.iter().chain(&r.chosen).copied().collect();
-        let draft = match &mut self.drafter {
+        match &mut self.drafter {
             None => ngram_draft(&history, want),
             Some(drafter) => drafter.propose(&history, want).unwrap_or_else(|e| {
                 tracing::warn!("the draft model failed, decoding without drafts this step: {e}");
                 Vec::new()
             }),
-        };
+        }
+    }
+
+    /// One verify call for the sequence in `slot`, whose next row is `input`, with its draft
+    /// tokens ([`Loop::draft_for`]); false (nothing done) where it has none.
+    fn speculate(&mut self, slot: usize, input: u32) -> bool {
+        let draft = self.draft_for(slot, self.draft_tokens);
         if draft.is_empty() {
             return false;
         }
         let start = self.engine.position(slot);
-        let mut fed = Vec::with_capacity(draft.len() + 1);
-        fed.push(input);
-        fed.extend(&draft);
+        let fed: Vec<u32> = std::iter::once(input).chain(draft.iter().copied()).collect();
         let started = Instant::now();
         let result = self.engine.verify(slot, &fed);
         self.stats.steps.observe(started.elapsed().as_secs_f64());
-        let steps = match result {
-            Ok(steps) => steps,
+        match result {
+            Ok(steps) => {
+                self.stats.verify_calls.fetch_add(1, Ordering::Relaxed);
+                self.accept(slot, start, &draft, &steps);
+            }
             Err(e) => {
                 tracing::error!("verify call of {} rows failed: {e}", fed.len());
                 self.fail([slot], fed.len(), &e);
+            }
+        }
+        true
+    }
+
+    /// One call for every decoding sequence (`rows`: slot and next row), each with its draft
+    /// tokens where it has some ([`Engine::verify_many`]); false (nothing done) where the
+    /// engine has no such call, its rows leave no room for drafts beside every sequence's
+    /// row, or no sequence has drafts. The call has a verify call's rows, so it costs what
+    /// one sequence's check does; the rows past the sequences' own are shared out evenly,
+    /// the first sequences taking what does not divide.
+    fn speculate_many(&mut self, rows: &[(usize, u32)]) -> bool {
+        let spare = self.engine.verify_many_rows().saturating_sub(rows.len());
+        if spare == 0 {
+            return false;
+        }
+        let n = rows.len();
+        let drafts: Vec<Vec<u32>> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, &(slot, _))| {
+                self.draft_for(slot, (spare / n + usize::from(i < spare % n)).min(self.draft_tokens))
+            })
+            .collect();
+        if drafts.iter().all(Vec::is_empty) {
+            return false;
+        }
+        let starts: Vec<usize> = rows.iter().map(|&(slot, _)| self.engine.position(slot)).collect();
+        let fed: Vec<Vec<u32>> = rows
+            .iter()
+            .zip(&drafts)
+            .map(|(&(_, input), draft)| std::iter::once(input).chain(draft.iter().copied()).collect())
+            .collect();
+        let batch: Vec<(usize, &[u32])> = rows.iter().zip(&fed).map(|(&(slot, _), f)| (slot, f.as_slice())).collect();
+        let started = Instant::now();
+        let result = self.engine.verify_many(&batch);
+        self.stats.steps.observe(started.elapsed().as_secs_f64());
+        let all = match result {
+            Ok(all) => all,
+            Err(e) => {
+                let n = fed.iter().map(Vec::len).sum();
+                tracing::error!("verify call of {} sequences ({n} rows) failed: {e}", rows.len());
+                self.fail(rows.iter().map(|(slot, _)| *slot), n, &e);
                 return true;
             }
         };
-        // The request's picks from each row in turn, up to the first that is not the draft's
-        // next token (or that ends the sequence).
+        self.stats.verify_calls.fetch_add(1, Ordering::Relaxed);
+        for (((slot, _), draft), (start, steps)) in rows.iter().zip(&drafts).zip(starts.into_iter().zip(all)) {
+            if !draft.is_empty() {
+                self.accept(*slot, start, draft, &steps);
+            } else if let Some(i) = self.running.iter().position(|r| r.slot == *slot) {
+                // No drafts: its one row is a plain decode step.
+                self.running[i].decode_calls += 1;
+                self.advance(i, &steps[0]);
+            }
+        }
+        true
+    }
+
+    /// What a verify call of the sequence in `slot` gives (`steps`: one per row fed at
+    /// `start`, its next row then `draft`): the request's pick from each row in turn, up to
+    /// the first that is not the draft's next token (or that ends the sequence), emitted; the
+    /// slot cut back to the rows those picks keep.
+    fn accept(&mut self, slot: usize, start: usize, draft: &[u32], steps: &[Step]) {
+        let Some(i) = self.running.iter().position(|r| r.slot == slot) else { return };
         let r = &mut self.running[i];
         let limit = r.pending.request.vocab_limit.unwrap_or(usize::MAX);
         let mut picks = Vec::with_capacity(steps.len());
@@ -1057,7 +1131,7 @@ impl Loop {
                 // The sequence ends here, failed: `end` resets its slot.
                 Err(e) if picks.is_empty() => {
                     self.end(i, Err(e));
-                    return true;
+                    return;
                 }
                 // The picks so far go out; the next step meets the error again.
                 Err(_) => break,
@@ -1077,20 +1151,18 @@ impl Loop {
         r.decode_calls += 1;
         r.drafted += draft.len();
         r.accepted += accepted;
-        self.stats.verify_calls.fetch_add(1, Ordering::Relaxed);
         self.stats.drafted.fetch_add(draft.len() as u64, Ordering::Relaxed);
         self.stats.accepted.fetch_add(accepted as u64, Ordering::Relaxed);
         // The slot keeps the row fed and the accepted drafts; the last pick is the next row.
         if let Err(e) = self.engine.truncate(slot, start + 1 + accepted) {
             tracing::error!("going back to the {accepted} accepted drafts of slot {slot} failed: {e}");
-            self.fail([slot], fed.len(), &e);
-            return true;
+            self.fail([slot], 1 + draft.len(), &e);
+            return;
         }
         for (j, token) in picks.into_iter().enumerate() {
             let Some(i) = self.running.iter().position(|r| r.slot == slot) else { break };
             self.emit(i, token, start + 1 + j);
         }
-        true
     }
 
     /// Ends the sequences in `slots` (those still running) with the failure `e` of a call of

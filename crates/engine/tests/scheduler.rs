@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
 use engine::gate::{self, Reference};
-use engine::scheduler::{Event, FinishReason, Request, Sampling, Scheduler};
+use engine::scheduler::{Event, FinishReason, Generation, Request, Sampling, Scheduler};
 use engine::{Draft, Engine, EngineConfig, Error, Precision};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -287,6 +287,36 @@ fn drafts_change_no_token(dir: &Path) {
         rejected += done.drafted - done.accepted;
     }
     assert!(rejected > 0, "no draft token was rejected at temperature 3");
+}
+
+/// Two sequences decoding at once have their drafts checked together, both sequences' rows in
+/// one call of a verify call's rows (where the engine has mixed calls: packed, attention in
+/// the CPU kernel): a prompt that restarts the trained cycle (drafted and accepted) beside
+/// one of mlx-lm's (whose answer repeats little) each get what plain decoding gives them.
+#[test]
+fn drafts_of_concurrent_sequences_are_checked_together() {
+    if kernels::cpu::host_isa().is_none() {
+        return;
+    }
+    let dir = packed_fixture();
+    let cycle = cycle_of(&dir);
+    let prompt: Vec<u32> = cycle[..40].iter().chain(&cycle[..6]).copied().collect();
+    let (scheduler, _turn) = start_on(&dir, Precision::Packed);
+    let cases = cases_of(&dir);
+    let mut runs: Vec<(Vec<u32>, Generation)> = Vec::new();
+    runs.push((cycle[6..6 + STEPS].to_vec(), scheduler.submit(Request::greedy(prompt, STEPS)).unwrap()));
+    let c = &cases[0];
+    runs.push((c.token_ids.clone(), scheduler.submit(Request::greedy(c.prompt_ids.clone(), STEPS)).unwrap()));
+    for (i, (want, generation)) in runs.into_iter().enumerate() {
+        let (tokens, done) = generation.collect_blocking().unwrap();
+        assert_eq!(tokens, want, "request {i}");
+        // Every call after the first token gave one token plus its accepted drafts.
+        assert_eq!(done.decode_calls + done.accepted, STEPS - 1, "request {i}: {done:?}");
+        if i == 0 {
+            assert!(done.accepted > 0, "no draft accepted beside the other sequence: {done:?}");
+        }
+    }
+    assert!(scheduler.stats().verify_calls() > 0);
 }
 
 /// A draft model: the trained model's 4-bit twin agrees with it, so most drafts are

@@ -152,6 +152,33 @@ fn drafts_give_mlx_lms_tokens(engine: &mut Engine, dir: &Path, what: &str) {
         out.push(engine.decode_one(slot, out[out.len() - 1]).unwrap().next);
     }
     assert_eq!(out, t[DRAFT + 2..DRAFT + 2 + STEPS], "{what}: decoding on after the accepted rows");
+
+    // Several sequences' rows in one call of a verify call's rows, where the engine has mixed
+    // calls (attention in the CPU kernel, no recurrent layers): right drafts, wrong drafts
+    // and a lone decode row side by side give what each gives alone.
+    if engine.step_rows() == 0 || engine.has_state() {
+        assert_eq!(engine.verify_many_rows(), 0, "{what}");
+        return;
+    }
+    assert_eq!(engine.verify_many_rows(), DRAFT + 1, "{what}");
+    let [a, b, c] = [2, 3, 4];
+    for s in [a, b, c] {
+        engine.reset(s);
+        assert_eq!(engine.prefill(s, prompt).unwrap().next, t[0], "{what}: prefill");
+    }
+    let wrong = [t[0], (t[1] + 1 + t[1] % 7) % vocab];
+    let all = engine.verify_many(&[(a, &right[..2]), (b, &wrong), (c, &[t[0]])]).unwrap();
+    let next = |steps: &[engine::Step]| -> Vec<u32> { steps.iter().map(|s| s.next).collect() };
+    assert_eq!(next(&all[0]), t[1..3], "{what}: right drafts beside others");
+    assert_eq!((all[1].len(), all[1][0].next), (2, t[1]), "{what}: wrong drafts beside others");
+    assert_eq!(next(&all[2]), t[1..2], "{what}: a lone decode row beside drafts");
+    // The wrong drafts' slot keeps its first row and goes on as mlx-lm's.
+    engine.truncate(b, prompt.len() + 1).unwrap();
+    let mut out = vec![t[1]];
+    while out.len() < STEPS {
+        out.push(engine.decode_one(b, out[out.len() - 1]).unwrap().next);
+    }
+    assert_eq!(out, t[1..=STEPS], "{what}: decoding on after drafts rejected beside others");
 }
 
 /// The prefix cache's use of a slot (crates/engine's scheduler): after a sequence of
