@@ -100,7 +100,10 @@ usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
                    (--max-context default 256); with --peers also llama.cpp's llama-server
                    (-np STREAMS, the same context per slot, GGUF f16 or Q4_0/Q8_0 as
                    paired above) driven by the same client, with our ratio against it
-  --streams LIST   concurrent streams for --serve (default 1,8,16)
+  --streams LIST   concurrent streams for --serve (default 1,8,16); with --draft, that many
+                   concurrent rewrite requests to `mlx-iree serve` without and with
+                   `--draft ngram` instead of `generate` (aggregate tok/s, their ratio,
+                   verify calls)
   --json-streams K with --serve, also a row per stream count N >= K where K of the N
                    streams are chat requests constrained to a JSON schema
   --turns T        with --serve, also per stream count N: N conversations of T turns behind
@@ -185,8 +188,10 @@ pub struct Options {
     pub peers: bool,
     /// Measure `mlx-iree serve` under load instead (`serve_bench.rs`).
     pub serve: bool,
-    /// Concurrent streams per `--serve` row.
+    /// Concurrent streams per `--serve` row (and per `--draft` row where given).
     pub streams: Vec<usize>,
+    /// Whether `--streams` was given (`--draft` measures through the server then).
+    pub streams_given: bool,
     /// Streams constrained to a JSON schema in a second `--serve` row per stream count (0:
     /// no such row).
     pub json_streams: usize,
@@ -226,6 +231,7 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
         peers: false,
         serve: false,
         streams: vec![1, 8, 16],
+        streams_given: false,
         json_streams: 0,
         turns: 0,
         draft: false,
@@ -265,7 +271,10 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
             "--peers" => o.peers = true,
             "--serve" => o.serve = true,
             "--draft" => o.draft = true,
-            "--streams" => o.streams = list(flag, value()?)?,
+            "--streams" => {
+                o.streams = list(flag, value()?)?;
+                o.streams_given = true;
+            }
             "--turns" => {
                 o.turns = value()?.parse().map_err(|_| anyhow::anyhow!("bench: `--turns` needs a whole number"))?
             }
@@ -565,15 +574,34 @@ fn finish(rows: usize, failed: impl Iterator<Item = String>, started: Instant) -
 
 /// `--draft`: every case without and with drafts; one table (or JSON lines).
 fn drafts(bin: &Path, cases: &[Case], opts: &Options, started: Instant) -> Result<()> {
-    let mut rows = Vec::new();
+    let (mut rows, mut served) = (Vec::new(), Vec::new());
     for (i, case) in cases.iter().enumerate() {
         let case = Case { steps: opts.steps.unwrap_or(crate::draft_bench::DEFAULT_STEPS), ..case.clone() };
         note(format!("{}/{}: drafts on {} at {}", i + 1, cases.len(), display_name(&case.model), case.precision));
+        if opts.streams_given {
+            for row in crate::draft_bench::measure_streams(bin, &case, opts)? {
+                if opts.json {
+                    println!("{}", crate::draft_bench::streams_json_line(&row, &opts.device));
+                }
+                served.push(row);
+            }
+            continue;
+        }
         let row = crate::draft_bench::measure(bin, &case, opts)?;
         if opts.json {
             println!("{}", crate::draft_bench::json_line(&row, &opts.device));
         }
         rows.push(row);
+    }
+    if opts.streams_given {
+        if !opts.json {
+            print!("{}", crate::draft_bench::streams_table(&served));
+        }
+        let failed = served.iter().filter_map(|r| {
+            let what = format!("{} {} {} streams", display_name(&r.case.model), r.case.precision, r.streams);
+            r.result.as_ref().err().map(|e| format!("{what}: {e}"))
+        });
+        return finish(served.len(), failed, started);
     }
     if !opts.json {
         print!("{}", crate::draft_bench::table(&rows));
@@ -1714,12 +1742,14 @@ mod tests {
     fn draft_takes_only_what_it_measures() {
         let o =
             parse_args(&args(&["--draft", "--model", "smollm2", "--precision", "packed", "--steps", "64"])).unwrap();
-        assert!(o.draft && !o.serve);
+        assert!(o.draft && !o.serve && !o.streams_given, "generate, one sequence");
+        let o = parse_args(&args(&["--draft", "--streams", "1,2,4"])).unwrap();
+        assert!(o.draft && o.streams_given && o.streams == [1, 2, 4], "through the server");
         let err = |a: &[&str]| parse_args(&args(a)).unwrap_err().to_string();
         for bad in [&["--draft", "--serve"][..], &["--draft", "--batch", "4"], &["--draft", "--peers"]] {
             assert_eq!(
                 err(bad),
-                "bench: `--draft` takes --model, --precision, --device, --steps, --repeats, --max-context and --json only",
+                "bench: `--draft` takes --model, --precision, --device, --steps, --repeats, --max-context, --streams and --json only",
                 "{bad:?}"
             );
         }
@@ -1741,7 +1771,7 @@ mod tests {
         let dir = |v: &str| PathBuf::from(format!("/m/llama-1b-random-{v}"));
         assert_eq!(dirs, vec![dir("mxfp4"), dir("4bit"), dir("3bit"), dir("f16")]);
         let err = parse_args(&args(&["--formats", "4bit,5bit"])).unwrap_err().to_string();
-        assert_eq!(err, "bench: `--formats` takes 4bit, 8bit, 3bit, 6bit, mxfp4 (got `4bit,5bit`)");
+        assert_eq!(err, "bench: `--formats` takes 4bit, 8bit, 3bit, 6bit, mxfp4, mxfp8 (got `4bit,5bit`)");
     }
 
     #[test]

@@ -5,7 +5,10 @@
 //! (this machine's speed drifts over minutes: the two sides of a ratio stay in the same
 //! minutes). Reported: the medians of decode tok/s from generate's summary lines, their
 //! ratio, the draft tokens accepted and the tokens per model call; the two answers must be
-//! the same text (a row whose answers differ fails).
+//! the same text (a row whose answers differ fails). With `--streams LIST`, the same task
+//! through `mlx-iree serve` instead ([`measure_streams`]): per stream count N, N concurrent
+//! requests to a server without and then one with drafts (several sequences' drafts are
+//! checked together in one call), aggregate tok/s and their ratio.
 
 use crate::bench::{Case, Options, error_note};
 use crate::util;
@@ -189,11 +192,158 @@ pub fn table(rows: &[Row]) -> String {
     out
 }
 
+/// One `--draft --streams` row: a stream count's aggregate tok/s without and with drafts
+/// (the medians of the rounds) and the verify calls of the drafting server's last round, or
+/// why it failed.
+#[derive(Debug, Clone)]
+pub struct StreamsRow {
+    pub case: Case,
+    pub streams: usize,
+    pub result: std::result::Result<(f64, f64, u64), String>,
+}
+
+/// What `serve_rewrite.py` prints.
+#[derive(Debug, Clone, serde::Deserialize)]
+struct Load {
+    tok_s: f64,
+    answers: String,
+}
+
+/// `--draft --streams`: per round (`--repeats`), one `mlx-iree serve` without drafts and
+/// then one with `--draft ngram` (slots: the most streams), each sent, per stream count N,
+/// N concurrent rewrite requests (`serve_rewrite.py`); a row per stream count. The answers
+/// of every round and server must be the same (greedy).
+pub fn measure_streams(bin: &Path, case: &Case, o: &Options) -> Result<Vec<StreamsRow>> {
+    let slots = o.streams.iter().copied().max().unwrap_or(1);
+    // Per stream count: plain and drafted tok/s of each round, the answers, the verify calls.
+    let n = o.streams.len();
+    let (mut plain, mut drafted) = (vec![Vec::new(); n], vec![Vec::new(); n]);
+    let mut answers: Vec<Option<String>> = vec![None; n];
+    let mut verify_calls = vec![0u64; n];
+    let mut errors: Vec<Option<String>> = vec![None; n];
+    let max_context = o.max_context.unwrap_or(1024);
+    let o = Options { max_context: Some(max_context), ..o.clone() };
+    let draft_args = ["--draft", "ngram", "--draft-tokens", &DRAFT_TOKENS.to_string()].map(str::to_owned);
+    for _ in 0..o.repeats {
+        for draft in [false, true] {
+            let extra: Vec<&str> = if draft { draft_args.iter().map(String::as_str).collect() } else { Vec::new() };
+            let (server, addr) = crate::serve_bench::start_with(bin, case, &o, slots, true, &extra)?;
+            for (i, &streams) in o.streams.iter().enumerate() {
+                let before = verify_count(&addr);
+                match rewrite(&addr, streams, case.steps) {
+                    Ok(load) => {
+                        if answers[i].get_or_insert_with(|| load.answers.clone()) != &load.answers {
+                            errors[i] = Some("greedy answers differ between runs (with and without drafts)".into());
+                        }
+                        if draft {
+                            drafted[i].push(load.tok_s);
+                            verify_calls[i] = verify_count(&addr).saturating_sub(before);
+                        } else {
+                            plain[i].push(load.tok_s);
+                        }
+                    }
+                    Err(e) => errors[i] = Some(format!("{e:#}")),
+                }
+            }
+            drop(server);
+        }
+    }
+    Ok((0..n)
+        .map(|i| StreamsRow {
+            case: case.clone(),
+            streams: o.streams[i],
+            result: match errors[i].take() {
+                Some(e) => Err(e),
+                None => Ok((median(plain[i].clone()), median(drafted[i].clone()), verify_calls[i])),
+            },
+        })
+        .collect())
+}
+
+/// `serve_rewrite.py` against the server at `addr`: `streams` concurrent rewrite requests.
+fn rewrite(addr: &str, streams: usize, max_tokens: usize) -> Result<Load> {
+    let venv = util::target_dir().join("client-venv");
+    let prompt = util::root().join("xtask/testdata/rewrite_prompt.txt");
+    let mut client = crate::fixtures::python(&venv, "serve_rewrite.py");
+    let out = util::dies_with_parent(&mut client)
+        .args([format!("http://{addr}/v1"), "bench".into(), streams.to_string(), max_tokens.to_string()])
+        .arg(&prompt)
+        .stderr(std::process::Stdio::inherit())
+        .output()?;
+    if !out.status.success() {
+        bail!("serve_rewrite.py against http://{addr} failed");
+    }
+    serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("serve_rewrite.py printed {:?}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The server's verify calls so far (`/metrics`), 0 where it does not say.
+fn verify_count(addr: &str) -> u64 {
+    crate::serve_bench::http_body(addr, "/metrics").map_or(0, |body| parse_verify_calls(&body))
+}
+
+/// `mlx_iree_verify_calls_total` of a metrics page, 0 where it is not there.
+pub fn parse_verify_calls(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("mlx_iree_verify_calls_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// One JSON object per `--draft --streams` row.
+pub fn streams_json_line(row: &StreamsRow, device: &str) -> String {
+    let mut v = serde_json::json!({
+        "engine": "mlx-iree",
+        "mode": "draft-serve",
+        "model": row.case.model.file_name().map(|n| n.to_string_lossy().into_owned()),
+        "precision": row.case.precision,
+        "device": device,
+        "draft": "ngram",
+        "draft_tokens": DRAFT_TOKENS,
+        "max_tokens": row.case.steps,
+        "streams": row.streams,
+    });
+    match &row.result {
+        Ok((plain, draft, calls)) => {
+            v["plain_tok_s"] = (*plain).into();
+            v["draft_tok_s"] = (*draft).into();
+            v["ratio"] = (draft / plain).into();
+            v["verify_calls"] = (*calls).into();
+        }
+        Err(e) => v["error"] = e.clone().into(),
+    }
+    v.to_string()
+}
+
+/// The human table of `--draft --streams`.
+pub fn streams_table(rows: &[StreamsRow]) -> String {
+    let mut out = String::from(
+        "model                              precision  streams  plain tok/s  draft tok/s  ratio  verify calls\n",
+    );
+    for r in rows {
+        let name = r.case.model.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        match &r.result {
+            Ok((plain, draft, calls)) => out.push_str(&format!(
+                "{name:<34} {:<10} {:>7}  {plain:>11.1}  {draft:>11.1}  {:>4.2}x  {calls:>12}\n",
+                r.case.precision,
+                r.streams,
+                draft / plain
+            )),
+            Err(e) => out.push_str(&format!("{name:<34} {:<10} {:>7}  failed: {e}\n", r.case.precision, r.streams)),
+        }
+    }
+    out.push_str(&format!(
+        "(greedy; `mlx-iree serve`, STREAMS concurrent chat requests rewriting xtask/testdata/rewrite_prompt.txt, aggregate tok/s from the first request to the last answer, prompts included; draft = --draft ngram --draft-tokens {DRAFT_TOKENS}; medians of the rounds)\n"
+    ));
+    out
+}
+
 /// Refuses what `--draft` cannot measure.
 pub fn check(o: &Options) -> Result<()> {
     if o.serve || o.peers || o.batch != [1] || !o.context.is_empty() || !o.kv_cache.is_empty() {
         bail!(
-            "bench: `--draft` takes --model, --precision, --device, --steps, --repeats, --max-context and --json only"
+            "bench: `--draft` takes --model, --precision, --device, --steps, --repeats, --max-context, --streams and --json only"
         );
     }
     Ok(())
@@ -214,6 +364,38 @@ mod tests {
         );
         assert!(parse_summary("mlx-iree: error: no such model").is_err());
         assert!(parse_summary("prompt tokens: 3, generated tokens: x, decode: 1 tok/s").is_err());
+    }
+
+    #[test]
+    fn verify_calls_come_from_the_metrics_page() {
+        let page = "# HELP mlx_iree_verify_calls_total Calls that checked draft tokens.\n# TYPE mlx_iree_verify_calls_total counter\nmlx_iree_verify_calls_total 322\nmlx_iree_draft_tokens_total 900\n";
+        assert_eq!(parse_verify_calls(page), 322);
+        assert_eq!(parse_verify_calls("mlx_iree_requests_total 3\n"), 0);
+    }
+
+    #[test]
+    fn the_streams_table_gives_each_count_its_ratio() {
+        let case = Case {
+            family: "llama".into(),
+            model: "/m/smollm2-135m-instruct-4bit".into(),
+            precision: "packed",
+            steps: 256,
+            kv_cache: None,
+            activations: None,
+        };
+        let rows = [
+            StreamsRow { case: case.clone(), streams: 2, result: Ok((150.0, 225.0, 40)) },
+            StreamsRow { case, streams: 4, result: Err("greedy answers differ".into()) },
+        ];
+        let table = streams_table(&rows);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[1].starts_with("smollm2-135m-instruct-4bit") && lines[1].contains("1.50x"), "{table}");
+        assert!(lines[1].split_whitespace().any(|w| w == "40") && lines[2].contains("failed: greedy answers differ"));
+        let json: serde_json::Value = serde_json::from_str(&streams_json_line(&rows[0], "local-task")).unwrap();
+        assert_eq!(
+            (json["mode"].as_str(), json["streams"].as_u64(), json["ratio"].as_f64()),
+            (Some("draft-serve"), Some(2), Some(1.5))
+        );
     }
 
     #[test]

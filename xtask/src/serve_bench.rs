@@ -90,7 +90,7 @@ pub struct ServeRow {
 
 /// A running server, stopped (SIGTERM, then reaped) when dropped; started through
 /// `util::dies_with_parent`, so it also dies when xtask is killed and drops nothing.
-struct Served(Child);
+pub(crate) struct Served(Child);
 
 impl Drop for Served {
     fn drop(&mut self) {
@@ -108,6 +108,18 @@ fn context(o: &Options) -> usize {
 }
 
 fn start(bin: &Path, case: &Case, o: &Options, slots: usize, prefix_cache: bool) -> Result<(Served, String)> {
+    start_with(bin, case, o, slots, prefix_cache, &[])
+}
+
+/// [`start`] with `extra` arguments to `mlx-iree serve` (`--draft ngram`).
+pub(crate) fn start_with(
+    bin: &Path,
+    case: &Case,
+    o: &Options,
+    slots: usize,
+    prefix_cache: bool,
+    extra: &[&str],
+) -> Result<(Served, String)> {
     let context = context(o).to_string();
     let mut cmd = Command::new(bin);
     cmd.args(["serve", "--port", "0", "--model-id", "bench", "--device", &o.device])
@@ -122,6 +134,7 @@ fn start(bin: &Path, case: &Case, o: &Options, slots: usize, prefix_cache: bool)
     if !prefix_cache {
         cmd.arg("--no-prefix-cache");
     }
+    cmd.args(extra);
     let mut child = util::dies_with_parent(&mut cmd).spawn().with_context(|| format!("starting {}", bin.display()))?;
     let stderr = child.stderr.take().context("no stderr pipe")?;
     let served = Served(child);
@@ -256,6 +269,17 @@ pub fn llama_server_command(bin: &Path, gguf: &Path, slots: usize, context: usiz
 fn free_port() -> Result<u16> {
     let l = TcpListener::bind("127.0.0.1:0").context("binding a loopback port")?;
     Ok(l.local_addr()?.port())
+}
+
+/// The body of `GET path` on `addr` (read to the connection's end), or None when nothing
+/// answered.
+pub(crate) fn http_body(addr: &str, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut all = String::new();
+    s.read_to_string(&mut all).ok()?;
+    all.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
 }
 
 /// The status code of `GET path` on `addr`, or None when nothing answered.
