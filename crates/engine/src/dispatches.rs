@@ -120,7 +120,7 @@ mod tests {
     fn counts_dispatches_of_a_fixture_decode_graph() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen2/f32");
         let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
-        let cache = models::CacheShape { slots: 2, positions: 64, elem: models::KvElem::F32 };
+        let cache = models::CacheShape { slots: 2, positions: 64, elem: models::KvElem::F32, scratch: false };
         let functions =
             [models::Function::Prefill { tokens: 16, window: 64 }, models::Function::Decode { rows: 2, window: 64 }];
         let mlir = models::emit_functions(&cfg, &models::Layout::dense(&cfg, Precision::F32), cache, &functions, None)

@@ -47,9 +47,10 @@ pub struct Plan {
     /// Whether the copies between slots are compiled: several slots, on a target where they
     /// compile (`CompileTarget::copies_between_slots`).
     pub copies: bool,
-    /// A model with recurrent layers and drafts: the slot past the sequences' (the cache's
-    /// last) that holds a copy of a sequence's state from before its verify call, which
-    /// `Engine::truncate` restores when drafts are rejected. Never a sequence's.
+    /// A model with recurrent layers and drafts: the state past the sequences' (the state
+    /// buffers' last, `CacheShape::scratch`; the KV cache has no row for it) that holds a
+    /// copy of a sequence's state from before its verify call, which `Engine::truncate`
+    /// restores when drafts are rejected. Never a sequence's.
     pub scratch: Option<usize>,
 }
 
@@ -81,12 +82,12 @@ impl Plan {
             tokens => Some(tokens + 1),
         };
         // Drafts on a model with recurrent layers: its state before each verify call is kept in
-        // a scratch slot (copies between slots, which only some targets compile).
+        // a scratch state (copies between slots, which only some targets compile).
         let scratch = verify.is_some() && cfg.state_len() > 0;
         if scratch && !target.copies_between_slots() {
             return Err(Error::DraftWithState { model_type: cfg.model_type.clone(), target: target.to_string() });
         }
-        let slots = config.max_batch + usize::from(scratch);
+        let slots = config.max_batch;
         config.kv_elem.check(cfg).map_err(Error::KvCache)?;
         let per_position = CacheShape::bytes_per_position(cfg, config.kv_elem);
         let positions = match config.max_context {
@@ -101,7 +102,7 @@ impl Plan {
                 model.min(fits)
             }
         };
-        let cache = CacheShape { slots, positions, elem: config.kv_elem };
+        let cache = CacheShape { slots, positions, elem: config.kv_elem, scratch };
         let mut batches: Vec<usize> = (0..).map(|i| 1 << i).take_while(|b| *b < config.max_batch).collect();
         batches.push(config.max_batch);
         // Only chunks smaller than the context: a chunk the size of the whole context (128 at
@@ -156,7 +157,7 @@ impl Plan {
                     self.mixed.push(most);
                 }
                 // Drafts of several sequences checked in one call (mixed calls exclude the
-                // recurrent layers, the only ones a rejected draft needs a scratch slot for).
+                // recurrent layers, the only ones a rejected draft needs a scratch state for).
                 self.verify_mixed = self.verify;
             }
         }
@@ -191,7 +192,9 @@ impl Plan {
         // Where copies are planned, a prompt's start can be copied from one slot to another (the
         // scheduler's prefix cache), state and all.
         let copies = self.copies.then_some(Function::CopyKv { positions: self.copy_block() });
-        let copy_state = (self.copies && !self.state_parts.is_empty()).then_some(Function::CopyState);
+        // And a verify call's state is kept in the scratch state, even with one slot.
+        let copy_state =
+            ((self.copies || self.scratch.is_some()) && !self.state_parts.is_empty()).then_some(Function::CopyState);
         prefill
             .chain(decode)
             .chain(mixed)
@@ -204,9 +207,9 @@ impl Plan {
             .collect()
     }
 
-    /// Slots for sequences: the cache's, less the scratch slot.
+    /// Slots for sequences: the cache's.
     pub fn slots(&self) -> usize {
-        self.cache.slots - usize::from(self.scratch.is_some())
+        self.cache.slots
     }
 
     /// Positions one `copy_kv` call copies.
@@ -505,7 +508,7 @@ pub(crate) mod tests {
     }
 
     /// With drafts, one verify call of the draft tokens plus one per window that holds them,
-    /// and its cache write; for a model with recurrent layers, a scratch slot and the copies
+    /// and its cache write; for a model with recurrent layers, a scratch state and the copies
     /// too, or a refusal where those do not compile.
     #[test]
     fn drafts_add_a_verify_call_per_window() {
@@ -525,14 +528,21 @@ pub(crate) mod tests {
         assert!(!off.functions().iter().any(|f| matches!(f, Function::Verify { .. })));
         assert!(matches!(Plan::new(&cfg(), &drafts(0)), Err(Error::ZeroDraftTokens)));
         assert_eq!((p.scratch, p.slots(), p.cache.slots), (None, 2, 2));
-        // A model with recurrent layers: a scratch slot past the sequences' for the state
-        // from before a verify call, and the copies; refused where copies do not compile.
+        // A model with recurrent layers: a scratch state past the sequences' for the state
+        // from before a verify call (no KV rows: the budget's context is the sequences'), and
+        // the copies; refused where copies do not compile.
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3_5/f32");
         let recurrent = ModelConfig::for_checkpoint(&mut Checkpoint::open(&dir).unwrap()).unwrap();
         for max_batch in [1, 2] {
             let config = EngineConfig { max_batch, ..drafts(4) };
             let r = Plan::new(&recurrent, &config).unwrap();
-            assert_eq!((r.scratch, r.slots(), r.cache.slots), (Some(max_batch), max_batch, max_batch + 1));
+            assert_eq!((r.scratch, r.slots(), r.cache.slots), (Some(max_batch), max_batch, max_batch));
+            assert_eq!((r.cache.scratch, r.cache.state_slots()), (true, max_batch + 1));
+            // A budget of 100 positions a sequence gives each sequence 100 (the scratch state
+            // takes no KV rows).
+            let per_position = CacheShape::bytes_per_position(&recurrent, config.kv_elem);
+            let budget = EngineConfig { max_context: None, kv_budget_bytes: 100 * per_position * max_batch, ..config };
+            assert_eq!(Plan::new(&recurrent, &budget).unwrap().cache.positions, 100);
             let functions = r.functions();
             assert!(functions.contains(&Function::CopyState) && functions.contains(&verify[0]), "{functions:?}");
             assert!(!functions.iter().any(|f| matches!(f, Function::Decode { rows, .. } if *rows > max_batch)));

@@ -73,7 +73,7 @@ pub struct Engine {
     /// Positions in use per slot.
     lens: Vec<usize>,
     /// A recurrent model's last verify call, whose slot's state from before it is in the plan's
-    /// scratch slot, until the slot is truncated, reset or copied into.
+    /// scratch state, until the slot is truncated, reset or copied into.
     rollback: Option<Rollback>,
     report: LoadReport,
 }
@@ -315,7 +315,7 @@ impl Engine {
         drop(zeros);
         // Zeros too, though a sequence's first call never reads its slot's state (the graph
         // starts a sequence at position 0 from zeros).
-        let slots = plan.cache.slots;
+        let slots = plan.cache.state_slots();
         let states = plan
             .state_parts
             .iter()
@@ -378,7 +378,7 @@ impl Engine {
     /// tokens before it as they are. A model with recurrent layers holds the state after its
     /// whole context only ([`Engine::has_state`]): it keeps all of it, goes back to none
     /// ([`Engine::reset`]), or, right after a verify call, to a length within that call's
-    /// rows: the state from before the call is copied back from the scratch slot and the kept
+    /// rows: the state from before the call is copied back from the scratch state and the kept
     /// rows are read again (a prefill), as if only they had been fed.
     ///
     /// # Errors
@@ -643,7 +643,7 @@ impl Engine {
     /// at most [`Engine::verify_rows`]) and returns the step after each of them, in order:
     /// the results of feeding them one at a time. The slot then holds them all; the caller
     /// keeps those it accepts with [`Engine::truncate`] (for a model with recurrent layers,
-    /// whose state before the call is first copied to the scratch slot, right after the
+    /// whose state before the call is first copied to the scratch state, right after the
     /// call).
     pub fn verify(&mut self, slot: usize, tokens: &[u32]) -> Result<Vec<Step>> {
         self.check_entries([(slot, tokens)])?;
@@ -653,7 +653,7 @@ impl Engine {
         if tokens.len() > width {
             return Err(Error::TooManyRows { rows: tokens.len(), max: width });
         }
-        // The plan keeps a scratch slot exactly for a model with recurrent layers and drafts.
+        // The plan keeps a scratch state exactly for a model with recurrent layers and drafts.
         let last = match self.plan.scratch {
             Some(scratch) => {
                 self.copy_state(&self.index_view(slot)?, &self.index_view(scratch)?)?;

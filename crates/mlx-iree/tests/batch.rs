@@ -36,7 +36,7 @@ const DRAFT: usize = 4;
 
 /// An engine of MAX_BATCH slots at the host's default CPU kernel (the other objects: see
 /// a_rows_logits_do_not_depend_on_the_other_rows), with verify calls of DRAFT draft tokens
-/// (a model with recurrent layers keeps a scratch slot for its state from before them).
+/// (a model with recurrent layers keeps a scratch state for its state from before them).
 fn engine(dir: &Path, precision: Precision) -> Engine {
     engine_with(dir, precision, KvElem::F32, Activations::I16)
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 fn emit(slots: usize, rows: usize, slot_read: SlotRead) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llama_llama3_tied/f32/config.json");
     let cfg = ModelConfig::from_file(&path).unwrap();
-    let cache = CacheShape { slots, positions: 64, elem: KvElem::F32 };
+    let cache = CacheShape { slots, positions: 64, elem: KvElem::F32, scratch: false };
     let functions = [Function::Decode { rows, window: 32 }];
     let options = EmitOptions { slot_read, ..EmitOptions::default() };
     let backend = Backend { emit: options, ..Backend::default() };

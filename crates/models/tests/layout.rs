@@ -232,7 +232,7 @@ fn fp4_codes_stay_four_bits_in_the_kernel() {
             let copy = q.to_affine().unwrap();
             assert_eq!(floats(elem, &scales), kernels::cpu::repack_groups(&copy.scales, 64, 128 / gs), "{variant}");
         }
-        let cache = CacheShape { slots: 1, positions: 64, elem: KvElem::F32 };
+        let cache = CacheShape { slots: 1, positions: 64, elem: KvElem::F32, scratch: false };
         let functions = [Function::Decode { rows: 1, window: 32 }];
         let text = emit_functions(&cfg, &layout, cache, &functions, None).unwrap();
         let (export, rows) = (format!("@qmvfp4_{suffix}"), format!("@qrowsfp4_{suffix}"));
@@ -276,7 +276,7 @@ fn mxfp8_stays_one_byte_a_weight() {
     let all = layout.device_params(&cfg);
     let stacked = all.iter().find(|p| p.key == "model.layers.0.mlp.gate_up_proj.weight").unwrap();
     assert_eq!(layout.load(&ckpt, stacked).unwrap().len(), 256 * 64);
-    let cache = CacheShape { slots: 1, positions: 64, elem: KvElem::F32 };
+    let cache = CacheShape { slots: 1, positions: 64, elem: KvElem::F32, scratch: false };
     let functions = [Function::Decode { rows: 1, window: 32 }];
     let text = emit_functions(&cfg, &layout, cache, &functions, None).unwrap();
     for export in ["@hmv_mxfp8", "@hmvr_mxfp8", "@hrows_mxfp8"] {
@@ -328,7 +328,7 @@ fn three_and_six_bits_stay_as_stored_in_the_kernel() {
             assert_eq!(bytes.len(), q.weight().bytes().len(), "{variant}: the checkpoint's bytes");
             assert_eq!(bytes[..], kernels::cpu::repack_weight(stored, 64, 128, q.weight().bytes())[..], "{variant}");
         }
-        let cache = CacheShape { slots: 1, positions: 64, elem: KvElem::F32 };
+        let cache = CacheShape { slots: 1, positions: 64, elem: KvElem::F32, scratch: false };
         let functions = [Function::Decode { rows: 1, window: 32 }];
         let text = emit_functions(&cfg, &layout, cache, &functions, None).unwrap();
         assert!(text.contains(export), "{variant}: {export}");
@@ -388,7 +388,7 @@ fn f16_matrices_in_the_kernel_blocks() {
         models::load_f32(&ckpt, &p.spec).unwrap().into_iter().map(|v| half::bf16::from_f32(v).to_bits()).collect();
     let want: Vec<u8> = kernels::cpu::repack_dense(&bits, 64, 64).iter().flat_map(|b| b.to_le_bytes()).collect();
     assert_eq!(bf16.load(&ckpt, &p).unwrap()[..], want[..]);
-    let cache = CacheShape { slots: 1, positions: 32, elem: KvElem::F32 };
+    let cache = CacheShape { slots: 1, positions: 32, elem: KvElem::F32, scratch: false };
     let mlir = emit_functions(&cfg, &bf16, cache, &[Function::Decode { rows: 1, window: 32 }], None).unwrap();
     assert!(mlir.contains("export public @hmvr_bf16 ") && !mlir.contains("@hmv_f16"));
     // The graph: one f16 product per matrix, residual adds in the output and down projections, the lookup.
@@ -454,7 +454,7 @@ fn stacked_experts_in_the_kernel_layout() {
     // The graph: the kernel's export for each layout that has it, the gather of experts
     // in the graph form otherwise.
     let emit = |layout: &Layout| {
-        let cache = CacheShape { slots: 1, positions: 64, elem: KvElem::F32 };
+        let cache = CacheShape { slots: 1, positions: 64, elem: KvElem::F32, scratch: false };
         let functions = [Function::Decode { rows: 1, window: 32 }, Function::Prefill { tokens: 16, window: 32 }];
         emit_functions(&cfg, layout, cache, &functions, None).unwrap()
     };
@@ -622,7 +622,7 @@ fn eight_bit_activations_take_the_x8_products() {
         let mut backend = cpu();
         backend.emit.activations = activations;
         let layout = Layout::new(&cfg, Precision::Packed, &ckpt, &backend).unwrap();
-        let cache = CacheShape { slots: 1, positions: 64, elem: KvElem::F32 };
+        let cache = CacheShape { slots: 1, positions: 64, elem: KvElem::F32, scratch: false };
         let functions = [Function::Decode { rows: 1, window: 32 }, Function::Prefill { tokens: 16, window: 32 }];
         emit_functions(&cfg, &layout, cache, &functions, None).unwrap()
     };

@@ -977,7 +977,7 @@ mod tests {
         assert_eq!((l.embed_q.as_str(), l.in_bias, l.o_bias), ("model.layers.1.self_attn.embed_q", false, false));
         assert_eq!((cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.rope_dims), (4, 1, 48, 16));
         assert_eq!(cfg.cache_rows(), [(1, 32), (1, 16)]);
-        let cache = crate::CacheShape { slots: 2, positions: 8, elem: crate::KvElem::F32 };
+        let cache = crate::CacheShape { slots: 2, positions: 8, elem: crate::KvElem::F32, scratch: false };
         assert_eq!(cache.dims(&cfg), [[3, 2, 8, 1, 32], [3, 2, 8, 1, 16]]);
         assert_eq!(crate::CacheShape::bytes_per_position(&cfg, crate::KvElem::F16), 3 * 48 * 2);
     }

@@ -181,6 +181,10 @@ pub struct CacheShape {
     /// Positions per slot (the most context a sequence can have).
     pub positions: usize,
     pub elem: KvElem,
+    /// One recurrent state more than the slots, past theirs, that no sequence owns: where a
+    /// model with recurrent layers keeps a sequence's state from before a verify call
+    /// (speculative decoding's rollback). The KV cache has no row for it.
+    pub scratch: bool,
 }
 
 impl CacheShape {
@@ -192,9 +196,15 @@ impl CacheShape {
             .map(|(heads, width)| [cfg.kv_layers(), self.slots, self.positions, heads, self.elem.stored_width(width)])
     }
 
-    /// Device bytes of every slot's recurrent state (0 without recurrent layers).
+    /// Recurrent states the state buffers hold: the slots', and the scratch one.
+    pub fn state_slots(&self) -> usize {
+        self.slots + usize::from(self.scratch)
+    }
+
+    /// Device bytes of every recurrent state, the scratch one's included (0 without
+    /// recurrent layers).
     pub fn state_bytes(&self, cfg: &ModelConfig) -> usize {
-        self.slots * cfg.state_len() * 4
+        self.state_slots() * cfg.state_len() * 4
     }
 
     /// Device bytes of the k and v caches together.
@@ -390,7 +400,7 @@ pub fn emit_functions(
     };
     let [k_rows, v_rows] = cfg.cache_rows();
     let parts = cfg.state_parts();
-    let states: Vec<_> = parts.iter().map(|&len| F32.tensor(&[cache.slots as i64, len as i64])).collect();
+    let states: Vec<_> = parts.iter().map(|&len| F32.tensor(&[cache.state_slots() as i64, len as i64])).collect();
     // The parts `write_state` scatters: those the steps do not update in place.
     let in_place = state_in_place(cfg, layout);
     let scattered: Vec<usize> = (0..parts.len()).filter(|&i| !in_place[i]).collect();
