@@ -134,18 +134,28 @@ pub fn measure(bin: &Path, case: &Case, o: &Options) -> Result<Row> {
     Ok(Row { case: case.clone(), result: Ok((summarize(&plain), summarize(&drafted))) })
 }
 
-/// One JSON object per row.
-pub fn json_line(row: &Row, device: &str) -> String {
-    let mut v = serde_json::json!({
+/// What every JSON line of `--draft` starts with: the engine, the mode, the case, the drafts.
+fn json_head(case: &Case, device: &str, mode: &str) -> serde_json::Value {
+    serde_json::json!({
         "engine": "mlx-iree",
-        "mode": "draft",
-        "model": row.case.model.file_name().map(|n| n.to_string_lossy().into_owned()),
-        "precision": row.case.precision,
+        "mode": mode,
+        "model": model_name(case),
+        "precision": case.precision,
         "device": device,
         "draft": "ngram",
         "draft_tokens": DRAFT_TOKENS,
-        "max_tokens": row.case.steps,
-    });
+        "max_tokens": case.steps,
+    })
+}
+
+/// The case's model folder's name.
+fn model_name(case: &Case) -> String {
+    case.model.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+}
+
+/// One JSON object per row.
+pub fn json_line(row: &Row, device: &str) -> String {
+    let mut v = json_head(&row.case, device, "draft");
     match &row.result {
         Ok((plain, draft)) => {
             let (accepted, drafted, per_call) = draft.draft.unwrap_or((0, 0, 0.0));
@@ -168,7 +178,7 @@ pub fn table(rows: &[Row]) -> String {
         "model                              precision  tokens  plain tok/s  draft tok/s  ratio  accepted     tokens/call\n",
     );
     for r in rows {
-        let name = r.case.model.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let name = model_name(&r.case);
         match &r.result {
             Ok((plain, draft)) => {
                 let (accepted, drafted, per_call) = draft.draft.unwrap_or((0, 0, 0.0));
@@ -293,17 +303,8 @@ pub fn parse_verify_calls(metrics: &str) -> u64 {
 
 /// One JSON object per `--draft --streams` row.
 pub fn streams_json_line(row: &StreamsRow, device: &str) -> String {
-    let mut v = serde_json::json!({
-        "engine": "mlx-iree",
-        "mode": "draft-serve",
-        "model": row.case.model.file_name().map(|n| n.to_string_lossy().into_owned()),
-        "precision": row.case.precision,
-        "device": device,
-        "draft": "ngram",
-        "draft_tokens": DRAFT_TOKENS,
-        "max_tokens": row.case.steps,
-        "streams": row.streams,
-    });
+    let mut v = json_head(&row.case, device, "draft-serve");
+    v["streams"] = row.streams.into();
     match &row.result {
         Ok((plain, draft, calls)) => {
             v["plain_tok_s"] = (*plain).into();
@@ -322,7 +323,7 @@ pub fn streams_table(rows: &[StreamsRow]) -> String {
         "model                              precision  streams  plain tok/s  draft tok/s  ratio  verify calls\n",
     );
     for r in rows {
-        let name = r.case.model.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let name = model_name(&r.case);
         match &r.result {
             Ok((plain, draft, calls)) => out.push_str(&format!(
                 "{name:<34} {:<10} {:>7}  {plain:>11.1}  {draft:>11.1}  {:>4.2}x  {calls:>12}\n",
