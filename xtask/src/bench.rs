@@ -2302,9 +2302,12 @@ mod tests {
         // xtask, not the peer, measures the foreign share.
         let want = peer_line("llama.cpp", "a", "q4_0", 40.0).result.map(|s| Speed { foreign_cpu_share: None, ..s });
         assert_eq!(Ok(speed), want);
+        // As values: the keys' order is serde_json's (sorted, or kept where the workspace
+        // builds it with `preserve_order`).
+        let value = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
         assert_eq!(
-            with_foreign_share(r#"{"engine":"llama.cpp","decode_tok_s":40.0}"#, Some(0.25)),
-            r#"{"decode_tok_s":40.0,"engine":"llama.cpp","foreign_cpu_share":0.25}"#
+            value(&with_foreign_share(r#"{"engine":"llama.cpp","decode_tok_s":40.0}"#, Some(0.25))),
+            value(r#"{"decode_tok_s":40.0,"engine":"llama.cpp","foreign_cpu_share":0.25}"#)
         );
         assert_eq!(with_foreign_share("{}", None), r#"{"foreign_cpu_share":null}"#);
         assert_eq!(parse_peer("").unwrap_err(), "printed no JSON line");
