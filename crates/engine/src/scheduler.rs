@@ -1066,21 +1066,19 @@ impl Loop {
     /// tokens where it has some ([`Engine::verify_many`]); false (nothing done) where the
     /// engine has no such call, its rows leave no room for drafts beside every sequence's
     /// row, or no sequence has drafts. The call has a verify call's rows, so it costs what
-    /// one sequence's check does; the rows past the sequences' own are shared out evenly,
-    /// the first sequences taking what does not divide.
+    /// one sequence's check does; the rows past the sequences' own go to the sequences'
+    /// drafts in turn ([`share`]), so a sequence without drafts leaves its share to others.
     fn speculate_many(&mut self, rows: &[(usize, u32)]) -> bool {
         let spare = self.engine.verify_many_rows().saturating_sub(rows.len());
         if spare == 0 {
             return false;
         }
-        let n = rows.len();
-        let drafts: Vec<Vec<u32>> = rows
-            .iter()
-            .enumerate()
-            .map(|(i, &(slot, _))| {
-                self.draft_for(slot, (spare / n + usize::from(i < spare % n)).min(self.draft_tokens))
-            })
-            .collect();
+        let most = spare.min(self.draft_tokens);
+        let mut drafts: Vec<Vec<u32>> = rows.iter().map(|&(slot, _)| self.draft_for(slot, most)).collect();
+        let lens: Vec<usize> = drafts.iter().map(Vec::len).collect();
+        for (draft, keep) in drafts.iter_mut().zip(share(&lens, spare)) {
+            draft.truncate(keep);
+        }
         if drafts.iter().all(Vec::is_empty) {
             return false;
         }
@@ -1271,6 +1269,27 @@ fn prefills(waiting: &[(usize, usize)], budget: usize) -> Vec<(usize, usize)> {
 /// Shortest and longest suffix of a sequence that [`ngram_draft`] looks up.
 const NGRAM: std::ops::RangeInclusive<usize> = 2..=4;
 
+/// How many of each draft (`lens`, in the sequences' order) a shared verify call of `spare`
+/// rows past the sequences' own takes: one token a draft in turn, in order, until the rows
+/// or the drafts run out.
+fn share(lens: &[usize], spare: usize) -> Vec<usize> {
+    let mut keep = vec![0; lens.len()];
+    let mut left = spare;
+    while left > 0 {
+        let before = left;
+        for (k, &len) in keep.iter_mut().zip(lens) {
+            if left > 0 && *k < len {
+                *k += 1;
+                left -= 1;
+            }
+        }
+        if left == before {
+            break;
+        }
+    }
+    keep
+}
+
 /// Up to `k` draft tokens for the sequence `history` (prompt lookup, as llama.cpp's and
 /// vLLM's n-gram drafting): the tokens that followed the latest earlier occurrence of its
 /// last `n` tokens, the longest `n` in [`NGRAM`] that has one; none where no suffix recurs.
@@ -1319,7 +1338,17 @@ fn choose(sampling: &mut Sampling, limit: usize, step: &Step) -> Result<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::{ngram_draft, prefills};
+    use super::{ngram_draft, prefills, share};
+
+    #[test]
+    fn a_shared_verify_call_gives_its_rows_to_the_drafts_in_turn() {
+        assert_eq!(share(&[4, 4], 3), [2, 1]);
+        assert_eq!(share(&[4, 4, 4, 4], 1), [1, 0, 0, 0]);
+        // A sequence without drafts leaves its share to the others.
+        assert_eq!(share(&[0, 4, 1], 4), [0, 3, 1]);
+        assert_eq!(share(&[1, 0], 3), [1, 0], "rows left over");
+        assert_eq!(share(&[], 3), Vec::<usize>::new());
+    }
 
     #[test]
     fn drafts_follow_the_latest_earlier_occurrence_of_the_longest_suffix() {
