@@ -192,6 +192,11 @@ impl Planned {
         let backend = Backend::new(target, config.kernels, &config.cache_dir)?
             .with_activations(config.activations, config.precision)?;
         let layout = backend.layout(&cfg, config.precision, &ckpt)?;
+        // 8-bit activations change the integer products only: a checkpoint with none in the
+        // CPU kernel (mxfp8's are float products) would ignore the setting.
+        if config.activations == models::Activations::I8 && !layout.has_cpu_packed() {
+            return Err(Error::Activations { reason: "no MLX integer-quantized matrix in this checkpoint".into() });
+        }
         let plan = Plan::new(&cfg, config)?.for_layout(&cfg, &layout);
         Ok(Planned { backend, ckpt, cfg, layout, plan })
     }

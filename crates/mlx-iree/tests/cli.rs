@@ -135,6 +135,11 @@ fn bad_requests_are_one_line_errors() {
     let q4 = fixture.parent().unwrap().join("q4");
     let q4 = q4.to_str().unwrap();
     bad_trajectory(q4, "1", &["--activations", "i8", "--precision", "packed", "--kernels", "0"], no_products);
+    // mxfp8's products are float ones, which the setting does not touch.
+    let mxfp8 = fixture.parent().unwrap().join("../llama_llama3_tied/mxfp8");
+    let mxfp8 = mxfp8.to_str().unwrap();
+    let none = "this load has none (no MLX integer-quantized matrix in this checkpoint)";
+    bad_trajectory(mxfp8, "1", &["--activations", "i8", "--precision", "packed"], none);
     check(&["generate", "--model", model, "--prompt", "hi"], 2, "", "tokenizer.json");
     check(
         &["generate", "--model", model, "--prompt", "hi", "--temperature", "-1"],

@@ -470,6 +470,12 @@ impl Layout {
         });
     }
 
+    /// True when some matrix is in the CPU kernel's packed integer form ([`Form::CpuPacked`]:
+    /// the products `Activations` sets the input of).
+    pub fn has_cpu_packed(&self) -> bool {
+        self.forms.values().any(|f| matches!(f, Form::CpuPacked(_)))
+    }
+
     /// True when some quantized matrix uses the graph-level form (not the CPU kernels).
     pub fn has_graph_packing(&self) -> bool {
         self.forms.values().any(|f| matches!(f, Form::GraphPacked(_) | Form::CudaPacked(_) | Form::GraphMxfp8))
