@@ -92,7 +92,7 @@ fn generate(
         .args(["--max-tokens", &case.steps.to_string()])
         .args(["--max-context", &o.max_context.unwrap_or(1024).to_string()]);
     if draft {
-        cmd.args(["--draft", "ngram", "--draft-tokens", &DRAFT_TOKENS.to_string()]);
+        cmd.args(draft_args());
     }
     let shown = util::show(&cmd).replace(PROMPT, "<rewrite_prompt.txt>");
     let out = util::dies_with_parent(&mut cmd).output().with_context(|| format!("could not start `{shown}`"))?;
@@ -224,50 +224,61 @@ struct Load {
 /// N concurrent rewrite requests (`serve_rewrite.py`); a row per stream count. The answers
 /// of every round and server must be the same (greedy).
 pub fn measure_streams(bin: &Path, case: &Case, o: &Options) -> Result<Vec<StreamsRow>> {
+    /// One stream count's rounds: tok/s without and with drafts, the first answers, the
+    /// drafting server's verify calls, the first failure.
+    #[derive(Default)]
+    struct Tally {
+        plain: Vec<f64>,
+        drafted: Vec<f64>,
+        answers: Option<String>,
+        verify_calls: u64,
+        error: Option<String>,
+    }
     let slots = o.streams.iter().copied().max().unwrap_or(1);
-    // Per stream count: plain and drafted tok/s of each round, the answers, the verify calls.
-    let n = o.streams.len();
-    let (mut plain, mut drafted) = (vec![Vec::new(); n], vec![Vec::new(); n]);
-    let mut answers: Vec<Option<String>> = vec![None; n];
-    let mut verify_calls = vec![0u64; n];
-    let mut errors: Vec<Option<String>> = vec![None; n];
-    let max_context = o.max_context.unwrap_or(1024);
-    let o = Options { max_context: Some(max_context), ..o.clone() };
-    let draft_args = ["--draft", "ngram", "--draft-tokens", &DRAFT_TOKENS.to_string()].map(str::to_owned);
+    let mut tallies: Vec<Tally> = o.streams.iter().map(|_| Tally::default()).collect();
+    let o = Options { max_context: Some(o.max_context.unwrap_or(1024)), ..o.clone() };
+    let with_drafts = draft_args();
     for _ in 0..o.repeats {
         for draft in [false, true] {
-            let extra: Vec<&str> = if draft { draft_args.iter().map(String::as_str).collect() } else { Vec::new() };
+            let extra: Vec<&str> = if draft { with_drafts.iter().map(String::as_str).collect() } else { Vec::new() };
             let (server, addr) = crate::serve_bench::start_with(bin, case, &o, slots, true, &extra)?;
-            for (i, &streams) in o.streams.iter().enumerate() {
+            for (t, &streams) in tallies.iter_mut().zip(&o.streams) {
                 let before = verify_count(&addr);
                 match rewrite(&addr, streams, case.steps) {
                     Ok(load) => {
-                        if answers[i].get_or_insert_with(|| load.answers.clone()) != &load.answers {
-                            errors[i] = Some("greedy answers differ between runs (with and without drafts)".into());
+                        if t.answers.get_or_insert_with(|| load.answers.clone()) != &load.answers {
+                            t.error = Some("greedy answers differ between runs (with and without drafts)".into());
                         }
                         if draft {
-                            drafted[i].push(load.tok_s);
-                            verify_calls[i] = verify_count(&addr).saturating_sub(before);
+                            t.drafted.push(load.tok_s);
+                            t.verify_calls = verify_count(&addr).saturating_sub(before);
                         } else {
-                            plain[i].push(load.tok_s);
+                            t.plain.push(load.tok_s);
                         }
                     }
-                    Err(e) => errors[i] = Some(format!("{e:#}")),
+                    Err(e) => t.error = Some(format!("{e:#}")),
                 }
             }
             drop(server);
         }
     }
-    Ok((0..n)
-        .map(|i| StreamsRow {
+    Ok(tallies
+        .into_iter()
+        .zip(&o.streams)
+        .map(|(t, &streams)| StreamsRow {
             case: case.clone(),
-            streams: o.streams[i],
-            result: match errors[i].take() {
+            streams,
+            result: match t.error {
                 Some(e) => Err(e),
-                None => Ok((median(plain[i].clone()), median(drafted[i].clone()), verify_calls[i])),
+                None => Ok((median(t.plain), median(t.drafted), t.verify_calls)),
             },
         })
         .collect())
+}
+
+/// The arguments that turn drafts on, in both modes.
+fn draft_args() -> [String; 4] {
+    ["--draft", "ngram", "--draft-tokens", &DRAFT_TOKENS.to_string()].map(str::to_owned)
 }
 
 /// `serve_rewrite.py` against the server at `addr`: `streams` concurrent rewrite requests.

@@ -271,12 +271,19 @@ fn free_port() -> Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
-/// The body of `GET path` on `addr` (read to the connection's end), or None when nothing
-/// answered.
-pub(crate) fn http_body(addr: &str, path: &str) -> Option<String> {
+/// A `GET path` sent to `addr` (loopback: a second to connect, five to answer), its
+/// connection to be read; None when nothing answered.
+fn send_get(addr: &str, path: &str) -> Option<TcpStream> {
     let mut s = TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(1)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    Some(s)
+}
+
+/// The body of `GET path` on `addr` (read to the connection's end), or None when nothing
+/// answered.
+pub(crate) fn http_body(addr: &str, path: &str) -> Option<String> {
+    let mut s = send_get(addr, path)?;
     let mut all = String::new();
     s.read_to_string(&mut all).ok()?;
     all.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
@@ -284,9 +291,7 @@ pub(crate) fn http_body(addr: &str, path: &str) -> Option<String> {
 
 /// The status code of `GET path` on `addr`, or None when nothing answered.
 fn http_status(addr: &str, path: &str) -> Option<u16> {
-    let mut s = TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut s = send_get(addr, path)?;
     let mut head = [0u8; 64];
     let n = s.read(&mut head).ok()?;
     parse_status(&String::from_utf8_lossy(&head[..n]))

@@ -681,9 +681,8 @@ impl Engine {
 
     /// [`Engine::verify`] for several sequences in one call: each `(slot, tokens)` entry
     /// (slots distinct; a decode row and the draft tokens after it, at most
-    /// [`Engine::verify_many_rows`] in all) is
-    /// appended to its slot, and the result is, per entry in order, the step after each of
-    /// its tokens: what [`Engine::verify`] gives the entry alone (each row's attention reads
+    /// [`Engine::verify_many_rows`] in all) is appended to its slot, and the result is, per
+    /// entry in order, the step after each of its tokens: what [`Engine::verify`] gives the entry alone (each row's attention reads
     /// its own sequence only). The caller keeps what it accepts with [`Engine::truncate`].
     pub fn verify_many(&mut self, batch: &[(usize, &[u32])]) -> Result<Vec<Vec<Step>>> {
         if batch.is_empty() {
@@ -693,24 +692,7 @@ impl Engine {
         let total: usize = batch.iter().map(|(_, tokens)| tokens.len()).sum();
         let function =
             self.plan.verify_mixed(total).ok_or(Error::TooManyRows { rows: total, max: self.verify_many_rows() })?;
-        let width = function.rows();
-        let mut rows = Rows::with_capacity(width);
-        for &(slot, tokens) in batch {
-            let start = self.lens[slot];
-            for (i, &token) in tokens.iter().enumerate() {
-                rows.push(token, start + i, slot);
-            }
-        }
-        // Padding rows repeat the last row (the same bits, the same bytes to the same place);
-        // every real row's logits come back.
-        rows.pad(width, total - 1);
-        let mut outs: Vec<usize> = (0..total).collect();
-        outs.resize(width, 0);
-        let (next, logits) = self.call(function, &rows, Reads::Mixed { outs })?;
-        for &(slot, tokens) in batch {
-            self.lens[slot] += tokens.len();
-        }
-        let mut steps = Step::rows(&next, &logits, total).into_iter();
+        let mut steps = self.mixed_call(function, batch, true)?.into_iter();
         Ok(batch.iter().map(|(_, tokens)| steps.by_ref().take(tokens.len()).collect()).collect())
     }
 
@@ -740,26 +722,35 @@ impl Engine {
             return self.step_apart(batch);
         }
         let function = self.plan.mixed(rows).ok_or(Error::TooManyRows { rows, max: self.step_rows() })?;
+        self.mixed_call(function, batch, false)
+    }
+
+    /// One mixed call (`function`) of the checked entries `batch`, appended to their slots:
+    /// the steps after every row (`every_row`: a verify call's) or after each entry's last.
+    fn mixed_call(&mut self, function: Function, batch: &[(usize, &[u32])], every_row: bool) -> Result<Vec<Step>> {
         let (width, outs) = (function.rows(), function.outs());
         let mut rows = Rows::with_capacity(width);
-        let mut last = Vec::with_capacity(outs);
+        let mut read = Vec::with_capacity(outs);
         for &(slot, tokens) in batch {
             let start = self.lens[slot];
             for (i, &token) in tokens.iter().enumerate() {
+                if every_row || i + 1 == tokens.len() {
+                    read.push(rows.len());
+                }
                 rows.push(token, start + i, slot);
             }
-            last.push(rows.len() - 1);
         }
+        let real = read.len();
         // Padding rows repeat the last row: the attention kernel gives a repeat of a row the
         // same bits, and it writes the same bytes to the same place. Unused outputs repeat
         // the first.
         rows.pad(width, rows.len() - 1);
-        last.resize(outs, last[0]);
-        let (next, logits) = self.call(function, &rows, Reads::Mixed { outs: last })?;
+        read.resize(outs, read[0]);
+        let (next, logits) = self.call(function, &rows, Reads::Mixed { outs: read })?;
         for &(slot, tokens) in batch {
             self.lens[slot] += tokens.len();
         }
-        Ok(Step::rows(&next, &logits, batch.len()))
+        Ok(Step::rows(&next, &logits, real))
     }
 
     /// [`Engine::step`] without a mixed call: the single tokens in one decode call, then each

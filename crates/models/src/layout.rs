@@ -135,11 +135,6 @@ impl Form {
     pub fn in_cpu_kernel(&self) -> bool {
         matches!(self, Form::CpuDense | Form::CpuPacked(_) | Form::CpuMxfp8)
     }
-
-    /// Whether the device holds it quantized (an MLX packing, or mxfp8's codes).
-    pub fn quantized(&self) -> bool {
-        self.packing().is_some() || matches!(self, Form::GraphMxfp8 | Form::CpuMxfp8)
-    }
 }
 
 /// What a device parameter holds.
@@ -366,25 +361,12 @@ impl Layout {
         let experts = spec.kind == Kind::Experts;
         for e in 0..if experts { spec.shape[0] } else { 1 } {
             let layer = if experts { spec.expert(ckpt, e)? } else { spec.linear(ckpt)? };
+            // One quantization for the stacked tensors (the layer's), its scales U8 (checked
+            // where `weights` reads the layer).
             let Linear::Quantized(q) = layer else {
                 return Err(Error::Invalid(format!("{}: expert {e} is not quantized", spec.prefix())));
             };
-            if q.mode() != weights::QuantMode::Mxfp8 {
-                return Err(Error::Invalid(format!(
-                    "{}: expert {e} is {}, expert 0 mxfp8 (stacked experts are quantized alike)",
-                    spec.prefix(),
-                    q.mode().name()
-                )));
-            }
-            let (scales, inp) = (q.scales(), q.in_features());
-            if scales.dtype() != Dtype::U8 {
-                return Err(Error::Invalid(format!(
-                    "{}: dtype {} (mxfp8's scales are E8M0 bytes, U8)",
-                    scales.name(),
-                    scales.dtype().name()
-                )));
-            }
-            kernels::cpu::mxfp8_check(q.weight().bytes(), scales.bytes(), inp).map_err(|err| {
+            kernels::cpu::mxfp8_check(q.weight().bytes(), q.scales().bytes(), q.in_features()).map_err(|err| {
                 let which = if experts { format!(" (expert {e})") } else { String::new() };
                 Error::Invalid(format!(
                     "{}{which}: {err}; precision `packed` cannot hold it (use f16 or bf16)",
@@ -676,18 +658,11 @@ impl Layout {
                 Ok(Cow::Owned(out))
             }
             Role::Mxfp8Codes | Role::Mxfp8Scales if param.spec.kind == Kind::Experts => {
-                // Stacked experts: the tensors as stored (`pack_mxfp8` checked every expert).
+                // Stacked experts: the tensors as stored (`pack_mxfp8` read every expert of
+                // them at config.json's shape).
                 let name = if param.role == Role::Mxfp8Codes { "weight" } else { "scales" };
                 let bytes = ckpt.tensor(&format!("{}.{name}", param.spec.prefix()))?.bytes();
-                if bytes.len() != param.bytes() {
-                    return Err(Error::Invalid(format!(
-                        "{}: {} bytes stored, {} expected for {:?}",
-                        param.key,
-                        bytes.len(),
-                        param.bytes(),
-                        param.dims
-                    )));
-                }
+                debug_assert_eq!(bytes.len(), param.bytes(), "{}", param.key);
                 Ok(Cow::Borrowed(bytes))
             }
             Role::Mxfp8Codes | Role::Mxfp8Scales => {
@@ -695,18 +670,8 @@ impl Layout {
                 let blocks = self.form(param.spec.prefix()) == Some(Form::CpuMxfp8);
                 let mut out = Vec::with_capacity(param.bytes());
                 for part in &param.parts {
-                    let Linear::Quantized(q) = part.linear(ckpt)? else {
-                        return Err(Error::Invalid(format!("{}: expected an mxfp8 layer", part.prefix())));
-                    };
+                    let q = quantized_layer(ckpt, part)?;
                     let (o, i) = (q.out_features(), q.in_features());
-                    if [o, i] != part.shape[..] {
-                        return Err(Error::Invalid(format!(
-                            "{}: expected shape {:?} from config.json, got {:?}",
-                            part.prefix(),
-                            part.shape,
-                            [o, i]
-                        )));
-                    }
                     let (bytes, cols) = if param.role == Role::Mxfp8Codes {
                         (q.weight().bytes(), i)
                     } else {
@@ -812,19 +777,26 @@ impl Layout {
             .form(prefix)
             .filter(|f| f.packing().is_some())
             .ok_or_else(|| Error::Invalid(format!("{prefix}: no packing in the layout")))?;
-        let Linear::Quantized(q) = spec.linear(ckpt)? else {
-            return Err(Error::Invalid(format!("{prefix}: expected a quantized layer in {}", ckpt.dir().display())));
-        };
-        if [q.out_features(), q.in_features()] != spec.shape[..] {
-            return Err(Error::Invalid(format!(
-                "{prefix}: expected shape {:?} from config.json, got {:?}",
-                spec.shape,
-                [q.out_features(), q.in_features()]
-            )));
-        }
+        let q = quantized_layer(ckpt, spec)?;
         let packing = form.packing().ok_or_else(|| Error::Invalid(format!("{prefix}: no packing in the layout")))?;
         Ok((form, Affine::of(q, packing)?))
     }
+}
+
+/// The quantized layer `spec` in the checkpoint, which must have the shape config.json gives it.
+fn quantized_layer<'a>(ckpt: &'a Checkpoint, spec: &ParamSpec) -> Result<weights::QuantizedLinear<'a>> {
+    let prefix = spec.prefix();
+    let Linear::Quantized(q) = spec.linear(ckpt)? else {
+        return Err(Error::Invalid(format!("{prefix}: expected a quantized layer in {}", ckpt.dir().display())));
+    };
+    if [q.out_features(), q.in_features()] != spec.shape[..] {
+        return Err(Error::Invalid(format!(
+            "{prefix}: expected shape {:?} from config.json, got {:?}",
+            spec.shape,
+            [q.out_features(), q.in_features()]
+        )));
+    }
+    Ok(q)
 }
 
 /// The bits the CUDA kernel reads a graph-packed matrix as: a 4-bit one held one value a
