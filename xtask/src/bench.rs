@@ -634,7 +634,8 @@ fn prepare(o: &Options) -> Result<()> {
             floats.then_some("f16").into_iter().chain(o.formats.iter().copied().filter(|_| packed)).collect();
         random_models(shape, name, &variants)?;
     }
-    if o.serve {
+    // The load generators' pinned openai client: `--serve`'s, and `--draft --streams`'.
+    if o.serve || (o.draft && o.streams_given) {
         crate::test::client_venv()?;
     }
     if o.peers {
