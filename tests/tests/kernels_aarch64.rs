@@ -5,7 +5,7 @@
 //!   aarch64 Linux executable, run natively on an aarch64 host, elsewhere under qemu-user as
 //!   a Cortex-A76 (ARMv8.2-A with the dot-product extension, so an instruction beyond what
 //!   the object is built for would fault): every entry point, at 3, 4, 6 and 8 bits and FP4, f16 and f32
-//!   scales, group sizes 16 to 128 and 1, 3, 8 and 13 rows of x (the products with x at 16
+//!   scales, group sizes 16 (3 bits: 32) to 128 and 1, 3, 8 and 13 rows of x (the products with x at 16
 //!   bits and, their `_x8` twins, at 8), gives the bits of the Rust
 //!   model the x86-64 objects are held to (kernel_cases, kernels.rs), so all objects compute
 //!   the same bits; its attention (`attn`) gives `kernels::cpu::attention_model`'s bits on
@@ -163,7 +163,8 @@ fn the_aarch64_object_computes_the_models_bits() {
     for (bits, fp4) in PACKINGS {
         let scales: &[Scale] = if fp4 { &[Scale::F16, Scale::F32, Scale::E8m0] } else { &[Scale::F16, Scale::F32] };
         for &scale in scales {
-            for gs in GROUP_SIZES {
+            // Every group size the kernels take for these bits (3 bits: 32 and up).
+            for gs in GROUP_SIZES.into_iter().filter(|&gs| cpu::supports(bits, O, K, gs)) {
                 let entry = |op| cpu::Entry { op, bits, scale, fp4, x8: false };
                 let seed = 10 * matrices.len() as u64;
                 let m = Matrix::of(&entry(Op::Matvec), O, K, gs, seed);

@@ -37,18 +37,21 @@
 //! W[o, k] = scale[o, g] * q[o, k] + bias[o, g], g = k / group_size. Offsets (`*_off`) count
 //! elements of the pointer's type, as IREE passes them.
 //!
-//! - 3-bit: 16 rows x 8 k in 48 bytes, the two 4-bit tiles of those k split into planes: 32
-//!   bytes of the values' low 2 bits (byte L = 2r + p: q[r, k0 + p] at bits 0-1, q[r, k0 + 4 + p]
-//!   at 2-3, q[r, k0 + 2 + p] at 4-5, q[r, k0 + 6 + p] at 6-7), then 16 bytes of their top bits
-//!   (byte i: lane i's, in that order, at bits 2, 3, 6, 7; lane 16 + i's at bits 0, 1, 4, 5).
+//! - 3-bit: 16 rows x 32 k in 192 bytes, three planes of 32 little-endian 16-bit words. Word
+//!   lane L = 2r + p of planes 0, 1 and 2 (bits 0-15, 16-31, 32-47) is one 48-bit stream of
+//!   the 16 values q[r, k0 + p + 2s], s = 0..15, value s at bits 3s..3s+2 (two of them, s = 5
+//!   and 10, straddle two words). Each value is a shift and a mask within its 16-bit lane, no
+//!   operation across lanes, in the pairs of k (lane 2r + p: k + p) the products take. Group
+//!   sizes are multiples of 32 (kernels::cpu::supports).
 //! - 6-bit: 16 rows x 8 k in 96 bytes, the four 8-bit tiles of those k split into planes: 32
 //!   bytes of low nibbles of q[r, k0 + p] and q[r, k0 + 2 + p] (low, high), 32 of q[r, k0 + 4 + p]
 //!   and q[r, k0 + 6 + p], then 32 bytes of the four values' top 2 bits (at bits 0, 2, 4, 6).
 //!   Both read MLX's values as stored (3/4 of the 4-bit and 8-bit tiles' bytes). `widen_group`
-//!   turns a group of them into the 4-bit (8-bit) tiles with a few byte operations, once per
+//!   turns a group of them into the 4-bit (8-bit) tiles with a few vector operations, once per
 //!   group and block, in a stack buffer (L1), and the 4-bit (8-bit) arithmetic takes it from
 //!   there: the same integer dots, so the same bits as the exact 4-bit (8-bit) copy. An
-//!   instruction set may read them as stored in `group_rows` instead (GROUP_ROWS_3_6).
+//!   instruction set may read them as stored in `group_rows` instead (GROUP_ROWS_3,
+//!   GROUP_ROWS_6).
 //! The scales' type (`f16` in the functions below): 0 f32, 1 f16, 2 E8M0 (FP4 only: mxfp4's
 //! own scale bytes, read as `s / 2` = 2^(e - 128), computed exactly as the f32 with the bits
 //! (e + 64) << 23 times 2^-65; the `*fp4_e8m0` exports). E8M0's 255 (NaN in MLX) is not a
@@ -118,19 +121,38 @@ typedef struct {
 // 4-bit and 8-bit tiles first (`widen_group`).
 static inline __attribute__((always_inline)) int tile_bits(int bits) { return bits == 3 ? 4 : bits == 6 ? 8 : bits; }
 
-typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef uint8_t u8x32 __attribute__((vector_size(32)));
-static inline __attribute__((always_inline)) u8x16 load16(const uint8_t* p) {
-  u8x16 v;
-  __builtin_memcpy(&v, p, 16);
-  return v;
-}
 static inline __attribute__((always_inline)) u8x32 load32(const uint8_t* p) {
   u8x32 v;
   __builtin_memcpy(&v, p, 32);
   return v;
 }
 static inline __attribute__((always_inline)) void store32(uint8_t* p, u8x32 v) { __builtin_memcpy(p, &v, 32); }
+typedef uint16_t u16x32 __attribute__((vector_size(64)));
+static inline __attribute__((always_inline)) u16x32 load_words(const uint8_t* p) {
+  u16x32 v;
+  __builtin_memcpy(&v, p, 64);
+  return v;
+}
+
+// Value s (0..15, a constant) of every word lane of a 3-bit unit's planes w0, w1, w2: bits
+// 3s..3s+2 of each lane's 48-bit stream, in the low bits of its word.
+static inline __attribute__((always_inline)) u16x32 unit3_value(u16x32 w0, u16x32 w1, u16x32 w2, int s) {
+  const int at = 3 * s;
+  u16x32 v;
+  if (at + 3 <= 16) {
+    v = w0 >> at;
+  } else if (at < 16) {
+    v = (w0 >> at) | (w1 << (16 - at));
+  } else if (at + 3 <= 32) {
+    v = w1 >> (at - 16);
+  } else if (at < 32) {
+    v = (w1 >> (at - 16)) | (w2 << (32 - at));
+  } else {
+    v = w2 >> (at - 32);
+  }
+  return v & 7;
+}
 
 // A group (gs k of one block) of 3-bit or 6-bit values as the 4-bit or 8-bit tiles of the same
 // values, at `buf` (gs * 8 or gs * 16 bytes); returns where the tiles are: `wg` itself for the
@@ -139,14 +161,14 @@ static inline __attribute__((always_inline)) void store32(uint8_t* p, u8x32 v) {
 static inline __attribute__((always_inline)) const uint8_t* widen_group(int bits, const uint8_t* wg, size_t gs,
                                                                         uint8_t* buf) {
   if (bits == 3) {
-    for (size_t k = 0; k < gs; k += 8, wg += 48) {
-      const u8x32 lo = load32(wg);
-      const u8x16 h = load16(wg + 32);
-      // Lanes 0-15's top bits where they are, lanes 16-31's moved up by 2.
-      const u8x32 top = __builtin_shufflevector(h, (u8x16)(h << 2), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
-                                                15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
-      store32(buf + k * 8, (lo & 0x33) | (top & 0x44));
-      store32(buf + k * 8 + 32, ((lo >> 2) & 0x33) | ((top >> 1) & 0x44));
+    for (size_t k = 0; k < gs; k += 32, wg += 192) {
+      const u16x32 w0 = load_words(wg), w1 = load_words(wg + 64), w2 = load_words(wg + 128);
+      // Tile t (k + 4t): lane L's values s = 2t (low nibble) and 2t + 1 (high).
+#pragma GCC unroll 8  // unit3_value's shifts and branches are constants only when unrolled
+      for (int t = 0; t < 8; ++t) {
+        const u16x32 pair = unit3_value(w0, w1, w2, 2 * t) | unit3_value(w0, w1, w2, 2 * t + 1) << 4;
+        store32(buf + k * 8 + t * 32, __builtin_convertvector(pair, u8x32));
+      }
     }
     return buf;
   }
@@ -164,16 +186,22 @@ static inline __attribute__((always_inline)) const uint8_t* widen_group(int bits
   return wg;
 }
 
-// Whether the instruction set's `group_rows` reads 3-bit and 6-bit groups as stored (its file
-// defines GROUP_ROWS_3_6 as 1 before including this header); else they are widened first and
-// it is given the 4-bit and 8-bit tiles.
-#ifndef GROUP_ROWS_3_6
-#define GROUP_ROWS_3_6 0
+// Whether the instruction set's `group_rows` reads 3-bit (6-bit) groups as stored: its file
+// defines GROUP_ROWS_3 (GROUP_ROWS_6) as 1 before including this header; else they are
+// widened first and it is given the 4-bit (8-bit) tiles.
+#ifndef GROUP_ROWS_3
+#define GROUP_ROWS_3 0
 #endif
-static inline __attribute__((always_inline)) int rows_bits(int bits) { return GROUP_ROWS_3_6 ? bits : tile_bits(bits); }
+#ifndef GROUP_ROWS_6
+#define GROUP_ROWS_6 0
+#endif
+static inline __attribute__((always_inline)) int reads_stored(int bits) {
+  return bits == 3 ? GROUP_ROWS_3 : bits == 6 ? GROUP_ROWS_6 : 1;
+}
+static inline __attribute__((always_inline)) int rows_bits(int bits) { return reads_stored(bits) ? bits : tile_bits(bits); }
 static inline __attribute__((always_inline)) const uint8_t* rows_widen(int bits, const uint8_t* wg, size_t gs,
                                                                        uint8_t* buf) {
-  return GROUP_ROWS_3_6 ? wg : widen_group(bits, wg, gs, buf);
+  return reads_stored(bits) ? wg : widen_group(bits, wg, gs, buf);
 }
 
 // Bytes a scale (or bias) takes, for the scales' type `f16` (0 f32, 1 f16, 2 E8M0).

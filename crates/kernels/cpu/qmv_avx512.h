@@ -1,8 +1,8 @@
 //! The AVX-512 VNNI arithmetic of the packed matvec (`vpdpwssd`): qmv.h's `quantize_group` and
 //! `group_rows`, shared by the AVX-512 object (qmv_x86_64.c) and the AMX one
 //! (qmv_x86_64_amx.c), which runs it for panels with too few rows of x to pay for its tiles.
-//! Include after qmv.h, with GROUP_ROWS_3_6 defined as 1 before it: `group_rows` reads 3-bit
-//! and 6-bit groups as stored.
+//! Include after qmv.h, with GROUP_ROWS_3 and GROUP_ROWS_6 defined as 1 before it:
+//! `group_rows` reads 3-bit and 6-bit groups as stored.
 //!
 //! Each group of x is quantized to i16 against its largest magnitude (to 8 bits for the x8
 //! exports, whose 4-bit and 8-bit panels take `vpdpbusd` on x's bytes), the integer dot
@@ -135,7 +135,7 @@ static inline __attribute__((always_inline)) void group_dot8(const uint8_t* wg, 
 // `c ? a : b` bit by bit (vpternlog's table for it).
 #define SELECT 0xE4
 
-// One 3/6-bit unit's four value vectors (lane 2r + p: k + p + 2s for q_s) times n rows of x,
+// Four value vectors of a 3/6-bit unit (lane 2r + p: k + p + 2s for q_s) times n rows of x,
 // added to a0 (s = 0, 2) and a1 (s = 1, 3).
 static inline __attribute__((always_inline)) void unit_dots(__m512i q0, __m512i q1, __m512i q2, __m512i q3,
                                                             const int16_t (*xq)[MAX_GROUP], size_t n, size_t k,
@@ -148,27 +148,29 @@ static inline __attribute__((always_inline)) void unit_dots(__m512i q0, __m512i 
   }
 }
 
-// 3-bit units (qmv.h: 16 rows x 8 k in 48 bytes, a plane of low 2 bits, then one of top
-// bits) read as stored: the unit's two 4-bit tiles are built in registers, each lane's low
-// bits selected where the tile's nibbles have them (`SELECT` against 0x33) and its top bits
-// (bits 2 and 6) beside them, then split into nibbles as group_dot4 does: the values
+// 3-bit units (qmv.h: 16 rows x 32 k in three planes of 16-bit words, each word lane one
+// 48-bit stream of its 16 values) read as stored: value s of every lane is a shift and a mask
+// of its word (two straddle two words: one more shift and a ternary OR-and), in-lane
+// operations only, 8 per 128 values where the earlier layout of planes of low and top bits
+// took 13 with two cross-lane widenings (docs/PERFORMANCE.md, 2026-12-07). The values
 // `widen_group` would give, so the same dots.
 static inline __attribute__((always_inline)) void group_dot3(const uint8_t* wg, const int16_t (*xq)[MAX_GROUP],
                                                              size_t n, size_t gs, __m512i acc[PANEL]) {
-  const __m512i low = _mm512_set1_epi16(0xF), lows = _mm512_set1_epi16(0x33), tops = _mm512_set1_epi16(0x44);
-  // Lanes 16-31 read the top bits of byte L - 16 two places up (qmv.h's layout).
-  const __m512i up = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+  const __m512i seven = _mm512_set1_epi16(7);
   __m512i a0[PANEL], a1[PANEL];
   for (size_t i = 0; i < n; ++i) a0[i] = a1[i] = _mm512_setzero_si512();
-  for (size_t k = 0; k < gs; k += 8, wg += 48) {
-    const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)wg));
-    const __m512i t = _mm512_sllv_epi16(
-        _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(wg + 32)))), up);
-    const __m512i w0 = _mm512_ternarylogic_epi32(v, _mm512_and_si512(t, tops), lows, SELECT);
-    const __m512i w1 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 2),
-                                                 _mm512_and_si512(_mm512_srli_epi16(t, 1), tops), lows, SELECT);
-    unit_dots(_mm512_and_si512(w0, low), _mm512_srli_epi16(w0, 4), _mm512_and_si512(w1, low),
-              _mm512_srli_epi16(w1, 4), xq, n, k, a0, a1);
+  for (size_t k = 0; k < gs; k += 32, wg += 192) {
+    const __m512i w0 = _mm512_loadu_si512(wg), w1 = _mm512_loadu_si512(wg + 64), w2 = _mm512_loadu_si512(wg + 128);
+// Bits at..at+2 of a word; of the words a (from bit at) and b (the rest) joined: (a | b) & 7
+// is vpternlog's 0xA8.
+#define VALUE3(w, at) _mm512_and_si512(_mm512_srli_epi16(w, at), seven)
+#define JOINED3(a, b, at) _mm512_ternarylogic_epi32(_mm512_srli_epi16(a, at), _mm512_slli_epi16(b, 16 - (at)), seven, 0xA8)
+    unit_dots(_mm512_and_si512(w0, seven), VALUE3(w0, 3), VALUE3(w0, 6), VALUE3(w0, 9), xq, n, k, a0, a1);
+    unit_dots(VALUE3(w0, 12), JOINED3(w0, w1, 15), VALUE3(w1, 2), VALUE3(w1, 5), xq, n, k + 8, a0, a1);
+    unit_dots(VALUE3(w1, 8), VALUE3(w1, 11), JOINED3(w1, w2, 14), VALUE3(w2, 1), xq, n, k + 16, a0, a1);
+    unit_dots(VALUE3(w2, 4), VALUE3(w2, 7), VALUE3(w2, 10), _mm512_srli_epi16(w2, 13), xq, n, k + 24, a0, a1);
+#undef VALUE3
+#undef JOINED3
   }
   for (size_t i = 0; i < n; ++i) acc[i] = _mm512_add_epi32(a0[i], a1[i]);
 }

@@ -8,7 +8,8 @@
 #include <immintrin.h>
 
 // qmv_avx512.h reads 3-bit and 6-bit groups as stored.
-#define GROUP_ROWS_3_6 1
+#define GROUP_ROWS_3 1
+#define GROUP_ROWS_6 1
 #include "qmv.h"
 #include "qmv_avx512.h"
 #include "qrows.h"

@@ -26,7 +26,8 @@
 #include <immintrin.h>
 
 // qmv_avx512.h reads 3-bit and 6-bit groups as stored.
-#define GROUP_ROWS_3_6 1
+#define GROUP_ROWS_3 1
+#define GROUP_ROWS_6 1
 #include "qmv.h"
 #include "qmv_avx512.h"
 
@@ -202,31 +203,12 @@ static inline __attribute__((always_inline)) __m512i unpack8(const uint8_t* wg, 
   return sum;
 }
 
-// 3-bit units (qmv.h's layout: 8 k, the 4-bit tiles' low bits then their top bits) as the
-// rows of B that unpack4 makes of the two 4-bit tiles they hold: each tile built in a register
-// (the low bits where its nibbles have them, the top bits beside, as qmv_avx512.h's
-// group_dot3; the same tiles as qmv.h's widen_group, whose portable byte operations took
-// 1.1x the time here), then its nibbles spread to bytes (nibble_bytes). Byte sums of a
-// chunk's values (at most 64 k: 16 a byte, each at most 7) fit a byte.
+// 3-bit units (qmv.h's layout: 32 k, each word lane a 48-bit stream) as unpack4's rows of B:
+// qmv.h's widen_group makes the chunk's 4-bit tiles (the code the AVX2 and aarch64 objects
+// run, so tested on any host, where this object runs only on one with AMX), then unpack4.
 static inline __attribute__((always_inline)) __m512i unpack3(const uint8_t* wg, size_t kc, uint8_t* bt) {
-  const __m512i ones = _mm512_set1_epi8(1);
-  const __m256i lows = _mm256_set1_epi8(0x33), tops = _mm256_set1_epi8(0x44);
-  __m512i sum = _mm512_setzero_si512();
-  for (size_t k = 0; k < kc; k += 8, wg += 48, bt += 128) {
-    const __m256i lo = _mm256_loadu_si256((const __m256i*)wg);
-    const __m128i h = _mm_loadu_si128((const __m128i*)(wg + 32));
-    // Lanes 16-31's top bits two places up (the bits a 16-bit shift carries across bytes are
-    // masked off below).
-    const __m256i top = _mm256_inserti128_si256(_mm256_castsi128_si256(h), _mm_slli_epi16(h, 2), 1);
-    const __m256i t0 = _mm256_ternarylogic_epi32(lo, _mm256_and_si256(top, tops), lows, SELECT);
-    const __m256i t1 = _mm256_ternarylogic_epi32(_mm256_srli_epi16(lo, 2),
-                                                 _mm256_and_si256(_mm256_srli_epi16(top, 1), tops), lows, SELECT);
-    const __m512i u0 = nibble_bytes(t0), u1 = nibble_bytes(t1);
-    _mm512_store_si512(bt, u0);
-    _mm512_store_si512(bt + 64, u1);
-    sum = _mm512_add_epi8(sum, _mm512_add_epi8(u0, u1));
-  }
-  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), sum, ones);
+  uint8_t tiles[64 * 8] __attribute__((aligned(64)));  // kc <= 64 k: 8 bytes a k
+  return unpack4(0, widen_group(3, wg, kc, tiles), kc, bt);
 }
 
 // 6-bit units (8 k: the 8-bit tiles' low nibbles, then their top 2 bits) as unpack8's rows of

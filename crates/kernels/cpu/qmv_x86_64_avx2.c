@@ -13,6 +13,8 @@
 
 #include <immintrin.h>
 
+// 3-bit groups are read as stored (half_dot3, tile_dot3_1); 6-bit ones widened to 8-bit tiles.
+#define GROUP_ROWS_3 1
 #include "qmv.h"
 
 static inline __m256 load8_f16(const void* p) {
@@ -108,6 +110,63 @@ static inline __attribute__((always_inline)) void half_dot8(const uint8_t* wg, c
   }
 }
 
+// Value s of each word lane of a 3-bit unit half's planes w0, w1, w2 (qmv.h: bits 3s..3s+2 of
+// the lane's 48-bit stream; s = 5 and 10 straddle two words). In-lane shifts and masks only.
+static inline __attribute__((always_inline)) __m256i value3(__m256i w0, __m256i w1, __m256i w2, int s) {
+  const __m256i seven = _mm256_set1_epi16(7);
+  const int at = 3 * s;
+  if (at + 3 <= 16) return _mm256_and_si256(_mm256_srli_epi16(w0, at), seven);
+  if (at < 16) return _mm256_and_si256(_mm256_or_si256(_mm256_srli_epi16(w0, at), _mm256_slli_epi16(w1, 16 - at)), seven);
+  if (at + 3 <= 32) return _mm256_and_si256(_mm256_srli_epi16(w1, at - 16), seven);
+  if (at < 32) {
+    return _mm256_and_si256(_mm256_or_si256(_mm256_srli_epi16(w1, at - 16), _mm256_slli_epi16(w2, 32 - at)), seven);
+  }
+  if (at + 3 < 48) return _mm256_and_si256(_mm256_srli_epi16(w2, at - 32), seven);
+  return _mm256_srli_epi16(w2, at - 32);  // the top 3 bits: nothing above to mask
+}
+
+// 3-bit units (qmv.h: 16 rows x 32 k, three planes of 32 words) read as stored, for one half
+// of a block (8 rows; `wg` points at that half's 32 bytes of the group's first unit's first
+// plane): its 16 word lanes of each plane are one ymm, and value s is the pair of k + 2s its
+// lanes' rows take, as the 4-bit tiles' halves give them (the same exact sums).
+static inline __attribute__((always_inline)) void half_dot3(const uint8_t* wg, const int16_t (*xq)[MAX_GROUP],
+                                                            size_t n, size_t gs, __m256i acc[PANEL]) {
+  for (size_t i = 0; i < n; ++i) acc[i] = _mm256_setzero_si256();
+  for (size_t k = 0; k < gs; k += 32, wg += 192) {
+    const __m256i w0 = _mm256_loadu_si256((const __m256i*)wg), w1 = _mm256_loadu_si256((const __m256i*)(wg + 64)),
+                  w2 = _mm256_loadu_si256((const __m256i*)(wg + 128));
+#pragma GCC unroll 8  // value3's shifts and branches are constants only when unrolled
+    for (int s = 0; s < 16; s += 2) {
+      const __m256i v0 = value3(w0, w1, w2, s), v1 = value3(w0, w1, w2, s + 1);
+      for (size_t i = 0; i < n; ++i) {
+        const __m256i p0 = _mm256_set1_epi32(pair_of(xq[i], k + 2 * s));
+        const __m256i p1 = _mm256_set1_epi32(pair_of(xq[i], k + 2 * s + 2));
+        acc[i] = _mm256_add_epi32(acc[i], _mm256_add_epi32(_mm256_madd_epi16(v0, p0), _mm256_madd_epi16(v1, p1)));
+      }
+    }
+  }
+}
+
+// One row of x and 3-bit units, both halves in one pass (as tile_dot_1).
+static inline __attribute__((always_inline)) void tile_dot3_1(const uint8_t* wg, const int16_t* xq, size_t gs,
+                                                              __m256i acc[2]) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+  for (size_t k = 0; k < gs; k += 32, wg += 192) {
+#define PLANE(m, h) _mm256_loadu_si256((const __m256i*)(wg + 64 * (m) + 32 * (h)))
+    const __m256i l0 = PLANE(0, 0), l1 = PLANE(1, 0), l2 = PLANE(2, 0);
+    const __m256i h0 = PLANE(0, 1), h1 = PLANE(1, 1), h2 = PLANE(2, 1);
+#undef PLANE
+#pragma GCC unroll 16
+    for (int s = 0; s < 16; ++s) {
+      const __m256i p = _mm256_set1_epi32(pair_of(xq, k + 2 * s));
+      a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(value3(l0, l1, l2, s), p));
+      a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(value3(h0, h1, h2, s), p));
+    }
+  }
+  acc[0] = a0;
+  acc[1] = a1;
+}
+
 // One row of x (decode), both halves of each tile in one pass: the pair of x is broadcast
 // once for the block's 16 rows, and the loop runs once per tile, not twice. `acc[h]` gets
 // half h's rows (the same exact sums as half_dot4 and half_dot8 with n = 1).
@@ -141,11 +200,17 @@ static inline __attribute__((always_inline)) void group_rows(int bits, int fp4, 
                                                              const xview_t* xp, size_t i, size_t n, size_t gs,
                                                              const void* s, const void* b, float* y, size_t stride) {
   __m256i one[2];
-  if (n == 1) tile_dot_1(bits, fp4, wg, xp->q[i], gs, one);
+  if (n == 1 && bits == 3) {
+    tile_dot3_1(wg, xp->q[i], gs, one);
+  } else if (n == 1) {
+    tile_dot_1(bits, fp4, wg, xp->q[i], gs, one);
+  }
   for (size_t h = 0; h < 2; ++h) {
     __m256i a[PANEL];
     if (n == 1) {
       a[0] = one[h];
+    } else if (bits == 3) {
+      half_dot3(wg + 32 * h, xp->q + i, n, gs, a);
     } else if (bits == 4) {
       half_dot4(fp4, wg + 16 * h, xp->q + i, n, gs, a);
     } else {

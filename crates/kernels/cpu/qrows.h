@@ -35,14 +35,17 @@ static inline unsigned packed_value(int bits, const uint8_t* wb, size_t lane, si
     return (k % 4) < 2 ? (byte & 0xF) : (byte >> 4);
   }
   if (bits == 8) return wb[(k / 2) * 32 + 2 * lane + (k % 2)];
-  // 3 and 6 bits: 8 k a unit; s picks the value among the unit's four of (lane, p).
-  const size_t p = k % 2, s = (k % 8) / 2, l = 2 * lane + p;
+  const size_t p = k % 2, l = 2 * lane + p;
   if (bits == 3) {
-    const uint8_t* u = wb + (k / 8) * 48;
-    static const uint8_t lo_at[4] = {0, 4, 2, 6}, hi_at[4] = {2, 6, 3, 7};
-    const unsigned hi_shift = l < 16 ? hi_at[s] : hi_at[s] - 2u;
-    return ((u[l] >> lo_at[s]) & 3u) | (((u[32 + l % 16] >> hi_shift) & 1u) << 2);
+    // 32 k a unit: word lane l of its three planes is one 48-bit stream, value (k % 32) / 2
+    // at bits 3 * that.
+    const uint8_t* u = wb + (k / 32) * 192 + 2 * l;
+    uint64_t stream = 0;
+    for (int m = 0; m < 3; ++m) stream |= (uint64_t)(u[64 * m] | u[64 * m + 1] << 8) << (16 * m);
+    return (unsigned)(stream >> (3 * ((k % 32) / 2))) & 7u;
   }
+  // 6 bits: 8 k a unit; s picks the value among the unit's four of (lane, p).
+  const size_t s = (k % 8) / 2;
   const uint8_t* u = wb + (k / 8) * 96;
   const uint8_t nib = u[(s / 2) * 32 + l];
   return ((s % 2) ? (nib >> 4) : (nib & 0xFu)) | (((u[64 + l] >> (2 * s)) & 3u) << 4);

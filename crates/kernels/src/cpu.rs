@@ -309,21 +309,25 @@ pub fn units_per_workgroup(op: Op) -> usize {
 pub const BITS: [u32; 4] = [3, 4, 6, 8];
 
 /// Whether the kernels take a matrix of this shape: whole 16-row blocks, whole tiles and
-/// group sizes that are multiples of 16.
+/// group sizes that are multiples of 16. 3 bits take MLX's affine group sizes, 32, 64 and
+/// 128, only: their units hold 32 k, and the AMX object splits a group of 128 into two
+/// chunks of 64.
 pub fn supports(bits: u32, out: usize, inp: usize, group_size: usize) -> bool {
     BITS.contains(&bits)
         && out.is_multiple_of(BLOCK_ROWS)
         && group_size > 0
         && group_size <= 128
         && group_size.is_multiple_of(16)
+        && (bits != 3 || group_size.is_power_of_two() && group_size >= 32)
         && inp.is_multiple_of(group_size)
 }
 
 /// MLX's packed weight (each row `in * bits / 8` bytes, value k at bit `k * bits` of the
 /// row read as one little-endian number: 3 and 6 bits straddle bytes and words) in the
 /// kernel layout (`cpu/qmv.h`): per 16-row block, 4-bit tiles of 16 rows x 4 k, 8-bit tiles
-/// of 16 x 2, and 3-bit and 6-bit units of 16 x 8 split into planes of the 4-bit and 8-bit
-/// tiles' low bits and their top bits. `bits` is one of [`BITS`] and the shape passes
+/// of 16 x 2, 3-bit units of 16 x 32 (three planes of 16-bit words, each word lane's 16
+/// values one 48-bit stream) and 6-bit units of 16 x 8 split into planes of the 8-bit tiles'
+/// low nibbles and their top bits. `bits` is one of [`BITS`] and the shape passes
 /// [`supports`]; the result has MLX's byte count.
 pub fn repack_weight(bits: u32, out: usize, inp: usize, mlx: &[u8]) -> Vec<u8> {
     let width = bits as usize;
@@ -335,26 +339,29 @@ pub fn repack_weight(bits: u32, out: usize, inp: usize, mlx: &[u8]) -> Vec<u8> {
         ((pair >> (bit % 8)) & ((1 << width) - 1)) as u8
     };
     let mut packed = Vec::with_capacity(mlx.len());
-    // k per unit of 32 * bits bytes (a tile, or a 3/6-bit unit of 48/96 bytes).
+    // k per unit of 32 * bits bytes (a tile, or a 6-bit unit of 96 bytes) or, for 3 bits,
+    // of 6 * 32 bytes.
     let unit_k = match bits {
+        3 => 32,
         4 => 4,
         8 => 2,
         _ => 8,
     };
     for rb in 0..out / BLOCK_ROWS {
         for k0 in (0..inp).step_by(unit_k) {
-            // Lane L = 2r + p of the unit: row r, and the four k of the unit it holds,
-            // k0 + p + 2s for s in 0..4 (3/6 bits), the same as the 4-bit tiles' lanes.
+            // Lane L = 2r + p of the unit: row r, and the k of the unit it holds, k0 + p + 2s
+            // (s in 0..4 for 6 bits, 0..16 for 3), the same as the 4-bit tiles' lanes.
             let value = |lane: usize, s: usize| q(rb * BLOCK_ROWS + lane / 2, k0 + lane % 2 + 2 * s);
             match bits {
                 4 => packed.extend((0..32).map(|l| value(l, 0) | value(l, 1) << 4)),
                 8 => packed.extend((0..32).map(|l| value(l, 0))),
                 3 => {
-                    let low = |l: usize, s: usize| value(l, s) & 3;
-                    packed.extend((0..32).map(|l| low(l, 0) | low(l, 2) << 2 | low(l, 1) << 4 | low(l, 3) << 6));
-                    let top = |l: usize, s: usize| value(l, s) >> 2;
-                    let tops = |l: usize| top(l, 0) | top(l, 2) << 1 | top(l, 1) << 4 | top(l, 3) << 5;
-                    packed.extend((0..16).map(|i| tops(i) << 2 | tops(16 + i)));
+                    // Lane l's 16 values as one 48-bit stream, value s at bits 3s..3s+3,
+                    // stored as three planes of 32 little-endian words (bits 0-15, 16-31, 32-47).
+                    let stream = |l: usize| (0..16).fold(0u64, |st, s| st | u64::from(value(l, s)) << (3 * s));
+                    for plane in 0..3 {
+                        packed.extend((0..32).flat_map(|l| ((stream(l) >> (16 * plane)) as u16).to_le_bytes()));
+                    }
                 }
                 _ => {
                     let low = |l: usize, s: usize| value(l, s) & 0xF;
@@ -1116,7 +1123,7 @@ mod tests {
     /// Each packed value lands where the C kernel reads it.
     #[test]
     fn repacked_weights_follow_the_tile_layout() {
-        let (out, inp) = (32, 16);
+        let (out, inp) = (32, 64);
         for bits in BITS {
             let max = (1u32 << bits) - 1;
             let value = |r: usize, k: usize| ((r * 7 + k * 3) as u32 % (max + 1)) as u8;
@@ -1141,6 +1148,8 @@ mod tests {
                     let (wb, lane) = (&packed[(r / 16) * block_bytes..], r % 16);
                     // Where cpu/qrows.h's `packed_value` reads it.
                     let (l, s) = (2 * lane + k % 2, (k % 8) / 2);
+                    // A 3-bit unit's word of lane l in plane m.
+                    let word = |u: &[u8], m: usize| u64::from(u16::from_le_bytes([u[64 * m + 2 * l], u[64 * m + 2 * l + 1]]));
                     let got = match bits {
                         4 => {
                             let byte = wb[(k / 4) * 32 + l];
@@ -1148,9 +1157,9 @@ mod tests {
                         }
                         8 => wb[(k / 2) * 32 + l],
                         3 => {
-                            let u = &wb[(k / 8) * 48..];
-                            let hi_at = [2, 6, 3, 7][s] - if l < 16 { 0 } else { 2 };
-                            ((u[l] >> [0, 4, 2, 6][s]) & 3) | ((u[32 + l % 16] >> hi_at) & 1) << 2
+                            let u = &wb[(k / 32) * 192..];
+                            let stream = word(u, 0) | word(u, 1) << 16 | word(u, 2) << 32;
+                            ((stream >> (3 * ((k % 32) / 2))) & 7) as u8
                         }
                         _ => {
                             let u = &wb[(k / 8) * 96..];
@@ -1238,6 +1247,8 @@ mod tests {
         assert!(!supports(4, 100, 64, 32), "rows not a multiple of 16");
         assert!(!supports(4, 64, 96, 64), "groups do not divide the input");
         assert!(supports(3, 64, 64, 64) && supports(6, 64, 64, 16), "3 and 6 bits as stored");
+        assert!(supports(3, 64, 64, 32) && supports(3, 64, 128, 128), "3 bits at MLX's group sizes");
+        assert!(!supports(3, 64, 64, 16) && !supports(3, 64, 192, 96), "3-bit units hold 32 k, chunks 64");
         assert!(!supports(2, 64, 64, 64) && !supports(5, 64, 64, 64), "2 and 5 bits: held at 4 and 8");
         assert!(!supports(4, 64, 64, 8), "group smaller than 16");
         assert!(!supports(4, 64, 256, 256), "group larger than 128");

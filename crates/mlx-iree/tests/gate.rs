@@ -193,13 +193,13 @@ fn packed_matches_mlx_lm(family: &str) {
     }
 }
 
-/// MLX's other formats, held packed as exact 4- or 8-bit affine copies (affine 2 and 3 bits as
-/// 4; 5 and 6 bits, mxfp4 and nvfp4 as 8; mlx-lm's mixed_3_6 recipe both in one model),
-/// against mlx-lm's own float32 trajectories of llama_llama3_tied's variants in them, through
-/// the host's CPU kernel: token-exact for all 40 steps, but for q5 and mxfp4, which pass the
-/// gate (measured 119 of 120 teacher-forced steps: the kernel's i16 rounding of x, which MLX
-/// does not do, flips a near tie; the graph form agrees to the step). (q2, q3 and q5 share
-/// the q4 and q8 variants' modules: the same widths, group size and scale type.)
+/// MLX's other formats, held packed (affine 3 and 6 bits, mxfp4 and nvfp4 as stored; affine 2
+/// bits as an exact 4-bit copy, 5 bits as 8; mlx-lm's mixed_3_6 recipe both 3 and 6 in one
+/// model), against mlx-lm's own float32 trajectories of llama_llama3_tied's variants in
+/// them, through the host's CPU kernel: token-exact for all 40 steps, but for q5 and mxfp4,
+/// which pass the gate (measured 119 of 120 teacher-forced steps: the kernel's i16 rounding of
+/// x, which MLX does not do, flips a near tie; the graph form agrees to the step). (q2 and q5
+/// share the q4 and q8 variants' modules: the same widths, group size and scale type.)
 #[test]
 fn packed_holds_every_mlx_format() {
     let exact = [("q2", true), ("q3", true), ("q5", false), ("q6", true), ("mixed_3_6", true)];

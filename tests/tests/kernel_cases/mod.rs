@@ -52,16 +52,17 @@ pub fn entries() -> Vec<Entry> {
 }
 
 /// MLX's usual group sizes (64 and 32) and the extremes the kernels take: 128 (the AMX object
-/// splits it in two chunks) and 16 (half of the 32 values its quantization takes at once);
-/// FP4 at mxfp4's 32 (its E8M0 scale bytes too) and nvfp4's 16.
+/// splits it in two chunks) and 16 (half of the 32 values its quantization takes at once;
+/// 3 bits take 32, 64 and 128 only: one unit of 32 k a group, and four); FP4 at mxfp4's 32
+/// (its E8M0 scale bytes too) and nvfp4's 16.
 pub fn group_size(e: &Entry) -> usize {
     match (e.bits, e.fp4, e.scale) {
         (4, true, Scale::F16 | Scale::E8m0) => 32,
         (4, true, Scale::F32) => 16,
         (4, _, Scale::F16) => 64,
         (4, _, Scale::F32) => 128,
-        (3, _, Scale::F16) => 64,
-        (3, _, Scale::F32) => 16,
+        (3, _, Scale::F16) => 32,
+        (3, _, Scale::F32) => 128,
         (6, _, Scale::F16) => 128,
         (6, _, Scale::F32) => 32,
         (_, _, Scale::F16) => 32,
