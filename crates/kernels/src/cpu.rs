@@ -1149,7 +1149,8 @@ mod tests {
                     // Where cpu/qrows.h's `packed_value` reads it.
                     let (l, s) = (2 * lane + k % 2, (k % 8) / 2);
                     // A 3-bit unit's word of lane l in plane m.
-                    let word = |u: &[u8], m: usize| u64::from(u16::from_le_bytes([u[64 * m + 2 * l], u[64 * m + 2 * l + 1]]));
+                    let word =
+                        |u: &[u8], m: usize| u64::from(u16::from_le_bytes([u[64 * m + 2 * l], u[64 * m + 2 * l + 1]]));
                     let got = match bits {
                         4 => {
                             let byte = wb[(k / 4) * 32 + l];
