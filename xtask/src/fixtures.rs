@@ -1,7 +1,8 @@
 //! `cargo xtask fixtures`: regenerates tests/fixtures/ (tiny random MLX checkpoints and
 //! mlx-lm's greedy trajectories) with xtask/python/make_fixtures.py, then the
-//! bfloat16-weights references (`expected_bf16.json`) with xtask/python/rounded_reference.py,
-//! and tests/fixtures-trained/ (the same architectures trained until confident, for
+//! bfloat16-weights references (`expected_bf16.json`) with xtask/python/rounded_reference.py
+//! and the 8-bit-KV-cache references (`expected_q8kv.json`) with
+//! xtask/python/q8_kv_reference.py, and tests/fixtures-trained/ (the same architectures trained until confident, for
 //! precision gating) with xtask/python/make_trained_fixtures.py.
 //!
 //! Also home of the mlx-lm venv (`target/mlx-venv`) that `cargo xtask model` shares.
@@ -27,13 +28,15 @@ pub fn run(args: &[String]) -> Result<()> {
         stage: "fixtures 2/3",
         dir: fixtures_dir(),
         stamp: "fixtures.stamp",
-        scripts: &["make_fixtures.py", "oracle.py", "rounded_reference.py"],
+        scripts: &["make_fixtures.py", "oracle.py", "rounded_reference.py", "q8_kv_reference.py"],
     };
     random.make(&pins, force, || {
         progress(random.stage, format!("making the random-weight fixtures with mlx-lm into {}", random.dir.display()));
         util::run(python(&venv, "make_fixtures.py").arg("--out").arg(&random.dir))?;
         progress(random.stage, "recording mlx-lm's trajectories with bfloat16-rounded weights (expected_bf16.json)");
-        util::run(python(&venv, "rounded_reference.py").arg("--fixtures").arg(&random.dir))
+        util::run(python(&venv, "rounded_reference.py").arg("--fixtures").arg(&random.dir))?;
+        progress(random.stage, "recording mlx-lm's trajectories with an 8-bit KV cache (expected_q8kv.json)");
+        util::run(python(&venv, "q8_kv_reference.py").arg("--fixtures").arg(&random.dir))
     })?;
     let trained = Set {
         stage: "fixtures 3/3",
