@@ -37,6 +37,7 @@ import numpy as np
 from mlx_lm.models import cache as mlx_cache
 
 import oracle
+import rounded_reference
 
 SCRIPT = "xtask/python/q8_kv_reference.py"
 PRECISION = "f32, q8 KV cache"
@@ -116,18 +117,7 @@ def record(model_dir):
             trajs.append(rec)
     if rounding.calls == 0:
         raise SystemExit(f"{model_dir}: no cache row was rounded")
-    doc = {
-        "fixture": expected["fixture"],
-        "variant": expected["variant"],
-        "model_type": expected["model_type"],
-        "about": ABOUT,
-        "weights": expected["weights"],
-        "steps": steps,
-        "generator": {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "script": SCRIPT},
-        "trajectories": trajs,
-    }
-    differing = sum(a["token_ids"] != b["token_ids"] for a, b in zip(trajs, expected["trajectories"]))
-    return doc, differing
+    return rounded_reference.reference_doc(expected, ABOUT, SCRIPT, trajs)
 
 
 def main():

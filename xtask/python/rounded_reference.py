@@ -156,14 +156,21 @@ def record(model_dir):
             rec = oracle.trajectory(model, t["prompt_ids"], steps)
         rec["precision"] = PRECISION
         trajs.append(rec)
+    return reference_doc(expected, ABOUT, SCRIPT, trajs)
+
+
+def reference_doc(expected, about, script, trajs):
+    """A rounded reference file (`expected.json`'s shape, its fixture, weights and steps,
+    this about, script and trajectories) and how many trajectories differ from expected.json's;
+    q8_kv_reference.py's too."""
     doc = {
         "fixture": expected["fixture"],
         "variant": expected["variant"],
         "model_type": expected["model_type"],
-        "about": ABOUT,
+        "about": about,
         "weights": expected["weights"],
-        "steps": steps,
-        "generator": {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "script": SCRIPT},
+        "steps": expected["steps"],
+        "generator": {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "script": script},
         "trajectories": trajs,
     }
     differing = sum(a["token_ids"] != b["token_ids"] for a, b in zip(trajs, expected["trajectories"]))
