@@ -133,14 +133,7 @@ def main():
         name = d.parent.name
         if name in SKIP or (args.only and name not in args.only):
             continue
-        doc, differing = record(d)
-        (d / "expected_q8kv.json").write_text(json.dumps(doc, indent=1) + "\n")
-        margin = min(t["min_top2_margin"] for t in doc["trajectories"])
-        print(
-            f"[fixtures] {name}/{d.name} q8 KV cache: min top-2 margin {margin:.4f}, "
-            f"trajectories differing from expected.json: {differing} of {len(doc['trajectories'])}",
-            flush=True,
-        )
+        rounded_reference.write_reference(d, "expected_q8kv.json", "q8 KV cache", *record(d))
     return 0
 
 

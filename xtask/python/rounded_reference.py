@@ -177,6 +177,17 @@ def reference_doc(expected, about, script, trajs):
     return doc, differing
 
 
+def write_reference(folder, file, what, doc, differing):
+    """Writes a reference_doc into `folder`/`file` and says so in a progress line."""
+    (folder / file).write_text(json.dumps(doc, indent=1) + "\n")
+    margin = min(t["min_top2_margin"] for t in doc["trajectories"])
+    print(
+        f"[fixtures] {folder.parent.name}/{folder.name} {what}: min top-2 margin {margin:.4f}, "
+        f"trajectories differing from expected.json: {differing} of {len(doc['trajectories'])}",
+        flush=True,
+    )
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fixtures", required=True, help="tests/fixtures")
@@ -190,14 +201,7 @@ def main():
     for d in dirs:
         if args.only and d.parent.name not in args.only:
             continue
-        doc, differing = record(d)
-        (d / "expected_bf16.json").write_text(json.dumps(doc, indent=1) + "\n")
-        margin = min(t["min_top2_margin"] for t in doc["trajectories"])
-        print(
-            f"[fixtures] {d.parent.name}/{d.name} bf16 weights: min top-2 margin {margin:.4f}, "
-            f"trajectories differing from expected.json: {differing} of {len(doc['trajectories'])}",
-            flush=True,
-        )
+        write_reference(d, "expected_bf16.json", "bf16 weights", *record(d))
     return 0
 
 
