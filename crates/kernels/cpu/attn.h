@@ -227,16 +227,17 @@ static inline vf vf_attn_exp(vf x) {
         /* Head h's rows ATTN_AHEAD blocks on (the prefetchers do not follow rows stride */      \
         /* apart far enough), asked for head by head rather than all at once, which stalled */  \
         /* on the outstanding requests: each line a row touches (an 8-bit row, hd * 5 / 4 */     \
-        /* bytes, need not start on one). */                                                       \
+        /* bytes, need not start on one). Into L2 (locality 2: prefetcht1), not L1: one */       \
+        /* thread then reads the cache at 12 GB/s, not 7 (cpu/attn_bench.c). */                   \
         if (j0 + ATTN_AHEAD * ATTN_BLOCK < span_hi)                                               \
           for (size_t jj = 0; jj < ATTN_BLOCK; ++jj) {                                            \
             const size_t row = ((size_t)j0 + ATTN_AHEAD * ATTN_BLOCK + jj) * row_stride + h * row_w; \
             const uintptr_t kr = (uintptr_t)(krows + row), vr = (uintptr_t)(vrows + row);         \
             const size_t bytes = row_w * sizeof(ETYPE);                                           \
             for (size_t b = 0; b < bytes + (kr & 63); b += 64)                                    \
-              __builtin_prefetch((const char*)((kr & ~(uintptr_t)63) + b));                       \
+              __builtin_prefetch((const char*)((kr & ~(uintptr_t)63) + b), 0, 2);                       \
             for (size_t b = 0; b < bytes + (vr & 63); b += 64)                                    \
-              __builtin_prefetch((const char*)((vr & ~(uintptr_t)63) + b));                       \
+              __builtin_prefetch((const char*)((vr & ~(uintptr_t)63) + b), 0, 2);                       \
           }                                                                                       \
         const ETYPE* kraw = krows + (size_t)j0 * row_stride + h * row_w;                          \
         const ETYPE* vraw = vrows + (size_t)j0 * row_stride + h * row_w;                          \
