@@ -2,8 +2,8 @@
 //! mlx-lm's greedy trajectories) with xtask/python/make_fixtures.py, then the
 //! bfloat16-weights references (`expected_bf16.json`) with xtask/python/rounded_reference.py
 //! and the 8-bit-KV-cache references (`expected_q8kv.json`) with
-//! xtask/python/q8_kv_reference.py, and tests/fixtures-trained/ (the same architectures trained until confident, for
-//! precision gating) with xtask/python/make_trained_fixtures.py.
+//! xtask/python/q8_kv_reference.py, and tests/fixtures-trained/ (the same architectures
+//! trained until confident, for precision gating) with xtask/python/make_trained_fixtures.py.
 //!
 //! Also home of the mlx-lm venv (`target/mlx-venv`) that `cargo xtask model` shares.
 //! The fixtures are committed; a stamp per folder under target/ records the scripts, the pinned

@@ -235,9 +235,9 @@ static inline vf vf_attn_exp(vf x) {
             const uintptr_t kr = (uintptr_t)(krows + row), vr = (uintptr_t)(vrows + row);         \
             const size_t bytes = row_w * sizeof(ETYPE);                                           \
             for (size_t b = 0; b < bytes + (kr & 63); b += 64)                                    \
-              __builtin_prefetch((const char*)((kr & ~(uintptr_t)63) + b), 0, 2);                       \
+              __builtin_prefetch((const char*)((kr & ~(uintptr_t)63) + b), 0, 2);                 \
             for (size_t b = 0; b < bytes + (vr & 63); b += 64)                                    \
-              __builtin_prefetch((const char*)((vr & ~(uintptr_t)63) + b), 0, 2);                       \
+              __builtin_prefetch((const char*)((vr & ~(uintptr_t)63) + b), 0, 2);                 \
           }                                                                                       \
         const ETYPE* kraw = krows + (size_t)j0 * row_stride + h * row_w;                          \
         const ETYPE* vraw = vrows + (size_t)j0 * row_stride + h * row_w;                          \

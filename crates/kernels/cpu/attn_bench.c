@@ -20,6 +20,11 @@
 #include KERNEL
 static double now(void) { struct timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 int main(int argc, char** argv) {
+  if (argc != 4 || atoi(argv[1]) < 1 || atoi(argv[1]) > 64 || atoi(argv[2]) < 1 || atoi(argv[2]) > 2084 ||
+      (strcmp(argv[3], "dram") && strcmp(argv[3], "hot"))) {
+    fprintf(stderr, "usage: attn_bench B CTX dram|hot   (B 1..64 rows, CTX 1..2084 positions)\n");
+    return 2;
+  }
   const size_t B = atoi(argv[1]), CTX = atoi(argv[2]); const int hot = !strcmp(argv[3], "hot");
   const size_t L = 16, S = 8, P = 2100, K = 8, G = 4, HD = 64;
   const size_t per = L * S * P * K * HD;

@@ -164,8 +164,8 @@ f16_kv_families!(llama_llama3_tied, qwen3, gemma2, gemma3_text, qwen3_5);
 /// expected.json they are not, as bf16 weights are not: deepseek_v3 agrees on 82.5% of the
 /// teacher-forced steps with a q8 cache, 91.7% with bf16 weights.) All 31 families with a
 /// cached decode were measured token-exact (every_fixture_family_is_swept checks each has
-/// its file); these run in the suite, one per
-/// kind of cache the format has to hold: plain grouped-query rows (llama), a latent
+/// its file); these run in the suite, one per kind of cache the format has to hold: plain
+/// grouped-query rows (llama), a latent
 /// attention's latents and rotated keys (deepseek_v3), sinks beside sliding-window layers
 /// (gpt_oss), rotating window caches (gemma3), layers reading another layer's cache
 /// (gemma4), and attention beside recurrent state (qwen3_5). Each is one more module to
