@@ -308,6 +308,8 @@ fn side_by_side(no_fail_fast: bool, harness_args: &[String]) -> Result<()> {
     let logs = util::target_dir().join("test-logs");
     std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
 
+    let cache = util::target_dir().join("test-compile-cache");
+    let modules_before = cached_modules(&cache);
     let queue = Mutex::new(queue);
     let outcomes = Mutex::new(Vec::<Outcome>::new());
     let stop = std::sync::atomic::AtomicBool::new(false);
@@ -346,6 +348,17 @@ fn side_by_side(no_fail_fast: bool, harness_args: &[String]) -> Result<()> {
             longest.join(", ")
         ),
     );
+    // Most of the suite's time is IREE compiling these: the number to watch when tests are
+    // added (docs/PERFORMANCE.md, "Test suite time (2026-12-07)").
+    let modules_after = cached_modules(&cache);
+    progress(
+        "test",
+        format!(
+            "{} modules compiled into {} ({modules_before} were there before)",
+            modules_after.saturating_sub(modules_before),
+            cache.display()
+        ),
+    );
     let failed: Vec<&str> = outcomes.iter().filter(|o| !o.passed).map(|o| o.label.as_str()).collect();
     if !failed.is_empty() {
         if !not_run.is_empty() {
@@ -354,6 +367,20 @@ fn side_by_side(no_fail_fast: bool, harness_args: &[String]) -> Result<()> {
         bail!("test failed: {} (logs in {})", failed.join(", "), logs.display());
     }
     Ok(())
+}
+
+/// Compiled modules in the tests' compile cache (`<key>.vmfb`, parameter encoders not
+/// counted); 0 when there is no such folder.
+fn cached_modules(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.ends_with(".vmfb") && !name.ends_with(".encoder.vmfb")
+        })
+        .count()
 }
 
 /// `cargo test --no-run` over the workspace: the test binaries it built.

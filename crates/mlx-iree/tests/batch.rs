@@ -6,14 +6,13 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
+use common::{DRAFT, MAX_BATCH, root};
 use engine::gate::{self, Reference};
-use engine::{Draft, Engine, EngineConfig, KvElem, Precision, Step};
+use engine::{Engine, EngineConfig, KvElem, Precision, Step};
 use models::Activations;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
 
 /// One test counts the compiles of the whole process and runs alone (`alone`); the others
 /// run side by side (`beside`), as each mostly compiles, on one core each.
@@ -27,12 +26,8 @@ fn alone() -> std::sync::RwLockWriteGuard<'static, ()> {
     TURNS.write().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-const MAX_BATCH: usize = 8;
 /// Decode steps checked per row.
 const STEPS: usize = 16;
-
-/// Draft tokens per verify call.
-const DRAFT: usize = 4;
 
 /// An engine of MAX_BATCH slots at the host's default CPU kernel (the other objects: see
 /// a_rows_logits_do_not_depend_on_the_other_rows), with verify calls of DRAFT draft tokens
@@ -43,16 +38,8 @@ fn engine(dir: &Path, precision: Precision) -> Engine {
 
 /// [`engine`] with a KV cache of element type `kv` and the packed products' `activations`.
 fn engine_with(dir: &Path, precision: Precision, kv: KvElem, activations: Activations) -> Engine {
-    let config = EngineConfig {
-        kv_elem: kv,
-        activations,
-        max_batch: MAX_BATCH,
-        max_context: Some(64),
-        // Shared with crates/engine/tests/scheduler.rs; storing is stored_parameters.rs's.
-        store_parameters: false,
-        draft: Draft::Ngram { tokens: DRAFT },
-        ..EngineConfig::new("local-task", precision, root().join("target/test-compile-cache"))
-    };
+    // Shared with fixtures.rs (f32) and crates/engine/tests/scheduler.rs.
+    let config = EngineConfig { kv_elem: kv, activations, ..common::eight_slot_engine(precision) };
     Engine::load(dir, &config).unwrap()
 }
 

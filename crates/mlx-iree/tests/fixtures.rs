@@ -10,6 +10,8 @@ use engine::{Engine, EngineConfig, Precision};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
+mod common;
+
 /// Largest |logit difference| allowed against mlx-lm's float32 logits (magnitudes 10 to 29;
 /// both sides are f32, summing in different orders). Measured maximum: 1.02e-4 (qwen3_5_moe q8,
 /// logits up to 24: the delta-rule scan and 8 experts sum in another order than MLX's).
@@ -35,15 +37,21 @@ fn check(fixture: &str, variant: &str, precision: Precision, file: &str) {
     let steps = expected["steps"].as_u64().unwrap() as usize;
     let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
     let longest = trajectories.iter().map(|t| ids(&t["prompt_ids"]).len()).max().unwrap();
-    let config = EngineConfig {
-        max_context: Some((longest + steps).next_power_of_two().max(64)),
-        // f32 engines have batch.rs's 8 slots, so each family's f32 module compiles once for
-        // both files (and gate.rs); one sequence runs its 1-row functions either way.
-        max_batch: if precision == Precision::F32 { 8 } else { 1 },
-        // As gate.rs (which shares these modules): storing weights in final form is
-        // crates/engine/tests/stored_parameters.rs's, here only one more compile per module.
-        store_parameters: false,
-        ..EngineConfig::new("local-task", precision, cache_dir())
+    let context = (longest + steps).next_power_of_two().max(64);
+    let config = if precision == Precision::F32 {
+        // batch.rs's engine, so each family's f32 module compiles once for both files; one
+        // sequence runs its 1-row functions either way, and drafts are never asked for.
+        let config = common::eight_slot_engine(precision);
+        assert_eq!(config.max_context, Some(context), "{fixture}/{variant}: longer than batch.rs's engines");
+        config
+    } else {
+        EngineConfig {
+            max_context: Some(context),
+            // As gate.rs (which shares these modules): storing weights in final form is
+            // crates/engine/tests/stored_parameters.rs's, here only one more compile per module.
+            store_parameters: false,
+            ..EngineConfig::new("local-task", precision, cache_dir())
+        }
     };
     let mut engine = Engine::load(&dir, &config).unwrap();
     for t in trajectories {

@@ -110,8 +110,6 @@ fn check_with(dir: &Path, precision: Precision, kv: KvElem, kernels: KernelSetti
         max_context: Some((longest + steps).next_power_of_two().max(64)),
         kv_elem: kv,
         kernels,
-        // The f32 modules of fixtures.rs and batch.rs, which have 8 slots.
-        max_batch: if (precision, kv) == (Precision::F32, KvElem::F32) { 8 } else { 1 },
         // Storing the weights in final form is proven by crates/engine/tests/stored_parameters.rs;
         // here it would add an encoder to every module's compile.
         store_parameters: false,

@@ -1,6 +1,6 @@
 //! What the tests that run the binary share: the SmolLM2 test model, the compile cache they
-//! all use (so one compiled module per shape serves every test), `generate`'s greedy answer,
-//! and a `mlx-iree serve` process (started, waited for with a deadline until it listens,
+//! all use (so one compiled module per shape serves every test), the settings of the engines
+//! batch.rs and fixtures.rs share, `generate`'s greedy answer, and a `mlx-iree serve` process (started, waited for with a deadline until it listens,
 //! killed and reaped when dropped) with plain HTTP/1.1 requests to it.
 
 #![allow(dead_code, clippy::unwrap_used)] // each test file uses part of it
@@ -17,6 +17,28 @@ pub const SMOLLM2_CONTEXT: &str = "128";
 
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Slots of batch.rs's engines, and of fixtures.rs's f32 engines ([`eight_slot_engine`]).
+pub const MAX_BATCH: usize = 8;
+/// Draft tokens per verify call of those engines.
+pub const DRAFT: usize = 4;
+
+/// The settings of batch.rs's engines at `precision`: MAX_BATCH slots of 64 positions,
+/// verify calls of DRAFT prompt-lookup drafts, weights not stored (stored_parameters.rs's
+/// subject; here only an encoder more to compile), the tests' compile cache. fixtures.rs's
+/// f32 engines take them too, so each fixture family's f32 module compiles once for both
+/// files: the drafts add verify functions, so the same engine without them is another
+/// module, which cost the suite about 20 compiles of 15-50 s each until 2026-12-07
+/// (docs/PERFORMANCE.md, "Test suite time (2026-12-07)").
+pub fn eight_slot_engine(precision: engine::Precision) -> engine::EngineConfig {
+    engine::EngineConfig {
+        max_batch: MAX_BATCH,
+        max_context: Some(64),
+        store_parameters: false,
+        draft: engine::Draft::Ngram { tokens: DRAFT },
+        ..engine::EngineConfig::new("local-task", precision, root().join("target/test-compile-cache"))
+    }
 }
 
 /// The SmolLM2-135M-Instruct 4-bit folder `cargo xtask model` makes.
