@@ -8,7 +8,7 @@
 
 use engine::{Engine, EngineConfig, Precision};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 mod common;
 
@@ -20,13 +20,8 @@ const LOGIT_TOL: f32 = 1.5e-4;
 /// both sides). Measured maximum: 1.3e-4 (gemma f32, logits up to 23).
 const LOGIT_TOL_BF16: f32 = 2e-4;
 
-/// Compiled modules shared with the other engine tests and reruns (under target/, as CI caches).
-fn cache_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/test-compile-cache")
-}
-
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+    common::root().join("tests/fixtures")
 }
 
 /// `precision` against mlx-lm's trajectories in `file` of `fixture/variant`.
@@ -50,7 +45,7 @@ fn check(fixture: &str, variant: &str, precision: Precision, file: &str) {
             // As gate.rs (which shares these modules): storing weights in final form is
             // crates/engine/tests/stored_parameters.rs's, here only one more compile per module.
             store_parameters: false,
-            ..EngineConfig::new("local-task", precision, cache_dir())
+            ..EngineConfig::new("local-task", precision, common::compile_cache())
         }
     };
     let mut engine = Engine::load(&dir, &config).unwrap();

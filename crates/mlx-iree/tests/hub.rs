@@ -31,7 +31,7 @@ fn trajectory(model: &str, endpoint: &str, hf_home: &Path, env: &[(&str, &str)])
     command
         .args(["trajectory", "--model", model, "--prompt-ids", "1,2,3", "--steps", "4", "--max-context", "64"])
         .args(["--precision", "f32", "--out", file.to_str().unwrap()])
-        .env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"))
+        .env("MLX_IREE_CACHE_DIR", common::compile_cache())
         .env("MLX_IREE_STORE_PARAMETERS", "0")
         .env("HF_ENDPOINT", endpoint)
         .env("HF_HOME", hf_home)

@@ -1,7 +1,8 @@
 //! What the tests that run the binary share: the SmolLM2 test model, the compile cache they
 //! all use (so one compiled module per shape serves every test), the settings of the engines
-//! batch.rs and fixtures.rs share, `generate`'s greedy answer, and a `mlx-iree serve` process (started, waited for with a deadline until it listens,
-//! killed and reaped when dropped) with plain HTTP/1.1 requests to it.
+//! batch.rs and fixtures.rs share, `generate`'s greedy answer, and a `mlx-iree serve` process
+//! (started, waited for with a deadline until it listens, killed and reaped when dropped)
+//! with plain HTTP/1.1 requests to it.
 
 #![allow(dead_code, clippy::unwrap_used)] // each test file uses part of it
 
@@ -19,6 +20,11 @@ pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// The compile cache every test of this package uses (under target/, as CI caches).
+pub fn compile_cache() -> PathBuf {
+    root().join("target/test-compile-cache")
+}
+
 /// Slots of batch.rs's engines, and of fixtures.rs's f32 engines ([`eight_slot_engine`]).
 pub const MAX_BATCH: usize = 8;
 /// Draft tokens per verify call of those engines.
@@ -29,15 +35,15 @@ pub const DRAFT: usize = 4;
 /// subject; here only an encoder more to compile), the tests' compile cache. fixtures.rs's
 /// f32 engines take them too, so each fixture family's f32 module compiles once for both
 /// files: the drafts add verify functions, so the same engine without them is another
-/// module, which cost the suite about 20 compiles of 15-50 s each until 2026-12-07
-/// (docs/PERFORMANCE.md, "Test suite time (2026-12-07)").
+/// module: until 2026-12-07 fixtures.rs compiled its own eight-slot module per family (with
+/// gate.rs's, 31 compiles of 15-120 s; docs/PERFORMANCE.md, "Test suite time (2026-12-07)").
 pub fn eight_slot_engine(precision: engine::Precision) -> engine::EngineConfig {
     engine::EngineConfig {
         max_batch: MAX_BATCH,
         max_context: Some(64),
         store_parameters: false,
         draft: engine::Draft::Ngram { tokens: DRAFT },
-        ..engine::EngineConfig::new("local-task", precision, root().join("target/test-compile-cache"))
+        ..engine::EngineConfig::new("local-task", precision, compile_cache())
     }
 }
 
@@ -67,7 +73,7 @@ pub fn scripted(fixture: &str, name: &str) -> tempfile::TempDir {
 /// The binary, with the tests' shared compile cache.
 pub fn mlx_iree() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_mlx-iree"));
-    c.env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"));
+    c.env("MLX_IREE_CACHE_DIR", compile_cache());
     c
 }
 
