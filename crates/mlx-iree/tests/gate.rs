@@ -6,11 +6,9 @@
 use engine::gate::{self, PromptResult, Reference, Report};
 use engine::{Engine, EngineConfig, KernelSetting, KvElem, Precision};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
+use common::{SMOLLM2_CONTEXT, mlx_iree, root, smollm2};
 
 #[test]
 fn pass_rule() {
@@ -103,17 +101,27 @@ fn check_kv(dir: &Path, precision: Precision, kv: KvElem, refs: &[Reference]) ->
 
 /// [`check`] with the KV cache in `kv` and the kernels `kernels`.
 fn check_with(dir: &Path, precision: Precision, kv: KvElem, kernels: KernelSetting, refs: &[Reference]) -> Report {
-    let cache = root().join("target/test-compile-cache");
     let steps = refs.iter().map(|r| r.token_ids.len()).max().unwrap();
     let longest = refs.iter().map(|r| r.prompt_ids.len()).max().unwrap();
-    let config = EngineConfig {
-        max_context: Some((longest + steps).next_power_of_two().max(64)),
-        kv_elem: kv,
-        kernels,
-        // Storing the weights in final form is proven by crates/engine/tests/stored_parameters.rs;
-        // here it would add an encoder to every module's compile.
-        store_parameters: false,
-        ..EngineConfig::new("local-task", precision, cache)
+    let context = (longest + steps).next_power_of_two().max(64);
+    let config = if (precision, kv, kernels) == (Precision::F32, KvElem::F32, KernelSetting::Auto) {
+        // The trained fixtures have their random twins' configs, so at f32 this is batch.rs's
+        // and fixtures.rs's module of the family: one sequence runs its one-row functions and
+        // never asks for drafts. (With one slot it was a module of its own per family, 8 more
+        // compiles per suite.)
+        let config = common::eight_slot_engine(precision);
+        assert_eq!(config.max_context, Some(context), "{}: longer than batch.rs's engines", dir.display());
+        config
+    } else {
+        EngineConfig {
+            max_context: Some(context),
+            kv_elem: kv,
+            kernels,
+            // Storing the weights in final form is proven by crates/engine/tests/stored_parameters.rs;
+            // here it would add an encoder to every module's compile.
+            store_parameters: false,
+            ..EngineConfig::new("local-task", precision, common::compile_cache())
+        }
     };
     let mut engine = Engine::load(dir, &config).unwrap();
     gate::check(&mut engine, refs).unwrap()
@@ -449,10 +457,9 @@ fn packed_graph_form_matches_mlx_lm() {
     for fixture in fixtures {
         let dir = root().join("tests/fixtures").join(fixture);
         let reference = dir.join("expected.json");
-        let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
+        let out = mlx_iree()
             .args(["gate", "--model", dir.to_str().unwrap(), "--precision", "packed", "--steps", "40"])
             .args(["--reference", reference.to_str().unwrap(), "--max-context", "64"])
-            .env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"))
             .env("MLX_IREE_KERNELS", "0")
             .env("MLX_IREE_STORE_PARAMETERS", FIXTURE_STORE_PARAMETERS)
             .output()
@@ -462,11 +469,6 @@ fn packed_graph_form_matches_mlx_lm() {
         assert!(stdout.contains("token-exact on every prompt: yes"), "{fixture}: {stdout}");
     }
 }
-
-/// Positions of every SmolLM2 engine in the tests (gate.rs, smollm2.rs, openai.rs): one
-/// context, so the tests share each SmolLM2 module (about a minute of compile each) instead
-/// of compiling it once per size.
-const SMOLLM2_CONTEXT: &str = "128";
 
 /// The context of the trained fixtures' engines in the other gate tests, and their setting
 /// of `MLX_IREE_STORE_PARAMETERS` (`store_parameters: false` in [`check_with`]), so the CLI
@@ -492,11 +494,10 @@ fn gate_cli_storing(
     store: &str,
 ) -> (i32, String) {
     assert!(dir.join("config.json").exists(), "test model missing at {}: run `cargo xtask model` first", dir.display());
-    let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
+    let out = mlx_iree()
         .args(["gate", "--model", dir.to_str().unwrap(), "--precision", precision, "--steps", &steps.to_string()])
         .args(["--max-context", context])
         .args(extra)
-        .env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"))
         .env("MLX_IREE_STORE_PARAMETERS", store)
         .output()
         .unwrap();
@@ -522,7 +523,7 @@ fn f16_kv_cache_gate_cli_passes_on_a_trained_fixture() {
 /// docs/PERFORMANCE.md.
 #[test]
 fn checkpoint_smollm2_q8_kv_cache_passes_the_gate() {
-    let dir = root().join("target/models/smollm2-135m-instruct-4bit");
+    let dir = smollm2();
     let (code, stdout) = gate_cli(&dir, "packed", 32, SMOLLM2_CONTEXT, &["--kv-cache", "q8"]);
     assert_eq!(code, 0, "{stdout}");
     assert!(stdout.contains("-> PASS") && stdout.contains("(4 prompts x 32 steps)"), "{stdout}");
@@ -570,7 +571,7 @@ fn bf16_gate_cli_passes_against_f32_on_a_trained_fixture() {
 /// packed_graph_form_matches_mlx_lm: each SmolLM2 module is about a minute of compile.)
 #[test]
 fn gate_against_the_mlx_oracle_file() {
-    let dir = root().join("target/models/smollm2-135m-instruct-4bit");
+    let dir = smollm2();
     let oracle = dir.join("oracle.json");
     // (precision, MLX_IREE_KERNELS)
     let runs = [(None, "auto"), (Some("packed"), "auto")];
@@ -578,12 +579,7 @@ fn gate_against_the_mlx_oracle_file() {
         let mut args = vec!["gate", "--model", dir.to_str().unwrap(), "--reference", oracle.to_str().unwrap()];
         args.extend(["--steps", "48", "--max-context", SMOLLM2_CONTEXT]);
         args.extend(precision.iter().flat_map(|p| ["--precision", p]));
-        let out = Command::new(env!("CARGO_BIN_EXE_mlx-iree"))
-            .args(&args)
-            .env("MLX_IREE_CACHE_DIR", root().join("target/test-compile-cache"))
-            .env("MLX_IREE_KERNELS", kernels)
-            .output()
-            .unwrap();
+        let out = mlx_iree().args(&args).env("MLX_IREE_KERNELS", kernels).output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert_eq!(out.status.code(), Some(0), "{precision:?} {kernels}: {stdout}");
         assert!(stdout.contains("token-exact on every prompt: yes") && stdout.contains("-> PASS"), "{stdout}");

@@ -94,7 +94,7 @@ fn generate_chat_answers_paris() {
         "What is the capital of France?",
         "--max-tokens",
         "24",
-        // The context of every SmolLM2 engine in the tests (gate.rs SMOLLM2_CONTEXT), so the
+        // The context of every SmolLM2 engine in the tests (common::SMOLLM2_CONTEXT), so the
         // module is compiled once for all of them; the default is the model's 8192.
         "--max-context",
         "128",

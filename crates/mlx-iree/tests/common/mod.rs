@@ -25,7 +25,8 @@ pub fn compile_cache() -> PathBuf {
     root().join("target/test-compile-cache")
 }
 
-/// Slots of batch.rs's engines, and of fixtures.rs's f32 engines ([`eight_slot_engine`]).
+/// Slots of batch.rs's engines, and of fixtures.rs's and gate.rs's f32 engines
+/// ([`eight_slot_engine`]).
 pub const MAX_BATCH: usize = 8;
 /// Draft tokens per verify call of those engines.
 pub const DRAFT: usize = 4;
@@ -33,9 +34,9 @@ pub const DRAFT: usize = 4;
 /// The settings of batch.rs's engines at `precision`: MAX_BATCH slots of 64 positions,
 /// verify calls of DRAFT prompt-lookup drafts, weights not stored (stored_parameters.rs's
 /// subject; here only an encoder more to compile), the tests' compile cache. fixtures.rs's
-/// f32 engines take them too, so each fixture family's f32 module compiles once for both
-/// files: the drafts add verify functions, so the same engine without them is another
-/// module: until 2026-12-07 fixtures.rs compiled its own eight-slot module per family (with
+/// f32 engines take them too, and gate.rs's on the trained fixtures (their random twins'
+/// configs), so each fixture family's f32 module compiles once for the three files: the
+/// drafts add verify functions, so the same engine without them is another module: until 2026-12-07 fixtures.rs compiled its own eight-slot module per family (with
 /// gate.rs's, 31 compiles of 15-120 s; docs/PERFORMANCE.md, "Test suite time (2026-12-07)").
 pub fn eight_slot_engine(precision: engine::Precision) -> engine::EngineConfig {
     engine::EngineConfig {
