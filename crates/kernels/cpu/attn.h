@@ -204,8 +204,11 @@ static inline vf vf_attn_exp(vf x) {
 // Keys of a block staged as f32 (ATTN_BLOCK rows of HD) where ELOAD does more than load: the
 // scores read each key once per query head, so a dequantized or rounded block is made once
 // for all G of them (the values, read once per four heads, are read where they lie). Up to
-// this head dim (8 KiB of stack); wider heads read in place.
-#define ATTN_STAGE_MAX_HD 128
+// this head dim (16 KiB of stack, beside the state's 17 KiB: a quarter of the 128 KiB IREE's
+// workers have), which takes in Qwen3.5's and Gemma's 256 (up to 128 until 2026-12-07: an
+// 8-bit cache's keys at 256 were dequantized once per query head, and an 8-row step over
+// 2,000 positions took 15% longer in cpu/attn_bench.c); wider heads read in place.
+#define ATTN_STAGE_MAX_HD 256
 
 // The softmax update of NR rows' heads over key rows [FROM, TO) of KROWS and VROWS (ETYPE,
 // read by ELOAD), in blocks of ATTN_BLOCK: the cache's positions, which a tile's rows share,
