@@ -107,8 +107,8 @@ fn check_with(dir: &Path, precision: Precision, kv: KvElem, kernels: KernelSetti
     let config = if (precision, kv, kernels) == (Precision::F32, KvElem::F32, KernelSetting::Auto) {
         // The trained fixtures have their random twins' configs, so at f32 this is batch.rs's
         // and fixtures.rs's module of the family: one sequence runs its one-row functions and
-        // never asks for drafts. (With one slot it was a module of its own per family, 8 more
-        // compiles per suite.)
+        // never asks for drafts. (With one slot it was a module of its own per family: 11
+        // compiles more per suite; docs/PERFORMANCE.md, "Test suite time, evening".)
         let config = common::eight_slot_engine(precision);
         assert_eq!(config.max_context, Some(context), "{}: longer than batch.rs's engines", dir.display());
         config
