@@ -472,7 +472,8 @@ fn packed_graph_form_matches_mlx_lm() {
 
 /// The context of the trained fixtures' engines in the other gate tests, and their setting
 /// of `MLX_IREE_STORE_PARAMETERS` (`store_parameters: false` in [`check_with`]), so the CLI
-/// shares their modules.
+/// shares their one-slot modules (all but plain f32's, which [`check_with`] takes from
+/// batch.rs: the CLI's f32 references of three fixtures are one-slot modules of their own).
 const FIXTURE_CONTEXT: &str = "64";
 const FIXTURE_STORE_PARAMETERS: &str = "0";
 
