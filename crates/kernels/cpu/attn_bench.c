@@ -9,9 +9,10 @@
 //! B rows (one sequence each, slots 0..B-1) at CTX positions, the 1B shape's heads (8 kv heads,
 //! 4 query heads each, head dim 64; or, with HD 128 or 256, 4 or 2 kv heads of that head dim:
 //! 256 is Qwen3.5's and Gemma 3's), a cache of 16 layers x 8 slots x 2100 positions: f32 (the
-//! default; 2.2 GB, keys and values) or q8 (`--kv-cache q8`'s 20-byte chunks, 5/16 of that). MODE dram: the 16 layers in turn (the cache from memory); hot: layer
-//! 0 sixteen times (one sequence's 8 MB, from the L3 cache where it fits). All of a row's kv
-//! heads in one call, on this thread. Prints the best of 3 (thread CPU time) and the cache
+//! default; 2.2 GB, keys and values) or q8 (`--kv-cache q8`'s 20-byte chunks, 5/16 of that).
+//! MODE dram: the 16 layers in turn (the cache from memory); hot: layer 0 sixteen times (one
+//! sequence's 8 MB, from the L3 cache where it fits). All of a row's kv heads in one call, on
+//! this thread. Prints the best of 3 (thread CPU time) and the cache
 //! bytes read a second.
 
 #include <stdio.h>

@@ -36,9 +36,7 @@ fn check(fixture: &str, variant: &str, precision: Precision, file: &str) {
     let config = if precision == Precision::F32 {
         // batch.rs's engine, so each family's f32 module compiles once for both files; one
         // sequence runs its 1-row functions either way, and drafts are never asked for.
-        let config = common::eight_slot_engine(precision);
-        assert_eq!(config.max_context, Some(context), "{fixture}/{variant}: longer than batch.rs's engines");
-        config
+        common::eight_slot_engine_for(precision, context, &format!("{fixture}/{variant}"))
     } else {
         EngineConfig {
             max_context: Some(context),

@@ -109,9 +109,7 @@ fn check_with(dir: &Path, precision: Precision, kv: KvElem, kernels: KernelSetti
         // and fixtures.rs's module of the family: one sequence runs its one-row functions and
         // never asks for drafts. (With one slot it was a module of its own per family: 11
         // compiles more per suite; docs/PERFORMANCE.md, "Test suite time, evening".)
-        let config = common::eight_slot_engine(precision);
-        assert_eq!(config.max_context, Some(context), "{}: longer than batch.rs's engines", dir.display());
-        config
+        common::eight_slot_engine_for(precision, context, &dir.display().to_string())
     } else {
         EngineConfig {
             max_context: Some(context),

@@ -13,11 +13,10 @@
 
 use engine::gate::{self, Reference, Report};
 use engine::{Engine, EngineConfig, Precision};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
+use common::root;
 
 /// The fixture family folders under `tests/<set>`, sorted.
 fn families(set: &str) -> Vec<String> {
@@ -51,7 +50,7 @@ fn check(dir: &Path, precision: Precision, refs: &[Reference]) -> Report {
         max_context: Some((longest + steps).next_power_of_two().max(64)),
         max_batch: 1,
         store_parameters: false,
-        ..EngineConfig::new("vulkan", precision, root().join("target/test-compile-cache"))
+        ..EngineConfig::new("vulkan", precision, common::compile_cache())
     };
     Engine::compile_only(dir, &config).unwrap_or_else(|e| panic!("{} {precision}: compiling: {e}", dir.display()));
     // A test that failed while holding it leaves the device closed: the lock is still good.

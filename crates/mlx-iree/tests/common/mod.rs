@@ -1,6 +1,6 @@
 //! What the tests that run the binary share: the SmolLM2 test model, the compile cache they
 //! all use (so one compiled module per shape serves every test), the settings of the engines
-//! batch.rs and fixtures.rs share, `generate`'s greedy answer, and a `mlx-iree serve` process
+//! batch.rs, fixtures.rs and gate.rs share, `generate`'s greedy answer, and a `mlx-iree serve` process
 //! (started, waited for with a deadline until it listens, killed and reaped when dropped)
 //! with plain HTTP/1.1 requests to it.
 
@@ -36,8 +36,9 @@ pub const DRAFT: usize = 4;
 /// subject; here only an encoder more to compile), the tests' compile cache. fixtures.rs's
 /// f32 engines take them too, and gate.rs's on the trained fixtures (their random twins'
 /// configs), so each fixture family's f32 module compiles once for the three files: the
-/// drafts add verify functions, so the same engine without them is another module: until 2026-12-07 fixtures.rs compiled its own eight-slot module per family (with
-/// gate.rs's, 31 compiles of 15-120 s; docs/PERFORMANCE.md, "Test suite time (2026-12-07)").
+/// drafts add verify functions, so the same engine without them is another module: until
+/// 2026-12-07 fixtures.rs compiled its own eight-slot module per family (with gate.rs's, 31
+/// compiles of 15-120 s; docs/PERFORMANCE.md, "Test suite time (2026-12-07)").
 pub fn eight_slot_engine(precision: engine::Precision) -> engine::EngineConfig {
     engine::EngineConfig {
         max_batch: MAX_BATCH,
@@ -46,6 +47,15 @@ pub fn eight_slot_engine(precision: engine::Precision) -> engine::EngineConfig {
         draft: engine::Draft::Ngram { tokens: DRAFT },
         ..engine::EngineConfig::new("local-task", precision, compile_cache())
     }
+}
+
+/// [`eight_slot_engine`] for one sequence of `what` (a fixture) that needs `context`
+/// positions: fixtures.rs's and gate.rs's f32 engines, which share batch.rs's modules only
+/// while their fixtures fit its context.
+pub fn eight_slot_engine_for(precision: engine::Precision, context: usize, what: &str) -> engine::EngineConfig {
+    let config = eight_slot_engine(precision);
+    assert_eq!(config.max_context, Some(context), "{what}: longer than batch.rs's engines");
+    config
 }
 
 /// The SmolLM2-135M-Instruct 4-bit folder `cargo xtask model` makes.
