@@ -957,6 +957,10 @@ impl Loop {
                     let Some(i) = self.running.iter().position(|r| r.slot == *slot) else { continue };
                     let r = &mut self.running[i];
                     r.prefilled += read;
+                    if *read == 0 {
+                        // A decode row riding beside the prompts: one of its decode calls.
+                        r.decode_calls += 1;
+                    }
                     if *read == 0 || r.prefilled == r.pending.request.prompt.len() {
                         self.advance(i, &step);
                     }

@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
 use engine::gate::{self, Reference};
-use engine::scheduler::{Event, FinishReason, Generation, Request, Sampling, Scheduler};
+use engine::scheduler::{Event, FinishReason, Request, Sampling, Scheduler};
 use engine::{Draft, Engine, EngineConfig, Error, Precision};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -293,6 +293,9 @@ fn drafts_change_no_token(dir: &Path) {
 /// one call of a verify call's rows (where the engine has mixed calls: packed, attention in
 /// the CPU kernel): a prompt that restarts the trained cycle (drafted and accepted) beside
 /// one of mlx-lm's (whose answer repeats little) each get what plain decoding gives them.
+/// Submitted together, the two prompts are read in one call; with the second submitted after
+/// the first's first token, the first's decode row rides in the call that reads the second's
+/// prompt, and counts as one of its decode calls like any other.
 #[test]
 fn drafts_of_concurrent_sequences_are_checked_together() {
     if kernels::cpu::host_isa().is_none() {
@@ -302,18 +305,28 @@ fn drafts_of_concurrent_sequences_are_checked_together() {
     let cycle = cycle_of(&dir);
     let prompt: Vec<u32> = cycle[..40].iter().chain(&cycle[..6]).copied().collect();
     let (scheduler, _turn) = start_on(&dir, Precision::Packed);
-    let cases = cases_of(&dir);
-    let mut runs: Vec<(Vec<u32>, Generation)> = Vec::new();
-    runs.push((cycle[6..6 + STEPS].to_vec(), scheduler.submit(Request::greedy(prompt, STEPS)).unwrap()));
-    let c = &cases[0];
-    runs.push((c.token_ids.clone(), scheduler.submit(Request::greedy(c.prompt_ids.clone(), STEPS)).unwrap()));
-    for (i, (want, generation)) in runs.into_iter().enumerate() {
-        let (tokens, done) = generation.collect_blocking().unwrap();
-        assert_eq!(tokens, want, "request {i}");
-        // Every call after the first token gave one token plus its accepted drafts.
-        assert_eq!(done.decode_calls + done.accepted, STEPS - 1, "request {i}: {done:?}");
-        if i == 0 {
-            assert!(done.accepted > 0, "no draft accepted beside the other sequence: {done:?}");
+    let c = &cases_of(&dir)[0];
+    for after_first_token in [false, true] {
+        let mut first = scheduler.submit(Request::greedy(prompt.clone(), STEPS)).unwrap();
+        let mut head = Vec::new();
+        if after_first_token {
+            match first.blocking_next() {
+                Some(Ok(Event::Token(t))) => head.push(t),
+                other => panic!("the first request's first event: {other:?}"),
+            }
+        }
+        let second = scheduler.submit(Request::greedy(c.prompt_ids.clone(), STEPS)).unwrap();
+        let runs = [(cycle[6..6 + STEPS].to_vec(), head, first), (c.token_ids.clone(), Vec::new(), second)];
+        for (i, (want, head, generation)) in runs.into_iter().enumerate() {
+            let (tokens, done) = generation.collect_blocking().unwrap();
+            let tokens: Vec<u32> = head.into_iter().chain(tokens).collect();
+            let what = format!("request {i}, second submitted after the first token: {after_first_token}");
+            assert_eq!(tokens, want, "{what}");
+            // Every call after the first token gave one token plus its accepted drafts.
+            assert_eq!(done.decode_calls + done.accepted, STEPS - 1, "{what}: {done:?}");
+            if i == 0 {
+                assert!(done.accepted > 0, "no draft accepted beside the other sequence, {what}: {done:?}");
+            }
         }
     }
     assert!(scheduler.stats().verify_calls() > 0);
