@@ -46,6 +46,23 @@ pub struct EngineConfig {
     pub prefix_cache: bool,
     /// Speculative decoding: where draft tokens come from, and how many one call checks.
     pub draft: Draft,
+    /// Which numbers of rows get a decode call of their own (`Plan::batches`).
+    pub decode_batches: DecodeBatches,
+}
+
+/// Which decode calls an engine of several slots compiles: a step of `n` sequences runs the
+/// smallest call of at least `n` rows, the rows past them padding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodeBatches {
+    /// Powers of two below `max_batch`, and `max_batch`: a step pads to at most twice its
+    /// rows. What serving wants, where any number of sequences may be decoding.
+    #[default]
+    PowersOfTwo,
+    /// One row and `max_batch` rows: a step of 2 to `max_batch - 1` sequences pads to
+    /// `max_batch`. Fewer functions to compile (at 8 slots, no decode or cache write of 2 and
+    /// 4 rows: about a third of a small model's compile, docs/PERFORMANCE.md), for engines
+    /// that decode one sequence or all of them, as the tests' eight-slot engines do.
+    OneOrAll,
 }
 
 /// Where a sequence's draft tokens come from (speculative decoding: the model checks a
@@ -116,6 +133,7 @@ impl EngineConfig {
             cache_max_bytes: Some(crate::cache::DEFAULT_CACHE_MAX_BYTES),
             prefix_cache: true,
             draft: Draft::Off,
+            decode_batches: DecodeBatches::PowersOfTwo,
         }
     }
 }

@@ -23,7 +23,7 @@ mod runner;
 pub mod scheduler;
 
 pub use crate::backend::{Backend, CompileTarget};
-pub use crate::config::{DEFAULT_KV_BUDGET, Draft, EngineConfig};
+pub use crate::config::{DEFAULT_KV_BUDGET, DecodeBatches, Draft, EngineConfig};
 pub use crate::device::KernelSetting;
 pub use crate::error::{BoxError, Error, Result};
 pub use crate::modules::GraphModule;

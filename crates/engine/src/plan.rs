@@ -2,7 +2,7 @@
 //! chunks, attention windows, mixed calls) and which of them serves a given call.
 
 use crate::config::FALLBACK_CONTEXT;
-use crate::{EngineConfig, Error, Result};
+use crate::{DecodeBatches, EngineConfig, Error, Result};
 use models::{CacheShape, Function, Layout, ModelConfig};
 
 /// The static shapes an engine compiles at load, so no request ever compiles: the cache,
@@ -10,7 +10,8 @@ use models::{CacheShape, Function, Layout, ModelConfig};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     pub cache: CacheShape,
-    /// Rows per decode call: powers of two below `max_batch`, and `max_batch`.
+    /// Rows per decode call: powers of two below `max_batch`, and `max_batch`; or only 1 and
+    /// `max_batch` (`DecodeBatches`).
     pub batches: Vec<usize>,
     /// Tokens per prefill call.
     pub chunks: Vec<usize>,
@@ -103,7 +104,10 @@ impl Plan {
             }
         };
         let cache = CacheShape { slots, positions, elem: config.kv_elem, scratch };
-        let mut batches: Vec<usize> = (0..).map(|i| 1 << i).take_while(|b| *b < config.max_batch).collect();
+        let mut batches: Vec<usize> = match config.decode_batches {
+            DecodeBatches::PowersOfTwo => (0..).map(|i| 1 << i).take_while(|b| *b < config.max_batch).collect(),
+            DecodeBatches::OneOrAll => (config.max_batch > 1).then_some(1).into_iter().collect(),
+        };
         batches.push(config.max_batch);
         // Only chunks smaller than the context: a chunk the size of the whole context (128 at
         // 128 positions) is one more compiled prefill and cache write (a third of a small
@@ -321,6 +325,28 @@ pub(crate) mod tests {
                 assert!(tokens <= window, "{f:?}");
             }
         }
+    }
+
+    /// One row or all of them: no decode calls or cache writes of 2 and 4 rows, and a step of
+    /// 3 sequences runs the 8-row call; with one slot, the one call of one row.
+    #[test]
+    fn decode_batches_of_one_or_all() {
+        let one_or_all =
+            |max_batch| EngineConfig { decode_batches: DecodeBatches::OneOrAll, ..config(max_batch, Some(64)) };
+        let p = Plan::new(&cfg(), &one_or_all(8)).unwrap();
+        assert_eq!(p.batches, [1, 8]);
+        assert_eq!(p.decode(3, 10), Some(Function::Decode { rows: 8, window: 64 }));
+        assert_eq!(p.decode(1, 10), Some(Function::Decode { rows: 1, window: 64 }));
+        let f = p.functions();
+        for gone in [Function::Decode { rows: 2, window: 64 }, Function::Decode { rows: 4, window: 64 }] {
+            assert!(!f.contains(&gone), "{gone:?} in {f:?}");
+        }
+        let writes: Vec<usize> =
+            f.iter().filter_map(|f| if let Function::WriteKv { rows } = f { Some(*rows) } else { None }).collect();
+        assert_eq!(writes, [1, 8, 16]);
+        let full = Plan::new(&cfg(), &config(8, Some(64))).unwrap().functions();
+        assert_eq!(full.len(), f.len() + 4, "decode and write_kv of 2 and 4 rows");
+        assert_eq!(Plan::new(&cfg(), &one_or_all(1)).unwrap().batches, [1]);
     }
 
     /// An 8-bit cache takes 5/16 of f32's bytes (16 values and an f32 scale in 20 bytes), so

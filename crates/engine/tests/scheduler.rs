@@ -8,7 +8,7 @@
 
 use engine::gate::{self, Reference};
 use engine::scheduler::{Event, FinishReason, Request, Sampling, Scheduler};
-use engine::{Draft, Engine, EngineConfig, Error, Precision};
+use engine::{DecodeBatches, Draft, Engine, EngineConfig, Error, Precision};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -51,13 +51,15 @@ fn start_with(dir: &Path, precision: Precision, prefix_cache: bool) -> (Schedule
 }
 
 /// The settings of crates/mlx-iree/tests/batch.rs's engines, so both use the same compiled
-/// modules (weights not stored: stored_parameters.rs tests that), drafts included.
+/// modules (weights not stored: stored_parameters.rs tests that), drafts included: decode
+/// calls of one row or all (steps of 2 to 7 sequences pad to 8 rows).
 fn config(precision: Precision) -> EngineConfig {
     EngineConfig {
         max_batch: MAX_BATCH,
         max_context: Some(MAX_CONTEXT),
         store_parameters: false,
         draft: Draft::Ngram { tokens: DRAFT },
+        decode_batches: DecodeBatches::OneOrAll,
         ..EngineConfig::new("local-task", precision, root().join("target/test-compile-cache"))
     }
 }

@@ -33,7 +33,9 @@ pub const DRAFT: usize = 4;
 
 /// The settings of batch.rs's engines at `precision`: MAX_BATCH slots of 64 positions,
 /// verify calls of DRAFT prompt-lookup drafts, weights not stored (stored_parameters.rs's
-/// subject; here only an encoder more to compile), the tests' compile cache. fixtures.rs's
+/// subject; here only an encoder more to compile), decode calls of one row or all of them
+/// (the tests decode one sequence or eight; the server tests compile the 2- and 4-row calls
+/// serving runs), the tests' compile cache. fixtures.rs's
 /// f32 engines take them too, and gate.rs's on the trained fixtures (their random twins'
 /// configs), so each fixture family's f32 module compiles once for the three files: the
 /// drafts add verify functions, so the same engine without them is another module: until
@@ -45,6 +47,7 @@ pub fn eight_slot_engine(precision: engine::Precision) -> engine::EngineConfig {
         max_context: Some(64),
         store_parameters: false,
         draft: engine::Draft::Ngram { tokens: DRAFT },
+        decode_batches: engine::DecodeBatches::OneOrAll,
         ..engine::EngineConfig::new("local-task", precision, compile_cache())
     }
 }
