@@ -8,8 +8,8 @@ With CONSTRAINED (a count, 0 included) every request is a chat request (the prom
 user's message), and that many of the streams ask for JSON valid against SCHEMA
 (constrained decoding), which no answer can complete within MAX_TOKENS, so they generate
 exactly MAX_TOKENS as the others do; without it, plain completions.
-Prints one JSON object: streams, constrained, chat, requests, tokens, wall_s, tok_s,
-ttft_p50_s, ttft_p99_s, latency_p50_s, latency_p99_s. Runs in target/client-venv (pinned
+Prints one JSON object: streams, constrained, chat, requests, tokens, prompt_tokens_mean (as
+the server counted them), wall_s, tok_s, ttft_p50_s, ttft_p99_s, latency_p50_s, latency_p99_s. Runs in target/client-venv (pinned
 openai).
 """
 
@@ -73,15 +73,15 @@ def main():
                     return
                 i = todo.pop()
             started = time.perf_counter()
-            first, tokens = None, 0
+            first, tokens, prompt_tokens = None, 0, 0
             for chunk in request(i, json_answer):
                 if text_of(chunk) and first is None:
                     first = time.perf_counter() - started
                 if chunk.usage:
-                    tokens = chunk.usage.completion_tokens
+                    tokens, prompt_tokens = chunk.usage.completion_tokens, chunk.usage.prompt_tokens
             with lock:
                 results.append((first if first is not None else time.perf_counter() - started,
-                                time.perf_counter() - started, tokens))
+                                time.perf_counter() - started, tokens, prompt_tokens))
 
     started = time.perf_counter()
     threads = [threading.Thread(target=worker, args=(k < constrained,)) for k in range(streams)]
@@ -94,7 +94,8 @@ def main():
         sys.exit(f"only {len(results)} of {requests} requests completed")
     tokens = sum(r[2] for r in results)
     print(json.dumps({
-        "streams": streams, "constrained": constrained, "chat": chat, "requests": requests, "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
+        "streams": streams, "constrained": constrained, "chat": chat, "requests": requests, "tokens": tokens,
+        "prompt_tokens_mean": sum(r[3] for r in results) / len(results), "wall_s": wall, "tok_s": tokens / wall,
         "ttft_p50_s": percentile([r[0] for r in results], 50), "ttft_p99_s": percentile([r[0] for r in results], 99),
         "latency_p50_s": percentile([r[1] for r in results], 50),
         "latency_p99_s": percentile([r[1] for r in results], 99),

@@ -99,7 +99,10 @@ usage: cargo xtask bench [--model M]... [--precision P] [--device URI] [--json]
                    client: aggregate tok/s, p50/p99 time to first token and latency
                    (--max-context default 256); with --peers also llama.cpp's llama-server
                    (-np STREAMS, the same context per slot, GGUF f16 or Q4_0/Q8_0 as
-                   paired above) driven by the same client, with our ratio against it
+                   paired above) driven by the same client, with our ratio against it.
+                   With --prompt-len N, every request's prompt is about N tokens instead
+                   of one line, each its own (long-prompt load; --max-context default
+                   2N + --steps), the server's mean count in the table
   --streams LIST   concurrent streams for --serve (default 1,8,16); with --draft, that many
                    concurrent rewrite requests to `mlx-iree serve` without and with
                    `--draft ngram` instead of `generate` (aggregate tok/s, their ratio,
@@ -197,6 +200,8 @@ pub struct Options {
     pub json_streams: usize,
     /// Turns per conversation of the `--serve` multi-turn rows (0: none).
     pub turns: usize,
+    /// `--prompt-len` with `--serve`: prompts of about this many tokens, one per request.
+    pub serve_prompt_len: Option<usize>,
     /// Measure speculative decoding instead (`draft_bench.rs`).
     pub draft: bool,
 }
@@ -234,6 +239,7 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
         streams_given: false,
         json_streams: 0,
         turns: 0,
+        serve_prompt_len: None,
         draft: false,
     };
     let mut it = args.iter();
@@ -250,7 +256,10 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
             }),
             "--precision" => o.precisions = precisions(value()?)?,
             "--device" => o.device = value()?.clone(),
-            "--prompt-len" => o.prompt_len = count(flag, value()?)?,
+            "--prompt-len" => {
+                o.prompt_len = count(flag, value()?)?;
+                o.serve_prompt_len = Some(o.prompt_len);
+            }
             "--steps" => o.steps = Some(count(flag, value()?)?),
             "--repeats" => o.repeats = count(flag, value()?)?,
             "--batch" => o.batch = list(flag, value()?)?,
@@ -293,6 +302,11 @@ pub fn parse_args(args: &[String]) -> Result<Options> {
     }
     if o.serve && (o.batch != [1] || !o.context.is_empty()) {
         bail!("bench: `--serve` takes --streams, not --batch or --context");
+    }
+    if !o.serve {
+        o.serve_prompt_len = None;
+    } else if o.serve_prompt_len.is_some() && (o.turns > 0 || o.json_streams > 0) {
+        bail!("bench: `--prompt-len` with --serve makes its own rows; not with --turns or --json-streams");
     }
     if o.draft {
         crate::draft_bench::check(&o)?;
@@ -1678,6 +1692,22 @@ mod tests {
         let o = parse_args(&args(&["--serve", "--peers"])).unwrap();
         assert!(o.serve && o.peers && !o.batched_peers());
         assert!(err(&["--streams", "0"]).starts_with("bench: `--streams` needs comma-separated whole numbers"));
+        // --prompt-len with --serve: long prompts; without --serve, mlx-iree bench's prompt.
+        assert_eq!(o.serve_prompt_len, None);
+        let o = parse_args(&args(&["--serve", "--prompt-len", "1000", "--streams", "8"])).unwrap();
+        assert_eq!((o.serve_prompt_len, o.prompt_len), (Some(1000), 1000));
+        let o = parse_args(&args(&["--prompt-len", "1000"])).unwrap();
+        assert_eq!((o.serve_prompt_len, o.prompt_len), (None, 1000));
+        for bad in [
+            &["--serve", "--prompt-len", "9", "--turns", "2"][..],
+            &["--serve", "--prompt-len", "9", "--json-streams", "1"],
+        ] {
+            assert_eq!(
+                err(bad),
+                "bench: `--prompt-len` with --serve makes its own rows; not with --turns or --json-streams",
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //! generates as many tokens). With `--turns T`, per stream count N two more rows of N
 //! conversations of T turns behind one long shared system prompt (`serve_turns.py`): on the
 //! server as it is (prefix cache on) and on a second one started with `--no-prefix-cache`,
-//! with the median time to first token of first turns and of later turns.
+//! with the median time to first token of first turns and of later turns. With
+//! `--prompt-len N`, every request's prompt is about N tokens ([`long_prompts`]) instead of
+//! one line: time to first token under a load of long prompts.
 //!
 //! With `--peers`, llama.cpp's `llama-server` (built by `peers::tools`) on the same weights
 //! as GGUF (f16 for our f16 rows, Q4_0 / Q8_0 for packed 4-bit / 8-bit) is driven by the
@@ -62,6 +64,9 @@ pub struct Load {
     /// Prompt tokens the server read from its prefix cache.
     #[serde(default)]
     pub cached_tokens: Option<u64>,
+    /// Mean prompt tokens of the requests, as the server counted them (`usage`).
+    #[serde(default)]
+    pub prompt_tokens_mean: Option<f64>,
     pub requests: usize,
     pub tokens: usize,
     pub wall_s: f64,
@@ -104,7 +109,52 @@ impl Drop for Served {
 const TURNS_CONTEXT: usize = 2560;
 
 fn context(o: &Options) -> usize {
-    o.max_context.unwrap_or(if o.turns > 0 { TURNS_CONTEXT } else { DEFAULT_CONTEXT })
+    let default = match o.serve_prompt_len {
+        // Room for prompts up to twice the asked length (they are cut at whole lines, and a
+        // token is about 4 characters of them), and the answer.
+        Some(n) => 2 * n + o.steps.unwrap_or(64),
+        None if o.turns > 0 => TURNS_CONTEXT,
+        None => DEFAULT_CONTEXT,
+    };
+    o.max_context.unwrap_or(default)
+}
+
+/// Characters of prompt text per token [`long_prompts`] counts on (English text, BPE).
+const CHARS_PER_TOKEN: usize = 4;
+
+/// `count` prompts of about `tokens` tokens each, one per line, from the lines of
+/// `lines` in turn: prompt `i` starts with its own number, so no two share more than a few
+/// tokens (the prefix cache has nothing to reuse), then the lines from line `i` on until
+/// it holds `tokens` x [`CHARS_PER_TOKEN`] characters.
+pub fn long_prompts(lines: &[&str], tokens: usize, count: usize) -> String {
+    let mut out = String::new();
+    for i in 0..count {
+        let mut prompt = format!("{i}.");
+        for line in lines.iter().cycle().skip(i % lines.len().max(1)) {
+            if prompt.len() >= tokens * CHARS_PER_TOKEN || lines.is_empty() {
+                break;
+            }
+            prompt.push(' ');
+            prompt.push_str(line.trim());
+        }
+        out.push_str(&prompt);
+        out.push('\n');
+    }
+    out
+}
+
+/// The prompts file of `drive`'s requests: tests/clients/prompts.txt, or with
+/// `--prompt-len` a file of [`long_prompts`] made from it under target/tmp.
+fn prompts_file(requests: usize, o: &Options) -> Result<std::path::PathBuf> {
+    let lines = util::root().join("tests/clients/prompts.txt");
+    let Some(tokens) = o.serve_prompt_len else { return Ok(lines) };
+    let text = std::fs::read_to_string(&lines).with_context(|| format!("reading {}", lines.display()))?;
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let path = util::target_dir().join(format!("tmp/serve-prompts-{tokens}x{requests}.txt"));
+    std::fs::create_dir_all(path.parent().context("no parent")?)?;
+    std::fs::write(&path, long_prompts(&lines, tokens, requests))
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
 }
 
 fn start(bin: &Path, case: &Case, o: &Options, slots: usize, prefix_cache: bool) -> Result<(Served, String)> {
@@ -157,10 +207,13 @@ pub(crate) fn start_with(
 /// for JSON valid against a schema.
 fn drive(server: &Served, addr: &str, streams: usize, constrained: Option<usize>, o: &Options) -> Result<Load> {
     let steps = o.steps.unwrap_or(64);
-    let mut args = vec![streams.to_string(), (streams * REQUESTS_PER_STREAM).to_string(), steps.to_string()];
-    args.push(util::root().join("tests/clients/prompts.txt").display().to_string());
+    let requests = streams * REQUESTS_PER_STREAM;
+    let mut args = vec![streams.to_string(), requests.to_string(), steps.to_string()];
+    args.push(prompts_file(requests, o)?.display().to_string());
     args.extend(constrained.map(|k| k.to_string()));
-    client(server, addr, "serve_bench.py", &args).with_context(|| format!("{streams} streams"))
+    let load = client(server, addr, "serve_bench.py", &args).with_context(|| format!("{streams} streams"))?;
+    // The prompts' length is the row's news only where --prompt-len set it.
+    Ok(Load { prompt_tokens_mean: load.prompt_tokens_mean.filter(|_| o.serve_prompt_len.is_some()), ..load })
 }
 
 /// `conversations` multi-turn chats of `o.turns` turns each (`serve_turns.py`) against
@@ -385,6 +438,7 @@ pub fn json_line(row: &ServeRow, device: &str) -> String {
                 ("ttft_later_p50_s", serde_json::json!(l.ttft_later_p50_s)),
                 ("prompt_tokens_first", serde_json::json!(l.prompt_tokens_first)),
                 ("cached_tokens", serde_json::json!(l.cached_tokens)),
+                ("prompt_tokens_mean", serde_json::json!(l.prompt_tokens_mean)),
                 ("requests", serde_json::json!(l.requests)),
                 ("tokens", serde_json::json!(l.tokens)),
                 ("wall_s", serde_json::json!(l.wall_s)),
@@ -444,6 +498,8 @@ pub fn table(rows: &[ServeRow]) -> String {
             Ok(l) if l.turns > 0 => format!("{}x{}t{}", r.streams, l.turns, if r.prefix_cache { "" } else { " nc" }),
             Ok(l) if l.constrained > 0 => format!("{} ({} json)", r.streams, l.constrained),
             Ok(l) if l.chat => format!("{} chat", r.streams),
+            // `8 p1012`: prompts of 1,012 tokens on average.
+            Ok(Load { prompt_tokens_mean: Some(p), .. }) => format!("{} p{p:.0}", r.streams),
             _ => r.streams.to_string(),
         };
         let head =
@@ -504,6 +560,7 @@ mod tests {
             ttft_later_p50_s: None,
             prompt_tokens_first: None,
             cached_tokens: None,
+            prompt_tokens_mean: None,
             requests: streams * 4,
             tokens: streams * 128,
             wall_s: 2.0,
@@ -558,6 +615,16 @@ mod tests {
         };
         let t = table(&[mixed]);
         assert!(t.lines().nth(1).unwrap().contains("packed     8 (4 json)"), "{t}");
+        // Long prompts: the server's mean count beside the streams.
+        let long = ServeRow {
+            load: Ok(Load { prompt_tokens_mean: Some(1011.6), ..load(8, 70.0) }),
+            ..row(OURS, "packed", "q4_0", 8, 70.0)
+        };
+        let t = table(&[long]);
+        assert_eq!(
+            t.lines().nth(1).unwrap().split_whitespace().take(4).collect::<Vec<_>>(),
+            ["m-4bit", "packed", "8", "p1012"]
+        );
         // Without peers, the table is as before: no engine column, no ratio.
         let t = table(&rows[..1]);
         assert!(t.starts_with("model "), "{t}");
@@ -614,6 +681,20 @@ mod tests {
                 "--no-webui"
             ]
         );
+    }
+
+    /// Each its own from the first token, one line each, the asked length (whole lines).
+    #[test]
+    fn long_prompts_are_distinct_lines_of_the_asked_length() {
+        let text = long_prompts(&["The capital of France is", "def f(n):", "Once upon a time"], 50, 12);
+        let prompts: Vec<&str> = text.lines().collect();
+        assert_eq!(prompts.len(), 12);
+        for (i, p) in prompts.iter().enumerate() {
+            assert!(p.starts_with(&format!("{i}. ")), "{p}");
+            assert!((200..200 + 40).contains(&p.len()), "{} chars: {p}", p.len());
+        }
+        assert!(prompts[1].starts_with("1. def f(n): Once upon a time The capital"), "{}", prompts[1]);
+        assert_eq!(long_prompts(&[], 50, 2), "0.\n1.\n");
     }
 
     #[test]
