@@ -9,8 +9,8 @@ user's message), and that many of the streams ask for JSON valid against SCHEMA
 (constrained decoding), which no answer can complete within MAX_TOKENS, so they generate
 exactly MAX_TOKENS as the others do; without it, plain completions.
 Prints one JSON object: streams, constrained, chat, requests, tokens, prompt_tokens_mean (as
-the server counted them), wall_s, tok_s, ttft_p50_s, ttft_p99_s, latency_p50_s, latency_p99_s. Runs in target/client-venv (pinned
-openai).
+the server counted them), wall_s, tok_s, ttft_p50_s, ttft_p99_s, latency_p50_s,
+latency_p99_s. Runs in target/client-venv (pinned openai).
 """
 
 import json

@@ -131,7 +131,7 @@ pub fn long_prompts(lines: &[&str], tokens: usize, count: usize) -> String {
     for i in 0..count {
         let mut prompt = format!("{i}.");
         for line in lines.iter().cycle().skip(i % lines.len().max(1)) {
-            if prompt.len() >= tokens * CHARS_PER_TOKEN || lines.is_empty() {
+            if prompt.len() >= tokens * CHARS_PER_TOKEN {
                 break;
             }
             prompt.push(' ');

@@ -1,8 +1,8 @@
 //! What the tests that run the binary share: the SmolLM2 test model, the compile cache they
 //! all use (so one compiled module per shape serves every test), the settings of the engines
-//! batch.rs, fixtures.rs and gate.rs share, `generate`'s greedy answer, and a `mlx-iree serve` process
-//! (started, waited for with a deadline until it listens, killed and reaped when dropped)
-//! with plain HTTP/1.1 requests to it.
+//! batch.rs, fixtures.rs and gate.rs share, `generate`'s greedy answer, and a `mlx-iree
+//! serve` process (started, waited for with a deadline until it listens, killed and reaped
+//! when dropped) with plain HTTP/1.1 requests to it.
 
 #![allow(dead_code, clippy::unwrap_used)] // each test file uses part of it
 
@@ -35,12 +35,12 @@ pub const DRAFT: usize = 4;
 /// verify calls of DRAFT prompt-lookup drafts, weights not stored (stored_parameters.rs's
 /// subject; here only an encoder more to compile), decode calls of one row or all of them
 /// (the tests decode one sequence or eight; the server tests compile the 2- and 4-row calls
-/// serving runs), the tests' compile cache. fixtures.rs's
-/// f32 engines take them too, and gate.rs's on the trained fixtures (their random twins'
-/// configs), so each fixture family's f32 module compiles once for the three files: the
-/// drafts add verify functions, so the same engine without them is another module: until
-/// 2026-12-07 fixtures.rs compiled its own eight-slot module per family (with gate.rs's, 31
-/// compiles of 15-120 s; docs/PERFORMANCE.md, "Test suite time (2026-12-07)").
+/// serving runs), the tests' compile cache. fixtures.rs's f32 engines take them too, and
+/// gate.rs's on the trained fixtures (their random twins' configs), so each fixture family's
+/// f32 module compiles once for the three files: the drafts add verify functions, so the
+/// same engine without them is another module: until 2026-12-07 fixtures.rs compiled its own
+/// eight-slot module per family (with gate.rs's, 31 compiles of 15-120 s;
+/// docs/PERFORMANCE.md, "Test suite time (2026-12-07)").
 pub fn eight_slot_engine(precision: engine::Precision) -> engine::EngineConfig {
     engine::EngineConfig {
         max_batch: MAX_BATCH,
