@@ -5,7 +5,8 @@
 //! product with the dequantized matrix; `qrows` gives the dequantized rows, bit for bit; so do
 //! attention, the f16 product and the gated delta rule's step (its state updated where it
 //! lies), each against its own model. The cases and the models (kernel_cases) are those the
-//! aarch64 object is held to under qemu (kernels_aarch64.rs).
+//! aarch64 object is held to under qemu (kernels_aarch64.rs) and the AMX object, off AMX
+//! hosts, with its tiles emulated (kernels_amx.rs).
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 

@@ -1,8 +1,11 @@
-//! Runs the aarch64 kernel object's entry points on inputs read from stdin and writes their
-//! results to stdout, for tests/tests/kernels_aarch64.rs, which links it with qmv_aarch64.c's
-//! object into a static aarch64 Linux executable and runs it under qemu-user (not built by
-//! the crate). No libc: its own `_start` and Linux system calls, so no cross C library is
-//! needed, only clang and lld.
+//! Runs a kernel object's entry points on inputs read from stdin and writes their results to
+//! stdout, for the tests of objects IREE cannot run here (tests/tests/kernel_driver): linked
+//! with qmv_aarch64.c's object into a static aarch64 Linux executable run under qemu-user
+//! (kernels_aarch64.rs), or with qmv_x86_64_amx.c's built with its tiles emulated
+//! (MLX_IREE_AMX_EMULATE) into a static x86-64 one run natively, which also reports on stderr
+//! how many tile products ran (kernels_amx.rs). Not built by the crate. No libc: its own
+//! `_start` and Linux system calls (aarch64 and x86-64), so no cross C library is needed,
+//! only clang and lld.
 //!
 //! stdin: cases one after the other until its end. A case is 9 little-endian u32 (op: 0 for
 //! `qmv`, 1 for `qrows`, 3 for `qmvr`, 4 for `qmve` with one expert that every row chose;
@@ -106,6 +109,7 @@ typedef void delta_fn(const float*, size_t, const float*, size_t, const float*, 
                       float*, size_t, float*, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
 delta_fn mlx_iree_delta;
 
+#if defined(__aarch64__)
 static long syscall3(long nr, long a, long b, long c) {
   register long x8 __asm__("x8") = nr;
   register long x0 __asm__("x0") = a;
@@ -116,6 +120,17 @@ static long syscall3(long nr, long a, long b, long c) {
 }
 
 enum { SYS_READ = 63, SYS_WRITE = 64, SYS_EXIT_GROUP = 94 };
+#elif defined(__x86_64__)
+static long syscall3(long nr, long a, long b, long c) {
+  long ret;
+  __asm__ volatile("syscall" : "=a"(ret) : "a"(nr), "D"(a), "S"(b), "d"(c) : "rcx", "r11", "memory");
+  return ret;
+}
+
+enum { SYS_READ = 0, SYS_WRITE = 1, SYS_EXIT_GROUP = 231 };
+#else
+#error "qmv_qemu_driver.c: Linux system calls for aarch64 and x86-64 only"
+#endif
 
 static __attribute__((noreturn)) void quit(int code) {
   syscall3(SYS_EXIT_GROUP, code, 0, 0);
@@ -303,6 +318,31 @@ static size_t run_case(const uint8_t* p, size_t len) {
   return size;
 }
 
+// The tile products of the emulated AMX object (qmv_x86_64_amx.c built with
+// MLX_IREE_AMX_EMULATE). Every other object lacks the symbol: a weak reference, null there.
+extern uint64_t mlx_iree_amx_emulated_dots __attribute__((weak));
+
+// At the end, the emulated AMX object's tile products on stderr ("tile products: N"), so its
+// test knows the tiles ran.
+static void report_tile_products(void) {
+  if (&mlx_iree_amx_emulated_dots == 0) return;
+  char line[40] = "tile products: ";
+  size_t n = 15;
+  char digits[20];
+  size_t d = 0;
+  uint64_t v = mlx_iree_amx_emulated_dots;
+  do digits[d++] = (char)('0' + v % 10);
+  while ((v /= 10) != 0);
+  while (d > 0) line[n++] = digits[--d];
+  line[n++] = '\n';
+  syscall3(SYS_WRITE, 2, (long)line, (long)n);
+}
+
+// Entered with the stack 16-byte aligned but no return address pushed: on x86-64 that is
+// not a function's entry alignment, so realigned.
+#if defined(__x86_64__)
+__attribute__((force_align_arg_pointer))
+#endif
 void _start(void) {
   size_t len = 0;
   for (;;) {
@@ -313,5 +353,6 @@ void _start(void) {
     len += (size_t)r;
   }
   for (size_t at = 0; at < len;) at += run_case(input + at, len - at);
+  report_tile_products();
   quit(0);
 }

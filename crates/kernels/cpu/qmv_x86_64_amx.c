@@ -128,6 +128,7 @@ typedef struct {
   uint8_t rows[16];
 } tilecfg_t;
 
+#ifndef MLX_IREE_AMX_EMULATE
 // gcc's tile intrinsics do not tell the compiler which memory `ldtilecfg` and `tileloadd` read
 // (it may then drop or sink the stores that fill it); these do. `tilestored` (gcc's, with a
 // memory clobber) is right as it is.
@@ -135,6 +136,98 @@ static inline void load_tile_config(const tilecfg_t* cfg) { __asm__ volatile("ld
 #define TILE_LOAD(t, base, stride) TILE_LOAD_(t, base, stride) /* expands t to its number */
 #define TILE_LOAD_(t, base, stride) \
   __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"((const void*)(base)), "r"((long)(stride)) : "memory")
+#else
+// The tile instructions this object uses, in plain C, as the Intel SDM defines them (palette
+// 1: 8 tiles of up to 16 rows of 64 bytes), for a test build (`-DMLX_IREE_AMX_EMULATE`, no
+// AMX flags) that runs this object's arithmetic on any AVX-512 VBMI host: tests/tests/
+// kernels_amx.rs links it with the freestanding driver (qmv_qemu_driver.c), one thread. Its
+// tiles are one static set, so never in IREE's executables (several worker threads).
+// Shapes the hardware refuses (#UD, #GP) trap here too. `mlx_iree_amx_emulated_dots`
+// counts `tdpbuud`s, so the test knows the tiles ran.
+static struct {
+  uint8_t rows[8];
+  uint16_t colsb[8];
+  uint8_t t[8][16][64];
+} amx_emu;
+uint64_t mlx_iree_amx_emulated_dots;
+
+static inline void amx_emu_check(int ok) {
+  if (!ok) __builtin_trap();
+}
+
+static inline void load_tile_config(const tilecfg_t* cfg) {
+  amx_emu_check(cfg->palette == 1);
+  for (int t = 0; t < 8; ++t) {
+    amx_emu_check(cfg->rows[t] <= 16 && cfg->colsb[t] <= 64 && (cfg->rows[t] == 0) == (cfg->colsb[t] == 0));
+    amx_emu.rows[t] = cfg->rows[t];
+    amx_emu.colsb[t] = cfg->colsb[t];
+    for (int r = 0; r < 16; ++r)
+      for (int c = 0; c < 64; ++c) amx_emu.t[t][r][c] = 0;
+  }
+}
+
+// tileloadd: the configured rows and bytes; the rest of the tile zero.
+#define TILE_LOAD(t, base, stride) amx_emu_load(t, (const uint8_t*)(base), (size_t)(stride))
+static inline void amx_emu_load(int t, const uint8_t* base, size_t stride) {
+  amx_emu_check(amx_emu.rows[t] > 0);
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 64; ++c)
+      amx_emu.t[t][r][c] = r < amx_emu.rows[t] && c < amx_emu.colsb[t] ? base[r * stride + c] : 0;
+}
+
+#ifdef _tile_zero
+#undef _tile_zero
+#endif
+#ifdef _tile_dpbuud
+#undef _tile_dpbuud
+#endif
+#ifdef _tile_stored
+#undef _tile_stored
+#endif
+#ifdef _tile_release
+#undef _tile_release
+#endif
+#define _tile_zero(t) amx_emu_zero(t)
+#define _tile_dpbuud(c, a, b) amx_emu_dpbuud(c, a, b)
+#define _tile_stored(t, base, stride) amx_emu_store(t, (uint8_t*)(base), (size_t)(stride))
+#define _tile_release() amx_emu_release()
+
+static inline void amx_emu_zero(int t) {
+  amx_emu_check(amx_emu.rows[t] > 0);
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 64; ++c) amx_emu.t[t][r][c] = 0;
+}
+
+// C[m].dword[n] += sum over k < A's colsb / 4 and i < 4 of A[m].byte[4k + i] * B[k].byte[4n
+// + i], unsigned, wrapping in 32 bits; C's rows and A's must agree, A's dwords and B's rows,
+// C's bytes and B's.
+static inline void amx_emu_dpbuud(int c, int a, int b) {
+  amx_emu_check(amx_emu.rows[c] > 0 && amx_emu.rows[c] == amx_emu.rows[a]);
+  amx_emu_check(amx_emu.colsb[a] % 4 == 0 && amx_emu.colsb[a] / 4 == amx_emu.rows[b]);
+  amx_emu_check(amx_emu.colsb[c] == amx_emu.colsb[b] && c != a && c != b && a != b);
+  for (int m = 0; m < amx_emu.rows[c]; ++m)
+    for (int n = 0; n < amx_emu.colsb[c] / 4; ++n) {
+      uint32_t acc;
+      __builtin_memcpy(&acc, &amx_emu.t[c][m][4 * n], 4);
+      for (int k = 0; k < amx_emu.rows[b]; ++k)
+        for (int i = 0; i < 4; ++i)
+          acc += (uint32_t)amx_emu.t[a][m][4 * k + i] * (uint32_t)amx_emu.t[b][k][4 * n + i];
+      __builtin_memcpy(&amx_emu.t[c][m][4 * n], &acc, 4);
+    }
+  ++mlx_iree_amx_emulated_dots;
+}
+
+static inline void amx_emu_store(int t, uint8_t* base, size_t stride) {
+  amx_emu_check(amx_emu.rows[t] > 0);
+  for (int r = 0; r < amx_emu.rows[t]; ++r)
+    for (int c = 0; c < amx_emu.colsb[t]; ++c) base[r * stride + c] = amx_emu.t[t][r][c];
+}
+
+// The tiles back in their initial state: unconfigured, so using one traps.
+static inline void amx_emu_release(void) {
+  for (int t = 0; t < 8; ++t) amx_emu.rows[t] = (uint8_t)(amx_emu.colsb[t] = 0);
+}
+#endif
 
 static inline size_t chunk_of(size_t gs) { return gs <= 64 ? gs : gs / 2; }
 
@@ -205,7 +298,7 @@ static inline __attribute__((always_inline)) __m512i unpack8(const uint8_t* wg, 
 
 // 3-bit units (qmv.h's layout: 32 k, each word lane a 48-bit stream) as unpack4's rows of B:
 // qmv.h's widen_group makes the chunk's 4-bit tiles (the code the AVX2 and aarch64 objects
-// run, so tested on any host, where this object runs only on one with AMX), then unpack4.
+// run), then unpack4.
 static inline __attribute__((always_inline)) __m512i unpack3(const uint8_t* wg, size_t kc, uint8_t* bt) {
   uint8_t tiles[64 * 8] __attribute__((aligned(64)));  // kc <= 64 k: 8 bytes a k
   return unpack4(0, widen_group(3, wg, kc, tiles), kc, bt);

@@ -1,7 +1,7 @@
 //! How the kernel objects are compiled: the flags every object gets and each instruction
 //! set's own. `build.rs` builds the objects with them (it includes this file as a module),
 //! and a test that builds an object itself (the aarch64 one, cross-compiled with clang and
-//! run under qemu on x86-64 hosts) uses the same.
+//! run under qemu on x86-64 hosts; the AMX one with its tiles emulated) uses the same.
 
 /// Every object: optimized, position-independent and freestanding (IREE links the object
 /// into its executables, which have no libc), so no stack protector and no unwind tables.
@@ -25,6 +25,12 @@ pub const AVX2: [&str; 3] = ["-mavx2", "-mfma", "-mf16c"];
 /// `cpu/qmv_x86_64_amx.c`: what it needs beyond [`AVX512`] (it runs that arithmetic for
 /// panels of few rows).
 pub const AMX: [&str; 4] = ["-mavx512vbmi", "-mavx512vl", "-mamx-tile", "-mamx-int8"];
+
+/// `cpu/qmv_x86_64_amx.c` for its test on hosts without AMX (tests/tests/kernels_amx.rs):
+/// [`AMX`]'s AVX-512 VBMI and VL, and the tile instructions emulated in plain C instead of
+/// the AMX flags. Never for IREE's executables: the emulated tiles are one static set.
+#[allow(dead_code)] // build.rs, which includes this file, does not build it
+pub const AMX_EMULATED: [&str; 3] = ["-mavx512vbmi", "-mavx512vl", "-DMLX_IREE_AMX_EMULATE"];
 
 /// `cpu/qmv_aarch64.c`: ARMv8.2-A with the dot-product extension (`sdot`, `udot`).
 pub const NEON_DOT: [&str; 1] = ["-march=armv8.2-a+dotprod"];

@@ -1,8 +1,9 @@
 //! What the CPU kernel tests share: the shapes and entry points they run, the IREE module
 //! that dispatches them, the Rust model of the kernels' arithmetic (`kernels::cpu`), which
 //! every kernel object equals bit for bit, and the checks that hold an object's results
-//! against it. Used by kernels.rs (the host's objects, run by IREE) and kernels_aarch64.rs
-//! (the aarch64 object, run under qemu and linked by IREE for aarch64).
+//! against it. Used by kernels.rs (the host's objects, run by IREE), kernels_aarch64.rs
+//! (the aarch64 object, run under qemu and linked by IREE for aarch64) and kernels_amx.rs
+//! (the AMX object with its tiles emulated), the last two through kernel_driver.
 
 #![allow(dead_code, clippy::unwrap_used)] // each test file uses part of it
 
