@@ -20,62 +20,57 @@
 use iree_compiler::{CompileOptions, Target};
 use kernels::cflags;
 use kernels::cpu;
-use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 mod kernel_cases;
 mod kernel_driver;
 use kernel_cases::{entries, module};
 use kernel_driver::Driver;
 
-/// The kernel object, built as build.rs builds it on aarch64.
-fn object(dir: &Path) -> PathBuf {
-    let object = dir.join("qmv_aarch64.o");
-    let flags: Vec<&str> = [cflags::AARCH64_ELF_TARGET].into_iter().chain(cflags::NEON_DOT).collect();
-    kernel_driver::compile("qmv_aarch64.c", &flags, &object);
-    object
-}
-
-/// The driver linked with the object, run natively on an aarch64 host, elsewhere under
-/// qemu-user as a Cortex-A76.
-fn driver(dir: &Path) -> Driver {
-    let object = object(dir);
-    let runner: &[&str] = if std::env::consts::ARCH == "aarch64" {
-        &[]
-    } else {
-        kernel_driver::require("qemu-aarch64", "qemu-user");
-        &["qemu-aarch64", "-cpu", "cortex-a76"]
-    };
-    Driver::link("neondot", dir, &object, Some(cflags::AARCH64_ELF_TARGET), runner)
+/// The kernel object, built as build.rs builds it on aarch64, linked with the driver, run
+/// natively on an aarch64 host, elsewhere under qemu-user as a Cortex-A76; built once for
+/// the binary's tests.
+fn driver() -> &'static Driver {
+    static DRIVER: OnceLock<Driver> = OnceLock::new();
+    DRIVER.get_or_init(|| {
+        let dir = kernel_driver::build_dir("aarch64");
+        let object = dir.join("qmv_aarch64.o");
+        let flags: Vec<&str> = [cflags::AARCH64_ELF_TARGET].into_iter().chain(cflags::NEON_DOT).collect();
+        kernel_driver::compile("qmv_aarch64.c", &flags, &object);
+        let runner: &[&str] = if std::env::consts::ARCH == "aarch64" {
+            &[]
+        } else {
+            kernel_driver::require("qemu-aarch64", "qemu-user");
+            &["qemu-aarch64", "-cpu", "cortex-a76"]
+        };
+        Driver::link("neondot", &dir, object, Some(cflags::AARCH64_ELF_TARGET), runner)
+    })
 }
 
 #[test]
 fn the_aarch64_object_computes_the_models_bits() {
-    let dir = tempfile::tempdir().unwrap();
-    kernel_driver::packed_cases(&driver(dir.path()));
+    kernel_driver::packed_cases(driver());
 }
 
 /// The attention entry points (cpu/attn.h) of the aarch64 object give kernel_cases' cases
 /// the Rust model's bits, as the host's objects do through IREE (kernels.rs).
 #[test]
 fn the_aarch64_attention_computes_the_models_bits() {
-    let dir = tempfile::tempdir().unwrap();
-    kernel_driver::attention_cases(&driver(dir.path()));
+    kernel_driver::attention_cases(driver());
 }
 
 /// The delta rule's step (cpu/delta.h) of the aarch64 object gives kernel_cases' delta cases
 /// the Rust model's bits, y and the state it updates where it lies.
 #[test]
 fn the_aarch64_delta_rule_computes_the_models_bits() {
-    let dir = tempfile::tempdir().unwrap();
-    kernel_driver::delta_cases(&driver(dir.path()));
+    kernel_driver::delta_cases(driver());
 }
 
 /// The dense product and lookup (cpu/hmv.h, f16, bf16 and mxfp8) of the aarch64 object give
 /// kernel_cases' cases the Rust model's bits.
 #[test]
 fn the_aarch64_dense_product_computes_the_models_bits() {
-    let dir = tempfile::tempdir().unwrap();
-    kernel_driver::dense_cases(&driver(dir.path()));
+    kernel_driver::dense_cases(driver());
 }
 
 /// How many by-element `sdot`/`udot` instructions (`0 Q U 01111 10 L M Rm 1110 H 0 Rn Rd`)
@@ -90,15 +85,14 @@ fn dot_instructions(code: &[u8]) -> usize {
 /// (EM_AARCH64) with every dot-product instruction of the object.
 #[test]
 fn iree_links_the_aarch64_object() {
-    let dir = tempfile::tempdir().unwrap();
-    let object = object(dir.path());
-    let mlir = module(&cpu::executable_source_for("aarch64", &object, &entries(), &[], &[], false));
+    let object = &driver().object;
+    let mlir = module(&cpu::executable_source_for("aarch64", object, &entries(), &[], &[], false));
     let target = Target::LlvmCpu { cpu: "generic".into() };
     let options = CompileOptions::default().with_flag("--iree-llvmcpu-target-triple=aarch64-unknown-linux-gnu");
     let vmfb = e2e::compiler().compile(&mlir, &target, &options).unwrap();
     let elf = vmfb.windows(4).position(|w| w == b"\x7fELF").expect("an executable in the vmfb");
     assert_eq!(u16::from_le_bytes([vmfb[elf + 18], vmfb[elf + 19]]), 183, "not an aarch64 ELF");
-    let dots = dot_instructions(&std::fs::read(&object).unwrap());
+    let dots = dot_instructions(&std::fs::read(object).unwrap());
     assert!(dots > 0, "no sdot/udot in the object");
     assert!(dot_instructions(&vmfb[elf..]) >= dots, "the executable lacks the object's code");
 }

@@ -14,7 +14,7 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap has failed; helpers included
 
 use kernels::cflags;
-use std::path::Path;
+use std::sync::OnceLock;
 
 mod kernel_cases;
 mod kernel_driver;
@@ -41,12 +41,17 @@ fn host_runs_it() -> bool {
     false
 }
 
-/// The AMX object with its tiles emulated, linked with the driver.
-fn driver(dir: &Path) -> Driver {
-    let object = dir.join("qmv_x86_64_amx_emulated.o");
-    let flags: Vec<&str> = cflags::AVX512.into_iter().chain(cflags::AMX_EMULATED).collect();
-    kernel_driver::compile("qmv_x86_64_amx.c", &flags, &object);
-    Driver::link("amx (emulated)", dir, &object, None, &[])
+/// The AMX object with its tiles emulated, linked with the driver; built once for the
+/// binary's tests.
+fn driver() -> &'static Driver {
+    static DRIVER: OnceLock<Driver> = OnceLock::new();
+    DRIVER.get_or_init(|| {
+        let dir = kernel_driver::build_dir("amx_emulated");
+        let object = dir.join("qmv_x86_64_amx_emulated.o");
+        let flags: Vec<&str> = cflags::AVX512.into_iter().chain(cflags::AMX_EMULATED).collect();
+        kernel_driver::compile("qmv_x86_64_amx.c", &flags, &object);
+        Driver::link("amx (emulated)", &dir, object, None, &[])
+    })
 }
 
 /// The tile products the driver reported ("tile products: N" on stderr).
@@ -60,8 +65,7 @@ fn the_amx_object_computes_the_models_bits() {
     if !host_runs_it() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let stderr = kernel_driver::packed_cases(&driver(dir.path()));
+    let stderr = kernel_driver::packed_cases(driver());
     assert!(tile_products(&stderr) > 0, "the AMX object's tiles never ran: {stderr}");
 }
 
@@ -72,9 +76,7 @@ fn the_amx_objects_other_kernels_compute_the_models_bits() {
     if !host_runs_it() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let driver = driver(dir.path());
-    kernel_driver::attention_cases(&driver);
-    kernel_driver::delta_cases(&driver);
-    kernel_driver::dense_cases(&driver);
+    kernel_driver::attention_cases(driver());
+    kernel_driver::delta_cases(driver());
+    kernel_driver::dense_cases(driver());
 }

@@ -56,10 +56,22 @@ pub fn compile(source: &str, flags: &[&str], object: &Path) {
     assert!(nm.status.success() && undefined.trim().is_empty(), "{source} needs symbols it must not: {undefined}");
 }
 
+/// A directory for one object and its driver, under cargo's target/tmp: made anew by each
+/// run of the test binary (clang takes 10-20 s over an object, so a binary builds it once
+/// for all its tests).
+pub fn build_dir(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kernel_driver").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// The driver linked with one kernel object, and how to run it.
 pub struct Driver {
     /// The object's name in failure messages (`neondot`, `amx (emulated)`).
     pub name: &'static str,
+    /// The kernel object.
+    pub object: PathBuf,
     exe: PathBuf,
     /// The emulator to run it under and its arguments; empty: natively.
     runner: Vec<String>,
@@ -74,7 +86,7 @@ pub struct Output {
 impl Driver {
     /// Links the driver with `object` by clang and lld (`target`: clang's `--target`, for
     /// another architecture than the host's), into `dir`.
-    pub fn link(name: &'static str, dir: &Path, object: &Path, target: Option<&str>, runner: &[&str]) -> Driver {
+    pub fn link(name: &'static str, dir: &Path, object: PathBuf, target: Option<&str>, runner: &[&str]) -> Driver {
         require("ld.lld", "lld");
         let exe = dir.join("qmv_qemu_driver");
         run_ok(
@@ -82,11 +94,11 @@ impl Driver {
                 .args(target)
                 .args(["-O2", "-ffreestanding", "-fno-stack-protector", "-nostdlib", "-static", "-fuse-ld=lld"])
                 .arg(sources().join("qmv_qemu_driver.c"))
-                .arg(object)
+                .arg(&object)
                 .arg("-o")
                 .arg(&exe),
         );
-        Driver { name, exe, runner: runner.iter().map(|s| s.to_string()).collect() }
+        Driver { name, object, exe, runner: runner.iter().map(|s| s.to_string()).collect() }
     }
 
     /// Runs the executable on `stdin`.
