@@ -24,7 +24,7 @@ use std::sync::OnceLock;
 
 mod kernel_cases;
 mod kernel_driver;
-use kernel_cases::{entries, module};
+use kernel_cases::{ROWS, entries, module};
 use kernel_driver::Driver;
 
 /// The kernel object, built as build.rs builds it on aarch64, linked with the driver, run
@@ -49,7 +49,7 @@ fn driver() -> &'static Driver {
 
 #[test]
 fn the_aarch64_object_computes_the_models_bits() {
-    kernel_driver::packed_cases(driver());
+    kernel_driver::packed_cases(driver(), &ROWS);
 }
 
 /// The attention entry points (cpu/attn.h) of the aarch64 object give kernel_cases' cases

@@ -14,13 +14,14 @@
 //!   `y + j * stride`. `bits`, `fp4`, `f16` and `n` are constants at every call, so each call
 //!   is compiled for them with its accumulators in registers.
 //!
-//! An instruction set that computes a whole panel at once (AMX tiles) also defines, before
+//! An instruction set that computes whole panels at once (AMX tiles) also defines, before
 //! including this header, `WHOLE_PANEL_ROWS` (the fewest rows of a panel worth it; smaller
-//! panels go through the functions above) and, after, `whole_panel(bits, fp4, f16, x, K, w,
-//! block_bytes, s, b, np, gs, y, stride, nb, levels)`: the panel's np rows of x (K apart; np
-//! not a constant) times nb consecutive blocks (weights block_bytes apart, scales and biases
-//! from their first block's), every group, x quantized to `levels`, added to y (rows `stride`
-//! apart, zero on entry).
+//! panels go through the functions above) and, after, `whole_rows(bits, fp4, f16, x, K, w,
+//! block_bytes, s, b, T, gs, y, stride, nb, levels)`: T rows of x (K apart; T not a
+//! constant), in panels of PANEL and a last one of at least WHOLE_PANEL_ROWS, times nb
+//! consecutive blocks (weights block_bytes apart, scales and biases from their first
+//! block's), every group, x quantized to `levels`, added to y (rows `stride` apart, zero on
+//! entry); each output sees its groups in order, as `group_rows` gives them.
 //!
 //! The `_x8` exports (`kernels::cpu::Entry::x8`) quantize each group of x to 8 bits (127
 //! levels) instead of 16: llama.cpp's int8 activations, so that an instruction set with a
@@ -222,13 +223,9 @@ static inline __attribute__((always_inline)) void group_rows(int bits, int fp4, 
                                                              const xview_t* xp, size_t i, size_t n, size_t gs,
                                                              const void* s, const void* b, float* y, size_t stride);
 #ifdef WHOLE_PANEL_ROWS
-static inline void whole_panel(int bits, int fp4, int f16, const float* x, size_t K, const uint8_t* w, size_t block_bytes,
-                               const void* s, const void* b, size_t np, size_t gs, float* y, size_t stride,
-                               size_t nb, float levels);
-#define WHOLE_PANEL(np) ((np) >= WHOLE_PANEL_ROWS)
-#else
-#define WHOLE_PANEL(np) 0
-#define whole_panel(...) ((void)0)
+static inline void whole_rows(int bits, int fp4, int f16, const float* x, size_t K, const uint8_t* w, size_t block_bytes,
+                              const void* s, const void* b, size_t T, size_t gs, float* y, size_t stride, size_t nb,
+                              float levels);
 #endif
 
 // Asks for [p, p + bytes) to be brought into the cache; no effect on any result (a
@@ -250,7 +247,8 @@ static inline __attribute__((always_inline)) void prefetch_group(const uint8_t* 
 // every row of x, accumulating in y itself. One row of x (K <= ROW_MAX_K) goes block by block,
 // group by group. Otherwise, per panel of rows and per group, each row's group
 // is quantized once, and each block's tiles are read for 8, then 4, 2 and 1 rows at a time
-// (what is left of the panel), or the whole panel at once by `whole_panel`. With a residual
+// (what is left of the panel); with `whole_rows`, every whole panel (and a last one of at
+// least WHOLE_PANEL_ROWS) goes there first, the rest of the rows here. With a residual
 // `r` (same shape as y), each finished row block becomes y + r: the same f32 add as the
 // graph's residual connection after the product, so the fused export gives its bits.
 // `sc`, `bi` point at elements of `f16 ? 2 : 4` bytes (with `fp4`, `bi` is `sc`: no biases).
@@ -267,7 +265,21 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int fp4, in
   if (rb1 > rb0 + BLOCKS) rb1 = rb0 + BLOCKS;
   if (rb1 <= rb0) return;
   xpanel_t xp;
-  for (size_t t0 = 0; t0 < T; t0 += PANEL) {
+  size_t t_whole = 0;  // rows [0, t_whole) done by whole_rows
+#ifdef WHOLE_PANEL_ROWS
+  t_whole = T / PANEL * PANEL;
+  if (T - t_whole >= WHOLE_PANEL_ROWS) t_whole = T;
+  if (t_whole > 0) {
+    for (size_t t = 0; t < t_whole; ++t)
+      for (size_t c = rb0 * 16; c < rb1 * 16; ++c) y[t * O + c] = 0.0f;
+    whole_rows(bits, fp4, f16, x, K, w + rb0 * block_bytes, block_bytes, sc + rb0 * G * 16 * sbytes,
+               bi + rb0 * G * 16 * sbytes, t_whole, GS, y + rb0 * 16, O, rb1 - rb0, levels);
+    if (r)
+      for (size_t t = 0; t < t_whole; ++t)
+        for (size_t c = rb0 * 16; c < rb1 * 16; ++c) y[t * O + c] += r[t * O + c];
+  }
+#endif
+  for (size_t t0 = t_whole; t0 < T; t0 += PANEL) {
     const size_t np = T - t0 < PANEL ? T - t0 : PANEL;
     for (size_t t = t0; t < t0 + np; ++t)
       for (size_t c = rb0 * 16; c < rb1 * 16; ++c) y[t * O + c] = 0.0f;
@@ -300,9 +312,6 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int fp4, in
           group_rows(rows_bits(bits), fp4, f16, wg, &row, 0, 1, GS, sc + gi, bi + gi, y + rb * 16, O);
         }
       }
-    } else if (WHOLE_PANEL(np)) {
-      whole_panel(bits, fp4, f16, x + t0 * K, K, w + rb0 * block_bytes, block_bytes, sc + rb0 * G * 16 * sbytes,
-                  bi + rb0 * G * 16 * sbytes, np, GS, y + t0 * O + rb0 * 16, O, rb1 - rb0, levels);
     } else {
       // The blocks are read side by side here, group by group, so each block's stream asks
       // for its share of PREFETCH_AHEAD; later panels find the workgroup's weights cached.

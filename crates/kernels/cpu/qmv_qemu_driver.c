@@ -84,7 +84,7 @@ qmve_fp4_fn mlx_iree_qmvefp4_f16, mlx_iree_qmvefp4_f32, mlx_iree_qmvefp4_e8m0;
 #define BY_SCALE(op) BY_SCALE_SFX(op, )
 #define BY_SCALE_X8(op) (x8 ? BY_SCALE_SFX(op, _x8) : BY_SCALE(op))
 // Each row's expert in a `qmve` case: the one expert there is.
-static const int32_t expert_ids[64];
+static const int32_t expert_ids[128];
 typedef void attn_fn(const float*, size_t, const float*, size_t, const float*, size_t, const void*, size_t,
                      const void*, size_t, const int32_t*, size_t, const int32_t*, size_t, float*, size_t, size_t,
                      size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t, size_t);
@@ -153,7 +153,7 @@ static void write_all(const uint8_t* p, size_t n) {
   }
 }
 
-static uint8_t input[64 << 20] __attribute__((aligned(64)));
+static uint8_t input[128 << 20] __attribute__((aligned(64)));
 static float output[1 << 20] __attribute__((aligned(64)));
 
 static size_t padded(size_t bytes) { return (bytes + 63) / 64 * 64; }

@@ -1,8 +1,9 @@
 //! Fused dequantize + matrix-vector product for MLX affine 3-, 4-, 6- and 8-bit and FP4 weights (AMX-INT8).
 //!
 //! The AMX twin of qmv_x86_64.c: the same exported functions, layouts, driver (qmv.h) and
-//! numerics, so its results are the same bits. A panel of at least WHOLE_PANEL_ROWS rows of x
-//! runs on AMX tiles. Its i16 group values are split into bytes, x = 256 * hi + lo, and both
+//! numerics, so its results are the same bits. Rows of x in panels of PANEL (and a last one of
+//! at least WHOLE_PANEL_ROWS) run on AMX tiles. A panel's i16 group values are split into
+//! bytes, x = 256 * hi + lo, and both
 //! halves go into one tile of unsigned bytes (hi + 128 in the first np rows, lo in the next
 //! np), so one `tdpbuud` (u8 x u8 -> i32) per block and chunk of k gives every row's
 //! (hi + 128) . q and lo . q; with the block's sums of q (from the unpacked weights),
@@ -13,12 +14,18 @@
 //! (qmv_avx512.h), so this object is never slower than that one.
 //!
 //! Weights stay packed in memory: each block's group is unpacked into the tile-B layout in a
-//! stack buffer (L1) just before its tile load. A panel configures the tiles and releases
-//! them before its exported call returns (IREE's worker threads run other code in between).
-//! The process must have been granted AMX tile data (Linux
-//! `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`), which the host side asks for
-//! before it chooses this object (kernels::cpu::Isa::host_has). Stack: about 13 KB, plus
-//! qmv.h's one-row path's 40 KB (IREE's worker threads have 128 KB).
+//! stack buffer (L1) and loaded into the B tiles once for up to PASS_PANELS panels of x (64
+//! rows of a prompt chunk), which then go through them one after another (issue 39; before,
+//! every panel of 8 rows unpacked every group again). The tiles are configured and released
+//! within one exported call (IREE's worker threads run other code in between). The process
+//! must have been granted AMX tile data (Linux `arch_prctl(ARCH_REQ_XCOMP_PERM,
+//! XFEATURE_XTILEDATA)`), which the host side asks for before it chooses this object
+//! (kernels::cpu::Isa::host_has). Stack: the largest export's frame is about 45 KB, qmv.h's
+//! one-row path's 40 KB and the panels' 21 KB sharing it (IREE's worker threads have 128 KB).
+//!
+//! This host has no AMX: tests/tests/kernels_amx.rs runs this file with its tile
+//! instructions emulated (below), so its bits are checked everywhere; its speed only on a CPU
+//! with AMX.
 
 // Panels of 4 rows or more go to the tiles (fewer do not pay for them).
 #define WHOLE_PANEL_ROWS 4
@@ -109,18 +116,16 @@ static inline void quantize_panel(const float* xg, size_t K, size_t gs, float le
 }
 
 // Tiles (numbers are literals: gcc's tile intrinsics paste them into the register name). A
-// group of up to 64 k is one chunk, a larger one (up to 128) two chunks of half of it, with
-// an A tile each (loaded once per group). Blocks alternate between two sets of B tiles (one
-// per chunk) and C tiles, so one block's products run while the previous block's results are
-// stored and finished.
+// group of up to 64 k is one chunk, a larger one (up to 128) two chunks of half of it, each
+// with an A tile (a panel's x) and a B tile (a block's weights). Two C tiles alternate
+// between panels, so one panel's products run while the previous panel's results are stored
+// and finished.
 #define A_0 0
 #define A_1 1
-#define B_00 2
-#define B_01 3
-#define B_10 4
-#define B_11 5
-#define C_0 6
-#define C_1 7
+#define B_0 2
+#define B_1 3
+#define C_0 4
+#define C_1 5
 
 typedef struct {
   uint8_t palette, start_row, reserved[14];
@@ -238,8 +243,8 @@ static inline void configure_tiles(size_t np, size_t gs) {
   _mm512_store_si512(&cfg, _mm512_setzero_si512());  // no memset: freestanding
   cfg.palette = 1;
   const size_t kc = chunk_of(gs);
-  for (int t = 0; t < 8; ++t) {
-    const int a = t <= A_1, b = t >= B_00 && t <= B_11;
+  for (int t = 0; t <= C_1; ++t) {
+    const int a = t <= A_1, b = t >= B_0 && t <= B_1;
     cfg.rows[t] = (uint8_t)(b ? kc / 4 : 2 * np);
     cfg.colsb[t] = (uint16_t)(a ? kc : 64);
   }
@@ -361,76 +366,78 @@ static inline __attribute__((always_inline)) void finish(int fp4, int f16, const
   }
 }
 
-// Block r's products into the tiles of set P (B_P0, B_P1, C_P).
-#define TILE_DOTS(P, bt, two)                  \
-  do {                                         \
-    TILE_LOAD(B_##P##0, (bt)[0], 64);          \
-    _tile_zero(C_##P);                         \
-    _tile_dpbuud(C_##P, A_0, B_##P##0);        \
-    if (two) {                                 \
-      TILE_LOAD(B_##P##1, (bt)[1], 64);        \
-      _tile_dpbuud(C_##P, A_1, B_##P##1);      \
-    }                                          \
+// Panels of x one pass holds (about 2 KB each, on the stack): a block's group is unpacked and
+// loaded into its B tiles once for all of them.
+#define PASS_PANELS 8
+
+// Panel p's products into C tile P (0 or 1; a literal, as the tile intrinsics need) from the
+// A tiles just loaded and the block's B tiles.
+#define TILE_DOTS(P, two)               \
+  do {                                  \
+    _tile_zero(C_##P);                  \
+    _tile_dpbuud(C_##P, A_0, B_0);      \
+    if (two) _tile_dpbuud(C_##P, A_1, B_1); \
   } while (0)
 
-// One group: nb blocks (weights block_bytes apart, scales and biases s_stride bytes apart)
-// times the panel tp, added to y.
-static inline __attribute__((always_inline)) void panel_group(int bits, int fp4, int f16, const uint8_t* wg, size_t block_bytes,
-                                                              const char* s, const char* b, size_t s_stride,
-                                                              const tpanel_t* tp, size_t np, size_t gs, float* y,
-                                                              size_t stride, size_t nb) {
-  uint8_t bt[2][2][16 * 64] __attribute__((aligned(64)));
+// qmv.h's whole rows: per pass of up to PASS_PANELS panels and per group, every panel's group
+// quantized, then per block the group unpacked into the B tiles once, and the panels through
+// them in turn, two C tiles alternating, so one panel's products run while the previous
+// panel's results are stored and finished. Each output still sees its groups in order.
+static inline void whole_rows(int bits, int fp4, int f16, const float* x, size_t K, const uint8_t* w, size_t block_bytes,
+                              const void* s, const void* b, size_t T, size_t gs, float* y, size_t stride, size_t nb,
+                              float levels) {
+  tpanel_t tp[PASS_PANELS];
+  uint8_t bt[2][16 * 64] __attribute__((aligned(64)));
   int32_t c[2][2 * PANEL][16] __attribute__((aligned(64)));
-  __m512i corr[2];
-  const size_t kc = chunk_of(gs);
+  const size_t G = K / gs, group_bytes = gs * bits * 16 / 8, elem = scale_bytes(f16), kc = chunk_of(gs);
   const int two = kc < gs;
-  TILE_LOAD(A_0, tp->a[0], MAX_GROUP);
-  if (two) TILE_LOAD(A_1, tp->a[0] + kc, MAX_GROUP);
-  for (size_t r = 0; r <= nb; ++r) {
-    // Block r's products in the tile set of its parity, then block r - 1's results (from the
-    // other set) while they run.
-    const size_t p = r & 1;
-    if (r < nb) {
-      corr[p] = unpack(bits, fp4, wg + r * block_bytes, gs, bt[p]);
-      if (p) {
-        TILE_DOTS(1, bt[1], two);
-      } else {
-        TILE_DOTS(0, bt[0], two);
-      }
-    }
-    if (r > 0) {
-      if (p) {
-        _tile_stored(C_0, c[0], 64);
-      } else {
-        _tile_stored(C_1, c[1], 64);
-      }
-      const size_t q = r - 1;
-      finish(fp4, f16, c[1 - p], corr[1 - p], s + q * s_stride, b + q * s_stride, tp, np, y + q * 16, stride);
-    }
-  }
-}
-
-// qmv.h's whole panel: each group is quantized while the previous one's products run (two
-// panels of bytes, alternating), then its blocks go through the tiles.
-static inline void whole_panel(int bits, int fp4, int f16, const float* x, size_t K, const uint8_t* w, size_t block_bytes,
-                               const void* s, const void* b, size_t np, size_t gs, float* y, size_t stride,
-                               size_t nb, float levels) {
-  tpanel_t tp[2];
-  const size_t G = K / gs, group_bytes = gs * bits * 16 / 8, elem = scale_bytes(f16);
-  configure_tiles(np, gs);
-  quantize_panel(x, K, gs, levels, &tp[0], np);
-  // The blocks are read side by side, group by group: each block's stream asks for its
-  // share of qmv.h's PREFETCH_AHEAD.
+  // A and C tiles of 2 * PANEL rows: a last panel of fewer rows leaves the rest of its A tile
+  // as an earlier panel left it, and its C tile's rows past 2 * np unread.
+  configure_tiles(PANEL, gs);
+  // The blocks are read side by side, group by group: each block's stream asks for its share
+  // of qmv.h's PREFETCH_AHEAD.
   const size_t ahead = PREFETCH_AHEAD / (group_bytes * nb) + 1;
-  for (size_t g = 0; g < G; ++g) {
-    for (size_t j = 0; j < nb; ++j) {
-      const size_t at = (j * G + g + ahead) * 16 * elem;
-      prefetch_group(w + j * block_bytes + (g + ahead) * group_bytes, (const char*)s + at, (const char*)b + at,
-                     group_bytes, 16 * elem);
+  for (size_t t0 = 0; t0 < T; t0 += PASS_PANELS * PANEL) {
+    const size_t rows = T - t0 < PASS_PANELS * PANEL ? T - t0 : PASS_PANELS * PANEL;
+    const size_t panels = (rows + PANEL - 1) / PANEL;
+#define PANEL_ROWS(p) (rows - (p) * PANEL < PANEL ? rows - (p) * PANEL : PANEL)
+    for (size_t g = 0; g < G; ++g) {
+      for (size_t j = 0; j < nb; ++j) {
+        const size_t at = (j * G + g + ahead) * 16 * elem;
+        prefetch_group(w + j * block_bytes + (g + ahead) * group_bytes, (const char*)s + at, (const char*)b + at,
+                       group_bytes, 16 * elem);
+      }
+      for (size_t p = 0; p < panels; ++p)
+        quantize_panel(x + (t0 + p * PANEL) * K + g * gs, K, gs, levels, &tp[p], PANEL_ROWS(p));
+      for (size_t j = 0; j < nb; ++j) {
+        const __m512i corr = unpack(bits, fp4, w + j * block_bytes + g * group_bytes, gs, bt);
+        TILE_LOAD(B_0, bt[0], 64);
+        if (two) TILE_LOAD(B_1, bt[1], 64);
+        const size_t sg = (j * G + g) * 16 * elem;
+        for (size_t p = 0; p <= panels; ++p) {
+          if (p < panels) {
+            TILE_LOAD(A_0, tp[p].a[0], MAX_GROUP);
+            if (two) TILE_LOAD(A_1, tp[p].a[0] + kc, MAX_GROUP);
+            if (p & 1) {
+              TILE_DOTS(1, two);
+            } else {
+              TILE_DOTS(0, two);
+            }
+          }
+          if (p > 0) {
+            const size_t q = p - 1;
+            if (q & 1) {
+              _tile_stored(C_1, c[1], 64);
+            } else {
+              _tile_stored(C_0, c[0], 64);
+            }
+            finish(fp4, f16, c[q & 1], corr, (const char*)s + sg, (const char*)b + sg, &tp[q], PANEL_ROWS(q),
+                   y + (t0 + q * PANEL) * stride + j * 16, stride);
+          }
+        }
+      }
     }
-    if (g + 1 < G) quantize_panel(x + (g + 1) * gs, K, gs, levels, &tp[(g + 1) & 1], np);
-    panel_group(bits, fp4, f16, w + g * group_bytes, block_bytes, (const char*)s + g * 16 * elem,
-                (const char*)b + g * 16 * elem, G * 16 * elem, &tp[g & 1], np, gs, y, stride, nb);
+#undef PANEL_ROWS
   }
   _tile_release();
 }

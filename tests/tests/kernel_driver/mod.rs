@@ -8,7 +8,7 @@
 #![allow(dead_code, clippy::unwrap_used)] // each test file uses part of it
 
 use super::kernel_cases::{
-    ATTN_CASES, DELTA_CASES, DENSE_ROWS, DenseMatrix, IDS, K, Matrix, O, PACKINGS, ROWS, check_delta, check_dense,
+    ATTN_CASES, DELTA_CASES, DENSE_ROWS, DenseMatrix, IDS, K, Matrix, O, PACKINGS, check_delta, check_dense,
     check_dense_rows, check_qmv, check_rows, input,
 };
 use half::f16;
@@ -112,11 +112,13 @@ impl Driver {
             }
         };
         let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-        // The driver reads all of its input before it writes anything.
-        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        // The driver reads all of its input before it writes anything; if it stops reading
+        // (it refuses the input), its exit status and stderr say why.
+        let written = child.stdin.take().unwrap().write_all(stdin);
         let out = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(out.status.success(), "{cmd:?} failed ({}): {stderr}", out.status);
+        written.unwrap();
         Output { stdout: out.stdout, stderr }
     }
 }
@@ -177,9 +179,9 @@ fn floats(v: &[f32]) -> Vec<u8> {
 
 /// Every packed entry point (`qmv`, `qmvr`, `qmve` with one expert, `qrows`, and the
 /// products' `_x8` twins) at 3, 4, 6 and 8 bits and FP4, every scale type, every group size
-/// the kernels take and the rows of [`ROWS`], against the model's bits. Returns the driver's
-/// stderr.
-pub fn packed_cases(driver: &Driver) -> String {
+/// the kernels take and each count of rows of x in `rows`, against the model's bits. Returns
+/// the driver's stderr.
+pub fn packed_cases(driver: &Driver, rows: &[usize]) -> String {
     let (mut matrices, mut cases, mut stdin) = (Vec::new(), Vec::new(), Vec::new());
     for (bits, fp4) in PACKINGS {
         let scales: &[Scale] = if fp4 { &[Scale::F16, Scale::F32, Scale::E8m0] } else { &[Scale::F16, Scale::F32] };
@@ -189,7 +191,7 @@ pub fn packed_cases(driver: &Driver) -> String {
                 let entry = |op| cpu::Entry { op, bits, scale, fp4, x8: false };
                 let seed = 10 * matrices.len() as u64;
                 let m = Matrix::of(&entry(Op::Matvec), O, K, gs, seed);
-                for t in ROWS {
+                for &t in rows {
                     let x = input(t, K, 100 + t as u64);
                     // `qmve` with one expert is each row's one-row `qmv`: the model's bits.
                     for op in [Op::Matvec, Op::MatvecAdd, Op::Experts] {
@@ -207,7 +209,7 @@ pub fn packed_cases(driver: &Driver) -> String {
                 // The products' 8-bit-activation twins on the same matrix.
                 let x8 = |op| cpu::Entry { x8: true, ..entry(op) };
                 let m = Matrix::of(&x8(Op::Matvec), O, K, gs, seed);
-                for t in ROWS {
+                for &t in rows {
                     let x = input(t, K, 100 + t as u64);
                     for op in [Op::Matvec, Op::MatvecAdd] {
                         let residual = (op == Op::MatvecAdd).then(|| input(t, O, 200 + t as u64));
