@@ -243,6 +243,19 @@ static inline __attribute__((always_inline)) void prefetch_group(const uint8_t* 
   prefetch_span(b, sgroup);
 }
 
+// Rows [t0, t1) of y (O apart) in columns [c0, c1): set to zero, or with `r` (same shape) added.
+static inline __attribute__((always_inline)) void zero_rows(float* y, size_t O, size_t t0, size_t t1, size_t c0,
+                                                            size_t c1) {
+  for (size_t t = t0; t < t1; ++t)
+    for (size_t c = c0; c < c1; ++c) y[t * O + c] = 0.0f;
+}
+
+static inline __attribute__((always_inline)) void add_rows(float* y, const float* r, size_t O, size_t t0, size_t t1,
+                                                           size_t c0, size_t c1) {
+  for (size_t t = t0; t < t1; ++t)
+    for (size_t c = c0; c < c1; ++c) y[t * O + c] += r[t * O + c];
+}
+
 // The matvec of every export: a workgroup computes row blocks [rb0, rb1) (at most BLOCKS) for
 // every row of x, accumulating in y itself. One row of x (K <= ROW_MAX_K) goes block by block,
 // group by group. Otherwise, per panel of rows and per group, each row's group
@@ -270,19 +283,15 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int fp4, in
   t_whole = T / PANEL * PANEL;
   if (T - t_whole >= WHOLE_PANEL_ROWS) t_whole = T;
   if (t_whole > 0) {
-    for (size_t t = 0; t < t_whole; ++t)
-      for (size_t c = rb0 * 16; c < rb1 * 16; ++c) y[t * O + c] = 0.0f;
+    zero_rows(y, O, 0, t_whole, rb0 * 16, rb1 * 16);
     whole_rows(bits, fp4, f16, x, K, w + rb0 * block_bytes, block_bytes, sc + rb0 * G * 16 * sbytes,
                bi + rb0 * G * 16 * sbytes, t_whole, GS, y + rb0 * 16, O, rb1 - rb0, levels);
-    if (r)
-      for (size_t t = 0; t < t_whole; ++t)
-        for (size_t c = rb0 * 16; c < rb1 * 16; ++c) y[t * O + c] += r[t * O + c];
+    if (r) add_rows(y, r, O, 0, t_whole, rb0 * 16, rb1 * 16);
   }
 #endif
   for (size_t t0 = t_whole; t0 < T; t0 += PANEL) {
     const size_t np = T - t0 < PANEL ? T - t0 : PANEL;
-    for (size_t t = t0; t < t0 + np; ++t)
-      for (size_t c = rb0 * 16; c < rb1 * 16; ++c) y[t * O + c] = 0.0f;
+    zero_rows(y, O, t0, t0 + np, rb0 * 16, rb1 * 16);
     if (T == 1 && K <= ROW_MAX_K) {
       // One row of x (decode): every group of x quantized first, then each block's tiles
       // read front to back, one stream at a time, where the group loop below walks the
@@ -347,9 +356,7 @@ static inline __attribute__((always_inline)) void qmv_body(int bits, int fp4, in
         }
       }
     }
-    if (r)
-      for (size_t t = t0; t < t0 + np; ++t)
-        for (size_t c = rb0 * 16; c < rb1 * 16; ++c) y[t * O + c] += r[t * O + c];
+    if (r) add_rows(y, r, O, t0, t0 + np, rb0 * 16, rb1 * 16);
   }
 }
 

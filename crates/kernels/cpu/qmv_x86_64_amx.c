@@ -181,18 +181,10 @@ static __attribute__((noinline)) void amx_emu_load(int t, const uint8_t* base, s
       amx_emu.t[t][r][c] = r < amx_emu.rows[t] && c < amx_emu.colsb[t] ? base[r * stride + c] : 0;
 }
 
-#ifdef _tile_zero
 #undef _tile_zero
-#endif
-#ifdef _tile_dpbuud
 #undef _tile_dpbuud
-#endif
-#ifdef _tile_stored
 #undef _tile_stored
-#endif
-#ifdef _tile_release
 #undef _tile_release
-#endif
 #define _tile_zero(t) amx_emu_zero(t)
 #define _tile_dpbuud(c, a, b) amx_emu_dpbuud(c, a, b)
 #define _tile_stored(t, base, stride) amx_emu_store(t, (uint8_t*)(base), (size_t)(stride))

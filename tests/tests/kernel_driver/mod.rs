@@ -123,6 +123,19 @@ impl Driver {
     }
 }
 
+/// Values as the driver reads them: little-endian.
+fn floats(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn ints(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn words(v: impl IntoIterator<Item = u32>) -> Vec<u8> {
+    v.into_iter().flat_map(u32::to_le_bytes).collect()
+}
+
 /// Appends `bytes` padded with zeros to a multiple of 64 bytes (the driver's format).
 fn push_part(stdin: &mut Vec<u8>, bytes: &[u8]) {
     stdin.extend_from_slice(bytes);
@@ -145,17 +158,17 @@ fn push_case(stdin: &mut Vec<u8>, op: Op, m: &Matrix, scale: Scale, t: usize, in
     };
     let x8 = u32::from(m.x_levels < 32767.0);
     let header = [code, m.bits, f16, t as u32, K as u32, O as u32, m.group_size as u32, u32::from(m.fp4), x8];
-    push_part(stdin, &header.into_iter().flat_map(u32::to_le_bytes).collect::<Vec<u8>>());
+    push_part(stdin, &words(header));
     push_part(stdin, input);
     if op == Op::MatvecAdd {
-        push_part(stdin, &residual.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+        push_part(stdin, &floats(residual));
     }
     push_part(stdin, &m.kernel_weight());
     for values in [&m.scales, &m.biases] {
         let v = m.kernel_groups(values);
         let bytes: Vec<u8> = match scale {
             Scale::F16 => v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect(),
-            Scale::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Scale::F32 => floats(&v),
             // The scale bytes; the biases' part (unread: FP4) takes as many.
             Scale::E8m0 => cpu::repack_groups(&m.e8m0, m.out, m.groups()),
         };
@@ -171,10 +184,6 @@ struct Case {
     t: usize,
     x: Option<Vec<f32>>,
     residual: Option<Vec<f32>>,
-}
-
-fn floats(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 /// Every packed entry point (`qmv`, `qmvr`, `qmve` with one expert, `qrows`, and the
@@ -201,8 +210,7 @@ pub fn packed_cases(driver: &Driver, rows: &[usize]) -> String {
                         cases.push(Case { what, matrix: matrices.len(), t, x: Some(x.clone()), residual });
                     }
                 }
-                let ids: Vec<u8> = IDS.iter().flat_map(|v| v.to_le_bytes()).collect();
-                push_case(&mut stdin, Op::Rows, &m, scale, IDS.len(), &ids, &[]);
+                push_case(&mut stdin, Op::Rows, &m, scale, IDS.len(), &ints(&IDS), &[]);
                 let what = format!("{} {} group size {gs}", driver.name, entry(Op::Rows).export());
                 cases.push(Case { what, matrix: matrices.len(), t: IDS.len(), x: None, residual: None });
                 matrices.push(m);
@@ -265,12 +273,12 @@ pub fn attention_cases(driver: &Driver) {
         let header = [2, cache_elem, case.cache_dims[0] as u32, s as u32, p as u32, kv as u32, g as u32, hd as u32]
             .into_iter()
             .chain([w as u32, sliding as u32, case.scale().to_bits(), n as u32, entry.units as u32, layer as u32]);
-        push_part(&mut stdin, &header.flat_map(u32::to_le_bytes).collect::<Vec<u8>>());
+        push_part(&mut stdin, &words(header));
         for part in [floats(q), floats(k_new), floats(v_new), case.cache_bytes(kc), case.cache_bytes(vc)] {
             push_part(&mut stdin, &part);
         }
-        for ints in [case.positions, case.slots] {
-            push_part(&mut stdin, &ints.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+        for part in [case.positions, case.slots] {
+            push_part(&mut stdin, &ints(part));
         }
         expected.push((format!("case {i} ({})", entry.export()), case.model(&inputs)));
     }
@@ -296,11 +304,10 @@ pub fn attention_cases(driver: &Driver) {
 /// IREE (kernels.rs; the same checks: `check_delta`).
 pub fn delta_cases(driver: &Driver) {
     let (mut stdin, mut all_inputs) = (Vec::new(), Vec::new());
-    let ints = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     for (i, case) in DELTA_CASES.iter().enumerate() {
         let inputs = case.inputs(2000 + 10 * i as u64);
         let header = [8].into_iter().chain(case.constants().map(|d| d as u32));
-        push_part(&mut stdin, &header.flat_map(u32::to_le_bytes).collect::<Vec<u8>>());
+        push_part(&mut stdin, &words(header));
         for part in [&inputs.q, &inputs.k, &inputs.v, &inputs.g, &inputs.beta] {
             push_part(&mut stdin, &floats(part));
         }
@@ -343,7 +350,7 @@ pub fn dense_cases(driver: &Driver) {
                 cpu::DenseElem::Mxfp8 => 2,
             };
             let header = [code, t as u32, K as u32, O as u32, kind];
-            push_part(stdin, &header.into_iter().flat_map(u32::to_le_bytes).collect::<Vec<u8>>());
+            push_part(stdin, &words(header));
             push_part(stdin, input);
             if let Some(r) = residual {
                 push_part(stdin, &floats(r));
@@ -353,8 +360,7 @@ pub fn dense_cases(driver: &Driver) {
                 push_part(stdin, s);
             }
         };
-        let ids: Vec<u8> = IDS.iter().flat_map(|v| v.to_le_bytes()).collect();
-        push(&mut stdin, cpu::DenseOp::Rows, IDS.len(), &ids, None);
+        push(&mut stdin, cpu::DenseOp::Rows, IDS.len(), &ints(&IDS), None);
         for op in [cpu::DenseOp::Matvec, cpu::DenseOp::MatvecAdd] {
             for t in DENSE_ROWS {
                 let x = input(t, K, 300 + t as u64);
